@@ -1,0 +1,20 @@
+//! sluice's shared vocabulary. Every other crate speaks in these types: a [`SampleKey`]
+//! names a sample, a [`Manifest`] lists a dataset, a [`PipelineSpec`] says what to do with
+//! it, an [`Image`] flows through the ops and a [`Batch`] comes out.
+
+pub mod batch;
+pub mod error;
+pub mod image;
+pub mod manifest;
+pub mod rng;
+pub mod spec;
+
+pub use batch::{Batch, Tensor, TensorData};
+pub use error::{SampleError, SampleErrorKind, SpecError, Stage};
+pub use image::{DType, Image, Layout, Pixels};
+pub use manifest::{Entry, Location, Manifest, SampleKey};
+pub use rng::SampleRng;
+pub use spec::{
+    BatchSpec, ErrorPolicy, Limits, OpSpec, PipelineSpec, ShuffleSpec, Size, SourceSpec,
+    StorageSpec,
+};

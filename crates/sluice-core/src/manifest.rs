@@ -1,0 +1,149 @@
+//! A manifest lists a dataset's samples once, in a stable order. Its [`SampleKey`]s (not
+//! paths) drive shuffling, caching, importance, checkpoints and metrics; its fingerprint
+//! names the dataset so caches and checkpoints can tell whether they still apply.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::Xxh3;
+
+/// The stable name of a sample: its position in the manifest. Stable for as long as the
+/// manifest's fingerprint is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SampleKey(pub u64);
+
+impl fmt::Display for SampleKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
+/// Where a sample's bytes live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Location {
+    /// A whole file; the path is relative to the manifest root unless absolute.
+    File { path: PathBuf },
+    /// A member of a tar shard, read by offset without unpacking the tar.
+    TarMember { shard: PathBuf, member: String, offset: u64, len: u64 },
+}
+
+impl Location {
+    /// A path to show the user: the file, or `shard.tar:member`.
+    pub fn display_path(&self, root: &Path) -> PathBuf {
+        match self {
+            Location::File { path } => root.join(path),
+            Location::TarMember { shard, member, .. } => {
+                PathBuf::from(format!("{}:{member}", root.join(shard).display()))
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub key: SampleKey,
+    pub location: Location,
+    /// Class index; -1 when the source has no label for this sample.
+    pub label: i64,
+    /// Size in bytes as enumerated (part of the fingerprint).
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    pub root: PathBuf,
+    pub entries: Vec<Entry>,
+    /// Class names by label, where the source names classes (ImageFolder).
+    pub classes: Vec<String>,
+    pub fingerprint: u64,
+}
+
+impl Manifest {
+    /// Builds a manifest from locations in their stable order; keys are assigned 0..n.
+    pub fn new(root: PathBuf, items: Vec<(Location, i64, u64)>, classes: Vec<String>) -> Self {
+        let entries: Vec<Entry> = items
+            .into_iter()
+            .enumerate()
+            .map(|(i, (location, label, size))| Entry { key: SampleKey(i as u64), location, label, size })
+            .collect();
+        let fingerprint = fingerprint(&entries, &classes);
+        Self { root, entries, classes, fingerprint }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn entry(&self, key: SampleKey) -> Option<&Entry> {
+        self.entries.get(key.0 as usize)
+    }
+
+    /// The path to show for a sample in messages.
+    pub fn display_path(&self, key: SampleKey) -> PathBuf {
+        self.entry(key).map(|e| e.location.display_path(&self.root)).unwrap_or_default()
+    }
+
+    /// Fingerprint as the 16-hex-digit string used in names and checkpoints.
+    pub fn fingerprint_hex(&self) -> String {
+        format!("{:016x}", self.fingerprint)
+    }
+}
+
+/// Hash of what identifies the dataset: locations (relative), labels, sizes and class names.
+/// The root is left out so a dataset moved elsewhere keeps its fingerprint.
+fn fingerprint(entries: &[Entry], classes: &[String]) -> u64 {
+    let mut h = Xxh3::new();
+    for c in classes {
+        h.update(c.as_bytes());
+        h.update(&[0]);
+    }
+    for e in entries {
+        match &e.location {
+            Location::File { path } => {
+                h.update(b"F");
+                h.update(path.as_os_str().as_encoded_bytes());
+            }
+            Location::TarMember { shard, member, offset, len } => {
+                h.update(b"T");
+                h.update(shard.as_os_str().as_encoded_bytes());
+                h.update(member.as_bytes());
+                h.update(&offset.to_le_bytes());
+                h.update(&len.to_le_bytes());
+            }
+        }
+        h.update(&[0]);
+        h.update(&e.label.to_le_bytes());
+        h.update(&e.size.to_le_bytes());
+    }
+    h.digest()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(p: &str) -> Location {
+        Location::File { path: PathBuf::from(p) }
+    }
+
+    #[test]
+    fn keys_are_positions_and_fingerprint_tracks_content_not_root() {
+        let items = || vec![(file("a/1.jpg"), 0, 10), (file("b/2.jpg"), 1, 20)];
+        let m1 = Manifest::new("/x".into(), items(), vec!["a".into(), "b".into()]);
+        let m2 = Manifest::new("/elsewhere".into(), items(), vec!["a".into(), "b".into()]);
+        assert_eq!(m1.entries[1].key, SampleKey(1));
+        assert_eq!(m1.fingerprint, m2.fingerprint);
+
+        let mut changed = items();
+        changed[1].2 = 21;
+        let m3 = Manifest::new("/x".into(), changed, vec!["a".into(), "b".into()]);
+        assert_ne!(m1.fingerprint, m3.fingerprint);
+        assert_eq!(m1.display_path(SampleKey(1)), PathBuf::from("/x/b/2.jpg"));
+    }
+}

@@ -1,0 +1,609 @@
+//! The pipeline spec: one serialisable description of source, storage, ops, shuffle, batch,
+//! prefetch and bad-data policy. The CLI, the Python builder and the service all speak it.
+//! Parse errors and validation errors name the offending field (`ops[2].size`).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::error::SpecError;
+use crate::image::{DType, Layout};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    pub source: SourceSpec,
+    #[serde(default)]
+    pub storage: StorageSpec,
+    pub ops: Vec<OpSpec>,
+    #[serde(default)]
+    pub shuffle: ShuffleSpec,
+    pub batch: BatchSpec,
+    /// Batches prepared ahead of the consumer. Peak memory is about
+    /// `(prefetch + threads) × batch bytes`.
+    #[serde(default = "default_prefetch")]
+    pub prefetch: usize,
+    /// Worker threads; 0 means one per available core.
+    #[serde(default)]
+    pub threads: usize,
+    /// Seed of every random choice (epoch order and augmentations).
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub on_error: ErrorPolicy,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+fn default_prefetch() -> usize {
+    4
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SourceSpec {
+    /// `root/<class>/<image>`: classes sorted by name get labels 0..n.
+    ImageFolder { root: PathBuf },
+    /// A text file, one sample per line: `path` or `path<TAB or space>label`. Relative
+    /// paths are taken from `root` (default: the list's own folder).
+    FileList {
+        path: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        root: Option<PathBuf>,
+    },
+    /// WebDataset-style tar shards: members `<basename>.jpg|jpeg|png` with an optional
+    /// `<basename>.cls` holding the integer label. Indexed once, read by offset.
+    Tar { shards: Vec<PathBuf> },
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum StorageSpec {
+    /// Local files, positional reads.
+    #[default]
+    Local,
+    /// Local files behind an emulated network link: every read waits `latency_ms`, and
+    /// all reads share `bandwidth_mb_s` (MB = 10^6 bytes).
+    Throttled { latency_ms: f64, bandwidth_mb_s: f64 },
+}
+
+/// An output size, `height × width`. Written as one number (square) or `[height, width]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size {
+    pub height: u32,
+    pub width: u32,
+}
+
+impl Size {
+    pub fn square(side: u32) -> Self {
+        Self { height: side, width: side }
+    }
+}
+
+impl Serialize for Size {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.height == self.width {
+            s.serialize_u32(self.height)
+        } else {
+            [self.height, self.width].serialize(s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+        impl<'de> Visitor<'de> for SizeVisitor {
+            type Value = Size;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a side length or [height, width]")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Size, E> {
+                u32::try_from(v).map(Size::square).map_err(|_| E::custom("size too large"))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Size, E> {
+                u32::try_from(v).map(Size::square).map_err(|_| E::custom("size must be positive"))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Size, A::Error> {
+                let height = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(0, &self))?;
+                let width = seq.next_element()?.ok_or_else(|| de::Error::invalid_length(1, &self))?;
+                if seq.next_element::<u32>()?.is_some() {
+                    return Err(de::Error::invalid_length(3, &self));
+                }
+                Ok(Size { height, width })
+            }
+        }
+        d.deserialize_any(SizeVisitor)
+    }
+}
+
+/// One preprocessing op. `decode` comes first; geometric ops next; then at most one of
+/// `normalize`/`dtype`; then `layout`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OpSpec {
+    /// JPEG (libjpeg-turbo) or PNG to RGB u8. Fused with a following `random_resized_crop`
+    /// so only the crop window is decoded.
+    Decode,
+    /// Resize so the shorter side is `size` (aspect ratio kept).
+    Resize { size: u32 },
+    CenterCrop { size: Size },
+    /// torchvision semantics: area fraction in `scale`, aspect ratio (log-uniform) in
+    /// `ratio`, 10 tries, then the center fallback; the crop is resized to `size`.
+    RandomResizedCrop {
+        size: Size,
+        #[serde(default = "default_scale")]
+        scale: [f64; 2],
+        #[serde(default = "default_ratio")]
+        ratio: [f64; 2],
+    },
+    RandomHorizontalFlip {
+        #[serde(default = "default_flip_p")]
+        p: f64,
+    },
+    /// `(x / 255 - mean) / std` per channel, as f32. mean and std in [0, 1] units.
+    Normalize { mean: [f32; 3], std: [f32; 3] },
+    /// `u8` keeps pixels; `f32` gives `x / 255`.
+    Dtype { dtype: DType },
+    Layout { order: Layout },
+}
+
+fn default_scale() -> [f64; 2] {
+    [0.08, 1.0]
+}
+fn default_ratio() -> [f64; 2] {
+    [3.0 / 4.0, 4.0 / 3.0]
+}
+fn default_flip_p() -> f64 {
+    0.5
+}
+
+impl OpSpec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpSpec::Decode => "decode",
+            OpSpec::Resize { .. } => "resize",
+            OpSpec::CenterCrop { .. } => "center_crop",
+            OpSpec::RandomResizedCrop { .. } => "random_resized_crop",
+            OpSpec::RandomHorizontalFlip { .. } => "random_horizontal_flip",
+            OpSpec::Normalize { .. } => "normalize",
+            OpSpec::Dtype { .. } => "dtype",
+            OpSpec::Layout { .. } => "layout",
+        }
+    }
+
+    /// Random ops draw from the per-sample RNG; their output changes every epoch, so
+    /// nothing after the first of them can be cached.
+    pub fn is_random(&self) -> bool {
+        matches!(self, OpSpec::RandomResizedCrop { .. } | OpSpec::RandomHorizontalFlip { .. })
+    }
+
+    fn phase(&self) -> u8 {
+        match self {
+            OpSpec::Decode => 0,
+            OpSpec::Resize { .. }
+            | OpSpec::CenterCrop { .. }
+            | OpSpec::RandomResizedCrop { .. }
+            | OpSpec::RandomHorizontalFlip { .. } => 1,
+            OpSpec::Normalize { .. } | OpSpec::Dtype { .. } => 2,
+            OpSpec::Layout { .. } => 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ShuffleSpec {
+    /// Epoch order as in the manifest.
+    None,
+    /// A fresh permutation of the whole dataset every epoch (from seed and epoch).
+    #[default]
+    Global,
+    /// tf.data-style shuffle buffer over the manifest order: for sources that read best
+    /// sequentially (tar shards).
+    Buffer { size: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSpec {
+    pub size: usize,
+    /// Drop the last, short batch of each epoch.
+    #[serde(default)]
+    pub drop_last: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorPolicy {
+    /// Stop at the first bad sample; the error names its key and path.
+    #[default]
+    Fail,
+    /// Leave bad samples out of their batch, count them and log key and path.
+    Skip,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Images whose header declares more pixels than this are rejected before decoding.
+    #[serde(default = "default_max_pixels")]
+    pub max_pixels: u64,
+    /// Files larger than this are rejected before reading.
+    #[serde(default = "default_max_file_bytes")]
+    pub max_file_bytes: u64,
+}
+
+fn default_max_pixels() -> u64 {
+    64 * 1024 * 1024
+}
+fn default_max_file_bytes() -> u64 {
+    256 * 1024 * 1024
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_pixels: default_max_pixels(), max_file_bytes: default_max_file_bytes() }
+    }
+}
+
+impl PipelineSpec {
+    /// The standard training pipeline: decode, RandomResizedCrop(size), flip, u8 HWC.
+    pub fn train_default(source: SourceSpec, size: u32, batch: usize) -> Self {
+        Self {
+            source,
+            storage: StorageSpec::Local,
+            ops: vec![
+                OpSpec::Decode,
+                OpSpec::RandomResizedCrop {
+                    size: Size::square(size),
+                    scale: default_scale(),
+                    ratio: default_ratio(),
+                },
+                OpSpec::RandomHorizontalFlip { p: default_flip_p() },
+            ],
+            shuffle: ShuffleSpec::Global,
+            batch: BatchSpec { size: batch, drop_last: false },
+            prefetch: default_prefetch(),
+            threads: 0,
+            seed: 0,
+            on_error: ErrorPolicy::Fail,
+            limits: Limits::default(),
+        }
+    }
+
+    pub fn from_toml_str(s: &str) -> Result<Self, SpecError> {
+        let de = toml::Deserializer::new(s);
+        let spec: Self = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            SpecError::new(field, e.into_inner().message().trim().to_string())
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    pub fn from_json_str(s: &str) -> Result<Self, SpecError> {
+        let mut de = serde_json::Deserializer::from_str(s);
+        let spec: Self = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = e.path().to_string();
+            SpecError::new(field, e.into_inner().to_string())
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Reads a `.toml` or `.json` spec file. Relative source paths are resolved against
+    /// the spec file's folder.
+    pub fn from_path(path: &Path) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| SpecError::new("<file>", format!("cannot read {}: {e}", path.display())))?;
+        let mut spec = match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => Self::from_json_str(&text)?,
+            Some("toml") => Self::from_toml_str(&text)?,
+            _ => {
+                return Err(SpecError::new(
+                    "<file>",
+                    format!("{}: a spec file must end in .toml or .json", path.display()),
+                ))
+            }
+        };
+        if let Some(dir) = path.parent() {
+            spec.source.resolve_relative(dir);
+        }
+        Ok(spec)
+    }
+
+    pub fn to_toml_string(&self) -> Result<String, SpecError> {
+        toml::to_string_pretty(self).map_err(|e| SpecError::new("<spec>", e.to_string()))
+    }
+
+    pub fn to_json_string(&self) -> Result<String, SpecError> {
+        serde_json::to_string_pretty(self).map_err(|e| SpecError::new("<spec>", e.to_string()))
+    }
+
+    /// Index of the first random op: where a cache of deterministic work goes by default.
+    pub fn first_random_op(&self) -> Option<usize> {
+        self.ops.iter().position(OpSpec::is_random)
+    }
+
+    /// Element type and per-sample shape of the batches this spec produces.
+    pub fn output(&self) -> (DType, Layout, Size) {
+        let mut dtype = DType::U8;
+        let mut layout = Layout::Hwc;
+        let mut size = Size::square(0);
+        for op in &self.ops {
+            match op {
+                OpSpec::CenterCrop { size: s } | OpSpec::RandomResizedCrop { size: s, .. } => size = *s,
+                OpSpec::Normalize { .. } => dtype = DType::F32,
+                OpSpec::Dtype { dtype: d } => dtype = *d,
+                OpSpec::Layout { order } => layout = *order,
+                _ => {}
+            }
+        }
+        (dtype, layout, size)
+    }
+
+    /// Checks everything serde cannot: ranges, op order, a fixed output size.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.batch.size == 0 {
+            return Err(SpecError::new("batch.size", "must be at least 1"));
+        }
+        if self.prefetch == 0 {
+            return Err(SpecError::new("prefetch", "must be at least 1"));
+        }
+        if let ShuffleSpec::Buffer { size: 0 } = self.shuffle {
+            return Err(SpecError::new("shuffle.size", "must be at least 1"));
+        }
+        if let StorageSpec::Throttled { latency_ms, bandwidth_mb_s } = self.storage {
+            if !(latency_ms >= 0.0 && latency_ms.is_finite()) {
+                return Err(SpecError::new("storage.latency_ms", "must be a number >= 0"));
+            }
+            if !(bandwidth_mb_s > 0.0 && bandwidth_mb_s.is_finite()) {
+                return Err(SpecError::new("storage.bandwidth_mb_s", "must be a number > 0"));
+            }
+        }
+        if self.limits.max_pixels == 0 {
+            return Err(SpecError::new("limits.max_pixels", "must be at least 1"));
+        }
+        if self.limits.max_file_bytes == 0 {
+            return Err(SpecError::new("limits.max_file_bytes", "must be at least 1"));
+        }
+        self.source.validate()?;
+        self.validate_ops()
+    }
+
+    fn validate_ops(&self) -> Result<(), SpecError> {
+        if self.ops.first() != Some(&OpSpec::Decode) {
+            return Err(SpecError::new("ops[0]", "the first op must be `decode`"));
+        }
+        let mut phase = 0;
+        let mut fixed_size = false;
+        for (i, op) in self.ops.iter().enumerate() {
+            let field = |name: &str| format!("ops[{i}].{name}");
+            if i > 0 && op.phase() == 0 {
+                return Err(SpecError::new(format!("ops[{i}]"), "`decode` may appear only once, first"));
+            }
+            if op.phase() < phase || (op.phase() >= 2 && op.phase() == phase && i > 0) {
+                return Err(SpecError::new(
+                    format!("ops[{i}]"),
+                    format!(
+                        "`{}` is out of order: decode, then resize/crops/flip, then at most one of \
+                         normalize/dtype, then layout",
+                        op.name()
+                    ),
+                ));
+            }
+            phase = op.phase();
+            match op {
+                OpSpec::Decode | OpSpec::Layout { .. } | OpSpec::Dtype { .. } => {}
+                OpSpec::Resize { size } => {
+                    if *size == 0 {
+                        return Err(SpecError::new(field("size"), "must be at least 1"));
+                    }
+                    fixed_size = false;
+                }
+                OpSpec::CenterCrop { size } => {
+                    check_size(size, &field("size"))?;
+                    fixed_size = true;
+                }
+                OpSpec::RandomResizedCrop { size, scale, ratio } => {
+                    check_size(size, &field("size"))?;
+                    if !(scale[0] > 0.0 && scale[0] <= scale[1] && scale[1] <= 1.0) {
+                        return Err(SpecError::new(field("scale"), "needs 0 < min <= max <= 1"));
+                    }
+                    if !(ratio[0] > 0.0 && ratio[0] <= ratio[1] && ratio[1].is_finite()) {
+                        return Err(SpecError::new(field("ratio"), "needs 0 < min <= max"));
+                    }
+                    fixed_size = true;
+                }
+                OpSpec::RandomHorizontalFlip { p } => {
+                    if !(0.0..=1.0).contains(p) {
+                        return Err(SpecError::new(field("p"), "must be in [0, 1]"));
+                    }
+                }
+                OpSpec::Normalize { std, .. } => {
+                    if std.iter().any(|s| !(*s > 0.0 && s.is_finite())) {
+                        return Err(SpecError::new(field("std"), "every std must be > 0"));
+                    }
+                }
+            }
+        }
+        if !fixed_size {
+            return Err(SpecError::new(
+                "ops",
+                "batches need one image size: end the geometric ops with `center_crop` or \
+                 `random_resized_crop`",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn check_size(size: &Size, field: &str) -> Result<(), SpecError> {
+    if size.height == 0 || size.width == 0 {
+        return Err(SpecError::new(field, "height and width must be at least 1"));
+    }
+    Ok(())
+}
+
+impl SourceSpec {
+    fn validate(&self) -> Result<(), SpecError> {
+        match self {
+            SourceSpec::ImageFolder { root } if root.as_os_str().is_empty() => {
+                Err(SpecError::new("source.root", "must not be empty"))
+            }
+            SourceSpec::FileList { path, .. } if path.as_os_str().is_empty() => {
+                Err(SpecError::new("source.path", "must not be empty"))
+            }
+            SourceSpec::Tar { shards } if shards.is_empty() => {
+                Err(SpecError::new("source.shards", "needs at least one shard"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes relative paths relative to `dir` (the spec file's folder).
+    pub fn resolve_relative(&mut self, dir: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        };
+        match self {
+            SourceSpec::ImageFolder { root } => fix(root),
+            SourceSpec::FileList { path, root } => {
+                fix(path);
+                if let Some(r) = root {
+                    fix(r);
+                }
+            }
+            SourceSpec::Tar { shards } => shards.iter_mut().for_each(fix),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOML: &str = r#"
+seed = 7
+prefetch = 2
+on_error = "skip"
+
+[source]
+kind = "image_folder"
+root = "/data/train"
+
+[[ops]]
+op = "decode"
+
+[[ops]]
+op = "random_resized_crop"
+size = 224
+
+[[ops]]
+op = "random_horizontal_flip"
+
+[[ops]]
+op = "normalize"
+mean = [0.485, 0.456, 0.406]
+std = [0.229, 0.224, 0.225]
+
+[[ops]]
+op = "layout"
+order = "chw"
+
+[batch]
+size = 32
+"#;
+
+    #[test]
+    fn toml_parses_with_defaults_and_round_trips_through_json_and_toml() {
+        let spec = PipelineSpec::from_toml_str(TOML).unwrap();
+        assert_eq!(spec.seed, 7);
+        assert_eq!(spec.shuffle, ShuffleSpec::Global);
+        assert_eq!(spec.on_error, ErrorPolicy::Skip);
+        assert_eq!(
+            spec.ops[1],
+            OpSpec::RandomResizedCrop { size: Size::square(224), scale: [0.08, 1.0], ratio: [0.75, 4.0 / 3.0] }
+        );
+        assert_eq!(spec.output(), (DType::F32, Layout::Chw, Size::square(224)));
+        assert_eq!(spec.first_random_op(), Some(1));
+        let json = spec.to_json_string().unwrap();
+        assert_eq!(PipelineSpec::from_json_str(&json).unwrap(), spec);
+        let toml = spec.to_toml_string().unwrap();
+        assert_eq!(PipelineSpec::from_toml_str(&toml).unwrap(), spec);
+    }
+
+    #[test]
+    fn rectangular_size_round_trips() {
+        let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: "/d".into() }, 224, 8);
+        spec.ops[1] = OpSpec::CenterCrop { size: Size { height: 100, width: 50 } };
+        let json = spec.to_json_string().unwrap();
+        assert!(json.contains("100"), "{json}");
+        assert_eq!(PipelineSpec::from_json_str(&json).unwrap(), spec);
+    }
+
+    fn err_of(toml_src: &str) -> SpecError {
+        PipelineSpec::from_toml_str(toml_src).unwrap_err()
+    }
+
+    #[test]
+    fn errors_name_the_offending_field() {
+        let e = err_of(&TOML.replace("size = 224", "size = \"big\""));
+        // Ops are internally tagged, so serde reports the op; the message says what is wrong.
+        assert_eq!(e.field, "ops[1]", "{e}");
+        assert!(e.message.contains("side length or [height, width]"), "{e}");
+        let e = err_of(&TOML.replace("size = 32", "size = 0"));
+        assert_eq!(e.field, "batch.size");
+        let e = err_of(&TOML.replace("op = \"random_horizontal_flip\"", "op = \"twirl\""));
+        assert_eq!(e.field, "ops[2].op", "{e}");
+        assert!(e.message.contains("random_resized_crop"), "{e}");
+        let e = err_of(&TOML.replace("seed = 7", "seed = 7\nthreadz = 3"));
+        assert!(e.message.contains("threadz"), "{e}");
+        let e = err_of(&TOML.replace("std = [0.229, 0.224, 0.225]", "std = [0.229, 0.0, 0.225]"));
+        assert_eq!(e.field, "ops[3].std");
+        let e = err_of(&TOML.replace("kind = \"image_folder\"", "kind = \"ftp\""));
+        assert!(e.field.starts_with("source"), "{e}");
+    }
+
+    #[test]
+    fn op_order_and_fixed_size_are_enforced() {
+        let src = SourceSpec::ImageFolder { root: "/d".into() };
+        let mut spec = PipelineSpec::train_default(src, 224, 8);
+        spec.ops.swap(0, 1);
+        assert_eq!(spec.validate().unwrap_err().field, "ops[0]");
+
+        let mut spec = PipelineSpec::train_default(SourceSpec::Tar { shards: vec!["a.tar".into()] }, 224, 8);
+        spec.ops = vec![OpSpec::Decode, OpSpec::Resize { size: 256 }];
+        assert_eq!(spec.validate().unwrap_err().field, "ops");
+
+        spec.ops = vec![
+            OpSpec::Decode,
+            OpSpec::CenterCrop { size: Size::square(8) },
+            OpSpec::Dtype { dtype: DType::F32 },
+            OpSpec::Normalize { mean: [0.0; 3], std: [1.0; 3] },
+        ];
+        assert_eq!(spec.validate().unwrap_err().field, "ops[3]");
+
+        spec.ops = vec![OpSpec::Decode, OpSpec::Layout { order: Layout::Chw }, OpSpec::CenterCrop { size: Size::square(8) }];
+        assert_eq!(spec.validate().unwrap_err().field, "ops[2]");
+    }
+
+    #[test]
+    fn from_path_resolves_relative_roots_and_rejects_unknown_extensions() {
+        let dir = std::env::temp_dir().join(format!("sluice-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("spec.toml");
+        std::fs::write(&p, TOML.replace("/data/train", "train")).unwrap();
+        let spec = PipelineSpec::from_path(&p).unwrap();
+        assert_eq!(spec.source, SourceSpec::ImageFolder { root: dir.join("train") });
+        let bad = dir.join("spec.yaml");
+        std::fs::write(&bad, "x").unwrap();
+        assert!(PipelineSpec::from_path(&bad).unwrap_err().message.contains(".toml or .json"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
