@@ -1,0 +1,12 @@
+//! sluice's engine: sources enumerate a dataset into a manifest, storage reads sample bytes,
+//! the sampler orders each epoch, and the loader runs the op plan on a resizable pool of
+//! native threads, handing out contiguous batches with bounded prefetch and exact
+//! checkpoints.
+
+pub mod sampler;
+pub mod source;
+pub mod stats;
+pub mod storage;
+
+pub use sampler::{epoch_order, Shard};
+pub use stats::{SkippedSample, StatsSnapshot};

@@ -1,0 +1,105 @@
+//! What a loader has done and where its time went: samples, bytes, skipped samples (with
+//! key and path), time per op summed over workers, and how long the consumer waited.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sluice_core::SampleError;
+
+/// A sample left out under the `skip` policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct SkippedSample {
+    pub key: u64,
+    pub path: String,
+    pub error: String,
+}
+
+impl From<&SampleError> for SkippedSample {
+    fn from(e: &SampleError) -> Self {
+        Self { key: e.key.0, path: e.path.display().to_string(), error: e.to_string() }
+    }
+}
+
+/// Totals since the loader was built. Only the consuming thread writes them.
+#[derive(Debug)]
+pub(crate) struct Stats {
+    started: Instant,
+    samples: u64,
+    batches: u64,
+    bytes_read: u64,
+    skipped: Vec<SkippedSample>,
+    /// Index 0 is `read`; then one per plan step.
+    op_times: Vec<Duration>,
+    op_names: Vec<String>,
+    wait: Duration,
+}
+
+impl Stats {
+    pub(crate) fn new(op_names: Vec<String>) -> Self {
+        Self {
+            started: Instant::now(),
+            samples: 0,
+            batches: 0,
+            bytes_read: 0,
+            skipped: Vec::new(),
+            op_times: vec![Duration::ZERO; op_names.len()],
+            op_names,
+            wait: Duration::ZERO,
+        }
+    }
+
+    pub(crate) fn add_work(&mut self, times: &[Duration], bytes: u64) {
+        for (total, t) in self.op_times.iter_mut().zip(times) {
+            *total += *t;
+        }
+        self.bytes_read += bytes;
+    }
+
+    pub(crate) fn add_batch(&mut self, samples: usize) {
+        self.batches += 1;
+        self.samples += samples as u64;
+    }
+
+    pub(crate) fn add_skipped(&mut self, e: &SampleError) {
+        tracing::warn!(key = e.key.0, path = %e.path.display(), "skipping bad sample: {e}");
+        self.skipped.push(e.into());
+    }
+
+    pub(crate) fn add_wait(&mut self, d: Duration) {
+        self.wait += d;
+    }
+
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        StatsSnapshot {
+            samples: self.samples,
+            batches: self.batches,
+            bytes_read: self.bytes_read,
+            elapsed_s: elapsed,
+            samples_per_s: if elapsed > 0.0 { self.samples as f64 / elapsed } else { 0.0 },
+            wait_s: self.wait.as_secs_f64(),
+            op_seconds: self
+                .op_names
+                .iter()
+                .cloned()
+                .zip(self.op_times.iter().map(Duration::as_secs_f64))
+                .collect(),
+            skipped: self.skipped.clone(),
+        }
+    }
+}
+
+/// A copy of the stats at one moment.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatsSnapshot {
+    pub samples: u64,
+    pub batches: u64,
+    pub bytes_read: u64,
+    pub elapsed_s: f64,
+    pub samples_per_s: f64,
+    /// Time the consumer spent blocked waiting for a batch (input stall).
+    pub wait_s: f64,
+    /// Busy time per op, summed over worker threads: `read`, then the plan's steps.
+    pub op_seconds: Vec<(String, f64)>,
+    pub skipped: Vec<SkippedSample>,
+}

@@ -1,0 +1,252 @@
+//! Deterministic, ImageNet-like datasets: an ImageFolder tree of JPEGs around 500×375 and
+//! ~100 KB each, whose content depends on the class (so a model can learn something) and
+//! on a seed (so two runs write identical bytes). Optionally adds bad files of every kind
+//! the loader must survive.
+
+use std::path::{Path, PathBuf};
+
+use sluice_core::SampleRng;
+use sluice_core::SampleKey;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("cannot write {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot encode image {index}: {message}")]
+    Encode { index: usize, message: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct DatasetOptions {
+    pub images: usize,
+    pub classes: usize,
+    pub seed: u64,
+    /// JPEG quality (1-100).
+    pub quality: i32,
+    /// Per-pixel texture noise amplitude; sets how much the JPEGs weigh (~100 KB at 14).
+    pub texture: u8,
+    /// Bad files to add (cycling through the kinds in [`BAD_KINDS`]).
+    pub corrupt: usize,
+}
+
+impl Default for DatasetOptions {
+    fn default() -> Self {
+        Self { images: 1000, classes: 10, seed: 0, quality: 90, texture: 14, corrupt: 0 }
+    }
+}
+
+/// The bad files `corrupt` cycles through, by file-name tag.
+pub const BAD_KINDS: [&str; 5] = ["truncated", "empty", "notimage", "garbage", "huge"];
+
+/// What was written.
+#[derive(Debug, Clone, Default)]
+pub struct DatasetSummary {
+    pub images: usize,
+    pub bad_files: Vec<PathBuf>,
+    pub bytes: u64,
+}
+
+/// Class folder name for class `c`.
+pub fn class_name(c: usize) -> String {
+    format!("class_{c:03}")
+}
+
+/// Writes `options.images` JPEGs under `root/class_XXX/`, image `i` in class `i % classes`.
+/// `progress` is called after each image with the number written so far.
+pub fn write_dataset(
+    root: &Path,
+    options: &DatasetOptions,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<DatasetSummary, SynthError> {
+    let classes = options.classes.max(1);
+    for c in 0..classes {
+        let dir = root.join(class_name(c));
+        std::fs::create_dir_all(&dir).map_err(|source| SynthError::Io { path: dir, source })?;
+    }
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<Result<u64, SynthError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let done = &done;
+                s.spawn(move || -> Result<u64, SynthError> {
+                    let mut bytes = 0;
+                    for i in (t..options.images).step_by(threads) {
+                        let jpeg = image_jpeg(i, options)?;
+                        let path = root.join(class_name(i % classes)).join(format!("img_{i:07}.jpg"));
+                        bytes += jpeg.len() as u64;
+                        std::fs::write(&path, jpeg).map_err(|source| SynthError::Io { path, source })?;
+                        progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+                    }
+                    Ok(bytes)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(SynthError::Encode { index: 0, message: "generator thread panicked".into() })))
+            .collect()
+    });
+    let mut summary = DatasetSummary { images: options.images, ..Default::default() };
+    for r in results {
+        summary.bytes += r?;
+    }
+    for k in 0..options.corrupt {
+        let path = write_bad_file(root, k, classes, options)?;
+        summary.bad_files.push(path);
+    }
+    Ok(summary)
+}
+
+/// The JPEG bytes of image `i`.
+pub fn image_jpeg(i: usize, options: &DatasetOptions) -> Result<Vec<u8>, SynthError> {
+    let (w, h, rgb) = image_pixels(i, options);
+    sluice_codec::encode_jpeg(&rgb, w, h, options.quality)
+        .map_err(|e| SynthError::Encode { index: i, message: e.to_string() })
+}
+
+/// Pixels of image `i`: a two-colour gradient, class-coloured shapes and texture noise.
+pub fn image_pixels(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>) {
+    let class = i % options.classes.max(1);
+    let mut rng = SampleRng::new(options.seed, 0, SampleKey(i as u64), 0);
+    let mut class_rng = SampleRng::new(options.seed, 1, SampleKey(class as u64), 0);
+    // ImageNet-like sizes: mostly landscape around 500×375, some portrait.
+    let (mut w, mut h) = (440 + rng.below(121) as u32, 330 + rng.below(91) as u32);
+    if rng.below(5) == 0 {
+        std::mem::swap(&mut w, &mut h);
+    }
+    let color = |r: &mut SampleRng| [r.below(256) as f32, r.below(256) as f32, r.below(256) as f32];
+    let class_colors = [color(&mut class_rng), color(&mut class_rng), color(&mut class_rng)];
+    let (c0, c1) = (color(&mut rng), color(&mut rng));
+    let angle = rng.uniform(0.0, std::f64::consts::TAU);
+    let (dx, dy) = (angle.cos() as f32, angle.sin() as f32);
+    let freq = rng.uniform(0.01, 0.05) as f32;
+
+    let (wu, hu) = (w as usize, h as usize);
+    let mut rgb = vec![0u8; wu * hu * 3];
+    let scale = 1.0 / (w.max(h) as f32);
+    for y in 0..hu {
+        for x in 0..wu {
+            let t = ((x as f32 * dx + y as f32 * dy) * scale * 0.5 + 0.5).clamp(0.0, 1.0);
+            let wave = 20.0 * ((x as f32 + y as f32) * freq).sin();
+            let o = (y * wu + x) * 3;
+            for ch in 0..3 {
+                rgb[o + ch] = (c0[ch] * (1.0 - t) + c1[ch] * t + wave).clamp(0.0, 255.0) as u8;
+            }
+        }
+    }
+    // Shapes in the class's colours: what a classifier can learn.
+    for s in 0..(4 + rng.below(5) as usize) {
+        let col = class_colors[s % 3];
+        let (cx, cy) = (rng.below(w as u64) as f32, rng.below(h as u64) as f32);
+        let (rx, ry) = (rng.uniform(20.0, 120.0) as f32, rng.uniform(20.0, 120.0) as f32);
+        let ellipse = (class + s) % 2 == 0;
+        let (x0, x1) = ((cx - rx).max(0.0) as usize, ((cx + rx) as usize).min(wu));
+        let (y0, y1) = ((cy - ry).max(0.0) as usize, ((cy + ry) as usize).min(hu));
+        for y in y0..y1 {
+            for x in x0..x1 {
+                let (nx, ny) = ((x as f32 - cx) / rx, (y as f32 - cy) / ry);
+                if !ellipse || nx * nx + ny * ny <= 1.0 {
+                    let o = (y * wu + x) * 3;
+                    rgb[o..o + 3].copy_from_slice(&[col[0] as u8, col[1] as u8, col[2] as u8]);
+                }
+            }
+        }
+    }
+    // Texture: cheap xorshift noise, the knob for file size.
+    let amp = options.texture as i32;
+    if amp > 0 {
+        let mut state = rng.next_u64() | 1;
+        for px in rgb.iter_mut() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let n = (state % (2 * amp as u64 + 1)) as i32 - amp;
+            *px = (*px as i32 + n).clamp(0, 255) as u8;
+        }
+    }
+    (w, h, rgb)
+}
+
+/// Writes bad file number `k`, of kind `BAD_KINDS[k % 5]`, into a class folder.
+fn write_bad_file(root: &Path, k: usize, classes: usize, options: &DatasetOptions) -> Result<PathBuf, SynthError> {
+    let kind = BAD_KINDS[k % BAD_KINDS.len()];
+    let path = root.join(class_name(k % classes)).join(format!("bad_{k:04}_{kind}.jpg"));
+    let good = image_jpeg(k, options)?;
+    let bytes = match kind {
+        "truncated" => good[..good.len() / 2].to_vec(),
+        "empty" => Vec::new(),
+        "notimage" => b"this is a text file that claims to be a JPEG\n".to_vec(),
+        "garbage" => {
+            let mut r = SampleRng::new(options.seed, 2, SampleKey(k as u64), 0);
+            let mut g: Vec<u8> = (0..4096).map(|_| r.below(256) as u8).collect();
+            g[..3].copy_from_slice(&[0xFF, 0xD8, 0xFF]);
+            g
+        }
+        _ => huge_header_jpeg(&good),
+    };
+    std::fs::write(&path, bytes).map_err(|source| SynthError::Io { path: path.clone(), source })?;
+    Ok(path)
+}
+
+/// A small valid JPEG whose frame header claims 60000×60000 pixels.
+pub fn huge_header_jpeg(jpeg: &[u8]) -> Vec<u8> {
+    let mut out = jpeg.to_vec();
+    let mut i = 2;
+    while i + 9 < out.len() {
+        if out[i] != 0xFF {
+            break;
+        }
+        let marker = out[i + 1];
+        let len = u16::from_be_bytes([out[i + 2], out[i + 3]]) as usize;
+        if (0xC0..=0xC2).contains(&marker) {
+            out[i + 5..i + 7].copy_from_slice(&60000u16.to_be_bytes());
+            out[i + 7..i + 9].copy_from_slice(&60000u16.to_be_bytes());
+            break;
+        }
+        i += 2 + len;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_bytes_and_classes_differ() {
+        let o = DatasetOptions { images: 4, classes: 2, ..Default::default() };
+        assert_eq!(image_jpeg(1, &o).unwrap(), image_jpeg(1, &o).unwrap());
+        assert_ne!(image_jpeg(1, &o).unwrap(), image_jpeg(3, &o).unwrap());
+        let other = DatasetOptions { seed: 1, ..o.clone() };
+        assert_ne!(image_jpeg(1, &o).unwrap(), image_jpeg(1, &other).unwrap());
+    }
+
+    #[test]
+    fn writes_an_image_folder_with_bad_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = DatasetOptions { images: 6, classes: 3, corrupt: 5, ..Default::default() };
+        let s = write_dataset(dir.path(), &o, &|_| {}).unwrap();
+        assert_eq!(s.bad_files.len(), 5);
+        let jpgs = walk(dir.path());
+        assert_eq!(jpgs.len(), 11);
+        assert!(dir.path().join("class_002/img_0000005.jpg").is_file());
+        let avg = s.bytes / 6;
+        assert!((50_000..200_000).contains(&avg), "average JPEG is {avg} bytes");
+        let empty = s.bad_files.iter().find(|p| p.to_string_lossy().contains("empty")).unwrap();
+        assert_eq!(std::fs::metadata(empty).unwrap().len(), 0);
+    }
+
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+        out
+    }
+}
