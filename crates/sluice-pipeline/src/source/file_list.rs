@@ -1,0 +1,93 @@
+//! A text file listing one sample per line: `path` or `path <label>` (label an integer,
+//! separated by spaces or a tab; the path may contain spaces when a label follows it).
+//! Blank lines and lines starting with `#` are skipped. Relative paths are resolved
+//! against `root` (default: the list's own folder) and kept relative in the manifest.
+//!
+//! Listed files that do not exist do not fail enumeration: they get size 0 and are
+//! reported per sample at read time (as `Missing`), under the run's skip/fail policy.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use sluice_core::{Location, Manifest};
+
+use super::SourceError;
+
+/// Enumerates the samples of the list file at `list`.
+pub fn enumerate(list: &Path, root: Option<&Path>) -> Result<Manifest, SourceError> {
+    let text = fs::read_to_string(list).map_err(|e| SourceError::io("file list", list, e))?;
+    let root = match root {
+        Some(r) => r.to_path_buf(),
+        None => list.parent().map(Path::to_path_buf).unwrap_or_default(),
+    };
+
+    let mut items = Vec::new();
+    let mut missing = 0usize;
+    for (index, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (path, label) = parse_line(line).map_err(|text| SourceError::BadLabel {
+            path: list.to_path_buf(),
+            line: index + 1,
+            text,
+        })?;
+        let path = PathBuf::from(path);
+        let size = match fs::metadata(root.join(&path)) {
+            Ok(meta) => meta.len(),
+            Err(e) => {
+                if missing == 0 {
+                    tracing::warn!(
+                        path = %root.join(&path).display(),
+                        list = %list.display(),
+                        line = index + 1,
+                        error = %e,
+                        "listed file cannot be found; it will fail at read time"
+                    );
+                }
+                missing += 1;
+                0
+            }
+        };
+        items.push((Location::File { path }, label, size));
+    }
+
+    if missing > 1 {
+        tracing::warn!(missing, list = %list.display(), "listed files cannot be found");
+    }
+    if items.is_empty() {
+        return Err(SourceError::NoSamples {
+            dataset: list.display().to_string(),
+            hint: "the list has no sample lines (only blanks and # comments)",
+        });
+    }
+    Ok(Manifest::new(root, items, Vec::new()))
+}
+
+/// Splits `path [label]`; a line with whitespace must end in an integer label. On error,
+/// returns the text that should have been the label.
+fn parse_line(line: &str) -> Result<(&str, i64), String> {
+    match line.rfind(char::is_whitespace) {
+        None => Ok((line, -1)),
+        Some(at) => {
+            let (path, label) = (line[..at].trim_end(), line[at..].trim());
+            label.parse::<i64>().map(|l| (path, l)).map_err(|_| label.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_line;
+
+    #[test]
+    fn lines_split_into_path_and_label() {
+        assert_eq!(parse_line("a/b.jpg"), Ok(("a/b.jpg", -1)));
+        assert_eq!(parse_line("a/b.jpg\t3"), Ok(("a/b.jpg", 3)));
+        assert_eq!(parse_line("my photo.jpg   12"), Ok(("my photo.jpg", 12)));
+        assert_eq!(parse_line("x.png -1"), Ok(("x.png", -1)));
+        assert_eq!(parse_line("x.png cat"), Err("cat".to_string()));
+        assert_eq!(parse_line("x.png 1.5"), Err("1.5".to_string()));
+    }
+}

@@ -1,0 +1,83 @@
+//! Sources enumerate a dataset once into a [`Manifest`]: a stable list of sample locations,
+//! labels and sizes. Enumeration touches metadata only (one `read_dir` per folder, one
+//! `stat` per file, tar headers by seeking); sample bytes are read later through
+//! [`crate::storage`].
+
+pub mod file_list;
+pub mod image_folder;
+pub mod tar;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use sluice_core::{Manifest, SourceSpec};
+
+/// Why a dataset could not be enumerated. Every variant names the path to look at.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{what} not found: {}", path.display())]
+    NotFound { what: &'static str, path: PathBuf },
+    #[error("dataset root is not a directory: {}", path.display())]
+    NotADirectory { path: PathBuf },
+    #[error("no class folders in {} (an image folder dataset is root/<class>/<image>)", root.display())]
+    NoClasses { root: PathBuf },
+    #[error("no samples found in {dataset}: {hint}")]
+    NoSamples { dataset: String, hint: &'static str },
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{}:{line}: label `{text}` is not an integer (a line is `path` or `path <label>`)", path.display())]
+    BadLabel { path: PathBuf, line: usize, text: String },
+    #[error("{}: corrupt tar header at or after byte offset {offset}: {message}", shard.display())]
+    CorruptTar { shard: PathBuf, offset: u64, message: String },
+    #[error("{}:{member}: label `{text}` is not an integer", shard.display())]
+    BadClassFile { shard: PathBuf, member: String, text: String },
+    #[error(
+        "{}:{member}: shard is truncated (member data ends at byte {end}, the file has {file_len} bytes)",
+        shard.display()
+    )]
+    TruncatedShard { shard: PathBuf, member: String, end: u64, file_len: u64 },
+}
+
+impl SourceError {
+    /// Maps an I/O error on `path`: not-found becomes [`SourceError::NotFound`].
+    pub(crate) fn io(what: &'static str, path: &Path, source: io::Error) -> Self {
+        if source.kind() == io::ErrorKind::NotFound {
+            SourceError::NotFound { what, path: path.to_path_buf() }
+        } else {
+            SourceError::Io { path: path.to_path_buf(), source }
+        }
+    }
+}
+
+/// Enumerates the dataset `spec` describes.
+pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
+    let started = std::time::Instant::now();
+    let manifest = match spec {
+        SourceSpec::ImageFolder { root } => image_folder::enumerate(root)?,
+        SourceSpec::FileList { path, root } => file_list::enumerate(path, root.as_deref())?,
+        SourceSpec::Tar { shards } => self::tar::enumerate(shards)?,
+    };
+    tracing::info!(
+        samples = manifest.len(),
+        classes = manifest.classes.len(),
+        root = %manifest.root.display(),
+        fingerprint = %manifest.fingerprint_hex(),
+        elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+        "enumerated dataset"
+    );
+    Ok(manifest)
+}
+
+/// Whether a file name (or a WebDataset extension) names an image sluice decodes.
+pub(crate) fn is_image_extension(ext: &str) -> bool {
+    ["jpg", "jpeg", "png"].iter().any(|e| ext.eq_ignore_ascii_case(e))
+}
+
+/// Whether `path`'s extension is an image extension.
+pub(crate) fn has_image_extension(path: &Path) -> bool {
+    path.extension().and_then(|e| e.to_str()).is_some_and(is_image_extension)
+}

@@ -1,0 +1,188 @@
+//! WebDataset-style tar shards. Members are grouped into samples by key: the member name
+//! up to the first `.` of its last path component (`dir/n0142_7.jpg` → key `dir/n0142_7`,
+//! extension `jpg`). A sample is the key's `jpg`/`jpeg`/`png` member (any case); an optional
+//! `<key>.cls` member holds its integer label as text. Shards are indexed once, in spec
+//! order, members in archive order, by reading headers and seeking over data; sample bytes
+//! are later read by offset without unpacking.
+//!
+//! The manifest root is the folder the shards share; shard paths are stored relative to it.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::path::{Component, Path, PathBuf};
+
+use ::tar::Archive;
+use sluice_core::{Location, Manifest};
+
+use super::{is_image_extension, SourceError};
+
+/// A `.cls` member longer than this is not a label.
+const MAX_CLS_BYTES: u64 = 64;
+
+/// Enumerates the samples of `shards`, in order.
+pub fn enumerate(shards: &[PathBuf]) -> Result<Manifest, SourceError> {
+    if shards.is_empty() {
+        return Err(SourceError::NoSamples { dataset: "tar source".into(), hint: "no shards given" });
+    }
+    let root = common_folder(shards);
+    let mut items = Vec::new();
+    for shard in shards {
+        let rel = shard.strip_prefix(&root).map(Path::to_path_buf).unwrap_or_else(|_| shard.clone());
+        index_shard(shard, &rel, &mut items)?;
+    }
+    if items.is_empty() {
+        return Err(SourceError::NoSamples {
+            dataset: format!("{} tar shard(s) under {}", shards.len(), root.display()),
+            hint: "no .jpg, .jpeg or .png members",
+        });
+    }
+    Ok(Manifest::new(root, items, Vec::new()))
+}
+
+/// Splits a member name into (key, extension) the way WebDataset does; `None` when the
+/// last component has no `.`.
+pub fn split_member_name(name: &str) -> Option<(&str, &str)> {
+    let base_start = name.rfind('/').map_or(0, |i| i + 1);
+    let dot = name[base_start..].find('.')? + base_start;
+    Some((&name[..dot], &name[dot + 1..]))
+}
+
+fn index_shard(shard: &Path, rel: &Path, items: &mut Vec<(Location, i64, u64)>) -> Result<(), SourceError> {
+    let file = File::open(shard).map_err(|e| SourceError::io("tar shard", shard, e))?;
+    let file_len = file.metadata().map_err(|e| SourceError::io("tar shard", shard, e))?.len();
+    let mut archive = Archive::new(ShardReader { inner: BufReader::new(file), pos: 0 });
+    let corrupt = |offset: u64, e: io::Error| SourceError::CorruptTar {
+        shard: shard.to_path_buf(),
+        offset,
+        message: e.to_string(),
+    };
+    let entries = archive.entries_with_seek().map_err(|e| corrupt(0, e))?;
+
+    let first = items.len();
+    // key → index in `items` of its image; key → label from its `.cls`.
+    let mut samples: HashMap<String, usize> = HashMap::new();
+    let mut labels: HashMap<String, i64> = HashMap::new();
+    let (mut ignored, mut duplicates) = (0usize, 0usize);
+    // Where the next header should start: the offset reported if it turns out corrupt.
+    let mut next_header = 0u64;
+
+    for entry in entries {
+        let mut entry = entry.map_err(|e| corrupt(next_header, e))?;
+        let offset = entry.raw_file_position();
+        let len = entry.size();
+        next_header = offset.saturating_add(len.saturating_add(511) & !511);
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let end = offset.saturating_add(len);
+        if end > file_len {
+            return Err(SourceError::TruncatedShard { shard: shard.to_path_buf(), member: name, end, file_len });
+        }
+        let Some((key, ext)) = split_member_name(&name) else {
+            ignored += 1;
+            continue;
+        };
+        if ext == "cls" {
+            let bad =
+                |text: String| SourceError::BadClassFile { shard: shard.to_path_buf(), member: name.clone(), text };
+            if len > MAX_CLS_BYTES {
+                return Err(bad(format!("<{len} bytes>")));
+            }
+            let mut bytes = Vec::with_capacity(len as usize);
+            entry.read_to_end(&mut bytes).map_err(|e| SourceError::io("tar shard", shard, e))?;
+            let text = String::from_utf8_lossy(&bytes);
+            let label = text.trim().parse::<i64>().map_err(|_| bad(text.trim().to_string()))?;
+            labels.insert(key.to_string(), label);
+        } else if is_image_extension(ext) {
+            if samples.contains_key(key) {
+                duplicates += 1;
+                continue;
+            }
+            samples.insert(key.to_string(), items.len());
+            let member = name.clone();
+            items.push((Location::TarMember { shard: rel.to_path_buf(), member, offset, len }, -1, len));
+        } else {
+            ignored += 1;
+        }
+    }
+
+    for (key, label) in labels {
+        if let Some(&i) = samples.get(&key) {
+            items[i].1 = label;
+        }
+    }
+    if duplicates > 0 {
+        tracing::warn!(shard = %shard.display(), duplicates, "keys with more than one image member; kept the first");
+    }
+    tracing::debug!(shard = %shard.display(), samples = items.len() - first, ignored, "indexed tar shard");
+    Ok(())
+}
+
+/// The folder all shards share (by whole components), or an empty path.
+fn common_folder(shards: &[PathBuf]) -> PathBuf {
+    let mut common: Option<Vec<Component<'_>>> = None;
+    for shard in shards {
+        let parent = shard.parent().unwrap_or(Path::new("")).components();
+        common = Some(match common {
+            None => parent.collect(),
+            Some(c) => c.into_iter().zip(parent).take_while(|(a, b)| a == b).map(|(a, _)| a).collect(),
+        });
+    }
+    common.map(|c| c.iter().collect()).unwrap_or_default()
+}
+
+/// A buffered shard reader whose relative seeks stay inside the buffer when they can, so
+/// stepping over a small member costs no system call. Tracks its own position because
+/// the tar reader asks for it after every seek.
+struct ShardReader {
+    inner: BufReader<File>,
+    pos: u64,
+}
+
+impl Read for ShardReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for ShardReader {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        match to {
+            SeekFrom::Current(delta) => {
+                let pos = self
+                    .pos
+                    .checked_add_signed(delta)
+                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek out of range"))?;
+                self.inner.seek_relative(delta)?;
+                self.pos = pos;
+            }
+            other => self.pos = self.inner.seek(other)?,
+        }
+        Ok(self.pos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_names_split_like_webdataset() {
+        assert_eq!(split_member_name("a/b/n01_7.jpg"), Some(("a/b/n01_7", "jpg")));
+        assert_eq!(split_member_name("x.seg.png"), Some(("x", "seg.png")));
+        assert_eq!(split_member_name("dir.v2/x.cls"), Some(("dir.v2/x", "cls")));
+        assert_eq!(split_member_name("README"), None);
+    }
+
+    #[test]
+    fn shards_share_their_common_folder() {
+        let shards = vec![PathBuf::from("/d/s/a.tar"), PathBuf::from("/d/s/sub/b.tar")];
+        assert_eq!(common_folder(&shards), PathBuf::from("/d/s"));
+        assert_eq!(common_folder(&[PathBuf::from("a.tar")]), PathBuf::new());
+        assert_eq!(common_folder(&[PathBuf::from("/x/a.tar"), PathBuf::from("/y/b.tar")]), PathBuf::from("/"));
+    }
+}

@@ -1,0 +1,58 @@
+//! Storage reads a sample's bytes given its [`Location`]. Sources say *what* the samples
+//! are; storage says how their bytes are fetched: local positional reads, or the same
+//! behind an emulated network link to study loaders under slow storage.
+
+pub mod local;
+pub mod throttled;
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_core::{Location, SampleErrorKind, StorageSpec};
+
+pub use local::LocalStorage;
+pub use throttled::ThrottledStorage;
+
+/// Reads whole samples into caller-owned buffers. Shared by all worker threads.
+pub trait Storage: Send + Sync {
+    /// Replaces the contents of `buf` with the bytes at `location` (relative to `root`
+    /// unless absolute). `buf` keeps its allocation: a read that fits its capacity
+    /// allocates nothing. Samples over `max_bytes` are rejected before they are read.
+    fn read(&self, root: &Path, location: &Location, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind>;
+
+    /// A short name for logs and metrics.
+    fn name(&self) -> &str;
+}
+
+/// The storage a spec asks for.
+pub fn open_storage(spec: &StorageSpec) -> Arc<dyn Storage> {
+    match *spec {
+        StorageSpec::Local => Arc::new(LocalStorage::new()),
+        StorageSpec::Throttled { latency_ms, bandwidth_mb_s } => {
+            let latency = Duration::try_from_secs_f64(latency_ms / 1e3).unwrap_or(Duration::ZERO);
+            Arc::new(ThrottledStorage::new(Arc::new(LocalStorage::new()), latency, bandwidth_mb_s * 1e6))
+        }
+    }
+}
+
+/// Rejects a sample by its size alone: empty, or over the configured limit.
+pub(crate) fn check_size(len: u64, max_bytes: u64) -> Result<(), SampleErrorKind> {
+    if len == 0 {
+        return Err(SampleErrorKind::Empty);
+    }
+    if len > max_bytes {
+        return Err(SampleErrorKind::Io(format!(
+            "sample is {len} bytes, over the limit of {max_bytes} (limits.max_file_bytes); not read"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn io_error(e: io::Error) -> SampleErrorKind {
+    match e.kind() {
+        io::ErrorKind::NotFound => SampleErrorKind::Missing,
+        _ => SampleErrorKind::Io(e.to_string()),
+    }
+}

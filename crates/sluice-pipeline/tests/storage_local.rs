@@ -1,0 +1,123 @@
+//! Local storage: whole files and tar members, errors mapped to sample error kinds.
+// Fixture helpers sit outside #[test] fns; a failed setup should fail the test.
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use sluice_core::{Location, SampleErrorKind, StorageSpec};
+use sluice_pipeline::storage::{open_storage, LocalStorage, Storage};
+
+fn file(p: impl Into<PathBuf>) -> Location {
+    Location::File { path: p.into() }
+}
+
+#[test]
+fn reads_whole_files_relative_or_absolute_reusing_the_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
+    fs::write(dir.path().join("a.jpg"), &data).unwrap();
+    fs::write(dir.path().join("b.jpg"), &data[..4000]).unwrap();
+    let s = LocalStorage::new();
+
+    let mut buf = vec![9u8; 3];
+    s.read(dir.path(), &file("a.jpg"), 5000, &mut buf).unwrap();
+    assert_eq!(buf, data);
+
+    // A smaller sample fits the capacity: same allocation, old bytes gone.
+    let ptr = buf.as_ptr();
+    s.read(dir.path(), &file("b.jpg"), 5000, &mut buf).unwrap();
+    assert_eq!(buf, &data[..4000]);
+    assert_eq!(buf.as_ptr(), ptr);
+
+    // An absolute location ignores the root.
+    s.read(Path::new("/nonexistent-root"), &file(dir.path().join("a.jpg")), 5000, &mut buf).unwrap();
+    assert_eq!(buf, data);
+}
+
+#[test]
+fn missing_empty_oversized_and_directory_samples_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("empty.jpg"), b"").unwrap();
+    fs::write(dir.path().join("big.jpg"), vec![1u8; 101]).unwrap();
+    fs::create_dir(dir.path().join("folder.jpg")).unwrap();
+    let s = LocalStorage::new();
+    let mut buf = Vec::new();
+
+    assert_eq!(s.read(dir.path(), &file("nope.jpg"), 100, &mut buf), Err(SampleErrorKind::Missing));
+    assert_eq!(s.read(dir.path(), &file("empty.jpg"), 100, &mut buf), Err(SampleErrorKind::Empty));
+    match s.read(dir.path(), &file("big.jpg"), 100, &mut buf) {
+        Err(SampleErrorKind::Io(msg)) => {
+            assert!(msg.contains("limits.max_file_bytes") && msg.contains("101"), "{msg}");
+        }
+        other => panic!("expected an over-limit error, got {other:?}"),
+    }
+    s.read(dir.path(), &file("big.jpg"), 101, &mut buf).unwrap();
+    assert_eq!(buf.len(), 101);
+    assert!(matches!(s.read(dir.path(), &file("folder.jpg"), 100, &mut buf), Err(SampleErrorKind::Io(_))));
+}
+
+#[test]
+fn tar_members_are_read_by_offset_with_limits_and_missing_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("s.tar");
+    let content = b"0123456789abcdef";
+    fs::write(&shard, content).unwrap();
+    let member = |offset, len| Location::TarMember { shard: "s.tar".into(), member: "m.jpg".into(), offset, len };
+    let s = LocalStorage::new();
+    let mut buf = Vec::new();
+
+    s.read(dir.path(), &member(4, 6), 100, &mut buf).unwrap();
+    assert_eq!(buf, b"456789");
+    assert_eq!(s.read(dir.path(), &member(4, 0), 100, &mut buf), Err(SampleErrorKind::Empty));
+    assert!(
+        matches!(s.read(dir.path(), &member(4, 6), 5, &mut buf), Err(SampleErrorKind::Io(m)) if m.contains("limits.max_file_bytes"))
+    );
+    assert!(
+        matches!(s.read(dir.path(), &member(10, 7), 100, &mut buf), Err(SampleErrorKind::Io(m)) if m.contains("short read"))
+    );
+    assert!(buf.is_empty(), "a failed read leaves no stale bytes");
+    let gone = Location::TarMember { shard: "gone.tar".into(), member: "m.jpg".into(), offset: 0, len: 4 };
+    assert_eq!(s.read(dir.path(), &gone, 100, &mut buf), Err(SampleErrorKind::Missing));
+}
+
+#[test]
+fn more_shards_than_open_handles_still_read_correctly_from_many_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..5u8 {
+        fs::write(dir.path().join(format!("{i}.tar")), vec![i; 64]).unwrap();
+    }
+    let s = LocalStorage::with_max_open_shards(2);
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            let (s, root) = (&s, dir.path());
+            scope.spawn(move || {
+                let mut buf = Vec::new();
+                for round in 0..50u64 {
+                    let i = (t + round) % 5;
+                    let loc = Location::TarMember {
+                        shard: format!("{i}.tar").into(),
+                        member: "x.jpg".into(),
+                        offset: round % 8,
+                        len: 8,
+                    };
+                    s.read(root, &loc, 100, &mut buf).unwrap();
+                    assert_eq!(buf, vec![i as u8; 8]);
+                }
+            });
+        }
+    });
+    assert_eq!(s.open_shards(), 2);
+}
+
+#[test]
+fn open_storage_builds_what_the_spec_names() {
+    assert_eq!(open_storage(&StorageSpec::Local).name(), "local");
+    let s = open_storage(&StorageSpec::Throttled { latency_ms: 0.0, bandwidth_mb_s: 1000.0 });
+    assert_eq!(s.name(), "throttled(local)");
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.jpg"), b"abc").unwrap();
+    let mut buf = Vec::new();
+    s.read(dir.path(), &file("a.jpg"), 10, &mut buf).unwrap();
+    assert_eq!(buf, b"abc");
+}
