@@ -26,7 +26,7 @@ fn labels_comments_blanks_missing_labels_and_missing_files() {
 
     let list = d.join("train.txt");
     let text = format!(
-        "# a comment\n\nimg/a.jpg\t3\n   img/b c.png   12\r\nimg/unlabelled.jpg\n  # indented comment\n{} -1\nimg/gone.jpg 5\n",
+        "\u{feff}# a comment\n\nimg/a.jpg\t3\n   img/b c.png   12\r\nimg/unlabelled.jpg\n  # indented comment\n{} -1\nimg/gone.jpg 5\n",
         abs.display()
     );
     fs::write(&list, text).unwrap();

@@ -23,7 +23,9 @@ pub fn enumerate(list: &Path, root: Option<&Path>) -> Result<Manifest, SourceErr
 
     let mut items = Vec::new();
     let mut missing = 0usize;
-    for (index, raw) in text.lines().enumerate() {
+    // Editors on Windows may start the file with a byte-order mark.
+    let body = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    for (index, raw) in body.lines().enumerate() {
         let line = raw.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
