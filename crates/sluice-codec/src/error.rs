@@ -1,0 +1,67 @@
+//! Errors of the codec layer. Each says what is wrong with the image; the pipeline adds the
+//! sample key and path (see the `From` impl into [`SampleErrorKind`]).
+
+use sluice_core::SampleErrorKind;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// Zero bytes.
+    #[error("file is empty (0 bytes)")]
+    Empty,
+    /// Neither JPEG nor PNG magic bytes.
+    #[error("not a JPEG or PNG image")]
+    UnknownFormat,
+    /// The decoder rejected the data: corrupt or truncated.
+    #[error("corrupt or truncated image: {0}")]
+    Corrupt(String),
+    /// The header declares more pixels than `limits.max_pixels`; nothing was decoded.
+    #[error("image is {width}x{height}, over the limit of {limit} pixels (limits.max_pixels)")]
+    TooLarge { width: u64, height: u64, limit: u64 },
+    /// A valid image sluice does not decode (e.g. 12-bit JPEG).
+    #[error("unsupported image: {0}")]
+    Unsupported(String),
+    /// The ops produced an image of the wrong size for the batch, or the output slot has the
+    /// wrong length. Only an op list that skipped `PipelineSpec::validate` can cause this.
+    #[error("{0}")]
+    Shape(String),
+}
+
+impl From<CodecError> for SampleErrorKind {
+    fn from(e: CodecError) -> Self {
+        match e {
+            CodecError::Empty => SampleErrorKind::Empty,
+            CodecError::UnknownFormat => SampleErrorKind::UnknownFormat,
+            CodecError::Corrupt(m) => SampleErrorKind::Corrupt(m),
+            CodecError::TooLarge { width, height, limit } => {
+                SampleErrorKind::TooLarge { width, height, limit }
+            }
+            // The core has no "unsupported" kind; the message keeps the distinction.
+            CodecError::Unsupported(m) => SampleErrorKind::Corrupt(format!("unsupported image: {m}")),
+            CodecError::Shape(m) => SampleErrorKind::Shape(m),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_codec_error_maps_to_the_matching_sample_error_kind() {
+        assert_eq!(SampleErrorKind::from(CodecError::Empty), SampleErrorKind::Empty);
+        assert_eq!(SampleErrorKind::from(CodecError::UnknownFormat), SampleErrorKind::UnknownFormat);
+        assert_eq!(
+            SampleErrorKind::from(CodecError::Corrupt("bad".into())),
+            SampleErrorKind::Corrupt("bad".into())
+        );
+        assert_eq!(
+            SampleErrorKind::from(CodecError::TooLarge { width: 3, height: 4, limit: 5 }),
+            SampleErrorKind::TooLarge { width: 3, height: 4, limit: 5 }
+        );
+        match SampleErrorKind::from(CodecError::Unsupported("12-bit JPEG".into())) {
+            SampleErrorKind::Corrupt(m) => assert!(m.contains("unsupported") && m.contains("12-bit")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(SampleErrorKind::from(CodecError::Shape("s".into())), SampleErrorKind::Shape("s".into()));
+    }
+}

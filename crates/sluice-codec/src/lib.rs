@@ -1,0 +1,26 @@
+//! Image decoding and the op library.
+//!
+//! * [`jpeg`]: libjpeg-turbo (TurboJPEG 3) decoding, including crop-window decodes with DCT
+//!   scaling, so a crop never decodes pixels it throws away.
+//! * [`png`](mod@png): PNG to RGB8.
+//! * [`resize`]: antialiased bilinear resize of a (fractional) source rectangle.
+//! * [`crop`]: torchvision's RandomResizedCrop and CenterCrop geometry.
+//! * [`plan`]: the op library: a validated op list compiled into steps, with decode fused
+//!   into the crop that follows it.
+//! * [`encode`]: JPEG encoding, for dataset generators and test fixtures.
+
+pub mod crop;
+pub mod encode;
+pub mod error;
+pub mod jpeg;
+pub mod plan;
+pub mod png;
+pub mod resize;
+
+pub use crop::{center_crop_window, random_resized_crop_params, CenterCropWindow, CropRect};
+pub use encode::{encode_jpeg, encode_jpeg_with, SourcePixels};
+pub use error::CodecError;
+pub use jpeg::{ColorSpace, JpegDecoder, JpegHeader, RegionDecode, Subsampling};
+pub use plan::{sniff_format, ImageFormat, Plan, Scratch};
+pub use png::decode_png;
+pub use resize::{Resizer, SubRect};

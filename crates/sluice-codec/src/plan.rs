@@ -1,0 +1,1035 @@
+//! The op library: a validated op list compiled into steps and run per sample.
+//!
+//! **Fusion.** `decode` followed by `random_resized_crop`, `center_crop` or `resize` runs as
+//! one step. For a JPEG it reads the header, picks the crop on full-resolution coordinates,
+//! decodes only that window (with the IDCT scaling by 1/2, 1/4 or 1/8 while the window stays
+//! at least the output size) and resizes the exact sub-rectangle: a crop never decodes
+//! pixels it throws away. PNGs decode whole and take the same geometry.
+//!
+//! **Output.** `normalize`, `dtype` and `layout` are one final write into the caller's output
+//! slot (the batch buffer), and a pending horizontal flip is folded into it. For u8 HWC
+//! output the last crop resizes straight into the slot and a flip reverses rows in place.
+//!
+//! **Determinism.** Random ops draw from the `SampleRng` the caller passes, in op order, so
+//! the output is a function of (bytes, seed, epoch, key) alone.
+//!
+//! **Cache seam.** [`Plan::run_deterministic_prefix`] runs the leading deterministic ops
+//! (decode, resize, center_crop, up to the first random or output op) and returns the
+//! image to cache; [`Plan::run_from_image`] runs the rest from such an image. The pair gives
+//! the same geometry and random draws as [`Plan::run`] but not bit-identical pixels: `run`
+//! fuses the decode into the crop (DCT scaling), the split path cannot.
+
+use std::time::{Duration, Instant};
+
+use sluice_core::{DType, Image, Layout, Limits, OpSpec, Pixels, SampleRng, Size};
+
+use crate::crop::{center_crop_window, random_resized_crop_params, CropRect};
+use crate::error::CodecError;
+use crate::jpeg::JpegDecoder;
+use crate::png::decode_png;
+use crate::resize::{shorter_side_size, Resizer, SubRect};
+
+/// The image formats sluice decodes, told apart by their magic bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    Jpeg,
+    Png,
+}
+
+/// Sniffs the format from the first bytes (never from a file name).
+pub fn sniff_format(bytes: &[u8]) -> Result<ImageFormat, CodecError> {
+    const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
+    if bytes.is_empty() {
+        Err(CodecError::Empty)
+    } else if bytes.starts_with(&[0xFF, 0xD8]) {
+        Ok(ImageFormat::Jpeg)
+    } else if bytes.starts_with(PNG_MAGIC) {
+        Ok(ImageFormat::Png)
+    } else {
+        Err(CodecError::UnknownFormat)
+    }
+}
+
+/// Per-worker state reused across samples: the JPEG decoder, the resizer's buffers and two
+/// image buffers. Keep one per thread; after the first few samples nothing is allocated.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    jpeg: Option<JpegDecoder>,
+    resizer: Resizer,
+    /// The current image (RGB8, HWC).
+    a: Vec<u8>,
+    /// Where the next image is written before it becomes the current one.
+    b: Vec<u8>,
+}
+
+impl Scratch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The JPEG decoder, created on first use (so `Scratch` can be `Default`).
+    pub fn jpeg(&mut self, max_pixels: u64) -> Result<&mut JpegDecoder, CodecError> {
+        jpeg_in(&mut self.jpeg, max_pixels)
+    }
+
+    pub fn resizer(&mut self) -> &mut Resizer {
+        &mut self.resizer
+    }
+}
+
+fn jpeg_in(slot: &mut Option<JpegDecoder>, max_pixels: u64) -> Result<&mut JpegDecoder, CodecError> {
+    let dec = match slot {
+        Some(d) => d,
+        none => none.insert(JpegDecoder::new(max_pixels)?),
+    };
+    if dec.max_pixels() != max_pixels {
+        dec.set_max_pixels(max_pixels)?;
+    }
+    Ok(dec)
+}
+
+/// A geometric op.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Geo {
+    Resize { size: u32 },
+    CenterCrop { size: Size },
+    RandomResizedCrop { size: Size, scale: [f64; 2], ratio: [f64; 2] },
+}
+
+impl Geo {
+    fn name(&self) -> &'static str {
+        match self {
+            Geo::Resize { .. } => "resize",
+            Geo::CenterCrop { .. } => "center_crop",
+            Geo::RandomResizedCrop { .. } => "random_resized_crop",
+        }
+    }
+
+    fn fused_name(&self) -> &'static str {
+        match self {
+            Geo::Resize { .. } => "decode+resize",
+            Geo::CenterCrop { .. } => "decode+center_crop",
+            Geo::RandomResizedCrop { .. } => "decode+random_resized_crop",
+        }
+    }
+
+    fn output_dims(&self, w: u32, h: u32) -> (u32, u32) {
+        match *self {
+            Geo::Resize { size } => shorter_side_size(w, h, size),
+            Geo::CenterCrop { size } | Geo::RandomResizedCrop { size, .. } => (size.width, size.height),
+        }
+    }
+
+    fn fixes_size(&self) -> bool {
+        !matches!(self, Geo::Resize { .. })
+    }
+}
+
+/// What the final write produces.
+#[derive(Debug, Clone, PartialEq)]
+struct OutputFormat {
+    dtype: DType,
+    layout: Layout,
+    /// f32 value of each u8 per channel: `x / 255`, or `(x / 255 - mean) / std`.
+    lut: Option<Box<[[f32; 256]; 3]>>,
+    name: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Step {
+    /// Decode the whole image.
+    Decode,
+    /// Decode fused with the geometric op after it.
+    Fused {
+        op: Geo,
+        to_out: bool,
+    },
+    Geo {
+        op: Geo,
+        to_out: bool,
+    },
+    Flip {
+        p: f64,
+    },
+    /// normalize / dtype / layout and any pending flip, into the output slot.
+    Write,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Steps {
+    steps: Vec<Step>,
+    names: Vec<&'static str>,
+}
+
+/// A compiled op list. Cheap to share (`Arc<Plan>`) between worker threads; all per-sample
+/// state lives in [`Scratch`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    full: Steps,
+    prefix: Steps,
+    suffix: Steps,
+    split: usize,
+    limits: Limits,
+    out_w: u32,
+    out_h: u32,
+    format: OutputFormat,
+}
+
+/// Where a run starts from.
+enum Input<'a> {
+    Bytes(&'a [u8]),
+    /// RGB8 HWC pixels, width, height.
+    Pixels(&'a [u8], u32, u32),
+}
+
+impl Plan {
+    /// Compiles an op list that passed `PipelineSpec::validate`. An unvalidated list does not
+    /// panic: decode is implied first, and a list that does not end in a fixed size makes
+    /// every run fail with [`CodecError::Shape`].
+    pub fn compile(ops: &[OpSpec], limits: Limits) -> Plan {
+        let ops = match ops.first() {
+            Some(OpSpec::Decode) => &ops[1..],
+            _ => ops,
+        };
+        let (mut out_w, mut out_h) = (0, 0);
+        let mut dtype = DType::U8;
+        let mut layout = Layout::Hwc;
+        let mut normalize = None;
+        for op in ops {
+            match op {
+                OpSpec::CenterCrop { size } | OpSpec::RandomResizedCrop { size, .. } => {
+                    (out_w, out_h) = (size.width, size.height);
+                }
+                OpSpec::Resize { .. } => (out_w, out_h) = (0, 0),
+                OpSpec::Normalize { mean, std } => normalize = Some((*mean, *std)),
+                OpSpec::Dtype { dtype: d } => dtype = *d,
+                OpSpec::Layout { order } => layout = *order,
+                OpSpec::Decode | OpSpec::RandomHorizontalFlip { .. } => {}
+            }
+        }
+        if normalize.is_some() {
+            dtype = DType::F32;
+        }
+        let lut = (dtype == DType::F32).then(|| {
+            let mut t = Box::new([[0f32; 256]; 3]);
+            for (c, row) in t.iter_mut().enumerate() {
+                for (v, x) in row.iter_mut().enumerate() {
+                    let unit = v as f32 / 255.0;
+                    *x = match normalize {
+                        Some((mean, std)) => (unit - mean[c]) / std[c],
+                        None => unit,
+                    };
+                }
+            }
+            t
+        });
+        let has = |f: fn(&OpSpec) -> bool| ops.iter().any(f);
+        let name = match (
+            has(|o| matches!(o, OpSpec::Normalize { .. })),
+            has(|o| matches!(o, OpSpec::Dtype { .. })),
+            has(|o| matches!(o, OpSpec::Layout { .. })),
+        ) {
+            (true, _, true) => "normalize+layout",
+            (true, _, false) => "normalize",
+            (false, true, true) => "dtype+layout",
+            (false, true, false) => "dtype",
+            (false, false, true) => "layout",
+            (false, false, false) => "write",
+        };
+        let format = OutputFormat { dtype, layout, lut, name };
+        let direct = dtype == DType::U8 && layout == Layout::Hwc;
+
+        // The cache seam: leading deterministic geometric ops.
+        let split = ops
+            .iter()
+            .position(|o| !matches!(o, OpSpec::Resize { .. } | OpSpec::CenterCrop { .. } | OpSpec::Decode))
+            .unwrap_or(ops.len());
+
+        let full = Self::compile_steps(ops, true, true, direct);
+        let prefix = Self::compile_steps(&ops[..split], true, false, false);
+        let suffix = Self::compile_steps(&ops[split..], false, true, direct);
+        // `split` counts from the caller's list, which starts with `decode`.
+        Plan { full, prefix, suffix, split: split + 1, limits, out_w, out_h, format }
+    }
+
+    fn compile_steps(ops: &[OpSpec], decode: bool, write: bool, direct: bool) -> Steps {
+        let geo = |op: &OpSpec| match *op {
+            OpSpec::Resize { size } => Some(Geo::Resize { size }),
+            OpSpec::CenterCrop { size } => Some(Geo::CenterCrop { size }),
+            OpSpec::RandomResizedCrop { size, scale, ratio } => {
+                Some(Geo::RandomResizedCrop { size, scale, ratio })
+            }
+            _ => None,
+        };
+        // The last geometric op may write straight into the output slot when it fixes the
+        // output size and the write is a plain u8 HWC copy.
+        let last_geo = ops.iter().rposition(|o| geo(o).is_some());
+        let to_out_at = last_geo.filter(|&i| direct && geo(&ops[i]).is_some_and(|g| g.fixes_size()));
+
+        let mut steps = Vec::new();
+        let mut names = Vec::new();
+        let mut i = 0;
+        if decode {
+            match ops.first().and_then(geo) {
+                Some(op) => {
+                    steps.push(Step::Fused { op, to_out: to_out_at == Some(0) });
+                    names.push(op.fused_name());
+                    i = 1;
+                }
+                None => {
+                    steps.push(Step::Decode);
+                    names.push("decode");
+                }
+            }
+        }
+        for (j, op) in ops.iter().enumerate().skip(i) {
+            if let Some(g) = geo(op) {
+                steps.push(Step::Geo { op: g, to_out: to_out_at == Some(j) });
+                names.push(g.name());
+            } else if let OpSpec::RandomHorizontalFlip { p } = *op {
+                steps.push(Step::Flip { p });
+                names.push("random_horizontal_flip");
+            }
+            // normalize / dtype / layout are the final write; a stray decode is a no-op.
+        }
+        if write {
+            steps.push(Step::Write);
+            names.push("write");
+        }
+        Steps { steps, names }
+    }
+
+    /// Names of the steps [`Plan::run`] times, index for index.
+    pub fn step_names(&self) -> Vec<&'static str> {
+        self.full.names.iter().zip(&self.full.steps).map(|(n, s)| self.step_name(n, s)).collect()
+    }
+
+    /// Names of the steps [`Plan::run_deterministic_prefix`] times.
+    pub fn prefix_step_names(&self) -> Vec<&'static str> {
+        self.prefix.names.clone()
+    }
+
+    /// Names of the steps [`Plan::run_from_image`] times.
+    pub fn suffix_step_names(&self) -> Vec<&'static str> {
+        self.suffix.names.iter().zip(&self.suffix.steps).map(|(n, s)| self.step_name(n, s)).collect()
+    }
+
+    fn step_name(&self, name: &'static str, step: &Step) -> &'static str {
+        if *step == Step::Write {
+            self.format.name
+        } else {
+            name
+        }
+    }
+
+    /// Index into the op list where a cache of decoded pixels sits: ops before it are
+    /// deterministic and run by [`Plan::run_deterministic_prefix`].
+    pub fn cache_split(&self) -> usize {
+        self.split
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub fn output_dtype(&self) -> DType {
+        self.format.dtype
+    }
+
+    pub fn output_layout(&self) -> Layout {
+        self.format.layout
+    }
+
+    /// Per-sample tensor shape: `[h, w, 3]` (HWC) or `[3, h, w]` (CHW).
+    pub fn output_shape(&self) -> [usize; 3] {
+        let (h, w) = (self.out_h as usize, self.out_w as usize);
+        match self.format.layout {
+            Layout::Hwc => [h, w, 3],
+            Layout::Chw => [3, h, w],
+        }
+    }
+
+    /// Bytes of one output sample: the size of the slot `run` writes.
+    pub fn output_bytes(&self) -> usize {
+        self.out_w as usize * self.out_h as usize * 3 * self.format.dtype.size()
+    }
+
+    fn check_out(&self, out: &[u8]) -> Result<(), CodecError> {
+        if out.len() != self.output_bytes() || self.out_w == 0 || self.out_h == 0 {
+            return Err(CodecError::Shape(format!(
+                "output slot has {} bytes; the plan writes {:?} {:?} = {} bytes",
+                out.len(),
+                self.output_shape(),
+                self.format.dtype,
+                self.output_bytes()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Decodes `bytes` and runs every op, writing the sample into `out` (exactly
+    /// [`Plan::output_bytes`] long: u8, or f32 in native byte order, in the output layout).
+    /// Adds each step's time to `times[step]` (see [`Plan::step_names`]; a short slice just
+    /// records less).
+    pub fn run(
+        &self,
+        bytes: &[u8],
+        rng: &mut SampleRng,
+        scratch: &mut Scratch,
+        out: &mut [u8],
+        times: &mut [Duration],
+    ) -> Result<(), CodecError> {
+        self.check_out(out)?;
+        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times)?;
+        Ok(())
+    }
+
+    /// Runs the deterministic ops before the cache split on `bytes` and returns the RGB8 HWC
+    /// image to cache. Draws no random numbers.
+    pub fn run_deterministic_prefix(
+        &self,
+        bytes: &[u8],
+        scratch: &mut Scratch,
+        times: &mut [Duration],
+    ) -> Result<Image, CodecError> {
+        // No draws happen in the prefix; any generator will do.
+        let mut rng = SampleRng::new(0, 0, sluice_core::SampleKey(0), 0);
+        let (w, h) = self.exec(&self.prefix.steps, Input::Bytes(bytes), &mut rng, scratch, &mut [], times)?;
+        let n = w as usize * h as usize * 3;
+        Ok(Image::rgb8(w, h, scratch.a[..n].to_vec()))
+    }
+
+    /// Runs the ops after the cache split on `image` (an RGB8 HWC image from
+    /// [`Plan::run_deterministic_prefix`]) and writes the sample into `out`.
+    pub fn run_from_image(
+        &self,
+        image: &Image,
+        rng: &mut SampleRng,
+        scratch: &mut Scratch,
+        out: &mut [u8],
+        times: &mut [Duration],
+    ) -> Result<(), CodecError> {
+        self.check_out(out)?;
+        let Pixels::U8(px) = &image.pixels else {
+            return Err(CodecError::Shape("a cached image must be u8 pixels".into()));
+        };
+        let n = image.width as usize * image.height as usize * 3;
+        if image.layout != Layout::Hwc || px.len() != n || n == 0 {
+            return Err(CodecError::Shape(format!(
+                "a cached image must be non-empty RGB8 HWC; got {}x{} {:?} with {} values",
+                image.width,
+                image.height,
+                image.layout,
+                px.len()
+            )));
+        }
+        let input = Input::Pixels(px, image.width, image.height);
+        self.exec(&self.suffix.steps, input, rng, scratch, out, times)?;
+        Ok(())
+    }
+
+    /// Runs `steps`; returns the size of the image left in `scratch.a` (or in `out`).
+    fn exec(
+        &self,
+        steps: &[Step],
+        input: Input<'_>,
+        rng: &mut SampleRng,
+        scratch: &mut Scratch,
+        out: &mut [u8],
+        times: &mut [Duration],
+    ) -> Result<(u32, u32), CodecError> {
+        let (bytes, mut borrowed, (mut w, mut h)) = match input {
+            Input::Bytes(b) => (b, None, (0, 0)),
+            Input::Pixels(p, w, h) => (&[][..], Some(p), (w, h)),
+        };
+        let mut flip = false;
+        let mut in_out = false;
+        for (i, step) in steps.iter().enumerate() {
+            let t0 = Instant::now();
+            match *step {
+                Step::Decode => {
+                    (w, h) = self.decode(bytes, scratch)?;
+                    borrowed = None;
+                }
+                Step::Fused { op, to_out } => {
+                    (w, h) = self.fused(op, bytes, rng, scratch, out, to_out)?;
+                    in_out = to_out;
+                    borrowed = None;
+                }
+                Step::Geo { op, to_out } => {
+                    if flip {
+                        flip_into(borrowed.unwrap_or(&scratch.a), w, h, &mut scratch.b);
+                        std::mem::swap(&mut scratch.a, &mut scratch.b);
+                        borrowed = None;
+                        flip = false;
+                    }
+                    let Scratch { a, b, resizer, .. } = &mut *scratch;
+                    let src = borrowed.unwrap_or(a);
+                    (w, h) = geometric(op, src, w, h, rng, resizer, b, out, to_out)?;
+                    if !to_out {
+                        std::mem::swap(a, b);
+                    }
+                    in_out = to_out;
+                    borrowed = None;
+                }
+                Step::Flip { p } => {
+                    // torchvision: flip if torch.rand(1) < p.
+                    if rng.next_f64() < p {
+                        flip = !flip;
+                    }
+                }
+                Step::Write => {
+                    if (w, h) != (self.out_w, self.out_h) {
+                        return Err(CodecError::Shape(format!(
+                            "the ops produced a {w}x{h} image; batches need {}x{}",
+                            self.out_w, self.out_h
+                        )));
+                    }
+                    if in_out {
+                        if flip {
+                            flip_in_place(out, w);
+                        }
+                    } else {
+                        self.write(borrowed.unwrap_or(&scratch.a), w, h, flip, out);
+                    }
+                }
+            }
+            if let Some(t) = times.get_mut(i) {
+                *t += t0.elapsed();
+            }
+        }
+        Ok((w, h))
+    }
+
+    /// Full decode of a JPEG or PNG into `scratch.a`.
+    fn decode(&self, bytes: &[u8], scratch: &mut Scratch) -> Result<(u32, u32), CodecError> {
+        match sniff_format(bytes)? {
+            ImageFormat::Jpeg => {
+                jpeg_in(&mut scratch.jpeg, self.limits.max_pixels)?.decode_full(bytes, &mut scratch.a)
+            }
+            ImageFormat::Png => decode_png(bytes, self.limits.max_pixels, &mut scratch.a),
+        }
+    }
+
+    /// Decode fused with `op`: the result goes to `scratch.a`, or to `out` when `to_out`.
+    fn fused(
+        &self,
+        op: Geo,
+        bytes: &[u8],
+        rng: &mut SampleRng,
+        scratch: &mut Scratch,
+        out: &mut [u8],
+        to_out: bool,
+    ) -> Result<(u32, u32), CodecError> {
+        if sniff_format(bytes)? == ImageFormat::Png {
+            let (w, h) = decode_png(bytes, self.limits.max_pixels, &mut scratch.a)?;
+            let Scratch { a, b, resizer, .. } = scratch;
+            let dims = geometric(op, a, w, h, rng, resizer, b, out, to_out)?;
+            if !to_out {
+                std::mem::swap(a, b);
+            }
+            return Ok(dims);
+        }
+
+        // Decode the window into `a`, then resample it into `b` (or `out`).
+        let Scratch { jpeg, a, b, resizer } = scratch;
+        let dec = jpeg_in(jpeg, self.limits.max_pixels)?;
+        let hdr = dec.header(bytes)?;
+        let (fw, fh) = (hdr.width, hdr.height);
+        let (ow, oh) = op.output_dims(fw, fh);
+        match op {
+            Geo::RandomResizedCrop { size, scale, ratio } => {
+                let r = random_resized_crop_params(fw, fh, scale, ratio, rng);
+                let got = dec.decode_region(bytes, rect_of(r), (size.width, size.height), a)?;
+                let dst = target(to_out, out, b, ow, oh)?;
+                resizer.resize_rect(a, got.width, got.height, got.rect, dst, ow, oh)?;
+            }
+            Geo::Resize { .. } => {
+                let got = dec.decode_region(bytes, SubRect::full(fw, fh), (ow, oh), a)?;
+                let dst = target(to_out, out, b, ow, oh)?;
+                resizer.resize_rect(a, got.width, got.height, got.rect, dst, ow, oh)?;
+            }
+            Geo::CenterCrop { .. } => {
+                let win = center_crop_window(fw, fh, ow, oh);
+                let dst = target(to_out, out, b, ow, oh)?;
+                match win.source_rect(fw, fh) {
+                    Some(r) => {
+                        // Output pixels are source pixels: no scaling.
+                        let got = dec.decode_region(bytes, rect_of(r), (r.w, r.h), a)?;
+                        let origin = (r.x - got.rect.left as u32, r.y - got.rect.top as u32);
+                        win.copy_rgb(a, got.width, origin, (fw, fh), dst);
+                    }
+                    None => dst.fill(0),
+                }
+            }
+        }
+        if !to_out {
+            std::mem::swap(a, b);
+        }
+        Ok((ow, oh))
+    }
+
+    /// The final write: RGB8 HWC `src` (`w x h`) into `out` in the output dtype and layout,
+    /// mirrored when `flip`. `out` has the right length (checked by the caller).
+    fn write(&self, src: &[u8], w: u32, h: u32, flip: bool, out: &mut [u8]) {
+        let (w, h) = (w as usize, h as usize);
+        let src_x = |x: usize| if flip { w - 1 - x } else { x };
+        match (&self.format.lut, self.format.layout) {
+            (None, Layout::Hwc) => {
+                if flip {
+                    flip_into_slice(src, w, out);
+                } else {
+                    out.copy_from_slice(&src[..w * h * 3]);
+                }
+            }
+            (None, Layout::Chw) => {
+                for (c, plane) in out.chunks_exact_mut(w * h).enumerate().take(3) {
+                    for (y, row) in plane.chunks_exact_mut(w).enumerate() {
+                        let s = &src[y * w * 3..(y + 1) * w * 3];
+                        for (x, d) in row.iter_mut().enumerate() {
+                            *d = s[src_x(x) * 3 + c];
+                        }
+                    }
+                }
+            }
+            (Some(lut), Layout::Hwc) => {
+                for (y, row) in out.chunks_exact_mut(w * 12).enumerate() {
+                    let s = &src[y * w * 3..(y + 1) * w * 3];
+                    for (x, d) in row.chunks_exact_mut(12).enumerate() {
+                        let p = &s[src_x(x) * 3..src_x(x) * 3 + 3];
+                        for c in 0..3 {
+                            d[c * 4..c * 4 + 4].copy_from_slice(&lut[c][usize::from(p[c])].to_ne_bytes());
+                        }
+                    }
+                }
+            }
+            (Some(lut), Layout::Chw) => {
+                for (c, plane) in out.chunks_exact_mut(w * h * 4).enumerate().take(3) {
+                    for (y, row) in plane.chunks_exact_mut(w * 4).enumerate() {
+                        let s = &src[y * w * 3..(y + 1) * w * 3];
+                        for (x, d) in row.chunks_exact_mut(4).enumerate() {
+                            d.copy_from_slice(&lut[c][usize::from(s[src_x(x) * 3 + c])].to_ne_bytes());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn rect_of(r: CropRect) -> SubRect {
+    SubRect { left: r.x.into(), top: r.y.into(), width: r.w.into(), height: r.h.into() }
+}
+
+/// The buffer a geometric op writes: the output slot, or `b` sized for `w x h` RGB8.
+fn target<'o>(
+    to_out: bool,
+    out: &'o mut [u8],
+    b: &'o mut Vec<u8>,
+    w: u32,
+    h: u32,
+) -> Result<&'o mut [u8], CodecError> {
+    let n = w as usize * h as usize * 3;
+    if to_out {
+        if out.len() != n {
+            return Err(CodecError::Shape(format!(
+                "output slot has {} bytes, {w}x{h} RGB needs {n}",
+                out.len()
+            )));
+        }
+        Ok(out)
+    } else {
+        b.resize(n, 0);
+        Ok(&mut b[..n])
+    }
+}
+
+/// Runs one geometric op on the RGB8 image `src` (`w x h`), writing into `b` or `out`.
+#[allow(clippy::too_many_arguments)]
+fn geometric(
+    op: Geo,
+    src: &[u8],
+    w: u32,
+    h: u32,
+    rng: &mut SampleRng,
+    resizer: &mut Resizer,
+    b: &mut Vec<u8>,
+    out: &mut [u8],
+    to_out: bool,
+) -> Result<(u32, u32), CodecError> {
+    let (ow, oh) = op.output_dims(w, h);
+    match op {
+        Geo::Resize { .. } => {
+            let dst = target(to_out, out, b, ow, oh)?;
+            resizer.resize_rect(src, w, h, SubRect::full(w, h), dst, ow, oh)?;
+        }
+        Geo::CenterCrop { .. } => {
+            let dst = target(to_out, out, b, ow, oh)?;
+            center_crop_window(w, h, ow, oh).copy_rgb(src, w, (0, 0), (w, h), dst);
+        }
+        Geo::RandomResizedCrop { scale, ratio, .. } => {
+            let r = random_resized_crop_params(w, h, scale, ratio, rng);
+            let dst = target(to_out, out, b, ow, oh)?;
+            resizer.resize_rect(src, w, h, rect_of(r), dst, ow, oh)?;
+        }
+    }
+    Ok((ow, oh))
+}
+
+/// Mirrors RGB8 rows of width `w` from `src` into `dst` (same length).
+fn flip_into_slice(src: &[u8], w: usize, dst: &mut [u8]) {
+    for (s, d) in src.chunks_exact(w * 3).zip(dst.chunks_exact_mut(w * 3)) {
+        for (sp, dp) in s.chunks_exact(3).rev().zip(d.chunks_exact_mut(3)) {
+            dp.copy_from_slice(sp);
+        }
+    }
+}
+
+fn flip_into(src: &[u8], w: u32, h: u32, dst: &mut Vec<u8>) {
+    let n = w as usize * h as usize * 3;
+    dst.resize(n, 0);
+    flip_into_slice(&src[..n], w as usize, dst);
+}
+
+fn flip_in_place(img: &mut [u8], w: u32) {
+    let w = w as usize;
+    for row in img.chunks_exact_mut(w * 3) {
+        for x in 0..w / 2 {
+            let (l, r) = row.split_at_mut((w - 1 - x) * 3);
+            l[x * 3..x * 3 + 3].swap_with_slice(&mut r[..3]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encode::encode_jpeg;
+    use crate::jpeg::tests::{mean_abs_diff, patch_sof_dims, test_rgb};
+    use crate::png::tests::encode_png;
+    use sluice_core::{PipelineSpec, SampleKey, SourceSpec};
+
+    const SCALE: [f64; 2] = [0.08, 1.0];
+    const RATIO: [f64; 2] = [3.0 / 4.0, 4.0 / 3.0];
+
+    fn rrc(side: u32) -> OpSpec {
+        OpSpec::RandomResizedCrop { size: Size::square(side), scale: SCALE, ratio: RATIO }
+    }
+
+    fn rng(key: u64) -> SampleRng {
+        SampleRng::new(42, 1, SampleKey(key), 0)
+    }
+
+    fn run(plan: &Plan, bytes: &[u8], key: u64, scratch: &mut Scratch) -> Result<Vec<u8>, CodecError> {
+        let mut out = vec![0u8; plan.output_bytes()];
+        let mut times = vec![Duration::ZERO; plan.step_names().len()];
+        plan.run(bytes, &mut rng(key), scratch, &mut out, &mut times)?;
+        Ok(out)
+    }
+
+    fn f32s(bytes: &[u8]) -> Vec<f32> {
+        bytes.chunks_exact(4).map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    #[test]
+    fn sniffs_jpeg_png_and_rejects_the_rest() {
+        assert_eq!(sniff_format(&[0xFF, 0xD8, 0xFF, 0xE0]), Ok(ImageFormat::Jpeg));
+        assert_eq!(sniff_format(b"\x89PNG\r\n\x1a\n...."), Ok(ImageFormat::Png));
+        assert_eq!(sniff_format(b""), Err(CodecError::Empty));
+        assert_eq!(sniff_format(b"GIF89a"), Err(CodecError::UnknownFormat));
+    }
+
+    #[test]
+    fn fused_decode_rrc_matches_full_decode_crop_resize() {
+        let (w, h) = (320, 240);
+        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 92).unwrap();
+        let plan = Plan::compile(&[OpSpec::Decode, rrc(64)], Limits::default());
+        assert_eq!(plan.step_names(), ["decode+random_resized_crop", "write"]);
+        let mut scratch = Scratch::new();
+        let mut full = Vec::new();
+        let (fw, fh) = scratch.jpeg(1 << 26).unwrap().decode_full(&jpg, &mut full).unwrap();
+        let mut worst = 0f64;
+        for key in 0..40 {
+            let got = run(&plan, &jpg, key, &mut scratch).unwrap();
+            // Reference: full decode, same draws, crop, resize.
+            let r = random_resized_crop_params(fw, fh, SCALE, RATIO, &mut rng(key));
+            let mut want = vec![0u8; 64 * 64 * 3];
+            Resizer::new().resize_rect(&full, fw, fh, rect_of(r), &mut want, 64, 64).unwrap();
+            let diff = mean_abs_diff(&got, &want);
+            worst = worst.max(diff);
+            assert!(diff < 3.0, "key {key} crop {r:?}: mean abs diff {diff}");
+
+            // The unfused split path (cache seam) is the reference exactly.
+            let img = plan.run_deterministic_prefix(&jpg, &mut scratch, &mut []).unwrap();
+            assert_eq!((img.width, img.height), (w, h));
+            let mut split = vec![0u8; plan.output_bytes()];
+            plan.run_from_image(&img, &mut rng(key), &mut scratch, &mut split, &mut []).unwrap();
+            assert_eq!(split, want, "key {key}");
+        }
+        assert!(worst > 0.0, "DCT scaling was never used");
+    }
+
+    #[test]
+    fn fused_decode_center_crop_and_resize_match_the_unfused_ops() {
+        let (w, h) = (300, 200);
+        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 92).unwrap();
+        let mut scratch = Scratch::new();
+        let mut full = Vec::new();
+        scratch.jpeg(1 << 26).unwrap().decode_full(&jpg, &mut full).unwrap();
+        // Crops inside the image, wider than it (zero padding), and larger in both sides.
+        for (cw, ch) in [(100, 60), (333, 120), (301, 260)] {
+            let crop = OpSpec::CenterCrop { size: Size { width: cw, height: ch } };
+            let plan = Plan::compile(&[OpSpec::Decode, crop.clone()], Limits::default());
+            assert_eq!(plan.step_names()[0], "decode+center_crop");
+            let got = run(&plan, &jpg, 0, &mut scratch).unwrap();
+            let mut want = vec![0u8; (cw * ch * 3) as usize];
+            center_crop_window(w, h, cw, ch).copy_rgb(&full, w, (0, 0), (w, h), &mut want);
+            let diff = mean_abs_diff(&got, &want);
+            assert!(diff < 1.0, "{cw}x{ch}: {diff}");
+        }
+        // decode+resize (DCT-scaled 1/2 here: 300x200 -> 150x100) then center crop.
+        let ops =
+            [OpSpec::Decode, OpSpec::Resize { size: 100 }, OpSpec::CenterCrop { size: Size::square(96) }];
+        let plan = Plan::compile(&ops, Limits::default());
+        assert_eq!(plan.step_names(), ["decode+resize", "center_crop", "write"]);
+        let got = run(&plan, &jpg, 0, &mut scratch).unwrap();
+        let mut resized = Vec::new();
+        let (rw, rh) = Resizer::new().resize_shorter_side(&full, w, h, 100, &mut resized).unwrap();
+        assert_eq!((rw, rh), (150, 100));
+        let mut want = vec![0u8; 96 * 96 * 3];
+        center_crop_window(rw, rh, 96, 96).copy_rgb(&resized, rw, (0, 0), (rw, rh), &mut want);
+        let diff = mean_abs_diff(&got, &want);
+        assert!(diff < 3.0, "{diff}");
+    }
+
+    /// A 4x2 PNG with distinct pixel values, decoded losslessly.
+    fn tiny() -> (Vec<u8>, Vec<u8>) {
+        let px: Vec<u8> = (0..24).map(|i| (i * 10) as u8).collect();
+        (encode_png(&px, 4, 2, png::ColorType::Rgb, png::BitDepth::Eight, None), px)
+    }
+
+    fn tiny_plan(extra: &[OpSpec]) -> Plan {
+        let mut ops = vec![OpSpec::Decode, OpSpec::CenterCrop { size: Size { height: 2, width: 4 } }];
+        ops.extend_from_slice(extra);
+        Plan::compile(&ops, Limits::default())
+    }
+
+    fn mirror(px: &[u8], w: usize) -> Vec<u8> {
+        px.chunks_exact(w * 3)
+            .flat_map(|row| row.chunks_exact(3).rev().flatten().copied().collect::<Vec<_>>())
+            .collect()
+    }
+
+    fn chw(px: &[u8], w: usize, h: usize) -> Vec<u8> {
+        (0..3).flat_map(|c| (0..w * h).map(move |i| px[i * 3 + c])).collect()
+    }
+
+    #[test]
+    fn flip_dtype_normalize_and_layout_produce_known_values() {
+        let (png, px) = tiny();
+        let mut s = Scratch::new();
+        let flip = |p| OpSpec::RandomHorizontalFlip { p };
+
+        assert_eq!(run(&tiny_plan(&[]), &png, 0, &mut s).unwrap(), px);
+        assert_eq!(run(&tiny_plan(&[flip(0.0)]), &png, 0, &mut s).unwrap(), px);
+        let mirrored = mirror(&px, 4);
+        assert_eq!(&mirrored[..6], &[9 * 10, 100, 110, 60, 70, 80]);
+        assert_eq!(run(&tiny_plan(&[flip(1.0)]), &png, 0, &mut s).unwrap(), mirrored);
+        assert_eq!(run(&tiny_plan(&[flip(1.0), flip(1.0)]), &png, 0, &mut s).unwrap(), px);
+
+        let plan = tiny_plan(&[flip(1.0), OpSpec::Layout { order: Layout::Chw }]);
+        assert_eq!(plan.output_shape(), [3, 2, 4]);
+        assert_eq!(run(&plan, &png, 0, &mut s).unwrap(), chw(&mirrored, 4, 2));
+
+        let plan = tiny_plan(&[OpSpec::Dtype { dtype: DType::F32 }]);
+        assert_eq!((plan.output_dtype(), plan.output_bytes()), (DType::F32, 4 * 2 * 3 * 4));
+        let want: Vec<f32> = px.iter().map(|&v| f32::from(v) / 255.0).collect();
+        assert_eq!(f32s(&run(&plan, &png, 0, &mut s).unwrap()), want);
+
+        let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
+        let plan =
+            tiny_plan(&[flip(1.0), OpSpec::Normalize { mean, std }, OpSpec::Layout { order: Layout::Chw }]);
+        assert_eq!(plan.step_names(), ["decode+center_crop", "random_horizontal_flip", "normalize+layout"]);
+        let got = f32s(&run(&plan, &png, 0, &mut s).unwrap());
+        let want: Vec<f32> = chw(&mirrored, 4, 2)
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (f32::from(v) / 255.0 - mean[i / 8]) / std[i / 8])
+            .collect();
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+
+        // HWC f32 with flip.
+        let plan = tiny_plan(&[flip(1.0), OpSpec::Dtype { dtype: DType::F32 }]);
+        let want: Vec<f32> = mirrored.iter().map(|&v| f32::from(v) / 255.0).collect();
+        assert_eq!(f32s(&run(&plan, &png, 0, &mut s).unwrap()), want);
+
+        // A flip before a crop is applied before cropping: crop the mirrored image.
+        let ops = [OpSpec::Decode, flip(1.0), OpSpec::CenterCrop { size: Size { height: 2, width: 2 } }];
+        let got = run(&Plan::compile(&ops, Limits::default()), &png, 0, &mut s).unwrap();
+        let want: Vec<u8> = mirrored.chunks_exact(12).flat_map(|row| row[3..9].to_vec()).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn flip_probability_is_respected_and_drawn_per_sample() {
+        let (png, px) = tiny();
+        let plan = tiny_plan(&[OpSpec::RandomHorizontalFlip { p: 0.5 }]);
+        let mut s = Scratch::new();
+        let flipped = (0..200).filter(|&k| run(&plan, &png, k, &mut s).unwrap() != px).count();
+        assert!((70..130).contains(&flipped), "{flipped} of 200 flipped");
+    }
+
+    #[test]
+    fn output_is_a_function_of_bytes_seed_epoch_and_key() {
+        let (w, h) = (200, 150);
+        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
+        let spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: "/x".into() }, 32, 4);
+        let plan = Plan::compile(&spec.ops, spec.limits);
+        assert_eq!(plan.step_names(), ["decode+random_resized_crop", "random_horizontal_flip", "write"]);
+        assert_eq!(plan.output_shape(), [32, 32, 3]);
+        let mut s1 = Scratch::new();
+        let mut s2 = Scratch::new();
+        let a = run(&plan, &jpg, 7, &mut s1).unwrap();
+        // A different scratch that has seen other images first gives the same bytes.
+        run(&plan, &jpg, 8, &mut s2).unwrap();
+        assert_eq!(run(&plan, &jpg, 7, &mut s2).unwrap(), a);
+        assert_ne!(run(&plan, &jpg, 9, &mut s1).unwrap(), a);
+    }
+
+    #[test]
+    fn step_times_accumulate_per_step() {
+        let (w, h) = (200, 150);
+        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
+        let plan = Plan::compile(
+            &[OpSpec::Decode, rrc(32), OpSpec::RandomHorizontalFlip { p: 0.5 }],
+            Limits::default(),
+        );
+        let mut times = vec![Duration::ZERO; 3];
+        let mut out = vec![0u8; plan.output_bytes()];
+        let mut s = Scratch::new();
+        plan.run(&jpg, &mut rng(1), &mut s, &mut out, &mut times).unwrap();
+        let first = times[0];
+        assert!(first > Duration::ZERO);
+        plan.run(&jpg, &mut rng(2), &mut s, &mut out, &mut times).unwrap();
+        assert!(times[0] > first);
+        // A short slice records less and does not panic.
+        plan.run(&jpg, &mut rng(3), &mut s, &mut out, &mut times[..1]).unwrap();
+    }
+
+    #[test]
+    fn cache_split_sits_before_the_first_random_op() {
+        let plan = Plan::compile(
+            &[OpSpec::Decode, rrc(32), OpSpec::RandomHorizontalFlip { p: 0.5 }],
+            Limits::default(),
+        );
+        assert_eq!(plan.cache_split(), 1);
+        assert_eq!(plan.prefix_step_names(), ["decode"]);
+        assert_eq!(plan.suffix_step_names(), ["random_resized_crop", "random_horizontal_flip", "write"]);
+
+        // Validation-style pipeline: everything geometric is deterministic.
+        let (w, h) = (300, 200);
+        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
+        let ops = [
+            OpSpec::Decode,
+            OpSpec::Resize { size: 64 },
+            OpSpec::CenterCrop { size: Size::square(56) },
+            OpSpec::Normalize { mean: [0.5; 3], std: [0.25; 3] },
+        ];
+        let plan = Plan::compile(&ops, Limits::default());
+        assert_eq!(plan.cache_split(), 3);
+        assert_eq!(plan.prefix_step_names(), ["decode+resize", "center_crop"]);
+        assert_eq!(plan.suffix_step_names(), ["normalize"]);
+        let mut s = Scratch::new();
+        let img = plan.run_deterministic_prefix(&jpg, &mut s, &mut []).unwrap();
+        assert_eq!((img.width, img.height), (56, 56));
+        let mut from_cache = vec![0u8; plan.output_bytes()];
+        plan.run_from_image(&img, &mut rng(0), &mut s, &mut from_cache, &mut []).unwrap();
+        assert_eq!(from_cache, run(&plan, &jpg, 0, &mut s).unwrap());
+
+        // A cached image of the wrong kind is an error.
+        let bad = Image::rgb8(2, 2, vec![0; 12]);
+        let mut small = vec![0u8; plan.output_bytes()];
+        assert!(matches!(
+            plan.run_from_image(&bad, &mut rng(0), &mut s, &mut small, &mut []),
+            Err(CodecError::Shape(_))
+        ));
+    }
+
+    #[test]
+    fn png_and_grayscale_inputs_go_through_the_fused_step() {
+        let (w, h) = (120, 90);
+        let rgb = test_rgb(w, h);
+        let png_bytes = encode_png(&rgb, w, h, png::ColorType::Rgb, png::BitDepth::Eight, None);
+        let plan = Plan::compile(&[OpSpec::Decode, rrc(48)], Limits::default());
+        let mut s = Scratch::new();
+        let got = run(&plan, &png_bytes, 3, &mut s).unwrap();
+        let r = random_resized_crop_params(w, h, SCALE, RATIO, &mut rng(3));
+        let mut want = vec![0u8; 48 * 48 * 3];
+        Resizer::new().resize_rect(&rgb, w, h, rect_of(r), &mut want, 48, 48).unwrap();
+        assert_eq!(got, want);
+
+        let gray: Vec<u8> = (0..w * h).map(|i| (i % 200) as u8).collect();
+        let jpg = crate::encode::encode_jpeg_with(
+            &gray,
+            w,
+            h,
+            crate::SourcePixels::Gray,
+            crate::Subsampling::Gray,
+            90,
+        )
+        .unwrap();
+        let got = run(&plan, &jpg, 3, &mut s).unwrap();
+        assert!(got.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+    }
+
+    #[test]
+    fn bad_inputs_are_errors_never_panics() {
+        let (w, h) = (128, 96);
+        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
+        let (png_bytes, _) = tiny();
+        let fused = Plan::compile(&[OpSpec::Decode, rrc(32)], Limits::default());
+        let unfused = Plan::compile(
+            &[OpSpec::Decode, OpSpec::RandomHorizontalFlip { p: 0.5 }, rrc(32)],
+            Limits::default(),
+        );
+        let mut s = Scratch::new();
+        for plan in [&fused, &unfused] {
+            assert_eq!(run(plan, b"", 0, &mut s), Err(CodecError::Empty));
+            assert_eq!(run(plan, b"just some text", 0, &mut s), Err(CodecError::UnknownFormat));
+            assert!(matches!(run(plan, &jpg[..jpg.len() / 2], 0, &mut s), Err(CodecError::Corrupt(_))));
+            assert!(matches!(run(plan, &jpg[..3], 0, &mut s), Err(CodecError::Corrupt(_))));
+            assert!(matches!(
+                run(plan, &png_bytes[..png_bytes.len() - 20], 0, &mut s),
+                Err(CodecError::Corrupt(_))
+            ));
+            let mut huge = jpg.clone();
+            patch_sof_dims(&mut huge, 60000, 60000);
+            assert!(matches!(
+                run(plan, &huge, 0, &mut s),
+                Err(CodecError::TooLarge { width: 60000, height: 60000, .. })
+            ));
+            // The worker carries on.
+            assert!(run(plan, &jpg, 0, &mut s).is_ok());
+        }
+        // Limits come from the plan.
+        let tight =
+            Plan::compile(&[OpSpec::Decode, rrc(32)], Limits { max_pixels: 1000, ..Limits::default() });
+        assert_eq!(
+            run(&tight, &jpg, 0, &mut s),
+            Err(CodecError::TooLarge { width: 128, height: 96, limit: 1000 })
+        );
+        // Wrong slot size.
+        let mut out = vec![0u8; 5];
+        assert!(matches!(fused.run(&jpg, &mut rng(0), &mut s, &mut out, &mut []), Err(CodecError::Shape(_))));
+        // An unvalidated list without a fixed size fails cleanly.
+        let bad = Plan::compile(&[OpSpec::Decode, OpSpec::Resize { size: 10 }], Limits::default());
+        assert_eq!(bad.output_bytes(), 0);
+        assert!(matches!(bad.run(&jpg, &mut rng(0), &mut s, &mut [], &mut []), Err(CodecError::Shape(_))));
+        let no_decode = Plan::compile(&[rrc(16)], Limits::default());
+        let mut out = vec![0u8; no_decode.output_bytes()];
+        assert!(no_decode.run(&jpg, &mut rng(0), &mut s, &mut out, &mut []).is_ok());
+    }
+}
