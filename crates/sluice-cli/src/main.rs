@@ -1,1 +1,55 @@
-fn main() {}
+//! `sluice`: generate a dataset, run a pipeline spec, benchmark the engine against plain
+//! libjpeg-turbo decoding.
+
+// A command-line tool: printing its report is its job.
+#![allow(clippy::print_stdout)]
+
+mod bench;
+mod demo;
+mod gen;
+mod progress;
+mod run;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Feed training data to accelerators as fast as the hardware allows")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a deterministic ImageNet-like JPEG dataset (ImageFolder layout).
+    GenImages(gen::Args),
+    /// Run a pipeline spec (TOML or JSON) for some epochs and report throughput.
+    Run(run::Args),
+    /// Images/s per thread of the standard training pipeline vs plain full JPEG decode.
+    Bench(bench::Args),
+    /// Generate a dataset if needed, write a spec for it and run it: sluice's main job on
+    /// data of its own.
+    Demo(demo::Args),
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("warn")))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::GenImages(a) => gen::main(a),
+        Command::Run(a) => run::main(a),
+        Command::Bench(a) => bench::main(a),
+        Command::Demo(a) => demo::main(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -3,10 +3,15 @@
 //! native threads, handing out contiguous batches with bounded prefetch and exact
 //! checkpoints.
 
+pub mod error;
+pub mod executor;
+pub mod loader;
 pub mod sampler;
 pub mod source;
 pub mod stats;
 pub mod storage;
 
+pub use error::PipelineError;
+pub use loader::{EpochIter, Loader, LoaderState};
 pub use sampler::{epoch_order, Shard};
 pub use stats::{SkippedSample, StatsSnapshot};

@@ -22,7 +22,7 @@ pub struct DatasetOptions {
     pub classes: usize,
     pub seed: u64,
     /// JPEG quality (1-100).
-    pub quality: i32,
+    pub quality: u8,
     /// Per-pixel texture noise amplitude; sets how much the JPEGs weigh (~100 KB at 14).
     pub texture: u8,
     /// Bad files to add (cycling through the kinds in [`BAD_KINDS`]).

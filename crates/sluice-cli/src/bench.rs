@@ -1,0 +1,151 @@
+//! `sluice bench`: images/s of the standard training pipeline (decode + RandomResizedCrop
+//! 224 + flip, u8 out) against plain libjpeg-turbo full decoding of the same files, in the
+//! same run, at each thread count. Reported as medians over several runs, and as ratios,
+//! because machines are noisy.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use serde_json::json;
+use sluice_codec::JpegDecoder;
+use sluice_core::{Manifest, PipelineSpec, SourceSpec};
+use sluice_pipeline::source::build_manifest;
+use sluice_pipeline::{Loader, Shard};
+
+use crate::gen;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// An ImageFolder of JPEGs. Without it, one is generated in data/bench.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Images to generate when --data is not given.
+    #[arg(long, default_value_t = 1000)]
+    pub images: usize,
+    /// Thread counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub threads: Vec<usize>,
+    /// Runs per measurement; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    #[arg(long, default_value_t = 64)]
+    pub batch: usize,
+    /// Print results as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn main(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(a.runs > 0, "--runs must be at least 1");
+    anyhow::ensure!(!a.threads.is_empty() && a.threads.iter().all(|&t| t > 0), "--threads needs counts >= 1");
+    let root = match &a.data {
+        Some(d) => d.clone(),
+        None => {
+            let out = PathBuf::from("data/bench");
+            if !out.is_dir() {
+                gen::generate(&gen::Args { out: out.clone(), images: a.images, classes: 10, seed: 0, quality: 90, corrupt: 0 })?;
+            }
+            out
+        }
+    };
+    let manifest = build_manifest(&SourceSpec::ImageFolder { root: root.clone() })
+        .with_context(|| format!("indexing {}", root.display()))?;
+    let files: Vec<PathBuf> = manifest.entries.iter().map(|e| manifest.display_path(e.key)).collect();
+    // Warm the page cache so both sides read from memory.
+    let bytes: u64 = files.iter().map(|f| std::fs::read(f).map(|b| b.len() as u64).unwrap_or(0)).sum();
+    eprintln!(
+        "{} images, {:.0} KB average, {} runs per point",
+        files.len(),
+        bytes as f64 / files.len().max(1) as f64 / 1000.0,
+        a.runs
+    );
+
+    let mut rows = Vec::new();
+    for &t in &a.threads {
+        let mut pipe = Vec::new();
+        let mut plain = Vec::new();
+        for run in 0..a.runs {
+            plain.push(plain_decode(&files, t)?);
+            pipe.push(pipeline(&manifest, &root, t, a.batch, run as u64)?);
+        }
+        let (p, d) = (median(&mut pipe), median(&mut plain));
+        eprintln!("threads {t}: pipeline {p:.0} img/s, plain decode {d:.0} img/s, ratio {:.2}", p / d);
+        rows.push((t, p, d));
+    }
+    report(&a, &rows);
+    Ok(())
+}
+
+fn report(a: &Args, rows: &[(usize, f64, f64)]) {
+    let scaling = match (rows.iter().find(|r| r.0 == 1), rows.iter().find(|r| r.0 == 2)) {
+        (Some(one), Some(two)) => Some(two.1 / one.1),
+        _ => None,
+    };
+    if a.json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|&(t, p, d)| json!({"threads": t, "pipeline_img_s": p, "plain_decode_img_s": d, "ratio": p / d,
+                                     "pipeline_img_s_per_thread": p / t as f64}))
+            .collect();
+        println!("{}", json!({"runs": a.runs, "rows": rows, "scaling_2_vs_1": scaling}));
+        return;
+    }
+    println!("standard pipeline = decode + random_resized_crop 224 + flip, u8 HWC; medians of {} runs", a.runs);
+    println!("{:>7} {:>14} {:>12} {:>14} {:>12} {:>8}", "threads", "pipeline img/s", "per thread", "decode img/s", "per thread", "ratio");
+    for &(t, p, d) in rows {
+        println!("{t:>7} {p:>14.0} {:>12.0} {d:>14.0} {:>12.0} {:>8.2}", p / t as f64, d / t as f64, p / d);
+    }
+    if let Some(s) = scaling {
+        println!("pipeline scaling, 2 threads vs 1: {s:.2}x");
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Read + full-size decode of every file, `threads` threads, one decoder each.
+fn plain_decode(files: &[PathBuf], threads: usize) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || -> anyhow::Result<()> {
+                    let mut dec = JpegDecoder::new(sluice_core::Limits::default().max_pixels)?;
+                    let mut out = Vec::new();
+                    for f in files.iter().skip(t).step_by(threads) {
+                        let bytes = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+                        dec.decode_full(&bytes, &mut out).with_context(|| format!("decoding {}", f.display()))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| anyhow::anyhow!("decode thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok(files.len() as f64 / start.elapsed().as_secs_f64())
+}
+
+/// One epoch of the standard training pipeline through the loader.
+fn pipeline(manifest: &Manifest, root: &Path, threads: usize, batch: usize, epoch: u64) -> anyhow::Result<f64> {
+    let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 224, batch);
+    spec.threads = threads;
+    let loader = Loader::with_manifest(spec, manifest.clone(), Shard::default())?;
+    loader.set_epoch(epoch);
+    let start = Instant::now();
+    let mut n = 0;
+    for b in loader.iter() {
+        n += b?.len();
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}

@@ -1,0 +1,57 @@
+//! `sluice gen-images`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use sluice_synth::{write_dataset, DatasetOptions};
+
+use crate::progress;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Output folder (ImageFolder layout: OUT/class_XXX/img_XXXXXXX.jpg).
+    #[arg(long, default_value = "data/imagenet-like")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 2000)]
+    pub images: usize,
+    #[arg(long, default_value_t = 10)]
+    pub classes: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// JPEG quality, 1-100.
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub quality: u8,
+    /// Also write this many bad files (truncated, empty, not an image, garbage, huge header).
+    #[arg(long, default_value_t = 0)]
+    pub corrupt: usize,
+}
+
+pub fn main(a: Args) -> anyhow::Result<()> {
+    generate(&a)
+}
+
+pub fn generate(a: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(a.images > 0, "--images must be at least 1");
+    anyhow::ensure!(a.classes > 0, "--classes must be at least 1");
+    let options = DatasetOptions {
+        images: a.images,
+        classes: a.classes,
+        seed: a.seed,
+        quality: a.quality,
+        corrupt: a.corrupt,
+        ..Default::default()
+    };
+    let pb = progress::bar(a.images as u64, "generating");
+    let summary = write_dataset(&a.out, &options, &|n| pb.set_position(n as u64))
+        .with_context(|| format!("generating a dataset in {}", a.out.display()))?;
+    pb.finish_and_clear();
+    eprintln!(
+        "wrote {} images ({} classes, {:.0} KB average) and {} bad files to {}",
+        summary.images,
+        a.classes,
+        summary.bytes as f64 / summary.images as f64 / 1000.0,
+        summary.bad_files.len(),
+        a.out.display()
+    );
+    Ok(())
+}

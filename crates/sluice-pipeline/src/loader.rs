@@ -1,0 +1,567 @@
+//! The loader: runs a pipeline spec over its manifest on the worker pool and hands out
+//! batches in epoch order, with bounded prefetch, exact checkpoints and per-op stats.
+//!
+//! Work is cut into chunks of a few samples. Workers write each sample straight into its
+//! slot of the batch's one contiguous buffer, so a batch is assembled without copies; the
+//! consumer only waits for its chunks to finish. At most `prefetch` batches are in flight,
+//! which bounds memory by `prefetch × batch bytes`, whatever the dataset size.
+
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use serde::{Deserialize, Serialize};
+use sluice_codec::Plan;
+use sluice_core::{
+    Batch, DType, ErrorPolicy, Layout, Manifest, PipelineSpec, SampleError, SampleKey, SampleRng, Stage, Tensor,
+};
+
+use crate::error::PipelineError;
+use crate::executor::{Pool, WorkerLocal};
+use crate::sampler::{epoch_order, Shard};
+use crate::source::build_manifest;
+use crate::stats::{Stats, StatsSnapshot};
+use crate::storage::{open_storage, Storage};
+
+/// Samples per job: small enough to spread a batch over the threads and keep the first
+/// batch quick, large enough that queueing costs nothing next to decoding.
+const CHUNK: usize = 8;
+
+/// Where a loader stands: enough to resume to exactly the batches an uninterrupted run
+/// would have produced next.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderState {
+    pub epoch: u64,
+    /// Batches of `epoch` already handed out.
+    pub batch: u64,
+    pub seed: u64,
+    pub fingerprint: String,
+    pub rank: usize,
+    pub world_size: usize,
+}
+
+struct Progress {
+    epoch: u64,
+    batch: u64,
+    /// Bumped whenever a new iterator starts, so an older one stops handing out batches.
+    generation: u64,
+}
+
+struct Shared {
+    spec: PipelineSpec,
+    manifest: Manifest,
+    storage: Arc<dyn Storage>,
+    plan: Plan,
+    shard: Shard,
+    sample_shape: [usize; 3],
+    dtype: DType,
+    layout: Layout,
+    stats: Mutex<Stats>,
+    progress: Mutex<Progress>,
+}
+
+/// Locks a mutex, recovering it if a thread panicked while holding it: the data under our
+/// locks (counters, progress) stays meaningful after a panic.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct Loader {
+    shared: Arc<Shared>,
+    pool: Pool,
+}
+
+impl Loader {
+    /// Enumerates the source and prepares the pipeline; no sample is read yet.
+    pub fn new(spec: PipelineSpec, shard: Shard) -> Result<Self, PipelineError> {
+        spec.validate()?;
+        let manifest = build_manifest(&spec.source)?;
+        Self::with_manifest(spec, manifest, shard)
+    }
+
+    /// As [`Loader::new`], over a manifest built elsewhere (e.g. shared by a service).
+    pub fn with_manifest(spec: PipelineSpec, manifest: Manifest, shard: Shard) -> Result<Self, PipelineError> {
+        spec.validate()?;
+        if shard.world_size == 0 || shard.rank >= shard.world_size {
+            return Err(PipelineError::State(format!(
+                "rank {} is not in 0..world_size ({})",
+                shard.rank, shard.world_size
+            )));
+        }
+        let plan = Plan::compile(&spec.ops, spec.limits);
+        let (dtype, layout, _) = spec.output();
+        let mut names = vec!["read".to_string()];
+        names.extend(plan.step_names().iter().map(|s| s.to_string()));
+        let threads = match spec.threads {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        };
+        let shared = Arc::new(Shared {
+            storage: open_storage(&spec.storage),
+            sample_shape: plan.output_shape(),
+            dtype,
+            layout,
+            stats: Mutex::new(Stats::new(names)),
+            progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
+            plan,
+            manifest,
+            shard,
+            spec,
+        });
+        Ok(Self { shared, pool: Pool::new(threads) })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.shared.manifest
+    }
+
+    pub fn spec(&self) -> &PipelineSpec {
+        &self.shared.spec
+    }
+
+    /// Samples this rank sees per epoch.
+    pub fn samples_per_epoch(&self) -> usize {
+        let n = self.shared.manifest.len();
+        n / self.shared.shard.world_size
+    }
+
+    /// Batches per epoch for this rank (the short last batch counts unless `drop_last`).
+    pub fn batches_per_epoch(&self) -> u64 {
+        batches_for(self.samples_per_epoch(), &self.shared.spec) as u64
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Resizes the worker pool while it runs.
+    pub fn set_threads(&self, threads: usize) {
+        self.pool.set_threads(threads);
+    }
+
+    /// Starts `epoch` from its first batch at the next [`Loader::iter`].
+    pub fn set_epoch(&self, epoch: u64) {
+        let mut p = lock(&self.shared.progress);
+        p.epoch = epoch;
+        p.batch = 0;
+        p.generation += 1;
+    }
+
+    pub fn state(&self) -> LoaderState {
+        let p = lock(&self.shared.progress);
+        LoaderState {
+            epoch: p.epoch,
+            batch: p.batch,
+            seed: self.shared.spec.seed,
+            fingerprint: self.shared.manifest.fingerprint_hex(),
+            rank: self.shared.shard.rank,
+            world_size: self.shared.shard.world_size,
+        }
+    }
+
+    /// Makes the next [`Loader::iter`] continue exactly where `state` was taken.
+    pub fn load_state(&self, state: &LoaderState) -> Result<(), PipelineError> {
+        let me = self.state();
+        let mismatch = |what: &str, theirs: String, ours: String| {
+            Err(PipelineError::State(format!("{what} differs: checkpoint has {theirs}, this loader has {ours}")))
+        };
+        if state.fingerprint != me.fingerprint {
+            return mismatch("dataset fingerprint", state.fingerprint.clone(), me.fingerprint);
+        }
+        if state.seed != me.seed {
+            return mismatch("seed", state.seed.to_string(), me.seed.to_string());
+        }
+        if (state.rank, state.world_size) != (me.rank, me.world_size) {
+            return mismatch(
+                "rank/world_size",
+                format!("{}/{}", state.rank, state.world_size),
+                format!("{}/{}", me.rank, me.world_size),
+            );
+        }
+        if state.batch > self.batches_per_epoch() {
+            return Err(PipelineError::State(format!(
+                "batch {} is past the end of the epoch ({} batches)",
+                state.batch,
+                self.batches_per_epoch()
+            )));
+        }
+        let mut p = lock(&self.shared.progress);
+        p.epoch = state.epoch;
+        p.batch = state.batch;
+        p.generation += 1;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        lock(&self.shared.stats).snapshot()
+    }
+
+    /// Iterates the rest of the current epoch (all of it, unless resuming). When the epoch
+    /// ends the loader moves on to the next one, so calling `iter` again starts it. Starting
+    /// a new iterator retires any older one.
+    pub fn iter(&self) -> EpochIter {
+        let (epoch, start, generation) = {
+            let mut p = lock(&self.shared.progress);
+            p.generation += 1;
+            (p.epoch, p.batch, p.generation)
+        };
+        let order = epoch_order(
+            self.shared.manifest.len(),
+            self.shared.spec.seed,
+            epoch,
+            self.shared.spec.shuffle,
+            self.shared.shard,
+        );
+        let n_batches = batches_for(order.len(), &self.shared.spec) as u64;
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        EpochIter {
+            shared: self.shared.clone(),
+            pool: self.pool.clone(),
+            epoch,
+            generation,
+            order: Arc::new(order),
+            n_batches,
+            next_submit: start,
+            next_emit: start,
+            pending: HashMap::new(),
+            done_tx,
+            done_rx,
+            cancel: Arc::new(AtomicBool::new(false)),
+            finished: false,
+        }
+    }
+}
+
+fn batches_for(samples: usize, spec: &PipelineSpec) -> usize {
+    let b = spec.batch.size;
+    if spec.batch.drop_last {
+        samples / b
+    } else {
+        samples.div_ceil(b)
+    }
+}
+
+/// One batch's buffer while workers fill it. Each worker writes only the slots of its own
+/// chunk, so the writes never overlap.
+struct Slab {
+    tensor: UnsafeCell<Tensor>,
+    base: *mut u8,
+    slot_bytes: usize,
+    slots: usize,
+}
+
+// SAFETY: workers write disjoint slots (one chunk each) through `base`; the consumer reads
+// the tensor only after every chunk has reported done and dropped its handle.
+unsafe impl Send for Slab {}
+unsafe impl Sync for Slab {}
+
+impl Slab {
+    fn new(dtype: DType, slots: usize, shape: [usize; 3]) -> Self {
+        let mut tensor = Tensor::zeros(dtype, vec![slots, shape[0], shape[1], shape[2]]);
+        let base = tensor.as_bytes_mut().as_mut_ptr();
+        let slot_bytes = shape.iter().product::<usize>() * dtype.size();
+        Self { tensor: UnsafeCell::new(tensor), base, slot_bytes, slots }
+    }
+
+    /// # Safety
+    /// No other reference to slot `i` may exist while the returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slot(&self, i: usize) -> &mut [u8] {
+        debug_assert!(i < self.slots);
+        // SAFETY: in bounds (i < slots); exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(i * self.slot_bytes), self.slot_bytes) }
+    }
+
+    fn into_tensor(self) -> Tensor {
+        self.tensor.into_inner()
+    }
+}
+
+struct Assembly {
+    slab: Arc<Slab>,
+    keys: Vec<u64>,
+    labels: Vec<i64>,
+    chunks_left: usize,
+    failures: Vec<(usize, SampleError)>,
+}
+
+struct ChunkDone {
+    batch: u64,
+    failures: Vec<(usize, SampleError)>,
+    times: Vec<Duration>,
+    bytes: u64,
+}
+
+/// The batches of one epoch, in order. Dropping it mid-epoch cancels the work in flight.
+pub struct EpochIter {
+    shared: Arc<Shared>,
+    pool: Pool,
+    epoch: u64,
+    generation: u64,
+    order: Arc<Vec<u32>>,
+    n_batches: u64,
+    next_submit: u64,
+    next_emit: u64,
+    pending: HashMap<u64, Assembly>,
+    done_tx: Sender<ChunkDone>,
+    done_rx: Receiver<ChunkDone>,
+    cancel: Arc<AtomicBool>,
+    finished: bool,
+}
+
+impl EpochIter {
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches left in this epoch.
+    pub fn remaining(&self) -> u64 {
+        if self.finished {
+            0
+        } else {
+            self.n_batches - self.next_emit
+        }
+    }
+
+    fn submit_ahead(&mut self) {
+        let window = self.shared.spec.prefetch as u64;
+        while self.next_submit < self.n_batches && self.next_submit < self.next_emit + window {
+            self.submit_batch(self.next_submit);
+            self.next_submit += 1;
+        }
+    }
+
+    fn submit_batch(&mut self, b: u64) {
+        let bs = self.shared.spec.batch.size;
+        let start = b as usize * bs;
+        let end = (start + bs).min(self.order.len());
+        let indices = &self.order[start..end];
+        let slab = Arc::new(Slab::new(self.shared.dtype, indices.len(), self.shared.sample_shape));
+        let entries = &self.shared.manifest.entries;
+        let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
+        let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
+        let chunks = indices.len().div_ceil(CHUNK);
+        for c in 0..chunks {
+            let slots = c * CHUNK..((c + 1) * CHUNK).min(indices.len());
+            let job = ChunkJob {
+                shared: self.shared.clone(),
+                slab: slab.clone(),
+                order: self.order.clone(),
+                first: start,
+                slots,
+                epoch: self.epoch,
+                batch: b,
+                cancel: self.cancel.clone(),
+                reply: self.done_tx.clone(),
+            };
+            self.pool.submit(Box::new(move |local| job.run(local)));
+        }
+        self.pending.insert(b, Assembly { slab, keys, labels, chunks_left: chunks, failures: Vec::new() });
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        self.cancel.store(true, Ordering::SeqCst);
+        self.pending.clear();
+    }
+
+    fn is_current(&self) -> bool {
+        lock(&self.shared.progress).generation == self.generation
+    }
+
+    /// Blocks until batch `b` is complete, folding in whatever other chunks finish first.
+    fn wait_for(&mut self, b: u64) {
+        loop {
+            if self.pending.get(&b).is_none_or(|a| a.chunks_left == 0) {
+                return;
+            }
+            let t0 = Instant::now();
+            // We hold a sender ourselves, so this only fails if workers panicked.
+            let Ok(done) = self.done_rx.recv() else { return };
+            let waited = t0.elapsed();
+            let mut stats = lock(&self.shared.stats);
+            stats.add_wait(waited);
+            stats.add_work(&done.times, done.bytes);
+            drop(stats);
+            if let Some(a) = self.pending.get_mut(&done.batch) {
+                a.chunks_left -= 1;
+                a.failures.extend(done.failures);
+            }
+        }
+    }
+
+    fn assemble(&mut self, b: u64) -> Option<Result<Batch, PipelineError>> {
+        let mut a = self.pending.remove(&b)?;
+        a.failures.sort_by_key(|f| f.0);
+        if let Some((_, first)) = a.failures.first() {
+            if self.shared.spec.on_error == ErrorPolicy::Fail {
+                return Some(Err(PipelineError::Sample(first.clone())));
+            }
+        }
+        let slab = match Arc::try_unwrap(a.slab) {
+            Ok(s) => s,
+            // Every chunk dropped its handle before reporting done; this cannot happen.
+            Err(_) => return Some(Err(PipelineError::State("batch buffer still shared".into()))),
+        };
+        let slot_bytes = slab.slot_bytes;
+        let mut images = slab.into_tensor();
+        let mut keys = a.keys;
+        let mut labels = a.labels;
+        if !a.failures.is_empty() {
+            let mut stats = lock(&self.shared.stats);
+            for (_, e) in &a.failures {
+                stats.add_skipped(e);
+            }
+            drop(stats);
+            let bad: Vec<usize> = a.failures.iter().map(|f| f.0).collect();
+            let bytes = images.as_bytes_mut();
+            let mut kept = 0;
+            for slot in 0..keys.len() {
+                if bad.binary_search(&slot).is_ok() {
+                    continue;
+                }
+                if kept != slot {
+                    bytes.copy_within(slot * slot_bytes..(slot + 1) * slot_bytes, kept * slot_bytes);
+                    keys[kept] = keys[slot];
+                    labels[kept] = labels[slot];
+                }
+                kept += 1;
+            }
+            keys.truncate(kept);
+            labels.truncate(kept);
+            images.truncate_rows(kept);
+        }
+        Some(Ok(Batch {
+            epoch: self.epoch,
+            index: b,
+            keys,
+            labels,
+            images,
+            layout: self.shared.layout,
+            weights: None,
+        }))
+    }
+
+    fn record_progress(&self, batches_done: u64) {
+        let mut p = lock(&self.shared.progress);
+        if p.generation != self.generation {
+            return;
+        }
+        if batches_done >= self.n_batches {
+            p.epoch = self.epoch + 1;
+            p.batch = 0;
+        } else {
+            p.epoch = self.epoch;
+            p.batch = batches_done;
+        }
+    }
+}
+
+impl Iterator for EpochIter {
+    type Item = Result<Batch, PipelineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.finished || !self.is_current() {
+                self.finish();
+                return None;
+            }
+            if self.next_emit >= self.n_batches {
+                self.record_progress(self.n_batches);
+                self.finish();
+                return None;
+            }
+            self.submit_ahead();
+            let b = self.next_emit;
+            self.wait_for(b);
+            let result = self.assemble(b);
+            self.next_emit += 1;
+            match result {
+                Some(Ok(batch)) if batch.is_empty() => {
+                    // Every sample of this batch was skipped: nothing to hand out.
+                    self.record_progress(self.next_emit);
+                }
+                Some(Ok(batch)) => {
+                    self.record_progress(self.next_emit);
+                    lock(&self.shared.stats).add_batch(batch.len());
+                    return Some(Ok(batch));
+                }
+                Some(Err(e)) => {
+                    self.finish();
+                    return Some(Err(e));
+                }
+                None => {
+                    self.finish();
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for EpochIter {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A few consecutive samples of one batch, run by one worker.
+struct ChunkJob {
+    shared: Arc<Shared>,
+    slab: Arc<Slab>,
+    order: Arc<Vec<u32>>,
+    /// Position in `order` of the batch's slot 0.
+    first: usize,
+    slots: std::ops::Range<usize>,
+    epoch: u64,
+    batch: u64,
+    cancel: Arc<AtomicBool>,
+    reply: Sender<ChunkDone>,
+}
+
+impl ChunkJob {
+    fn run(self, local: &mut WorkerLocal) {
+        let shared = &self.shared;
+        let mut times = vec![Duration::ZERO; 1 + shared.plan.step_names().len()];
+        let mut failures = Vec::new();
+        let mut bytes = 0u64;
+        for slot in self.slots.clone() {
+            if self.cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            let entry = &shared.manifest.entries[self.order[self.first + slot] as usize];
+            let fail = |stage, kind| SampleError {
+                key: entry.key,
+                path: shared.manifest.display_path(entry.key),
+                stage,
+                kind,
+            };
+            let t0 = Instant::now();
+            let read = shared.storage.read(
+                &shared.manifest.root,
+                &entry.location,
+                shared.spec.limits.max_file_bytes,
+                &mut local.read_buf,
+            );
+            times[0] += t0.elapsed();
+            if let Err(kind) = read {
+                failures.push((slot, fail(Stage::Read, kind)));
+                continue;
+            }
+            bytes += local.read_buf.len() as u64;
+            let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
+            // SAFETY: this job is the only writer of its chunk's slots.
+            let out = unsafe { self.slab.slot(slot) };
+            if let Err(e) = shared.plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]) {
+                failures.push((slot, fail(Stage::Decode, e.into())));
+            }
+        }
+        let Self { slab, reply, batch, .. } = self;
+        // Release the buffer before reporting, so the consumer finds itself its only owner.
+        drop(slab);
+        let _ = reply.send(ChunkDone { batch, failures, times, bytes });
+    }
+}

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Every test: Rust unit and integration tests, clippy with warnings as errors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "==> cargo test"
+cargo test --workspace --quiet 2>&1
