@@ -16,4 +16,7 @@ pub enum PipelineError {
     /// A checkpoint that does not belong to this loader.
     #[error("cannot restore loader state: {0}")]
     State(String),
+    /// The caller asked a waiting iterator to stop (Ctrl-C); iterating again continues.
+    #[error("interrupted while waiting for a batch")]
+    Interrupted,
 }

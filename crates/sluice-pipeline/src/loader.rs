@@ -30,6 +30,9 @@ use crate::storage::{open_storage, Storage};
 /// batch quick, large enough that queueing costs nothing next to decoding.
 const CHUNK: usize = 8;
 
+/// How often a waiting consumer checks whether it was interrupted.
+const POLL: Duration = Duration::from_millis(50);
+
 /// Where a loader stands: enough to resume to exactly the batches an uninterrupted run
 /// would have produced next.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -373,14 +376,23 @@ impl EpochIter {
     }
 
     /// Blocks until batch `b` is complete, folding in whatever other chunks finish first.
-    fn wait_for(&mut self, b: u64) {
+    /// Asks `interrupted` every [`POLL`] while waiting and gives up if it says so.
+    fn wait_for(&mut self, b: u64, interrupted: &mut dyn FnMut() -> bool) -> Result<(), PipelineError> {
         loop {
             if self.pending.get(&b).is_none_or(|a| a.chunks_left == 0) {
-                return;
+                return Ok(());
             }
             let t0 = Instant::now();
-            // We hold a sender ourselves, so this only fails if workers panicked.
-            let Ok(done) = self.done_rx.recv() else { return };
+            let done = match self.done_rx.recv_timeout(POLL) {
+                Ok(done) => done,
+                Err(_) => {
+                    lock(&self.shared.stats).add_wait(t0.elapsed());
+                    if interrupted() {
+                        return Err(PipelineError::Interrupted);
+                    }
+                    continue;
+                }
+            };
             let waited = t0.elapsed();
             let mut stats = lock(&self.shared.stats);
             stats.add_wait(waited);
@@ -460,10 +472,14 @@ impl EpochIter {
     }
 }
 
-impl Iterator for EpochIter {
-    type Item = Result<Batch, PipelineError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl EpochIter {
+    /// The next batch, like [`Iterator::next`], but while it waits it asks `interrupted`
+    /// every 50 ms and returns [`PipelineError::Interrupted`] if it says so (e.g. on Ctrl-C).
+    /// Nothing is lost: the next call picks up the same batch.
+    pub fn next_interruptible(
+        &mut self,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Option<Result<Batch, PipelineError>> {
         loop {
             if self.finished || !self.is_current() {
                 self.finish();
@@ -476,7 +492,9 @@ impl Iterator for EpochIter {
             }
             self.submit_ahead();
             let b = self.next_emit;
-            self.wait_for(b);
+            if let Err(e) = self.wait_for(b, interrupted) {
+                return Some(Err(e));
+            }
             let result = self.assemble(b);
             self.next_emit += 1;
             match result {
@@ -499,6 +517,14 @@ impl Iterator for EpochIter {
                 }
             }
         }
+    }
+}
+
+impl Iterator for EpochIter {
+    type Item = Result<Batch, PipelineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_interruptible(&mut || false)
     }
 }
 
