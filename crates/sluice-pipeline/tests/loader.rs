@@ -1,6 +1,8 @@
 //! The loader end to end on real JPEG files: determinism across thread counts, exact
 //! resume, epochs, DDP shards, and every kind of bad sample under both policies.
 
+#![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
+
 use std::path::{Path, PathBuf};
 
 use sluice_core::{Batch, ErrorPolicy, OpSpec, PipelineSpec, ShuffleSpec, SourceSpec};
