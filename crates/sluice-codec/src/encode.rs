@@ -86,6 +86,28 @@ pub fn encode_jpeg_with(
     subsampling: Subsampling,
     quality: u8,
 ) -> Result<Vec<u8>, CodecError> {
+    encode(pixels, width, height, source, subsampling, quality, false)
+}
+
+/// Encodes interleaved RGB8 as a progressive 4:2:0 JPEG (common in web-scraped datasets).
+pub fn encode_jpeg_progressive(
+    rgb: &[u8],
+    width: u32,
+    height: u32,
+    quality: u8,
+) -> Result<Vec<u8>, CodecError> {
+    encode(rgb, width, height, SourcePixels::Rgb, Subsampling::S420, quality, true)
+}
+
+fn encode(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    source: SourcePixels,
+    subsampling: Subsampling,
+    quality: u8,
+    progressive: bool,
+) -> Result<Vec<u8>, CodecError> {
     let bad = |m: String| Err(CodecError::Shape(m));
     let need = width as usize * height as usize * source.bytes_per_pixel();
     if width == 0 || height == 0 || pixels.len() != need {
@@ -103,6 +125,9 @@ pub fn encode_jpeg_with(
     let c = Compressor(handle);
     c.set(tj::TJPARAM_TJPARAM_QUALITY, c_int::from(quality.clamp(1, 100)))?;
     c.set(tj::TJPARAM_TJPARAM_SUBSAMP, samp)?;
+    if progressive {
+        c.set(tj::TJPARAM_TJPARAM_PROGRESSIVE, 1)?;
+    }
     if source == SourcePixels::Cmyk {
         c.set(tj::TJPARAM_TJPARAM_COLORSPACE, tj::TJCS_TJCS_YCCK as c_int)?;
     }

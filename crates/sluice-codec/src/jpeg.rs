@@ -771,6 +771,61 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn progressive_jpegs_decode_whole_and_cropped() {
+        let (w, h) = (200, 120);
+        let rgb = test_rgb(w, h);
+        let jpg = crate::encode::encode_jpeg_progressive(&rgb, w, h, 90).unwrap();
+        let mut d = decoder();
+        let mut full = Vec::new();
+        assert_eq!(d.decode_full(&jpg, &mut full).unwrap(), (w, h));
+        assert!(mean_abs_diff(&full, &rgb) < 3.0);
+        let rect = SubRect { left: 21.0, top: 33.0, width: 120.0, height: 80.0 };
+        let mut buf = Vec::new();
+        let r = d.decode_region(&jpg, rect, (120, 80), &mut buf).unwrap();
+        let got = crop_rgb(&buf, r.width, r.rect.left as u32, r.rect.top as u32, 120, 80);
+        assert!(mean_abs_diff(&got, &crop_rgb(&full, w, 21, 33, 120, 80)) < 2.0);
+        // Truncated progressive data is corrupt too.
+        assert!(matches!(d.decode_full(&jpg[..jpg.len() * 2 / 3], &mut full), Err(CodecError::Corrupt(_))));
+    }
+
+    #[test]
+    fn twelve_bit_jpegs_are_unsupported_not_garbage() {
+        let (w, h) = (16, 16);
+        let samples: Vec<i16> = (0..w * h * 3).map(|i| (i * 13 % 4096) as i16).collect();
+        // SAFETY: test-only FFI; buffers sized for a w x h RGB 12-bit image.
+        let jpg = unsafe {
+            let c = tj::tj3Init(tj::TJINIT_TJINIT_COMPRESS as c_int);
+            assert!(!c.is_null());
+            assert_eq!(tj::tj3Set(c, tj::TJPARAM_TJPARAM_QUALITY as c_int, 90), 0);
+            assert_eq!(tj::tj3Set(c, tj::TJPARAM_TJPARAM_SUBSAMP as c_int, 2), 0);
+            assert_eq!(tj::tj3Set(c, tj::TJPARAM_TJPARAM_PRECISION as c_int, 12), 0);
+            let mut buf: *mut u8 = std::ptr::null_mut();
+            let mut size: tj::size_t = 0;
+            let rc = tj::tj3Compress12(
+                c,
+                samples.as_ptr(),
+                w,
+                0,
+                h,
+                tj::TJPF_TJPF_RGB as c_int,
+                &mut buf,
+                &mut size,
+            );
+            assert_eq!(rc, 0);
+            let v = std::slice::from_raw_parts(buf, size as usize).to_vec();
+            tj::tj3Free(buf.cast());
+            tj::tj3Destroy(c);
+            v
+        };
+        let mut d = decoder();
+        assert_eq!(d.header(&jpg).unwrap().precision, 12);
+        let mut out = Vec::new();
+        assert!(
+            matches!(d.decode_full(&jpg, &mut out), Err(CodecError::Unsupported(m)) if m.contains("12-bit"))
+        );
+    }
+
+    #[test]
     fn benign_warnings_are_accepted() {
         let (w, h) = (64, 48);
         let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();

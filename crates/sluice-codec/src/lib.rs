@@ -18,7 +18,7 @@ pub mod png;
 pub mod resize;
 
 pub use crop::{center_crop_window, random_resized_crop_params, CenterCropWindow, CropRect};
-pub use encode::{encode_jpeg, encode_jpeg_with, SourcePixels};
+pub use encode::{encode_jpeg, encode_jpeg_progressive, encode_jpeg_with, SourcePixels};
 pub use error::CodecError;
 pub use jpeg::{ColorSpace, JpegDecoder, JpegHeader, RegionDecode, Subsampling};
 pub use plan::{sniff_format, ImageFormat, Plan, Scratch};

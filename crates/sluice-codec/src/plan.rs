@@ -732,6 +732,14 @@ mod tests {
     }
 
     #[test]
+    fn plan_is_shareable_and_scratch_can_move_to_a_worker() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send + Default>() {}
+        send_sync::<Plan>();
+        send::<Scratch>();
+    }
+
+    #[test]
     fn sniffs_jpeg_png_and_rejects_the_rest() {
         assert_eq!(sniff_format(&[0xFF, 0xD8, 0xFF, 0xE0]), Ok(ImageFormat::Jpeg));
         assert_eq!(sniff_format(b"\x89PNG\r\n\x1a\n...."), Ok(ImageFormat::Png));
