@@ -17,3 +17,27 @@ fi
 
 echo "==> building sluice (release)"
 cargo build --release --quiet -p sluice-cli
+
+# Python: a virtual environment in .venv with the build and test tools (torch and
+# torchvision from PyPI: the default wheel works on CPU), then the sluice package built
+# into it with maturin (editable: python/sluice/*.py are used in place).
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import numpy, pytest, PIL, torch, torchvision" 2>/dev/null || [ ! -x .venv/bin/maturin ]; then
+  echo "==> installing Python packages into .venv (maturin numpy pytest pillow torch torchvision)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q maturin numpy pytest pillow torch torchvision
+fi
+so=$(ls python/sluice/_sluice*.so 2>/dev/null | head -n 1 || true)
+stale=""
+if [ -n "$so" ]; then
+  stale=$(find python/src python/Cargo.toml python/pyproject.toml crates Cargo.toml Cargo.lock -type f -newer "$so" 2>/dev/null | head -n 1 || true)
+fi
+if [ -z "$so" ] || [ -n "$stale" ] || ! .venv/bin/python -c "import sluice" 2>/dev/null; then
+  echo "==> building the sluice Python package into .venv (maturin develop --release)"
+  VIRTUAL_ENV="$PWD/.venv" PATH="$PWD/.venv/bin:$PATH" \
+    .venv/bin/maturin develop --release --quiet -m python/Cargo.toml
+  touch python/sluice/_sluice*.so
+fi

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every test: Rust unit and integration tests, clippy with warnings as errors.
+# Every test: Rust unit and integration tests, clippy with warnings as errors, and the
+# Python package's pytest suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -7,3 +8,5 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --quiet 2>&1
+echo "==> pytest (python/tests)"
+.venv/bin/python -m pytest -q python/tests

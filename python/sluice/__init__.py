@@ -1,0 +1,91 @@
+"""sluice: a Rust data loader that feeds training images to accelerators.
+
+Decoding and augmentation run on sluice's own native threads (no Python, the GIL
+released); batches reach Python as numpy arrays or torch tensors without a copy::
+
+    import sluice
+
+    pipe = (
+        sluice.Pipeline.image_folder("data/train")
+        .decode()
+        .random_resized_crop(224)
+        .random_horizontal_flip()
+        .batch(256)
+    )
+    loader = sluice.Loader(pipe, output="torch")
+    for epoch in range(2):
+        for batch in loader:
+            images, labels = batch.image, batch.label  # uint8 [n, 224, 224, 3], int64 [n]
+
+``import sluice`` does not import torch; :mod:`sluice.torch` (the ``IterableDataset``
+adapter and ``to_device``) does.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+from . import _sluice
+from .errors import SampleError, SluiceError, SourceError, SourceNotFoundError, SpecError, StateError
+from .loader import Batch, BatchIterator, Loader
+from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
+
+__version__: str = _sluice.__version__
+
+__all__ = [
+    "Pipeline",
+    "Loader",
+    "Batch",
+    "BatchIterator",
+    "generate_dataset",
+    "enable_logging",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "SluiceError",
+    "SpecError",
+    "SourceError",
+    "SourceNotFoundError",
+    "SampleError",
+    "StateError",
+    "__version__",
+]
+
+
+def generate_dataset(
+    root: PathLike,
+    images: int = 1000,
+    classes: int = 10,
+    seed: int = 0,
+    quality: int = 90,
+    texture: int = 14,
+    corrupt: int = 0,
+) -> Dict[str, Any]:
+    """Writes a deterministic, ImageNet-like ImageFolder dataset under ``root``.
+
+    ``images`` JPEGs of about 500x375 pixels and ~100 KB (``texture`` sets the weight),
+    image ``i`` in ``root/class_{i % classes:03}/img_{i:07}.jpg``, with class-dependent
+    content a model can learn. The same arguments write the same bytes. ``corrupt`` adds
+    that many bad files (truncated, empty, not an image, garbage, a huge header) for
+    testing error policies. Runs on all cores with the GIL released.
+
+    Returns:
+        ``{"root", "images", "bad_files" (list of paths), "bytes"}``.
+    """
+    return _sluice.generate_dataset(os.fspath(root), images, classes, seed, quality, texture, corrupt)
+
+
+def enable_logging(filter: str = "warn") -> bool:
+    """Sends sluice's Rust logs (skipped samples, dataset enumeration...) to stderr,
+    filtered like ``RUST_LOG`` (``"warn"``, ``"info"``, ``"sluice_pipeline=debug"``).
+    Returns False if logging was already set up (only the first call counts)."""
+    return bool(_sluice.enable_logging(filter))
+
+
+def __getattr__(name: str) -> Any:
+    # `sluice.torch` without an explicit import, still without importing torch up front.
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module 'sluice' has no attribute {name!r}")

@@ -1,0 +1,96 @@
+"""Type stubs of ``sluice._sluice``, the native (Rust, PyO3) half of the package.
+
+A thin layer: specs go in as JSON strings, batches come out as numpy arrays that own the
+Rust buffers. The friendly API is the pure-Python package (:class:`sluice.Pipeline`,
+:class:`sluice.Loader`); errors are raised as the classes of :mod:`sluice.errors`.
+"""
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+def spec_canonical_json(json: str) -> str:
+    """Parses and validates a JSON spec; returns it canonical (defaults filled in)."""
+
+def spec_json_to_toml(json: str) -> str:
+    """Converts a JSON spec to TOML (validating it)."""
+
+def spec_toml_to_json(toml: str) -> str:
+    """Converts a TOML spec to canonical JSON (validating it)."""
+
+def spec_load_file(path: str) -> str:
+    """Reads a ``.toml``/``.json`` spec file (relative source paths resolved against its
+    folder) and returns canonical JSON."""
+
+def generate_dataset(
+    root: str,
+    images: int = 1000,
+    classes: int = 10,
+    seed: int = 0,
+    quality: int = 90,
+    texture: int = 14,
+    corrupt: int = 0,
+) -> Dict[str, Any]:
+    """Writes a deterministic ImageNet-like ImageFolder dataset; returns
+    ``{"root", "images", "bad_files", "bytes"}``."""
+
+def enable_logging(filter: str = "warn") -> bool:
+    """Sends Rust logs to stderr; False if logging was already set up."""
+
+class Loader:
+    """A loader over one pipeline spec, for one rank of ``world_size``."""
+
+    def __new__(cls, spec_json: str, rank: int = 0, world_size: int = 1) -> "Loader": ...
+    def iter(self) -> "EpochIterator":
+        """An iterator over the rest of the current epoch; retires any older one."""
+    def batches_per_epoch(self) -> int: ...
+    def samples_per_epoch(self) -> int: ...
+    def num_samples(self) -> int: ...
+    def classes(self) -> List[str]: ...
+    def path_of(self, key: int) -> str: ...
+    def fingerprint(self) -> str: ...
+    def spec_json(self) -> str: ...
+    def position(self) -> Tuple[int, int]:
+        """``(epoch, batches of it already handed out)``."""
+    def set_epoch(self, epoch: int) -> None: ...
+    def state_json(self) -> str: ...
+    def load_state_json(self, state: str) -> None: ...
+    def stats_json(self) -> str: ...
+    def set_threads(self, threads: int) -> None:
+        """Resizes the worker pool; 0 means one thread per core."""
+    def threads(self) -> int: ...
+
+class EpochIterator:
+    """The batches of one epoch, in order. ``__next__`` waits with the GIL released and
+    raises ``KeyboardInterrupt`` on Ctrl-C (a later call picks up the same batch)."""
+
+    def __iter__(self) -> "EpochIterator": ...
+    def __next__(self) -> "RawBatch": ...
+    @property
+    def epoch(self) -> int: ...
+    def remaining(self) -> int: ...
+
+class RawBatch:
+    """One batch as numpy arrays that own sluice's buffers."""
+
+    @property
+    def image(self) -> npt.NDArray[Any]:
+        """uint8 or float32, ``[n, h, w, 3]`` (hwc) or ``[n, 3, h, w]`` (chw)."""
+    @property
+    def label(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def key(self) -> npt.NDArray[np.int64]: ...
+    @property
+    def weight(self) -> Optional[npt.NDArray[np.float32]]: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def index(self) -> int: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def buffer_address(self) -> int:
+        """Address of the image buffer Rust filled (equals the image's data pointer)."""

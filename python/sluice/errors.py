@@ -1,0 +1,85 @@
+"""The exceptions sluice raises.
+
+Every one derives from :class:`SluiceError` and from the builtin exception a caller would
+naturally catch, so ``except ValueError`` still works for a bad spec and
+``except FileNotFoundError`` for a missing dataset. Each carries the context the Rust error
+had: the spec field, or the sample's key and path.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = [
+    "SluiceError",
+    "SpecError",
+    "SourceError",
+    "SourceNotFoundError",
+    "SampleError",
+    "StateError",
+]
+
+
+class SluiceError(Exception):
+    """Base class of every error sluice raises (other than ``KeyboardInterrupt``)."""
+
+
+class SpecError(SluiceError, ValueError):
+    """A pipeline spec that cannot be parsed or does not make sense.
+
+    Attributes:
+        field: path of the offending field, e.g. ``"ops[1].size"`` or ``"batch.size"``.
+        reason: what is wrong with it, without the field.
+    """
+
+    def __init__(self, message: str, field: Optional[str] = None, reason: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.reason = reason if reason is not None else message
+
+
+class SourceError(SluiceError, OSError):
+    """The dataset could not be enumerated: a missing or unreadable root, an empty folder,
+    a corrupt tar shard, a bad label in a file list.
+
+    Attributes:
+        path: the file or folder concerned, when there is one.
+    """
+
+    def __init__(self, message: str, path: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class SourceNotFoundError(SourceError, FileNotFoundError):
+    """The dataset root, file list or tar shard does not exist."""
+
+
+class SampleError(SluiceError, RuntimeError):
+    """A sample that could not be read or decoded under ``on_error("fail")``.
+
+    Attributes:
+        key: the sample's key (its position in the dataset's manifest).
+        path: its file, or ``shard.tar:member``.
+        stage: ``"read"``, ``"decode"`` or ``"transform"``.
+        reason: what went wrong (corrupt, truncated, empty, too large...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        key: Optional[int] = None,
+        path: Optional[str] = None,
+        stage: Optional[str] = None,
+        reason: Optional[str] = None,
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.path = path
+        self.stage = stage
+        self.reason = reason
+
+
+class StateError(SluiceError, ValueError):
+    """A loader state (checkpoint) that does not belong to this loader: another dataset,
+    seed or rank layout, or not a sluice state at all."""

@@ -1,0 +1,334 @@
+"""The loader: iterate batches of a pipeline as numpy arrays or torch tensors.
+
+Batches come out of Rust without a copy: the arrays own the buffers sluice's worker
+threads wrote into. The GIL is released while sluice works or waits, and Ctrl-C still
+interrupts a wait (a later ``next()`` picks up the same batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+
+from . import _sluice
+from .pipeline import PathLike, Pipeline
+
+__all__ = ["Loader", "Batch", "BatchIterator"]
+
+_FIELDS = ("image", "label", "key", "weight")
+
+
+class Batch(Mapping[str, Any]):
+    """One batch: a read-only mapping of fields, also readable as attributes.
+
+    Fields: ``image`` (``[n, h, w, 3]`` for layout ``hwc`` or ``[n, 3, h, w]`` for ``chw``,
+    uint8 or float32), ``label`` (int64 ``[n]``, -1 where the source has none), ``key``
+    (int64 ``[n]``, the samples' keys) and ``weight`` (float32 ``[n]``, only under
+    importance sampling). ``batch["image"]`` and ``batch.image`` are the same array;
+    ``batch.weight`` is ``None`` when the batch has no weights.
+
+    Attributes:
+        epoch: the epoch this batch belongs to.
+        index: its position within the epoch.
+        layout: ``"hwc"`` or ``"chw"``.
+        buffer_address: address of the image buffer sluice filled in Rust; the image's data
+            pointer equals it (the batch was not copied on its way to Python).
+    """
+
+    __slots__ = ("_fields", "epoch", "index", "layout", "buffer_address")
+
+    def __init__(
+        self,
+        fields: Mapping[str, Any],
+        epoch: int = -1,
+        index: int = -1,
+        layout: str = "hwc",
+        buffer_address: int = 0,
+    ) -> None:
+        """Wraps ``fields`` (a mapping of name to array or tensor)."""
+        self._fields: Dict[str, Any] = dict(fields)
+        self.epoch = epoch
+        self.index = index
+        self.layout = layout
+        self.buffer_address = buffer_address
+
+    def __getitem__(self, name: str) -> Any:
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: fields read as attributes.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._fields[name]
+        except KeyError:
+            if name == "weight":
+                return None
+            raise AttributeError(f"Batch has no field {name!r} (fields: {', '.join(self._fields)})") from None
+
+    @property
+    def size(self) -> int:
+        """Samples in this batch (the short last batch, or one with skipped samples, may be
+        smaller than the pipeline's batch size)."""
+        return len(self._fields["label"])
+
+    def __repr__(self) -> str:
+        parts = []
+        for name, value in self._fields.items():
+            shape = tuple(getattr(value, "shape", ()))
+            dtype = getattr(value, "dtype", type(value).__name__)
+            parts.append(f"{name}={dtype}{list(shape)}")
+        return f"Batch(epoch={self.epoch}, index={self.index}, {', '.join(parts)})"
+
+
+def _default_shard(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+    """Rank and world size: as given, else from an initialised torch.distributed, else from
+    the RANK / WORLD_SIZE environment variables (torchrun sets them), else 0 of 1."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    env_rank, env_world = 0, 1
+    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        env_rank, env_world = dist.get_rank(), dist.get_world_size()
+    elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            env_rank, env_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        except ValueError:
+            raise ValueError(
+                f"RANK={os.environ['RANK']!r} / WORLD_SIZE={os.environ['WORLD_SIZE']!r} are not integers"
+            ) from None
+    return (env_rank if rank is None else rank), (env_world if world_size is None else world_size)
+
+
+def _spec_json(spec: Union[Pipeline, Mapping[str, Any], PathLike]) -> str:
+    if isinstance(spec, Pipeline):
+        return spec.to_json()
+    if isinstance(spec, Mapping):
+        return Pipeline.from_dict(spec).to_json()
+    if isinstance(spec, (str, os.PathLike)):
+        return _sluice.spec_load_file(os.fspath(spec))
+    raise TypeError(
+        f"Loader takes a sluice.Pipeline, a spec dict or the path of a .toml/.json spec, not {type(spec).__name__}"
+    )
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            "output='torch' needs PyTorch: pip install torch (sluice itself works without it, with output='numpy')"
+        ) from e
+    return torch
+
+
+class BatchIterator(Iterator[Batch]):
+    """The batches of one epoch, in order (what ``iter(loader)`` returns)."""
+
+    __slots__ = ("_native", "_torch")
+
+    def __init__(self, native: Any, torch: Any) -> None:
+        """Wraps a native epoch iterator; ``torch`` is the torch module for torch output."""
+        self._native = native
+        self._torch = torch
+
+    def __iter__(self) -> "BatchIterator":
+        return self
+
+    def __next__(self) -> Batch:
+        raw = next(self._native)
+        fields: Dict[str, Any] = {"image": raw.image, "label": raw.label, "key": raw.key}
+        weight = raw.weight
+        if weight is not None:
+            fields["weight"] = weight
+        torch = self._torch
+        if torch is not None:
+            # from_numpy shares the numpy array's memory: still no copy.
+            fields = {name: torch.from_numpy(arr) for name, arr in fields.items()}
+        return Batch(fields, raw.epoch, raw.index, raw.layout, raw.buffer_address)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this iterator runs."""
+        return int(self._native.epoch)
+
+    @property
+    def remaining(self) -> int:
+        """Batches left in this epoch."""
+        return int(self._native.remaining())
+
+    def __length_hint__(self) -> int:
+        return self.remaining
+
+
+class Loader:
+    """Iterates the batches of a pipeline, one epoch per ``iter(loader)``.
+
+    Args:
+        pipeline: a :class:`sluice.Pipeline`, a spec dict, or the path of a ``.toml`` /
+            ``.json`` spec file.
+        rank, world_size: this process's share of the data (DDP). Each rank gets a
+            disjoint, equally long part of every epoch's global order. By default taken
+            from torch.distributed when it is initialised, else from the ``RANK`` and
+            ``WORLD_SIZE`` environment variables, else 0 and 1.
+        output: ``"numpy"`` (numpy arrays) or ``"torch"`` (CPU torch tensors). Either way
+            the arrays share memory with sluice's buffers: nothing is copied.
+
+    Epochs work like a torch DataLoader with a DistributedSampler: each ``iter(loader)``
+    runs the next epoch (an epoch left unfinished is abandoned), ``set_epoch(e)`` picks
+    one, and ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly, even in a
+    new process (torchdata's StatefulDataLoader convention).
+
+    Raises:
+        SpecError: the spec is invalid (``.field`` names the culprit).
+        SourceError: the dataset cannot be enumerated (``SourceNotFoundError`` if missing).
+    """
+
+    def __init__(
+        self,
+        pipeline: Union[Pipeline, Mapping[str, Any], PathLike],
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        output: str = "numpy",
+    ) -> None:
+        if output not in ("numpy", "torch"):
+            raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
+        self._torch = _import_torch() if output == "torch" else None
+        self._output = output
+        spec_json = _spec_json(pipeline)
+        self._rank, self._world_size = _default_shard(rank, world_size)
+        if self._world_size < 1 or not 0 <= self._rank < self._world_size:
+            raise ValueError(f"rank {self._rank} is not in 0..world_size ({self._world_size})")
+        self._native = _sluice.Loader(spec_json, self._rank, self._world_size)
+        # True after set_epoch / load_state_dict: the next iter() starts exactly there.
+        self._positioned = False
+
+    def __iter__(self) -> BatchIterator:
+        """Starts the next epoch (or resumes where :meth:`load_state_dict` /
+        :meth:`set_epoch` put the loader). Retires any older iterator of this loader."""
+        if not self._positioned:
+            epoch, done = self._native.position()
+            if done > 0:
+                # The last iterator stopped mid-epoch: like a DataLoader, move on.
+                self._native.set_epoch(epoch + 1)
+        self._positioned = False
+        return BatchIterator(self._native.iter(), self._torch)
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        return int(self._native.batches_per_epoch())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next ``iter(loader)`` run ``epoch`` from its first batch, like
+        ``DistributedSampler.set_epoch``. The epoch seeds the shuffle and augmentations."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, not {epoch}")
+        self._native.set_epoch(epoch)
+        self._positioned = True
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the loader is in (or will start next)."""
+        return int(self._native.position()[0])
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader stands: epoch, batches of it already handed out, seed, dataset
+        fingerprint, rank and world size. A plain dict (JSON- and torch.save-able)."""
+        return json.loads(self._native.state_json())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Makes the next ``iter(loader)`` continue exactly where ``state`` was taken: the
+        remaining batches of that epoch, then the following epochs, identical to an
+        uninterrupted run. Raises :class:`sluice.StateError` if the state belongs to
+        another dataset, seed or rank layout."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping (from Loader.state_dict()), not {type(state).__name__}")
+        self._native.load_state_json(json.dumps(dict(state)))
+        self._positioned = True
+
+    def stats(self) -> Dict[str, Any]:
+        """What the loader has done since it was built and where the time went.
+
+        Keys: ``samples``, ``batches``, ``bytes_read``, ``elapsed_s``, ``samples_per_s``
+        (throughput), ``wait_s`` (time the consumer waited for batches: input stall),
+        ``op_seconds`` (busy seconds per op summed over threads, ``read`` first),
+        ``skipped`` (a list of ``{"key", "path", "error"}`` for samples left out under
+        ``on_error("skip")``) and ``threads``.
+        """
+        stats = json.loads(self._native.stats_json())
+        stats["op_seconds"] = {name: seconds for name, seconds in stats["op_seconds"]}
+        stats["threads"] = self.threads
+        return stats
+
+    def set_threads(self, threads: int) -> None:
+        """Resizes sluice's worker pool, also while iterating; 0 means one per core."""
+        if threads < 0:
+            raise ValueError(f"threads must be >= 0, not {threads}")
+        self._native.set_threads(threads)
+
+    @property
+    def threads(self) -> int:
+        """Worker threads now."""
+        return int(self._native.threads())
+
+    @threads.setter
+    def threads(self, threads: int) -> None:
+        self.set_threads(threads)
+
+    @property
+    def rank(self) -> int:
+        """This loader's rank."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks sharing each epoch."""
+        return self._world_size
+
+    @property
+    def output(self) -> str:
+        """``"numpy"`` or ``"torch"``."""
+        return self._output
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples this rank sees per epoch."""
+        return int(self._native.samples_per_epoch())
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the whole dataset (all ranks)."""
+        return int(self._native.num_samples())
+
+    @property
+    def classes(self) -> List[str]:
+        """Class names by label (ImageFolder sources), else an empty list."""
+        return list(self._native.classes())
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's fingerprint (16 hex digits), part of every state dict."""
+        return str(self._native.fingerprint())
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The pipeline this loader runs (defaults filled in)."""
+        return Pipeline.from_json(self._native.spec_json())
+
+    def path_of(self, key: int) -> str:
+        """The file (or ``shard.tar:member``) of the sample with ``key``."""
+        return str(self._native.path_of(int(key)))
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({self.num_samples} samples, {len(self)} batches/epoch, rank {self._rank}/{self._world_size}, "
+            f"{self.threads} threads, output={self._output!r})"
+        )

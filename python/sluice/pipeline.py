@@ -1,0 +1,288 @@
+"""The pipeline builder: a Python mirror of sluice's pipeline spec.
+
+A :class:`Pipeline` is immutable; every method returns a new one::
+
+    pipe = (
+        sluice.Pipeline.image_folder("data/train")
+        .decode()
+        .random_resized_crop(224)
+        .random_horizontal_flip()
+        .batch(256)
+    )
+
+It holds the spec as plain data. Parsing and validation happen in Rust (the same code the
+CLI and the service use), so an invalid spec raises :class:`sluice.SpecError` whose
+``field`` names what to fix (``"ops[1].size"``, ``"batch.size"``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import _sluice
+from .errors import SpecError
+
+__all__ = ["Pipeline", "IMAGENET_MEAN", "IMAGENET_STD", "PathLike", "Size"]
+
+#: ImageNet channel means in [0, 1] units (RGB), torchvision's defaults.
+IMAGENET_MEAN: Tuple[float, float, float] = (0.485, 0.456, 0.406)
+#: ImageNet channel standard deviations in [0, 1] units (RGB).
+IMAGENET_STD: Tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+PathLike = Union[str, "os.PathLike[str]"]
+#: An output size: one side (square) or ``(height, width)``.
+Size = Union[int, Sequence[int]]
+
+
+def _path(p: PathLike) -> str:
+    """An absolute path string, so a spec means the same whatever the working directory."""
+    return os.path.abspath(os.fspath(p))
+
+
+def _size(size: Size) -> Union[int, List[int]]:
+    if isinstance(size, (list, tuple)):
+        return list(size)
+    return size  # type: ignore[return-value]
+
+
+class Pipeline:
+    """An immutable description of a sluice input pipeline (source, storage, ops, shuffle,
+    batch, prefetch, threads, seed, error policy).
+
+    Build one with :meth:`image_folder`, :meth:`file_list` or :meth:`tar`, chain op and
+    option methods, and hand it to :class:`sluice.Loader`. Serialise it with
+    :meth:`to_json`, :meth:`to_toml` or :meth:`save`; read it back with :meth:`from_json`,
+    :meth:`from_toml`, :meth:`load` or :meth:`from_dict`.
+    """
+
+    __slots__ = ("_spec",)
+
+    def __init__(self, spec: Optional[Mapping[str, Any]] = None) -> None:
+        """Wraps a spec mapping as given (not validated yet; see :meth:`validate`).
+        Prefer the source constructors :meth:`image_folder`, :meth:`file_list`, :meth:`tar`."""
+        self._spec: Dict[str, Any] = copy.deepcopy(dict(spec)) if spec is not None else {"ops": []}
+        self._spec.setdefault("ops", [])
+
+    # ---- sources -------------------------------------------------------------------------
+
+    @classmethod
+    def image_folder(cls, root: PathLike) -> "Pipeline":
+        """A ``root/<class>/<image>`` tree: classes sorted by name get labels 0..n."""
+        return cls({"source": {"kind": "image_folder", "root": _path(root)}, "ops": []})
+
+    @classmethod
+    def file_list(cls, path: PathLike, root: Optional[PathLike] = None) -> "Pipeline":
+        """A text file with one sample per line, ``path`` or ``path <label>``. Relative
+        paths are taken from ``root`` (default: the list's own folder)."""
+        source: Dict[str, Any] = {"kind": "file_list", "path": _path(path)}
+        if root is not None:
+            source["root"] = _path(root)
+        return cls({"source": source, "ops": []})
+
+    @classmethod
+    def tar(cls, shards: Union[PathLike, Iterable[PathLike]]) -> "Pipeline":
+        """WebDataset-style tar shards: members ``<name>.jpg|jpeg|png`` with an optional
+        ``<name>.cls`` holding the integer label. One path or a list of paths."""
+        if isinstance(shards, (str, os.PathLike)):
+            shards = [shards]
+        return cls({"source": {"kind": "tar", "shards": [_path(s) for s in shards]}, "ops": []})
+
+    # ---- (de)serialisation ---------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any]) -> "Pipeline":
+        """A pipeline from a spec mapping (as :meth:`to_dict` returns). Validated when used."""
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"a pipeline spec is a mapping, not {type(spec).__name__}")
+        return cls(spec)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Pipeline":
+        """Parses and validates a JSON spec."""
+        return cls(json.loads(_sluice.spec_canonical_json(text)))
+
+    @classmethod
+    def from_toml(cls, text: str) -> "Pipeline":
+        """Parses and validates a TOML spec."""
+        return cls(json.loads(_sluice.spec_toml_to_json(text)))
+
+    @classmethod
+    def load(cls, path: PathLike) -> "Pipeline":
+        """Reads a ``.toml`` or ``.json`` spec file. Relative source paths in it are taken
+        from the file's folder."""
+        return cls(json.loads(_sluice.spec_load_file(os.fspath(path))))
+
+    def to_json(self) -> str:
+        """The spec as canonical JSON (validated, defaults filled in)."""
+        return _sluice.spec_canonical_json(self._raw_json())
+
+    def to_toml(self) -> str:
+        """The spec as TOML (validated, defaults filled in)."""
+        return _sluice.spec_json_to_toml(self._raw_json())
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The spec as a plain dict (validated, defaults filled in). ``Pipeline.from_dict``
+        of it gives an equal pipeline."""
+        return json.loads(self.to_json())
+
+    def save(self, path: PathLike) -> None:
+        """Writes the spec to ``path``, TOML or JSON by its extension."""
+        p = os.fspath(path)
+        ext = os.path.splitext(p)[1].lower()
+        if ext == ".toml":
+            text = self.to_toml()
+        elif ext == ".json":
+            text = self.to_json() + "\n"
+        else:
+            raise SpecError(f"{p}: a spec file must end in .toml or .json", field="<file>")
+        with open(p, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    def validate(self) -> "Pipeline":
+        """Checks the spec in Rust; raises :class:`sluice.SpecError` naming the field.
+        Returns ``self`` so it can end a chain."""
+        self.to_json()
+        return self
+
+    def _raw_json(self) -> str:
+        for field, hint in (("source", "start from Pipeline.image_folder/file_list/tar"), ("batch", "call .batch(size)")):
+            if field not in self._spec:
+                raise SpecError(
+                    f"invalid pipeline spec at `{field}`: missing ({hint})", field=field, reason=f"missing ({hint})"
+                )
+        try:
+            return json.dumps(self._spec)
+        except (TypeError, ValueError) as e:
+            raise SpecError(f"the pipeline spec holds a value JSON cannot express: {e}", field="<spec>") from e
+
+    # ---- building ------------------------------------------------------------------------
+
+    def _with(self, **changes: Any) -> "Pipeline":
+        spec = copy.deepcopy(self._spec)
+        spec.update(changes)
+        return Pipeline(spec)
+
+    def _op(self, op: str, **args: Any) -> "Pipeline":
+        spec = copy.deepcopy(self._spec)
+        spec["ops"].append({"op": op, **args})
+        return Pipeline(spec)
+
+    def decode(self) -> "Pipeline":
+        """Decodes JPEG (libjpeg-turbo) or PNG to RGB u8. Must be the first op; fused with a
+        following ``random_resized_crop`` so only the crop window is decoded."""
+        return self._op("decode")
+
+    def resize(self, size: int) -> "Pipeline":
+        """Resizes so the shorter side is ``size`` (aspect ratio kept)."""
+        return self._op("resize", size=size)
+
+    def center_crop(self, size: Size) -> "Pipeline":
+        """Crops the center ``size`` (one side, or ``(height, width)``)."""
+        return self._op("center_crop", size=_size(size))
+
+    def random_resized_crop(
+        self,
+        size: Size,
+        scale: Tuple[float, float] = (0.08, 1.0),
+        ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+    ) -> "Pipeline":
+        """torchvision's RandomResizedCrop: a random area fraction in ``scale`` and aspect
+        ratio (log-uniform) in ``ratio``, resized to ``size``. Seeded per sample."""
+        return self._op("random_resized_crop", size=_size(size), scale=list(scale), ratio=list(ratio))
+
+    def random_horizontal_flip(self, p: float = 0.5) -> "Pipeline":
+        """Flips left-right with probability ``p``. Seeded per sample."""
+        return self._op("random_horizontal_flip", p=p)
+
+    def normalize(
+        self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
+    ) -> "Pipeline":
+        """``(x / 255 - mean) / std`` per channel, as float32 (mean/std in [0, 1] units).
+        Usually cheaper on the GPU: see :func:`sluice.torch.to_device`."""
+        return self._op("normalize", mean=list(mean), std=list(std))
+
+    def dtype(self, dtype: str) -> "Pipeline":
+        """Output element type: ``"u8"`` (pixels as they are, the default) or ``"f32"``
+        (``x / 255``)."""
+        return self._op("dtype", dtype=dtype)
+
+    def layout(self, order: str) -> "Pipeline":
+        """Output layout: ``"hwc"`` (NHWC batches, the default) or ``"chw"`` (NCHW)."""
+        return self._op("layout", order=order)
+
+    def shuffle(self, mode: Union[str, bool] = "global", size: Optional[int] = None) -> "Pipeline":
+        """Epoch order: ``"global"`` (a fresh permutation every epoch, the default),
+        ``"none"`` (dataset order), or ``"buffer"`` with ``size`` (a tf.data-style shuffle
+        buffer, for sequential sources such as tar shards). ``True``/``False`` mean
+        global/none."""
+        if mode is True:
+            mode = "global"
+        elif mode is False:
+            mode = "none"
+        shuffle: Dict[str, Any] = {"kind": mode}
+        if size is not None or mode == "buffer":
+            shuffle["size"] = size
+        return self._with(shuffle=shuffle)
+
+    def batch(self, size: int, drop_last: bool = False) -> "Pipeline":
+        """Samples per batch; ``drop_last`` drops each epoch's short last batch."""
+        return self._with(batch={"size": size, "drop_last": drop_last})
+
+    def prefetch(self, batches: int) -> "Pipeline":
+        """Batches prepared ahead of the consumer (default 4). Peak memory is about
+        ``(prefetch + threads) x batch bytes``."""
+        return self._with(prefetch=batches)
+
+    def threads(self, threads: int) -> "Pipeline":
+        """Worker threads; 0 (the default) means one per core."""
+        return self._with(threads=threads)
+
+    def seed(self, seed: int) -> "Pipeline":
+        """Seed of every random choice (epoch order and augmentations)."""
+        return self._with(seed=seed)
+
+    def on_error(self, policy: str) -> "Pipeline":
+        """What a bad sample does: ``"fail"`` (raise :class:`sluice.SampleError` naming its
+        key and path, the default) or ``"skip"`` (leave it out and report it in
+        ``Loader.stats()["skipped"]``)."""
+        return self._with(on_error=policy)
+
+    def local(self) -> "Pipeline":
+        """Reads local files (the default storage)."""
+        return self._with(storage={"kind": "local"})
+
+    def throttled(self, latency_ms: float, bandwidth_mb_s: float) -> "Pipeline":
+        """Reads local files behind an emulated network link: every read waits
+        ``latency_ms`` and all reads share ``bandwidth_mb_s`` (MB = 10^6 bytes)."""
+        return self._with(storage={"kind": "throttled", "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s})
+
+    def limits(self, max_pixels: Optional[int] = None, max_file_bytes: Optional[int] = None) -> "Pipeline":
+        """Rejects (as bad samples) images whose header declares more than ``max_pixels``
+        pixels and files larger than ``max_file_bytes``."""
+        limits = dict(self._spec.get("limits", {}))
+        if max_pixels is not None:
+            limits["max_pixels"] = max_pixels
+        if max_file_bytes is not None:
+            limits["max_file_bytes"] = max_file_bytes
+        return self._with(limits=limits)
+
+    # ---- inspection ----------------------------------------------------------------------
+
+    @property
+    def ops(self) -> Tuple[Dict[str, Any], ...]:
+        """The ops, in order, as dicts (copies)."""
+        return tuple(copy.deepcopy(op) for op in self._spec["ops"])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Pipeline):
+            return NotImplemented
+        return self._spec == other._spec
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self._spec, sort_keys=True, default=str))
+
+    def __repr__(self) -> str:
+        return f"Pipeline({json.dumps(self._spec)})"

@@ -1,0 +1,113 @@
+//! The one place where Rust errors become Python exceptions.
+//!
+//! The exception classes live in the pure-Python module `sluice.errors`, so they can inherit
+//! from both sluice's base class and the builtin a caller would naturally catch
+//! (`SpecError(ValueError)`, `SampleError(RuntimeError)`, `SourceError(OSError)`, ...). Each
+//! carries the context the Rust error had: the spec field, the sample key and path.
+
+use std::path::Path;
+
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use sluice_core::{SampleError, SpecError};
+use sluice_pipeline::source::SourceError;
+use sluice_pipeline::PipelineError;
+use sluice_synth::SynthError;
+
+const ERRORS_MODULE: &str = "sluice.errors";
+
+/// Instantiates `sluice.errors.<class>(message, **attrs)` as a `PyErr`. If the Python
+/// package cannot be imported (the native module used on its own), falls back to a
+/// `RuntimeError` with the same message rather than losing it.
+fn raise<'py>(
+    py: Python<'py>,
+    class: &str,
+    message: String,
+    attrs: impl FnOnce(&Bound<'py, PyDict>) -> PyResult<()>,
+) -> PyErr {
+    let made = (|| -> PyResult<Bound<'py, PyAny>> {
+        let cls = py.import(ERRORS_MODULE)?.getattr(class)?;
+        let kwargs = PyDict::new(py);
+        attrs(&kwargs)?;
+        cls.call((message.as_str(),), Some(&kwargs))
+    })();
+    match made {
+        Ok(exc) => PyErr::from_value(exc),
+        Err(_) => PyRuntimeError::new_err(message),
+    }
+}
+
+fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// `sluice.errors.SpecError` naming the offending field.
+pub fn spec_error(py: Python<'_>, e: SpecError) -> PyErr {
+    let message = e.to_string();
+    raise(py, "SpecError", message, |kw| {
+        kw.set_item("field", &e.field)?;
+        kw.set_item("reason", &e.message)
+    })
+}
+
+/// `sluice.errors.SampleError` with the sample's key, path and stage.
+pub fn sample_error(py: Python<'_>, e: SampleError) -> PyErr {
+    let message = e.to_string();
+    raise(py, "SampleError", message, |kw| {
+        kw.set_item("key", e.key.0)?;
+        kw.set_item("path", path_str(&e.path))?;
+        kw.set_item("stage", e.stage.to_string())?;
+        kw.set_item("reason", e.kind.to_string())
+    })
+}
+
+/// The file or folder a source error is about.
+fn source_path(e: &SourceError) -> Option<&Path> {
+    match e {
+        SourceError::NotFound { path, .. }
+        | SourceError::NotADirectory { path }
+        | SourceError::Io { path, .. }
+        | SourceError::BadLabel { path, .. } => Some(path),
+        SourceError::NoClasses { root } => Some(root),
+        SourceError::CorruptTar { shard, .. }
+        | SourceError::BadClassFile { shard, .. }
+        | SourceError::TruncatedShard { shard, .. } => Some(shard),
+        SourceError::NoSamples { .. } => None,
+    }
+}
+
+/// `sluice.errors.SourceError` (an `OSError`), or `SourceNotFoundError` (also a
+/// `FileNotFoundError`) when the dataset is missing.
+pub fn source_error(py: Python<'_>, e: SourceError) -> PyErr {
+    let class = if matches!(e, SourceError::NotFound { .. }) { "SourceNotFoundError" } else { "SourceError" };
+    let path = source_path(&e).map(path_str);
+    raise(py, class, e.to_string(), |kw| kw.set_item("path", path))
+}
+
+/// `sluice.errors.StateError`: a checkpoint that does not fit this loader.
+pub fn state_error(py: Python<'_>, message: String) -> PyErr {
+    raise(py, "StateError", message, |_| Ok(()))
+}
+
+/// Maps every error a loader can return.
+pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
+    match e {
+        PipelineError::Spec(e) => spec_error(py, e),
+        PipelineError::Source(e) => source_error(py, e),
+        PipelineError::Sample(e) => sample_error(py, e),
+        PipelineError::State(_) => state_error(py, e.to_string()),
+        PipelineError::Interrupted => PyKeyboardInterrupt::new_err(e.to_string()),
+    }
+}
+
+/// Dataset generation failures: writing is an `OSError` on the path, encoding a bug.
+pub fn synth_error(py: Python<'_>, e: SynthError) -> PyErr {
+    match &e {
+        SynthError::Io { path, .. } => {
+            let path = path_str(path);
+            raise(py, "SourceError", e.to_string(), |kw| kw.set_item("path", path))
+        }
+        SynthError::Encode { .. } => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
+    }
+}

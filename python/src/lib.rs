@@ -1,0 +1,35 @@
+//! `sluice._sluice`: the native half of the `sluice` Python package. A thin layer: specs go
+//! in as JSON, batches come out as numpy arrays that own the Rust buffers, and errors cross
+//! into Python in one place (`errors.rs`). The friendly API is the pure-Python package.
+
+mod errors;
+mod loader;
+mod spec;
+mod synth;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// Sends sluice's Rust logs (skipped samples, dataset enumeration...) to stderr, filtered
+/// like `RUST_LOG` (e.g. `"warn"`, `"sluice_pipeline=info"`). Only the first call counts.
+#[pyfunction]
+#[pyo3(signature = (filter = "warn"))]
+fn enable_logging(filter: &str) -> PyResult<bool> {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init().is_ok())
+}
+
+#[pymodule]
+fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<loader::PyLoader>()?;
+    m.add_class::<loader::PyEpochIterator>()?;
+    m.add_class::<loader::RawBatch>()?;
+    m.add_function(wrap_pyfunction!(spec::spec_canonical_json, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::spec_json_to_toml, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::spec_toml_to_json, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::spec_load_file, m)?)?;
+    m.add_function(wrap_pyfunction!(synth::generate_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(enable_logging, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,233 @@
+//! The native loader: a thin shell over `sluice_pipeline::Loader`. Batches leave Rust as
+//! numpy arrays that own the Rust buffers (no copy); every blocking call releases the GIL,
+//! and a wait for a batch still answers Ctrl-C.
+
+use std::sync::{Mutex, MutexGuard};
+
+use numpy::ndarray::{Array, IxDyn};
+use numpy::{Element, PyArray, PyArray1};
+use pyo3::exceptions::{PyIndexError, PyKeyboardInterrupt, PyRuntimeError};
+use pyo3::prelude::*;
+use sluice_core::{Batch, Layout, PipelineSpec, SampleKey, Tensor, TensorData};
+use sluice_pipeline::{EpochIter, Loader, LoaderState, Shard};
+
+use crate::errors::{pipeline_error, spec_error, state_error};
+
+/// Locks a mutex, recovering it after a panic elsewhere: an iterator's state stays usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A loader over one pipeline spec, for one rank of `world_size`.
+#[pyclass(module = "sluice._sluice", name = "Loader", frozen)]
+pub struct PyLoader {
+    loader: Loader,
+}
+
+#[pymethods]
+impl PyLoader {
+    /// Enumerates the dataset of `spec_json` (GIL released) and prepares the pipeline.
+    #[new]
+    #[pyo3(signature = (spec_json, rank = 0, world_size = 1))]
+    fn new(py: Python<'_>, spec_json: &str, rank: usize, world_size: usize) -> PyResult<Self> {
+        let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
+        let loader = py.detach(|| Loader::new(spec, Shard { rank, world_size })).map_err(|e| pipeline_error(py, e))?;
+        Ok(Self { loader })
+    }
+
+    /// An iterator over the rest of the current epoch (all of it unless resuming).
+    /// Starting one retires any older iterator of this loader.
+    fn iter(&self) -> PyEpochIterator {
+        let iter = self.loader.iter();
+        PyEpochIterator { epoch: iter.epoch(), iter: Mutex::new(iter) }
+    }
+
+    fn batches_per_epoch(&self) -> u64 {
+        self.loader.batches_per_epoch()
+    }
+
+    fn samples_per_epoch(&self) -> usize {
+        self.loader.samples_per_epoch()
+    }
+
+    /// Samples in the whole dataset (all ranks).
+    fn num_samples(&self) -> usize {
+        self.loader.manifest().len()
+    }
+
+    /// Class names by label (ImageFolder), else empty.
+    fn classes(&self) -> Vec<String> {
+        self.loader.manifest().classes.clone()
+    }
+
+    /// The file (or `shard.tar:member`) of sample `key`.
+    fn path_of(&self, key: u64) -> PyResult<String> {
+        let manifest = self.loader.manifest();
+        if key >= manifest.len() as u64 {
+            return Err(PyIndexError::new_err(format!("no sample with key {key} ({} samples)", manifest.len())));
+        }
+        Ok(manifest.display_path(SampleKey(key)).display().to_string())
+    }
+
+    fn fingerprint(&self) -> String {
+        self.loader.manifest().fingerprint_hex()
+    }
+
+    /// The spec this loader runs, as canonical JSON.
+    fn spec_json(&self, py: Python<'_>) -> PyResult<String> {
+        self.loader.spec().to_json_string().map_err(|e| spec_error(py, e))
+    }
+
+    /// `(epoch, batches of it already handed out)`.
+    fn position(&self) -> (u64, u64) {
+        let s = self.loader.state();
+        (s.epoch, s.batch)
+    }
+
+    fn set_epoch(&self, epoch: u64) {
+        self.loader.set_epoch(epoch);
+    }
+
+    fn state_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.loader.state()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    fn load_state_json(&self, py: Python<'_>, state: &str) -> PyResult<()> {
+        let state: LoaderState = serde_json::from_str(state)
+            .map_err(|e| state_error(py, format!("cannot restore loader state: not a sluice loader state: {e}")))?;
+        self.loader.load_state(&state).map_err(|e| pipeline_error(py, e))
+    }
+
+    fn stats_json(&self) -> PyResult<String> {
+        serde_json::to_string(&self.loader.stats()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// Resizes the worker pool while it runs; 0 means one thread per core.
+    fn set_threads(&self, threads: usize) {
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        };
+        self.loader.set_threads(threads);
+    }
+
+    fn threads(&self) -> usize {
+        self.loader.threads()
+    }
+}
+
+/// The batches of one epoch, in order.
+#[pyclass(module = "sluice._sluice", name = "EpochIterator", frozen)]
+pub struct PyEpochIterator {
+    epoch: u64,
+    iter: Mutex<EpochIter>,
+}
+
+#[pymethods]
+impl PyEpochIterator {
+    fn __iter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
+        slf
+    }
+
+    /// Waits for the next batch with the GIL released, checking for signals every 50 ms:
+    /// Ctrl-C raises `KeyboardInterrupt` and a later call picks up the same batch.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<RawBatch>> {
+        let mut signal: Option<PyErr> = None;
+        let next = py.detach(|| {
+            let mut iter = lock(&self.iter);
+            iter.next_interruptible(&mut || {
+                Python::attach(|py| match py.check_signals() {
+                    Ok(()) => false,
+                    Err(e) => {
+                        signal = Some(e);
+                        true
+                    }
+                })
+            })
+        });
+        match next {
+            None => Ok(None),
+            Some(Ok(batch)) => RawBatch::new(py, batch).map(Some),
+            Some(Err(sluice_pipeline::PipelineError::Interrupted)) => {
+                Err(signal.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting for a batch")))
+            }
+            Some(Err(e)) => Err(pipeline_error(py, e)),
+        }
+    }
+
+    /// The epoch this iterator runs.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches left in this epoch.
+    fn remaining(&self) -> u64 {
+        lock(&self.iter).remaining()
+    }
+}
+
+/// One batch as numpy arrays that own sluice's buffers.
+#[pyclass(module = "sluice._sluice", name = "RawBatch", frozen)]
+pub struct RawBatch {
+    /// `[n, h, w, 3]` (hwc) or `[n, 3, h, w]` (chw), uint8 or float32.
+    #[pyo3(get)]
+    image: Py<PyAny>,
+    /// int64 `[n]`; -1 where the source has no label.
+    #[pyo3(get)]
+    label: Py<PyAny>,
+    /// int64 `[n]`: the samples' keys (manifest positions).
+    #[pyo3(get)]
+    key: Py<PyAny>,
+    /// float32 `[n]` importance weights, or None under uniform sampling.
+    #[pyo3(get)]
+    weight: Option<Py<PyAny>>,
+    #[pyo3(get)]
+    epoch: u64,
+    #[pyo3(get)]
+    index: u64,
+    /// `"hwc"` or `"chw"`.
+    #[pyo3(get)]
+    layout: &'static str,
+    /// Address of the image buffer Rust filled; the numpy array's data pointer is this one.
+    #[pyo3(get)]
+    buffer_address: usize,
+}
+
+/// Hands `v` to numpy as an array of `shape`, without copying.
+fn owned_array<T: Element>(py: Python<'_>, shape: &[usize], v: Vec<T>) -> PyResult<Py<PyAny>> {
+    let arr = Array::from_shape_vec(IxDyn(shape), v).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    Ok(PyArray::from_owned_array(py, arr).into_any().unbind())
+}
+
+impl RawBatch {
+    fn new(py: Python<'_>, batch: Batch) -> PyResult<Self> {
+        let Batch { epoch, index, keys, labels, images, layout, weights } = batch;
+        let Tensor { shape, data } = images;
+        let (image, buffer_address) = match data {
+            TensorData::U8(v) => {
+                let addr = v.as_ptr() as usize;
+                (owned_array(py, &shape, v)?, addr)
+            }
+            TensorData::F32(v) => {
+                let addr = v.as_ptr() as usize;
+                (owned_array(py, &shape, v)?, addr)
+            }
+        };
+        // Keys are manifest positions, far below i64::MAX; int64 is what torch indexes with.
+        let keys: Vec<i64> = keys.into_iter().map(|k| k as i64).collect();
+        Ok(Self {
+            image,
+            label: PyArray1::from_vec(py, labels).into_any().unbind(),
+            key: PyArray1::from_vec(py, keys).into_any().unbind(),
+            weight: weights.map(|w| PyArray1::from_vec(py, w).into_any().unbind()),
+            epoch,
+            index,
+            layout: match layout {
+                Layout::Hwc => "hwc",
+                Layout::Chw => "chw",
+            },
+            buffer_address,
+        })
+    }
+}

@@ -1,0 +1,147 @@
+"""The pipeline builder: chaining, immutability, round trips through dict/JSON/TOML and
+files, and errors that name the offending field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import sluice
+from sluice import Pipeline, SpecError
+
+
+def standard(root: str = "/data/train") -> Pipeline:
+    return Pipeline.image_folder(root).decode().random_resized_crop(224).random_horizontal_flip().batch(256)
+
+
+def test_chain_builds_the_spec_and_fills_defaults() -> None:
+    d = standard().to_dict()
+    assert d["source"] == {"kind": "image_folder", "root": "/data/train"}
+    assert [op["op"] for op in d["ops"]] == ["decode", "random_resized_crop", "random_horizontal_flip"]
+    assert d["ops"][1]["size"] == 224
+    assert d["ops"][1]["scale"] == [0.08, 1.0]
+    assert d["ops"][2]["p"] == 0.5
+    assert d["batch"] == {"size": 256, "drop_last": False}
+    # Defaults come from Rust.
+    assert d["shuffle"] == {"kind": "global"}
+    assert d["storage"] == {"kind": "local"}
+    assert d["prefetch"] == 4 and d["threads"] == 0 and d["seed"] == 0 and d["on_error"] == "fail"
+
+
+def test_builder_is_immutable() -> None:
+    base = Pipeline.image_folder("/d").decode()
+    a = base.center_crop(64).batch(8)
+    b = base.random_resized_crop(32).batch(4)
+    assert len(base.ops) == 1
+    assert a.ops[1] == {"op": "center_crop", "size": 64}
+    assert b.ops[1]["op"] == "random_resized_crop"
+    assert a != b and base.ops == (dict(op="decode"),)
+
+
+def test_every_option_round_trips(tmp_path: Path) -> None:
+    pipe = (
+        Pipeline.file_list(tmp_path / "list.txt", root=tmp_path)
+        .decode()
+        .resize(256)
+        .center_crop((224, 200))
+        .random_horizontal_flip(0.25)
+        .normalize()
+        .layout("chw")
+        .shuffle("buffer", size=100)
+        .batch(32, drop_last=True)
+        .prefetch(2)
+        .threads(3)
+        .seed(7)
+        .on_error("skip")
+        .throttled(latency_ms=5, bandwidth_mb_s=100)
+        .limits(max_pixels=10_000_000)
+    )
+    d = pipe.to_dict()
+    assert d["source"] == {"kind": "file_list", "path": str(tmp_path / "list.txt"), "root": str(tmp_path)}
+    assert d["ops"][2] == {"op": "center_crop", "size": [224, 200]}
+    assert d["ops"][4]["op"] == "normalize" and d["ops"][4]["mean"] == pytest.approx(list(sluice.IMAGENET_MEAN))
+    assert d["shuffle"] == {"kind": "buffer", "size": 100}
+    assert d["storage"] == {"kind": "throttled", "latency_ms": 5.0, "bandwidth_mb_s": 100.0}
+    assert d["limits"]["max_pixels"] == 10_000_000
+    assert (d["seed"], d["threads"], d["prefetch"], d["on_error"]) == (7, 3, 2, "skip")
+
+    assert Pipeline.from_dict(d).to_dict() == d
+    assert Pipeline.from_json(pipe.to_json()).to_dict() == d
+    assert Pipeline.from_toml(pipe.to_toml()).to_dict() == d
+    for name in ("spec.toml", "spec.json"):
+        pipe.save(tmp_path / name)
+        assert Pipeline.load(tmp_path / name).to_dict() == d
+    assert "[[ops]]" in (tmp_path / "spec.toml").read_text()
+    assert json.loads((tmp_path / "spec.json").read_text()) == d
+
+
+def test_tar_source_and_shuffle_shortcuts() -> None:
+    d = Pipeline.tar(["/s/a.tar", "/s/b.tar"]).decode().center_crop(8).shuffle(False).batch(2).to_dict()
+    assert d["source"] == {"kind": "tar", "shards": ["/s/a.tar", "/s/b.tar"]}
+    assert d["shuffle"] == {"kind": "none"}
+    assert Pipeline.tar("/s/one.tar").decode().center_crop(8).batch(1).to_dict()["source"]["shards"] == ["/s/one.tar"]
+
+
+def test_relative_roots_become_absolute_and_spec_files_resolve_against_their_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert Pipeline.image_folder("train").decode().center_crop(8).batch(1).to_dict()["source"]["root"] == str(
+        tmp_path / "train"
+    )
+    spec = tmp_path / "conf" / "spec.toml"
+    spec.parent.mkdir()
+    spec.write_text(
+        '[source]\nkind = "image_folder"\nroot = "imgs"\n\n[[ops]]\nop = "decode"\n\n'
+        '[[ops]]\nop = "center_crop"\nsize = 16\n\n[batch]\nsize = 4\n'
+    )
+    assert Pipeline.load(spec).to_dict()["source"]["root"] == str(tmp_path / "conf" / "imgs")
+
+
+@pytest.mark.parametrize(
+    "pipe, field, words",
+    [
+        (lambda: standard().batch(0), "batch.size", "at least 1"),
+        (lambda: standard().prefetch(0), "prefetch", "at least 1"),
+        (lambda: Pipeline.image_folder("/d").decode().random_resized_crop(0).batch(1), "ops[1].size", "at least 1"),
+        (lambda: standard().random_horizontal_flip(2.0), "ops[3].p", "[0, 1]"),
+        (lambda: Pipeline.image_folder("/d").center_crop(8).decode().batch(1), "ops[0]", "decode"),
+        (lambda: Pipeline.image_folder("/d").decode().resize(64).batch(1), "ops", "center_crop"),
+        (lambda: standard().normalize(std=(0.2, 0.0, 0.2)), "ops[3].std", "> 0"),
+        (lambda: standard().throttled(latency_ms=-1, bandwidth_mb_s=10), "storage.latency_ms", ">= 0"),
+        (lambda: standard().shuffle("buffer", size=0), "shuffle.size", "at least 1"),
+        (lambda: standard().on_error("ignore"), "on_error", "skip"),
+        (lambda: standard().dtype("f16"), "ops[3]", "f32"),
+        (lambda: Pipeline.image_folder("/d").decode().center_crop(8), "batch", "batch"),
+    ],
+)
+def test_errors_name_the_field(pipe, field: str, words: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SpecError) as info:
+        pipe().to_json()
+    err = info.value
+    assert isinstance(err, ValueError)
+    assert err.field == field, str(err)
+    assert words in str(err), str(err)
+    assert field in str(err)
+
+
+def test_bad_toml_and_file_extension(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        Pipeline.from_toml(standard().to_toml().replace("size = 224", 'size = "big"'))
+    assert info.value.field == "ops[1]"
+    assert "side length" in str(info.value)
+    with pytest.raises(SpecError) as info:
+        standard().save(tmp_path / "spec.yaml")
+    assert ".toml or .json" in str(info.value)
+    with pytest.raises(SpecError) as info:
+        Pipeline.load(tmp_path / "missing.toml")
+    assert "cannot read" in str(info.value)
+
+
+def test_validate_returns_the_pipeline_and_repr_shows_the_spec() -> None:
+    p = standard()
+    assert p.validate() is p
+    assert "random_resized_crop" in repr(p)
+    assert hash(p) == hash(standard())

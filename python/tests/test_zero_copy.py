@@ -1,0 +1,54 @@
+"""Batches reach Python without a copy: numpy arrays and torch tensors point at the very
+buffer sluice's worker threads wrote into."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sluice
+from conftest import small_pipeline
+
+torch = pytest.importorskip("torch")
+
+
+def test_numpy_image_is_the_rust_buffer(dataset: Path) -> None:
+    loader = sluice.Loader(small_pipeline(dataset))
+    for batch in loader:
+        assert batch.buffer_address != 0
+        assert batch.image.ctypes.data == batch.buffer_address
+        assert batch.image.flags["C_CONTIGUOUS"] and batch.image.flags["WRITEABLE"]
+        # numpy does not own a copy: the array's base chain ends in sluice's buffer owner.
+        assert batch.image.base is not None
+
+
+def test_torch_tensor_shares_memory_with_the_rust_buffer(dataset: Path) -> None:
+    loader = sluice.Loader(small_pipeline(dataset), output="torch")
+    for batch in loader:
+        assert isinstance(batch.image, torch.Tensor) and batch.image.dtype == torch.uint8
+        assert batch.image.data_ptr() == batch.buffer_address
+        assert batch.label.dtype == torch.int64 and batch.key.dtype == torch.int64
+        assert batch.image.is_contiguous()
+
+
+def test_writes_through_torch_are_visible_in_numpy(dataset: Path) -> None:
+    loader = sluice.Loader(small_pipeline(dataset))
+    batch = next(iter(loader))
+    array = batch.image
+    tensor = torch.from_numpy(array)
+    assert tensor.data_ptr() == array.ctypes.data == batch.buffer_address
+    before = int(array[0, 0, 0, 0])
+    tensor[0, 0, 0, 0] = (before + 77) % 256
+    tensor[-1].fill_(7)
+    assert int(array[0, 0, 0, 0]) == (before + 77) % 256
+    assert np.all(array[-1] == 7)
+    assert np.shares_memory(array, tensor.numpy())
+
+    # And the other way round, from torch output.
+    tbatch = next(iter(sluice.Loader(small_pipeline(dataset), output="torch")))
+    view = tbatch.image.numpy()
+    assert view.ctypes.data == tbatch.buffer_address
+    tbatch.image[0].zero_()
+    assert not view[0].any()
