@@ -219,19 +219,43 @@ impl JpegDecoder {
     /// A decompressor that rejects images whose header declares more than `max_pixels`
     /// pixels (before allocating anything for them).
     pub fn new(max_pixels: u64) -> Result<Self, CodecError> {
-        // SAFETY: no preconditions; returns NULL on failure.
-        let raw = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as c_int) };
-        let handle = NonNull::new(raw).ok_or_else(|| {
-            CodecError::Unsupported(format!(
-                "cannot create a libjpeg-turbo decompressor: {}",
-                global_error_message()
-            ))
-        })?;
-        let mut d = Self { handle, max_pixels: 0, cmyk: Vec::new() };
-        // Warnings are judged by `check`, not by aborting mid-decode.
-        d.set(tj::TJPARAM_TJPARAM_STOPONWARNING, 0)?;
-        d.set_max_pixels(max_pixels)?;
+        let mut d = Self { handle: new_handle()?, max_pixels: 0, cmyk: Vec::new() };
+        d.configure(max_pixels)?;
         Ok(d)
+    }
+
+    fn configure(&mut self, max_pixels: u64) -> Result<(), CodecError> {
+        // Warnings are judged by `check`, not by aborting mid-decode.
+        self.set(tj::TJPARAM_TJPARAM_STOPONWARNING, 0)?;
+        self.set_max_pixels(max_pixels)
+    }
+
+    /// Replaces the handle after a failure. TurboJPEG 3.1 returns from a failed
+    /// `tj3DecompressHeader` without aborting libjpeg's header reader, and every later call
+    /// on that handle then re-parses the stale state ("Bogus marker length" forever): one
+    /// corrupt file would poison every image the worker decodes after it.
+    fn recover(&mut self) {
+        match new_handle() {
+            Ok(fresh) => {
+                let old = std::mem::replace(&mut self.handle, fresh);
+                // SAFETY: `old` came from tj3Init and nothing else refers to it now.
+                unsafe { tj::tj3Destroy(old.as_ptr()) };
+                if let Err(e) = self.configure(self.max_pixels) {
+                    tracing::warn!("resetting the JPEG decoder: {e}");
+                }
+            }
+            // The old handle stays; the next decode reports its own error.
+            Err(e) => tracing::warn!("resetting the JPEG decoder: {e}"),
+        }
+    }
+
+    /// Runs a TurboJPEG step; on failure resets the handle so the next image starts clean.
+    fn guarded<T>(&mut self, step: impl FnOnce(&mut Self) -> Result<T, CodecError>) -> Result<T, CodecError> {
+        let result = step(self);
+        if matches!(result, Err(CodecError::Corrupt(_))) {
+            self.recover();
+        }
+        result
     }
 
     pub fn max_pixels(&self) -> u64 {
@@ -295,11 +319,13 @@ impl JpegDecoder {
         if bytes.is_empty() {
             return Err(CodecError::Empty);
         }
-        // SAFETY: valid handle; the buffer is valid for `len` bytes and only read.
-        let rc = unsafe {
-            tj::tj3DecompressHeader(self.handle.as_ptr(), bytes.as_ptr(), bytes.len() as tj::size_t)
-        };
-        self.check(rc)?;
+        self.guarded(|d| {
+            // SAFETY: valid handle; the buffer is valid for `len` bytes and only read.
+            let rc = unsafe {
+                tj::tj3DecompressHeader(d.handle.as_ptr(), bytes.as_ptr(), bytes.len() as tj::size_t)
+            };
+            d.check(rc)
+        })?;
         if !has_frame_header(bytes) {
             return Err(CodecError::Corrupt("no image frame (SOF marker) in the JPEG stream".into()));
         }
@@ -379,7 +405,7 @@ impl JpegDecoder {
                 format as c_int,
             )
         };
-        self.check(rc)?;
+        self.guarded(|d| d.check(rc))?;
         if hdr.colorspace.is_cmyk() {
             cmyk_to_rgb(&self.cmyk[..px * 4], &mut out[..px * 3]);
         }
@@ -481,6 +507,14 @@ impl JpegDecoder {
     }
 }
 
+fn new_handle() -> Result<NonNull<c_void>, CodecError> {
+    // SAFETY: no preconditions; returns NULL on failure.
+    let raw = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as c_int) };
+    NonNull::new(raw).ok_or_else(|| {
+        CodecError::Unsupported(format!("cannot create a libjpeg-turbo decompressor: {}", global_error_message()))
+    })
+}
+
 /// The thread-local TurboJPEG error string (for failures without a handle).
 fn global_error_message() -> String {
     // SAFETY: a null handle asks for the global message; the string is NUL-terminated.
@@ -528,6 +562,25 @@ pub(crate) mod tests {
 
     fn decoder() -> JpegDecoder {
         JpegDecoder::new(1 << 26).unwrap()
+    }
+
+    #[test]
+    fn a_corrupt_file_does_not_poison_the_decoder_for_the_next_one() {
+        let (w, h) = (64, 48);
+        let good = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
+        let mut garbage: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        garbage[..3].copy_from_slice(&[0xFF, 0xD8, 0xFF]);
+        let truncated = good[..good.len() / 2].to_vec();
+        let mut d = decoder();
+        let mut out = Vec::new();
+        for bad in [&garbage, &truncated] {
+            assert!(matches!(d.decode_full(bad, &mut out), Err(CodecError::Corrupt(_))));
+            assert_eq!(d.decode_full(&good, &mut out).unwrap(), (w, h), "decoder broken after a bad file");
+            assert!(matches!(d.header(bad), Err(CodecError::Corrupt(_))) || d.decode_full(bad, &mut out).is_err());
+            assert_eq!(d.header(&good).unwrap().width, w);
+            let rect = SubRect { left: 8.0, top: 8.0, width: 32.0, height: 32.0 };
+            d.decode_region(&good, rect, (16, 16), &mut out).unwrap();
+        }
     }
 
     #[test]
