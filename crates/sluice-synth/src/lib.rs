@@ -23,7 +23,7 @@ pub struct DatasetOptions {
     pub seed: u64,
     /// JPEG quality (1-100).
     pub quality: u8,
-    /// Per-pixel texture noise amplitude; sets how much the JPEGs weigh (~100 KB at 14).
+    /// Per-pixel texture noise amplitude; sets how much the JPEGs weigh (~100 KB at 35, quality 90).
     pub texture: u8,
     /// Bad files to add (cycling through the kinds in [`BAD_KINDS`]).
     pub corrupt: usize,
@@ -31,7 +31,7 @@ pub struct DatasetOptions {
 
 impl Default for DatasetOptions {
     fn default() -> Self {
-        Self { images: 1000, classes: 10, seed: 0, quality: 90, texture: 14, corrupt: 0 }
+        Self { images: 1000, classes: 10, seed: 0, quality: 90, texture: 35, corrupt: 0 }
     }
 }
 
@@ -153,20 +153,52 @@ pub fn image_pixels(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>) {
             }
         }
     }
-    // Texture: cheap xorshift noise, the knob for file size.
-    let amp = options.texture as i32;
-    if amp > 0 {
-        let mut state = rng.next_u64() | 1;
-        for px in rgb.iter_mut() {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let n = (state % (2 * amp as u64 + 1)) as i32 - amp;
-            *px = (*px as i32 + n).clamp(0, 255) as u8;
-        }
-    }
+    add_texture(&mut rgb, w, h, options.texture, &mut rng);
     (w, h, rgb)
 }
+
+/// Adds luminance texture with a natural-image (1/f-like) spectrum: value noise summed
+/// over octaves from 128-pixel cells down to single pixels, the amplitude falling slowly
+/// with the scale, plus a little per-pixel grain. JPEGs of such images cost what photos
+/// cost to decode, unlike white noise (all high frequencies) or flat colour (none).
+fn add_texture(rgb: &mut [u8], w: u32, h: u32, amplitude: u8, rng: &mut SampleRng) {
+    if amplitude == 0 {
+        return;
+    }
+    let (wu, hu) = (w as usize, h as usize);
+    let mut lum = vec![0f32; wu * hu];
+    let mut amp = f32::from(amplitude);
+    let mut cell = 128usize;
+    while cell >= 1 {
+        let (gw, gh) = (wu / cell + 2, hu / cell + 2);
+        let grid: Vec<f32> = (0..gw * gh).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+        let inv = 1.0 / cell as f32;
+        for y in 0..hu {
+            let (gy, fy) = (y / cell, (y % cell) as f32 * inv);
+            let (row0, row1) = (&grid[gy * gw..], &grid[(gy + 1) * gw..]);
+            for x in 0..wu {
+                let (gx, fx) = (x / cell, (x % cell) as f32 * inv);
+                let top = row0[gx] + (row0[gx + 1] - row0[gx]) * fx;
+                let bottom = row1[gx] + (row1[gx + 1] - row1[gx]) * fx;
+                lum[y * wu + x] += amp * (top + (bottom - top) * fy);
+            }
+        }
+        cell /= 2;
+        amp *= TEXTURE_FALLOFF;
+    }
+    let mut state = rng.next_u64() | 1;
+    for (i, px) in rgb.iter_mut().enumerate() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let grain = ((state >> 40) % (2 * GRAIN + 1)) as f32 - GRAIN as f32;
+        *px = (f32::from(*px) + lum[i / 3] + grain).clamp(0.0, 255.0) as u8;
+    }
+}
+
+/// Amplitude ratio between successive texture octaves, and the grain amplitude.
+const TEXTURE_FALLOFF: f32 = 0.95;
+const GRAIN: u64 = 10;
 
 /// Writes bad file number `k`, of kind `BAD_KINDS[k % 5]`, into a class folder.
 fn write_bad_file(root: &Path, k: usize, classes: usize, options: &DatasetOptions) -> Result<PathBuf, SynthError> {
