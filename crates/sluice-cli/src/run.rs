@@ -58,6 +58,9 @@ pub fn run_spec(spec: PipelineSpec, epochs: u64, json: bool) -> anyhow::Result<(
         eprintln!("epoch {epoch}: {samples} samples in {secs:.2}s = {:.0} samples/s", samples as f64 / secs);
     }
     let stats = loader.stats();
+    if let Some(peak) = peak_rss_bytes() {
+        eprintln!("peak resident memory: {:.1} MB", peak as f64 / 1e6);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&stats)?);
     } else {
@@ -88,4 +91,12 @@ pub fn print_report(s: &StatsSnapshot) {
             println!("  key {} {}: {}", k.key, k.path, k.error);
         }
     }
+}
+
+/// The process's peak resident set size (Linux `VmHWM`), if the platform reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
