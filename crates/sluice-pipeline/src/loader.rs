@@ -238,6 +238,22 @@ impl Loader {
     }
 }
 
+impl Loader {
+    /// Iterates only batches `start..end` of `epoch` (clamped to the epoch): one task of a
+    /// distributed epoch, as a service worker runs it. Nothing past `end` is prefetched.
+    /// Retires older iterators, like [`Loader::iter`].
+    pub fn iter_range(&self, epoch: u64, start: u64, end: u64) -> EpochIter {
+        {
+            let mut p = lock(&self.shared.progress);
+            p.epoch = epoch;
+            p.batch = start;
+        }
+        let mut it = self.iter();
+        it.n_batches = it.n_batches.min(end);
+        it
+    }
+}
+
 fn batches_for(samples: usize, spec: &PipelineSpec) -> usize {
     let b = spec.batch.size;
     if spec.batch.drop_last {

@@ -1,0 +1,1 @@
+//! sluice as a service.
