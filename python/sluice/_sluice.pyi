@@ -5,11 +5,23 @@ Rust buffers. The friendly API is the pure-Python package (:class:`sluice.Pipeli
 :class:`sluice.Loader`); errors are raised as the classes of :mod:`sluice.errors`.
 """
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, final
 
 import numpy as np
 import numpy.typing as npt
 
+__all__ = [
+    "__version__",
+    "EpochIterator",
+    "Loader",
+    "RawBatch",
+    "enable_logging",
+    "generate_dataset",
+    "spec_canonical_json",
+    "spec_json_to_toml",
+    "spec_load_file",
+    "spec_toml_to_json",
+]
 __version__: str
 
 def spec_canonical_json(json: str) -> str:
@@ -40,6 +52,7 @@ def generate_dataset(
 def enable_logging(filter: str = "warn") -> bool:
     """Sends Rust logs to stderr; False if logging was already set up."""
 
+@final
 class Loader:
     """A loader over one pipeline spec, for one rank of ``world_size``."""
 
@@ -63,6 +76,7 @@ class Loader:
         """Resizes the worker pool; 0 means one thread per core."""
     def threads(self) -> int: ...
 
+@final
 class EpochIterator:
     """The batches of one epoch, in order. ``__next__`` waits with the GIL released and
     raises ``KeyboardInterrupt`` on Ctrl-C (a later call picks up the same batch)."""
@@ -73,6 +87,7 @@ class EpochIterator:
     def epoch(self) -> int: ...
     def remaining(self) -> int: ...
 
+@final
 class RawBatch:
     """One batch as numpy arrays that own sluice's buffers."""
 

@@ -36,9 +36,10 @@ impl PyLoader {
     }
 
     /// An iterator over the rest of the current epoch (all of it unless resuming).
-    /// Starting one retires any older iterator of this loader.
-    fn iter(&self) -> PyEpochIterator {
-        let iter = self.loader.iter();
+    /// Starting one retires any older iterator of this loader. Computing the epoch order
+    /// (a permutation of the dataset) runs with the GIL released.
+    fn iter(&self, py: Python<'_>) -> PyEpochIterator {
+        let iter = py.detach(|| self.loader.iter());
         PyEpochIterator { epoch: iter.epoch(), iter: Mutex::new(iter) }
     }
 

@@ -48,7 +48,7 @@ def test_corrupt_file_under_fail_policy_names_key_and_path(bad_dataset: dict) ->
             pass
     err = info.value
     assert isinstance(err, RuntimeError)
-    assert err.path in bad_dataset["bad_files"]
+    assert err.path in bad_dataset["bad_files"] and err.key is not None
     assert loader.path_of(err.key) == err.path
     assert err.stage in ("read", "decode")
     assert err.path in str(err) and f"#{err.key}" in str(err)
