@@ -1,1 +1,23 @@
-//! sluice as a service.
+//! sluice as a service: a dispatcher that owns jobs and cuts each epoch into tasks,
+//! workers that run the local engine on those tasks, and [`RemoteLoader`], the client that
+//! streams the batches to a trainer, exactly once per epoch even when workers die or the
+//! dispatcher restarts.
+
+pub mod client;
+pub mod dispatcher;
+pub mod error;
+pub mod journal;
+pub mod metrics;
+pub mod proto;
+pub mod security;
+pub mod wire;
+pub mod worker;
+
+pub use client::{RemoteLoader, RemoteOptions, RemoteState};
+pub use dispatcher::{run_dispatcher, DispatcherConfig};
+pub use error::ServiceError;
+pub use worker::{run_worker, WorkerConfig};
+
+/// Largest gRPC message either side sends or accepts: a batch of 256 f32 images at
+/// 224×224 is ~154 MB.
+pub const MAX_MESSAGE_BYTES: usize = 256 << 20;

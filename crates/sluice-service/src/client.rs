@@ -1,0 +1,494 @@
+//! [`RemoteLoader`]: a loader whose batches come from the service. Same shape as the local
+//! [`sluice_pipeline::Loader`]: `iter()` yields the epoch's batches, `state()`/`load_state()`
+//! checkpoint and resume exactly.
+//!
+//! Exactly once: the client acknowledges a task only after the trainer has taken every
+//! batch of it; when a worker dies mid-task the client reports how many batches it got, and
+//! the dispatcher queues only the rest. Batches are also deduplicated by index, so a batch
+//! can never reach the trainer twice in an epoch.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sluice_core::{Batch, PipelineSpec};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::error::ServiceError;
+use crate::proto::worker::worker_client::WorkerClient;
+use crate::proto::*;
+use crate::security::TokenAttach;
+use crate::wire::message_to_batch;
+use crate::worker::{dispatcher_client, DispatcherConn};
+use crate::MAX_MESSAGE_BYTES;
+
+#[derive(Debug, Clone)]
+pub struct RemoteOptions {
+    /// The dispatcher, `host:port` or `http://host:port`.
+    pub dispatcher: String,
+    /// Clients naming the same job share one stream, each getting disjoint batches.
+    pub job_name: String,
+    pub token: Option<String>,
+    /// Tasks fetched at once (keeps every worker busy); default 4.
+    pub tasks_in_flight: usize,
+    /// Batches per task when this client creates the job; 0 = the dispatcher's default.
+    pub task_batches: u64,
+    /// How long to keep retrying an unreachable dispatcher before failing.
+    pub give_up_after: Duration,
+}
+
+impl RemoteOptions {
+    pub fn new(dispatcher: impl Into<String>, job_name: impl Into<String>) -> Self {
+        Self {
+            dispatcher: dispatcher.into(),
+            job_name: job_name.into(),
+            token: std::env::var("SLUICE_TOKEN").ok(),
+            tasks_in_flight: 4,
+            task_batches: 0,
+            give_up_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where a remote loader stands: the job, its epoch and the batches of that epoch already
+/// handed to the trainer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteState {
+    pub job_name: String,
+    pub fingerprint: String,
+    pub epoch: u64,
+    pub delivered: Vec<u64>,
+}
+
+type WorkerConn = WorkerClient<InterceptedService<Channel, TokenAttach>>;
+
+struct Conn {
+    dispatcher: DispatcherConn,
+    token: TokenAttach,
+    workers: Mutex<HashMap<String, WorkerConn>>,
+    give_up_after: Duration,
+    job_id: u64,
+    client_id: String,
+    /// Trainer-side counters, reported in heartbeats (per-client metrics).
+    batches: AtomicU64,
+    stall_ns: AtomicU64,
+    started: Instant,
+}
+
+impl Conn {
+    fn worker(&self, addr: &str) -> Result<WorkerConn, ServiceError> {
+        let mut map = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = map.get(addr) {
+            return Ok(w.clone());
+        }
+        let uri = format!("http://{addr}");
+        let channel = Endpoint::from_shared(uri.clone())
+            .map_err(|e| ServiceError::Connect { addr: uri.clone(), message: e.to_string() })?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20))
+            .connect_lazy();
+        let client = WorkerClient::with_interceptor(channel, self.token.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        map.insert(addr.to_string(), client.clone());
+        Ok(client)
+    }
+}
+
+fn retryable(code: Code) -> bool {
+    matches!(code, Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded | Code::Aborted)
+}
+
+/// Calls the dispatcher, retrying with backoff while it is unreachable (e.g. restarting).
+async fn with_retry<T, F, Fut>(conn: &Conn, what: &'static str, mut call: F) -> Result<T, ServiceError>
+where
+    F: FnMut(DispatcherConn) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    let t0 = Instant::now();
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match call(conn.dispatcher.clone()).await {
+            Ok(r) => return Ok(r.into_inner()),
+            Err(s) if retryable(s.code()) => {
+                if t0.elapsed() > conn.give_up_after {
+                    return Err(ServiceError::Unavailable { seconds: t0.elapsed().as_secs_f64(), last: s.to_string() });
+                }
+                tracing::debug!(what, error = %s, "dispatcher unreachable; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+            Err(s) => return Err(ServiceError::rpc(what, s)),
+        }
+    }
+}
+
+/// What fetchers hand the consumer.
+enum Item {
+    Batch { task: u64, start: u64, end: u64, batch: Batch },
+    Error(ServiceError),
+}
+
+pub struct RemoteLoader {
+    rt: Runtime,
+    conn: Arc<Conn>,
+    job: JobInfo,
+    epoch: u64,
+    tasks_in_flight: usize,
+    delivered: HashSet<u64>,
+    /// Assignments (task, start) with batches delivered but not yet acknowledged.
+    open: HashMap<(u64, u64), (u64, u64)>,
+    duplicates: u64,
+}
+
+impl RemoteLoader {
+    /// Submits `spec` as job `options.job_name` (or joins it, if it exists with the same
+    /// fingerprint) and starts heartbeating.
+    pub fn connect(spec: &PipelineSpec, options: RemoteOptions) -> Result<Self, ServiceError> {
+        spec.validate()?;
+        let spec_json = serde_json::to_string(spec).map_err(|e| ServiceError::Internal(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sluice-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| ServiceError::Internal(format!("cannot start the client runtime: {e}")))?;
+        let token = TokenAttach::new(options.token.as_deref())?;
+        let dispatcher = {
+            let _g = rt.enter();
+            dispatcher_client(&options.dispatcher, options.token.as_deref())?
+        };
+        let client_id = format!(
+            "{}-{}-{:x}",
+            hostname(),
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+        );
+        let mut conn = Conn {
+            dispatcher,
+            token,
+            workers: Mutex::new(HashMap::new()),
+            give_up_after: options.give_up_after,
+            job_id: 0,
+            client_id,
+            batches: AtomicU64::new(0),
+            stall_ns: AtomicU64::new(0),
+            started: Instant::now(),
+        };
+        let req = CreateJobRequest { job_name: options.job_name.clone(), spec_json, task_batches: options.task_batches };
+        let job = rt.block_on(with_retry(&conn, "CreateJob", |mut d| {
+            let req = req.clone();
+            async move { d.create_job(req).await }
+        }))?;
+        conn.job_id = job.job_id;
+        let conn = Arc::new(conn);
+        rt.spawn(heartbeat(conn.clone()));
+        tracing::info!(job_id = job.job_id, name = %job.job_name, epoch = job.epoch, "joined job");
+        Ok(Self {
+            rt,
+            conn,
+            epoch: job.epoch,
+            job,
+            tasks_in_flight: options.tasks_in_flight.max(1),
+            delivered: HashSet::new(),
+            open: HashMap::new(),
+            duplicates: 0,
+        })
+    }
+
+    pub fn job(&self) -> &JobInfo {
+        &self.job
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.job.batches_per_epoch
+    }
+
+    /// Batches that arrived twice and were dropped (after worker failures).
+    pub fn duplicates_dropped(&self) -> u64 {
+        self.duplicates
+    }
+
+    pub fn state(&self) -> RemoteState {
+        let mut delivered: Vec<u64> = self.delivered.iter().copied().collect();
+        delivered.sort_unstable();
+        RemoteState {
+            job_name: self.job.job_name.clone(),
+            fingerprint: self.job.fingerprint.clone(),
+            epoch: self.epoch,
+            delivered,
+        }
+    }
+
+    /// Restarts the job at `state`: its epoch, minus the batches already delivered. Meant for
+    /// a job with one client (a shared job restarts for everyone).
+    pub fn load_state(&mut self, state: &RemoteState) -> Result<(), ServiceError> {
+        if state.fingerprint != self.job.fingerprint {
+            return Err(ServiceError::InvalidArgument(format!(
+                "checkpoint is for pipeline {}, this job is {}",
+                state.fingerprint, self.job.fingerprint
+            )));
+        }
+        let req = ResetJobRequest { job_id: self.job.job_id, epoch: state.epoch, delivered: state.delivered.clone() };
+        let info = self.rt.block_on(with_retry(&self.conn, "ResetJob", |mut d| {
+            let req = req.clone();
+            async move { d.reset_job(req).await }
+        }))?;
+        self.job = info;
+        self.epoch = state.epoch;
+        self.delivered = state.delivered.iter().copied().collect();
+        self.open.clear();
+        Ok(())
+    }
+
+    /// The rest of the current epoch's batches, in arrival order. When it ends, the loader
+    /// moves to the next epoch.
+    pub fn iter(&mut self) -> RemoteEpoch<'_> {
+        // Tasks left half-delivered by an earlier, abandoned iterator: queue their rest.
+        let open: Vec<((u64, u64), (u64, u64))> = self.open.drain().collect();
+        for ((task, _start), (_end, got)) in open {
+            let req = FailTaskRequest {
+                job_id: self.job.job_id,
+                client_id: self.conn.client_id.clone(),
+                epoch: self.epoch,
+                task_index: task,
+                received: got,
+                worker_id: 0,
+            };
+            let r = self.rt.block_on(with_retry(&self.conn, "FailTask", |mut d| {
+                let req = req.clone();
+                async move { d.fail_task(req).await }
+            }));
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "could not hand back a half-read task");
+            }
+        }
+        let (tx, rx) = mpsc::channel(2 * self.tasks_in_flight);
+        let driver = self.rt.spawn(drive(self.conn.clone(), self.epoch, self.tasks_in_flight, tx));
+        RemoteEpoch { loader: self, rx, driver: Some(driver) }
+    }
+}
+
+impl Drop for RemoteLoader {
+    fn drop(&mut self) {
+        // Leases of a client that went away run out on the dispatcher; nothing else to do.
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "client".into())
+}
+
+async fn heartbeat(conn: Arc<Conn>) {
+    loop {
+        let req = ClientHeartbeatRequest {
+            job_id: conn.job_id,
+            client_id: conn.client_id.clone(),
+            batches: conn.batches.load(Ordering::Relaxed),
+            stall_s: conn.stall_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            elapsed_s: conn.started.elapsed().as_secs_f64(),
+        };
+        if let Err(e) = conn.dispatcher.clone().client_heartbeat(req).await {
+            tracing::debug!(error = %e, "client heartbeat failed");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Runs `k` fetchers until the dispatcher says the epoch is done.
+async fn drive(conn: Arc<Conn>, epoch: u64, k: usize, tx: mpsc::Sender<Item>) {
+    let mut set = JoinSet::new();
+    for _ in 0..k {
+        set.spawn(fetcher(conn.clone(), epoch, tx.clone()));
+    }
+    while let Some(r) = set.join_next().await {
+        let failed = match r {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(e) => Some(ServiceError::Internal(format!("fetcher: {e}"))),
+        };
+        if let Some(e) = failed {
+            let _ = tx.send(Item::Error(e)).await;
+            set.abort_all();
+            return;
+        }
+    }
+}
+
+async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<(), ServiceError> {
+    let mut wait = Duration::from_millis(2);
+    loop {
+        let req = GetTaskRequest { job_id: conn.job_id, client_id: conn.client_id.clone(), epoch };
+        let reply = with_retry(&conn, "GetTask", |mut d| {
+            let req = req.clone();
+            async move { d.get_task(req).await }
+        })
+        .await?;
+        match (reply.status, reply.task) {
+            (task_status::EPOCH_DONE, _) => return Ok(()),
+            (task_status::TASK, Some(task)) => {
+                wait = Duration::from_millis(2);
+                if !run_task(&conn, &task, &tx).await? {
+                    return Ok(());
+                }
+            }
+            _ => {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Streams one task's batches into `tx`. On a worker failure, tells the dispatcher how many
+/// batches arrived so only the rest runs again. Ok(false) when the consumer has gone.
+async fn run_task(conn: &Conn, task: &TaskAssignment, tx: &mpsc::Sender<Item>) -> Result<bool, ServiceError> {
+    let mut received = 0u64;
+    let outcome: Result<(), Status> = async {
+        let mut worker = conn.worker(&task.worker_addr).map_err(Status::from)?;
+        let req = RunTaskRequest { job_id: task.job_id, epoch: task.epoch, start: task.start, end: task.end };
+        let mut stream = worker.run_task(req).await?.into_inner();
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(60), stream.message())
+                .await
+                .map_err(|_| Status::unavailable("worker sent nothing for 60 s"))??;
+            let Some(m) = next else { break };
+            if m.epoch != task.epoch || m.index != task.start + received {
+                return Err(Status::invalid_argument(format!(
+                    "worker sent batch {} of epoch {}, expected batch {} of epoch {}",
+                    m.index,
+                    m.epoch,
+                    task.start + received,
+                    task.epoch
+                )));
+            }
+            let batch = message_to_batch(m).map_err(Status::from)?;
+            let item = Item::Batch { task: task.task_index, start: task.start, end: task.end, batch };
+            if tx.send(item).await.is_err() {
+                return Err(Status::cancelled("consumer gone"));
+            }
+            received += 1;
+        }
+        if task.start + received != task.end {
+            return Err(Status::unavailable(format!(
+                "stream ended after {received} of {} batches",
+                task.end - task.start
+            )));
+        }
+        Ok(())
+    }
+    .await;
+    match outcome {
+        Ok(()) => Ok(true),
+        Err(s) if s.code() == Code::Cancelled && tx.is_closed() => Ok(false),
+        Err(s) => {
+            tracing::warn!(task = task.task_index, worker = %task.worker_addr, received, error = %s, "task failed; handing the rest back");
+            let req = FailTaskRequest {
+                job_id: task.job_id,
+                client_id: conn.client_id.clone(),
+                epoch: task.epoch,
+                task_index: task.task_index,
+                received,
+                worker_id: task.worker_id,
+            };
+            with_retry(conn, "FailTask", |mut d| {
+                let req = req.clone();
+                async move { d.fail_task(req).await }
+            })
+            .await?;
+            if retryable(s.code()) || s.code() == Code::Internal {
+                Ok(true)
+            } else {
+                // The worker refused the job (path not allowed, bad data under `fail`...):
+                // retrying elsewhere would fail the same way.
+                Err(ServiceError::rpc("RunTask", s))
+            }
+        }
+    }
+}
+
+/// The batches of one epoch from the service.
+pub struct RemoteEpoch<'a> {
+    loader: &'a mut RemoteLoader,
+    rx: mpsc::Receiver<Item>,
+    driver: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RemoteEpoch<'_> {
+    fn ack(&mut self, task: u64) {
+        let conn = self.loader.conn.clone();
+        let req = AckTaskRequest {
+            job_id: self.loader.job.job_id,
+            client_id: conn.client_id.clone(),
+            epoch: self.loader.epoch,
+            task_index: task,
+        };
+        self.loader.rt.spawn(async move {
+            let r = with_retry(&conn, "AckTask", |mut d| {
+                let req = req.clone();
+                async move { d.ack_task(req).await }
+            })
+            .await;
+            if let Err(e) = r {
+                tracing::warn!(error = %e, task, "ack failed; the task's lease will run out and it runs again");
+            }
+        });
+    }
+}
+
+impl Iterator for RemoteEpoch<'_> {
+    type Item = Result<Batch, ServiceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let t0 = Instant::now();
+            let item = self.rx.blocking_recv();
+            self.loader.conn.stall_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            match item {
+                None => {
+                    self.driver = None;
+                    self.loader.epoch += 1;
+                    self.loader.delivered.clear();
+                    self.loader.open.clear();
+                    return None;
+                }
+                Some(Item::Error(e)) => return Some(Err(e)),
+                Some(Item::Batch { task, start, end, batch }) => {
+                    let entry = self.loader.open.entry((task, start)).or_insert((end, 0));
+                    entry.1 += 1;
+                    if entry.1 == end - start {
+                        self.loader.open.remove(&(task, start));
+                        self.ack(task);
+                    }
+                    if self.loader.delivered.insert(batch.index) {
+                        self.loader.conn.batches.fetch_add(1, Ordering::Relaxed);
+                        return Some(Ok(batch));
+                    }
+                    self.loader.duplicates += 1;
+                    tracing::warn!(index = batch.index, "dropped a duplicate batch");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RemoteEpoch<'_> {
+    fn drop(&mut self) {
+        if let Some(d) = self.driver.take() {
+            d.abort();
+        }
+    }
+}

@@ -1,0 +1,406 @@
+//! The dispatcher: owns jobs, epochs and task assignment; journals every decision before
+//! answering, so a restarted dispatcher resumes every job where it stood.
+
+pub mod state;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sluice_core::PipelineSpec;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::error::ServiceError;
+use crate::journal::{Journal, Record};
+use crate::metrics::{self, label, metric, Histogram};
+use crate::proto::dispatcher::dispatcher_server::{Dispatcher, DispatcherServer};
+use crate::proto::*;
+use crate::security::{AllowedRoots, TokenCheck};
+use crate::MAX_MESSAGE_BYTES;
+use state::{ClientReport, State};
+
+/// Batches per task when the client does not say.
+pub const DEFAULT_TASK_BATCHES: u64 = 8;
+
+#[derive(Debug, Clone)]
+pub struct DispatcherConfig {
+    /// `host:port` for gRPC; 127.0.0.1 unless exposed on purpose.
+    pub listen: String,
+    /// Append-only journal; `None` keeps state in memory only.
+    pub journal: Option<PathBuf>,
+    pub allow_roots: Vec<PathBuf>,
+    pub token: Option<String>,
+    /// `host:port` for `/metrics`; `None` serves none.
+    pub metrics_listen: Option<String>,
+}
+
+#[derive(Default)]
+struct Counters {
+    get_task: Histogram,
+    requests: AtomicU64,
+    errors: AtomicU64,
+    assigned: AtomicU64,
+    acked: AtomicU64,
+    failed: AtomicU64,
+    batches_acked: AtomicU64,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    journal: Journal,
+    roots: AllowedRoots,
+    counters: Counters,
+}
+
+#[derive(Clone)]
+pub struct DispatcherService {
+    inner: Arc<Inner>,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn valid_name(what: &str, s: &str) -> Result<(), ServiceError> {
+    if s.is_empty() || s.len() > 256 || s.chars().any(|c| c.is_control()) {
+        return Err(ServiceError::InvalidArgument(format!("{what} must be 1 to 256 printable characters")));
+    }
+    Ok(())
+}
+
+impl DispatcherService {
+    /// Replays the journal (if any) into a fresh state.
+    pub fn new(config: &DispatcherConfig) -> Result<Self, ServiceError> {
+        let roots = AllowedRoots::new(&config.allow_roots)?;
+        let base = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(1);
+        let mut state = State::new(base);
+        let journal = match &config.journal {
+            None => Journal::disabled(),
+            Some(path) => {
+                let (journal, records) = Journal::open(path)?;
+                let now = Instant::now();
+                for r in &records {
+                    state.apply(r, now, 0)?;
+                }
+                tracing::info!(path = %path.display(), records = records.len(), jobs = state.jobs.len(), "journal replayed");
+                journal
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner { state: Mutex::new(state), journal, roots, counters: Counters::default() }),
+        })
+    }
+
+    /// Applies `record` and queues it for the journal under one lock, so the journal's order
+    /// is the order of decisions; the caller awaits durability after unlocking.
+    fn commit(
+        &self,
+        state: &mut State,
+        record: &Record,
+        worker: u64,
+    ) -> Result<crate::journal::Durable, ServiceError> {
+        state.apply(record, Instant::now(), worker)?;
+        Ok(self.inner.journal.append(record))
+    }
+
+    #[allow(clippy::result_large_err)] // the trait's own return type
+    fn counted<T>(&self, r: Result<T, ServiceError>) -> Result<Response<T>, Status> {
+        self.inner.counters.requests.fetch_add(1, Ordering::Relaxed);
+        match r {
+            Ok(v) => Ok(Response::new(v)),
+            Err(e) => {
+                self.inner.counters.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(error = %e, "request refused");
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn create_job_inner(&self, req: CreateJobRequest) -> Result<JobInfo, ServiceError> {
+        valid_name("job_name", &req.job_name)?;
+        let spec = PipelineSpec::from_json_str(&req.spec_json)?;
+        self.inner.roots.check_source(&spec.source)?;
+        let source = spec.source.clone();
+        let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
+            .await
+            .map_err(|e| ServiceError::Internal(format!("manifest task: {e}")))?
+            .map_err(sluice_pipeline::PipelineError::from)?;
+        self.inner.roots.check_manifest(&manifest)?;
+        let samples = manifest.len() as u64;
+        let b = spec.batch.size as u64;
+        let batches = if spec.batch.drop_last { samples / b } else { samples.div_ceil(b) };
+        let canonical = serde_json::to_string(&spec).map_err(|e| ServiceError::Internal(e.to_string()))?;
+        let mut h = Xxh3::new();
+        h.update(&manifest.fingerprint.to_le_bytes());
+        h.update(canonical.as_bytes());
+        let fingerprint = format!("{:016x}", h.digest());
+        let task_batches = if req.task_batches == 0 { DEFAULT_TASK_BATCHES } else { req.task_batches.min(1 << 20) };
+
+        let durable = {
+            let mut state = lock(&self.inner.state);
+            if let Some(&id) = state.names.get(&req.job_name) {
+                let job = state.job(id)?;
+                if job.fingerprint != fingerprint {
+                    return Err(ServiceError::JobConflict {
+                        name: req.job_name,
+                        existing: job.fingerprint.clone(),
+                        requested: fingerprint,
+                    });
+                }
+                return Ok(job.info());
+            }
+            let job_id = state.next_job_id();
+            let record = Record::Job {
+                job_id,
+                name: req.job_name.clone(),
+                spec_json: canonical,
+                fingerprint: fingerprint.clone(),
+                manifest_fingerprint: manifest.fingerprint_hex(),
+                batches_per_epoch: batches,
+                samples_per_epoch: samples,
+                task_batches,
+            };
+            let d = self.commit(&mut state, &record, 0)?;
+            tracing::info!(job_id, name = %req.job_name, %fingerprint, batches, samples, "job created");
+            (d, job_id)
+        };
+        durable.0.wait().await?;
+        let state = lock(&self.inner.state);
+        Ok(state.job(durable.1)?.info())
+    }
+}
+
+#[tonic::async_trait]
+impl Dispatcher for DispatcherService {
+    async fn register_worker(
+        &self,
+        request: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerReply>, Status> {
+        let req = request.into_inner();
+        let r = (|| {
+            valid_name("addr", &req.addr)?;
+            let id = lock(&self.inner.state).register_worker(req.addr.clone(), Instant::now());
+            tracing::info!(worker_id = id, addr = %req.addr, "worker registered");
+            Ok(RegisterWorkerReply { worker_id: id })
+        })();
+        self.counted(r)
+    }
+
+    async fn worker_heartbeat(
+        &self,
+        request: Request<WorkerHeartbeatRequest>,
+    ) -> Result<Response<WorkerHeartbeatReply>, Status> {
+        let r = request.into_inner();
+        let known =
+            lock(&self.inner.state).worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now());
+        self.counted(Ok(WorkerHeartbeatReply { known }))
+    }
+
+    async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<JobInfo>, Status> {
+        let r = self.create_job_inner(request.into_inner()).await;
+        self.counted(r)
+    }
+
+    async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<JobDefinition>, Status> {
+        let id = request.into_inner().job_id;
+        let r = lock(&self.inner.state).job(id).map(|j| JobDefinition {
+            job_id: id,
+            spec_json: j.spec_json.clone(),
+            manifest_fingerprint: j.manifest_fingerprint.clone(),
+        });
+        self.counted(r)
+    }
+
+    async fn get_task(&self, request: Request<GetTaskRequest>) -> Result<Response<GetTaskReply>, Status> {
+        let t0 = Instant::now();
+        let req = request.into_inner();
+        let r = async {
+            valid_name("client_id", &req.client_id)?;
+            let (reply, durable) = {
+                let mut state = lock(&self.inner.state);
+                let (reply, record, worker) = state.get_task(req.job_id, &req.client_id, req.epoch, Instant::now())?;
+                let durable = match record {
+                    Some(r) => Some(self.commit(&mut state, &r, worker)?),
+                    None => None,
+                };
+                (reply, durable)
+            };
+            if let Some(d) = durable {
+                d.wait().await?;
+            }
+            if reply.status == task_status::TASK {
+                self.inner.counters.assigned.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(reply)
+        }
+        .await;
+        self.inner.counters.get_task.observe(t0.elapsed());
+        self.counted(r)
+    }
+
+    async fn ack_task(&self, request: Request<AckTaskRequest>) -> Result<Response<Empty>, Status> {
+        let req = request.into_inner();
+        let r = async {
+            let durable = {
+                let mut state = lock(&self.inner.state);
+                match state.ack_task(req.job_id, req.epoch, req.task_index)? {
+                    Some(record) => {
+                        let batches = state
+                            .job(req.job_id)
+                            .ok()
+                            .and_then(|j| j.current.tasks.get(req.task_index as usize))
+                            .map(|t| t.end - t.start)
+                            .unwrap_or(0);
+                        self.inner.counters.batches_acked.fetch_add(batches, Ordering::Relaxed);
+                        Some(self.commit(&mut state, &record, 0)?)
+                    }
+                    None => None,
+                }
+            };
+            if let Some(d) = durable {
+                d.wait().await?;
+                self.inner.counters.acked.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Empty {})
+        }
+        .await;
+        self.counted(r)
+    }
+
+    async fn fail_task(&self, request: Request<FailTaskRequest>) -> Result<Response<Empty>, Status> {
+        let req = request.into_inner();
+        let r = async {
+            let durable = {
+                let mut state = lock(&self.inner.state);
+                match state.fail_task(req.job_id, req.epoch, req.task_index, req.received, req.worker_id)? {
+                    Some(record) => Some(self.commit(&mut state, &record, 0)?),
+                    None => None,
+                }
+            };
+            if let Some(d) = durable {
+                d.wait().await?;
+            }
+            self.inner.counters.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                job_id = req.job_id,
+                task = req.task_index,
+                received = req.received,
+                worker_id = req.worker_id,
+                "task failed on its worker; the rest is queued again"
+            );
+            Ok(Empty {})
+        }
+        .await;
+        self.counted(r)
+    }
+
+    async fn client_heartbeat(&self, request: Request<ClientHeartbeatRequest>) -> Result<Response<Empty>, Status> {
+        let req = request.into_inner();
+        let r = valid_name("client_id", &req.client_id).map(|()| {
+            let report =
+                ClientReport { job_id: req.job_id, batches: req.batches, stall_s: req.stall_s, elapsed_s: req.elapsed_s };
+            lock(&self.inner.state).client_heartbeat(req.job_id, &req.client_id, report, Instant::now());
+            Empty {}
+        });
+        self.counted(r)
+    }
+
+    async fn reset_job(&self, request: Request<ResetJobRequest>) -> Result<Response<JobInfo>, Status> {
+        let req = request.into_inner();
+        let r = async {
+            let durable = {
+                let mut state = lock(&self.inner.state);
+                let job = state.job(req.job_id)?;
+                if let Some(b) = req.delivered.iter().find(|&&b| b >= job.batches_per_epoch) {
+                    return Err(ServiceError::InvalidArgument(format!(
+                        "delivered batch {b} is past the epoch's {} batches",
+                        job.batches_per_epoch
+                    )));
+                }
+                let record = Record::Epoch { job_id: req.job_id, epoch: req.epoch, skip: req.delivered.clone() };
+                self.commit(&mut state, &record, 0)?
+            };
+            durable.wait().await?;
+            let state = lock(&self.inner.state);
+            Ok(state.job(req.job_id)?.info())
+        }
+        .await;
+        self.counted(r)
+    }
+}
+
+impl DispatcherService {
+    /// The Prometheus exposition of the dispatcher.
+    pub fn render_metrics(&self) -> String {
+        let c = &self.inner.counters;
+        let mut out = String::new();
+        let now = Instant::now();
+        let state = lock(&self.inner.state);
+        metric(&mut out, "sluice_dispatcher_requests_total", "counter", "RPCs answered", c.requests.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_dispatcher_request_errors_total", "counter", "RPCs refused", c.errors.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_dispatcher_tasks_assigned_total", "counter", "tasks handed to clients", c.assigned.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_dispatcher_tasks_acked_total", "counter", "tasks acknowledged", c.acked.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_dispatcher_batches_acked_total", "counter", "batches in acknowledged tasks (throughput)", c.batches_acked.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_dispatcher_tasks_failed_total", "counter", "tasks whose worker failed", c.failed.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_dispatcher_workers_live", "gauge", "workers with a recent heartbeat", state.live_workers(now) as f64);
+        metric(&mut out, "sluice_dispatcher_jobs", "gauge", "jobs known", state.jobs.len() as f64);
+        c.get_task.render(&mut out, "sluice_dispatcher_get_task_seconds", "time to answer GetTask, journal fsync included", "");
+        out.push_str("# HELP sluice_job_tasks queue depth: tasks of the current epoch by state\n# TYPE sluice_job_tasks gauge\n");
+        for job in state.jobs.values() {
+            let e = &job.current;
+            let name = label(&job.name);
+            for (st, n) in [("pending", e.queue.len()), ("leased", e.leased()), ("acked", e.acked)] {
+                out.push_str(&format!("sluice_job_tasks{{job=\"{name}\",state=\"{st}\"}} {n}\n"));
+            }
+            out.push_str(&format!("sluice_job_epoch{{job=\"{name}\"}} {}\n", e.epoch));
+        }
+        out.push_str("# HELP sluice_client_batches_total batches the client handed to its trainer\n# TYPE sluice_client_batches_total counter\n");
+        let mut stall = String::from("# HELP sluice_client_stall_fraction share of the client's time its trainer waited for data\n# TYPE sluice_client_stall_fraction gauge\n");
+        let mut rate = String::from("# HELP sluice_client_batches_per_second the client's mean consumption rate\n# TYPE sluice_client_batches_per_second gauge\n");
+        for (id, r) in &state.clients {
+            let l = format!("client=\"{}\",job_id=\"{}\"", label(id), r.job_id);
+            out.push_str(&format!("sluice_client_batches_total{{{l}}} {}\n", r.batches));
+            let frac = if r.elapsed_s > 0.0 { r.stall_s / r.elapsed_s } else { 0.0 };
+            stall.push_str(&format!("sluice_client_stall_fraction{{{l}}} {frac}\n"));
+            let bps = if r.elapsed_s > 0.0 { r.batches as f64 / r.elapsed_s } else { 0.0 };
+            rate.push_str(&format!("sluice_client_batches_per_second{{{l}}} {bps}\n"));
+        }
+        out.push_str(&stall);
+        out.push_str(&rate);
+        out
+    }
+}
+
+/// Runs a dispatcher until `shutdown` resolves. `on_listening` gets the bound gRPC address.
+pub async fn run_dispatcher(
+    config: DispatcherConfig,
+    shutdown: impl Future<Output = ()> + Send,
+    on_listening: impl FnOnce(std::net::SocketAddr),
+) -> Result<(), ServiceError> {
+    let service = DispatcherService::new(&config)?;
+    if let Some(addr) = &config.metrics_listen {
+        let s = service.clone();
+        let bound = metrics::serve(addr, Arc::new(move || s.render_metrics())).await?;
+        tracing::info!(%bound, "dispatcher metrics at /metrics");
+    }
+    let listen_err = |e: String| ServiceError::Listen { addr: config.listen.clone(), message: e };
+    let listener = tokio::net::TcpListener::bind(&config.listen).await.map_err(|e| listen_err(e.to_string()))?;
+    let local = listener.local_addr().map_err(|e| listen_err(e.to_string()))?;
+    let incoming = TcpIncoming::from_listener(listener, true, Some(Duration::from_secs(30)))
+        .map_err(|e| listen_err(e.to_string()))?;
+    tracing::info!(addr = %local, roots = ?service.inner.roots.roots(), "dispatcher listening");
+    on_listening(local);
+    let server = DispatcherServer::new(service)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tonic::transport::Server::builder()
+        .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")))
+}

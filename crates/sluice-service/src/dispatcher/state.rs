@@ -1,0 +1,521 @@
+//! The dispatcher's state machine: jobs, the current epoch of each as a list of tasks,
+//! task leases, and the workers it knows. Pure: no I/O, no clock of its own (callers pass
+//! `now`), so it is tested directly. Every change that must survive a restart is a journal
+//! [`Record`] applied through [`State::apply`], both live and on replay, so the two paths
+//! cannot disagree.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::error::ServiceError;
+use crate::journal::Record;
+use crate::proto::{task_status, GetTaskReply, JobInfo, TaskAssignment};
+
+/// A task leased to a client goes back to the queue if the client is silent this long.
+pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
+/// A worker that has not sent a heartbeat for this long gets no new tasks.
+pub const WORKER_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskStatus {
+    Pending,
+    Leased { client: String, worker: u64, deadline: Instant },
+    Acked,
+}
+
+#[derive(Debug, Clone)]
+pub struct Task {
+    pub start: u64,
+    pub end: u64,
+    pub status: TaskStatus,
+}
+
+#[derive(Debug)]
+pub struct EpochState {
+    pub epoch: u64,
+    pub tasks: Vec<Task>,
+    pub queue: VecDeque<u64>,
+    pub acked: usize,
+}
+
+impl EpochState {
+    fn new(epoch: u64, batches: u64, task_batches: u64, skip: &[u64]) -> Self {
+        let tasks: Vec<Task> = cut_tasks(batches, task_batches, skip)
+            .into_iter()
+            .map(|(start, end)| Task { start, end, status: TaskStatus::Pending })
+            .collect();
+        let queue = (0..tasks.len() as u64).collect();
+        Self { epoch, tasks, queue, acked: 0 }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.acked == self.tasks.len()
+    }
+
+    pub fn leased(&self) -> usize {
+        self.tasks.len() - self.acked - self.queue.len()
+    }
+}
+
+/// Splits batches `0..batches`, minus `skip`, into runs of at most `task_batches`.
+pub fn cut_tasks(batches: u64, task_batches: u64, skip: &[u64]) -> Vec<(u64, u64)> {
+    let task_batches = task_batches.max(1);
+    let mut skip: Vec<u64> = skip.to_vec();
+    skip.sort_unstable();
+    let mut out = Vec::new();
+    let mut start: Option<u64> = None;
+    for b in 0..batches {
+        let skipped = skip.binary_search(&b).is_ok();
+        match (start, skipped) {
+            (Some(s), true) => {
+                out.push((s, b));
+                start = None;
+            }
+            (Some(s), false) if b - s == task_batches => {
+                out.push((s, b));
+                start = Some(b);
+            }
+            (None, false) => start = Some(b),
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        out.push((s, batches));
+    }
+    out
+}
+
+#[derive(Debug)]
+pub struct Job {
+    pub id: u64,
+    pub name: String,
+    pub spec_json: String,
+    pub fingerprint: String,
+    pub manifest_fingerprint: String,
+    pub batches_per_epoch: u64,
+    pub samples_per_epoch: u64,
+    pub task_batches: u64,
+    pub current: EpochState,
+}
+
+impl Job {
+    pub fn info(&self) -> JobInfo {
+        JobInfo {
+            job_id: self.id,
+            job_name: self.name.clone(),
+            fingerprint: self.fingerprint.clone(),
+            batches_per_epoch: self.batches_per_epoch,
+            samples_per_epoch: self.samples_per_epoch,
+            epoch: self.current.epoch,
+            task_batches: self.task_batches,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct WorkerEntry {
+    pub addr: String,
+    pub last_seen: Instant,
+    /// A client reported a failure on this worker; cleared by its next heartbeat.
+    pub suspect: bool,
+    pub leased: u64,
+    pub tasks_running: u64,
+    pub batches_produced: u64,
+}
+
+/// What a client last told about its consumption.
+#[derive(Debug, Clone, Default)]
+pub struct ClientReport {
+    pub job_id: u64,
+    pub batches: u64,
+    pub stall_s: f64,
+    pub elapsed_s: f64,
+}
+
+#[derive(Debug)]
+pub struct State {
+    pub jobs: BTreeMap<u64, Job>,
+    pub names: HashMap<String, u64>,
+    pub workers: BTreeMap<u64, WorkerEntry>,
+    pub clients: HashMap<String, ClientReport>,
+    next_job_id: u64,
+    next_worker_id: u64,
+}
+
+impl State {
+    /// `worker_id_base` seeds worker ids, so ids handed out before a restart are not reused.
+    pub fn new(worker_id_base: u64) -> Self {
+        Self {
+            jobs: BTreeMap::new(),
+            names: HashMap::new(),
+            workers: BTreeMap::new(),
+            clients: HashMap::new(),
+            next_job_id: 1,
+            next_worker_id: worker_id_base.max(1),
+        }
+    }
+
+    /// Applies one journal record. `worker` is the worker of an `Assign` made live; on
+    /// replay it is unknown (0) and the client keeps streaming from whoever it had.
+    pub fn apply(&mut self, record: &Record, now: Instant, worker: u64) -> Result<(), ServiceError> {
+        match record {
+            Record::Job {
+                job_id,
+                name,
+                spec_json,
+                fingerprint,
+                manifest_fingerprint,
+                batches_per_epoch,
+                samples_per_epoch,
+                task_batches,
+            } => {
+                let job = Job {
+                    id: *job_id,
+                    name: name.clone(),
+                    spec_json: spec_json.clone(),
+                    fingerprint: fingerprint.clone(),
+                    manifest_fingerprint: manifest_fingerprint.clone(),
+                    batches_per_epoch: *batches_per_epoch,
+                    samples_per_epoch: *samples_per_epoch,
+                    task_batches: *task_batches,
+                    current: EpochState::new(0, *batches_per_epoch, *task_batches, &[]),
+                };
+                self.names.insert(name.clone(), *job_id);
+                self.jobs.insert(*job_id, job);
+                self.next_job_id = self.next_job_id.max(job_id + 1);
+            }
+            Record::Epoch { job_id, epoch, skip } => {
+                let job = self.job_mut(*job_id)?;
+                job.current = EpochState::new(*epoch, job.batches_per_epoch, job.task_batches, skip);
+            }
+            Record::Assign { job_id, epoch, task, client } => {
+                let t = self.task_mut(*job_id, *epoch, *task)?;
+                t.status = TaskStatus::Leased { client: client.clone(), worker, deadline: now + CLIENT_LEASE };
+                let job = self.job_mut(*job_id)?;
+                job.current.queue.retain(|&q| q != *task);
+                if let Some(w) = self.workers.get_mut(&worker) {
+                    w.leased += 1;
+                }
+            }
+            Record::Requeue { job_id, epoch, task, start } => {
+                let released = self.release(*job_id, *epoch, *task)?;
+                let t = self.task_mut(*job_id, *epoch, *task)?;
+                t.start = (*start).clamp(t.start, t.end);
+                t.status = TaskStatus::Pending;
+                let job = self.job_mut(*job_id)?;
+                if released && !job.current.queue.contains(task) {
+                    job.current.queue.push_front(*task);
+                }
+            }
+            Record::Ack { job_id, epoch, task } => {
+                self.release(*job_id, *epoch, *task)?;
+                let t = self.task_mut(*job_id, *epoch, *task)?;
+                if t.status != TaskStatus::Acked {
+                    t.status = TaskStatus::Acked;
+                    let job = self.job_mut(*job_id)?;
+                    job.current.acked += 1;
+                    job.current.queue.retain(|&q| q != *task);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the worker's count of a leased task; true if the task was not acked.
+    fn release(&mut self, job_id: u64, epoch: u64, task: u64) -> Result<bool, ServiceError> {
+        let t = self.task_mut(job_id, epoch, task)?;
+        match &t.status {
+            TaskStatus::Leased { worker, .. } => {
+                let w = *worker;
+                if let Some(w) = self.workers.get_mut(&w) {
+                    w.leased = w.leased.saturating_sub(1);
+                }
+                Ok(true)
+            }
+            TaskStatus::Pending => Ok(true),
+            TaskStatus::Acked => Ok(false),
+        }
+    }
+
+    pub fn job(&self, job_id: u64) -> Result<&Job, ServiceError> {
+        self.jobs.get(&job_id).ok_or_else(|| ServiceError::NotFound { what: "job", id: job_id.to_string() })
+    }
+
+    fn job_mut(&mut self, job_id: u64) -> Result<&mut Job, ServiceError> {
+        self.jobs.get_mut(&job_id).ok_or_else(|| ServiceError::NotFound { what: "job", id: job_id.to_string() })
+    }
+
+    fn task_mut(&mut self, job_id: u64, epoch: u64, task: u64) -> Result<&mut Task, ServiceError> {
+        let job = self.job_mut(job_id)?;
+        if job.current.epoch != epoch {
+            return Err(ServiceError::InvalidArgument(format!(
+                "job {job_id} is in epoch {}, not {epoch}",
+                job.current.epoch
+            )));
+        }
+        let n = job.current.tasks.len();
+        job.current
+            .tasks
+            .get_mut(task as usize)
+            .ok_or_else(|| ServiceError::InvalidArgument(format!("task {task} is not in 0..{n}")))
+    }
+
+    pub fn next_job_id(&self) -> u64 {
+        self.next_job_id
+    }
+
+    pub fn register_worker(&mut self, addr: String, now: Instant) -> u64 {
+        self.workers.retain(|_, w| w.addr != addr);
+        let id = self.next_worker_id;
+        self.next_worker_id += 1;
+        let entry =
+            WorkerEntry { addr, last_seen: now, suspect: false, leased: 0, tasks_running: 0, batches_produced: 0 };
+        self.workers.insert(id, entry);
+        id
+    }
+
+    pub fn worker_heartbeat(&mut self, id: u64, running: u64, produced: u64, now: Instant) -> bool {
+        match self.workers.get_mut(&id) {
+            Some(w) => {
+                w.last_seen = now;
+                w.suspect = false;
+                w.tasks_running = running;
+                w.batches_produced = produced;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn live_workers(&self, now: Instant) -> usize {
+        self.workers.values().filter(|w| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect).count()
+    }
+
+    fn pick_worker(&self, now: Instant) -> Option<(u64, &WorkerEntry)> {
+        self.workers
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect)
+            .min_by_key(|(id, w)| (w.leased, **id))
+            .map(|(id, w)| (*id, w))
+    }
+
+    /// Leases that ran out go back to the front of the queue (no record: on replay a lease
+    /// is restored with a fresh deadline and runs out again the same way).
+    fn expire_leases(&mut self, job_id: u64, now: Instant) {
+        let mut expired = Vec::new();
+        if let Some(job) = self.jobs.get_mut(&job_id) {
+            for (i, t) in job.current.tasks.iter_mut().enumerate() {
+                if let TaskStatus::Leased { deadline, worker, client } = &t.status {
+                    if *deadline <= now {
+                        tracing::warn!(job_id, task = i, client = %client, "lease ran out; the task goes to another client");
+                        expired.push((i as u64, *worker));
+                        t.status = TaskStatus::Pending;
+                    }
+                }
+            }
+            for (i, _) in &expired {
+                job.current.queue.push_front(*i);
+            }
+        }
+        for (_, w) in expired {
+            if let Some(w) = self.workers.get_mut(&w) {
+                w.leased = w.leased.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Decides a `GetTask`: the reply, and the record to journal before sending it.
+    pub fn get_task(
+        &mut self,
+        job_id: u64,
+        client: &str,
+        epoch: u64,
+        now: Instant,
+    ) -> Result<(GetTaskReply, Option<Record>, u64), ServiceError> {
+        let wait = GetTaskReply { status: task_status::WAIT, task: None };
+        let current = self.job(job_id)?.current.epoch;
+        if epoch < current {
+            return Ok((GetTaskReply { status: task_status::EPOCH_DONE, task: None }, None, 0));
+        }
+        if epoch > current {
+            return Ok((wait, None, 0));
+        }
+        self.expire_leases(job_id, now);
+        let job = self.job(job_id)?;
+        if job.current.is_done() {
+            let record = Record::Epoch { job_id, epoch: epoch + 1, skip: Vec::new() };
+            return Ok((GetTaskReply { status: task_status::EPOCH_DONE, task: None }, Some(record), 0));
+        }
+        let Some(&task) = job.current.queue.front() else {
+            return Ok((wait, None, 0));
+        };
+        let Some((worker_id, worker)) = self.pick_worker(now) else {
+            return Ok((wait, None, 0));
+        };
+        let t = &job.current.tasks[task as usize];
+        let assignment = TaskAssignment {
+            job_id,
+            epoch,
+            task_index: task,
+            start: t.start,
+            end: t.end,
+            worker_id,
+            worker_addr: worker.addr.clone(),
+        };
+        let record = Record::Assign { job_id, epoch, task, client: client.to_string() };
+        Ok((GetTaskReply { status: task_status::TASK, task: Some(assignment) }, Some(record), worker_id))
+    }
+
+    /// Decides an `AckTask`. Acks for epochs already finished are accepted and ignored.
+    pub fn ack_task(&mut self, job_id: u64, epoch: u64, task: u64) -> Result<Option<Record>, ServiceError> {
+        let job = self.job(job_id)?;
+        if epoch < job.current.epoch {
+            return Ok(None);
+        }
+        let t = self.task_mut(job_id, epoch, task)?;
+        if t.status == TaskStatus::Acked {
+            return Ok(None);
+        }
+        Ok(Some(Record::Ack { job_id, epoch, task }))
+    }
+
+    /// Decides a `FailTask`: the batches the client got stay delivered; the rest is
+    /// queued again, and the worker gets no new task until it proves alive.
+    pub fn fail_task(
+        &mut self,
+        job_id: u64,
+        epoch: u64,
+        task: u64,
+        received: u64,
+        worker: u64,
+    ) -> Result<Option<Record>, ServiceError> {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.suspect = true;
+        }
+        let job = self.job(job_id)?;
+        if epoch < job.current.epoch {
+            return Ok(None);
+        }
+        let t = self.task_mut(job_id, epoch, task)?;
+        if t.status == TaskStatus::Acked {
+            return Ok(None);
+        }
+        let start = t.start.saturating_add(received).min(t.end);
+        if start == t.end {
+            return Ok(Some(Record::Ack { job_id, epoch, task }));
+        }
+        Ok(Some(Record::Requeue { job_id, epoch, task, start }))
+    }
+
+    /// Renews the leases `client` holds.
+    pub fn client_heartbeat(&mut self, job_id: u64, client: &str, report: ClientReport, now: Instant) {
+        if let Some(job) = self.jobs.get_mut(&job_id) {
+            for t in &mut job.current.tasks {
+                if let TaskStatus::Leased { client: c, deadline, .. } = &mut t.status {
+                    if c == client {
+                        *deadline = now + CLIENT_LEASE;
+                    }
+                }
+            }
+        }
+        self.clients.insert(client.to_string(), report);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job_record(batches: u64, task_batches: u64) -> Record {
+        Record::Job {
+            job_id: 1,
+            name: "j".into(),
+            spec_json: "{}".into(),
+            fingerprint: "f".into(),
+            manifest_fingerprint: "m".into(),
+            batches_per_epoch: batches,
+            samples_per_epoch: batches * 4,
+            task_batches,
+        }
+    }
+
+    fn step(s: &mut State, client: &str, epoch: u64, now: Instant) -> GetTaskReply {
+        let (reply, record, worker) = s.get_task(1, client, epoch, now).unwrap();
+        if let Some(r) = record {
+            s.apply(&r, now, worker).unwrap();
+        }
+        reply
+    }
+
+    #[test]
+    fn tasks_cover_the_epoch_minus_skipped_batches() {
+        assert_eq!(cut_tasks(10, 4, &[]), vec![(0, 4), (4, 8), (8, 10)]);
+        assert_eq!(cut_tasks(10, 4, &[1, 2, 9]), vec![(0, 1), (3, 7), (7, 9)]);
+        assert_eq!(cut_tasks(3, 4, &[0, 1, 2]), vec![]);
+    }
+
+    #[test]
+    fn an_epoch_ends_when_every_task_is_acked_and_failures_requeue_only_the_rest() {
+        let now = Instant::now();
+        let mut s = State::new(100);
+        s.apply(&job_record(10, 4), now, 0).unwrap();
+        // No worker: wait.
+        assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT);
+        let w = s.register_worker("127.0.0.1:1".into(), now);
+        let t0 = step(&mut s, "a", 0, now).task.unwrap();
+        let t1 = step(&mut s, "b", 0, now).task.unwrap();
+        let t2 = step(&mut s, "a", 0, now).task.unwrap();
+        assert_eq!((t0.start, t0.end, t1.start, t2.end, t0.worker_id), (0, 4, 4, 10, w));
+        assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT);
+        // Task 1 failed after 3 of its 4 batches: only batch 7 runs again.
+        let r = s.fail_task(1, 0, t1.task_index, 3, w).unwrap().unwrap();
+        s.apply(&r, now, 0).unwrap();
+        assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT, "suspect worker gets nothing");
+        assert!(s.worker_heartbeat(w, 0, 0, now));
+        let again = step(&mut s, "a", 0, now).task.unwrap();
+        assert_eq!((again.task_index, again.start, again.end), (1, 7, 8));
+        for t in [0, 1, 2] {
+            if let Some(r) = s.ack_task(1, 0, t).unwrap() {
+                s.apply(&r, now, 0).unwrap();
+            }
+        }
+        assert_eq!(s.ack_task(1, 0, 0).unwrap(), None, "acks are idempotent");
+        assert_eq!(step(&mut s, "a", 0, now).status, task_status::EPOCH_DONE);
+        assert_eq!(s.job(1).unwrap().current.epoch, 1);
+        assert_eq!(step(&mut s, "b", 0, now).status, task_status::EPOCH_DONE);
+        assert_eq!(step(&mut s, "b", 1, now).task.unwrap().start, 0);
+    }
+
+    #[test]
+    fn silent_clients_lose_their_leases_and_replay_restores_them() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.apply(&job_record(4, 2), now, 0).unwrap();
+        s.register_worker("w".into(), now);
+        let t = step(&mut s, "a", 0, now).task.unwrap();
+        let later = now + CLIENT_LEASE / 2;
+        s.client_heartbeat(1, "a", ClientReport::default(), later);
+        // Still leased at the original deadline thanks to the heartbeat.
+        s.worker_heartbeat(t.worker_id, 0, 0, now + CLIENT_LEASE + Duration::from_millis(1));
+        let next = step(&mut s, "b", 0, now + CLIENT_LEASE + Duration::from_millis(1)).task.unwrap();
+        assert_eq!(next.task_index, 1);
+        let much_later = later + CLIENT_LEASE + Duration::from_millis(1);
+        s.worker_heartbeat(t.worker_id, 0, 0, much_later);
+        let stolen = step(&mut s, "b", 0, much_later).task.unwrap();
+        assert_eq!(stolen.task_index, 0);
+
+        // Replay: the same records give the same state.
+        let records = vec![
+            job_record(4, 2),
+            Record::Assign { job_id: 1, epoch: 0, task: 0, client: "a".into() },
+            Record::Ack { job_id: 1, epoch: 0, task: 0 },
+            Record::Assign { job_id: 1, epoch: 0, task: 1, client: "a".into() },
+        ];
+        let mut r = State::new(50);
+        for rec in &records {
+            r.apply(rec, now, 0).unwrap();
+        }
+        let e = &r.job(1).unwrap().current;
+        assert_eq!((e.acked, e.leased(), e.queue.len()), (1, 1, 0));
+    }
+}

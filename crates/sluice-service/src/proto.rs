@@ -1,0 +1,251 @@
+//! The wire messages, written as prost structs (the schema lives here, not in a `.proto`
+//! file, so building needs no `protoc`), and the generated client/server code.
+//!
+//! Package `sluice.v1`. Two services: `Dispatcher` (control plane: workers, jobs, tasks)
+//! and `Worker` (data plane: `RunTask` streams the batches of one task).
+
+#![allow(missing_docs, clippy::all)]
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Empty {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RegisterWorkerRequest {
+    /// Address clients use to reach the worker's data plane (`host:port`).
+    #[prost(string, tag = "1")]
+    pub addr: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RegisterWorkerReply {
+    #[prost(uint64, tag = "1")]
+    pub worker_id: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WorkerHeartbeatRequest {
+    #[prost(uint64, tag = "1")]
+    pub worker_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub tasks_running: u64,
+    #[prost(uint64, tag = "3")]
+    pub batches_produced: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WorkerHeartbeatReply {
+    /// False when the dispatcher does not know this worker (e.g. it restarted): register again.
+    #[prost(bool, tag = "1")]
+    pub known: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CreateJobRequest {
+    /// Clients naming the same job share its stream.
+    #[prost(string, tag = "1")]
+    pub job_name: String,
+    /// A `PipelineSpec` as JSON.
+    #[prost(string, tag = "2")]
+    pub spec_json: String,
+    /// Batches per task; 0 picks the default.
+    #[prost(uint64, tag = "3")]
+    pub task_batches: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct JobInfo {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(string, tag = "2")]
+    pub job_name: String,
+    /// Manifest fingerprint and spec together, 16 hex digits: jobs that share it can share caches.
+    #[prost(string, tag = "3")]
+    pub fingerprint: String,
+    #[prost(uint64, tag = "4")]
+    pub batches_per_epoch: u64,
+    #[prost(uint64, tag = "5")]
+    pub samples_per_epoch: u64,
+    /// The epoch the job is in now.
+    #[prost(uint64, tag = "6")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "7")]
+    pub task_batches: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GetJobRequest {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct JobDefinition {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(string, tag = "2")]
+    pub spec_json: String,
+    /// The dataset's manifest fingerprint as the dispatcher enumerated it (16 hex digits).
+    #[prost(string, tag = "3")]
+    pub manifest_fingerprint: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GetTaskRequest {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(string, tag = "2")]
+    pub client_id: String,
+    /// The epoch the client is reading.
+    #[prost(uint64, tag = "3")]
+    pub epoch: u64,
+}
+
+pub mod task_status {
+    /// A task is assigned.
+    pub const TASK: i32 = 0;
+    /// Nothing to hand out now, but the epoch is not done: ask again shortly.
+    pub const WAIT: i32 = 1;
+    /// Every task of the epoch has been acknowledged.
+    pub const EPOCH_DONE: i32 = 2;
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GetTaskReply {
+    /// One of [`task_status`].
+    #[prost(int32, tag = "1")]
+    pub status: i32,
+    #[prost(message, optional, tag = "2")]
+    pub task: Option<TaskAssignment>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TaskAssignment {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "3")]
+    pub task_index: u64,
+    /// Batches `start..end` of the epoch.
+    #[prost(uint64, tag = "4")]
+    pub start: u64,
+    #[prost(uint64, tag = "5")]
+    pub end: u64,
+    #[prost(uint64, tag = "6")]
+    pub worker_id: u64,
+    #[prost(string, tag = "7")]
+    pub worker_addr: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AckTaskRequest {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(string, tag = "2")]
+    pub client_id: String,
+    #[prost(uint64, tag = "3")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "4")]
+    pub task_index: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FailTaskRequest {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(string, tag = "2")]
+    pub client_id: String,
+    #[prost(uint64, tag = "3")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "4")]
+    pub task_index: u64,
+    /// Batches the client did receive, from the task's start: they are not sent again.
+    #[prost(uint64, tag = "5")]
+    pub received: u64,
+    #[prost(uint64, tag = "6")]
+    pub worker_id: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ClientHeartbeatRequest {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(string, tag = "2")]
+    pub client_id: String,
+    /// Batches handed to the trainer so far.
+    #[prost(uint64, tag = "3")]
+    pub batches: u64,
+    /// Seconds the trainer spent waiting for a batch (stall).
+    #[prost(double, tag = "4")]
+    pub stall_s: f64,
+    /// Seconds since the client started.
+    #[prost(double, tag = "5")]
+    pub elapsed_s: f64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ResetJobRequest {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    /// Batches of `epoch` already delivered: the epoch restarts without them.
+    #[prost(uint64, repeated, tag = "3")]
+    pub delivered: Vec<u64>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RunTaskRequest {
+    #[prost(uint64, tag = "1")]
+    pub job_id: u64,
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "3")]
+    pub start: u64,
+    #[prost(uint64, tag = "4")]
+    pub end: u64,
+}
+
+pub mod dtype {
+    pub const U8: u32 = 0;
+    pub const F32: u32 = 1;
+}
+
+pub mod layout {
+    pub const HWC: u32 = 0;
+    pub const CHW: u32 = 1;
+}
+
+/// One batch on the wire: the columns of [`sluice_core::Batch`], pixels as raw bytes
+/// (little-endian for f32).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct BatchMessage {
+    #[prost(uint64, tag = "1")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "2")]
+    pub index: u64,
+    #[prost(uint64, repeated, tag = "3")]
+    pub keys: Vec<u64>,
+    #[prost(int64, repeated, tag = "4")]
+    pub labels: Vec<i64>,
+    #[prost(uint64, repeated, tag = "5")]
+    pub shape: Vec<u64>,
+    #[prost(uint32, tag = "6")]
+    pub dtype: u32,
+    #[prost(uint32, tag = "7")]
+    pub layout: u32,
+    #[prost(bytes = "vec", tag = "8")]
+    pub data: Vec<u8>,
+    #[prost(float, repeated, tag = "9")]
+    pub weights: Vec<f32>,
+    #[prost(bool, tag = "10")]
+    pub has_weights: bool,
+}
+
+pub mod dispatcher {
+    include!(concat!(env!("OUT_DIR"), "/sluice.v1.Dispatcher.rs"));
+}
+
+pub mod worker {
+    include!(concat!(env!("OUT_DIR"), "/sluice.v1.Worker.rs"));
+}

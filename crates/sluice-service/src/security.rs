@@ -1,0 +1,235 @@
+//! What a client may make the service read, and who may call it.
+//!
+//! * [`AllowedRoots`]: every path a spec names, and every file its manifest lists, must
+//!   resolve (after `..` and symlinks, via `canonicalize`) under a root the operator allowed.
+//! * [`TokenCheck`]: a shared secret in the `authorization: Bearer <token>` header of
+//!   every RPC, checked by an interceptor before any handler runs.
+
+use std::path::{Path, PathBuf};
+
+use sluice_core::{Location, Manifest, SourceSpec};
+use tonic::metadata::MetadataValue;
+use tonic::service::Interceptor;
+use tonic::{Request, Status};
+
+use crate::error::ServiceError;
+
+#[derive(Debug, Clone)]
+pub struct AllowedRoots {
+    roots: Vec<PathBuf>,
+}
+
+impl AllowedRoots {
+    /// Canonicalizes each root; a root that does not exist is an error (a typo would
+    /// otherwise silently refuse everything).
+    pub fn new(roots: &[PathBuf]) -> Result<Self, ServiceError> {
+        let mut canon = Vec::with_capacity(roots.len());
+        for r in roots {
+            let c = r.canonicalize().map_err(|e| {
+                ServiceError::InvalidArgument(format!("allowed root {} cannot be resolved: {e}", r.display()))
+            })?;
+            canon.push(c);
+        }
+        Ok(Self { roots: canon })
+    }
+
+    pub fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
+    fn describe(&self) -> String {
+        if self.roots.is_empty() {
+            return "none".into();
+        }
+        self.roots.iter().map(|r| r.display().to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Refuses `path` unless it resolves under an allowed root. A path that does not exist
+    /// is judged by its nearest existing ancestor, so the error names the real problem.
+    pub fn check(&self, path: &Path) -> Result<(), ServiceError> {
+        let resolved = resolve(path);
+        if self.roots.iter().any(|r| resolved.starts_with(r)) {
+            Ok(())
+        } else {
+            Err(ServiceError::PathNotAllowed { path: path.to_path_buf(), allowed: self.describe() })
+        }
+    }
+
+    /// Checks the paths a source spec names, before anything is enumerated.
+    pub fn check_source(&self, source: &SourceSpec) -> Result<(), ServiceError> {
+        match source {
+            SourceSpec::ImageFolder { root } => self.check(root),
+            SourceSpec::FileList { path, root } => {
+                self.check(path)?;
+                root.as_deref().map_or(Ok(()), |r| self.check(r))
+            }
+            SourceSpec::Tar { shards } => shards.iter().try_for_each(|s| self.check(s)),
+        }
+    }
+
+    /// Checks every file a manifest lists: a file list may name absolute paths, `..`, or
+    /// symlinks that lead elsewhere.
+    pub fn check_manifest(&self, manifest: &Manifest) -> Result<(), ServiceError> {
+        let mut seen_shard: Option<&Path> = None;
+        for e in &manifest.entries {
+            match &e.location {
+                Location::File { path } => self.check(&manifest.root.join(path))?,
+                Location::TarMember { shard, .. } => {
+                    if seen_shard != Some(shard.as_path()) {
+                        self.check(&manifest.root.join(shard))?;
+                        seen_shard = Some(shard.as_path());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `canonicalize`, or for a missing path its deepest existing ancestor's canonical form
+/// joined with the rest (so `allowed/../../etc` still resolves to `/etc`).
+fn resolve(path: &Path) -> PathBuf {
+    if let Ok(c) = path.canonicalize() {
+        return c;
+    }
+    let mut rest = Vec::new();
+    let mut cur = path.to_path_buf();
+    loop {
+        if let Ok(c) = cur.canonicalize() {
+            let mut out = c;
+            for part in rest.iter().rev() {
+                out.push(part);
+            }
+            // Lexically fold what is left; `..` of a missing folder is still a step up.
+            return fold(&out);
+        }
+        match (cur.file_name().map(|f| f.to_os_string()), cur.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name);
+                cur = parent.to_path_buf();
+            }
+            _ => return fold(path),
+        }
+    }
+}
+
+fn fold(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The server side of the shared token: refuses any RPC whose `authorization` header is
+/// not `Bearer <token>`. With no token configured every call passes.
+#[derive(Clone)]
+pub struct TokenCheck {
+    expected: Option<Vec<u8>>,
+}
+
+impl TokenCheck {
+    pub fn new(token: Option<&str>) -> Self {
+        Self { expected: token.filter(|t| !t.is_empty()).map(|t| format!("Bearer {t}").into_bytes()) }
+    }
+}
+
+impl Interceptor for TokenCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(expected) = &self.expected else {
+            return Ok(req);
+        };
+        let given = req.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
+        if constant_time_eq(given, expected) {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated("missing or wrong token (set --token or SLUICE_TOKEN to the service's token)"))
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The client side: adds the token to every outgoing RPC.
+#[derive(Clone)]
+pub struct TokenAttach {
+    header: Option<MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl TokenAttach {
+    pub fn new(token: Option<&str>) -> Result<Self, ServiceError> {
+        let header = match token.filter(|t| !t.is_empty()) {
+            None => None,
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| ServiceError::InvalidArgument("the token must be printable ASCII".into()))?,
+            ),
+        };
+        Ok(Self { header })
+    }
+}
+
+impl Interceptor for TokenAttach {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(h) = &self.header {
+            req.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_outside_roots_are_refused_even_through_dotdot_and_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let allowed = dir.path().join("data");
+        let outside = dir.path().join("secret");
+        std::fs::create_dir_all(allowed.join("a")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let roots = AllowedRoots::new(std::slice::from_ref(&allowed)).unwrap();
+        assert!(roots.check(&allowed.join("a")).is_ok());
+        assert!(roots.check(&allowed.join("missing/file.jpg")).is_ok());
+        assert!(roots.check(&allowed.join("../secret")).is_err());
+        assert!(roots.check(&allowed.join("missing/../../secret/x")).is_err());
+        assert!(roots.check(&outside).is_err());
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&outside, allowed.join("link")).unwrap();
+            let err = roots.check(&allowed.join("link")).unwrap_err().to_string();
+            assert!(err.contains("outside the allowed roots"), "{err}");
+        }
+        assert!(AllowedRoots::new(&[]).unwrap().check(&allowed).is_err());
+    }
+
+    #[test]
+    fn token_check_wants_the_exact_bearer_token() {
+        let mut check = TokenCheck::new(Some("s3cret"));
+        let mut with = |v: Option<&str>| {
+            let mut r = Request::new(());
+            if let Some(v) = v {
+                r.metadata_mut().insert("authorization", v.parse().unwrap());
+            }
+            check.call(r).map(|_| ()).map_err(|s| s.code())
+        };
+        assert_eq!(with(Some("Bearer s3cret")), Ok(()));
+        assert_eq!(with(Some("Bearer s3creT")), Err(tonic::Code::Unauthenticated));
+        assert_eq!(with(None), Err(tonic::Code::Unauthenticated));
+        assert!(TokenCheck::new(None).call(Request::new(())).is_ok());
+    }
+}

@@ -1,0 +1,329 @@
+//! A worker: registers with the dispatcher, heartbeats, and serves `RunTask` by running
+//! the same [`Loader`] as local mode over one task's range of an epoch, streaming the
+//! batches to the client that asked.
+//!
+//! Cache sharing seam: loaders are kept per job; jobs whose fingerprints match could share
+//! one cache here (keyed by fingerprint) once the engine's cache lands.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sluice_core::PipelineSpec;
+use sluice_pipeline::{Loader, PipelineError, Shard};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use crate::error::ServiceError;
+use crate::metrics::{self, metric, Histogram};
+use crate::proto::dispatcher::dispatcher_client::DispatcherClient;
+use crate::proto::worker::worker_server::{Worker, WorkerServer};
+use crate::proto::*;
+use crate::security::{AllowedRoots, TokenAttach, TokenCheck};
+use crate::wire::batch_to_message;
+use crate::MAX_MESSAGE_BYTES;
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// `host:port` for the data plane; port 0 picks a free one.
+    pub listen: String,
+    /// Address to tell clients (default: the bound address).
+    pub advertise: Option<String>,
+    /// The dispatcher, `host:port` or `http://host:port`.
+    pub dispatcher: String,
+    pub allow_roots: Vec<PathBuf>,
+    pub token: Option<String>,
+    pub metrics_listen: Option<String>,
+    /// Decode threads per job; 0 keeps the spec's own setting.
+    pub threads: usize,
+}
+
+pub type DispatcherConn = DispatcherClient<InterceptedService<Channel, TokenAttach>>;
+
+/// A lazily connecting, reconnecting client of the dispatcher.
+pub fn dispatcher_client(addr: &str, token: Option<&str>) -> Result<DispatcherConn, ServiceError> {
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    let channel = Endpoint::from_shared(uri.clone())
+        .map_err(|e| ServiceError::Connect { addr: uri.clone(), message: e.to_string() })?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .connect_lazy();
+    Ok(DispatcherClient::with_interceptor(channel, TokenAttach::new(token)?)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+struct JobRunner {
+    loader: Loader,
+    /// One task at a time per job: the loader's pool is already as wide as the worker.
+    run: Mutex<()>,
+}
+
+#[derive(Default)]
+struct Counters {
+    tasks_started: AtomicU64,
+    tasks_done: AtomicU64,
+    tasks_running: AtomicU64,
+    batches: AtomicU64,
+    samples: AtomicU64,
+    bytes: AtomicU64,
+    task_time: Histogram,
+    refused: AtomicU64,
+}
+
+struct Inner {
+    dispatcher: DispatcherConn,
+    roots: AllowedRoots,
+    threads: usize,
+    jobs: tokio::sync::Mutex<HashMap<u64, Arc<JobRunner>>>,
+    counters: Counters,
+    started: Instant,
+}
+
+#[derive(Clone)]
+pub struct WorkerService {
+    inner: Arc<Inner>,
+}
+
+impl WorkerService {
+    pub fn new(config: &WorkerConfig) -> Result<Self, ServiceError> {
+        Ok(Self {
+            inner: Arc::new(Inner {
+                dispatcher: dispatcher_client(&config.dispatcher, config.token.as_deref())?,
+                roots: AllowedRoots::new(&config.allow_roots)?,
+                threads: config.threads,
+                jobs: tokio::sync::Mutex::new(HashMap::new()),
+                counters: Counters::default(),
+                started: Instant::now(),
+            }),
+        })
+    }
+
+    /// The job's loader, built on first use from the dispatcher's definition, after
+    /// checking every path it would read against the allowed roots.
+    async fn runner(&self, job_id: u64) -> Result<Arc<JobRunner>, ServiceError> {
+        let mut jobs = self.inner.jobs.lock().await;
+        if let Some(r) = jobs.get(&job_id) {
+            return Ok(r.clone());
+        }
+        let def = self
+            .inner
+            .dispatcher
+            .clone()
+            .get_job(GetJobRequest { job_id })
+            .await
+            .map_err(|s| ServiceError::rpc("GetJob", s))?
+            .into_inner();
+        let mut spec = PipelineSpec::from_json_str(&def.spec_json)?;
+        if self.inner.threads > 0 {
+            spec.threads = self.inner.threads;
+        }
+        self.inner.roots.check_source(&spec.source)?;
+        let roots = self.inner.roots.clone();
+        let loader = tokio::task::spawn_blocking(move || -> Result<Loader, ServiceError> {
+            let manifest = sluice_pipeline::source::build_manifest(&spec.source).map_err(PipelineError::from)?;
+            roots.check_manifest(&manifest)?;
+            if manifest.fingerprint_hex() != def.manifest_fingerprint {
+                return Err(ServiceError::InvalidArgument(format!(
+                    "the dataset this worker sees (fingerprint {}) differs from the dispatcher's ({})",
+                    manifest.fingerprint_hex(),
+                    def.manifest_fingerprint
+                )));
+            }
+            Ok(Loader::with_manifest(spec, manifest, Shard::default())?)
+        })
+        .await
+        .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
+        tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
+        let runner = Arc::new(JobRunner { loader, run: Mutex::new(()) });
+        jobs.insert(job_id, runner.clone());
+        Ok(runner)
+    }
+
+    pub fn render_metrics(&self) -> String {
+        let c = &self.inner.counters;
+        let mut out = String::new();
+        let up = self.inner.started.elapsed().as_secs_f64();
+        let batches = c.batches.load(Ordering::Relaxed) as f64;
+        let samples = c.samples.load(Ordering::Relaxed) as f64;
+        metric(&mut out, "sluice_worker_tasks_started_total", "counter", "tasks started", c.tasks_started.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_worker_tasks_done_total", "counter", "tasks streamed to the end", c.tasks_done.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_worker_tasks_running", "gauge", "tasks running or queued (queue depth)", c.tasks_running.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_worker_batches_total", "counter", "batches sent", batches);
+        metric(&mut out, "sluice_worker_samples_total", "counter", "samples sent", samples);
+        metric(&mut out, "sluice_worker_bytes_sent_total", "counter", "pixel bytes sent", c.bytes.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_worker_samples_per_second", "gauge", "mean throughput since start", if up > 0.0 { samples / up } else { 0.0 });
+        metric(&mut out, "sluice_worker_requests_refused_total", "counter", "RunTask calls refused", c.refused.load(Ordering::Relaxed) as f64);
+        c.task_time.render(&mut out, "sluice_worker_task_seconds", "time to run and stream one task", "");
+        // Per-op busy time of every job's loader.
+        if let Ok(jobs) = self.inner.jobs.try_lock() {
+            out.push_str("# HELP sluice_worker_op_seconds_total busy time per op, summed over threads\n# TYPE sluice_worker_op_seconds_total counter\n");
+            for (id, r) in jobs.iter() {
+                for (op, s) in r.loader.stats().op_seconds {
+                    out.push_str(&format!("sluice_worker_op_seconds_total{{job_id=\"{id}\",op=\"{op}\"}} {s}\n"));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn to_status(e: PipelineError) -> Status {
+    match e {
+        PipelineError::Sample(s) => Status::failed_precondition(s.to_string()),
+        other => Status::from(ServiceError::from(other)),
+    }
+}
+
+type BatchStream = ReceiverStream<Result<BatchMessage, Status>>;
+
+#[tonic::async_trait]
+impl Worker for WorkerService {
+    type RunTaskStream = BatchStream;
+
+    async fn run_task(&self, request: Request<RunTaskRequest>) -> Result<Response<BatchStream>, Status> {
+        let req = request.into_inner();
+        let runner = match self.runner(req.job_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(job_id = req.job_id, error = %e, "refused a task");
+                return Err(e.into());
+            }
+        };
+        let total = runner.loader.batches_per_epoch();
+        if req.start >= req.end || req.end > total {
+            self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(Status::invalid_argument(format!(
+                "task range {}..{} is not a non-empty part of the epoch's 0..{total} batches",
+                req.start, req.end
+            )));
+        }
+        let (tx, rx) = mpsc::channel(2);
+        let inner = self.inner.clone();
+        inner.counters.tasks_started.fetch_add(1, Ordering::Relaxed);
+        inner.counters.tasks_running.fetch_add(1, Ordering::Relaxed);
+        tokio::task::spawn_blocking(move || {
+            let c = &inner.counters;
+            let _one_at_a_time = runner.run.lock().unwrap_or_else(|p| p.into_inner());
+            let t0 = Instant::now();
+            let mut complete = true;
+            for item in runner.loader.iter_range(req.epoch, req.start, req.end) {
+                match item {
+                    Ok(batch) => {
+                        let n = batch.len() as u64;
+                        let bytes = batch.images.as_bytes().len() as u64;
+                        if tx.blocking_send(Ok(batch_to_message(batch))).is_err() {
+                            // The client went away; stop working for it.
+                            complete = false;
+                            break;
+                        }
+                        c.batches.fetch_add(1, Ordering::Relaxed);
+                        c.samples.fetch_add(n, Ordering::Relaxed);
+                        c.bytes.fetch_add(bytes, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::warn!(job_id = req.job_id, epoch = req.epoch, error = %e, "task failed");
+                        let _ = tx.blocking_send(Err(to_status(e)));
+                        complete = false;
+                        break;
+                    }
+                }
+            }
+            if complete {
+                c.tasks_done.fetch_add(1, Ordering::Relaxed);
+                c.task_time.observe(t0.elapsed());
+            }
+            c.tasks_running.fetch_sub(1, Ordering::Relaxed);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Registers with the dispatcher and heartbeats every 250 ms, registering again whenever
+/// the dispatcher does not know us (it restarted) and retrying while it is away.
+async fn heartbeat_loop(service: WorkerService, advertise: String) {
+    let mut client = service.inner.dispatcher.clone();
+    let mut id: Option<u64> = None;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let c = &service.inner.counters;
+        let result = match id {
+            None => client
+                .register_worker(RegisterWorkerRequest { addr: advertise.clone() })
+                .await
+                .map(|r| {
+                    let wid = r.into_inner().worker_id;
+                    tracing::info!(worker_id = wid, addr = %advertise, "registered with the dispatcher");
+                    id = Some(wid);
+                }),
+            Some(wid) => client
+                .worker_heartbeat(WorkerHeartbeatRequest {
+                    worker_id: wid,
+                    tasks_running: c.tasks_running.load(Ordering::Relaxed),
+                    batches_produced: c.batches.load(Ordering::Relaxed),
+                })
+                .await
+                .map(|r| {
+                    if !r.into_inner().known {
+                        id = None;
+                    }
+                }),
+        };
+        match result {
+            Ok(()) => {
+                backoff = Duration::from_millis(50);
+                if id.is_some() {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+            Err(status) => {
+                tracing::debug!(error = %status, "dispatcher unreachable; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Runs a worker until `shutdown` resolves.
+pub async fn run_worker(
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+    on_listening: impl FnOnce(std::net::SocketAddr),
+) -> Result<(), ServiceError> {
+    let service = WorkerService::new(&config)?;
+    if let Some(addr) = &config.metrics_listen {
+        let s = service.clone();
+        let bound = metrics::serve(addr, Arc::new(move || s.render_metrics())).await?;
+        tracing::info!(%bound, "worker metrics at /metrics");
+    }
+    let listen_err = |e: String| ServiceError::Listen { addr: config.listen.clone(), message: e };
+    let listener = tokio::net::TcpListener::bind(&config.listen).await.map_err(|e| listen_err(e.to_string()))?;
+    let local = listener.local_addr().map_err(|e| listen_err(e.to_string()))?;
+    let incoming = TcpIncoming::from_listener(listener, true, Some(Duration::from_secs(30)))
+        .map_err(|e| listen_err(e.to_string()))?;
+    let advertise = config.advertise.clone().unwrap_or_else(|| local.to_string());
+    tracing::info!(addr = %local, %advertise, roots = ?service.inner.roots.roots(), "worker listening");
+    on_listening(local);
+    let hb = tokio::spawn(heartbeat_loop(service.clone(), advertise));
+    let server = WorkerServer::new(service)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let result = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(32 << 20))
+        .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| ServiceError::Internal(format!("worker server: {e}")));
+    hb.abort();
+    result
+}
