@@ -3,8 +3,10 @@
 //! native threads, handing out contiguous batches with bounded prefetch and exact
 //! checkpoints.
 
+pub mod cache;
 pub mod error;
 pub mod executor;
+pub mod importance;
 pub mod loader;
 pub mod sampler;
 pub mod source;
@@ -13,5 +15,7 @@ pub mod storage;
 
 pub use error::PipelineError;
 pub use loader::{EpochIter, Loader, LoaderState};
-pub use sampler::{epoch_order, Shard};
+pub use cache::{CacheStats, CachedData};
+pub use importance::ImportanceState;
+pub use sampler::{epoch_order, EpochDraw, Shard};
 pub use stats::{SkippedSample, StatsSnapshot};

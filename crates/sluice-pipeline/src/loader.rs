@@ -5,6 +5,13 @@
 //! slot of the batch's one contiguous buffer, so a batch is assembled without copies; the
 //! consumer only waits for its chunks to finish. At most `prefetch` batches are in flight,
 //! which bounds memory by `prefetch × batch bytes`, whatever the dataset size.
+//!
+//! With a cache ([`crate::cache`]) each sample is looked up by key first. Every sample then
+//! goes through the same split path whether it hit or missed: the deterministic prefix
+//! (skipped when the hit holds pixels), the optional cache resize, then the random ops,
+//! so pixels never depend on timing. Only a cache of raw bytes with no resize keeps the
+//! fused decode+crop path. The epoch order comes from the importance store
+//! ([`crate::importance`]), which the trainer feeds through [`Loader::report`].
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -14,14 +21,17 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use serde::{Deserialize, Serialize};
-use sluice_codec::Plan;
+use sluice_codec::{CodecError, Plan, Scratch};
 use sluice_core::{
-    Batch, DType, ErrorPolicy, Layout, Manifest, PipelineSpec, SampleError, SampleKey, SampleRng, Stage, Tensor,
+    Batch, ByteBudget, CacheLevel, CachePolicyKind, DType, ErrorPolicy, Image, Layout, Manifest, Pixels,
+    PipelineSpec, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage, Tensor,
 };
 
+use crate::cache::{total_ram_bytes, Cache, CachedData, SampleCost};
 use crate::error::PipelineError;
 use crate::executor::{Pool, WorkerLocal};
-use crate::sampler::{epoch_order, Shard};
+use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
+use crate::sampler::{fastmatch_normalise, Shard};
 use crate::source::build_manifest;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::storage::{open_storage, Storage};
@@ -35,7 +45,7 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// Where a loader stands: enough to resume to exactly the batches an uninterrupted run
 /// would have produced next.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoaderState {
     pub epoch: u64,
     /// Batches of `epoch` already handed out.
@@ -44,6 +54,10 @@ pub struct LoaderState {
     pub fingerprint: String,
     pub rank: usize,
     pub world_size: usize,
+    /// Reported importance, smoothed scores and coverage bookkeeping: the epoch order is
+    /// drawn from it, so resuming needs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub importance: Option<ImportanceState>,
 }
 
 struct Progress {
@@ -64,6 +78,21 @@ struct Shared {
     layout: Layout,
     stats: Mutex<Stats>,
     progress: Mutex<Progress>,
+    cache: Option<Cache>,
+    /// Run every sample through prefix → (resize) → suffix rather than the fused plan.
+    split: bool,
+    /// Where the split path's step timings go in the stats' op list.
+    steps: StepSlots,
+    importance: Mutex<ImportanceStore>,
+}
+
+/// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
+/// steps, or the prefix's, the cache resize and the suffix's.
+#[derive(Debug, Clone)]
+struct StepSlots {
+    prefix: std::ops::Range<usize>,
+    resize: Option<usize>,
+    suffix: std::ops::Range<usize>,
 }
 
 /// Locks a mutex, recovering it if a thread panicked while holding it: the data under our
@@ -96,8 +125,39 @@ impl Loader {
         }
         let plan = Plan::compile(&spec.ops, spec.limits);
         let (dtype, layout, _) = spec.output();
+        let cache = match &spec.cache {
+            None => None,
+            Some(c) => {
+                let budget = match c.budget {
+                    ByteBudget::Bytes(b) => b,
+                    ByteBudget::RamFraction(_) => c.budget.resolve(total_ram_bytes().ok_or_else(|| {
+                        PipelineError::State(
+                            "cache.budget is a fraction of RAM, but this system does not report its memory \
+                             (/proc/meminfo); give the budget in bytes"
+                                .into(),
+                        )
+                    })?),
+                };
+                Some(Cache::new(c, budget, manifest.len()))
+            }
+        };
+        let resize = spec.cache.as_ref().and_then(|c| c.resize);
+        let split = spec.cache.as_ref().is_some_and(|c| c.level != CacheLevel::Raw || c.resize.is_some());
         let mut names = vec!["read".to_string()];
-        names.extend(plan.step_names().iter().map(|s| s.to_string()));
+        let steps = if split {
+            names.extend(plan.prefix_step_names().iter().map(|s| s.to_string()));
+            let prefix = 1..names.len();
+            let resize_slot = resize.map(|_| {
+                names.push("cache_resize".to_string());
+                names.len() - 1
+            });
+            let start = names.len();
+            names.extend(plan.suffix_step_names().iter().map(|s| s.to_string()));
+            StepSlots { prefix, resize: resize_slot, suffix: start..names.len() }
+        } else {
+            names.extend(plan.step_names().iter().map(|s| s.to_string()));
+            StepSlots { prefix: 1..names.len(), resize: None, suffix: 1..names.len() }
+        };
         let threads = match spec.threads {
             0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             n => n,
@@ -109,6 +169,10 @@ impl Loader {
             layout,
             stats: Mutex::new(Stats::new(names)),
             progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
+            importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
+            cache,
+            split,
+            steps,
             plan,
             manifest,
             shard,
@@ -162,6 +226,7 @@ impl Loader {
             fingerprint: self.shared.manifest.fingerprint_hex(),
             rank: self.shared.shard.rank,
             world_size: self.shared.shard.world_size,
+            importance: Some(lock(&self.shared.importance).state()),
         }
     }
 
@@ -191,6 +256,9 @@ impl Loader {
                 self.batches_per_epoch()
             )));
         }
+        if let Some(imp) = &state.importance {
+            lock(&self.shared.importance).restore(imp);
+        }
         let mut p = lock(&self.shared.progress);
         p.epoch = state.epoch;
         p.batch = state.batch;
@@ -199,7 +267,64 @@ impl Loader {
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        lock(&self.shared.stats).snapshot()
+        let mut s = lock(&self.shared.stats).snapshot();
+        s.cache = self.shared.cache.as_ref().map(Cache::stats);
+        s
+    }
+
+    /// The trainer's per-sample values for `keys`: losses, or per-sample gradient norms
+    /// (FastMatch's `update_gradient_info`). They shape the epochs after the current one
+    /// and the cache's priorities. Non-finite or negative values are ignored.
+    pub fn report(&self, keys: &[u64], values: &[f64]) -> Result<(), PipelineError> {
+        if keys.len() != values.len() {
+            return Err(PipelineError::State(format!(
+                "report: {} keys but {} values; give one value per key",
+                keys.len(),
+                values.len()
+            )));
+        }
+        let ignored = lock(&self.shared.importance).report(keys, values);
+        if ignored > 0 {
+            tracing::warn!(ignored, "importance report: ignored non-finite or negative values");
+        }
+        if let Some(cache) = &self.shared.cache {
+            cache.report(keys, values);
+        }
+        Ok(())
+    }
+
+    /// The importance state (smoothed scores, pending reports, coverage bookkeeping).
+    pub fn importance_state(&self) -> ImportanceState {
+        lock(&self.shared.importance).state()
+    }
+
+    /// Draws the order (and weights) of `epoch` from the importance state and hands the
+    /// cache its priorities for the epoch.
+    fn draw_epoch(&self, epoch: u64) -> crate::sampler::EpochDraw {
+        let shared = &self.shared;
+        let hot = shared.cache.as_ref().and_then(Cache::capacity_entries);
+        let inputs = DrawInputs {
+            manifest: &shared.manifest,
+            seed: shared.spec.seed,
+            shuffle: shared.spec.shuffle,
+            sampling: shared.spec.sampling,
+            shard: shared.shard,
+        };
+        let mut store = lock(&shared.importance);
+        let draw = store.draw(epoch, hot, &inputs);
+        if let Some(cache) = &shared.cache {
+            let keyed = |v: &[f64]| -> HashMap<u64, f64> {
+                shared.manifest.entries.iter().zip(v).map(|(e, &p)| (e.key.0, p)).collect()
+            };
+            match cache.policy_kind() {
+                CachePolicyKind::Importance => cache.set_epoch_priorities(keyed(&draw.expected)),
+                CachePolicyKind::Fastmatch if store.has_scores() => {
+                    cache.set_epoch_priorities(keyed(&fastmatch_normalise(&store.scores_by_position(&shared.manifest))))
+                }
+                _ => {}
+            }
+        }
+        draw
     }
 
     /// Iterates the rest of the current epoch (all of it, unless resuming). When the epoch
@@ -211,13 +336,8 @@ impl Loader {
             p.generation += 1;
             (p.epoch, p.batch, p.generation)
         };
-        let order = epoch_order(
-            self.shared.manifest.len(),
-            self.shared.spec.seed,
-            epoch,
-            self.shared.spec.shuffle,
-            self.shared.shard,
-        );
+        let draw = self.draw_epoch(epoch);
+        let order = draw.order;
         let n_batches = batches_for(order.len(), &self.shared.spec) as u64;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         EpochIter {
@@ -226,6 +346,7 @@ impl Loader {
             epoch,
             generation,
             order: Arc::new(order),
+            weights: draw.weights.map(Arc::new),
             n_batches,
             next_submit: start,
             next_emit: start,
@@ -303,6 +424,7 @@ struct Assembly {
     slab: Arc<Slab>,
     keys: Vec<u64>,
     labels: Vec<i64>,
+    weights: Option<Vec<f32>>,
     chunks_left: usize,
     failures: Vec<(usize, SampleError)>,
 }
@@ -321,6 +443,8 @@ pub struct EpochIter {
     epoch: u64,
     generation: u64,
     order: Arc<Vec<u32>>,
+    /// Per-position weights of an importance-sampled epoch.
+    weights: Option<Arc<Vec<f32>>>,
     n_batches: u64,
     next_submit: u64,
     next_emit: u64,
@@ -362,6 +486,7 @@ impl EpochIter {
         let entries = &self.shared.manifest.entries;
         let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
         let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
+        let weights = self.weights.as_ref().map(|w| w[start..end].to_vec());
         let chunks = indices.len().div_ceil(CHUNK);
         for c in 0..chunks {
             let slots = c * CHUNK..((c + 1) * CHUNK).min(indices.len());
@@ -378,7 +503,7 @@ impl EpochIter {
             };
             self.pool.submit(Box::new(move |local| job.run(local)));
         }
-        self.pending.insert(b, Assembly { slab, keys, labels, chunks_left: chunks, failures: Vec::new() });
+        self.pending.insert(b, Assembly { slab, keys, labels, weights, chunks_left: chunks, failures: Vec::new() });
     }
 
     fn finish(&mut self) {
@@ -438,6 +563,7 @@ impl EpochIter {
         let mut images = slab.into_tensor();
         let mut keys = a.keys;
         let mut labels = a.labels;
+        let mut weights = a.weights;
         if !a.failures.is_empty() {
             let mut stats = lock(&self.shared.stats);
             for (_, e) in &a.failures {
@@ -455,11 +581,17 @@ impl EpochIter {
                     bytes.copy_within(slot * slot_bytes..(slot + 1) * slot_bytes, kept * slot_bytes);
                     keys[kept] = keys[slot];
                     labels[kept] = labels[slot];
+                    if let Some(w) = weights.as_mut() {
+                        w[kept] = w[slot];
+                    }
                 }
                 kept += 1;
             }
             keys.truncate(kept);
             labels.truncate(kept);
+            if let Some(w) = weights.as_mut() {
+                w.truncate(kept);
+            }
             images.truncate_rows(kept);
         }
         Some(Ok(Batch {
@@ -469,7 +601,7 @@ impl EpochIter {
             labels,
             images,
             layout: self.shared.layout,
-            weights: None,
+            weights,
         }))
     }
 
@@ -567,7 +699,7 @@ struct ChunkJob {
 impl ChunkJob {
     fn run(self, local: &mut WorkerLocal) {
         let shared = &self.shared;
-        let mut times = vec![Duration::ZERO; 1 + shared.plan.step_names().len()];
+        let mut times = vec![Duration::ZERO; 1 + shared.steps.suffix.end.max(shared.steps.prefix.end)];
         let mut failures = Vec::new();
         let mut bytes = 0u64;
         for slot in self.slots.clone() {
@@ -581,6 +713,16 @@ impl ChunkJob {
                 stage,
                 kind,
             };
+            let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
+            if let Some(cache) = &shared.cache {
+                // SAFETY: this job is the only writer of its chunk's slots.
+                let out = unsafe { self.slab.slot(slot) };
+                match shared.run_cached(cache, entry, local, &mut rng, out, &mut times) {
+                    Ok(read) => bytes += read,
+                    Err((stage, kind)) => failures.push((slot, fail(stage, kind))),
+                }
+                continue;
+            }
             let t0 = Instant::now();
             let read = shared.storage.read(
                 &shared.manifest.root,
@@ -594,7 +736,6 @@ impl ChunkJob {
                 continue;
             }
             bytes += local.read_buf.len() as u64;
-            let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
             // SAFETY: this job is the only writer of its chunk's slots.
             let out = unsafe { self.slab.slot(slot) };
             if let Err(e) = shared.plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]) {
@@ -606,4 +747,159 @@ impl ChunkJob {
         drop(slab);
         let _ = reply.send(ChunkDone { batch, failures, times, bytes });
     }
+}
+
+type SampleFailure = (Stage, SampleErrorKind);
+
+fn decode_err(e: CodecError) -> SampleFailure {
+    (Stage::Decode, e.into())
+}
+
+/// Shrinks a cached-path image so its shorter side is `size`.
+fn resize_image(image: &Image, size: u32, scratch: &mut Scratch) -> Result<Image, CodecError> {
+    let Pixels::U8(px) = &image.pixels else {
+        return Err(CodecError::Shape("the cache resize takes u8 pixels".into()));
+    };
+    let mut dst = Vec::new();
+    let (w, h) = scratch.resizer().resize_shorter_side(px, image.width, image.height, size, &mut dst)?;
+    Ok(Image::rgb8(w, h, dst))
+}
+
+impl Shared {
+    /// One sample through the cache: a hit skips the read (and the decode, and the resize,
+    /// depending on its level); a miss reads, runs, measures its costs and offers an entry.
+    /// Returns the bytes read from storage.
+    fn run_cached(
+        &self,
+        cache: &Cache,
+        entry: &sluice_core::Entry,
+        local: &mut WorkerLocal,
+        rng: &mut SampleRng,
+        out: &mut [u8],
+        times: &mut [Duration],
+    ) -> Result<u64, SampleFailure> {
+        let key = entry.key.0;
+        let resize = self.spec.cache.as_ref().and_then(|c| c.resize);
+        let steps = &self.steps;
+        if let Some(hit) = cache.get(key) {
+            match &*hit {
+                CachedData::Raw(bytes) => {
+                    self.compute(bytes, local, rng, out, times, resize).map(|_| ())?;
+                }
+                CachedData::Decoded(img) => {
+                    let t = Instant::now();
+                    let resized = match resize {
+                        Some(s) => Some(resize_image(img, s, &mut local.scratch).map_err(decode_err)?),
+                        None => None,
+                    };
+                    if let Some(slot) = steps.resize {
+                        times[slot] += t.elapsed();
+                    }
+                    let img = resized.as_ref().unwrap_or(img);
+                    self.plan
+                        .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+                        .map_err(decode_err)?;
+                }
+                CachedData::Resized(img) => {
+                    self.plan
+                        .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+                        .map_err(decode_err)?;
+                }
+            }
+            return Ok(0);
+        }
+        let t0 = Instant::now();
+        self.storage
+            .read(&self.manifest.root, &entry.location, self.spec.limits.max_file_bytes, &mut local.read_buf)
+            .map_err(|k| (Stage::Read, k))?;
+        let read_time = t0.elapsed();
+        times[0] += read_time;
+        let raw = std::mem::take(&mut local.read_buf);
+        let result = self.compute(&raw, local, rng, out, times, resize);
+        let read_bytes = raw.len() as u64;
+        let level = cache.level();
+        let computed = match result {
+            Ok(c) => c,
+            Err(e) => {
+                local.read_buf = raw;
+                return Err(e);
+            }
+        };
+        cache.observe(&SampleCost {
+            read_s: read_time.as_secs_f64(),
+            decode_s: computed.decode.as_secs_f64(),
+            resize_s: computed.resize.as_secs_f64(),
+            raw_bytes: read_bytes,
+            decoded_bytes: computed.decoded.as_ref().map_or(0, |i| i.as_bytes().len() as u64),
+            resized_bytes: computed
+                .resized
+                .as_ref()
+                .or(computed.decoded.as_ref())
+                .map_or(0, |i| i.as_bytes().len() as u64),
+        });
+        match level {
+            Some(CacheLevel::Raw) => {
+                cache.offer(key, Arc::new(CachedData::Raw(raw.clone())));
+            }
+            Some(CacheLevel::Decoded) => {
+                if let Some(img) = computed.decoded {
+                    cache.offer(key, Arc::new(CachedData::Decoded(img)));
+                }
+            }
+            Some(CacheLevel::Resized) => {
+                if let Some(img) = computed.resized.or(computed.decoded) {
+                    cache.offer(key, Arc::new(CachedData::Resized(img)));
+                }
+            }
+            Some(CacheLevel::Auto) | None => {}
+        }
+        local.read_buf = raw;
+        Ok(read_bytes)
+    }
+
+    /// Encoded bytes to the output slot: the fused plan, or (split path) the prefix, the
+    /// optional resize and the suffix, keeping the intermediate images for the cache.
+    fn compute(
+        &self,
+        bytes: &[u8],
+        local: &mut WorkerLocal,
+        rng: &mut SampleRng,
+        out: &mut [u8],
+        times: &mut [Duration],
+        resize: Option<u32>,
+    ) -> Result<Computed, SampleFailure> {
+        let steps = &self.steps;
+        let t = Instant::now();
+        if !self.split {
+            self.plan.run(bytes, rng, &mut local.scratch, out, &mut times[steps.prefix.clone()]).map_err(decode_err)?;
+            return Ok(Computed { decode: t.elapsed(), resize: Duration::ZERO, decoded: None, resized: None });
+        }
+        let decoded = self
+            .plan
+            .run_deterministic_prefix(bytes, &mut local.scratch, &mut times[steps.prefix.clone()])
+            .map_err(decode_err)?;
+        let decode = t.elapsed();
+        let t = Instant::now();
+        let resized = match resize {
+            Some(s) => Some(resize_image(&decoded, s, &mut local.scratch).map_err(decode_err)?),
+            None => None,
+        };
+        let resize_time = t.elapsed();
+        if let Some(slot) = steps.resize {
+            times[slot] += resize_time;
+        }
+        let img = resized.as_ref().unwrap_or(&decoded);
+        self.plan
+            .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+            .map_err(decode_err)?;
+        Ok(Computed { decode, resize: resize_time, decoded: Some(decoded), resized })
+    }
+}
+
+/// What [`Shared::compute`] measured and kept.
+struct Computed {
+    decode: Duration,
+    resize: Duration,
+    decoded: Option<Image>,
+    resized: Option<Image>,
 }

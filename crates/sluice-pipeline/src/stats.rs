@@ -85,6 +85,7 @@ impl Stats {
                 .zip(self.op_times.iter().map(Duration::as_secs_f64))
                 .collect(),
             skipped: self.skipped.clone(),
+            cache: None,
         }
     }
 }
@@ -102,4 +103,8 @@ pub struct StatsSnapshot {
     /// Busy time per op, summed over worker threads: `read`, then the plan's steps.
     pub op_seconds: Vec<(String, f64)>,
     pub skipped: Vec<SkippedSample>,
+    /// Cache hits, misses, hit rate, bytes, evictions, estimated time saved and the level
+    /// decision, when the pipeline has a cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::CacheStats>,
 }

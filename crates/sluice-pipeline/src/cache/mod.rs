@@ -1,0 +1,419 @@
+//! The sample cache: sits between the deterministic ops and the random ones, so a cached
+//! entry is re-augmented every epoch by the ops after it. It holds encoded bytes, decoded
+//! pixels or decoded-and-resized pixels ([`level`]), within a byte budget, and gives up
+//! entries by a named policy ([`policy`]: `lru`, `shade`, `fastmatch`, `importance`).
+//!
+//! Whatever a hit returns, the loader finishes the sample through the same split path
+//! (deterministic prefix → optional resize → random suffix), so a sample's pixels do not
+//! depend on whether it was a hit: output stays independent of timing and thread count.
+
+pub mod level;
+pub mod policy;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+use sluice_core::{CacheLevel, CachePolicyKind, CacheSpec, Image};
+
+pub use level::{choose_level, CostModel, LevelEstimate, SampleCost, MEASURE_SAMPLES};
+use policy::{make_policy, Policy};
+
+/// What an entry holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CachedData {
+    /// Encoded file bytes.
+    Raw(Vec<u8>),
+    /// RGB8 HWC pixels after the deterministic ops.
+    Decoded(Image),
+    /// As `Decoded`, then shrunk by the cache resize.
+    Resized(Image),
+}
+
+impl CachedData {
+    pub fn bytes(&self) -> u64 {
+        match self {
+            CachedData::Raw(b) => b.len() as u64,
+            CachedData::Decoded(img) | CachedData::Resized(img) => img.as_bytes().len() as u64,
+        }
+    }
+
+    pub fn level(&self) -> CacheLevel {
+        match self {
+            CachedData::Raw(_) => CacheLevel::Raw,
+            CachedData::Decoded(_) => CacheLevel::Decoded,
+            CachedData::Resized(_) => CacheLevel::Resized,
+        }
+    }
+}
+
+/// Maps an `f64` to an integer with the same order (total order, NaN last).
+fn ordered(p: f64) -> i64 {
+    let b = p.to_bits() as i64;
+    b ^ ((((b >> 63) as u64) >> 1) as i64)
+}
+
+struct Entry {
+    data: Arc<CachedData>,
+    bytes: u64,
+    prio: i64,
+}
+
+struct Inner {
+    entries: HashMap<u64, Entry>,
+    /// (priority, key) of every entry: the first is the next victim.
+    order: BTreeSet<(i64, u64)>,
+    used: u64,
+    policy: Box<dyn Policy>,
+    /// What new entries hold; `None` while `auto` is still measuring.
+    level: Option<CacheLevel>,
+    costs: CostModel,
+    estimates: Vec<LevelEstimate>,
+    /// Entry bytes of every key offered so far, to size the hot set.
+    sizes: HashMap<u64, u64>,
+    hits: u64,
+    misses: u64,
+    insertions: u64,
+    evictions: u64,
+    rejected: u64,
+    saved_s: f64,
+}
+
+/// Counters and decisions, in [`crate::StatsSnapshot`].
+#[derive(Debug, Clone, Serialize)]
+pub struct CacheStats {
+    pub policy: CachePolicyKind,
+    /// The level entries are stored at (`auto` while still measuring).
+    pub level: CacheLevel,
+    pub budget_bytes: u64,
+    pub used_bytes: u64,
+    pub entries: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_rate: f64,
+    pub insertions: u64,
+    pub evictions: u64,
+    /// Offers refused because the entry did not outrank the cache's least valuable one.
+    pub rejected: u64,
+    /// Hits × the measured read (+ decode, + resize) time they skipped.
+    pub est_time_saved_s: f64,
+    /// Measured per-sample costs.
+    pub costs: CostModel,
+    /// The per-level estimates behind the last `auto` decision.
+    pub estimates: Vec<LevelEstimate>,
+}
+
+pub struct Cache {
+    inner: Mutex<Inner>,
+    budget: u64,
+    has_resize: bool,
+    dataset_len: usize,
+}
+
+fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Cache {
+    pub fn new(spec: &CacheSpec, budget: u64, dataset_len: usize) -> Self {
+        let level = (spec.level != CacheLevel::Auto).then_some(spec.level);
+        tracing::info!(policy = ?spec.policy, level = ?spec.level, budget, "cache enabled");
+        Self {
+            inner: Mutex::new(Inner {
+                entries: HashMap::new(),
+                order: BTreeSet::new(),
+                used: 0,
+                policy: make_policy(spec.policy),
+                level,
+                costs: CostModel::default(),
+                estimates: Vec::new(),
+                sizes: HashMap::new(),
+                hits: 0,
+                misses: 0,
+                insertions: 0,
+                evictions: 0,
+                rejected: 0,
+                saved_s: 0.0,
+            }),
+            budget,
+            has_resize: spec.resize.is_some(),
+            dataset_len,
+        }
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// The entry for `key`, counting a hit or a miss.
+    pub fn get(&self, key: u64) -> Option<Arc<CachedData>> {
+        let mut g = lock(&self.inner);
+        let inner = &mut *g;
+        let Some(e) = inner.entries.get_mut(&key) else {
+            inner.misses += 1;
+            return None;
+        };
+        let data = e.data.clone();
+        let level = data.level();
+        if let Some(p) = inner.policy.on_hit(key) {
+            inner.order.remove(&(e.prio, key));
+            e.prio = ordered(p);
+            inner.order.insert((e.prio, key));
+        }
+        inner.hits += 1;
+        inner.saved_s += inner.costs.saved_per_hit(level);
+        Some(data)
+    }
+
+    /// The level new entries are stored at; `None` while `auto` is measuring.
+    pub fn level(&self) -> Option<CacheLevel> {
+        lock(&self.inner).level
+    }
+
+    /// Adds one miss's measured costs; `auto` decides once it has enough.
+    pub fn observe(&self, cost: &SampleCost) {
+        let mut g = lock(&self.inner);
+        g.costs.add(cost);
+        if g.level.is_none() && g.costs.samples >= MEASURE_SAMPLES {
+            let (level, estimates) = choose_level(&g.costs, self.budget, self.dataset_len, self.has_resize);
+            tracing::info!(
+                ?level,
+                read_ms = g.costs.read_s * 1e3,
+                decode_ms = g.costs.decode_s * 1e3,
+                resize_ms = g.costs.resize_s * 1e3,
+                raw_kb = g.costs.raw_bytes / 1e3,
+                decoded_kb = g.costs.decoded_bytes / 1e3,
+                resized_kb = g.costs.resized_bytes / 1e3,
+                "cache level chosen: {:?}",
+                estimates
+            );
+            g.level = Some(level);
+            g.estimates = estimates;
+        }
+    }
+
+    /// Offers an entry; stores it if it fits the budget and the policy admits it.
+    /// Returns whether it was stored.
+    pub fn offer(&self, key: u64, data: Arc<CachedData>) -> bool {
+        let bytes = data.bytes();
+        let mut g = lock(&self.inner);
+        let inner = &mut *g;
+        inner.sizes.insert(key, bytes);
+        if inner.entries.contains_key(&key) || bytes > self.budget {
+            return false;
+        }
+        let prio = ordered(inner.policy.priority(key));
+        // Decide first, evict after: a refused offer must not cost an entry.
+        let mut victims = Vec::new();
+        let mut freed = 0u64;
+        for &(vp, vk) in &inner.order {
+            if inner.used - freed + bytes <= self.budget {
+                break;
+            }
+            if !inner.policy.always_admit() && vp >= prio {
+                inner.rejected += 1;
+                return false;
+            }
+            victims.push((vp, vk));
+            freed += inner.entries.get(&vk).map_or(0, |e| e.bytes);
+        }
+        if inner.used - freed + bytes > self.budget {
+            inner.rejected += 1;
+            return false;
+        }
+        for v in victims {
+            inner.order.remove(&v);
+            if let Some(e) = inner.entries.remove(&v.1) {
+                inner.used -= e.bytes;
+            }
+            inner.policy.on_evict(v.1);
+            inner.evictions += 1;
+        }
+        inner.policy.on_insert(key);
+        inner.entries.insert(key, Entry { data, bytes, prio });
+        inner.order.insert((prio, key));
+        inner.used += bytes;
+        inner.insertions += 1;
+        true
+    }
+
+    /// The trainer's per-sample values for one batch (SHADE rescoring).
+    pub fn report(&self, keys: &[u64], values: &[f64]) {
+        let mut g = lock(&self.inner);
+        let inner = &mut *g;
+        for k in inner.policy.on_report(keys, values) {
+            let p = ordered(inner.policy.priority(k));
+            if let Some(e) = inner.entries.get_mut(&k) {
+                inner.order.remove(&(e.prio, k));
+                e.prio = p;
+                inner.order.insert((p, k));
+            }
+        }
+    }
+
+    pub fn policy_kind(&self) -> CachePolicyKind {
+        lock(&self.inner).policy.kind()
+    }
+
+    /// Per-key priorities for the epoch about to start; every entry is re-ranked.
+    pub fn set_epoch_priorities(&self, priorities: HashMap<u64, f64>) {
+        let mut g = lock(&self.inner);
+        let inner = &mut *g;
+        inner.policy.set_epoch_priorities(priorities);
+        inner.order.clear();
+        for (k, e) in inner.entries.iter_mut() {
+            e.prio = ordered(inner.policy.priority(*k));
+            inner.order.insert((e.prio, *k));
+        }
+    }
+
+    /// How many entries the budget holds, from the sizes of every sample offered so far.
+    pub fn capacity_entries(&self) -> Option<u64> {
+        let g = lock(&self.inner);
+        if g.sizes.is_empty() {
+            return None;
+        }
+        let mean = g.sizes.values().sum::<u64>() as f64 / g.sizes.len() as f64;
+        Some((self.budget as f64 / mean.max(1.0)) as u64)
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        lock(&self.inner).entries.contains_key(&key)
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let g = lock(&self.inner);
+        let lookups = g.hits + g.misses;
+        CacheStats {
+            policy: g.policy.kind(),
+            level: g.level.unwrap_or(CacheLevel::Auto),
+            budget_bytes: self.budget,
+            used_bytes: g.used,
+            entries: g.entries.len() as u64,
+            hits: g.hits,
+            misses: g.misses,
+            hit_rate: if lookups > 0 { g.hits as f64 / lookups as f64 } else { 0.0 },
+            insertions: g.insertions,
+            evictions: g.evictions,
+            rejected: g.rejected,
+            est_time_saved_s: g.saved_s,
+            costs: g.costs,
+            estimates: g.estimates.clone(),
+        }
+    }
+}
+
+/// Total memory of this machine (Linux `MemTotal`), for budgets given as a fraction.
+pub fn total_ram_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::ByteBudget;
+
+    fn cache(policy: CachePolicyKind, entries: u64) -> Cache {
+        let spec = CacheSpec { budget: ByteBudget::Bytes(entries * 10), level: CacheLevel::Raw, resize: None, policy };
+        Cache::new(&spec, entries * 10, 100)
+    }
+
+    fn put(c: &Cache, key: u64) -> bool {
+        c.offer(key, Arc::new(CachedData::Raw(vec![0; 10])))
+    }
+
+    fn held(c: &Cache, keys: std::ops::Range<u64>) -> Vec<u64> {
+        keys.filter(|&k| c.contains(k)).collect()
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used() {
+        let c = cache(CachePolicyKind::Lru, 3);
+        for k in 0..3 {
+            assert!(put(&c, k));
+        }
+        assert!(c.get(0).is_some()); // 1 is now the oldest
+        assert!(put(&c, 3));
+        assert_eq!(held(&c, 0..4), vec![0, 2, 3]);
+        assert!(put(&c, 4));
+        assert_eq!(held(&c, 0..5), vec![0, 3, 4]);
+        let s = c.stats();
+        assert_eq!((s.evictions, s.hits, s.used_bytes), (2, 1, 30));
+    }
+
+    #[test]
+    fn shade_evicts_the_lowest_rank_score_and_remembers_ghosts() {
+        let c = cache(CachePolicyKind::Shade, 3);
+        for k in 0..3 {
+            assert!(put(&c, k));
+        }
+        // One batch: key 1 has the smallest loss (score ln 11), then 0 (ln 12), then 2 (ln 13).
+        c.report(&[0, 1, 2], &[0.5, 0.1, 0.9]);
+        // A key never scored ranks ln 10: it cannot displace anything.
+        assert!(!put(&c, 7));
+        // Key 8 reported with the highest loss of its batch: it displaces key 1 (lowest).
+        c.report(&[8, 9, 10, 11], &[3.0, 0.0, 0.0, 0.0]);
+        assert!(put(&c, 8));
+        assert_eq!(held(&c, 0..12), vec![0, 2, 8]);
+        // Key 1 is now a ghost with its score ln 11 remembered: it still cannot beat ln 12.
+        assert!(!put(&c, 1));
+        c.report(&[1, 3, 4, 5, 6], &[9.0, 0.0, 0.0, 0.0, 0.0]); // now ln 15
+        assert!(put(&c, 1));
+        assert_eq!(held(&c, 0..12), vec![1, 2, 8], "key 0 (ln 12) was the lowest");
+    }
+
+    #[test]
+    fn fastmatch_and_importance_evict_the_lowest_epoch_priority_and_refuse_lower_offers() {
+        for kind in [CachePolicyKind::Fastmatch, CachePolicyKind::Importance] {
+            let c = cache(kind, 2);
+            c.set_epoch_priorities((0..10).map(|k| (k, k as f64)).collect());
+            assert!(put(&c, 5));
+            assert!(put(&c, 3));
+            assert!(!put(&c, 1), "{kind:?}: a less important key must not displace");
+            assert!(put(&c, 9));
+            assert_eq!(held(&c, 0..10), vec![5, 9], "{kind:?}: 3 was the least important");
+            // Priorities change at the next epoch; entries are re-ranked.
+            c.set_epoch_priorities((0..10).map(|k| (k, -(k as f64))).collect());
+            assert!(put(&c, 0));
+            assert_eq!(held(&c, 0..10), vec![0, 5], "{kind:?}");
+            assert_eq!(c.stats().rejected, 1);
+        }
+    }
+
+    #[test]
+    fn importance_before_scores_keeps_what_it_has_instead_of_churning() {
+        let c = cache(CachePolicyKind::Importance, 2);
+        assert!(put(&c, 1) && put(&c, 2));
+        assert!(!put(&c, 3), "all keys tie before scores exist: no churn");
+        assert_eq!(held(&c, 0..4), vec![1, 2]);
+    }
+
+    #[test]
+    fn entries_over_budget_are_refused_and_capacity_follows_entry_sizes() {
+        let c = cache(CachePolicyKind::Lru, 2);
+        assert!(!c.offer(1, Arc::new(CachedData::Raw(vec![0; 21]))));
+        assert!(put(&c, 2));
+        // Sizes seen: 21 and 10 -> mean 15.5 -> 20 / 15.5 = 1 entry.
+        assert_eq!(c.capacity_entries(), Some(1));
+        assert!(c.get(99).is_none());
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.entries), (0, 1, 1));
+    }
+
+    #[test]
+    fn auto_measures_then_decides() {
+        let spec = CacheSpec { budget: ByteBudget::Bytes(1 << 20), level: CacheLevel::Auto, resize: None, policy: CachePolicyKind::Lru };
+        let c = Cache::new(&spec, 1 << 20, 1000);
+        let cost = SampleCost { read_s: 1e-4, decode_s: 5e-3, resize_s: 0.0, raw_bytes: 1000, decoded_bytes: 3000, resized_bytes: 3000 };
+        for _ in 0..MEASURE_SAMPLES - 1 {
+            c.observe(&cost);
+        }
+        assert_eq!(c.level(), None);
+        c.observe(&cost);
+        assert_eq!(c.level(), Some(CacheLevel::Decoded));
+        assert_eq!(c.stats().estimates.len(), 2);
+    }
+}

@@ -1,0 +1,237 @@
+//! The importance store: per-key scores reported by the trainer (losses or per-sample
+//! gradient norms), smoothed across epochs, and the epoch draws made from them.
+//!
+//! Reports arriving during epoch `e` go to `pending`; they are folded into the smoothed
+//! scores (an EMA, `ema` the weight of the newest epoch) only when the loader moves on to
+//! the next epoch. So the state an epoch's order was drawn from stays untouched while the
+//! epoch runs: a checkpoint taken mid-epoch restores that state plus the pending reports,
+//! and the resumed loader redraws exactly the same order.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use sluice_core::{Manifest, SamplingSpec, ShuffleSpec};
+
+use crate::sampler::{epoch_order, fastmatch_draw, importance_draw, shade_draw, EpochDraw, ImportanceView, Shard};
+
+/// The serialisable importance state, carried in [`crate::LoaderState`]. Maps are written
+/// as key-sorted lists so the JSON is stable.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ImportanceState {
+    /// The epoch whose order was drawn last (from the state below); `None` before any.
+    pub drawn_epoch: Option<u64>,
+    /// Smoothed score per key, as of the start of `drawn_epoch`.
+    pub scores: Vec<(u64, f64)>,
+    /// SHADE rank scores per key (`ln(rank + 10)` within the reporting batch).
+    pub rank_scores: Vec<(u64, f64)>,
+    /// Reports received during `drawn_epoch`, not yet folded in: key → (sum, count).
+    pub pending: Vec<(u64, f64, u32)>,
+    /// Last epoch each key was drawn in (before `drawn_epoch`).
+    pub last_seen: Vec<(u64, u64)>,
+    /// Cache entries the sampler treats as its hot set (fixed once known).
+    pub hot: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct ImportanceStore {
+    ema: f64,
+    drawn_epoch: Option<u64>,
+    scores: HashMap<u64, f64>,
+    rank_scores: HashMap<u64, f64>,
+    pending: HashMap<u64, (f64, u32)>,
+    last_seen: HashMap<u64, u64>,
+    hot: Option<u64>,
+    reports: u64,
+}
+
+fn sorted<V: Copy>(m: &HashMap<u64, V>) -> Vec<(u64, V)> {
+    let mut v: Vec<(u64, V)> = m.iter().map(|(k, v)| (*k, *v)).collect();
+    v.sort_unstable_by_key(|e| e.0);
+    v
+}
+
+/// SHADE's rank score for position `rank` (1 = lowest loss) within a batch.
+pub fn shade_rank_score(rank: usize) -> f64 {
+    (rank as f64 + 10.0).ln()
+}
+
+/// The per-batch SHADE rank scores of `values`: sorted ascending, the i-th smallest gets
+/// `ln(i + 10)` (i from 1), written back to *its own* key. (SHADE's reference code writes
+/// the sorted scores to the wrong positions; this does not copy that.)
+pub fn shade_rank_scores(values: &[f64]) -> Vec<f64> {
+    let mut idx: Vec<usize> = (0..values.len()).collect();
+    idx.sort_by(|&a, &b| values[a].total_cmp(&values[b]).then(a.cmp(&b)));
+    let mut out = vec![0.0; values.len()];
+    for (rank0, &i) in idx.iter().enumerate() {
+        out[i] = shade_rank_score(rank0 + 1);
+    }
+    out
+}
+
+/// What an epoch needs from the store.
+pub(crate) struct DrawInputs<'a> {
+    pub manifest: &'a Manifest,
+    pub seed: u64,
+    pub shuffle: ShuffleSpec,
+    pub sampling: SamplingSpec,
+    pub shard: Shard,
+}
+
+impl ImportanceStore {
+    pub(crate) fn new(ema: f64) -> Self {
+        Self { ema, ..Default::default() }
+    }
+
+    /// Records the trainer's per-sample values (losses or gradient norms) for `keys`.
+    /// Non-finite or negative values are ignored (counted in the return value).
+    pub(crate) fn report(&mut self, keys: &[u64], values: &[f64]) -> usize {
+        let mut ignored = 0;
+        for (k, v) in keys.iter().zip(values) {
+            if !(v.is_finite() && *v >= 0.0) {
+                ignored += 1;
+                continue;
+            }
+            let e = self.pending.entry(*k).or_insert((0.0, 0));
+            e.0 += v;
+            e.1 += 1;
+        }
+        let valid: Vec<(u64, f64)> =
+            keys.iter().zip(values).filter(|(_, v)| v.is_finite() && **v >= 0.0).map(|(k, v)| (*k, *v)).collect();
+        let vals: Vec<f64> = valid.iter().map(|e| e.1).collect();
+        for ((k, _), r) in valid.iter().zip(shade_rank_scores(&vals)) {
+            self.rank_scores.insert(*k, r);
+        }
+        self.reports += 1;
+        ignored
+    }
+
+    pub(crate) fn has_scores(&self) -> bool {
+        !self.scores.is_empty()
+    }
+
+    fn fold_pending(&mut self) {
+        for (k, (sum, count)) in self.pending.drain() {
+            let v = sum / f64::from(count.max(1));
+            let s = match self.scores.get(&k) {
+                Some(old) => (1.0 - self.ema) * old + self.ema * v,
+                None => v,
+            };
+            self.scores.insert(k, s);
+        }
+    }
+
+    fn per_position<V: Copy>(map: &HashMap<u64, V>, manifest: &Manifest) -> Vec<Option<V>> {
+        manifest.entries.iter().map(|e| map.get(&e.key.0).copied()).collect()
+    }
+
+    /// The smoothed score of every manifest position (`None` where never reported).
+    pub(crate) fn scores_by_position(&self, manifest: &Manifest) -> Vec<Option<f64>> {
+        Self::per_position(&self.scores, manifest)
+    }
+
+    fn draw_now(&self, epoch: u64, d: &DrawInputs<'_>) -> EpochDraw {
+        let n = d.manifest.len();
+        let global = match d.sampling {
+            SamplingSpec::Uniform => {
+                let order = epoch_order(n, d.seed, epoch, d.shuffle, Shard::default());
+                EpochDraw { order, weights: None, expected: vec![1.0; n] }
+            }
+            SamplingSpec::Importance { floor, coverage_epochs, miss_discount } => {
+                let scores = self.scores_by_position(d.manifest);
+                let last_seen = Self::per_position(&self.last_seen, d.manifest);
+                let view = ImportanceView {
+                    scores: &scores,
+                    last_seen: &last_seen,
+                    hot: self.hot.map(|h| h.min(n as u64) as usize),
+                };
+                importance_draw(n, d.seed, epoch, floor, coverage_epochs, miss_discount, view)
+            }
+            SamplingSpec::Fastmatch => fastmatch_draw(n, d.seed, epoch, &self.scores_by_position(d.manifest)),
+            SamplingSpec::Shade => shade_draw(n, d.seed, epoch, &Self::per_position(&self.rank_scores, d.manifest)),
+        };
+        global.shard(d.shard)
+    }
+
+    /// The draw for `epoch`. Moving to a new epoch first closes the last drawn one: its
+    /// reports are folded into the scores and its samples marked seen; `hot` (the cache's
+    /// capacity in entries) is taken the first time it is known.
+    pub(crate) fn draw(&mut self, epoch: u64, hot: Option<u64>, d: &DrawInputs<'_>) -> EpochDraw {
+        if self.drawn_epoch == Some(epoch) {
+            return self.draw_now(epoch, d);
+        }
+        if let Some(prev) = self.drawn_epoch {
+            let previous = self.draw_now(prev, d);
+            for &i in &previous.order {
+                if let Some(e) = d.manifest.entries.get(i as usize) {
+                    self.last_seen.insert(e.key.0, prev);
+                }
+            }
+        }
+        self.fold_pending();
+        // Fixed the first time the cache can say (after a full epoch at a fixed level, from
+        // every sample's entry size), then carried in the state: recomputing it after a
+        // resume, from a cold cache, could change the order.
+        if self.hot.is_none() {
+            self.hot = hot.map(|h| h.min(d.manifest.len() as u64));
+        }
+        self.drawn_epoch = Some(epoch);
+        let draw = self.draw_now(epoch, d);
+        tracing::debug!(epoch, scored = self.scores.len(), hot = ?self.hot, "drew epoch order");
+        draw
+    }
+
+    pub(crate) fn state(&self) -> ImportanceState {
+        let mut pending: Vec<(u64, f64, u32)> = self.pending.iter().map(|(k, (s, c))| (*k, *s, *c)).collect();
+        pending.sort_unstable_by_key(|e| e.0);
+        ImportanceState {
+            drawn_epoch: self.drawn_epoch,
+            scores: sorted(&self.scores),
+            rank_scores: sorted(&self.rank_scores),
+            pending,
+            last_seen: sorted(&self.last_seen),
+            hot: self.hot,
+        }
+    }
+
+    pub(crate) fn restore(&mut self, s: &ImportanceState) {
+        self.drawn_epoch = s.drawn_epoch;
+        self.scores = s.scores.iter().copied().collect();
+        self.rank_scores = s.rank_scores.iter().copied().collect();
+        self.pending = s.pending.iter().map(|(k, sum, c)| (*k, (*sum, *c))).collect();
+        self.last_seen = s.last_seen.iter().copied().collect();
+        self.hot = s.hot;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shade_rank_scores_go_to_their_own_keys() {
+        let r = shade_rank_scores(&[0.5, 0.1, 0.9]);
+        assert_eq!(r, vec![shade_rank_score(2), shade_rank_score(1), shade_rank_score(3)]);
+        assert!((shade_rank_score(1) - 11f64.ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn reports_fold_into_an_ema_only_at_the_next_epoch_and_state_round_trips() {
+        let mut s = ImportanceStore::new(0.5);
+        assert_eq!(s.report(&[1, 2, 3], &[4.0, f64::NAN, -1.0]), 2);
+        s.report(&[1], &[2.0]);
+        assert!(!s.has_scores(), "nothing folds mid-epoch");
+        s.drawn_epoch = Some(0);
+        s.fold_pending();
+        assert_eq!(s.scores.get(&1), Some(&3.0), "mean of the epoch's reports");
+        s.report(&[1], &[1.0]);
+        s.fold_pending();
+        assert_eq!(s.scores.get(&1), Some(&2.0), "0.5·3 + 0.5·1");
+        s.report(&[7], &[9.0]);
+        let st = s.state();
+        let mut t = ImportanceStore::new(0.5);
+        t.restore(&st);
+        assert_eq!(t.state(), st);
+        let json = serde_json::to_string(&st).unwrap_or_default();
+        assert_eq!(serde_json::from_str::<ImportanceState>(&json).ok(), Some(st));
+    }
+}

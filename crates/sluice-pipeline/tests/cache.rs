@@ -1,0 +1,166 @@
+//! The cache and the importance sampler inside the loader, on real JPEG files: hits give
+//! the same pixels as misses, `auto` picks the level the storage calls for, importance
+//! feedback reshapes epochs with unbiasing weights, and resume stays exact.
+
+#![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
+
+use std::path::{Path, PathBuf};
+
+use sluice_core::{
+    Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec, SourceSpec, StorageSpec,
+};
+use sluice_pipeline::{Loader, LoaderState, Shard};
+use sluice_synth::{write_dataset, DatasetOptions};
+
+fn dataset(dir: &Path, images: usize) -> PathBuf {
+    let root = dir.join("train");
+    let o = DatasetOptions { images, classes: 3, texture: 4, ..Default::default() };
+    write_dataset(&root, &o, &|_| {}).unwrap();
+    root
+}
+
+fn spec(root: &Path, batch: usize, threads: usize, cache: Option<CacheSpec>) -> PipelineSpec {
+    let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 32, batch);
+    s.threads = threads;
+    s.seed = 5;
+    s.prefetch = 2;
+    s.cache = cache;
+    s
+}
+
+fn cache(budget: u64, level: CacheLevel, resize: Option<u32>, policy: CachePolicyKind) -> Option<CacheSpec> {
+    Some(CacheSpec { budget: ByteBudget::Bytes(budget), level, resize, policy })
+}
+
+fn collect(loader: &Loader) -> Vec<Batch> {
+    loader.iter().map(|b| b.unwrap()).collect()
+}
+
+#[test]
+fn hits_and_misses_give_bit_identical_batches_at_every_level_and_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 24);
+    for (level, resize) in [(CacheLevel::Raw, None), (CacheLevel::Decoded, None), (CacheLevel::Resized, Some(48)), (CacheLevel::Raw, Some(48))] {
+        // A cache that holds everything: epoch 1 is all hits.
+        let big = Loader::new(spec(&root, 5, 3, cache(1 << 30, level, resize, CachePolicyKind::Lru)), Shard::default()).unwrap();
+        let e0 = collect(&big);
+        let e1 = collect(&big);
+        let s = big.stats().cache.unwrap();
+        assert_eq!((s.misses, s.hits, s.entries), (24, 24, 24), "{level:?}");
+        assert!((s.hit_rate - 0.5).abs() < 1e-9);
+        assert!(s.est_time_saved_s > 0.0);
+        // A cache too small for any entry: every sample is a miss.
+        let none = Loader::new(spec(&root, 5, 1, cache(1, level, resize, CachePolicyKind::Lru)), Shard::default()).unwrap();
+        let m0 = collect(&none);
+        let m1 = collect(&none);
+        assert_eq!(none.stats().cache.unwrap().hits, 0);
+        assert_eq!(e0, m0, "{level:?}: epoch 0 differs");
+        assert_eq!(e1, m1, "{level:?}: hits differ from misses");
+        assert_ne!(e0[0].images, e1[0].images, "cached samples are re-augmented each epoch");
+    }
+}
+
+#[test]
+fn a_raw_cache_without_resize_keeps_the_uncached_pixels() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 12);
+    let plain = collect(&Loader::new(spec(&root, 4, 2, None), Shard::default()).unwrap());
+    let raw = Loader::new(spec(&root, 4, 2, cache(1 << 30, CacheLevel::Raw, None, CachePolicyKind::Lru)), Shard::default()).unwrap();
+    assert_eq!(collect(&raw), plain);
+}
+
+#[test]
+fn auto_caches_raw_bytes_on_slow_storage_and_pixels_on_fast_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 40);
+    // A budget of ~20 raw entries but under 2 decoded ones.
+    let mut slow = spec(&root, 8, 2, cache(1_000_000, CacheLevel::Auto, None, CachePolicyKind::Lru));
+    slow.storage = StorageSpec::Throttled { latency_ms: 20.0, bandwidth_mb_s: 200.0 };
+    let loader = Loader::new(slow, Shard::default()).unwrap();
+    collect(&loader);
+    let s = loader.stats().cache.unwrap();
+    assert_eq!(s.level, CacheLevel::Raw, "{:?}", s.estimates);
+    assert!(s.costs.read_s > 0.015);
+
+    // Local files, a budget that holds every resized entry but only a few decoded ones.
+    let fast = spec(&root, 8, 2, cache(200_000, CacheLevel::Auto, Some(32), CachePolicyKind::Lru));
+    let loader = Loader::new(fast, Shard::default()).unwrap();
+    collect(&loader);
+    let s = loader.stats().cache.unwrap();
+    assert_eq!(s.level, CacheLevel::Resized, "{:?} {:?}", s.costs, s.estimates);
+    assert_eq!(s.estimates.len(), 3);
+}
+
+fn importance_spec(root: &Path, threads: usize) -> PipelineSpec {
+    let mut s = spec(root, 6, threads, cache(1 << 30, CacheLevel::Decoded, None, CachePolicyKind::Importance));
+    s.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 3, miss_discount: 0.5 };
+    s
+}
+
+/// A fake trainer: key k has loss 5 if k % 5 == 0, else 0.1.
+fn report_all(loader: &Loader, batches: &[Batch]) {
+    for b in batches {
+        let losses: Vec<f64> = b.keys.iter().map(|k| if k % 5 == 0 { 5.0 } else { 0.1 }).collect();
+        loader.report(&b.keys, &losses).unwrap();
+    }
+}
+
+#[test]
+fn importance_feedback_reshapes_epochs_with_weights_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 30);
+    let run = |threads: usize| {
+        let loader = Loader::new(importance_spec(&root, threads), Shard::default()).unwrap();
+        let e0 = collect(&loader);
+        assert!(e0.iter().all(|b| b.weights.as_ref().is_some_and(|w| w.iter().all(|&x| x == 1.0))), "uniform until scores exist");
+        report_all(&loader, &e0);
+        let e1 = collect(&loader);
+        (loader, e0, e1)
+    };
+    let (loader, e0, e1) = run(1);
+    let keys1: Vec<u64> = e1.iter().flat_map(|b| b.keys.clone()).collect();
+    assert_eq!(keys1.len(), 30);
+    let hard = keys1.iter().filter(|k| *k % 5 == 0).count();
+    assert!(hard > 12, "hard samples (6 of 30) should dominate epoch 1; drew {hard}");
+    // Hard samples are drawn often and weighted down; easy ones the reverse.
+    let w_of = |hard: bool| -> f32 {
+        e1.iter()
+            .flat_map(|b| b.keys.iter().zip(b.weights.as_ref().unwrap()))
+            .filter(|(k, _)| (**k % 5 == 0) == hard)
+            .map(|(_, w)| *w)
+            .next()
+            .unwrap()
+    };
+    assert!(w_of(true) < 1.0 && w_of(false) > 1.0, "{} {}", w_of(true), w_of(false));
+    // Thread count changes nothing.
+    let (_, e0b, e1b) = run(3);
+    assert_eq!((e0.clone(), e1.clone()), (e0b, e1b));
+
+    // Checkpoint mid-epoch 2 after some reports, resume in a fresh loader: same batches.
+    report_all(&loader, &e1);
+    let mut it = loader.iter();
+    let head: Vec<Batch> = (0..2).map(|_| it.next().unwrap().unwrap()).collect();
+    drop(it);
+    report_all(&loader, &head);
+    let saved = serde_json::to_string(&loader.state()).unwrap();
+    let rest: Vec<Batch> = collect(&loader);
+    report_all(&loader, &rest);
+    let e3 = collect(&loader);
+
+    let resumed = Loader::new(importance_spec(&root, 2), Shard::default()).unwrap();
+    resumed.load_state(&serde_json::from_str::<LoaderState>(&saved).unwrap()).unwrap();
+    let rest_b = collect(&resumed);
+    assert_eq!(rest, rest_b);
+    report_all(&resumed, &rest_b);
+    assert_eq!(collect(&resumed), e3, "the epoch after the resume matches too");
+    assert_eq!(resumed.importance_state(), loader.importance_state());
+}
+
+#[test]
+fn report_rejects_mismatched_lengths() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 4);
+    let loader = Loader::new(importance_spec(&root, 1), Shard::default()).unwrap();
+    let e = loader.report(&[1, 2], &[0.5]).unwrap_err();
+    assert!(e.to_string().contains("2 keys but 1 values"), "{e}");
+}
