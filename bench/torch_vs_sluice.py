@@ -24,12 +24,13 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torchvision
@@ -41,20 +42,35 @@ import sluice
 REPO = Path(__file__).resolve().parent.parent
 
 
-def dataloader_epoch(root: str, workers: int, batch: int, seed: int) -> float:
-    """Images/s of one shuffled epoch through DataLoader + torchvision (uint8 output)."""
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads) and of its reaped children (DataLoader
+    workers are joined at the end of each epoch when persistent_workers is off)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(epoch: Callable[[], int]) -> Tuple[float, float]:
+    """(images per wall second, images per CPU second) of one epoch. CPU seconds are a
+    check that holds up on a busy machine, where wall time also counts other work."""
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    n = epoch()
+    wall, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+    return n / wall, n / max(cpu, 1e-9)
+
+
+def dataloader_epoch(root: str, workers: int, batch: int, seed: int) -> int:
+    """One shuffled epoch through DataLoader + torchvision (uint8 output); returns images."""
     transform = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(), v2.PILToTensor()])
     dataset = torchvision.datasets.ImageFolder(root, transform=transform)
     gen = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         dataset, batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=False, generator=gen
     )
-    start = time.perf_counter()
     n = 0
     for images, labels in loader:
         assert images.dtype == torch.uint8 and images.shape[1:] == (3, 224, 224)
         n += labels.shape[0]
-    return n / (time.perf_counter() - start)
+    return n
 
 
 def sluice_pipeline(root: str, threads: int, batch: int) -> sluice.Pipeline:
@@ -68,17 +84,21 @@ def sluice_pipeline(root: str, threads: int, batch: int) -> sluice.Pipeline:
     )
 
 
-def sluice_epoch(root: str, threads: int, batch: int, epoch: int) -> float:
-    """Images/s of one epoch through sluice.Loader from Python (uint8 NHWC numpy batches;
-    enumerating the dataset happens before the clock starts, as in `sluice bench`)."""
+def sluice_loader(root: str, threads: int, batch: int, epoch: int) -> sluice.Loader:
+    """A loader at `epoch` (enumerating the dataset happens before the clock starts, as in
+    `sluice bench`)."""
     loader = sluice.Loader(sluice_pipeline(root, threads, batch))
     loader.set_epoch(epoch)
-    start = time.perf_counter()
+    return loader
+
+
+def sluice_epoch(loader: sluice.Loader) -> int:
+    """One epoch through sluice.Loader from Python (uint8 NHWC numpy batches)."""
     n = 0
     for b in loader:
         assert b.image.dtype.name == "uint8" and b.image.shape[1:] == (224, 224, 3)
         n += b.image.shape[0]
-    return n / (time.perf_counter() - start)
+    return n
 
 
 def rust_bench(binary: Path, root: str, threads: List[int], batch: int) -> Dict[int, float]:
@@ -124,9 +144,18 @@ def main() -> None:
     )
 
     results: Dict[str, Dict[int, List[float]]] = {"dataloader": {}, "sluice": {}, "rust": {}}
-    measures: Dict[str, Callable[[int, int], float]] = {
-        "dataloader": lambda c, run: dataloader_epoch(args.data, c, args.batch, run),
-        "sluice": lambda c, run: sluice_epoch(args.data, c, args.batch, run),
+    per_cpu: Dict[str, Dict[int, List[float]]] = {"dataloader": {}, "sluice": {}}
+
+    def measure_dataloader(c: int, run: int) -> Tuple[float, float]:
+        return timed(lambda: dataloader_epoch(args.data, c, args.batch, run))
+
+    def measure_sluice(c: int, run: int) -> Tuple[float, float]:
+        loader = sluice_loader(args.data, c, args.batch, run)
+        return timed(lambda: sluice_epoch(loader))
+
+    measures: Dict[str, Callable[[int, int], Tuple[float, float]]] = {
+        "dataloader": measure_dataloader,
+        "sluice": measure_sluice,
     }
     # Warm-up: one pass of each configuration (imports, page cache, allocator, JIT paths).
     for c in cores:
@@ -135,15 +164,17 @@ def main() -> None:
     for run in range(args.runs):
         for c in cores:
             for name, m in measures.items():
-                v = m(c, run + 1)
+                v, per = m(c, run + 1)
                 results[name].setdefault(c, []).append(v)
-                print(f"run {run + 1}: {name:<10} cores={c}: {v:7.0f} img/s", file=sys.stderr)
+                per_cpu[name].setdefault(c, []).append(per)
+                print(f"run {run + 1}: {name:<10} cores={c}: {v:7.0f} img/s, {per:5.0f} img/CPU-s", file=sys.stderr)
         if use_rust:
             for c, v in rust_bench(binary, args.data, cores, args.batch).items():
                 results["rust"].setdefault(c, []).append(v)
                 print(f"run {run + 1}: {'rust':<10} cores={c}: {v:7.0f} img/s", file=sys.stderr)
 
     med = {name: {c: statistics.median(v) for c, v in by.items()} for name, by in results.items()}
+    med_cpu = {name: {c: statistics.median(v) for c, v in by.items()} for name, by in per_cpu.items()}
     print()
     print(f"RandomResizedCrop 224 + flip, uint8, batch {args.batch}, {len(files)} images; images/s, median of {args.runs}")
     print()
@@ -161,9 +192,22 @@ def main() -> None:
             rs = med["rust"][c]
             row += f" {rs:.0f} | {sl / rs:.3f} |"
         print(row)
+    print()
+    print("Per CPU second (all threads and worker processes; less sensitive to a busy machine):")
+    print()
+    print("| cores | DataLoader img/CPU-s | sluice img/CPU-s | ratio |")
+    print("|---:|---:|---:|---:|")
+    for c in cores:
+        dl, sl = med_cpu["dataloader"][c], med_cpu["sluice"][c]
+        print(f"| {c} | {dl:.0f} | {sl:.0f} | {sl / dl:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"runs": results, "median": med, "images": len(files), "batch": args.batch}, f, indent=2)
+            json.dump(
+                {"runs": results, "per_cpu_runs": per_cpu, "median": med, "median_per_cpu": med_cpu,
+                 "images": len(files), "batch": args.batch},
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":
