@@ -32,7 +32,8 @@ class Batch(Mapping[str, Any]):
     Attributes:
         epoch: the epoch this batch belongs to.
         index: its position within the epoch.
-        layout: ``"hwc"`` or ``"chw"``.
+        layout: ``"hwc"`` or ``"chw"`` (None when unknown, e.g. a batch rebuilt by a
+            torch DataLoader's collate or pin_memory step).
         buffer_address: address of the image buffer sluice filled in Rust; the image's data
             pointer equals it (the batch was not copied on its way to Python).
     """
@@ -44,7 +45,7 @@ class Batch(Mapping[str, Any]):
         fields: Mapping[str, Any],
         epoch: int = -1,
         index: int = -1,
-        layout: str = "hwc",
+        layout: Optional[str] = None,
         buffer_address: int = 0,
     ) -> None:
         """Wraps ``fields`` (a mapping of name to array or tensor)."""

@@ -107,3 +107,13 @@ def test_training_example_runs_end_to_end(tmp_path: Path) -> None:
     assert "generated 48 images" in r.stdout
     assert "epoch 0: loss" in r.stdout and "images/s" in r.stdout
     assert "sluice: 48 samples" in r.stdout
+
+
+def test_pinned_dataloader_batches_keep_working_with_to_device(dataset: Path) -> None:
+    pipe = sluice.Pipeline.image_folder(dataset).decode().center_crop(16).layout("chw").batch(8)
+    dl = torch.utils.data.DataLoader(SluiceDataset(pipe), batch_size=None, num_workers=0)
+    batch = next(iter(dl))
+    assert isinstance(batch, sluice.Batch) and batch.layout is None  # rebuilt by the DataLoader
+    out = to_device(batch, "cpu", mean=None, std=None)
+    assert out.image.shape == (8, 3, 16, 16)  # CHW recognised from the shape, not permuted again
+    torch.testing.assert_close(out.image, batch["image"].float() / 255)
