@@ -9,6 +9,7 @@ mod demo;
 mod gen;
 mod progress;
 mod run;
+mod service;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -31,6 +32,12 @@ enum Command {
     /// Generate a dataset if needed, write a spec for it and run it: sluice's main job on
     /// data of its own.
     Demo(demo::Args),
+    /// Serve jobs: own epochs, cut them into tasks, journal, hand tasks to workers.
+    Dispatcher(service::DispatcherArgs),
+    /// Run tasks for a dispatcher and stream their batches to clients.
+    Worker(service::WorkerArgs),
+    /// Start a dispatcher and N worker processes on this machine.
+    Up(service::UpArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -44,6 +51,9 @@ fn main() -> std::process::ExitCode {
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
         Command::Demo(a) => demo::main(a),
+        Command::Dispatcher(a) => service::dispatcher(a),
+        Command::Worker(a) => service::worker(a),
+        Command::Up(a) => service::up(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

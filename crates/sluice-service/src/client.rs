@@ -80,6 +80,7 @@ struct Conn {
     batches: AtomicU64,
     stall_ns: AtomicU64,
     started: Instant,
+    next_request: AtomicU64,
 }
 
 impl Conn {
@@ -148,6 +149,8 @@ pub struct RemoteLoader {
     /// Assignments (task, start) with batches delivered but not yet acknowledged.
     open: HashMap<(u64, u64), (u64, u64)>,
     duplicates: u64,
+    /// An iterator was dropped mid-epoch: the next one restarts the epoch from `state()`.
+    abandoned: bool,
 }
 
 impl RemoteLoader {
@@ -183,6 +186,7 @@ impl RemoteLoader {
             batches: AtomicU64::new(0),
             stall_ns: AtomicU64::new(0),
             started: Instant::now(),
+            next_request: AtomicU64::new(1),
         };
         let req = CreateJobRequest { job_name: options.job_name.clone(), spec_json, task_batches: options.task_batches };
         let job = rt.block_on(with_retry(&conn, "CreateJob", |mut d| {
@@ -202,6 +206,7 @@ impl RemoteLoader {
             delivered: HashSet::new(),
             open: HashMap::new(),
             duplicates: 0,
+            abandoned: false,
         })
     }
 
@@ -257,34 +262,19 @@ impl RemoteLoader {
     /// The rest of the current epoch's batches, in arrival order. When it ends, the loader
     /// moves to the next epoch.
     pub fn iter(&mut self) -> RemoteEpoch<'_> {
-        // Tasks left half-delivered by an earlier, abandoned iterator: queue their rest.
-        let open: Vec<((u64, u64), (u64, u64))> = self.open.drain().collect();
-        for ((task, _start), (_end, got)) in open {
-            let req = FailTaskRequest {
-                job_id: self.job.job_id,
-                client_id: self.conn.client_id.clone(),
-                epoch: self.epoch,
-                task_index: task,
-                received: got,
-                worker_id: 0,
-            };
-            let r = self.rt.block_on(with_retry(&self.conn, "FailTask", |mut d| {
-                let req = req.clone();
-                async move { d.fail_task(req).await }
-            }));
-            if let Err(e) = r {
-                tracing::warn!(error = %e, "could not hand back a half-read task");
+        // An earlier iterator was dropped mid-epoch: its leases and half-read tasks are
+        // handed back by restarting the epoch without what the trainer already has.
+        if self.abandoned {
+            let state = self.state();
+            if let Err(e) = self.load_state(&state) {
+                tracing::warn!(error = %e, "could not restart the abandoned epoch");
             }
+            self.abandoned = false;
         }
+        self.abandoned = true;
         let (tx, rx) = mpsc::channel(2 * self.tasks_in_flight);
         let driver = self.rt.spawn(drive(self.conn.clone(), self.epoch, self.tasks_in_flight, tx));
-        RemoteEpoch { loader: self, rx, driver: Some(driver) }
-    }
-}
-
-impl Drop for RemoteLoader {
-    fn drop(&mut self) {
-        // Leases of a client that went away run out on the dispatcher; nothing else to do.
+        RemoteEpoch { loader: self, rx, driver: Some(driver), failed: false }
     }
 }
 
@@ -331,7 +321,8 @@ async fn drive(conn: Arc<Conn>, epoch: u64, k: usize, tx: mpsc::Sender<Item>) {
 async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<(), ServiceError> {
     let mut wait = Duration::from_millis(2);
     loop {
-        let req = GetTaskRequest { job_id: conn.job_id, client_id: conn.client_id.clone(), epoch };
+        let request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
+        let req = GetTaskRequest { job_id: conn.job_id, client_id: conn.client_id.clone(), epoch, request_id };
         let reply = with_retry(&conn, "GetTask", |mut d| {
             let req = req.clone();
             async move { d.get_task(req).await }
@@ -425,6 +416,8 @@ pub struct RemoteEpoch<'a> {
     loader: &'a mut RemoteLoader,
     rx: mpsc::Receiver<Item>,
     driver: Option<tokio::task::JoinHandle<()>>,
+    /// An error ended this epoch's stream; the epoch is not over.
+    failed: bool,
 }
 
 impl RemoteEpoch<'_> {
@@ -453,6 +446,9 @@ impl Iterator for RemoteEpoch<'_> {
     type Item = Result<Batch, ServiceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
         loop {
             let t0 = Instant::now();
             let item = self.rx.blocking_recv();
@@ -460,12 +456,17 @@ impl Iterator for RemoteEpoch<'_> {
             match item {
                 None => {
                     self.driver = None;
+                    self.loader.abandoned = false;
                     self.loader.epoch += 1;
                     self.loader.delivered.clear();
                     self.loader.open.clear();
                     return None;
                 }
-                Some(Item::Error(e)) => return Some(Err(e)),
+                Some(Item::Error(e)) => {
+                    self.driver = None;
+                    self.failed = true;
+                    return Some(Err(e));
+                }
                 Some(Item::Batch { task, start, end, batch }) => {
                     let entry = self.loader.open.entry((task, start)).or_insert((end, 0));
                     entry.1 += 1;

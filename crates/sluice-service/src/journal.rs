@@ -31,7 +31,15 @@ pub enum Record {
     },
     /// `epoch` begins; batches in `skip` were delivered before (a resumed checkpoint).
     Epoch { job_id: u64, epoch: u64, skip: Vec<u64> },
-    Assign { job_id: u64, epoch: u64, task: u64, client: String },
+    Assign {
+        job_id: u64,
+        epoch: u64,
+        task: u64,
+        client: String,
+        /// The client's request id (see `GetTaskRequest::request_id`).
+        #[serde(default)]
+        request: u64,
+    },
     /// The task's holder received batches up to `start` before its worker failed; the
     /// task now covers only the rest and is up for grabs again.
     Requeue { job_id: u64, epoch: u64, task: u64, start: u64 },
@@ -179,7 +187,7 @@ mod tests {
         assert!(old.is_empty());
         let recs = [
             Record::Epoch { job_id: 1, epoch: 0, skip: vec![] },
-            Record::Assign { job_id: 1, epoch: 0, task: 2, client: "c".into() },
+            Record::Assign { job_id: 1, epoch: 0, task: 2, client: "c".into(), request: 7 },
             Record::Ack { job_id: 1, epoch: 0, task: 2 },
         ];
         for r in &recs {

@@ -8,6 +8,7 @@ pub mod dispatcher;
 pub mod error;
 pub mod journal;
 pub mod metrics;
+pub mod process;
 pub mod proto;
 pub mod security;
 pub mod wire;
@@ -16,6 +17,7 @@ pub mod worker;
 pub use client::{RemoteLoader, RemoteOptions, RemoteState};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::ServiceError;
+pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use worker::{run_worker, WorkerConfig};
 
 /// Largest gRPC message either side sends or accepts: a batch of 256 f32 images at

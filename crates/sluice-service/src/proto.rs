@@ -98,6 +98,10 @@ pub struct GetTaskRequest {
     /// The epoch the client is reading.
     #[prost(uint64, tag = "3")]
     pub epoch: u64,
+    /// Unique per client and request, the same on retries: a retried request whose first
+    /// reply was lost gets the same task back instead of leaking a lease. 0: none.
+    #[prost(uint64, tag = "4")]
+    pub request_id: u64,
 }
 
 pub mod task_status {

@@ -223,7 +223,7 @@ impl Dispatcher for DispatcherService {
             valid_name("client_id", &req.client_id)?;
             let (reply, durable) = {
                 let mut state = lock(&self.inner.state);
-                let (reply, record, worker) = state.get_task(req.job_id, &req.client_id, req.epoch, Instant::now())?;
+                let (reply, record, worker) = state.get_task(req.job_id, &req.client_id, req.epoch, req.request_id, Instant::now())?;
                 let durable = match record {
                     Some(r) => Some(self.commit(&mut state, &r, worker)?),
                     None => None,

@@ -138,6 +138,8 @@ pub struct State {
     pub names: HashMap<String, u64>,
     pub workers: BTreeMap<u64, WorkerEntry>,
     pub clients: HashMap<String, ClientReport>,
+    /// Each client's last assignment: (request id, job, epoch, task).
+    last_assign: HashMap<String, (u64, u64, u64, u64)>,
     next_job_id: u64,
     next_worker_id: u64,
 }
@@ -150,6 +152,7 @@ impl State {
             names: HashMap::new(),
             workers: BTreeMap::new(),
             clients: HashMap::new(),
+            last_assign: HashMap::new(),
             next_job_id: 1,
             next_worker_id: worker_id_base.max(1),
         }
@@ -188,7 +191,10 @@ impl State {
                 let job = self.job_mut(*job_id)?;
                 job.current = EpochState::new(*epoch, job.batches_per_epoch, job.task_batches, skip);
             }
-            Record::Assign { job_id, epoch, task, client } => {
+            Record::Assign { job_id, epoch, task, client, request } => {
+                if *request != 0 {
+                    self.last_assign.insert(client.clone(), (*request, *job_id, *epoch, *task));
+                }
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.status = TaskStatus::Leased { client: client.clone(), worker, deadline: now + CLIENT_LEASE };
                 let job = self.job_mut(*job_id)?;
@@ -330,8 +336,14 @@ impl State {
         job_id: u64,
         client: &str,
         epoch: u64,
+        request: u64,
         now: Instant,
     ) -> Result<(GetTaskReply, Option<Record>, u64), ServiceError> {
+        if request != 0 {
+            if let Some(reply) = self.repeat_assignment(job_id, client, epoch, request, now) {
+                return Ok((reply, None, 0));
+            }
+        }
         let wait = GetTaskReply { status: task_status::WAIT, task: None };
         let current = self.job(job_id)?.current.epoch;
         if epoch < current {
@@ -362,8 +374,27 @@ impl State {
             worker_id,
             worker_addr: worker.addr.clone(),
         };
-        let record = Record::Assign { job_id, epoch, task, client: client.to_string() };
+        let record = Record::Assign { job_id, epoch, task, client: client.to_string(), request };
         Ok((GetTaskReply { status: task_status::TASK, task: Some(assignment) }, Some(record), worker_id))
+    }
+
+    /// The task a retried request got the first time, if the client still holds it. Its
+    /// worker is picked again (the first may be gone, or unknown after a restart).
+    fn repeat_assignment(&mut self, job_id: u64, client: &str, epoch: u64, request: u64, now: Instant) -> Option<GetTaskReply> {
+        let &(req, job, ep, task) = self.last_assign.get(client)?;
+        if (req, job, ep) != (request, job_id, epoch) {
+            return None;
+        }
+        let (worker_id, addr) = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone()))?;
+        let t = self.jobs.get_mut(&job_id)?.current.tasks.get_mut(task as usize)?;
+        let TaskStatus::Leased { client: holder, worker, .. } = &mut t.status else { return None };
+        if holder != client {
+            return None;
+        }
+        *worker = worker_id;
+        let assignment =
+            TaskAssignment { job_id, epoch, task_index: task, start: t.start, end: t.end, worker_id, worker_addr: addr };
+        Some(GetTaskReply { status: task_status::TASK, task: Some(assignment) })
     }
 
     /// Decides an `AckTask`. Acks for epochs already finished are accepted and ignored.
@@ -440,7 +471,7 @@ mod tests {
     }
 
     fn step(s: &mut State, client: &str, epoch: u64, now: Instant) -> GetTaskReply {
-        let (reply, record, worker) = s.get_task(1, client, epoch, now).unwrap();
+        let (reply, record, worker) = s.get_task(1, client, epoch, 0, now).unwrap();
         if let Some(r) = record {
             s.apply(&r, now, worker).unwrap();
         }
@@ -507,9 +538,9 @@ mod tests {
         // Replay: the same records give the same state.
         let records = vec![
             job_record(4, 2),
-            Record::Assign { job_id: 1, epoch: 0, task: 0, client: "a".into() },
+            Record::Assign { job_id: 1, epoch: 0, task: 0, client: "a".into(), request: 1 },
             Record::Ack { job_id: 1, epoch: 0, task: 0 },
-            Record::Assign { job_id: 1, epoch: 0, task: 1, client: "a".into() },
+            Record::Assign { job_id: 1, epoch: 0, task: 1, client: "a".into(), request: 2 },
         ];
         let mut r = State::new(50);
         for rec in &records {
@@ -517,5 +548,11 @@ mod tests {
         }
         let e = &r.job(1).unwrap().current;
         assert_eq!((e.acked, e.leased(), e.queue.len()), (1, 1, 0));
+        // A retried request (its reply was lost in the restart) gets the same task back.
+        r.register_worker("w2".into(), now);
+        let (again, record, _) = r.get_task(1, "a", 0, 2, now).unwrap();
+        assert_eq!((again.task.unwrap().task_index, record), (1, None));
+        let (other, _, _) = r.get_task(1, "a", 0, 3, now).unwrap();
+        assert_eq!(other.status, task_status::WAIT);
     }
 }

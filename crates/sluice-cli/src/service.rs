@@ -1,0 +1,209 @@
+//! `sluice dispatcher`, `sluice worker` and `sluice up`: the service's processes.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use sluice_service::{DispatcherConfig, WorkerConfig};
+
+/// The token from `--token`, else `SLUICE_TOKEN`.
+fn token(flag: Option<String>) -> Option<String> {
+    flag.or_else(|| std::env::var("SLUICE_TOKEN").ok()).filter(|t| !t.is_empty())
+}
+
+/// `--allow-root` as given, or the current folder when none is.
+fn roots(given: Vec<PathBuf>) -> Result<Vec<PathBuf>> {
+    if !given.is_empty() {
+        return Ok(given);
+    }
+    let cwd = std::env::current_dir().context("no --allow-root given and the current folder is unknown")?;
+    tracing::warn!(root = %cwd.display(), "no --allow-root given: allowing only the current folder");
+    Ok(vec![cwd])
+}
+
+fn announce(what: &str, addr: std::net::SocketAddr) {
+    println!("sluice {what} listening on {addr}");
+    let _ = std::io::stdout().flush();
+}
+
+#[derive(clap::Args)]
+pub struct DispatcherArgs {
+    /// gRPC address; keep 127.0.0.1 unless the port is protected (token, network policy).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    /// Append-only journal that lets a restarted dispatcher resume every job.
+    #[arg(long)]
+    journal: Option<PathBuf>,
+    /// A folder clients' specs may read from (repeatable; default: the current folder).
+    #[arg(long = "allow-root")]
+    allow_root: Vec<PathBuf>,
+    /// Shared secret every RPC must carry (default: $SLUICE_TOKEN; none: no check).
+    #[arg(long)]
+    token: Option<String>,
+    /// Serve Prometheus metrics at http://127.0.0.1:PORT/metrics.
+    #[arg(long)]
+    metrics_port: Option<u16>,
+}
+
+pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
+    if a.journal.is_none() {
+        tracing::warn!("no --journal: a restarted dispatcher will not remember its jobs");
+    }
+    let config = DispatcherConfig {
+        listen: a.listen,
+        journal: a.journal,
+        allow_roots: roots(a.allow_root)?,
+        token: token(a.token),
+        metrics_listen: a.metrics_port.map(|p| format!("127.0.0.1:{p}")),
+    };
+    sluice_service::serve_dispatcher(config, |addr| announce("dispatcher", addr))?;
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    /// The dispatcher's address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    dispatcher: String,
+    /// Data-plane address; port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: String,
+    /// Address clients should use to reach this worker (default: the bound address).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Decode threads per job (default: the spec's `threads`).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// A folder this worker may read from (repeatable; default: the current folder).
+    #[arg(long = "allow-root")]
+    allow_root: Vec<PathBuf>,
+    #[arg(long)]
+    token: Option<String>,
+    #[arg(long)]
+    metrics_port: Option<u16>,
+}
+
+pub fn worker(a: WorkerArgs) -> Result<()> {
+    let config = WorkerConfig {
+        listen: a.listen,
+        advertise: a.advertise,
+        dispatcher: a.dispatcher,
+        allow_roots: roots(a.allow_root)?,
+        token: token(a.token),
+        metrics_listen: a.metrics_port.map(|p| format!("127.0.0.1:{p}")),
+        threads: a.threads,
+    };
+    sluice_service::serve_worker(config, |addr| announce("worker", addr))?;
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct UpArgs {
+    /// Worker processes to start.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// The dispatcher's gRPC address.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    #[arg(long, default_value = ".sluice/dispatcher.journal")]
+    journal: PathBuf,
+    /// Decode threads per worker (default: cores / workers).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[arg(long = "allow-root")]
+    allow_root: Vec<PathBuf>,
+    #[arg(long)]
+    token: Option<String>,
+    /// Metrics: the dispatcher on PORT, worker i on PORT+1+i.
+    #[arg(long)]
+    metrics_port: Option<u16>,
+}
+
+struct Supervised {
+    name: String,
+    args: Vec<String>,
+    child: Child,
+}
+
+/// Starts a dispatcher and N workers as child processes of this one, restarts any that
+/// dies, and stops them all on Ctrl-C/SIGTERM.
+pub fn up(a: UpArgs) -> Result<()> {
+    let exe = std::env::current_exe().context("cannot find the sluice binary")?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = a.threads.unwrap_or((cores / a.workers.max(1)).max(1));
+    let roots = roots(a.allow_root)?;
+    let token = token(a.token);
+    let mut root_args = Vec::new();
+    for r in &roots {
+        root_args.push("--allow-root".to_string());
+        root_args.push(r.display().to_string());
+    }
+    let mut specs: Vec<(String, Vec<String>)> = Vec::new();
+    let mut d = vec!["dispatcher".into(), "--listen".into(), a.listen.clone(), "--journal".into()];
+    d.push(a.journal.display().to_string());
+    d.extend(root_args.iter().cloned());
+    if let Some(p) = a.metrics_port {
+        d.extend(["--metrics-port".into(), p.to_string()]);
+    }
+    specs.push(("dispatcher".into(), d));
+    for i in 0..a.workers {
+        let mut w = vec!["worker".into(), "--dispatcher".into(), a.listen.clone(), "--threads".into()];
+        w.push(threads.to_string());
+        w.extend(root_args.iter().cloned());
+        if let Some(p) = a.metrics_port {
+            w.extend(["--metrics-port".into(), (p as usize + 1 + i).to_string()]);
+        }
+        specs.push((format!("worker {i}"), w));
+    }
+    let spawn = |args: &[String]| -> Result<Child> {
+        let mut cmd = Command::new(&exe);
+        cmd.args(args);
+        if let Some(t) = &token {
+            // Through the environment, not argv, so `ps` does not show it.
+            cmd.env("SLUICE_TOKEN", t);
+        }
+        cmd.spawn().with_context(|| format!("cannot start `sluice {}`", args.join(" ")))
+    };
+    let stop = sluice_service::signal_flag()?;
+    let mut children = Vec::new();
+    for (name, args) in specs {
+        let child = spawn(&args)?;
+        children.push(Supervised { name, args, child });
+    }
+    println!("sluice up: dispatcher on {} with {} workers ({threads} threads each); Ctrl-C stops", a.listen, a.workers);
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(200));
+        for s in &mut children {
+            if let Ok(Some(status)) = s.child.try_wait() {
+                tracing::warn!(process = %s.name, %status, "exited; restarting it");
+                s.child = spawn(&s.args)?;
+            }
+        }
+    }
+    for s in &mut children {
+        let _ = terminate(&mut s.child);
+    }
+    Ok(())
+}
+
+/// SIGTERM (a clean stop), then SIGKILL if it lingers.
+fn terminate(child: &mut Child) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        for _ in 0..50 {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    child.kill()?;
+    child.wait().map(|_| ())
+}

@@ -1,0 +1,304 @@
+//! The service end to end: real `sluice dispatcher` and `sluice worker` processes, real gRPC
+//! on 127.0.0.1, a [`RemoteLoader`] in this process.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sluice_core::{PipelineSpec, SourceSpec};
+use sluice_service::{RemoteLoader, RemoteOptions, ServiceError};
+use sluice_synth::DatasetOptions;
+
+const IMAGES: usize = 48;
+const BATCH: usize = 4;
+
+/// A child process killed (SIGKILL) and reaped when dropped.
+struct Proc(Child);
+
+impl Proc {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_addr() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+fn sluice(args: &[&str]) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env("SLUICE_LOG", "warn")
+        .env_remove("SLUICE_TOKEN")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+fn dispatcher(addr: &str, journal: &Path, root: &Path, extra: &[&str]) -> Proc {
+    let mut args = vec!["dispatcher", "--listen", addr, "--allow-root", root.to_str().unwrap()];
+    args.extend(["--journal", journal.to_str().unwrap()]);
+    args.extend(extra);
+    sluice(&args)
+}
+
+fn worker(dispatcher: &str, root: &Path, extra: &[&str]) -> Proc {
+    let mut args = vec!["worker", "--dispatcher", dispatcher, "--threads", "1", "--allow-root", root.to_str().unwrap()];
+    args.extend(extra);
+    sluice(&args)
+}
+
+fn dataset(dir: &Path) -> PathBuf {
+    let root = dir.join("data");
+    let options = DatasetOptions { images: IMAGES, classes: 4, texture: 8, ..Default::default() };
+    sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
+    root
+}
+
+fn spec(root: &Path, seed: u64) -> PipelineSpec {
+    let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 32, BATCH);
+    s.seed = seed;
+    s.threads = 1;
+    s
+}
+
+fn options(addr: &str, job: &str) -> RemoteOptions {
+    let mut o = RemoteOptions::new(addr, job);
+    o.token = None;
+    o.task_batches = 2;
+    o.tasks_in_flight = 4;
+    o.give_up_after = Duration::from_secs(30);
+    o
+}
+
+/// Asserts that `keys` hold every sample exactly once.
+fn assert_exactly_once(mut keys: Vec<u64>, what: &str) {
+    keys.sort_unstable();
+    let expected: Vec<u64> = (0..IMAGES as u64).collect();
+    assert_eq!(keys, expected, "{what}: not every sample exactly once");
+}
+
+/// A small deterministic RNG (xorshift), seeded per run and printed so a failure replays.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+#[test]
+fn a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let mut workers: Vec<Proc> = (0..3).map(|_| worker(&addr, &root, &[])).collect();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    eprintln!("rng seed {seed}");
+    let mut rng = Rng(seed);
+    let batches = IMAGES.div_ceil(BATCH) as u64;
+    let mut duplicates = 0;
+    for round in 0..20u64 {
+        let mut loader = RemoteLoader::connect(&spec(&root, round), options(&addr, &format!("kill-{round}"))).unwrap();
+        assert_eq!(loader.batches_per_epoch(), batches);
+        let kill_at = rng.below(batches);
+        let delay = Duration::from_millis(rng.below(30));
+        let victim = rng.below(workers.len() as u64) as usize;
+        let mut keys = Vec::new();
+        let mut indices = Vec::new();
+        for (i, b) in loader.iter().enumerate() {
+            let b = b.unwrap();
+            if i as u64 == kill_at {
+                std::thread::sleep(delay);
+                workers[victim].kill();
+                workers[victim] = worker(&addr, &root, &[]);
+            }
+            indices.push(b.index);
+            keys.extend(b.keys);
+        }
+        indices.sort_unstable();
+        assert_eq!(indices, (0..batches).collect::<Vec<_>>(), "round {round}: batch indices");
+        assert_exactly_once(keys, &format!("round {round} (killed worker {victim} at batch {kill_at})"));
+        duplicates += loader.duplicates_dropped();
+    }
+    eprintln!("duplicates dropped by the client over 20 rounds: {duplicates}");
+}
+
+#[test]
+fn a_restarted_dispatcher_resumes_the_job_mid_epoch_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let journal = dir.path().join("journal");
+    let mut d = dispatcher(&addr, &journal, &root, &[]);
+    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let mut loader = RemoteLoader::connect(&spec(&root, 7), options(&addr, "restart")).unwrap();
+    let mut keys = Vec::new();
+    for (i, b) in loader.iter().enumerate() {
+        if i == 4 {
+            d.kill();
+            std::thread::sleep(Duration::from_millis(300));
+            d = dispatcher(&addr, &journal, &root, &[]);
+        }
+        keys.extend(b.unwrap().keys);
+    }
+    assert_exactly_once(keys, "epoch 0 across a dispatcher restart");
+    assert_eq!(loader.epoch(), 1);
+    // The next epoch runs on the restarted dispatcher, in a different order.
+    let epoch1: Vec<Vec<u64>> = loader.iter().map(|b| b.unwrap().keys).collect();
+    assert_exactly_once(epoch1.concat(), "epoch 1");
+    // A restart between epochs: the job is still known, at epoch 2.
+    d.kill();
+    let _d = dispatcher(&addr, &journal, &root, &[]);
+    let again = RemoteLoader::connect(&spec(&root, 7), options(&addr, "restart")).unwrap();
+    assert_eq!(again.epoch(), 2);
+}
+
+#[test]
+fn a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+
+    // A trainer reads 5 batches, checkpoints, and dies.
+    let mut first = RemoteLoader::connect(&spec(&root, 3), options(&addr, "ckpt")).unwrap();
+    let mut keys = Vec::new();
+    for b in first.iter().take(5) {
+        keys.extend(b.unwrap().keys);
+    }
+    let state = first.state();
+    assert_eq!((state.epoch, state.delivered.len()), (0, 5));
+    let json = serde_json::to_string(&state).unwrap();
+    drop(first);
+    // Its successor resumes from the checkpoint.
+    let mut second = RemoteLoader::connect(&spec(&root, 3), options(&addr, "ckpt")).unwrap();
+    second.load_state(&serde_json::from_str(&json).unwrap()).unwrap();
+    for b in second.iter() {
+        keys.extend(b.unwrap().keys);
+    }
+    assert_exactly_once(keys, "checkpoint + resume");
+
+    // Two clients naming one job share its stream: disjoint, and together everything.
+    let a = RemoteLoader::connect(&spec(&root, 4), options(&addr, "shared")).unwrap();
+    let b = RemoteLoader::connect(&spec(&root, 4), options(&addr, "shared")).unwrap();
+    assert_eq!(a.job().job_id, b.job().job_id);
+    let read = |mut l: RemoteLoader| std::thread::spawn(move || l.iter().map(|b| b.unwrap().keys).collect::<Vec<_>>().concat());
+    let (ka, kb) = (read(a), read(b));
+    let (ka, kb) = (ka.join().unwrap(), kb.join().unwrap());
+    assert!(!ka.is_empty() && !kb.is_empty(), "both clients got batches: {} and {}", ka.len(), kb.len());
+    assert_exactly_once([ka, kb].concat(), "two clients of one job");
+}
+
+#[test]
+fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let outside = dir.path().join("outside");
+    sluice_synth::write_dataset(&outside, &DatasetOptions { images: 4, classes: 1, texture: 8, ..Default::default() }, &|_| {})
+        .unwrap();
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &["--token", "s3cret"]);
+    let _w = worker(&addr, &root, &["--token", "s3cret"]);
+    let with_token = |job: &str| {
+        let mut o = options(&addr, job);
+        o.token = Some("s3cret".into());
+        o
+    };
+    let code = |r: Result<RemoteLoader, ServiceError>| match r {
+        Err(ServiceError::Rpc { status, .. }) => (status.code(), status.message().to_string()),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("accepted"),
+    };
+
+    // A path outside the allowed roots, directly, through `..`, and through a symlink.
+    let (c, m) = code(RemoteLoader::connect(&spec(&outside, 0), with_token("outside")));
+    assert_eq!(c, tonic::Code::PermissionDenied, "{m}");
+    assert!(m.contains("outside the allowed roots") && m.contains("--allow-root"), "{m}");
+    let dotdot = root.join("..").join("outside");
+    let (c, _) = code(RemoteLoader::connect(&spec(&dotdot, 0), with_token("dotdot")));
+    assert_eq!(c, tonic::Code::PermissionDenied);
+    std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+    let (c, _) = code(RemoteLoader::connect(&spec(&root.join("link"), 0), with_token("symlink")));
+    assert_eq!(c, tonic::Code::PermissionDenied);
+    std::fs::remove_file(root.join("link")).unwrap();
+
+    // A wrong token, and none.
+    let mut wrong = options(&addr, "wrong");
+    wrong.token = Some("guess".into());
+    let (c, m) = code(RemoteLoader::connect(&spec(&root, 0), wrong));
+    assert_eq!(c, tonic::Code::Unauthenticated, "{m}");
+    let (c, _) = code(RemoteLoader::connect(&spec(&root, 0), options(&addr, "none")));
+    assert_eq!(c, tonic::Code::Unauthenticated);
+
+    // A malformed spec (the client library would refuse it, so send it raw) and garbage bytes.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let uri = format!("http://{addr}");
+        let channel = tonic::transport::Endpoint::from_shared(uri).unwrap().connect().await.unwrap();
+        let token: tonic::metadata::MetadataValue<_> = "Bearer s3cret".parse().unwrap();
+        let mut client = sluice_service::proto::dispatcher::dispatcher_client::DispatcherClient::with_interceptor(
+            channel.clone(),
+            sluice_service::security::TokenAttach::new(Some("s3cret")).unwrap(),
+        );
+        let mut good = serde_json::to_value(spec(&root, 0)).unwrap();
+        good["batch"]["size"] = 0.into();
+        let status = client
+            .create_job(sluice_service::proto::CreateJobRequest {
+                job_name: "bad".into(),
+                spec_json: good.to_string(),
+                task_batches: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("batch.size"), "{}", status.message());
+        let status = client
+            .create_job(sluice_service::proto::CreateJobRequest {
+                job_name: "bad".into(),
+                spec_json: "{\"source\": 5}".into(),
+                task_batches: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains("source"), "{}", status.message());
+
+        // Garbage: bytes that are no CreateJobRequest (field 1 should be UTF-8 text).
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct Garbage {
+            #[prost(bytes = "vec", tag = "1")]
+            junk: Vec<u8>,
+        }
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready().await.unwrap();
+        let mut req = tonic::Request::new(Garbage { junk: vec![0xff, 0xfe, 0x00, 0x80] });
+        req.metadata_mut().insert("authorization", token);
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static("/sluice.v1.Dispatcher/CreateJob");
+        let codec: tonic::codec::ProstCodec<Garbage, sluice_service::proto::JobInfo> = tonic::codec::ProstCodec::default();
+        let status = grpc.unary(req, path, codec).await.unwrap_err();
+        assert_ne!(status.code(), tonic::Code::Ok);
+        eprintln!("garbage payload: {status:?}");
+    });
+
+    // After all that, a good job still runs to the end.
+    let mut loader = RemoteLoader::connect(&spec(&root, 0), with_token("good")).unwrap();
+    let keys: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
+    assert_exactly_once(keys, "a good job after the bad requests");
+}
