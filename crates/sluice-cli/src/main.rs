@@ -5,6 +5,7 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
+mod bench_service;
 mod demo;
 mod gen;
 mod progress;
@@ -38,6 +39,8 @@ enum Command {
     Worker(service::WorkerArgs),
     /// Start a dispatcher and N worker processes on this machine.
     Up(service::UpArgs),
+    /// The service against local mode, raw loopback TCP, and many clients.
+    BenchService(bench_service::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Dispatcher(a) => service::dispatcher(a),
         Command::Worker(a) => service::worker(a),
         Command::Up(a) => service::up(a),
+        Command::BenchService(a) => bench_service::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

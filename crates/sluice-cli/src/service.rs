@@ -43,9 +43,12 @@ pub struct DispatcherArgs {
     /// Shared secret every RPC must carry (default: $SLUICE_TOKEN; none: no check).
     #[arg(long)]
     token: Option<String>,
-    /// Serve Prometheus metrics at http://127.0.0.1:PORT/metrics.
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long)]
     metrics_port: Option<u16>,
+    /// Interface for the metrics endpoint (0.0.0.0 inside a pod).
+    #[arg(long, default_value = "127.0.0.1")]
+    metrics_host: String,
 }
 
 pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
@@ -57,7 +60,7 @@ pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
         journal: a.journal,
         allow_roots: roots(a.allow_root)?,
         token: token(a.token),
-        metrics_listen: a.metrics_port.map(|p| format!("127.0.0.1:{p}")),
+        metrics_listen: a.metrics_port.map(|p| format!("{}:{p}", a.metrics_host)),
     };
     sluice_service::serve_dispatcher(config, |addr| announce("dispatcher", addr))?;
     Ok(())
@@ -80,10 +83,15 @@ pub struct WorkerArgs {
     /// A folder this worker may read from (repeatable; default: the current folder).
     #[arg(long = "allow-root")]
     allow_root: Vec<PathBuf>,
+    /// Shared secret every RPC must carry (default: $SLUICE_TOKEN).
     #[arg(long)]
     token: Option<String>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long)]
     metrics_port: Option<u16>,
+    /// Interface for the metrics endpoint (0.0.0.0 inside a pod).
+    #[arg(long, default_value = "127.0.0.1")]
+    metrics_host: String,
 }
 
 pub fn worker(a: WorkerArgs) -> Result<()> {
@@ -93,7 +101,7 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
         dispatcher: a.dispatcher,
         allow_roots: roots(a.allow_root)?,
         token: token(a.token),
-        metrics_listen: a.metrics_port.map(|p| format!("127.0.0.1:{p}")),
+        metrics_listen: a.metrics_port.map(|p| format!("{}:{p}", a.metrics_host)),
         threads: a.threads,
     };
     sluice_service::serve_worker(config, |addr| announce("worker", addr))?;

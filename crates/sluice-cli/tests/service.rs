@@ -302,3 +302,75 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
     let keys: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
     assert_exactly_once(keys, "a good job after the bad requests");
 }
+
+fn http_get(addr: &str) -> String {
+    use std::io::{Read, Write};
+    for _ in 0..100 {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            let mut body = String::new();
+            s.read_to_string(&mut body).unwrap();
+            return body;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no metrics endpoint at {addr}");
+}
+
+fn metric_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[test]
+fn metrics_endpoints_report_throughput_queue_depth_and_client_stalls() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let (dm, wm) = (free_addr(), free_addr());
+    let port = |a: &str| a.rsplit(':').next().unwrap().to_string();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &["--metrics-port", &port(&dm)]);
+    let _w = worker(&addr, &root, &["--metrics-port", &port(&wm)]);
+    let mut loader = RemoteLoader::connect(&spec(&root, 1), options(&addr, "metrics")).unwrap();
+    let n = loader.iter().map(|b| b.unwrap().len()).sum::<usize>();
+    assert_eq!(n, IMAGES);
+    std::thread::sleep(Duration::from_millis(1200)); // a client heartbeat carries the counters
+    let d = http_get(&dm);
+    assert!(d.starts_with("HTTP/1.1 200 OK"), "{d}");
+    let batches = IMAGES.div_ceil(BATCH) as f64;
+    assert_eq!(metric_value(&d, "sluice_dispatcher_batches_acked_total"), batches);
+    assert_eq!(metric_value(&d, "sluice_dispatcher_workers_live"), 1.0);
+    assert!(d.contains("sluice_job_tasks{job=\"metrics\",state=\"acked\"} 0"), "new epoch starts with 0 acked:\n{d}");
+    assert!(d.contains("sluice_dispatcher_get_task_seconds_bucket"), "{d}");
+    assert_eq!(metric_value(&d, "sluice_client_batches_total"), batches);
+    let stall = metric_value(&d, "sluice_client_stall_fraction");
+    assert!((0.0..=1.0).contains(&stall), "{stall}");
+    let w = http_get(&wm);
+    assert_eq!(metric_value(&w, "sluice_worker_samples_total"), IMAGES as f64);
+    assert!(metric_value(&w, "sluice_worker_bytes_sent_total") >= (IMAGES * 32 * 32 * 3) as f64);
+    assert!(w.contains("sluice_worker_op_seconds_total{job_id=\"1\",op=\"read\"}"), "{w}");
+}
+
+#[test]
+fn a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    // The dispatcher allows the whole temp dir; the worker only `data/secret-free`.
+    let _d = dispatcher(&addr, &dir.path().join("journal"), dir.path(), &[]);
+    let narrow = dir.path().join("narrow");
+    std::fs::create_dir_all(&narrow).unwrap();
+    let _w = worker(&addr, &narrow, &[]);
+    let mut loader = RemoteLoader::connect(&spec(&root, 0), options(&addr, "refused")).unwrap();
+    let first = loader.iter().next().expect("an error, not the end of the epoch");
+    match first {
+        Err(ServiceError::Rpc { status, .. }) => {
+            assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+            assert!(status.message().contains("outside the allowed roots"), "{}", status.message());
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|b| b.index)),
+    }
+}

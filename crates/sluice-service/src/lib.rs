@@ -3,6 +3,7 @@
 //! streams the batches to a trainer, exactly once per epoch even when workers die or the
 //! dispatcher restarts.
 
+pub mod bench;
 pub mod client;
 pub mod dispatcher;
 pub mod error;

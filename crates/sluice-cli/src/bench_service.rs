@@ -1,0 +1,254 @@
+//! `sluice bench-service`: the service against local mode and the hardware, in one run.
+//!
+//! * throughput: images/s of the training pipeline through dispatcher + N worker processes
+//!   + RemoteLoader over loopback, against the local Loader with the same total threads;
+//! * data plane: bytes/s of a no-op worker through gRPC, against raw loopback TCP;
+//! * dispatcher: GetTask/AckTask rate and latency from 1..64 concurrent clients, with the
+//!   journal fsync'd on disk.
+//!
+//! Medians over `--runs`, ratios taken within the run: the machine is shared and noisy.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use sluice_core::{PipelineSpec, SourceSpec};
+use sluice_pipeline::{Loader, Shard};
+use sluice_service::{bench, RemoteLoader, RemoteOptions};
+
+use crate::gen;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// What to measure: all, throughput, dataplane, dispatcher.
+    #[arg(long, default_value = "all")]
+    what: String,
+    /// An ImageFolder of JPEGs; without it one is generated in data/bench-service.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    #[arg(long, default_value_t = 256)]
+    images: usize,
+    /// Worker process counts to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    workers: Vec<usize>,
+    /// Total decode threads, local and remote alike (default: cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Measured epochs per run (after one warm-up epoch).
+    #[arg(long, default_value_t = 2)]
+    epochs: u64,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Concurrent clients for the dispatcher load, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    clients: Vec<usize>,
+    /// Seconds per dispatcher load point.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    #[arg(long)]
+    json: bool,
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn free_addr() -> Result<String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.to_string())
+}
+
+fn spawn(args: &[String]) -> Result<Proc> {
+    let exe = std::env::current_exe()?;
+    let child = Command::new(exe).args(args).stdout(Stdio::null()).env_remove("SLUICE_TOKEN").spawn()?;
+    Ok(Proc(child))
+}
+
+fn service(dir: &Path, root: &Path, workers: usize, threads: usize) -> Result<(String, Vec<Proc>)> {
+    let addr = free_addr()?;
+    let journal = dir.join(format!("journal-{}", std::process::id()));
+    let _ = std::fs::remove_file(&journal);
+    let r = root.display().to_string();
+    let mut procs = vec![spawn(&[
+        "dispatcher".into(),
+        "--listen".into(),
+        addr.clone(),
+        "--journal".into(),
+        journal.display().to_string(),
+        "--allow-root".into(),
+        r.clone(),
+    ])?];
+    for _ in 0..workers {
+        procs.push(spawn(&[
+            "worker".into(),
+            "--dispatcher".into(),
+            addr.clone(),
+            "--threads".into(),
+            threads.to_string(),
+            "--allow-root".into(),
+            r.clone(),
+        ])?);
+    }
+    Ok((addr, procs))
+}
+
+fn spec(root: &Path, batch: usize, threads: usize, seed: u64) -> PipelineSpec {
+    let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 224, batch);
+    s.threads = threads;
+    s.seed = seed;
+    s
+}
+
+pub fn main(a: Args) -> Result<()> {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = a.threads.unwrap_or(cores);
+    let work = PathBuf::from("data/bench-service");
+    std::fs::create_dir_all(&work)?;
+    let work = work.canonicalize()?;
+    let mut out = serde_json::Map::new();
+    let all = a.what == "all";
+
+    if all || a.what == "throughput" {
+        let root = match &a.data {
+            Some(d) => d.canonicalize()?,
+            None => {
+                let root = work.join("images");
+                if !root.is_dir() {
+                    gen::generate(&gen::Args { out: root.clone(), images: a.images, classes: 10, seed: 0, quality: 90, corrupt: 0 })?;
+                }
+                root
+            }
+        };
+        let mut local = Vec::new();
+        for run in 0..a.runs {
+            let loader = Loader::new(spec(&root, a.batch, threads, run as u64), Shard::default())?;
+            for b in loader.iter() {
+                b?;
+            }
+            let t0 = Instant::now();
+            let mut n = 0;
+            for _ in 0..a.epochs {
+                for b in loader.iter() {
+                    n += b?.len();
+                }
+            }
+            local.push(n as f64 / t0.elapsed().as_secs_f64());
+        }
+        let local = median(&mut local);
+        eprintln!("local: {local:.0} img/s ({threads} threads)");
+        let mut rows = Vec::new();
+        for &w in &a.workers {
+            let per = (threads / w.max(1)).max(1);
+            let (addr, _procs) = service(&work, &root, w, per)?;
+            let mut remote = Vec::new();
+            for run in 0..a.runs {
+                let mut o = RemoteOptions::new(addr.clone(), format!("bench-{w}-{run}"));
+                o.token = None;
+                o.tasks_in_flight = 2 * w;
+                let mut loader = RemoteLoader::connect(&spec(&root, a.batch, per, run as u64), o)?;
+                for b in loader.iter() {
+                    b?;
+                }
+                let t0 = Instant::now();
+                let mut n = 0;
+                for _ in 0..a.epochs {
+                    for b in loader.iter() {
+                        n += b?.len();
+                    }
+                }
+                remote.push(n as f64 / t0.elapsed().as_secs_f64());
+            }
+            let r = median(&mut remote);
+            eprintln!("remote, {w} workers x {per} threads: {r:.0} img/s = {:.1}% of local", 100.0 * r / local);
+            rows.push(json!({"workers": w, "threads_per_worker": per, "img_per_s": r, "vs_local": r / local}));
+        }
+        out.insert("throughput".into(), json!({"local_img_per_s": local, "threads": threads, "remote": rows}));
+    }
+
+    if all || a.what == "dataplane" {
+        let (samples, side) = (64usize, 224usize);
+        let batch_bytes = (samples * side * side * 3) as u64;
+        let batches = 200u64;
+        let mut raw = Vec::new();
+        let mut grpc = Vec::new();
+        for _ in 0..a.runs {
+            raw.push(bench::raw_tcp(batch_bytes * batches, 1 << 20)?);
+            grpc.push(bench::data_plane(samples, side, batches, 2)?);
+        }
+        let (raw, grpc) = (median(&mut raw), median(&mut grpc));
+        eprintln!(
+            "data plane: gRPC {:.2} GB/s vs raw loopback TCP {:.2} GB/s = {:.1}% ({} MB batches)",
+            grpc / 1e9,
+            raw / 1e9,
+            100.0 * grpc / raw,
+            batch_bytes / 1_000_000
+        );
+        out.insert(
+            "dataplane".into(),
+            json!({"grpc_bytes_per_s": grpc, "raw_tcp_bytes_per_s": raw, "ratio": grpc / raw, "batch_bytes": batch_bytes}),
+        );
+    }
+
+    if all || a.what == "dispatcher" {
+        // One tiny image listed many times: a job of many one-sample tasks.
+        let dir = work.join("load");
+        std::fs::create_dir_all(&dir)?;
+        let img = dir.join("one.jpg");
+        if !img.exists() {
+            let jpeg = sluice_synth::image_jpeg(0, &sluice_synth::DatasetOptions::default())?;
+            std::fs::write(&img, jpeg)?;
+        }
+        let list = dir.join("list.txt");
+        std::fs::write(&list, "one.jpg 0\n".repeat(50_000))?;
+        let mut s = spec(&dir, 1, 1, 0);
+        s.source = SourceSpec::FileList { path: list, root: None };
+        let mut rows = Vec::new();
+        for &c in &a.clients {
+            let (addr, _procs) = service(&work, &dir, 0, 1)?;
+            let job_id = create_job(&addr, &s)?;
+            let row = bench::dispatcher_load(&addr, None, job_id, c, a.seconds)?;
+            eprintln!(
+                "dispatcher, {c:>3} clients: {:>6.0} GetTask/s ({:>6.0} RPC/s), p50 {:.2} ms, p99 {:.2} ms",
+                row.get_task_per_s, row.rpcs_per_s, row.get_task_p50_ms, row.get_task_p99_ms
+            );
+            rows.push(serde_json::to_value(row)?);
+        }
+        out.insert("dispatcher".into(), json!(rows));
+    }
+
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    }
+    Ok(())
+}
+
+/// Creates the job through a RemoteLoader-free path: the loader would start fetching.
+fn create_job(addr: &str, spec: &PipelineSpec) -> Result<u64> {
+    let t0 = Instant::now();
+    loop {
+        let mut o = RemoteOptions::new(addr.to_string(), "load");
+        o.token = None;
+        o.give_up_after = Duration::from_secs(10);
+        match RemoteLoader::connect(spec, o) {
+            Ok(l) => return Ok(l.job().job_id),
+            Err(e) if t0.elapsed() < Duration::from_secs(10) => {
+                tracing::debug!(error = %e, "dispatcher not up yet");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e).context("creating the load job"),
+        }
+    }
+}

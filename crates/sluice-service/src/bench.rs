@@ -1,0 +1,275 @@
+//! Measurements behind `sluice bench-service` (benchmarks, not tests):
+//!
+//! * [`data_plane`]: bytes/s of batches through the real data-plane stack (tonic streaming,
+//!   prost encode/decode, batch conversion) from a worker that does no preprocessing,
+//!   against raw loopback TCP in the same run.
+//! * [`dispatcher_load`]: GetTask+AckTask from N concurrent clients against a running
+//!   dispatcher: request rate and latency percentiles.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_core::{Batch, DType, Layout, Tensor};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Endpoint;
+use tonic::{Request, Response, Status};
+
+use crate::error::ServiceError;
+use crate::proto::worker::worker_client::WorkerClient;
+use crate::proto::worker::worker_server::{Worker, WorkerServer};
+use crate::proto::*;
+use crate::wire::{batch_to_message, message_to_batch};
+use crate::worker::dispatcher_client;
+use crate::MAX_MESSAGE_BYTES;
+
+fn rt() -> Result<tokio::runtime::Runtime, ServiceError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| ServiceError::Internal(format!("runtime: {e}")))
+}
+
+fn io_err(what: &str) -> impl Fn(std::io::Error) -> ServiceError + '_ {
+    move |e| ServiceError::Internal(format!("{what}: {e}"))
+}
+
+/// Bytes/s of `total` bytes written in `chunk`-sized writes over one loopback TCP connection.
+pub fn raw_tcp(total: u64, chunk: usize) -> Result<f64, ServiceError> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("bind"))?;
+    let addr = listener.local_addr().map_err(io_err("addr"))?;
+    let reader = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut s, _) = listener.accept()?;
+        let mut buf = vec![0u8; chunk];
+        let mut got = 0u64;
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Ok(got);
+            }
+            got += n as u64;
+        }
+    });
+    let mut s = TcpStream::connect(addr).map_err(io_err("connect"))?;
+    s.set_nodelay(true).map_err(io_err("nodelay"))?;
+    let buf = vec![7u8; chunk];
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    while sent < total {
+        s.write_all(&buf).map_err(io_err("write"))?;
+        sent += chunk as u64;
+    }
+    drop(s);
+    let got = reader.join().map_err(|_| ServiceError::Internal("reader panicked".into()))?.map_err(io_err("read"))?;
+    Ok(got as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// A worker whose "pipeline" is free: every batch is a fresh zeroed buffer, converted and
+/// streamed exactly as the real worker does.
+struct NoopWorker {
+    samples: usize,
+    side: usize,
+}
+
+#[tonic::async_trait]
+impl Worker for NoopWorker {
+    type RunTaskStream = ReceiverStream<Result<BatchMessage, Status>>;
+
+    async fn run_task(&self, request: Request<RunTaskRequest>) -> Result<Response<Self::RunTaskStream>, Status> {
+        let req = request.into_inner();
+        let (tx, rx) = mpsc::channel(2);
+        let (n, side) = (self.samples, self.side);
+        tokio::task::spawn_blocking(move || {
+            for index in req.start..req.end {
+                let batch = Batch {
+                    epoch: req.epoch,
+                    index,
+                    keys: (0..n as u64).collect(),
+                    labels: vec![0; n],
+                    images: Tensor::zeros(DType::U8, vec![n, side, side, 3]),
+                    layout: Layout::Hwc,
+                    weights: None,
+                };
+                if tx.blocking_send(Ok(batch_to_message(batch))).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Bytes/s of pixel data received through the gRPC data plane, `batches` batches of
+/// `samples` × `side`² × 3 bytes, over `streams` concurrent task streams.
+pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Result<f64, ServiceError> {
+    let rt = rt()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_err("bind"))?;
+        let addr = listener.local_addr().map_err(io_err("addr"))?;
+        let incoming = TcpIncoming::from_listener(listener, true, None)
+            .map_err(|e| ServiceError::Internal(format!("incoming: {e}")))?;
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let s2 = stop.clone();
+        let server = WorkerServer::new(NoopWorker { samples, side })
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let handle = tokio::spawn(
+            tonic::transport::Server::builder()
+                .initial_stream_window_size(Some(8 << 20))
+                .initial_connection_window_size(Some(32 << 20))
+                .add_service(server)
+                .serve_with_incoming_shutdown(incoming, async move { s2.notified().await }),
+        );
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| ServiceError::Internal(e.to_string()))?
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20))
+            .connect_lazy();
+        let client = WorkerClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let t0 = Instant::now();
+        let mut tasks = Vec::new();
+        let per = batches / streams.max(1);
+        for s in 0..streams.max(1) {
+            let mut c = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per };
+                let mut stream = c.run_task(req).await?.into_inner();
+                let mut bytes = 0u64;
+                while let Some(m) = stream.message().await? {
+                    let b = message_to_batch(m).map_err(Status::from)?;
+                    bytes += b.images.as_bytes().len() as u64;
+                }
+                Ok::<u64, Status>(bytes)
+            }));
+        }
+        let mut bytes = 0;
+        for t in tasks {
+            bytes += t
+                .await
+                .map_err(|e| ServiceError::Internal(e.to_string()))?
+                .map_err(|s| ServiceError::rpc("RunTask", s))?;
+        }
+        let rate = bytes as f64 / t0.elapsed().as_secs_f64();
+        stop.notify_one();
+        let _ = handle.await;
+        Ok(rate)
+    })
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LoadRow {
+    pub clients: usize,
+    /// GetTask requests answered with a task, per second.
+    pub get_task_per_s: f64,
+    /// All RPCs (GetTask + AckTask) per second.
+    pub rpcs_per_s: f64,
+    pub get_task_p50_ms: f64,
+    pub get_task_p99_ms: f64,
+}
+
+/// Runs `clients` closed-loop clients (each its own connection) doing GetTask then AckTask
+/// on job `job_id` for `seconds`, against the dispatcher at `addr`. A fake worker is
+/// registered and kept alive so tasks are handed out.
+pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: usize, seconds: f64) -> Result<LoadRow, ServiceError> {
+    let rt = rt()?;
+    let addr = addr.to_string();
+    let token = token.map(str::to_string);
+    rt.block_on(async move {
+        let mut control = dispatcher_client(&addr, token.as_deref())?;
+        let wid = control
+            .register_worker(RegisterWorkerRequest { addr: "127.0.0.1:9".into() })
+            .await
+            .map_err(|s| ServiceError::rpc("RegisterWorker", s))?
+            .into_inner()
+            .worker_id;
+        let stop = Arc::new(AtomicBool::new(false));
+        let hb_stop = stop.clone();
+        let mut hb = control.clone();
+        let heartbeat = tokio::spawn(async move {
+            while !hb_stop.load(Ordering::Relaxed) {
+                let _ = hb.worker_heartbeat(WorkerHeartbeatRequest { worker_id: wid, ..Default::default() }).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let info = control
+            .get_job(GetJobRequest { job_id })
+            .await
+            .map_err(|s| ServiceError::rpc("GetJob", s))?
+            .into_inner();
+        let _ = info;
+        let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+        let mut handles = Vec::new();
+        for c in 0..clients {
+            let mut d = dispatcher_client(&addr, token.as_deref())?;
+            handles.push(tokio::spawn(async move {
+                let client_id = format!("load-{c}");
+                let mut epoch = 0u64;
+                let mut lat = Vec::new();
+                let mut rpcs = 0u64;
+                let mut req_id = 1u64;
+                while Instant::now() < deadline {
+                    let t0 = Instant::now();
+                    let r = d
+                        .get_task(GetTaskRequest { job_id, client_id: client_id.clone(), epoch, request_id: req_id })
+                        .await?
+                        .into_inner();
+                    req_id += 1;
+                    rpcs += 1;
+                    match (r.status, r.task) {
+                        (task_status::TASK, Some(t)) => {
+                            lat.push(t0.elapsed());
+                            d.ack_task(AckTaskRequest {
+                                job_id,
+                                client_id: client_id.clone(),
+                                epoch: t.epoch,
+                                task_index: t.task_index,
+                            })
+                            .await?;
+                            rpcs += 1;
+                        }
+                        (task_status::EPOCH_DONE, _) => epoch += 1,
+                        _ => tokio::time::sleep(Duration::from_micros(200)).await,
+                    }
+                }
+                Ok::<_, Status>((lat, rpcs))
+            }));
+        }
+        let t0 = Instant::now();
+        let mut lat = Vec::new();
+        let mut rpcs = 0;
+        for h in handles {
+            let (l, r) = h
+                .await
+                .map_err(|e| ServiceError::Internal(e.to_string()))?
+                .map_err(|s| ServiceError::rpc("load", s))?;
+            lat.extend(l);
+            rpcs += r;
+        }
+        let elapsed = t0.elapsed().as_secs_f64().max(seconds);
+        stop.store(true, Ordering::Relaxed);
+        let _ = heartbeat.await;
+        lat.sort_unstable();
+        let pct = |p: f64| {
+            if lat.is_empty() {
+                return 0.0;
+            }
+            let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+            lat[i].as_secs_f64() * 1e3
+        };
+        Ok(LoadRow {
+            clients,
+            get_task_per_s: lat.len() as f64 / elapsed,
+            rpcs_per_s: rpcs as f64 / elapsed,
+            get_task_p50_ms: pct(0.50),
+            get_task_p99_ms: pct(0.99),
+        })
+    })
+}
