@@ -609,10 +609,10 @@ fn default_floor() -> f64 {
     0.02
 }
 fn default_coverage_epochs() -> u32 {
-    20
+    40
 }
 fn default_miss_discount() -> f64 {
-    0.3
+    0.2
 }
 
 /// How an epoch's order is drawn.
@@ -798,7 +798,7 @@ size = 32
         assert_eq!((cache.level, cache.resize, cache.policy), (CacheLevel::Resized, Some(64), CachePolicyKind::Shade));
         assert_eq!(
             spec.sampling,
-            SamplingSpec::Importance { floor: 0.02, coverage_epochs: 5, miss_discount: 0.3 }
+            SamplingSpec::Importance { floor: 0.02, coverage_epochs: 5, miss_discount: 0.2 }
         );
         assert_eq!(PipelineSpec::from_toml_str(&spec.to_toml_string().unwrap()).unwrap(), spec);
         assert_eq!(PipelineSpec::from_json_str(&spec.to_json_string().unwrap()).unwrap(), spec);

@@ -18,6 +18,7 @@ const BUFFER_STREAM: u64 = 2;
 const IMPORTANCE_STREAM: u64 = 3;
 const FASTMATCH_STREAM: u64 = 4;
 const SHADE_STREAM: u64 = 5;
+const STAGGER_STREAM: u64 = 6;
 /// The key slot used for epoch-wide (not per-sample) randomness.
 const EPOCH_KEY: SampleKey = SampleKey(u64::MAX);
 
@@ -145,9 +146,11 @@ pub struct ImportanceView<'a> {
 ///   read and a decode, a hit almost nothing, and for a proposal with unequal costs the
 ///   variance-per-second optimum is `q_i ∝ a_i/√cost_i`. The weights correct for it, so it
 ///   trades a little variance for time, never bias.
-/// * **Coverage.** A sample last drawn `coverage_epochs` or more epochs ago is forced into
+/// * **Coverage.** A sample about to go `coverage_epochs` epochs undrawn is forced into
 ///   this epoch, so every sample is seen at least once in any `coverage_epochs`
-///   consecutive epochs. SHADE draws n with replacement and leaves ~37% of samples unseen
+///   consecutive epochs (deadlines are staggered by up to k/5 epochs so they do not all
+///   fall in one epoch). Each forced sample is usually a miss: k trades hit rate for
+///   freshness. SHADE draws n with replacement and leaves ~37% of samples unseen
 ///   every epoch, with no bound on how long.
 /// * **Unbiased weights.** The epoch has `n` slots: the forced samples once each, the rest
 ///   `r` draws with replacement from `q`. Sample `i` appears `c_i = forced_i + r·q_i` times
@@ -188,10 +191,15 @@ pub fn importance_draw(
     let q: Vec<f64> = a.iter().map(|&x| (1.0 - floor) * x / total + floor / n as f64).collect();
 
     let k = u64::from(coverage_epochs.max(1));
+    // Each sample's deadline comes up to k/5 epochs early, by a fixed per-sample offset:
+    // samples last seen together (all of them, in the uniform first epoch) then fall due
+    // over several epochs instead of in one burst of misses. The bound stays k.
+    let stagger = (k / 5).max(1);
     let forced: Vec<bool> = (0..n)
         .map(|i| {
             let next_due = view.last_seen.get(i).copied().flatten().map_or(0, |l| l + 1);
-            epoch + 1 >= next_due + k
+            let early = SampleRng::new(seed, 0, SampleKey(i as u64), STAGGER_STREAM).below(stagger);
+            epoch + 1 + early >= next_due + k
         })
         .collect();
     let mut order: Vec<u32> = (0..n as u32).filter(|&i| forced[i as usize]).collect();

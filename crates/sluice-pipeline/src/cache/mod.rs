@@ -8,6 +8,7 @@
 //! depend on whether it was a hit: output stays independent of timing and thread count.
 
 pub mod level;
+pub mod sim;
 pub mod policy;
 
 use std::collections::{BTreeSet, HashMap};
