@@ -184,21 +184,26 @@ pub fn main(a: Args) -> Result<()> {
         let batches = 200u64;
         let mut raw = Vec::new();
         let mut grpc = Vec::new();
+        let mut tcp = Vec::new();
         for _ in 0..a.runs {
             raw.push(bench::raw_tcp(batch_bytes * batches, 1 << 20)?);
+            tcp.push(bench::tcp_data_plane(samples, side, batches, 2)?);
             grpc.push(bench::data_plane(samples, side, batches, 2)?);
         }
-        let (raw, grpc) = (median(&mut raw), median(&mut grpc));
+        let (raw, grpc, tcp) = (median(&mut raw), median(&mut grpc), median(&mut tcp));
         eprintln!(
-            "data plane: gRPC {:.2} GB/s vs raw loopback TCP {:.2} GB/s = {:.1}% ({} MB batches)",
-            grpc / 1e9,
+            "data plane ({} MB batches, no-op worker): TCP data plane {:.2} GB/s = {:.1}% of raw loopback TCP {:.2} GB/s; gRPC streaming {:.2} GB/s = {:.1}%",
+            batch_bytes / 1_000_000,
+            tcp / 1e9,
+            100.0 * tcp / raw,
             raw / 1e9,
-            100.0 * grpc / raw,
-            batch_bytes / 1_000_000
+            grpc / 1e9,
+            100.0 * grpc / raw
         );
         out.insert(
             "dataplane".into(),
-            json!({"grpc_bytes_per_s": grpc, "raw_tcp_bytes_per_s": raw, "ratio": grpc / raw, "batch_bytes": batch_bytes}),
+            json!({"tcp_bytes_per_s": tcp, "grpc_bytes_per_s": grpc, "raw_tcp_bytes_per_s": raw,
+                   "tcp_ratio": tcp / raw, "grpc_ratio": grpc / raw, "batch_bytes": batch_bytes}),
         );
     }
 

@@ -5,6 +5,7 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
+mod bench_cache;
 mod bench_service;
 mod demo;
 mod gen;
@@ -30,6 +31,8 @@ enum Command {
     Run(run::Args),
     /// Images/s per thread of the standard training pipeline vs plain full JPEG decode.
     Bench(bench::Args),
+    /// Cache policies compared: hit rate vs cache size, epoch time on throttled storage.
+    BenchCache(bench_cache::Args),
     /// Generate a dataset if needed, write a spec for it and run it: sluice's main job on
     /// data of its own.
     Demo(demo::Args),
@@ -39,6 +42,8 @@ enum Command {
     Worker(service::WorkerArgs),
     /// Start a dispatcher and N worker processes on this machine.
     Up(service::UpArgs),
+    /// Read epochs of a job from a running dispatcher (the service's client, from the shell).
+    RemoteRun(service::RemoteRunArgs),
     /// The service against local mode, raw loopback TCP, and many clients.
     BenchService(bench_service::Args),
 }
@@ -53,11 +58,13 @@ fn main() -> std::process::ExitCode {
         Command::GenImages(a) => gen::main(a),
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
+        Command::BenchCache(a) => bench_cache::main(a),
         Command::Demo(a) => demo::main(a),
         Command::Dispatcher(a) => service::dispatcher(a),
         Command::Worker(a) => service::worker(a),
         Command::Up(a) => service::up(a),
         Command::BenchService(a) => bench_service::main(a),
+        Command::RemoteRun(a) => service::remote_run(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

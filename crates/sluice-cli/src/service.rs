@@ -77,6 +77,12 @@ pub struct WorkerArgs {
     /// Address clients should use to reach this worker (default: the bound address).
     #[arg(long)]
     advertise: Option<String>,
+    /// TCP data-plane address (batches as raw buffers); port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    data_listen: String,
+    /// Data-plane address clients should use (default: the bound address).
+    #[arg(long)]
+    advertise_data: Option<String>,
     /// Decode threads per job (default: the spec's `threads`).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -98,6 +104,8 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
     let config = WorkerConfig {
         listen: a.listen,
         advertise: a.advertise,
+        data_listen: a.data_listen,
+        advertise_data: a.advertise_data,
         dispatcher: a.dispatcher,
         allow_roots: roots(a.allow_root)?,
         token: token(a.token),
@@ -173,6 +181,18 @@ pub fn up(a: UpArgs) -> Result<()> {
             // Through the environment, not argv, so `ps` does not show it.
             cmd.env("SLUICE_TOKEN", t);
         }
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe; the closure touches no memory of ours.
+            // Children get SIGTERM if `up` itself dies, even by SIGKILL.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                    Ok(())
+                });
+            }
+        }
         cmd.spawn().with_context(|| format!("cannot start `sluice {}`", args.join(" ")))
     };
     let stop = sluice_service::signal_flag()?;
@@ -214,4 +234,52 @@ fn terminate(child: &mut Child) -> std::io::Result<()> {
     }
     child.kill()?;
     child.wait().map(|_| ())
+}
+
+#[derive(clap::Args)]
+pub struct RemoteRunArgs {
+    /// Pipeline spec (TOML or JSON).
+    spec: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    dispatcher: String,
+    /// Job name; clients naming the same job share its stream.
+    #[arg(long, default_value = "default")]
+    job: String,
+    #[arg(long, default_value_t = 1)]
+    epochs: u64,
+    #[arg(long)]
+    token: Option<String>,
+}
+
+/// Reads epochs of a job through the service and reports throughput, checking that every
+/// sample arrived exactly once.
+pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
+    let spec = sluice_core::PipelineSpec::from_path(&a.spec)?;
+    let mut options = sluice_service::RemoteOptions::new(a.dispatcher, a.job);
+    options.token = token(a.token);
+    let mut loader = sluice_service::RemoteLoader::connect(&spec, options)?;
+    let info = loader.job().clone();
+    println!(
+        "job {} (id {}, fingerprint {}): {} samples, {} batches per epoch, starting at epoch {}",
+        info.job_name, info.job_id, info.fingerprint, info.samples_per_epoch, info.batches_per_epoch, info.epoch
+    );
+    for _ in 0..a.epochs {
+        let epoch = loader.epoch();
+        let t0 = std::time::Instant::now();
+        let mut keys = Vec::new();
+        for b in loader.iter() {
+            keys.extend(b?.keys);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let n = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        println!(
+            "epoch {epoch}: {n} samples in {secs:.2} s = {:.0} samples/s; {} distinct; {} duplicate batches dropped",
+            n as f64 / secs,
+            keys.len(),
+            loader.duplicates_dropped()
+        );
+    }
+    Ok(())
 }

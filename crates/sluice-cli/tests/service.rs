@@ -196,8 +196,11 @@ fn a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_ba
     assert_exactly_once(keys, "checkpoint + resume");
 
     // Two clients naming one job share its stream: disjoint, and together everything.
-    let a = RemoteLoader::connect(&spec(&root, 4), options(&addr, "shared")).unwrap();
-    let b = RemoteLoader::connect(&spec(&root, 4), options(&addr, "shared")).unwrap();
+    // (Through the gRPC data plane, so both transports are covered.)
+    let mut grpc = options(&addr, "shared");
+    grpc.data_plane = sluice_service::DataPlane::Grpc;
+    let a = RemoteLoader::connect(&spec(&root, 4), grpc.clone()).unwrap();
+    let b = RemoteLoader::connect(&spec(&root, 4), grpc).unwrap();
     assert_eq!(a.job().job_id, b.job().job_id);
     let read = |mut l: RemoteLoader| std::thread::spawn(move || l.iter().map(|b| b.unwrap().keys).collect::<Vec<_>>().concat());
     let (ka, kb) = (read(a), read(b));
@@ -373,4 +376,44 @@ fn a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_th
         }
         other => panic!("expected a refusal, got {:?}", other.map(|b| b.index)),
     }
+}
+
+#[test]
+fn sluice_up_serves_a_job_with_its_own_worker_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let journal = dir.path().join("up.journal");
+    let _up = sluice(&[
+        "up",
+        "--workers",
+        "2",
+        "--listen",
+        &addr,
+        "--journal",
+        journal.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--allow-root",
+        root.to_str().unwrap(),
+    ]);
+    let mut loader = RemoteLoader::connect(&spec(&root, 5), options(&addr, "up")).unwrap();
+    let keys: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
+    assert_exactly_once(keys, "through `sluice up`");
+    assert!(journal.exists());
+    // SIGTERM stops `up` and, through it, the dispatcher and workers.
+    let mut up = _up;
+    unsafe {
+        libc::kill(up.0.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let t0 = std::time::Instant::now();
+    while up.0.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "sluice up did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        std::net::TcpStream::connect(&addr).is_err()
+    });
+    assert!(stopped, "the dispatcher still listens after `sluice up` stopped");
 }

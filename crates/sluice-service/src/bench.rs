@@ -164,6 +164,64 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
     })
 }
 
+fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Result<Batch, Status>> {
+    let (tx, rx) = mpsc::channel(2);
+    tokio::task::spawn_blocking(move || {
+        for index in req.start..req.end {
+            let batch = Batch {
+                epoch: req.epoch,
+                index,
+                keys: (0..n as u64).collect(),
+                labels: vec![0; n],
+                images: Tensor::zeros(DType::U8, vec![n, side, side, 3]),
+                layout: Layout::Hwc,
+                weights: None,
+            };
+            if tx.blocking_send(Ok(batch)).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// As [`data_plane`], through the TCP data plane the client uses by default.
+pub fn tcp_data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Result<f64, ServiceError> {
+    let rt = rt()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_err("bind"))?;
+        let addr = listener.local_addr().map_err(io_err("addr"))?.to_string();
+        let start: crate::dataplane::StartTask =
+            Arc::new(move |req| Box::pin(async move { Ok(noop_batches(req, samples, side)) }));
+        let server = tokio::spawn(crate::dataplane::serve(listener, start, None));
+        let t0 = Instant::now();
+        let per = batches / streams.max(1);
+        let mut tasks = Vec::new();
+        for s in 0..streams.max(1) {
+            let addr = addr.clone();
+            tasks.push(tokio::spawn(async move {
+                let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per };
+                let mut stream = crate::dataplane::TaskStream::open(&addr, None, &req).await?;
+                let mut bytes = 0u64;
+                while let Some(b) = stream.next().await? {
+                    bytes += b.images.as_bytes().len() as u64;
+                }
+                Ok::<u64, Status>(bytes)
+            }));
+        }
+        let mut bytes = 0;
+        for t in tasks {
+            bytes += t
+                .await
+                .map_err(|e| ServiceError::Internal(e.to_string()))?
+                .map_err(|s| ServiceError::rpc("data plane", s))?;
+        }
+        let rate = bytes as f64 / t0.elapsed().as_secs_f64();
+        server.abort();
+        Ok(rate)
+    })
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LoadRow {
     pub clients: usize,
@@ -185,7 +243,7 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
     rt.block_on(async move {
         let mut control = dispatcher_client(&addr, token.as_deref())?;
         let wid = control
-            .register_worker(RegisterWorkerRequest { addr: "127.0.0.1:9".into() })
+            .register_worker(RegisterWorkerRequest { addr: "127.0.0.1:9".into(), data_addr: String::new() })
             .await
             .map_err(|s| ServiceError::rpc("RegisterWorker", s))?
             .into_inner()

@@ -21,6 +21,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+use crate::dataplane::TaskStream;
 use crate::error::ServiceError;
 use crate::proto::worker::worker_client::WorkerClient;
 use crate::proto::*;
@@ -42,6 +43,18 @@ pub struct RemoteOptions {
     pub task_batches: u64,
     /// How long to keep retrying an unreachable dispatcher before failing.
     pub give_up_after: Duration,
+    /// How batches travel from workers.
+    pub data_plane: DataPlane,
+}
+
+/// The transport for batches; control always uses gRPC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataPlane {
+    /// The workers' TCP data plane (header + raw buffer), gRPC where a worker has none.
+    #[default]
+    Tcp,
+    /// gRPC server streaming (`Worker.RunTask`).
+    Grpc,
 }
 
 impl RemoteOptions {
@@ -53,6 +66,7 @@ impl RemoteOptions {
             tasks_in_flight: 4,
             task_batches: 0,
             give_up_after: Duration::from_secs(60),
+            data_plane: DataPlane::Tcp,
         }
     }
 }
@@ -72,6 +86,8 @@ type WorkerConn = WorkerClient<InterceptedService<Channel, TokenAttach>>;
 struct Conn {
     dispatcher: DispatcherConn,
     token: TokenAttach,
+    raw_token: Option<String>,
+    data_plane: DataPlane,
     workers: Mutex<HashMap<String, WorkerConn>>,
     give_up_after: Duration,
     job_id: u64,
@@ -179,6 +195,8 @@ impl RemoteLoader {
         let mut conn = Conn {
             dispatcher,
             token,
+            raw_token: options.token.clone().filter(|t| !t.is_empty()),
+            data_plane: options.data_plane,
             workers: Mutex::new(HashMap::new()),
             give_up_after: options.give_up_after,
             job_id: 0,
@@ -349,24 +367,27 @@ async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<
 async fn run_task(conn: &Conn, task: &TaskAssignment, tx: &mpsc::Sender<Item>) -> Result<bool, ServiceError> {
     let mut received = 0u64;
     let outcome: Result<(), Status> = async {
-        let mut worker = conn.worker(&task.worker_addr).map_err(Status::from)?;
         let req = RunTaskRequest { job_id: task.job_id, epoch: task.epoch, start: task.start, end: task.end };
-        let mut stream = worker.run_task(req).await?.into_inner();
+        let mut source = if conn.data_plane == DataPlane::Tcp && !task.worker_data_addr.is_empty() {
+            Source::Tcp(TaskStream::open(&task.worker_data_addr, conn.raw_token.as_deref(), &req).await?)
+        } else {
+            let mut worker = conn.worker(&task.worker_addr).map_err(Status::from)?;
+            Source::Grpc(Box::new(worker.run_task(req).await?.into_inner()))
+        };
         loop {
-            let next = tokio::time::timeout(Duration::from_secs(60), stream.message())
+            let next = tokio::time::timeout(Duration::from_secs(60), source.next())
                 .await
                 .map_err(|_| Status::unavailable("worker sent nothing for 60 s"))??;
-            let Some(m) = next else { break };
-            if m.epoch != task.epoch || m.index != task.start + received {
+            let Some(batch) = next else { break };
+            if batch.epoch != task.epoch || batch.index != task.start + received {
                 return Err(Status::invalid_argument(format!(
                     "worker sent batch {} of epoch {}, expected batch {} of epoch {}",
-                    m.index,
-                    m.epoch,
+                    batch.index,
+                    batch.epoch,
                     task.start + received,
                     task.epoch
                 )));
             }
-            let batch = message_to_batch(m).map_err(Status::from)?;
             let item = Item::Batch { task: task.task_index, start: task.start, end: task.end, batch };
             if tx.send(item).await.is_err() {
                 return Err(Status::cancelled("consumer gone"));
@@ -407,6 +428,24 @@ async fn run_task(conn: &Conn, task: &TaskAssignment, tx: &mpsc::Sender<Item>) -
                 // retrying elsewhere would fail the same way.
                 Err(ServiceError::rpc("RunTask", s))
             }
+        }
+    }
+}
+
+/// Where a task's batches come from.
+enum Source {
+    Grpc(Box<tonic::Streaming<BatchMessage>>),
+    Tcp(TaskStream),
+}
+
+impl Source {
+    async fn next(&mut self) -> Result<Option<Batch>, Status> {
+        match self {
+            Source::Grpc(s) => match s.message().await? {
+                Some(m) => message_to_batch(m).map(Some).map_err(Status::from),
+                None => Ok(None),
+            },
+            Source::Tcp(s) => s.next().await,
         }
     }
 }

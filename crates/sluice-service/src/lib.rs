@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod client;
+pub mod dataplane;
 pub mod dispatcher;
 pub mod error;
 pub mod journal;
@@ -15,7 +16,7 @@ pub mod security;
 pub mod wire;
 pub mod worker;
 
-pub use client::{RemoteLoader, RemoteOptions, RemoteState};
+pub use client::{DataPlane, RemoteLoader, RemoteOptions, RemoteState};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::ServiceError;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};

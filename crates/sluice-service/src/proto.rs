@@ -14,6 +14,9 @@ pub struct RegisterWorkerRequest {
     /// Address clients use to reach the worker's data plane (`host:port`).
     #[prost(string, tag = "1")]
     pub addr: String,
+    /// Address of the worker's TCP data plane (`host:port`); empty: gRPC only.
+    #[prost(string, tag = "2")]
+    pub data_addr: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -139,6 +142,9 @@ pub struct TaskAssignment {
     pub worker_id: u64,
     #[prost(string, tag = "7")]
     pub worker_addr: String,
+    /// The worker's TCP data plane; empty when it has none.
+    #[prost(string, tag = "8")]
+    pub worker_data_addr: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_core::PipelineSpec;
+use sluice_core::{Batch, PipelineSpec};
 use sluice_pipeline::{Loader, PipelineError, Shard};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -36,6 +36,10 @@ pub struct WorkerConfig {
     pub listen: String,
     /// Address to tell clients (default: the bound address).
     pub advertise: Option<String>,
+    /// `host:port` for the TCP data plane; port 0 picks a free one.
+    pub data_listen: String,
+    /// Data-plane address to tell clients (default: the bound address).
+    pub advertise_data: Option<String>,
     /// The dispatcher, `host:port` or `http://host:port`.
     pub dispatcher: String,
     pub allow_roots: Vec<PathBuf>,
@@ -182,14 +186,12 @@ fn to_status(e: PipelineError) -> Status {
     }
 }
 
-type BatchStream = ReceiverStream<Result<BatchMessage, Status>>;
+type BatchStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<BatchMessage, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl Worker for WorkerService {
-    type RunTaskStream = BatchStream;
-
-    async fn run_task(&self, request: Request<RunTaskRequest>) -> Result<Response<BatchStream>, Status> {
-        let req = request.into_inner();
+impl WorkerService {
+    /// Starts one task: checks it, then runs the job's loader over the task's batch range on
+    /// a blocking thread. Batches arrive on the returned channel, in order; an error ends it.
+    pub(crate) async fn start_task(&self, req: RunTaskRequest) -> Result<mpsc::Receiver<Result<Batch, Status>>, Status> {
         let runner = match self.runner(req.job_id).await {
             Ok(r) => r,
             Err(e) => {
@@ -220,7 +222,7 @@ impl Worker for WorkerService {
                     Ok(batch) => {
                         let n = batch.len() as u64;
                         let bytes = batch.images.as_bytes().len() as u64;
-                        if tx.blocking_send(Ok(batch_to_message(batch))).is_err() {
+                        if tx.blocking_send(Ok(batch)).is_err() {
                             // The client went away; stop working for it.
                             complete = false;
                             break;
@@ -243,13 +245,29 @@ impl Worker for WorkerService {
             }
             c.tasks_running.fetch_sub(1, Ordering::Relaxed);
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(rx)
+    }
+}
+
+#[tonic::async_trait]
+impl Worker for WorkerService {
+    type RunTaskStream = BatchStream;
+
+    async fn run_task(&self, request: Request<RunTaskRequest>) -> Result<Response<BatchStream>, Status> {
+        use tokio_stream::StreamExt;
+        let rx = self.start_task(request.into_inner()).await?;
+        #[allow(clippy::result_large_err)] // tonic's stream item type
+        fn to_message(r: Result<Batch, Status>) -> Result<BatchMessage, Status> {
+            r.map(batch_to_message)
+        }
+        let stream = ReceiverStream::new(rx).map(to_message);
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 
 /// Registers with the dispatcher and heartbeats every 250 ms, registering again whenever
 /// the dispatcher does not know us (it restarted) and retrying while it is away.
-async fn heartbeat_loop(service: WorkerService, advertise: String) {
+async fn heartbeat_loop(service: WorkerService, advertise: String, advertise_data: String) {
     let mut client = service.inner.dispatcher.clone();
     let mut id: Option<u64> = None;
     let mut backoff = Duration::from_millis(50);
@@ -257,7 +275,7 @@ async fn heartbeat_loop(service: WorkerService, advertise: String) {
         let c = &service.inner.counters;
         let result = match id {
             None => client
-                .register_worker(RegisterWorkerRequest { addr: advertise.clone() })
+                .register_worker(RegisterWorkerRequest { addr: advertise.clone(), data_addr: advertise_data.clone() })
                 .await
                 .map(|r| {
                     let wid = r.into_inner().worker_id;
@@ -311,9 +329,22 @@ pub async fn run_worker(
     let incoming = TcpIncoming::from_listener(listener, true, Some(Duration::from_secs(30)))
         .map_err(|e| listen_err(e.to_string()))?;
     let advertise = config.advertise.clone().unwrap_or_else(|| local.to_string());
-    tracing::info!(addr = %local, %advertise, roots = ?service.inner.roots.roots(), "worker listening");
+    let data_listener = tokio::net::TcpListener::bind(&config.data_listen)
+        .await
+        .map_err(|e| ServiceError::Listen { addr: config.data_listen.clone(), message: e.to_string() })?;
+    let data_local = data_listener
+        .local_addr()
+        .map_err(|e| ServiceError::Listen { addr: config.data_listen.clone(), message: e.to_string() })?;
+    let advertise_data = config.advertise_data.clone().unwrap_or_else(|| data_local.to_string());
+    tracing::info!(addr = %local, %advertise, data = %data_local, roots = ?service.inner.roots.roots(), "worker listening");
     on_listening(local);
-    let hb = tokio::spawn(heartbeat_loop(service.clone(), advertise));
+    let s = service.clone();
+    let start: crate::dataplane::StartTask = Arc::new(move |req| {
+        let s = s.clone();
+        Box::pin(async move { s.start_task(req).await })
+    });
+    let data = tokio::spawn(crate::dataplane::serve(data_listener, start, config.token.clone()));
+    let hb = tokio::spawn(heartbeat_loop(service.clone(), advertise, advertise_data));
     let server = WorkerServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -325,5 +356,6 @@ pub async fn run_worker(
         .await
         .map_err(|e| ServiceError::Internal(format!("worker server: {e}")));
     hb.abort();
+    data.abort();
     result
 }

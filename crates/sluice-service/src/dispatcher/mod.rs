@@ -184,7 +184,10 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = (|| {
             valid_name("addr", &req.addr)?;
-            let id = lock(&self.inner.state).register_worker(req.addr.clone(), Instant::now());
+            if !req.data_addr.is_empty() {
+                valid_name("data_addr", &req.data_addr)?;
+            }
+            let id = lock(&self.inner.state).register_worker(req.addr.clone(), req.data_addr.clone(), Instant::now());
             tracing::info!(worker_id = id, addr = %req.addr, "worker registered");
             Ok(RegisterWorkerReply { worker_id: id })
         })();

@@ -115,6 +115,7 @@ impl Job {
 #[derive(Debug)]
 pub struct WorkerEntry {
     pub addr: String,
+    pub data_addr: String,
     pub last_seen: Instant,
     /// A client reported a failure on this worker; cleared by its next heartbeat.
     pub suspect: bool,
@@ -270,12 +271,19 @@ impl State {
         self.next_job_id
     }
 
-    pub fn register_worker(&mut self, addr: String, now: Instant) -> u64 {
+    pub fn register_worker(&mut self, addr: String, data_addr: String, now: Instant) -> u64 {
         self.workers.retain(|_, w| w.addr != addr);
         let id = self.next_worker_id;
         self.next_worker_id += 1;
-        let entry =
-            WorkerEntry { addr, last_seen: now, suspect: false, leased: 0, tasks_running: 0, batches_produced: 0 };
+        let entry = WorkerEntry {
+            addr,
+            data_addr,
+            last_seen: now,
+            suspect: false,
+            leased: 0,
+            tasks_running: 0,
+            batches_produced: 0,
+        };
         self.workers.insert(id, entry);
         id
     }
@@ -373,6 +381,7 @@ impl State {
             end: t.end,
             worker_id,
             worker_addr: worker.addr.clone(),
+            worker_data_addr: worker.data_addr.clone(),
         };
         let record = Record::Assign { job_id, epoch, task, client: client.to_string(), request };
         Ok((GetTaskReply { status: task_status::TASK, task: Some(assignment) }, Some(record), worker_id))
@@ -385,15 +394,23 @@ impl State {
         if (req, job, ep) != (request, job_id, epoch) {
             return None;
         }
-        let (worker_id, addr) = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone()))?;
+        let (worker_id, addr, data_addr) = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone()))?;
         let t = self.jobs.get_mut(&job_id)?.current.tasks.get_mut(task as usize)?;
         let TaskStatus::Leased { client: holder, worker, .. } = &mut t.status else { return None };
         if holder != client {
             return None;
         }
         *worker = worker_id;
-        let assignment =
-            TaskAssignment { job_id, epoch, task_index: task, start: t.start, end: t.end, worker_id, worker_addr: addr };
+        let assignment = TaskAssignment {
+            job_id,
+            epoch,
+            task_index: task,
+            start: t.start,
+            end: t.end,
+            worker_id,
+            worker_addr: addr,
+            worker_data_addr: data_addr,
+        };
         Some(GetTaskReply { status: task_status::TASK, task: Some(assignment) })
     }
 
@@ -492,7 +509,7 @@ mod tests {
         s.apply(&job_record(10, 4), now, 0).unwrap();
         // No worker: wait.
         assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT);
-        let w = s.register_worker("127.0.0.1:1".into(), now);
+        let w = s.register_worker("127.0.0.1:1".into(), String::new(), now);
         let t0 = step(&mut s, "a", 0, now).task.unwrap();
         let t1 = step(&mut s, "b", 0, now).task.unwrap();
         let t2 = step(&mut s, "a", 0, now).task.unwrap();
@@ -522,7 +539,7 @@ mod tests {
         let now = Instant::now();
         let mut s = State::new(1);
         s.apply(&job_record(4, 2), now, 0).unwrap();
-        s.register_worker("w".into(), now);
+        s.register_worker("w".into(), String::new(), now);
         let t = step(&mut s, "a", 0, now).task.unwrap();
         let later = now + CLIENT_LEASE / 2;
         s.client_heartbeat(1, "a", ClientReport::default(), later);
@@ -549,7 +566,7 @@ mod tests {
         let e = &r.job(1).unwrap().current;
         assert_eq!((e.acked, e.leased(), e.queue.len()), (1, 1, 0));
         // A retried request (its reply was lost in the restart) gets the same task back.
-        r.register_worker("w2".into(), now);
+        r.register_worker("w2".into(), String::new(), now);
         let (again, record, _) = r.get_task(1, "a", 0, 2, now).unwrap();
         assert_eq!((again.task.unwrap().task_index, record), (1, None));
         let (other, _, _) = r.get_task(1, "a", 0, 3, now).unwrap();
