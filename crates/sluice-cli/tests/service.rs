@@ -207,6 +207,13 @@ fn a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_ba
     let (ka, kb) = (ka.join().unwrap(), kb.join().unwrap());
     assert!(!ka.is_empty() && !kb.is_empty(), "both clients got batches: {} and {}", ka.len(), kb.len());
     assert_exactly_once([ka, kb].concat(), "two clients of one job");
+
+    // An iterator dropped mid-epoch: the next one delivers exactly the rest.
+    let mut l = RemoteLoader::connect(&spec(&root, 6), options(&addr, "abandon")).unwrap();
+    let mut keys: Vec<u64> = l.iter().take(3).flat_map(|b| b.unwrap().keys).collect();
+    keys.extend(l.iter().flat_map(|b| b.unwrap().keys));
+    assert_exactly_once(keys, "an abandoned iterator, then a new one");
+    assert_eq!(l.epoch(), 1);
 }
 
 #[test]

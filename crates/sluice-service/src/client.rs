@@ -167,6 +167,15 @@ pub struct RemoteLoader {
     duplicates: u64,
     /// An iterator was dropped mid-epoch: the next one restarts the epoch from `state()`.
     abandoned: bool,
+    current: Option<EpochStream>,
+}
+
+/// The epoch being streamed.
+struct EpochStream {
+    rx: mpsc::Receiver<Item>,
+    driver: tokio::task::JoinHandle<()>,
+    /// An error ended this epoch's stream; the epoch is not over.
+    failed: bool,
 }
 
 impl RemoteLoader {
@@ -225,6 +234,7 @@ impl RemoteLoader {
             open: HashMap::new(),
             duplicates: 0,
             abandoned: false,
+            current: None,
         })
     }
 
@@ -280,6 +290,17 @@ impl RemoteLoader {
     /// The rest of the current epoch's batches, in arrival order. When it ends, the loader
     /// moves to the next epoch.
     pub fn iter(&mut self) -> RemoteEpoch<'_> {
+        self.start_epoch();
+        RemoteEpoch { loader: self }
+    }
+
+    /// Starts streaming the rest of the current epoch; [`RemoteLoader::next_batch`] takes
+    /// its batches. (What [`RemoteLoader::iter`] does, for callers that cannot hold a
+    /// borrowing iterator, like the Python binding.)
+    pub fn start_epoch(&mut self) {
+        if let Some(old) = self.current.take() {
+            old.driver.abort();
+        }
         // An earlier iterator was dropped mid-epoch: its leases and half-read tasks are
         // handed back by restarting the epoch without what the trainer already has.
         if self.abandoned {
@@ -287,12 +308,81 @@ impl RemoteLoader {
             if let Err(e) = self.load_state(&state) {
                 tracing::warn!(error = %e, "could not restart the abandoned epoch");
             }
-            self.abandoned = false;
         }
         self.abandoned = true;
         let (tx, rx) = mpsc::channel(2 * self.tasks_in_flight);
         let driver = self.rt.spawn(drive(self.conn.clone(), self.epoch, self.tasks_in_flight, tx));
-        RemoteEpoch { loader: self, rx, driver: Some(driver), failed: false }
+        self.current = Some(EpochStream { rx, driver, failed: false });
+    }
+
+    /// The next batch of the epoch started by [`RemoteLoader::start_epoch`]; `None` at its
+    /// end (the loader then moves to the next epoch). While waiting it asks `interrupted`
+    /// every 50 ms and returns [`ServiceError::Interrupted`] if it says so; nothing is lost.
+    pub fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch, ServiceError>> {
+        loop {
+            let stream = self.current.as_mut()?;
+            if stream.failed {
+                return None;
+            }
+            let t0 = Instant::now();
+            // The timer must be made inside the runtime: build it in the async block.
+            let item = self.rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), stream.rx.recv()).await });
+            self.conn.stall_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let item = match item {
+                Ok(item) => item,
+                Err(_) => {
+                    if interrupted() {
+                        return Some(Err(ServiceError::Interrupted));
+                    }
+                    continue;
+                }
+            };
+            match item {
+                None => {
+                    self.current = None;
+                    self.abandoned = false;
+                    self.epoch += 1;
+                    self.delivered.clear();
+                    self.open.clear();
+                    return None;
+                }
+                Some(Item::Error(e)) => {
+                    stream.failed = true;
+                    return Some(Err(e));
+                }
+                Some(Item::Batch { task, start, end, batch }) => {
+                    let entry = self.open.entry((task, start)).or_insert((end, 0));
+                    entry.1 += 1;
+                    if entry.1 == end - start {
+                        self.open.remove(&(task, start));
+                        self.ack(task);
+                    }
+                    if self.delivered.insert(batch.index) {
+                        self.conn.batches.fetch_add(1, Ordering::Relaxed);
+                        return Some(Ok(batch));
+                    }
+                    self.duplicates += 1;
+                    tracing::warn!(index = batch.index, "dropped a duplicate batch");
+                }
+            }
+        }
+    }
+
+    /// Acknowledges a task whose batches the trainer has all taken (in the background,
+    /// retried while the dispatcher is away).
+    fn ack(&self, task: u64) {
+        let conn = self.conn.clone();
+        let req = AckTaskRequest { job_id: self.job.job_id, client_id: conn.client_id.clone(), epoch: self.epoch, task_index: task };
+        self.rt.spawn(async move {
+            let r = with_retry(&conn, "AckTask", |mut d| {
+                let req = req.clone();
+                async move { d.ack_task(req).await }
+            })
+            .await;
+            if let Err(e) = r {
+                tracing::warn!(error = %e, task, "ack failed; the task's lease will run out and it runs again");
+            }
+        });
     }
 }
 
@@ -453,82 +543,21 @@ impl Source {
 /// The batches of one epoch from the service.
 pub struct RemoteEpoch<'a> {
     loader: &'a mut RemoteLoader,
-    rx: mpsc::Receiver<Item>,
-    driver: Option<tokio::task::JoinHandle<()>>,
-    /// An error ended this epoch's stream; the epoch is not over.
-    failed: bool,
-}
-
-impl RemoteEpoch<'_> {
-    fn ack(&mut self, task: u64) {
-        let conn = self.loader.conn.clone();
-        let req = AckTaskRequest {
-            job_id: self.loader.job.job_id,
-            client_id: conn.client_id.clone(),
-            epoch: self.loader.epoch,
-            task_index: task,
-        };
-        self.loader.rt.spawn(async move {
-            let r = with_retry(&conn, "AckTask", |mut d| {
-                let req = req.clone();
-                async move { d.ack_task(req).await }
-            })
-            .await;
-            if let Err(e) = r {
-                tracing::warn!(error = %e, task, "ack failed; the task's lease will run out and it runs again");
-            }
-        });
-    }
 }
 
 impl Iterator for RemoteEpoch<'_> {
     type Item = Result<Batch, ServiceError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        loop {
-            let t0 = Instant::now();
-            let item = self.rx.blocking_recv();
-            self.loader.conn.stall_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            match item {
-                None => {
-                    self.driver = None;
-                    self.loader.abandoned = false;
-                    self.loader.epoch += 1;
-                    self.loader.delivered.clear();
-                    self.loader.open.clear();
-                    return None;
-                }
-                Some(Item::Error(e)) => {
-                    self.driver = None;
-                    self.failed = true;
-                    return Some(Err(e));
-                }
-                Some(Item::Batch { task, start, end, batch }) => {
-                    let entry = self.loader.open.entry((task, start)).or_insert((end, 0));
-                    entry.1 += 1;
-                    if entry.1 == end - start {
-                        self.loader.open.remove(&(task, start));
-                        self.ack(task);
-                    }
-                    if self.loader.delivered.insert(batch.index) {
-                        self.loader.conn.batches.fetch_add(1, Ordering::Relaxed);
-                        return Some(Ok(batch));
-                    }
-                    self.loader.duplicates += 1;
-                    tracing::warn!(index = batch.index, "dropped a duplicate batch");
-                }
-            }
-        }
+        self.loader.next_batch(&mut || false)
     }
 }
 
 impl Drop for RemoteEpoch<'_> {
     fn drop(&mut self) {
-        if let Some(d) = self.driver.take() {
-            d.abort();
+        // Stop fetching; if the epoch is unfinished, the next one restarts it exactly.
+        if let Some(s) = self.loader.current.take() {
+            s.driver.abort();
         }
     }
 }

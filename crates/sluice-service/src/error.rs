@@ -38,6 +38,9 @@ pub enum ServiceError {
     BadBatch(String),
     #[error("gave up after {seconds:.0} s without reaching the dispatcher: {last}")]
     Unavailable { seconds: f64, last: String },
+    /// The caller asked a waiting iterator to stop (Ctrl-C); iterating again continues.
+    #[error("interrupted while waiting for a batch")]
+    Interrupted,
     #[error("{0}")]
     Internal(String),
 }
@@ -61,6 +64,7 @@ impl From<ServiceError> for Status {
             ServiceError::JobConflict { .. } => Code::AlreadyExists,
             ServiceError::Rpc { status, .. } => status.code(),
             ServiceError::Unavailable { .. } | ServiceError::Connect { .. } => Code::Unavailable,
+            ServiceError::Interrupted => Code::Cancelled,
             _ => Code::Internal,
         };
         Status::new(code, e.to_string())
