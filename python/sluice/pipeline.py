@@ -269,6 +269,58 @@ class Pipeline:
             limits["max_file_bytes"] = max_file_bytes
         return self._with(limits=limits)
 
+    def cache(
+        self,
+        budget: Union[int, float, str, None],
+        level: str = "auto",
+        resize: Optional[int] = None,
+        policy: str = "importance",
+    ) -> "Pipeline":
+        """Caches samples between the deterministic and the random ops.
+
+        Args:
+            budget: memory for entries: bytes, a fraction of RAM in (0, 1], or a string
+                such as ``"8GiB"``, ``"512MB"``, ``"25%"``. ``None`` removes the cache.
+            level: ``"raw"`` (file bytes), ``"decoded"`` (pixels after the deterministic
+                ops), ``"resized"`` (decoded and shrunk to ``resize``), or ``"auto"``
+                (chosen from measured costs).
+            resize: shorter side of a deterministic resize before the random ops (needed
+                by ``"resized"``; it changes the pipeline's pixels whatever the level).
+            policy: which entries a full cache gives up: ``"lru"``, ``"shade"``,
+                ``"fastmatch"`` or ``"importance"``.
+        """
+        if budget is None:
+            spec = copy.deepcopy(self._spec)
+            spec.pop("cache", None)
+            return Pipeline(spec)
+        cache: Dict[str, Any] = {"budget": budget, "level": level, "policy": policy}
+        if resize is not None:
+            cache["resize"] = resize
+        return self._with(cache=cache)
+
+    def sampling(
+        self,
+        kind: str = "uniform",
+        floor: Optional[float] = None,
+        coverage_epochs: Optional[int] = None,
+        miss_discount: Optional[float] = None,
+    ) -> "Pipeline":
+        """How each epoch's order is drawn: ``"uniform"`` (every sample once, the
+        default), ``"importance"`` (sluice's sampler: proportional to the importance the
+        trainer reports with ``Loader.report``, with a ``floor``, a coverage guarantee over
+        ``coverage_epochs`` and ``miss_discount`` for cache misses; batches then carry
+        unbiasing ``weight``), or the published baselines ``"fastmatch"`` and ``"shade"``."""
+        sampling: Dict[str, Any] = {"kind": kind}
+        for name, value in (("floor", floor), ("coverage_epochs", coverage_epochs), ("miss_discount", miss_discount)):
+            if value is not None:
+                sampling[name] = value
+        return self._with(sampling=sampling)
+
+    def importance(self, ema: float) -> "Pipeline":
+        """Weight of the newest epoch's reported importance in its exponential moving
+        average (in (0, 1])."""
+        return self._with(importance={"ema": ema})
+
     # ---- inspection ----------------------------------------------------------------------
 
     @property

@@ -77,6 +77,30 @@ def test_every_option_round_trips(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "spec.json").read_text()) == d
 
 
+def test_cache_sampling_and_importance_options_round_trip() -> None:
+    pipe = standard().cache("512MB", level="resized", resize=256, policy="lru").sampling(
+        "importance", floor=0.1, coverage_epochs=5
+    ).importance(ema=0.5)
+    d = pipe.to_dict()
+    assert d["cache"]["level"] == "resized" and d["cache"]["resize"] == 256 and d["cache"]["policy"] == "lru"
+    assert d["cache"]["budget"] == 512_000_000
+    assert d["sampling"]["kind"] == "importance" and d["sampling"]["floor"] == 0.1
+    assert d["sampling"]["coverage_epochs"] == 5 and "miss_discount" in d["sampling"]
+    assert d["importance"] == {"ema": 0.5}
+    assert Pipeline.from_toml(pipe.to_toml()).to_dict() == d
+    assert "cache" not in pipe.cache(None).to_dict()
+    assert standard().to_dict()["sampling"] == {"kind": "uniform"}
+    for bad, field in (
+        (standard().cache("0%"), "cache.budget"),
+        (standard().cache("1GB", level="resized"), "cache.level"),
+        (standard().sampling("importance", floor=0), "sampling.floor"),
+        (standard().importance(ema=2), "importance.ema"),
+    ):
+        with pytest.raises(SpecError) as info:
+            bad.to_json()
+        assert info.value.field == field, str(info.value)
+
+
 def test_tar_source_and_shuffle_shortcuts() -> None:
     d = Pipeline.tar(["/s/a.tar", "/s/b.tar"]).decode().center_crop(8).shuffle(False).batch(2).to_dict()
     assert d["source"] == {"kind": "tar", "shards": ["/s/a.tar", "/s/b.tar"]}
