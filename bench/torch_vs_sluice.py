@@ -14,7 +14,7 @@ configurations are interleaved within each run, and the median of ``--runs`` run
 reported, because machines are noisy. Prints a markdown table with images/s and the
 ratios sluice/DataLoader (same core count) and sluice-from-Python/Rust.
 
-    .venv/bin/python bench/torch_vs_sluice.py           # data/torch_vs_sluice: 1000 x ~100 KB
+    .venv/bin/python bench/torch_vs_sluice.py           # data/torch_vs_sluice: 1000 x ~100 KB JPEGs
     .venv/bin/python bench/torch_vs_sluice.py --runs 5 --threads 1,2
 """
 
@@ -114,7 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(REPO / "data" / "torch_vs_sluice"), help="ImageFolder (generated if missing)")
     ap.add_argument("--images", type=int, default=1000, help="images to generate when --data is missing")
-    ap.add_argument("--texture", type=int, default=36, help="texture of generated images (36: ~100 KB JPEGs)")
+    ap.add_argument("--texture", type=int, default=None, help="texture of generated images (default: ~100 KB JPEGs)")
     ap.add_argument("--runs", type=int, default=3, help="runs per configuration; the median is reported")
     ap.add_argument("--threads", default="1,2", help="core counts: DataLoader workers = sluice threads")
     ap.add_argument("--batch", type=int, default=64)

@@ -24,7 +24,7 @@ adapter and ``to_device``) does.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from . import _sluice
 from .errors import SampleError, SluiceError, SourceError, SourceNotFoundError, SpecError, StateError
@@ -54,20 +54,23 @@ __all__ = [
 
 def generate_dataset(
     root: PathLike,
-    images: int = 1000,
-    classes: int = 10,
-    seed: int = 0,
-    quality: int = 90,
-    texture: int = 14,
-    corrupt: int = 0,
+    images: Optional[int] = None,
+    classes: Optional[int] = None,
+    seed: Optional[int] = None,
+    quality: Optional[int] = None,
+    texture: Optional[int] = None,
+    corrupt: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Writes a deterministic, ImageNet-like ImageFolder dataset under ``root``.
 
-    ``images`` JPEGs of about 500x375 pixels and ~100 KB (``texture`` sets the weight),
-    image ``i`` in ``root/class_{i % classes:03}/img_{i:07}.jpg``, with class-dependent
-    content a model can learn. The same arguments write the same bytes. ``corrupt`` adds
-    that many bad files (truncated, empty, not an image, garbage, a huge header) for
-    testing error policies. Runs on all cores with the GIL released.
+    ``images`` JPEGs (default 1000) of about 500x375 pixels and ~100 KB (``texture``, the
+    noise amplitude, sets the weight; JPEG ``quality`` default 90), image ``i`` in
+    ``root/class_{i % classes:03}/img_{i:07}.jpg`` (``classes`` default 10), with
+    class-dependent content a model can learn. The same arguments write the same bytes
+    (``seed`` default 0). ``corrupt`` (default 0) adds that many bad files (truncated,
+    empty, not an image, garbage, a huge header) for testing error policies. Options left
+    out take the Rust generator's defaults (the same as ``sluice gen-images``). Runs on all
+    cores with the GIL released.
 
     Returns:
         ``{"root", "images", "bad_files" (list of paths), "bytes"}``.

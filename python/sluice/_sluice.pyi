@@ -39,15 +39,15 @@ def spec_load_file(path: str) -> str:
 
 def generate_dataset(
     root: str,
-    images: int = 1000,
-    classes: int = 10,
-    seed: int = 0,
-    quality: int = 90,
-    texture: int = 14,
-    corrupt: int = 0,
+    images: Optional[int] = None,
+    classes: Optional[int] = None,
+    seed: Optional[int] = None,
+    quality: Optional[int] = None,
+    texture: Optional[int] = None,
+    corrupt: Optional[int] = None,
 ) -> Dict[str, Any]:
-    """Writes a deterministic ImageNet-like ImageFolder dataset; returns
-    ``{"root", "images", "bad_files", "bytes"}``."""
+    """Writes a deterministic ImageNet-like ImageFolder dataset (options left out take
+    sluice-synth's defaults); returns ``{"root", "images", "bad_files", "bytes"}``."""
 
 def enable_logging(filter: str = "warn") -> bool:
     """Sends Rust logs to stderr; False if logging was already set up."""

@@ -11,27 +11,36 @@ use sluice_synth::{write_dataset, DatasetOptions};
 use crate::errors::synth_error;
 
 /// Writes `images` JPEGs under `root/class_XXX/` (plus `corrupt` bad files) and returns a
-/// summary dict: `root`, `images`, `bad_files`, `bytes`. The GIL is released meanwhile.
+/// summary dict: `root`, `images`, `bad_files`, `bytes`. Options left out take
+/// sluice-synth's defaults. The GIL is released meanwhile.
 #[pyfunction]
-#[pyo3(signature = (root, images = 1000, classes = 10, seed = 0, quality = 90, texture = 14, corrupt = 0))]
+#[pyo3(signature = (root, images = None, classes = None, seed = None, quality = None, texture = None, corrupt = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn generate_dataset<'py>(
     py: Python<'py>,
     root: PathBuf,
-    images: usize,
-    classes: usize,
-    seed: u64,
-    quality: u8,
-    texture: u8,
-    corrupt: usize,
+    images: Option<usize>,
+    classes: Option<usize>,
+    seed: Option<u64>,
+    quality: Option<u8>,
+    texture: Option<u8>,
+    corrupt: Option<usize>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    if !(1..=100).contains(&quality) {
-        return Err(PyValueError::new_err(format!("quality must be in 1..=100, got {quality}")));
+    let d = DatasetOptions::default();
+    let options = DatasetOptions {
+        images: images.unwrap_or(d.images),
+        classes: classes.unwrap_or(d.classes),
+        seed: seed.unwrap_or(d.seed),
+        quality: quality.unwrap_or(d.quality),
+        texture: texture.unwrap_or(d.texture),
+        corrupt: corrupt.unwrap_or(d.corrupt),
+    };
+    if !(1..=100).contains(&options.quality) {
+        return Err(PyValueError::new_err(format!("quality must be in 1..=100, got {}", options.quality)));
     }
-    if classes == 0 {
+    if options.classes == 0 {
         return Err(PyValueError::new_err("classes must be at least 1"));
     }
-    let options = DatasetOptions { images, classes, seed, quality, texture, corrupt };
     let summary = py.detach(|| write_dataset(&root, &options, &|_| {})).map_err(|e| synth_error(py, e))?;
     let out = PyDict::new(py);
     out.set_item("root", root.display().to_string())?;
