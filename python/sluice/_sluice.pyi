@@ -5,7 +5,7 @@ Rust buffers. The friendly API is the pure-Python package (:class:`sluice.Pipeli
 :class:`sluice.Loader`); errors are raised as the classes of :mod:`sluice.errors`.
 """
 
-from typing import Any, Dict, List, Optional, Tuple, final
+from typing import Any, Dict, List, Optional, Sequence, Tuple, final
 
 import numpy as np
 import numpy.typing as npt
@@ -71,6 +71,8 @@ class Loader:
     def set_epoch(self, epoch: int) -> None: ...
     def state_json(self) -> str: ...
     def load_state_json(self, state: str) -> None: ...
+    def report(self, keys: Sequence[int], values: Sequence[float]) -> None:
+        """Per-sample importance from the trainer (losses or gradient norms) for ``keys``."""
     def stats_json(self) -> str: ...
     def set_threads(self, threads: int) -> None:
         """Resizes the worker pool; 0 means one thread per core."""

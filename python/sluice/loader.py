@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 from . import _sluice
 from .pipeline import PathLike, Pipeline
 
-__all__ = ["Loader", "Batch", "BatchIterator"]
+__all__ = ["Loader", "Batch", "BatchIterator", "ImportanceRecorder"]
 
 _FIELDS = ("image", "label", "key", "weight")
 
@@ -170,6 +170,49 @@ class BatchIterator(Iterator[Batch]):
         return self.remaining
 
 
+def _to_numpy(x: Any) -> Any:
+    import numpy as np
+
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _as_list(x: Any, kind: type) -> List[Any]:
+    arr = _to_numpy(x).reshape(-1)
+    return [kind(v) for v in arr.tolist()]
+
+
+class ImportanceRecorder:
+    """What :meth:`Loader.record_importance` returns: collects one step's per-sample
+    values and reports them to the loader when the ``with`` block ends cleanly."""
+
+    def __init__(self, loader: "Loader", keys: Any) -> None:
+        self._loader = loader
+        self._keys = keys
+        self._values: Optional[Any] = None
+        self._gradients = False
+
+    def losses(self, losses: Any) -> None:
+        """Per-sample losses of this step (``reduction="none"``)."""
+        self._values, self._gradients = losses, False
+
+    def gradients(self, grads: Any) -> None:
+        """Per-sample gradient norms ``[n]`` or per-sample gradients ``[n, ...]``."""
+        self._values, self._gradients = grads, True
+
+    def __enter__(self) -> "ImportanceRecorder":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None or self._values is None:
+            return
+        if self._gradients:
+            self._loader.update_gradient_info(self._keys, self._values)
+        else:
+            self._loader.report(self._keys, self._values)
+
+
 class Loader:
     """Iterates the batches of a pipeline, one epoch per ``iter(loader)``.
 
@@ -268,6 +311,41 @@ class Loader:
         stats["op_seconds"] = {name: seconds for name, seconds in stats["op_seconds"]}
         stats["threads"] = self.threads
         return stats
+
+    def report(self, keys: Any, losses: Any) -> None:
+        """Reports per-sample importance (usually the per-sample loss, ``reduction="none"``)
+        for the samples ``keys`` (a batch's ``key``). Accepts lists, numpy arrays or torch
+        tensors (detached for you). Scores are smoothed across epochs and shape the epochs
+        after the current one (``sampling``) and the cache's priorities; they are saved in
+        :meth:`state_dict`. Non-finite or negative values are ignored.
+
+        Raises:
+            StateError: ``keys`` and ``losses`` differ in length.
+        """
+        self._native.report(_as_list(keys, int), _as_list(losses, float))
+
+    def update_gradient_info(self, keys: Any, grads: Any) -> None:
+        """FastMatch's API: reports per-sample gradient information. ``grads`` is either
+        one norm per sample (shape ``[n]``) or per-sample gradients (shape ``[n, ...]``,
+        e.g. ``inputs.grad``), reduced here to their L2 norms."""
+        arr = _to_numpy(grads)
+        if arr.ndim > 1:
+            import numpy as np
+
+            arr = np.sqrt((arr.reshape(arr.shape[0], -1).astype(np.float64) ** 2).sum(axis=1))
+        self.report(keys, arr)
+
+    def record_importance(self, keys: Any) -> "ImportanceRecorder":
+        """A context for one training step, after FastMatch's Listing 1::
+
+            with loader.record_importance(batch["key"]) as rec:
+                losses = F.cross_entropy(model(x), y, reduction="none")
+                rec.losses(losses)
+                (losses * w).mean().backward()
+
+        The values given to ``rec.losses`` (or ``rec.gradients``) are reported when the
+        block ends without an exception; nothing is reported if it raises."""
+        return ImportanceRecorder(self, keys)
 
     def set_threads(self, threads: int) -> None:
         """Resizes sluice's worker pool, also while iterating; 0 means one per core."""

@@ -99,6 +99,11 @@ impl PyLoader {
         self.loader.load_state(&state).map_err(|e| pipeline_error(py, e))
     }
 
+    /// Per-sample importance from the trainer (losses or gradient norms) for `keys`.
+    fn report(&self, py: Python<'_>, keys: Vec<u64>, values: Vec<f64>) -> PyResult<()> {
+        py.detach(|| self.loader.report(&keys, &values)).map_err(|e| pipeline_error(py, e))
+    }
+
     fn stats_json(&self) -> PyResult<String> {
         serde_json::to_string(&self.loader.stats()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
