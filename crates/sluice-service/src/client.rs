@@ -427,7 +427,7 @@ async fn drive(conn: Arc<Conn>, epoch: u64, k: usize, tx: mpsc::Sender<Item>) {
 }
 
 async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<(), ServiceError> {
-    let mut wait = Duration::from_millis(2);
+    let mut wait = Duration::from_millis(1);
     loop {
         let request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
         let req = GetTaskRequest { job_id: conn.job_id, client_id: conn.client_id.clone(), epoch, request_id };
@@ -439,14 +439,15 @@ async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<
         match (reply.status, reply.task) {
             (task_status::EPOCH_DONE, _) => return Ok(()),
             (task_status::TASK, Some(task)) => {
-                wait = Duration::from_millis(2);
+                wait = Duration::from_millis(1);
                 if !run_task(&conn, &task, &tx).await? {
                     return Ok(());
                 }
             }
             _ => {
+                // The dispatcher already held the request (long poll): ask again soon.
                 tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_millis(50));
+                wait = (wait * 2).min(Duration::from_millis(20));
             }
         }
     }

@@ -24,8 +24,11 @@ use crate::security::{AllowedRoots, TokenCheck};
 use crate::MAX_MESSAGE_BYTES;
 use state::{ClientReport, State};
 
-/// Batches per task when the client does not say.
-pub const DEFAULT_TASK_BATCHES: u64 = 8;
+/// Batches per task when the client does not say: small enough to balance a short epoch
+/// over workers, large enough that task RPCs cost nothing next to the batches.
+pub const DEFAULT_TASK_BATCHES: u64 = 4;
+/// Longest a GetTask waits for a task to free up before answering WAIT.
+const LONG_POLL: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
@@ -52,6 +55,8 @@ struct Counters {
 
 struct Inner {
     state: Mutex<State>,
+    /// Wakes long-polling GetTask calls when anything they wait on may have changed.
+    changed: tokio::sync::Notify,
     journal: Journal,
     roots: AllowedRoots,
     counters: Counters,
@@ -92,7 +97,13 @@ impl DispatcherService {
             }
         };
         Ok(Self {
-            inner: Arc::new(Inner { state: Mutex::new(state), journal, roots, counters: Counters::default() }),
+            inner: Arc::new(Inner {
+                state: Mutex::new(state),
+                changed: tokio::sync::Notify::new(),
+                journal,
+                roots,
+                counters: Counters::default(),
+            }),
         })
     }
 
@@ -105,7 +116,9 @@ impl DispatcherService {
         worker: u64,
     ) -> Result<crate::journal::Durable, ServiceError> {
         state.apply(record, Instant::now(), worker)?;
-        Ok(self.inner.journal.append(record))
+        let durable = self.inner.journal.append(record);
+        self.inner.changed.notify_waiters();
+        Ok(durable)
     }
 
     #[allow(clippy::result_large_err)] // the trait's own return type
@@ -188,6 +201,7 @@ impl Dispatcher for DispatcherService {
                 valid_name("data_addr", &req.data_addr)?;
             }
             let id = lock(&self.inner.state).register_worker(req.addr.clone(), req.data_addr.clone(), Instant::now());
+            self.inner.changed.notify_waiters();
             tracing::info!(worker_id = id, addr = %req.addr, "worker registered");
             Ok(RegisterWorkerReply { worker_id: id })
         })();
@@ -201,6 +215,8 @@ impl Dispatcher for DispatcherService {
         let r = request.into_inner();
         let known =
             lock(&self.inner.state).worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now());
+        // A worker back from suspicion can take tasks again.
+        self.inner.changed.notify_waiters();
         self.counted(Ok(WorkerHeartbeatReply { known }))
     }
 
@@ -224,14 +240,27 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             valid_name("client_id", &req.client_id)?;
-            let (reply, durable) = {
-                let mut state = lock(&self.inner.state);
-                let (reply, record, worker) = state.get_task(req.job_id, &req.client_id, req.epoch, req.request_id, Instant::now())?;
-                let durable = match record {
-                    Some(r) => Some(self.commit(&mut state, &r, worker)?),
-                    None => None,
+            // Long poll: rather than answer WAIT at once (and have clients poll), hold the
+            // request until something changes (an ack, a failure, a worker) or LONG_POLL.
+            let deadline = tokio::time::Instant::now() + LONG_POLL;
+            let (reply, durable) = loop {
+                let changed = self.inner.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let decided = {
+                    let mut state = lock(&self.inner.state);
+                    let (reply, record, worker) =
+                        state.get_task(req.job_id, &req.client_id, req.epoch, req.request_id, Instant::now())?;
+                    let durable = match record {
+                        Some(r) => Some(self.commit(&mut state, &r, worker)?),
+                        None => None,
+                    };
+                    (reply, durable)
                 };
-                (reply, durable)
+                if decided.0.status != task_status::WAIT || tokio::time::Instant::now() >= deadline {
+                    break decided;
+                }
+                let _ = tokio::time::timeout_at(deadline, changed).await;
             };
             if let Some(d) = durable {
                 d.wait().await?;
@@ -242,7 +271,9 @@ impl Dispatcher for DispatcherService {
             Ok(reply)
         }
         .await;
-        self.inner.counters.get_task.observe(t0.elapsed());
+        if r.as_ref().is_ok_and(|reply| reply.status != task_status::WAIT) {
+            self.inner.counters.get_task.observe(t0.elapsed());
+        }
         self.counted(r)
     }
 
