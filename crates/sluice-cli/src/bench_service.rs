@@ -132,7 +132,20 @@ pub fn main(a: Args) -> Result<()> {
                 root
             }
         };
+        // Every service is started up front (idle processes cost nothing) and each run
+        // measures local and every worker count back to back, so the machine's noise hits
+        // them alike; the ratio is taken per run, then the median.
+        let services: Vec<(usize, usize, String, Vec<Proc>)> = a
+            .workers
+            .iter()
+            .map(|&w| {
+                let per = (threads / w.max(1)).max(1);
+                service(&work, &root, w, per).map(|(addr, procs)| (w, per, addr, procs))
+            })
+            .collect::<Result<_>>()?;
         let mut local = Vec::new();
+        let mut remote: Vec<Vec<f64>> = vec![Vec::new(); services.len()];
+        let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); services.len()];
         for run in 0..a.runs {
             let loader = Loader::new(spec(&root, a.batch, threads, run as u64), Shard::default())?;
             for b in loader.iter() {
@@ -145,20 +158,13 @@ pub fn main(a: Args) -> Result<()> {
                     n += b?.len();
                 }
             }
-            local.push(n as f64 / t0.elapsed().as_secs_f64());
-        }
-        let local = median(&mut local);
-        eprintln!("local: {local:.0} img/s ({threads} threads)");
-        let mut rows = Vec::new();
-        for &w in &a.workers {
-            let per = (threads / w.max(1)).max(1);
-            let (addr, _procs) = service(&work, &root, w, per)?;
-            let mut remote = Vec::new();
-            for run in 0..a.runs {
+            let l = n as f64 / t0.elapsed().as_secs_f64();
+            local.push(l);
+            for (k, (w, per, addr, _)) in services.iter().enumerate() {
                 let mut o = RemoteOptions::new(addr.clone(), format!("bench-{w}-{run}"));
                 o.token = None;
                 o.tasks_in_flight = 2 * w;
-                let mut loader = RemoteLoader::connect(&spec(&root, a.batch, per, run as u64), o)?;
+                let mut loader = RemoteLoader::connect(&spec(&root, a.batch, *per, run as u64), o)?;
                 for b in loader.iter() {
                     b?;
                 }
@@ -169,11 +175,20 @@ pub fn main(a: Args) -> Result<()> {
                         n += b?.len();
                     }
                 }
-                remote.push(n as f64 / t0.elapsed().as_secs_f64());
+                let r = n as f64 / t0.elapsed().as_secs_f64();
+                eprintln!("run {run}: local {l:.0} img/s, {w} workers x {per} threads {r:.0} img/s ({:.1}%)", 100.0 * r / l);
+                remote[k].push(r);
+                ratios[k].push(r / l);
             }
-            let r = median(&mut remote);
-            eprintln!("remote, {w} workers x {per} threads: {r:.0} img/s = {:.1}% of local", 100.0 * r / local);
-            rows.push(json!({"workers": w, "threads_per_worker": per, "img_per_s": r, "vs_local": r / local}));
+        }
+        let local = median(&mut local);
+        eprintln!("local: {local:.0} img/s ({threads} threads), median of {} runs", a.runs);
+        let mut rows = Vec::new();
+        for (k, (w, per, _, _)) in services.iter().enumerate() {
+            let r = median(&mut remote[k]);
+            let ratio = median(&mut ratios[k]);
+            eprintln!("remote, {w} workers x {per} threads: {r:.0} img/s; median per-run ratio to local {:.1}%", 100.0 * ratio);
+            rows.push(json!({"workers": w, "threads_per_worker": per, "img_per_s": r, "vs_local": ratio}));
         }
         out.insert("throughput".into(), json!({"local_img_per_s": local, "threads": threads, "remote": rows}));
     }
