@@ -30,6 +30,7 @@ from . import _sluice
 from .errors import SampleError, SluiceError, SourceError, SourceNotFoundError, SpecError, StateError
 from .loader import Batch, BatchIterator, Loader
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
+from .remote import RemoteBatchIterator, RemoteLoader
 
 __version__: str = _sluice.__version__
 
@@ -38,6 +39,8 @@ __all__ = [
     "Loader",
     "Batch",
     "BatchIterator",
+    "RemoteLoader",
+    "RemoteBatchIterator",
     "generate_dataset",
     "enable_logging",
     "IMAGENET_MEAN",

@@ -1,0 +1,142 @@
+"""The remote loader: batches preprocessed by a sluice service (``sluice dispatcher`` and
+``sluice worker`` processes, or ``sluice up``) instead of this process's CPUs.
+
+Same shape as :class:`sluice.Loader`: ``iter(loader)`` runs an epoch, ``state_dict()`` /
+``load_state_dict()`` resume exactly. Every sample arrives exactly once per epoch even
+when a worker dies or the dispatcher restarts; clients naming the same job share its
+stream, each getting disjoint batches.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Mapping, Optional, Union
+
+from . import _sluice
+from .loader import Batch, _import_torch, _spec_json
+from .pipeline import PathLike, Pipeline
+
+__all__ = ["RemoteLoader", "RemoteBatchIterator"]
+
+
+class RemoteBatchIterator:
+    """The batches of one epoch from the service, in arrival order."""
+
+    __slots__ = ("_native", "_torch", "_epoch", "_done")
+
+    def __init__(self, native: Any, torch: Any) -> None:
+        """Starts streaming the native loader's current epoch."""
+        native.start_epoch()
+        self._native = native
+        self._torch = torch
+        self._epoch = int(native.epoch())
+        self._done = False
+
+    def __iter__(self) -> "RemoteBatchIterator":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._done:
+            raise StopIteration
+        raw = self._native.next_batch()
+        if raw is None:
+            self._done = True
+            raise StopIteration
+        fields: Dict[str, Any] = {"image": raw.image, "label": raw.label, "key": raw.key}
+        if raw.weight is not None:
+            fields["weight"] = raw.weight
+        if self._torch is not None:
+            fields = {name: self._torch.from_numpy(arr) for name, arr in fields.items()}
+        return Batch(fields, raw.epoch, raw.index, raw.layout, raw.buffer_address)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this iterator runs."""
+        return self._epoch
+
+
+class RemoteLoader:
+    """Iterates a pipeline's batches as produced by a sluice service.
+
+    Args:
+        pipeline: a :class:`sluice.Pipeline`, a spec dict, or the path of a spec file. Its
+            paths must lie under the service's ``--allow-root`` folders.
+        dispatcher: the dispatcher's address, ``host:port``.
+        job: the job's name; loaders naming the same job share its epochs.
+        token: the service's shared token (default: ``$SLUICE_TOKEN``).
+        output: ``"numpy"`` or ``"torch"``.
+        tasks_in_flight: tasks fetched at once (keeps every worker busy).
+
+    Raises:
+        SpecError: the spec is invalid. PermissionError: a path outside the allowed roots,
+        or a wrong token. ConnectionError: the dispatcher cannot be reached.
+    """
+
+    def __init__(
+        self,
+        pipeline: Union[Pipeline, Mapping[str, Any], PathLike],
+        dispatcher: str = "127.0.0.1:7070",
+        job: str = "default",
+        token: Optional[str] = None,
+        output: str = "numpy",
+        tasks_in_flight: int = 4,
+    ) -> None:
+        if output not in ("numpy", "torch"):
+            raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
+        self._torch = _import_torch() if output == "torch" else None
+        self._output = output
+        self._native = _sluice.RemoteLoader(_spec_json(pipeline), dispatcher, job, token, tasks_in_flight)
+
+    def __iter__(self) -> RemoteBatchIterator:
+        """Runs the rest of the current epoch; an epoch left unfinished is resumed exactly
+        (without the batches already handed out)."""
+        return RemoteBatchIterator(self._native, self._torch)
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return int(self._native.batches_per_epoch())
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the loader is in."""
+        return int(self._native.epoch())
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples per epoch, over all clients of the job."""
+        return int(self._native.samples_per_epoch())
+
+    @property
+    def job(self) -> str:
+        """The job's name."""
+        return str(self._native.job_name())
+
+    @property
+    def fingerprint(self) -> str:
+        """The job's fingerprint: dataset and pipeline together (16 hex digits)."""
+        return str(self._native.fingerprint())
+
+    @property
+    def duplicates_dropped(self) -> int:
+        """Batches that arrived twice (after worker failures) and were dropped."""
+        return int(self._native.duplicates_dropped())
+
+    @property
+    def output(self) -> str:
+        """``"numpy"`` or ``"torch"``."""
+        return self._output
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the job stands: its name, fingerprint, epoch and the batches of that epoch
+        already handed out. A plain dict (JSON- and torch.save-able)."""
+        return json.loads(self._native.state_json())
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restarts the job at ``state``: the rest of that epoch, then the next ones. Meant
+        for a job with one client (a shared job restarts for all of them)."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping (from RemoteLoader.state_dict()), not {type(state).__name__}")
+        self._native.load_state_json(json.dumps(dict(state)))
+
+    def __repr__(self) -> str:
+        return f"RemoteLoader(job={self.job!r}, {len(self)} batches/epoch, epoch {self.epoch}, output={self._output!r})"

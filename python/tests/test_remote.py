@@ -1,0 +1,84 @@
+"""sluice.RemoteLoader against real ``sluice dispatcher`` and ``sluice worker`` processes on
+127.0.0.1 (the binary ``cargo test`` builds)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+from typing import Iterator, List, Tuple
+
+import pytest
+
+import sluice
+from conftest import N_IMAGES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _binary() -> Path:
+    for profile in ("debug", "release"):
+        path = REPO / "target" / profile / "sluice"
+        if path.exists():
+            return path
+    pytest.skip("the sluice binary is not built (cargo build -p sluice-cli)")
+    raise AssertionError("unreachable")
+
+
+def _free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture()
+def service(dataset: Path, tmp_path: Path) -> Iterator[Tuple[str, Path]]:
+    """A dispatcher and one worker allowed to read the shared dataset only."""
+    exe = str(_binary())
+    addr = _free_addr()
+    root = str(dataset)
+    procs: List[subprocess.Popen[bytes]] = [
+        subprocess.Popen(
+            [exe, "dispatcher", "--listen", addr, "--journal", str(tmp_path / "journal"), "--allow-root", root]
+        ),
+        subprocess.Popen([exe, "worker", "--dispatcher", addr, "--threads", "1", "--allow-root", root]),
+    ]
+    try:
+        yield addr, dataset
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def _pipeline(root: Path, seed: int = 0) -> sluice.Pipeline:
+    return sluice.Pipeline.image_folder(root).decode().random_resized_crop(32).batch(8).seed(seed)
+
+
+def test_an_epoch_arrives_exactly_once_and_a_state_dict_resumes_it(service: Tuple[str, Path]) -> None:
+    addr, root = service
+    loader = sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="py")
+    assert len(loader) == N_IMAGES // 8
+    keys = [int(k) for batch in loader for k in batch.key]
+    assert sorted(keys) == list(range(N_IMAGES))
+    assert loader.epoch == 1
+
+    # Read two batches of epoch 1, checkpoint, and resume in a new loader.
+    it = iter(loader)
+    first = [next(it), next(it)]
+    assert all(b.image.shape[1:] == (32, 32, 3) and b.layout == "hwc" for b in first)
+    state = loader.state_dict()
+    assert state["epoch"] == 1 and len(state["delivered"]) == 2
+    del it, loader
+    resumed = sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="py", output="numpy")
+    resumed.load_state_dict(state)
+    keys = [int(k) for b in first for k in b.key] + [int(k) for b in resumed for k in b.key]
+    assert sorted(keys) == list(range(N_IMAGES))
+
+
+def test_paths_outside_the_allowed_roots_are_refused(service: Tuple[str, Path], tmp_path: Path) -> None:
+    addr, _ = service
+    outside = tmp_path / "outside"
+    sluice.generate_dataset(outside, images=2, classes=1)
+    with pytest.raises(PermissionError, match="outside the allowed roots"):
+        sluice.RemoteLoader(_pipeline(outside), dispatcher=addr, job="outside")
