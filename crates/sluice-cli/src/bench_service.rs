@@ -61,6 +61,34 @@ impl Drop for Proc {
     }
 }
 
+/// CPU seconds (user + system) this process has used.
+fn self_cpu() -> f64 {
+    // SAFETY: getrusage writes into the struct we pass; a zeroed rusage is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid pointer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// CPU seconds (user + system) child `pid` has used, from /proc.
+fn proc_cpu(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // Fields after the command name (which may hold spaces) start at state (field 3).
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (ticks(11) + ticks(12)) / hz
+}
+
+fn tree_cpu(procs: &[Proc]) -> f64 {
+    self_cpu() + procs.iter().map(|p| proc_cpu(p.0.id())).sum::<f64>()
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -146,12 +174,17 @@ pub fn main(a: Args) -> Result<()> {
         let mut local = Vec::new();
         let mut remote: Vec<Vec<f64>> = vec![Vec::new(); services.len()];
         let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); services.len()];
+        // Images per CPU-second (client, dispatcher and workers together): what the
+        // service costs in CPU, unaffected by other load on a shared machine.
+        let mut local_eff = Vec::new();
+        let mut eff_ratios: Vec<Vec<f64>> = vec![Vec::new(); services.len()];
         for run in 0..a.runs {
             let loader = Loader::new(spec(&root, a.batch, threads, run as u64), Shard::default())?;
             for b in loader.iter() {
                 b?;
             }
             let t0 = Instant::now();
+            let c0 = self_cpu();
             let mut n = 0;
             for _ in 0..a.epochs {
                 for b in loader.iter() {
@@ -159,8 +192,10 @@ pub fn main(a: Args) -> Result<()> {
                 }
             }
             let l = n as f64 / t0.elapsed().as_secs_f64();
+            let le = n as f64 / (self_cpu() - c0).max(1e-9);
             local.push(l);
-            for (k, (w, per, addr, _)) in services.iter().enumerate() {
+            local_eff.push(le);
+            for (k, (w, per, addr, procs)) in services.iter().enumerate() {
                 let mut o = RemoteOptions::new(addr.clone(), format!("bench-{w}-{run}"));
                 o.token = None;
                 o.tasks_in_flight = 2 * w;
@@ -169,6 +204,7 @@ pub fn main(a: Args) -> Result<()> {
                     b?;
                 }
                 let t0 = Instant::now();
+                let c0 = tree_cpu(procs);
                 let mut n = 0;
                 for _ in 0..a.epochs {
                     for b in loader.iter() {
@@ -176,21 +212,36 @@ pub fn main(a: Args) -> Result<()> {
                     }
                 }
                 let r = n as f64 / t0.elapsed().as_secs_f64();
-                eprintln!("run {run}: local {l:.0} img/s, {w} workers x {per} threads {r:.0} img/s ({:.1}%)", 100.0 * r / l);
+                let re = n as f64 / (tree_cpu(procs) - c0).max(1e-9);
+                eff_ratios[k].push(re / le);
+                eprintln!(
+                    "run {run}: local {l:.0} img/s ({le:.0} img/CPU-s), {w} workers x {per} threads {r:.0} img/s ({:.1}%), {re:.0} img/CPU-s ({:.1}%)",
+                    100.0 * r / l,
+                    100.0 * re / le
+                );
                 remote[k].push(r);
                 ratios[k].push(r / l);
             }
         }
         let local = median(&mut local);
-        eprintln!("local: {local:.0} img/s ({threads} threads), median of {} runs", a.runs);
+        let local_eff = median(&mut local_eff);
+        eprintln!("local: {local:.0} img/s, {local_eff:.0} img/CPU-s ({threads} threads), median of {} runs", a.runs);
         let mut rows = Vec::new();
         for (k, (w, per, _, _)) in services.iter().enumerate() {
             let r = median(&mut remote[k]);
             let ratio = median(&mut ratios[k]);
-            eprintln!("remote, {w} workers x {per} threads: {r:.0} img/s; median per-run ratio to local {:.1}%", 100.0 * ratio);
-            rows.push(json!({"workers": w, "threads_per_worker": per, "img_per_s": r, "vs_local": ratio}));
+            let eff = median(&mut eff_ratios[k]);
+            eprintln!(
+                "remote, {w} workers x {per} threads: {r:.0} img/s; median per-run ratio to local: throughput {:.1}%, img per CPU-second {:.1}%",
+                100.0 * ratio,
+                100.0 * eff
+            );
+            rows.push(json!({"workers": w, "threads_per_worker": per, "img_per_s": r, "vs_local": ratio, "cpu_efficiency_vs_local": eff}));
         }
-        out.insert("throughput".into(), json!({"local_img_per_s": local, "threads": threads, "remote": rows}));
+        out.insert(
+            "throughput".into(),
+            json!({"local_img_per_s": local, "local_img_per_cpu_s": local_eff, "threads": threads, "remote": rows}),
+        );
     }
 
     if all || a.what == "dataplane" {
