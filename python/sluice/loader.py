@@ -17,8 +17,6 @@ from .pipeline import PathLike, Pipeline
 
 __all__ = ["Loader", "Batch", "BatchIterator", "ImportanceRecorder"]
 
-_FIELDS = ("image", "label", "key", "weight")
-
 
 class Batch(Mapping[str, Any]):
     """One batch: a read-only mapping of fields, also readable as attributes.
