@@ -289,6 +289,7 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
                                 client_id: client_id.clone(),
                                 epoch: t.epoch,
                                 task_index: t.task_index,
+                                generation: t.generation,
                             })
                             .await?;
                             rpcs += 1;

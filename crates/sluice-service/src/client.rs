@@ -151,7 +151,7 @@ where
 
 /// What fetchers hand the consumer.
 enum Item {
-    Batch { task: u64, start: u64, end: u64, batch: Batch },
+    Batch { task: u64, generation: u64, start: u64, end: u64, batch: Batch },
     Error(ServiceError),
 }
 
@@ -162,8 +162,8 @@ pub struct RemoteLoader {
     epoch: u64,
     tasks_in_flight: usize,
     delivered: HashSet<u64>,
-    /// Assignments (task, start) with batches delivered but not yet acknowledged.
-    open: HashMap<(u64, u64), (u64, u64)>,
+    /// Assignments (task, generation, start) with batches delivered, not yet acknowledged.
+    open: HashMap<(u64, u64, u64), (u64, u64)>,
     duplicates: u64,
     /// An iterator was dropped mid-epoch: the next one restarts the epoch from `state()`.
     abandoned: bool,
@@ -350,12 +350,12 @@ impl RemoteLoader {
                     stream.failed = true;
                     return Some(Err(e));
                 }
-                Some(Item::Batch { task, start, end, batch }) => {
-                    let entry = self.open.entry((task, start)).or_insert((end, 0));
+                Some(Item::Batch { task, generation, start, end, batch }) => {
+                    let entry = self.open.entry((task, generation, start)).or_insert((end, 0));
                     entry.1 += 1;
                     if entry.1 == end - start {
-                        self.open.remove(&(task, start));
-                        self.ack(task);
+                        self.open.remove(&(task, generation, start));
+                        self.ack(task, generation);
                     }
                     if self.delivered.insert(batch.index) {
                         self.conn.batches.fetch_add(1, Ordering::Relaxed);
@@ -370,9 +370,15 @@ impl RemoteLoader {
 
     /// Acknowledges a task whose batches the trainer has all taken (in the background,
     /// retried while the dispatcher is away).
-    fn ack(&self, task: u64) {
+    fn ack(&self, task: u64, generation: u64) {
         let conn = self.conn.clone();
-        let req = AckTaskRequest { job_id: self.job.job_id, client_id: conn.client_id.clone(), epoch: self.epoch, task_index: task };
+        let req = AckTaskRequest {
+            job_id: self.job.job_id,
+            client_id: conn.client_id.clone(),
+            epoch: self.epoch,
+            task_index: task,
+            generation,
+        };
         self.rt.spawn(async move {
             let r = with_retry(&conn, "AckTask", |mut d| {
                 let req = req.clone();
@@ -479,7 +485,8 @@ async fn run_task(conn: &Conn, task: &TaskAssignment, tx: &mpsc::Sender<Item>) -
                     task.epoch
                 )));
             }
-            let item = Item::Batch { task: task.task_index, start: task.start, end: task.end, batch };
+            let item =
+                Item::Batch { task: task.task_index, generation: task.generation, start: task.start, end: task.end, batch };
             if tx.send(item).await.is_err() {
                 return Err(Status::cancelled("consumer gone"));
             }
@@ -506,6 +513,7 @@ async fn run_task(conn: &Conn, task: &TaskAssignment, tx: &mpsc::Sender<Item>) -
                 task_index: task.task_index,
                 received,
                 worker_id: task.worker_id,
+                generation: task.generation,
             };
             with_retry(conn, "FailTask", |mut d| {
                 let req = req.clone();

@@ -145,6 +145,10 @@ pub struct TaskAssignment {
     /// The worker's TCP data plane; empty when it has none.
     #[prost(string, tag = "8")]
     pub worker_data_addr: String,
+    /// Bumped whenever the epoch's task list is rebuilt (a resumed checkpoint): an ack or
+    /// failure report for an older list is ignored instead of hitting another task.
+    #[prost(uint64, tag = "9")]
+    pub generation: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -157,6 +161,9 @@ pub struct AckTaskRequest {
     pub epoch: u64,
     #[prost(uint64, tag = "4")]
     pub task_index: u64,
+    /// The assignment's `generation`.
+    #[prost(uint64, tag = "5")]
+    pub generation: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -174,6 +181,9 @@ pub struct FailTaskRequest {
     pub received: u64,
     #[prost(uint64, tag = "6")]
     pub worker_id: u64,
+    /// The assignment's `generation`.
+    #[prost(uint64, tag = "7")]
+    pub generation: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -282,7 +282,7 @@ impl Dispatcher for DispatcherService {
         let r = async {
             let durable = {
                 let mut state = lock(&self.inner.state);
-                match state.ack_task(req.job_id, req.epoch, req.task_index)? {
+                match state.ack_task(req.job_id, req.epoch, req.task_index, req.generation)? {
                     Some(record) => {
                         let batches = state
                             .job(req.job_id)
@@ -311,7 +311,7 @@ impl Dispatcher for DispatcherService {
         let r = async {
             let durable = {
                 let mut state = lock(&self.inner.state);
-                match state.fail_task(req.job_id, req.epoch, req.task_index, req.received, req.worker_id)? {
+                match state.fail_task(req.job_id, req.epoch, req.task_index, req.received, req.worker_id, req.generation)? {
                     Some(record) => Some(self.commit(&mut state, &record, 0)?),
                     None => None,
                 }

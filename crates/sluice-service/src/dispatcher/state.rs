@@ -36,16 +36,23 @@ pub struct EpochState {
     pub tasks: Vec<Task>,
     pub queue: VecDeque<u64>,
     pub acked: usize,
+    /// How many times this job's task list was rebuilt (see `TaskAssignment::generation`).
+    pub generation: u64,
+    /// Leases are scanned for expiry at most every [`LEASE_SCAN`], not on every request.
+    next_scan: Option<Instant>,
 }
 
+/// How often a job's leases are checked for expiry (leases last [`CLIENT_LEASE`]).
+const LEASE_SCAN: Duration = Duration::from_millis(100);
+
 impl EpochState {
-    fn new(epoch: u64, batches: u64, task_batches: u64, skip: &[u64]) -> Self {
+    fn new(epoch: u64, generation: u64, batches: u64, task_batches: u64, skip: &[u64]) -> Self {
         let tasks: Vec<Task> = cut_tasks(batches, task_batches, skip)
             .into_iter()
             .map(|(start, end)| Task { start, end, status: TaskStatus::Pending })
             .collect();
         let queue = (0..tasks.len() as u64).collect();
-        Self { epoch, tasks, queue, acked: 0 }
+        Self { epoch, tasks, queue, acked: 0, generation, next_scan: None }
     }
 
     pub fn is_done(&self) -> bool {
@@ -141,6 +148,8 @@ pub struct State {
     pub clients: HashMap<String, ClientReport>,
     /// Each client's last assignment: (request id, job, epoch, task).
     last_assign: HashMap<String, (u64, u64, u64, u64)>,
+    /// Each client's last heartbeat.
+    client_seen: HashMap<String, Instant>,
     next_job_id: u64,
     next_worker_id: u64,
 }
@@ -154,6 +163,7 @@ impl State {
             workers: BTreeMap::new(),
             clients: HashMap::new(),
             last_assign: HashMap::new(),
+            client_seen: HashMap::new(),
             next_job_id: 1,
             next_worker_id: worker_id_base.max(1),
         }
@@ -182,7 +192,7 @@ impl State {
                     batches_per_epoch: *batches_per_epoch,
                     samples_per_epoch: *samples_per_epoch,
                     task_batches: *task_batches,
-                    current: EpochState::new(0, *batches_per_epoch, *task_batches, &[]),
+                    current: EpochState::new(0, 0, *batches_per_epoch, *task_batches, &[]),
                 };
                 self.names.insert(name.clone(), *job_id);
                 self.jobs.insert(*job_id, job);
@@ -190,7 +200,8 @@ impl State {
             }
             Record::Epoch { job_id, epoch, skip } => {
                 let job = self.job_mut(*job_id)?;
-                job.current = EpochState::new(*epoch, job.batches_per_epoch, job.task_batches, skip);
+                let generation = job.current.generation + 1;
+                job.current = EpochState::new(*epoch, generation, job.batches_per_epoch, job.task_batches, skip);
             }
             Record::Assign { job_id, epoch, task, client, request } => {
                 if *request != 0 {
@@ -199,7 +210,12 @@ impl State {
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.status = TaskStatus::Leased { client: client.clone(), worker, deadline: now + CLIENT_LEASE };
                 let job = self.job_mut(*job_id)?;
-                job.current.queue.retain(|&q| q != *task);
+                let queue = &mut job.current.queue;
+                if queue.front() == Some(task) {
+                    queue.pop_front();
+                } else {
+                    queue.retain(|&q| q != *task);
+                }
                 if let Some(w) = self.workers.get_mut(&worker) {
                     w.leased += 1;
                 }
@@ -218,10 +234,14 @@ impl State {
                 self.release(*job_id, *epoch, *task)?;
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 if t.status != TaskStatus::Acked {
+                    // Only a pending task sits in the queue (scanning it is O(tasks)).
+                    let queued = t.status == TaskStatus::Pending;
                     t.status = TaskStatus::Acked;
                     let job = self.job_mut(*job_id)?;
                     job.current.acked += 1;
-                    job.current.queue.retain(|&q| q != *task);
+                    if queued {
+                        job.current.queue.retain(|&q| q != *task);
+                    }
                 }
             }
         }
@@ -317,10 +337,17 @@ impl State {
     /// is restored with a fresh deadline and runs out again the same way).
     fn expire_leases(&mut self, job_id: u64, now: Instant) {
         let mut expired = Vec::new();
+        let client_seen = &self.client_seen;
         if let Some(job) = self.jobs.get_mut(&job_id) {
+            if job.current.next_scan.is_some_and(|t| now < t) {
+                return;
+            }
+            job.current.next_scan = Some(now + LEASE_SCAN);
             for (i, t) in job.current.tasks.iter_mut().enumerate() {
                 if let TaskStatus::Leased { deadline, worker, client } = &t.status {
-                    if *deadline <= now {
+                    // A heartbeat renews every lease of its client at once.
+                    let renewed = client_seen.get(client).map(|&seen| seen + CLIENT_LEASE);
+                    if (*deadline).max(renewed.unwrap_or(*deadline)) <= now {
                         tracing::warn!(job_id, task = i, client = %client, "lease ran out; the task goes to another client");
                         expired.push((i as u64, *worker));
                         t.status = TaskStatus::Pending;
@@ -382,6 +409,7 @@ impl State {
             worker_id,
             worker_addr: worker.addr.clone(),
             worker_data_addr: worker.data_addr.clone(),
+            generation: job.current.generation,
         };
         let record = Record::Assign { job_id, epoch, task, client: client.to_string(), request };
         Ok((GetTaskReply { status: task_status::TASK, task: Some(assignment) }, Some(record), worker_id))
@@ -410,14 +438,15 @@ impl State {
             worker_id,
             worker_addr: addr,
             worker_data_addr: data_addr,
+            generation: self.jobs.get(&job_id)?.current.generation,
         };
         Some(GetTaskReply { status: task_status::TASK, task: Some(assignment) })
     }
 
     /// Decides an `AckTask`. Acks for epochs already finished are accepted and ignored.
-    pub fn ack_task(&mut self, job_id: u64, epoch: u64, task: u64) -> Result<Option<Record>, ServiceError> {
+    pub fn ack_task(&mut self, job_id: u64, epoch: u64, task: u64, generation: u64) -> Result<Option<Record>, ServiceError> {
         let job = self.job(job_id)?;
-        if epoch < job.current.epoch {
+        if epoch < job.current.epoch || generation != job.current.generation {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
@@ -436,12 +465,13 @@ impl State {
         task: u64,
         received: u64,
         worker: u64,
+        generation: u64,
     ) -> Result<Option<Record>, ServiceError> {
         if let Some(w) = self.workers.get_mut(&worker) {
             w.suspect = true;
         }
         let job = self.job(job_id)?;
-        if epoch < job.current.epoch {
+        if epoch < job.current.epoch || generation != job.current.generation {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
@@ -455,17 +485,9 @@ impl State {
         Ok(Some(Record::Requeue { job_id, epoch, task, start }))
     }
 
-    /// Renews the leases `client` holds.
-    pub fn client_heartbeat(&mut self, job_id: u64, client: &str, report: ClientReport, now: Instant) {
-        if let Some(job) = self.jobs.get_mut(&job_id) {
-            for t in &mut job.current.tasks {
-                if let TaskStatus::Leased { client: c, deadline, .. } = &mut t.status {
-                    if c == client {
-                        *deadline = now + CLIENT_LEASE;
-                    }
-                }
-            }
-        }
+    /// Renews the leases `client` holds (O(1): expiry checks the client's last heartbeat).
+    pub fn client_heartbeat(&mut self, _job_id: u64, client: &str, report: ClientReport, now: Instant) {
+        self.client_seen.insert(client.to_string(), now);
         self.clients.insert(client.to_string(), report);
     }
 }
@@ -516,18 +538,18 @@ mod tests {
         assert_eq!((t0.start, t0.end, t1.start, t2.end, t0.worker_id), (0, 4, 4, 10, w));
         assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT);
         // Task 1 failed after 3 of its 4 batches: only batch 7 runs again.
-        let r = s.fail_task(1, 0, t1.task_index, 3, w).unwrap().unwrap();
+        let r = s.fail_task(1, 0, t1.task_index, 3, w, 0).unwrap().unwrap();
         s.apply(&r, now, 0).unwrap();
         assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT, "suspect worker gets nothing");
         assert!(s.worker_heartbeat(w, 0, 0, now));
         let again = step(&mut s, "a", 0, now).task.unwrap();
         assert_eq!((again.task_index, again.start, again.end), (1, 7, 8));
         for t in [0, 1, 2] {
-            if let Some(r) = s.ack_task(1, 0, t).unwrap() {
+            if let Some(r) = s.ack_task(1, 0, t, 0).unwrap() {
                 s.apply(&r, now, 0).unwrap();
             }
         }
-        assert_eq!(s.ack_task(1, 0, 0).unwrap(), None, "acks are idempotent");
+        assert_eq!(s.ack_task(1, 0, 0, 0).unwrap(), None, "acks are idempotent");
         assert_eq!(step(&mut s, "a", 0, now).status, task_status::EPOCH_DONE);
         assert_eq!(s.job(1).unwrap().current.epoch, 1);
         assert_eq!(step(&mut s, "b", 0, now).status, task_status::EPOCH_DONE);
@@ -571,5 +593,11 @@ mod tests {
         assert_eq!((again.task.unwrap().task_index, record), (1, None));
         let (other, _, _) = r.get_task(1, "a", 0, 3, now).unwrap();
         assert_eq!(other.status, task_status::WAIT);
+
+        // A checkpoint rebuilds the task list; acks for the old list no longer count.
+        r.apply(&Record::Epoch { job_id: 1, epoch: 0, skip: vec![0] }, now, 0).unwrap();
+        assert_eq!(r.job(1).unwrap().current.generation, 1);
+        assert_eq!(r.ack_task(1, 0, 0, 0).unwrap(), None, "stale ack ignored");
+        assert!(r.ack_task(1, 0, 0, 1).unwrap().is_some());
     }
 }
