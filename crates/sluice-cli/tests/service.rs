@@ -289,6 +289,19 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("source"), "{}", status.message());
+        // Importance sampling is local-mode only: refused, naming the field.
+        let mut importance = serde_json::to_value(spec(&root, 0)).unwrap();
+        importance["sampling"] = serde_json::json!({"kind": "importance"});
+        let status = client
+            .create_job(sluice_service::proto::CreateJobRequest {
+                job_name: "importance".into(),
+                spec_json: importance.to_string(),
+                task_batches: 0,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("`sampling`"), "{}", status.message());
 
         // Garbage: bytes that are no CreateJobRequest (field 1 should be UTF-8 text).
         #[derive(Clone, PartialEq, prost::Message)]

@@ -137,6 +137,15 @@ impl DispatcherService {
     async fn create_job_inner(&self, req: CreateJobRequest) -> Result<JobInfo, ServiceError> {
         valid_name("job_name", &req.job_name)?;
         let spec = PipelineSpec::from_json_str(&req.spec_json)?;
+        // Importance sampling draws each epoch's order from scores a trainer reports; every
+        // worker would need the same scores to cut the same order. Until the dispatcher owns
+        // the importance store and ships the order, the service runs uniform sampling only.
+        if spec.sampling != sluice_core::SamplingSpec::Uniform {
+            return Err(ServiceError::Spec(sluice_core::SpecError::new(
+                "sampling",
+                "the service runs `uniform` sampling only (importance sampling is local-mode for now)",
+            )));
+        }
         self.inner.roots.check_source(&spec.source)?;
         let source = spec.source.clone();
         let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
