@@ -606,13 +606,16 @@ impl CacheSpec {
 }
 
 fn default_floor() -> f64 {
-    0.02
+    0.01
 }
 fn default_coverage_epochs() -> u32 {
     40
 }
 fn default_miss_discount() -> f64 {
-    0.2
+    0.1
+}
+fn default_max_draws() -> f64 {
+    4.0
 }
 
 /// How an epoch's order is drawn.
@@ -637,6 +640,12 @@ pub enum SamplingSpec {
         /// variance cost. 1 disables it.
         #[serde(default = "default_miss_discount")]
         miss_discount: f64,
+        /// At most this many expected draws of one sample per epoch: loss-proportional
+        /// sampling would otherwise spend most of an epoch on a handful of outliers
+        /// (mislabelled or ambiguous samples), and SGD needs diverse batches as much as an
+        /// unbiased loss.
+        #[serde(default = "default_max_draws")]
+        max_draws: f64,
     },
     /// FastMatch's Algorithm 1 as published (a baseline).
     Fastmatch,
@@ -646,7 +655,10 @@ pub enum SamplingSpec {
 
 impl SamplingSpec {
     fn validate(&self) -> Result<(), SpecError> {
-        if let SamplingSpec::Importance { floor, coverage_epochs, miss_discount } = *self {
+        if let SamplingSpec::Importance { floor, coverage_epochs, miss_discount, max_draws } = *self {
+            if !(max_draws >= 1.0 && max_draws.is_finite()) {
+                return Err(SpecError::new("sampling.max_draws", "must be a number >= 1"));
+            }
             if !(floor > 0.0 && floor <= 1.0) {
                 return Err(SpecError::new("sampling.floor", "must be in (0, 1]: every sample must stay reachable"));
             }
@@ -798,7 +810,7 @@ size = 32
         assert_eq!((cache.level, cache.resize, cache.policy), (CacheLevel::Resized, Some(64), CachePolicyKind::Shade));
         assert_eq!(
             spec.sampling,
-            SamplingSpec::Importance { floor: 0.02, coverage_epochs: 5, miss_discount: 0.2 }
+            SamplingSpec::Importance { floor: 0.01, coverage_epochs: 5, miss_discount: 0.1, max_draws: 4.0 }
         );
         assert_eq!(PipelineSpec::from_toml_str(&spec.to_toml_string().unwrap()).unwrap(), spec);
         assert_eq!(PipelineSpec::from_json_str(&spec.to_json_string().unwrap()).unwrap(), spec);

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Manifest, SamplingSpec, ShuffleSpec};
 
-use crate::sampler::{epoch_order, fastmatch_draw, importance_draw, shade_draw, EpochDraw, ImportanceView, Shard};
+use crate::sampler::{
+    epoch_order, fastmatch_draw, importance_draw, shade_draw, EpochDraw, ImportanceParams, ImportanceView, Shard,
+};
 
 /// The serialisable importance state, carried in [`crate::LoaderState`]. Maps are written
 /// as key-sorted lists so the JSON is stable.
@@ -109,7 +111,33 @@ impl ImportanceStore {
         !self.scores.is_empty()
     }
 
+    /// Folds the epoch's reports into the smoothed scores, correcting for drift first.
+    ///
+    /// Losses shrink as training goes on, so a score last updated many epochs ago (a
+    /// sample the importance sampler rarely draws) overstates that sample against freshly
+    /// scored ones, and stale samples would keep displacing fresh ones from the hot set.
+    /// The fix: the median ratio `new / old` over samples reported this epoch estimates how
+    /// much losses moved; every old score is scaled by it before the EMA, reported or not.
     fn fold_pending(&mut self) {
+        let mut ratios: Vec<f64> = self
+            .pending
+            .iter()
+            .filter_map(|(k, (sum, count))| {
+                let old = *self.scores.get(k)?;
+                (old > 0.0).then(|| sum / f64::from((*count).max(1)) / old)
+            })
+            .filter(|r| r.is_finite())
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        let drift = match ratios.len() {
+            0 => 1.0,
+            n if n % 2 == 1 => ratios[n / 2],
+            n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+        }
+        .clamp(1e-3, 1e3);
+        if drift != 1.0 {
+            self.scores.values_mut().for_each(|s| *s *= drift);
+        }
         for (k, (sum, count)) in self.pending.drain() {
             let v = sum / f64::from(count.max(1));
             let s = match self.scores.get(&k) {
@@ -136,7 +164,7 @@ impl ImportanceStore {
                 let order = epoch_order(n, d.seed, epoch, d.shuffle, Shard::default());
                 EpochDraw { order, weights: None, expected: vec![1.0; n] }
             }
-            SamplingSpec::Importance { floor, coverage_epochs, miss_discount } => {
+            SamplingSpec::Importance { floor, coverage_epochs, miss_discount, max_draws } => {
                 let scores = self.scores_by_position(d.manifest);
                 let last_seen = Self::per_position(&self.last_seen, d.manifest);
                 let view = ImportanceView {
@@ -144,7 +172,7 @@ impl ImportanceStore {
                     last_seen: &last_seen,
                     hot: self.hot.map(|h| h.min(n as u64) as usize),
                 };
-                importance_draw(n, d.seed, epoch, floor, coverage_epochs, miss_discount, view)
+                importance_draw(n, d.seed, epoch, ImportanceParams { floor, coverage_epochs, miss_discount, max_draws }, view)
             }
             SamplingSpec::Fastmatch => fastmatch_draw(n, d.seed, epoch, &self.scores_by_position(d.manifest)),
             SamplingSpec::Shade => shade_draw(n, d.seed, epoch, &Self::per_position(&self.rank_scores, d.manifest)),
@@ -223,9 +251,13 @@ mod tests {
         s.drawn_epoch = Some(0);
         s.fold_pending();
         assert_eq!(s.scores.get(&1), Some(&3.0), "mean of the epoch's reports");
-        s.report(&[1], &[1.0]);
+        s.report(&[2], &[8.0]);
         s.fold_pending();
-        assert_eq!(s.scores.get(&1), Some(&2.0), "0.5·3 + 0.5·1");
+        // Losses halved overall (key 1: 3 -> 1.5 fresh): stale key 2 is scaled down too.
+        s.report(&[1], &[1.5]);
+        s.fold_pending();
+        assert_eq!(s.scores.get(&1), Some(&1.5), "0.5·(3·0.5) + 0.5·1.5");
+        assert_eq!(s.scores.get(&2), Some(&4.0), "unreported: 8 scaled by the drift 0.5");
         s.report(&[7], &[9.0]);
         let st = s.state();
         let mut t = ImportanceStore::new(0.5);

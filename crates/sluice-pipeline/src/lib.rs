@@ -17,5 +17,5 @@ pub use error::PipelineError;
 pub use loader::{EpochIter, Loader, LoaderState};
 pub use cache::{CacheStats, CachedData};
 pub use importance::ImportanceState;
-pub use sampler::{epoch_order, EpochDraw, Shard};
+pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
 pub use stats::{SkippedSample, StatsSnapshot};

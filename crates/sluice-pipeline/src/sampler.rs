@@ -117,6 +117,15 @@ impl EpochDraw {
     }
 }
 
+/// The knobs of [`importance_draw`] (see `SamplingSpec::Importance`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ImportanceParams {
+    pub floor: f64,
+    pub coverage_epochs: u32,
+    pub miss_discount: f64,
+    pub max_draws: f64,
+}
+
 /// What the importance samplers know about each manifest position at the start of an epoch.
 #[derive(Debug, Clone, Copy)]
 pub struct ImportanceView<'a> {
@@ -141,6 +150,11 @@ pub struct ImportanceView<'a> {
 /// * **A floor.** `q_i = (1 − floor)·a_i/Σa + floor/n`: every sample keeps at least
 ///   `floor/n` probability per draw, so none becomes unreachable and no weight exceeds
 ///   `1/floor`.
+/// * **A ceiling.** No sample expects more than `max_draws` draws per epoch (the excess
+///   goes to the others, water-filling). Pure loss-proportional sampling lets a handful
+///   of outliers (mislabelled, ambiguous) take most of an epoch: unbiased, but SGD on ten
+///   samples forgets the rest. The ceiling keeps batches diverse; the weights still
+///   follow the actual probabilities, so the estimate stays unbiased.
 /// * **Cost-aware.** Samples outside the cache's hot set (the `hot` highest scores, what
 ///   the `importance` cache keeps) have `a_i` multiplied by `miss_discount`: a miss costs a
 ///   read and a decode, a hit almost nothing, and for a proposal with unequal costs the
@@ -159,15 +173,8 @@ pub struct ImportanceView<'a> {
 ///   unbiased estimate of the uniform mean loss.
 /// * **Uniform until scores exist**, and a pure function of (seed, epoch, view), so resume
 ///   stays exact and thread count cannot matter.
-pub fn importance_draw(
-    n: usize,
-    seed: u64,
-    epoch: u64,
-    floor: f64,
-    coverage_epochs: u32,
-    miss_discount: f64,
-    view: ImportanceView<'_>,
-) -> EpochDraw {
+pub fn importance_draw(n: usize, seed: u64, epoch: u64, params: ImportanceParams, view: ImportanceView<'_>) -> EpochDraw {
+    let ImportanceParams { floor, coverage_epochs, miss_discount, max_draws } = params;
     let known: Vec<f64> = view.scores.iter().flatten().copied().filter(|s| s.is_finite() && *s >= 0.0).collect();
     let mean = known.iter().sum::<f64>() / known.len().max(1) as f64;
     if known.is_empty() || mean <= 0.0 || n == 0 {
@@ -188,7 +195,14 @@ pub fn importance_draw(
     }
     let total: f64 = a.iter().sum();
     let floor = floor.clamp(f64::MIN_POSITIVE, 1.0);
-    let q: Vec<f64> = a.iter().map(|&x| (1.0 - floor) * x / total + floor / n as f64).collect();
+    // The ceiling applies to the score part, so the floor's share stays exactly `floor`.
+    let mut q: Vec<f64> = a.iter().map(|&x| x / total).collect();
+    if floor < 1.0 {
+        cap_probabilities(&mut q, ((max_draws - floor) / (1.0 - floor)).max(1.0) / n as f64);
+    }
+    for p in q.iter_mut() {
+        *p = (1.0 - floor) * *p + floor / n as f64;
+    }
 
     let k = u64::from(coverage_epochs.max(1));
     // Each sample's deadline comes up to k/5 epochs early, by a fixed per-sample offset:
@@ -212,6 +226,36 @@ pub fn importance_draw(
     let expected: Vec<f64> = (0..n).map(|i| f64::from(u8::from(forced[i])) + r as f64 * q[i]).collect();
     let weights = order.iter().map(|&i| (1.0 / expected[i as usize]) as f32).collect();
     EpochDraw { order, weights: Some(weights), expected }
+}
+
+/// Caps every probability at `cap` and hands the excess to the uncapped ones in
+/// proportion to their probability (water-filling), so the sum stays 1 and the ratios
+/// among uncapped samples (and the floor) are kept.
+fn cap_probabilities(q: &mut [f64], cap: f64) {
+    if cap * q.len() as f64 <= 1.0 {
+        return;
+    }
+    for _ in 0..64 {
+        let mut excess = 0.0;
+        let mut free = 0.0;
+        for p in q.iter_mut() {
+            if *p > cap {
+                excess += *p - cap;
+                *p = cap;
+            } else if *p < cap {
+                free += *p;
+            }
+        }
+        if excess <= 1e-15 || free <= 0.0 {
+            return;
+        }
+        let scale = 1.0 + excess / free;
+        for p in q.iter_mut() {
+            if *p < cap {
+                *p *= scale;
+            }
+        }
+    }
 }
 
 /// FastMatch's Algorithm 1, faithfully: scores normalised `(g − median)/IQR`, a Gaussian
@@ -366,6 +410,27 @@ mod tests {
         assert_eq!(shards[1][..3], [global[1], global[5], global[9]]);
     }
 
+    fn p(floor: f64, coverage_epochs: u32, miss_discount: f64) -> ImportanceParams {
+        ImportanceParams { floor, coverage_epochs, miss_discount, max_draws: 1e9 }
+    }
+
+    #[test]
+    fn the_ceiling_caps_expected_draws_and_keeps_the_weights_unbiased() {
+        let n = 100;
+        let mut scores = vec![Some(0.01); n];
+        scores[3] = Some(1000.0);
+        scores[7] = Some(500.0);
+        let seen = vec![Some(0u64); n];
+        let view = ImportanceView { scores: &scores, last_seen: &seen, hot: None };
+        let params = ImportanceParams { floor: 0.02, coverage_epochs: 100, miss_discount: 1.0, max_draws: 4.0 };
+        let d = importance_draw(n, 1, 1, params, view);
+        assert!(d.expected.iter().all(|&e| e <= 4.0 + 1e-9), "{:?}", &d.expected[..8]);
+        assert!((d.expected[3] - 4.0).abs() < 1e-9 && (d.expected[7] - 4.0).abs() < 1e-9);
+        assert!((d.expected.iter().sum::<f64>() - n as f64).abs() < 1e-6);
+        let uncapped = importance_draw(n, 1, 1, ImportanceParams { max_draws: 1e9, ..params }, view);
+        assert!(uncapped.expected[3] > 50.0, "without the ceiling one outlier takes half the epoch");
+    }
+
     fn heavy_tailed(n: usize) -> Vec<Option<f64>> {
         (0..n).map(|i| Some(if i % 10 == 0 { 5.0 } else { 0.01 + (i % 7) as f64 * 0.01 })).collect()
     }
@@ -375,7 +440,7 @@ mod tests {
         let n = 50;
         let none = vec![None; n];
         let seen = vec![None; n];
-        let d = importance_draw(n, 1, 0, 0.02, 5, 0.3, ImportanceView { scores: &none, last_seen: &seen, hot: None });
+        let d = importance_draw(n, 1, 0, p(0.02, 5, 0.3), ImportanceView { scores: &none, last_seen: &seen, hot: None });
         assert_eq!(d.order, epoch_order(n, 1, 0, ShuffleSpec::Global, Shard::default()));
         assert!(d.weights.unwrap().iter().all(|&w| w == 1.0));
     }
@@ -387,7 +452,7 @@ mod tests {
         scores[0] = Some(1000.0);
         let seen: Vec<Option<u64>> = vec![Some(0); n];
         let floor = 0.1;
-        let d = importance_draw(n, 3, 1, floor, 100, 1.0, ImportanceView { scores: &scores, last_seen: &seen, hot: None });
+        let d = importance_draw(n, 3, 1, p(floor, 100, 1.0), ImportanceView { scores: &scores, last_seen: &seen, hot: None });
         // Every sample keeps probability ≥ floor/n per draw, so expects ≥ floor draws per epoch.
         for (i, e) in d.expected.iter().enumerate() {
             assert!(*e >= floor * (1.0 - 1e-9), "sample {i} expects {e} draws");
@@ -396,7 +461,7 @@ mod tests {
         // Over many epochs each zero-score sample does get drawn.
         let mut drawn = vec![false; n];
         for e in 1..150 {
-            for &i in &importance_draw(n, 3, e, floor, 100, 1.0, ImportanceView { scores: &scores, last_seen: &seen, hot: None }).order {
+            for &i in &importance_draw(n, 3, e, p(floor, 100, 1.0), ImportanceView { scores: &scores, last_seen: &seen, hot: None }).order {
                 drawn[i as usize] = true;
             }
         }
@@ -412,7 +477,7 @@ mod tests {
         let mut last_seen: Vec<Option<u64>> = vec![None; n];
         let mut seen_in: Vec<Vec<bool>> = Vec::new();
         for e in 0..20u64 {
-            let d = importance_draw(n, 9, e, 0.001, k, 0.3, ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(20) });
+            let d = importance_draw(n, 9, e, p(0.001, k, 0.3), ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(20) });
             assert_eq!(d.order.len(), n);
             let mut seen = vec![false; n];
             for &i in &d.order {
@@ -437,7 +502,7 @@ mod tests {
         let last_seen: Vec<Option<u64>> = (0..n).map(|i| Some((i % 6) as u64)).collect();
         let view = ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(60) };
         // Exactly, in expectation: Σ_i c_i · w_i · L_i / n equals the uniform mean.
-        let d = importance_draw(n, 5, 7, 0.05, 4, 0.3, view);
+        let d = importance_draw(n, 5, 7, p(0.05, 4, 0.3), view);
         let exact: f64 = (0..n).map(|i| d.expected[i] * (1.0 / d.expected[i]) * losses[i]).sum::<f64>() / n as f64;
         assert!((exact - uniform_mean).abs() < 1e-9);
         assert!((d.expected.iter().sum::<f64>() - n as f64).abs() < 1e-6, "an epoch has n slots");
@@ -445,7 +510,7 @@ mod tests {
         let mut est = 0.0;
         let trials = 400;
         for seed in 0..trials {
-            let d = importance_draw(n, seed, 7, 0.05, 4, 0.3, view);
+            let d = importance_draw(n, seed, 7, p(0.05, 4, 0.3), view);
             let w = d.weights.unwrap();
             est += d.order.iter().zip(&w).map(|(&i, &w)| f64::from(w) * losses[i as usize]).sum::<f64>() / n as f64;
         }
@@ -461,8 +526,8 @@ mod tests {
         let scores = heavy_tailed(n);
         let seen = vec![Some(0u64); n];
         let v = ImportanceView { scores: &scores, last_seen: &seen, hot: Some(10) };
-        assert_eq!(importance_draw(n, 1, 2, 0.02, 5, 0.3, v), importance_draw(n, 1, 2, 0.02, 5, 0.3, v));
-        assert_ne!(importance_draw(n, 1, 2, 0.02, 5, 0.3, v).order, importance_draw(n, 1, 3, 0.02, 5, 0.3, v).order);
+        assert_eq!(importance_draw(n, 1, 2, p(0.02, 5, 0.3), v), importance_draw(n, 1, 2, p(0.02, 5, 0.3), v));
+        assert_ne!(importance_draw(n, 1, 2, p(0.02, 5, 0.3), v).order, importance_draw(n, 1, 3, p(0.02, 5, 0.3), v).order);
     }
 
     #[test]

@@ -93,7 +93,7 @@ fn auto_caches_raw_bytes_on_slow_storage_and_pixels_on_fast_storage() {
 
 fn importance_spec(root: &Path, threads: usize) -> PipelineSpec {
     let mut s = spec(root, 6, threads, cache(1 << 30, CacheLevel::Decoded, None, CachePolicyKind::Importance));
-    s.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 3, miss_discount: 0.5 };
+    s.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 3, miss_discount: 0.5, max_draws: 4.0 };
     s
 }
 
