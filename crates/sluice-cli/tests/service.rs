@@ -37,14 +37,18 @@ fn free_addr() -> String {
 }
 
 fn sluice(args: &[&str]) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(args)
-        .env("SLUICE_LOG", "warn")
-        .env_remove("SLUICE_TOKEN")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    Proc(child)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.args(args).env("SLUICE_LOG", "warn").env_remove("SLUICE_TOKEN").stdout(Stdio::null());
+    // Children die with the test process, even if it exits without running destructors.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    Proc(cmd.spawn().unwrap())
 }
 
 fn dispatcher(addr: &str, journal: &Path, root: &Path, extra: &[&str]) -> Proc {
@@ -90,6 +94,33 @@ fn assert_exactly_once(mut keys: Vec<u64>, what: &str) {
     assert_eq!(keys, expected, "{what}: not every sample exactly once");
 }
 
+/// Fails the whole test binary if a test hangs (a lost task would otherwise block CI
+/// forever): dropped at the end of the test, it disarms.
+struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+fn watchdog(what: &'static str, secs: u64) -> Watchdog {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = done.clone();
+    std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(secs) {
+            if d.load(std::sync::atomic::Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("{what}: still running after {secs} s; failing the test run");
+        std::process::exit(101);
+    });
+    Watchdog(done)
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// A small deterministic RNG (xorshift), seeded per run and printed so a failure replays.
 struct Rng(u64);
 impl Rng {
@@ -103,6 +134,7 @@ impl Rng {
 
 #[test]
 fn a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_times() {
+    let _watchdog = watchdog("a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_times", 240);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
@@ -141,6 +173,7 @@ fn a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_ti
 
 #[test]
 fn a_restarted_dispatcher_resumes_the_job_mid_epoch_exactly_once() {
+    let _watchdog = watchdog("a_restarted_dispatcher_resumes_the_job_mid_epoch_exactly_once", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
@@ -171,6 +204,7 @@ fn a_restarted_dispatcher_resumes_the_job_mid_epoch_exactly_once() {
 
 #[test]
 fn a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_batches() {
+    let _watchdog = watchdog("a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_batches", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
@@ -218,6 +252,7 @@ fn a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_ba
 
 #[test]
 fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
+    let _watchdog = watchdog("bad_requests_get_clear_errors_and_the_service_keeps_serving", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let outside = dir.path().join("outside");
@@ -350,6 +385,7 @@ fn metric_value(text: &str, name: &str) -> f64 {
 
 #[test]
 fn metrics_endpoints_report_throughput_queue_depth_and_client_stalls() {
+    let _watchdog = watchdog("metrics_endpoints_report_throughput_queue_depth_and_client_stalls", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
@@ -379,6 +415,7 @@ fn metrics_endpoints_report_throughput_queue_depth_and_client_stalls() {
 
 #[test]
 fn a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_them() {
+    let _watchdog = watchdog("a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_them", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
@@ -400,6 +437,7 @@ fn a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_th
 
 #[test]
 fn sluice_up_serves_a_job_with_its_own_worker_processes() {
+    let _watchdog = watchdog("sluice_up_serves_a_job_with_its_own_worker_processes", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();

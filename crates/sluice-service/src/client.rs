@@ -121,8 +121,14 @@ impl Conn {
     }
 }
 
+/// Codes worth retrying. Every dispatcher call is idempotent (GetTask by request id, acks
+/// and failure reports by task and generation), so a request cut off by a dying dispatcher
+/// (whatever code the transport makes of it) is simply sent again.
 fn retryable(code: Code) -> bool {
-    matches!(code, Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded | Code::Aborted)
+    matches!(
+        code,
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded | Code::Aborted | Code::Internal
+    )
 }
 
 /// Calls the dispatcher, retrying with backoff while it is unreachable (e.g. restarting).
@@ -434,8 +440,10 @@ async fn drive(conn: Arc<Conn>, epoch: u64, k: usize, tx: mpsc::Sender<Item>) {
 
 async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<(), ServiceError> {
     let mut wait = Duration::from_millis(1);
+    // One id until a task comes back: a WAIT, or a reply lost in a restart, is retried
+    // under the same id, so a task assigned to it is never leaked.
+    let mut request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
     loop {
-        let request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
         let req = GetTaskRequest { job_id: conn.job_id, client_id: conn.client_id.clone(), epoch, request_id };
         let reply = with_retry(&conn, "GetTask", |mut d| {
             let req = req.clone();
@@ -446,6 +454,7 @@ async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<
             (task_status::EPOCH_DONE, _) => return Ok(()),
             (task_status::TASK, Some(task)) => {
                 wait = Duration::from_millis(1);
+                request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
                 if !run_task(&conn, &task, &tx).await? {
                     return Ok(());
                 }

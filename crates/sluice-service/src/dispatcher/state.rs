@@ -146,8 +146,9 @@ pub struct State {
     pub names: HashMap<String, u64>,
     pub workers: BTreeMap<u64, WorkerEntry>,
     pub clients: HashMap<String, ClientReport>,
-    /// Each client's last assignment: (request id, job, epoch, task).
-    last_assign: HashMap<String, (u64, u64, u64, u64)>,
+    /// Assignments of the current epochs by (client, request id): a client has several
+    /// requests in flight, and any of their replies may be lost in a restart.
+    assigned_by_request: HashMap<(String, u64), (u64, u64, u64)>,
     /// Each client's last heartbeat.
     client_seen: HashMap<String, Instant>,
     next_job_id: u64,
@@ -162,7 +163,7 @@ impl State {
             names: HashMap::new(),
             workers: BTreeMap::new(),
             clients: HashMap::new(),
-            last_assign: HashMap::new(),
+            assigned_by_request: HashMap::new(),
             client_seen: HashMap::new(),
             next_job_id: 1,
             next_worker_id: worker_id_base.max(1),
@@ -202,10 +203,11 @@ impl State {
                 let job = self.job_mut(*job_id)?;
                 let generation = job.current.generation + 1;
                 job.current = EpochState::new(*epoch, generation, job.batches_per_epoch, job.task_batches, skip);
+                self.assigned_by_request.retain(|_, (job, _, _)| job != job_id);
             }
             Record::Assign { job_id, epoch, task, client, request } => {
                 if *request != 0 {
-                    self.last_assign.insert(client.clone(), (*request, *job_id, *epoch, *task));
+                    self.assigned_by_request.insert((client.clone(), *request), (*job_id, *epoch, *task));
                 }
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.status = TaskStatus::Leased { client: client.clone(), worker, deadline: now + CLIENT_LEASE };
@@ -417,17 +419,21 @@ impl State {
 
     /// The task a retried request got the first time, if the client still holds it. Its
     /// worker is picked again (the first may be gone, or unknown after a restart).
+    /// With no worker alive it answers WAIT, and the client retries the same request.
     fn repeat_assignment(&mut self, job_id: u64, client: &str, epoch: u64, request: u64, now: Instant) -> Option<GetTaskReply> {
-        let &(req, job, ep, task) = self.last_assign.get(client)?;
-        if (req, job, ep) != (request, job_id, epoch) {
+        let &(job, ep, task) = self.assigned_by_request.get(&(client.to_string(), request))?;
+        if (job, ep) != (job_id, epoch) {
             return None;
         }
-        let (worker_id, addr, data_addr) = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone()))?;
+        let picked = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone()));
         let t = self.jobs.get_mut(&job_id)?.current.tasks.get_mut(task as usize)?;
         let TaskStatus::Leased { client: holder, worker, .. } = &mut t.status else { return None };
         if holder != client {
             return None;
         }
+        let Some((worker_id, addr, data_addr)) = picked else {
+            return Some(GetTaskReply { status: task_status::WAIT, task: None });
+        };
         *worker = worker_id;
         let assignment = TaskAssignment {
             job_id,
@@ -587,7 +593,10 @@ mod tests {
         }
         let e = &r.job(1).unwrap().current;
         assert_eq!((e.acked, e.leased(), e.queue.len()), (1, 1, 0));
-        // A retried request (its reply was lost in the restart) gets the same task back.
+        // A retried request (its reply was lost in the restart) gets the same task back,
+        // WAIT while no worker is there to run it.
+        let (wait, _, _) = r.get_task(1, "a", 0, 2, now).unwrap();
+        assert_eq!(wait.status, task_status::WAIT);
         r.register_worker("w2".into(), String::new(), now);
         let (again, record, _) = r.get_task(1, "a", 0, 2, now).unwrap();
         assert_eq!((again.task.unwrap().task_index, record), (1, None));
