@@ -195,14 +195,11 @@ pub fn importance_draw(n: usize, seed: u64, epoch: u64, params: ImportanceParams
     }
     let total: f64 = a.iter().sum();
     let floor = floor.clamp(f64::MIN_POSITIVE, 1.0);
-    // The ceiling applies to the score part, so the floor's share stays exactly `floor`.
-    let mut q: Vec<f64> = a.iter().map(|&x| x / total).collect();
-    if floor < 1.0 {
-        cap_probabilities(&mut q, ((max_draws - floor) / (1.0 - floor)).max(1.0) / n as f64);
-    }
-    for p in q.iter_mut() {
-        *p = (1.0 - floor) * *p + floor / n as f64;
-    }
+    // The ceiling's excess is spread over the uncapped samples in proportion to their
+    // probability, floor included: when outliers are capped, the effective floor rises,
+    // which keeps the weights of rarely drawn samples (1/E[draws]) moderate.
+    let mut q: Vec<f64> = a.iter().map(|&x| (1.0 - floor) * x / total + floor / n as f64).collect();
+    cap_probabilities(&mut q, max_draws / n as f64);
 
     let k = u64::from(coverage_epochs.max(1));
     // Each sample's deadline comes up to k/5 epochs early, by a fixed per-sample offset:
