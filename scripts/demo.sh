@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The main job on data of sluice's own: set up, generate an ImageNet-like dataset, run the
-# standard training pipeline for two epochs, then benchmark it against plain JPEG decoding.
+# standard training pipeline for two epochs, benchmark it against plain JPEG decoding, then
+# train a small PyTorch model fed by sluice from Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 echo "==> sluice demo (dataset in data/demo)"
 target/release/sluice demo --dir data/demo
-echo "==> sluice bench"
+echo "==> sluice bench (training pipeline vs plain libjpeg-turbo decode, same files)"
 target/release/sluice bench --data data/demo/train --runs 3
+echo "==> PyTorch training fed by sluice (python/examples/train_torch.py)"
+.venv/bin/python python/examples/train_torch.py --data data/demo/train --epochs 2
