@@ -27,7 +27,6 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::PyEpochIterator>()?;
     m.add_class::<loader::RawBatch>()?;
     m.add_class::<remote::PyRemoteLoader>()?;
-    m.add_class::<remote::RemoteRawBatch>()?;
     m.add_function(wrap_pyfunction!(spec::spec_canonical_json, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_json_to_toml, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_toml_to_json, m)?)?;

@@ -207,7 +207,8 @@ fn owned_array<T: Element>(py: Python<'_>, shape: &[usize], v: Vec<T>) -> PyResu
 }
 
 impl RawBatch {
-    fn new(py: Python<'_>, batch: Batch) -> PyResult<Self> {
+    /// Hands a batch (local or from the service) to numpy without copying its buffers.
+    pub(crate) fn new(py: Python<'_>, batch: Batch) -> PyResult<Self> {
         let Batch { epoch, index, keys, labels, images, layout, weights } = batch;
         let Tensor { shape, data } = images;
         let (image, buffer_address) = match data {

@@ -4,18 +4,17 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use numpy::ndarray::{Array, IxDyn};
-use numpy::{Element, PyArray, PyArray1};
 use pyo3::exceptions::{
     PyConnectionError, PyFileExistsError, PyKeyboardInterrupt, PyLookupError, PyPermissionError, PyRuntimeError,
     PyValueError,
 };
 use pyo3::prelude::*;
-use sluice_core::{Batch, Layout, PipelineSpec, Tensor, TensorData};
+use sluice_core::PipelineSpec;
 use sluice_service::{RemoteLoader, RemoteOptions, RemoteState, ServiceError};
 use tonic::Code;
 
 use crate::errors::spec_error;
+use crate::loader::RawBatch;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -80,7 +79,7 @@ impl PyRemoteLoader {
 
     /// The next batch of the epoch, or None at its end. Waits with the GIL released and
     /// checks for signals every 50 ms: Ctrl-C raises KeyboardInterrupt, nothing is lost.
-    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<RemoteRawBatch>> {
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<RawBatch>> {
         let mut signal: Option<PyErr> = None;
         let next = py.detach(|| {
             lock(&self.inner).next_batch(&mut || {
@@ -95,7 +94,7 @@ impl PyRemoteLoader {
         });
         match next {
             None => Ok(None),
-            Some(Ok(batch)) => RemoteRawBatch::new(py, batch).map(Some),
+            Some(Ok(batch)) => RawBatch::new(py, batch).map(Some),
             Some(Err(ServiceError::Interrupted)) => {
                 Err(signal.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting for a batch")))
             }
@@ -143,59 +142,3 @@ impl PyRemoteLoader {
     }
 }
 
-/// One batch from the service, as numpy arrays that own the received buffers.
-#[pyclass(module = "sluice._sluice", name = "RemoteRawBatch", frozen)]
-pub struct RemoteRawBatch {
-    #[pyo3(get)]
-    image: Py<PyAny>,
-    #[pyo3(get)]
-    label: Py<PyAny>,
-    #[pyo3(get)]
-    key: Py<PyAny>,
-    #[pyo3(get)]
-    weight: Option<Py<PyAny>>,
-    #[pyo3(get)]
-    epoch: u64,
-    #[pyo3(get)]
-    index: u64,
-    #[pyo3(get)]
-    layout: &'static str,
-    #[pyo3(get)]
-    buffer_address: usize,
-}
-
-fn owned_array<T: Element>(py: Python<'_>, shape: &[usize], v: Vec<T>) -> PyResult<Py<PyAny>> {
-    let arr = Array::from_shape_vec(IxDyn(shape), v).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    Ok(PyArray::from_owned_array(py, arr).into_any().unbind())
-}
-
-impl RemoteRawBatch {
-    fn new(py: Python<'_>, batch: Batch) -> PyResult<Self> {
-        let Batch { epoch, index, keys, labels, images, layout, weights } = batch;
-        let Tensor { shape, data } = images;
-        let (image, buffer_address) = match data {
-            TensorData::U8(v) => {
-                let addr = v.as_ptr() as usize;
-                (owned_array(py, &shape, v)?, addr)
-            }
-            TensorData::F32(v) => {
-                let addr = v.as_ptr() as usize;
-                (owned_array(py, &shape, v)?, addr)
-            }
-        };
-        let keys: Vec<i64> = keys.into_iter().map(|k| k as i64).collect();
-        Ok(Self {
-            image,
-            label: PyArray1::from_vec(py, labels).into_any().unbind(),
-            key: PyArray1::from_vec(py, keys).into_any().unbind(),
-            weight: weights.map(|w| PyArray1::from_vec(py, w).into_any().unbind()),
-            epoch,
-            index,
-            layout: match layout {
-                Layout::Hwc => "hwc",
-                Layout::Chw => "chw",
-            },
-            buffer_address,
-        })
-    }
-}
