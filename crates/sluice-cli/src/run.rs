@@ -86,8 +86,11 @@ pub fn print_report(s: &StatsSnapshot) {
         println!("  {name:<32} {t:>8.2}s {share:>5.1}%  {per_sample:>8.0} us/sample");
     }
     if !s.skipped.is_empty() {
-        println!("skipped {} bad samples:", s.skipped.len());
-        for k in &s.skipped {
+        // A bad file is skipped once per epoch; list each one once.
+        let mut seen = std::collections::HashSet::new();
+        let distinct: Vec<_> = s.skipped.iter().filter(|k| seen.insert(k.key)).collect();
+        println!("skipped {} bad samples ({} distinct files):", s.skipped.len(), distinct.len());
+        for k in distinct {
             println!("  key {} {}: {}", k.key, k.path, k.error);
         }
     }

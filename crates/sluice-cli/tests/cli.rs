@@ -1,0 +1,67 @@
+//! The `sluice` command end to end: generate a dataset with bad files, run a spec over it
+//! under the skip policy, benchmark it.
+
+#![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn sluice(args: &[&str], cwd: &Path) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).current_dir(cwd).output().unwrap();
+    assert!(
+        out.status.success(),
+        "sluice {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn gen_run_and_bench_work_on_a_dataset_with_bad_files() {
+    let dir = tempfile::tempdir().unwrap();
+    sluice(&["gen-images", "--out", "train", "--images", "12", "--classes", "3", "--corrupt", "5"], dir.path());
+    let spec = r#"
+on_error = "skip"
+threads = 2
+[source]
+kind = "image_folder"
+root = "train"
+[[ops]]
+op = "decode"
+[[ops]]
+op = "random_resized_crop"
+size = 64
+[[ops]]
+op = "random_horizontal_flip"
+[batch]
+size = 4
+"#;
+    std::fs::write(dir.path().join("spec.toml"), spec).unwrap();
+    let out = sluice(&["run", "spec.toml", "--epochs", "2", "--json"], dir.path());
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats["samples"], 24, "12 good images, 2 epochs");
+    let skipped = stats["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 10, "5 bad files, each epoch");
+    assert!(skipped.iter().all(|s| s["path"].as_str().unwrap().contains("bad_")));
+
+    let out = sluice(&["bench", "--data", "train", "--runs", "1", "--threads", "1", "--batch", "4", "--json"], dir.path());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("left out 5 files"));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &report["rows"][0];
+    assert_eq!(row["threads"], 1);
+    assert!(row["pipeline_img_s"].as_f64().unwrap() > 0.0 && row["ratio"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn a_bad_spec_fails_with_the_field_named() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "[source]\nkind = \"image_folder\"\nroot = \"x\"\n[[ops]]\nop = \"decode\"\n[batch]\nsize = 0\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["run", "bad.toml"]).current_dir(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("batch.size"), "{err}");
+}
