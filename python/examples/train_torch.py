@@ -64,6 +64,7 @@ def main() -> None:
         .batch(args.batch)
         .threads(args.threads)
         .seed(0)
+        .on_error("skip")  # a bad file is left out and reported in stats(), not fatal
     )
     data = SluiceDataset(pipe)
     classes = len(data.loader.classes)
