@@ -78,6 +78,21 @@ pub fn print_report(s: &StatsSnapshot) {
         s.samples_per_s,
         s.wait_s
     );
+    if let Some(c) = &s.cache {
+        println!(
+            "cache ({:?}, {:?}): hit rate {:.1}% ({} hits, {} misses), {} entries, {:.1} of {:.1} MB, {} evictions, ~{:.1}s saved",
+            c.policy,
+            c.level,
+            100.0 * c.hit_rate,
+            c.hits,
+            c.misses,
+            c.entries,
+            c.used_bytes as f64 / 1e6,
+            c.budget_bytes as f64 / 1e6,
+            c.evictions,
+            c.est_time_saved_s
+        );
+    }
     let busy: f64 = s.op_seconds.iter().map(|(_, t)| t).sum();
     println!("worker time per op:");
     for (name, t) in &s.op_seconds {
