@@ -29,15 +29,11 @@ fn announce(what: &str, addr: std::net::SocketAddr) {
     let _ = std::io::stdout().flush();
 }
 
+/// What a dispatcher and a worker both take: where specs may read, the shared token,
+/// and where to serve metrics.
 #[derive(clap::Args)]
-pub struct DispatcherArgs {
-    /// gRPC address; keep 127.0.0.1 unless the port is protected (token, network policy).
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: String,
-    /// Append-only journal that lets a restarted dispatcher resume every job.
-    #[arg(long)]
-    journal: Option<PathBuf>,
-    /// A folder clients' specs may read from (repeatable; default: the current folder).
+struct ServeArgs {
+    /// A folder specs may read from (repeatable; default: the current folder).
     #[arg(long = "allow-root")]
     allow_root: Vec<PathBuf>,
     /// Shared secret every RPC must carry (default: $SLUICE_TOKEN; none: no check).
@@ -51,6 +47,24 @@ pub struct DispatcherArgs {
     metrics_host: String,
 }
 
+impl ServeArgs {
+    fn metrics_listen(&self) -> Option<String> {
+        self.metrics_port.map(|p| format!("{}:{p}", self.metrics_host))
+    }
+}
+
+#[derive(clap::Args)]
+pub struct DispatcherArgs {
+    /// gRPC address; keep 127.0.0.1 unless the port is protected (token, network policy).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    /// Append-only journal that lets a restarted dispatcher resume every job.
+    #[arg(long)]
+    journal: Option<PathBuf>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
 pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
     if a.journal.is_none() {
         tracing::warn!("no --journal: a restarted dispatcher will not remember its jobs");
@@ -58,9 +72,9 @@ pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
     let config = DispatcherConfig {
         listen: a.listen,
         journal: a.journal,
-        allow_roots: roots(a.allow_root)?,
-        token: token(a.token),
-        metrics_listen: a.metrics_port.map(|p| format!("{}:{p}", a.metrics_host)),
+        metrics_listen: a.serve.metrics_listen(),
+        allow_roots: roots(a.serve.allow_root)?,
+        token: token(a.serve.token),
     };
     sluice_service::serve_dispatcher(config, |addr| announce("dispatcher", addr))?;
     Ok(())
@@ -86,18 +100,8 @@ pub struct WorkerArgs {
     /// Decode threads per job (default: the spec's `threads`).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// A folder this worker may read from (repeatable; default: the current folder).
-    #[arg(long = "allow-root")]
-    allow_root: Vec<PathBuf>,
-    /// Shared secret every RPC must carry (default: $SLUICE_TOKEN).
-    #[arg(long)]
-    token: Option<String>,
-    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
-    #[arg(long)]
-    metrics_port: Option<u16>,
-    /// Interface for the metrics endpoint (0.0.0.0 inside a pod).
-    #[arg(long, default_value = "127.0.0.1")]
-    metrics_host: String,
+    #[command(flatten)]
+    serve: ServeArgs,
 }
 
 pub fn worker(a: WorkerArgs) -> Result<()> {
@@ -107,9 +111,9 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
         data_listen: a.data_listen,
         advertise_data: a.advertise_data,
         dispatcher: a.dispatcher,
-        allow_roots: roots(a.allow_root)?,
-        token: token(a.token),
-        metrics_listen: a.metrics_port.map(|p| format!("{}:{p}", a.metrics_host)),
+        metrics_listen: a.serve.metrics_listen(),
+        allow_roots: roots(a.serve.allow_root)?,
+        token: token(a.serve.token),
         threads: a.threads,
     };
     sluice_service::serve_worker(config, |addr| announce("worker", addr))?;
