@@ -19,6 +19,7 @@ use turbojpeg_sys as tj;
 
 use crate::error::CodecError;
 use crate::resize::SubRect;
+use crate::restart::RestartLayout;
 
 /// Chrominance subsampling, as TurboJPEG classifies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +41,7 @@ const MCU_WIDTH: [u32; 7] = [8, 16, 16, 8, 8, 32, 8];
 const MCU_HEIGHT: [u32; 7] = [8, 8, 16, 8, 16, 8, 32];
 
 impl Subsampling {
-    fn from_tj(v: c_int) -> Self {
+    pub(crate) fn from_tj(v: c_int) -> Self {
         match v {
             0 => Self::S444,
             1 => Self::S422,
@@ -142,6 +143,8 @@ pub struct JpegDecoder {
     max_pixels: u64,
     /// Scratch for CMYK images, converted to RGB afterwards.
     cmyk: Vec<u8>,
+    /// Scratch for the window cut out of a JPEG with restart markers.
+    window: Vec<u8>,
 }
 
 // SAFETY: a TurboJPEG handle is plain heap state with no thread affinity; `&mut self` on every
@@ -159,6 +162,17 @@ impl std::fmt::Debug for JpegDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JpegDecoder").field("max_pixels", &self.max_pixels).finish_non_exhaustive()
     }
+}
+
+/// The IDCT scale for decoding `rect` to be resized to `target`: the largest of 1/8, 1/4,
+/// 1/2 that keeps the window at least `target` pixels, else 1.
+fn scale_denom(rect: SubRect, target: (u32, u32)) -> u32 {
+    [8u32, 4, 2]
+        .into_iter()
+        .find(|&d| {
+            rect.width / f64::from(d) >= f64::from(target.0) && rect.height / f64::from(d) >= f64::from(target.1)
+        })
+        .unwrap_or(1)
 }
 
 /// `TJSCALED(dim, 1/denom)`: libjpeg's rounded-up scaled size.
@@ -219,7 +233,7 @@ impl JpegDecoder {
     /// A decompressor that rejects images whose header declares more than `max_pixels`
     /// pixels (before allocating anything for them).
     pub fn new(max_pixels: u64) -> Result<Self, CodecError> {
-        let mut d = Self { handle: new_handle()?, max_pixels: 0, cmyk: Vec::new() };
+        let mut d = Self { handle: new_handle()?, max_pixels: 0, cmyk: Vec::new(), window: Vec::new() };
         d.configure(max_pixels)?;
         Ok(d)
     }
@@ -430,7 +444,65 @@ impl JpegDecoder {
     ///
     /// Images that cannot be cropped (lossless, unusual sampling factors) decode whole, and
     /// the returned rectangle still points at the window.
+    ///
+    /// JPEGs with restart markers aligned to the MCU rows (`sluice pack` writes them) are
+    /// first cut down to the MCUs around the window (see [`crate::restart`]), so the
+    /// entropy decoding above and beside the window is skipped too. The pixels are the same
+    /// either way.
     pub fn decode_region(
+        &mut self,
+        bytes: &[u8],
+        rect: SubRect,
+        target: (u32, u32),
+        out: &mut Vec<u8>,
+    ) -> Result<RegionDecode, CodecError> {
+        match self.decode_seekable_region(bytes, rect, target, out) {
+            Some(result) => result,
+            None => self.decode_region_in_place(bytes, rect, target, out),
+        }
+    }
+
+    /// [`Self::decode_region`] through a window cut from a seekable JPEG; `None` when the
+    /// file is not seekable or the cut would not save anything.
+    pub(crate) fn decode_seekable_region(
+        &mut self,
+        bytes: &[u8],
+        rect: SubRect,
+        target: (u32, u32),
+        out: &mut Vec<u8>,
+    ) -> Option<Result<RegionDecode, CodecError>> {
+        let layout = RestartLayout::parse(bytes)?;
+        let (w, h) = layout.size();
+        if u64::from(w) * u64::from(h) > self.max_pixels {
+            return None; // the ordinary path reports it
+        }
+        let rect = rect.clamp_to(w, h)?;
+        // One MCU (at the decode scale) of margin on every side: the fancy upsampler and
+        // libjpeg's context rows then see the same neighbours as in the whole image, so the
+        // window decodes to exactly the same pixels.
+        let (mw, mh) = layout.mcu_size();
+        let denom = scale_denom(rect, target);
+        let (mx, my) = (f64::from(mw * denom), f64::from(mh * denom));
+        let clamp = |v: f64, hi: u32| v.clamp(0.0, f64::from(hi)) as u32;
+        let win = layout.window_covering(
+            clamp((rect.left - mx).floor(), w),
+            clamp((rect.top - my).floor(), h),
+            clamp((rect.left + rect.width + mx).ceil(), w),
+            clamp((rect.top + rect.height + my).ceil(), h),
+        );
+        if layout.is_whole(win) {
+            return None;
+        }
+        let (ox, oy) = layout.origin(win);
+        let mut cut = std::mem::take(&mut self.window);
+        layout.write_window(bytes, win, &mut cut);
+        let shifted = SubRect { left: rect.left - f64::from(ox), top: rect.top - f64::from(oy), ..rect };
+        let result = self.decode_region_in_place(&cut, shifted, target, out);
+        self.window = cut;
+        Some(result)
+    }
+
+    pub(crate) fn decode_region_in_place(
         &mut self,
         bytes: &[u8],
         rect: SubRect,
@@ -446,17 +518,7 @@ impl JpegDecoder {
             ))
         })?;
 
-        let denom = if hdr.lossless {
-            1
-        } else {
-            [8u32, 4, 2]
-                .into_iter()
-                .find(|&d| {
-                    rect.width / f64::from(d) >= f64::from(target.0)
-                        && rect.height / f64::from(d) >= f64::from(target.1)
-                })
-                .unwrap_or(1)
-        };
+        let denom = if hdr.lossless { 1 } else { scale_denom(rect, target) };
         let d = f64::from(denom);
         let (full_w, full_h) = (scaled(hdr.width, denom), scaled(hdr.height, denom));
         let (sx, sy, sw, sh) = (rect.left / d, rect.top / d, rect.width / d, rect.height / d);

@@ -8,6 +8,8 @@
 //! * [`plan`]: the op library: a validated op list compiled into steps, with decode fused
 //!   into the crop that follows it.
 //! * [`encode`]: JPEG encoding, for dataset generators and test fixtures.
+//! * [`transcode`]: lossless rewriting with restart markers (`sluice pack`), which lets a crop
+//!   decode only its own MCUs (the private `restart` module).
 
 pub mod crop;
 pub mod encode;
@@ -16,6 +18,8 @@ pub mod jpeg;
 pub mod plan;
 pub mod png;
 pub mod resize;
+mod restart;
+pub mod transcode;
 
 pub use crop::{center_crop_window, random_resized_crop_params, CenterCropWindow, CropRect};
 pub use encode::{encode_jpeg, encode_jpeg_progressive, encode_jpeg_with, SourcePixels};
@@ -24,3 +28,4 @@ pub use jpeg::{ColorSpace, JpegDecoder, JpegHeader, RegionDecode, Subsampling};
 pub use plan::{sniff_format, ImageFormat, Plan, Scratch};
 pub use png::decode_png;
 pub use resize::{Resizer, SubRect};
+pub use transcode::add_restart_markers;
