@@ -9,6 +9,7 @@ mod bench_cache;
 mod bench_service;
 mod demo;
 mod gen;
+mod pack;
 mod progress;
 mod run;
 mod service;
@@ -27,6 +28,9 @@ struct Cli {
 enum Command {
     /// Write a deterministic ImageNet-like JPEG dataset (ImageFolder layout).
     GenImages(gen::Args),
+    /// Copy a dataset with every JPEG rewritten losslessly with restart markers, so random
+    /// crops decode only what they cover.
+    Pack(pack::Args),
     /// Run a pipeline spec (TOML or JSON) for some epochs and report throughput.
     Run(run::Args),
     /// Images/s per thread of the standard training pipeline vs plain full JPEG decode.
@@ -56,6 +60,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::GenImages(a) => gen::main(a),
+        Command::Pack(a) => pack::main(a),
         Command::Run(a) => run::main(a),
         Command::Bench(a) => bench::main(a),
         Command::BenchCache(a) => bench_cache::main(a),

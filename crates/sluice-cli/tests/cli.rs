@@ -65,3 +65,35 @@ fn a_bad_spec_fails_with_the_field_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("batch.size"), "{err}");
 }
+
+#[test]
+fn pack_rewrites_jpegs_keeps_everything_else_and_lists_what_it_could_not_rewrite() {
+    let dir = tempfile::tempdir().unwrap();
+    sluice(&["gen-images", "--out", "train", "--images", "6", "--classes", "2", "--corrupt", "5"], dir.path());
+    std::fs::write(dir.path().join("train/labels.txt"), "not an image\n").unwrap();
+    let out = sluice(&["pack", "train", "packed", "--interval", "2"], dir.path());
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("packed 6 JPEGs"), "{report}");
+    // The bad files that carry a .jpg name are listed by path and copied as they are.
+    assert!(report.contains("could not be rewritten") && report.contains("bad_"), "{report}");
+    let count = |p: &Path| std::fs::read_dir(p).unwrap().map(|c| std::fs::read_dir(c.unwrap().path()).map_or(1, |d| d.count())).sum::<usize>();
+    assert_eq!(count(&dir.path().join("train")), count(&dir.path().join("packed")));
+    assert_eq!(std::fs::read(dir.path().join("packed/labels.txt")).unwrap(), b"not an image\n");
+    for class in std::fs::read_dir(dir.path().join("train")).unwrap().filter_map(|c| c.ok()).filter(|c| c.path().is_dir()) {
+        for f in std::fs::read_dir(class.path()).unwrap() {
+            let f = f.unwrap().path();
+            let rel = f.strip_prefix(dir.path().join("train")).unwrap();
+            let (a, b) = (std::fs::read(&f).unwrap(), std::fs::read(dir.path().join("packed").join(rel)).unwrap());
+            let name = rel.to_string_lossy();
+            // Good JPEGs gain restart markers (RST0 = FF D0); bad files are byte-for-byte copies.
+            assert_eq!(a == b, name.contains("bad_"), "{name}");
+            if !name.contains("bad_") {
+                assert!(b.windows(2).any(|w| w == [0xFF, 0xD0]), "{name} has no restart marker");
+            }
+        }
+    }
+    // Writing the copy inside the dataset is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["pack", "train", "train/packed"]).current_dir(dir.path()).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lies inside the dataset"));
+}
