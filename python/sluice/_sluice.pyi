@@ -18,6 +18,7 @@ __all__ = [
     "RemoteLoader",
     "enable_logging",
     "generate_dataset",
+    "pack",
     "spec_canonical_json",
     "spec_json_to_toml",
     "spec_load_file",
@@ -49,6 +50,10 @@ def generate_dataset(
 ) -> Dict[str, Any]:
     """Writes a deterministic ImageNet-like ImageFolder dataset (options left out take
     sluice-synth's defaults); returns ``{"root", "images", "bad_files", "bytes"}``."""
+
+def pack(src: str, out: str, interval: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:
+    """Copies ``src`` to ``out`` with every JPEG rewritten losslessly with restart markers;
+    returns ``{"packed", "copied", "not_packed", "bytes_in", "bytes_out"}``."""
 
 def enable_logging(filter: str = "warn") -> bool:
     """Sends Rust logs to stderr; False if logging was already set up."""

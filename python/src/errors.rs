@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice_core::{SampleError, SpecError};
 use sluice_pipeline::source::SourceError;
+use sluice_pipeline::pack::PackError;
 use sluice_pipeline::PipelineError;
 use sluice_synth::SynthError;
 
@@ -110,4 +111,12 @@ pub fn synth_error(py: Python<'_>, e: SynthError) -> PyErr {
         }
         SynthError::Encode { .. } => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
     }
+}
+
+/// Packing failures: a missing dataset is `SourceNotFoundError`, the rest `SourceError` on
+/// the path concerned.
+pub fn pack_error(py: Python<'_>, e: PackError) -> PyErr {
+    let class = if matches!(e, PackError::NotFound(_)) { "SourceNotFoundError" } else { "SourceError" };
+    let path = path_str(e.path());
+    raise(py, class, e.to_string(), |kw| kw.set_item("path", path))
 }

@@ -4,6 +4,7 @@
 
 mod errors;
 mod loader;
+mod pack;
 mod remote;
 mod spec;
 mod synth;
@@ -32,6 +33,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::spec_toml_to_json, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_load_file, m)?)?;
     m.add_function(wrap_pyfunction!(synth::generate_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::pack, m)?)?;
     m.add_function(wrap_pyfunction!(enable_logging, m)?)?;
     Ok(())
 }
