@@ -7,7 +7,11 @@ uint8 output, batches of 64) and the same core counts, in one run:
   transforms v2 on PIL images, then ``PILToTensor``: uint8 CHW), ``num_workers`` = 1 and 2,
   ``persistent_workers=False``, a shuffled epoch;
 * ``sluice.Loader`` with 1 and 2 threads (uint8 NHWC);
-* ``target/release/sluice bench`` (the same loader driven from Rust) at 1 and 2 threads.
+* ``target/release/sluice bench`` (the same loader driven from Rust) at 1 and 2 threads;
+
+each on the files as generated and on a packed copy (``sluice.pack``: the same pixels, the
+JPEGs rewritten losslessly with restart markers so crops decode only what they cover), which
+both loaders read.
 
 Each measurement is one full epoch (after one warm-up pass per configuration); the
 configurations are interleaved within each run, and the median of ``--runs`` runs is
@@ -120,6 +124,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--sluice-bin", default=str(REPO / "target" / "release" / "sluice"), help="the Rust CLI")
     ap.add_argument("--no-rust", action="store_true", help="skip the Rust `sluice bench` comparison")
+    ap.add_argument("--no-packed", action="store_true", help="skip the packed copy of the dataset (DATA-packed)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
     cores = [int(t) for t in args.threads.split(",")]
@@ -143,68 +148,92 @@ def main() -> None:
         file=sys.stderr,
     )
 
-    results: Dict[str, Dict[int, List[float]]] = {"dataloader": {}, "sluice": {}, "rust": {}}
-    per_cpu: Dict[str, Dict[int, List[float]]] = {"dataloader": {}, "sluice": {}}
+    # The same files as they are, and packed (`sluice.pack`: the same pixels, JPEGs rewritten
+    # with restart markers); both loaders run on both.
+    datasets = {"original": args.data}
+    if not args.no_packed:
+        packed = args.data.rstrip("/") + "-packed"
+        if not os.path.isdir(packed):
+            print(f"packing {args.data} into {packed} ...", file=sys.stderr)
+            sluice.pack(args.data, packed)
+        for p in Path(packed).rglob("*"):
+            if p.is_file():
+                p.read_bytes()
+        datasets["packed"] = packed
 
-    def measure_dataloader(c: int, run: int) -> Tuple[float, float]:
-        return timed(lambda: dataloader_epoch(args.data, c, args.batch, run))
+    results: Dict[str, Dict[int, List[float]]] = {}
+    per_cpu: Dict[str, Dict[int, List[float]]] = {}
 
-    def measure_sluice(c: int, run: int) -> Tuple[float, float]:
-        loader = sluice_loader(args.data, c, args.batch, run)
+    def measure_dataloader(root: str, c: int, run: int) -> Tuple[float, float]:
+        return timed(lambda: dataloader_epoch(root, c, args.batch, run))
+
+    def measure_sluice(root: str, c: int, run: int) -> Tuple[float, float]:
+        loader = sluice_loader(root, c, args.batch, run)
         return timed(lambda: sluice_epoch(loader))
 
-    measures: Dict[str, Callable[[int, int], Tuple[float, float]]] = {
+    measures: Dict[str, Callable[[str, int, int], Tuple[float, float]]] = {
         "dataloader": measure_dataloader,
         "sluice": measure_sluice,
     }
     # Warm-up: one pass of each configuration (imports, page cache, allocator, JIT paths).
-    for c in cores:
-        for m in measures.values():
-            m(c, 0)
-    for run in range(args.runs):
+    for root in datasets.values():
         for c in cores:
-            for name, m in measures.items():
-                v, per = m(c, run + 1)
-                results[name].setdefault(c, []).append(v)
-                per_cpu[name].setdefault(c, []).append(per)
-                print(f"run {run + 1}: {name:<10} cores={c}: {v:7.0f} img/s, {per:5.0f} img/CPU-s", file=sys.stderr)
-        if use_rust:
-            for c, v in rust_bench(binary, args.data, cores, args.batch).items():
-                results["rust"].setdefault(c, []).append(v)
-                print(f"run {run + 1}: {'rust':<10} cores={c}: {v:7.0f} img/s", file=sys.stderr)
+            for m in measures.values():
+                m(root, c, 0)
+    for run in range(args.runs):
+        for ds, root in datasets.items():
+            for c in cores:
+                for name, m in measures.items():
+                    v, per = m(root, c, run + 1)
+                    results.setdefault(f"{name}/{ds}", {}).setdefault(c, []).append(v)
+                    per_cpu.setdefault(f"{name}/{ds}", {}).setdefault(c, []).append(per)
+                    print(f"run {run + 1}: {name:<10} {ds:<8} cores={c}: {v:7.0f} img/s, {per:5.0f} img/CPU-s", file=sys.stderr)
+            if use_rust:
+                for c, v in rust_bench(binary, root, cores, args.batch).items():
+                    results.setdefault(f"rust/{ds}", {}).setdefault(c, []).append(v)
+                    print(f"run {run + 1}: {'rust':<10} {ds:<8} cores={c}: {v:7.0f} img/s", file=sys.stderr)
 
     med = {name: {c: statistics.median(v) for c, v in by.items()} for name, by in results.items()}
     med_cpu = {name: {c: statistics.median(v) for c, v in by.items()} for name, by in per_cpu.items()}
     print()
     print(f"RandomResizedCrop 224 + flip, uint8, batch {args.batch}, {len(files)} images; images/s, median of {args.runs}")
     print()
-    header = "| cores | DataLoader + torchvision | sluice (Python) | sluice / DataLoader |"
-    rule = "|---:|---:|---:|---:|"
+    header = "| files | cores | DataLoader + torchvision | sluice (Python) | sluice / DataLoader |"
+    rule = "|---|---:|---:|---:|---:|"
     if use_rust:
         header += " sluice bench (Rust) | Python / Rust |"
         rule += "---:|---:|"
     print(header)
     print(rule)
-    for c in cores:
-        dl, sl = med["dataloader"][c], med["sluice"][c]
-        row = f"| {c} | {dl:.0f} | {sl:.0f} | {sl / dl:.2f}x |"
-        if use_rust:
-            rs = med["rust"][c]
-            row += f" {rs:.0f} | {sl / rs:.3f} |"
-        print(row)
+    for ds in datasets:
+        for c in cores:
+            dl, sl = med[f"dataloader/{ds}"][c], med[f"sluice/{ds}"][c]
+            row = f"| {ds} | {c} | {dl:.0f} | {sl:.0f} | {sl / dl:.2f}x |"
+            if use_rust:
+                rs = med[f"rust/{ds}"][c]
+                row += f" {rs:.0f} | {sl / rs:.3f} |"
+            print(row)
+    if "packed" in datasets:
+        print()
+        print("sluice on packed files vs DataLoader on the original files (what a user switching gets):")
+        print()
+        for c in cores:
+            dl, sl = med["dataloader/original"][c], med["sluice/packed"][c]
+            print(f"- {c} cores: {sl:.0f} vs {dl:.0f} img/s = {sl / dl:.2f}x")
     print()
     print("Per CPU second (all threads and worker processes; less sensitive to a busy machine):")
     print()
-    print("| cores | DataLoader img/CPU-s | sluice img/CPU-s | ratio |")
-    print("|---:|---:|---:|---:|")
-    for c in cores:
-        dl, sl = med_cpu["dataloader"][c], med_cpu["sluice"][c]
-        print(f"| {c} | {dl:.0f} | {sl:.0f} | {sl / dl:.2f}x |")
+    print("| files | cores | DataLoader img/CPU-s | sluice img/CPU-s | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    for ds in datasets:
+        for c in cores:
+            dl, sl = med_cpu[f"dataloader/{ds}"][c], med_cpu[f"sluice/{ds}"][c]
+            print(f"| {ds} | {c} | {dl:.0f} | {sl:.0f} | {sl / dl:.2f}x |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
                 {"runs": results, "per_cpu_runs": per_cpu, "median": med, "median_per_cpu": med_cpu,
-                 "images": len(files), "batch": args.batch},
+                 "images": len(files), "batch": args.batch, "datasets": datasets},
                 f,
                 indent=2,
             )
