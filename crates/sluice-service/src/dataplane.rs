@@ -219,14 +219,27 @@ impl TaskStream {
                 if len > MAX_MESSAGE_BYTES as u64 {
                     return Err(Status::invalid_argument(format!("batch of {len} bytes is over the limit")));
                 }
-                let mut data = vec![0u8; len as usize];
-                r.read_exact(&mut data).await.map_err(io_status)?;
-                m.data = data;
+                m.data = read_payload(r, len as usize).await.map_err(io_status)?;
                 message_to_batch(m).map(Some).map_err(|e: ServiceError| Status::from(e))
             }
             other => Err(Status::invalid_argument(format!("unknown data-plane frame kind {other}"))),
         }
     }
+}
+
+/// Reads exactly `len` bytes into a fresh buffer without zeroing it first: the kernel's
+/// copy is the only pass over the pixels (a zeroed `vec!` costs a second one per batch).
+async fn read_payload(r: &mut (impl AsyncReadExt + Unpin), len: usize) -> std::io::Result<Vec<u8>> {
+    use bytes::BufMut;
+    let mut data = Vec::with_capacity(len);
+    while data.len() < len {
+        // Never past `len`: the next frame follows on the same connection.
+        let want = len - data.len();
+        if r.read_buf(&mut (&mut data).limit(want)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(data)
 }
 
 #[cfg(test)]

@@ -45,8 +45,27 @@ pub fn serve_dispatcher(config: DispatcherConfig, on_listening: impl FnOnce(Sock
     runtime()?.block_on(run_dispatcher(config, shutdown_signal(), on_listening))
 }
 
+/// Keeps freed batch buffers mapped in a worker process. A batch is allocated on the
+/// loader's thread and freed on the data plane's after sending; with glibc's defaults the
+/// arena trims (or unmaps) the multi-MB buffer each time, so every batch faults its pages
+/// in again and the kernel zeroes them: ~3% of a worker's CPU in the profile. Memory held
+/// stays bounded by the batches in flight.
+fn keep_batch_buffers_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // Allocations up to 32 MiB (glibc's cap) come from the heap, not mmap, and a heap
+        // gives memory back only when over 1 GiB is free at its top.
+        // SAFETY: mallopt only changes allocator parameters; called before any thread starts.
+        let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1 };
+        if !ok {
+            tracing::debug!("mallopt refused; batch buffers are mapped afresh each time");
+        }
+    }
+}
+
 /// Serves a worker until Ctrl-C/SIGTERM.
 pub fn serve_worker(config: WorkerConfig, on_listening: impl FnOnce(SocketAddr)) -> Result<(), ServiceError> {
+    keep_batch_buffers_mapped();
     runtime()?.block_on(run_worker(config, shutdown_signal(), on_listening))
 }
 
