@@ -276,7 +276,7 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
                 while Instant::now() < deadline {
                     let t0 = Instant::now();
                     let r = d
-                        .get_task(GetTaskRequest { job_id, client_id: client_id.clone(), epoch, request_id: req_id })
+                        .get_task(GetTaskRequest { job_id, client_id: client_id.clone(), epoch, request_id: req_id, lookahead: false })
                         .await?
                         .into_inner();
                     req_id += 1;

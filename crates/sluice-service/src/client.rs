@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sluice_core::{Batch, PipelineSpec};
 use tokio::runtime::Runtime;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
@@ -158,7 +158,23 @@ where
 /// What fetchers hand the consumer.
 enum Item {
     Batch { task: u64, generation: u64, start: u64, end: u64, batch: Batch },
+    /// The dispatcher says every batch of this epoch was delivered (to some client).
+    EpochEnd(u64),
     Error(ServiceError),
+}
+
+/// Where one stream's fetchers stand, shared with the consumer. The stream outlives an
+/// epoch: at an epoch's end its fetchers already hold tasks of the next one (lookahead),
+/// so workers do not idle while the trainer finishes the epoch and starts the next.
+struct Flow {
+    /// The lowest epoch not known to be done: what fetchers ask for.
+    floor: AtomicU64,
+    /// The epoch the trainer reads. Batches of a later epoch wait in their worker's
+    /// connection (bounded by the socket and the worker's queue) until it gets there.
+    reading: watch::Sender<u64>,
+    /// Tasks of a later epoch than `reading` held at once: at most `tasks_in_flight - 1`,
+    /// so one fetcher is always free for the current epoch (e.g. a task handed back).
+    ahead: Arc<Semaphore>,
 }
 
 pub struct RemoteLoader {
@@ -176,11 +192,12 @@ pub struct RemoteLoader {
     current: Option<EpochStream>,
 }
 
-/// The epoch being streamed.
+/// The stream of batches, from the epoch it was started at on.
 struct EpochStream {
     rx: mpsc::Receiver<Item>,
     driver: tokio::task::JoinHandle<()>,
-    /// An error ended this epoch's stream; the epoch is not over.
+    flow: Arc<Flow>,
+    /// An error ended the stream; the epoch is not over.
     failed: bool,
 }
 
@@ -304,6 +321,15 @@ impl RemoteLoader {
     /// its batches. (What [`RemoteLoader::iter`] does, for callers that cannot hold a
     /// borrowing iterator, like the Python binding.)
     pub fn start_epoch(&mut self) {
+        // The stream that ended the last epoch goes on into this one (its fetchers may
+        // already hold tasks of it).
+        if let Some(s) = &self.current {
+            if !self.abandoned && !s.failed && !s.driver.is_finished() {
+                s.flow.reading.send_replace(self.epoch);
+                self.abandoned = true;
+                return;
+            }
+        }
         if let Some(old) = self.current.take() {
             old.driver.abort();
         }
@@ -317,8 +343,13 @@ impl RemoteLoader {
         }
         self.abandoned = true;
         let (tx, rx) = mpsc::channel(2 * self.tasks_in_flight);
-        let driver = self.rt.spawn(drive(self.conn.clone(), self.epoch, self.tasks_in_flight, tx));
-        self.current = Some(EpochStream { rx, driver, failed: false });
+        let flow = Arc::new(Flow {
+            floor: AtomicU64::new(self.epoch),
+            reading: watch::Sender::new(self.epoch),
+            ahead: Arc::new(Semaphore::new(self.tasks_in_flight - 1)),
+        });
+        let driver = self.rt.spawn(drive(self.conn.clone(), flow.clone(), self.tasks_in_flight, tx));
+        self.current = Some(EpochStream { rx, driver, flow, failed: false });
     }
 
     /// The next batch of the epoch started by [`RemoteLoader::start_epoch`]; `None` at its
@@ -345,16 +376,28 @@ impl RemoteLoader {
             };
             match item {
                 None => {
-                    self.current = None;
+                    stream.failed = true;
+                    return Some(Err(ServiceError::Internal("the batch stream ended early".into())));
+                }
+                Some(Item::EpochEnd(e)) if e == self.epoch => {
                     self.abandoned = false;
                     self.epoch += 1;
                     self.delivered.clear();
                     self.open.clear();
                     return None;
                 }
+                // An end reported twice (or of an epoch before a reset): nothing to do.
+                Some(Item::EpochEnd(_)) => {}
                 Some(Item::Error(e)) => {
                     stream.failed = true;
                     return Some(Err(e));
+                }
+                Some(Item::Batch { batch, .. }) if batch.epoch != self.epoch => {
+                    stream.failed = true;
+                    return Some(Err(ServiceError::Internal(format!(
+                        "a batch of epoch {} arrived while reading epoch {}",
+                        batch.epoch, self.epoch
+                    ))));
                 }
                 Some(Item::Batch { task, generation, start, end, batch }) => {
                     let entry = self.open.entry((task, generation, start)).or_insert((end, 0));
@@ -418,11 +461,11 @@ async fn heartbeat(conn: Arc<Conn>) {
     }
 }
 
-/// Runs `k` fetchers until the dispatcher says the epoch is done.
-async fn drive(conn: Arc<Conn>, epoch: u64, k: usize, tx: mpsc::Sender<Item>) {
+/// Runs `k` fetchers, epoch after epoch, until an error or the consumer goes away.
+async fn drive(conn: Arc<Conn>, flow: Arc<Flow>, k: usize, tx: mpsc::Sender<Item>) {
     let mut set = JoinSet::new();
     for _ in 0..k {
-        set.spawn(fetcher(conn.clone(), epoch, tx.clone()));
+        set.spawn(fetcher(conn.clone(), flow.clone(), tx.clone()));
     }
     while let Some(r) = set.join_next().await {
         let failed = match r {
@@ -438,28 +481,53 @@ async fn drive(conn: Arc<Conn>, epoch: u64, k: usize, tx: mpsc::Sender<Item>) {
     }
 }
 
-async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<(), ServiceError> {
+async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Result<(), ServiceError> {
     let mut wait = Duration::from_millis(1);
+    let mut reading = flow.reading.subscribe();
     // One id until a task comes back: a WAIT, or a reply lost in a restart, is retried
     // under the same id, so a task assigned to it is never leaked.
     let mut request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
     loop {
-        let req = GetTaskRequest { job_id: conn.job_id, client_id: conn.client_id.clone(), epoch, request_id };
+        let epoch = flow.floor.load(Ordering::SeqCst);
+        let now_reading = *reading.borrow_and_update();
+        // Any task for `epoch` is ahead of the trainer: only with a permit. For the epoch
+        // being read, a permit lets the dispatcher hand out the next epoch's tasks instead
+        // of making us wait for the last ones to stream.
+        let permit: Option<OwnedSemaphorePermit> = if epoch > now_reading {
+            tokio::select! {
+                p = flow.ahead.clone().acquire_owned() => p.ok(),
+                _ = reading.changed() => continue,
+            }
+        } else {
+            flow.ahead.clone().try_acquire_owned().ok()
+        };
+        let lookahead = permit.is_some() && epoch <= now_reading;
+        let req = GetTaskRequest { job_id: conn.job_id, client_id: conn.client_id.clone(), epoch, request_id, lookahead };
         let reply = with_retry(&conn, "GetTask", |mut d| {
             let req = req.clone();
             async move { d.get_task(req).await }
         })
         .await?;
         match (reply.status, reply.task) {
-            (task_status::EPOCH_DONE, _) => return Ok(()),
+            (task_status::EPOCH_DONE, _) => {
+                // Whoever moves the floor first tells the consumer, before any batch of
+                // a later epoch can reach it (those wait for `reading`).
+                if flow.floor.compare_exchange(epoch, epoch + 1, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+                    && tx.send(Item::EpochEnd(epoch)).await.is_err()
+                {
+                    return Ok(());
+                }
+            }
             (task_status::TASK, Some(task)) => {
                 wait = Duration::from_millis(1);
                 request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
-                if !run_task(&conn, &task, &tx).await? {
+                let gate = (task.epoch > *reading.borrow()).then(|| (reading.clone(), permit));
+                if !run_task(&conn, &task, &tx, gate).await? {
                     return Ok(());
                 }
             }
             _ => {
+                drop(permit);
                 // The dispatcher already held the request (long poll): ask again soon.
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_millis(20));
@@ -468,9 +536,18 @@ async fn fetcher(conn: Arc<Conn>, epoch: u64, tx: mpsc::Sender<Item>) -> Result<
     }
 }
 
+/// A task of an epoch the trainer has not reached: its batches wait until it does, and
+/// the lookahead permit is held till then.
+type Gate = (watch::Receiver<u64>, Option<OwnedSemaphorePermit>);
+
 /// Streams one task's batches into `tx`. On a worker failure, tells the dispatcher how many
 /// batches arrived so only the rest runs again. Ok(false) when the consumer has gone.
-async fn run_task(conn: &Conn, task: &TaskAssignment, tx: &mpsc::Sender<Item>) -> Result<bool, ServiceError> {
+async fn run_task(
+    conn: &Conn,
+    task: &TaskAssignment,
+    tx: &mpsc::Sender<Item>,
+    gate: Option<Gate>,
+) -> Result<bool, ServiceError> {
     let mut received = 0u64;
     let outcome: Result<(), Status> = async {
         let req = RunTaskRequest { job_id: task.job_id, epoch: task.epoch, start: task.start, end: task.end };
@@ -480,6 +557,13 @@ async fn run_task(conn: &Conn, task: &TaskAssignment, tx: &mpsc::Sender<Item>) -
             let mut worker = conn.worker(&task.worker_addr).map_err(Status::from)?;
             Source::Grpc(Box::new(worker.run_task(req).await?.into_inner()))
         };
+        // The worker is producing; its batches are delivered once the trainer is there.
+        if let Some((mut reading, permit)) = gate {
+            if reading.wait_for(|&r| r >= task.epoch).await.is_err() {
+                return Err(Status::cancelled("consumer gone"));
+            }
+            drop(permit);
+        }
         loop {
             let next = tokio::time::timeout(Duration::from_secs(60), source.next())
                 .await
@@ -573,9 +657,12 @@ impl Iterator for RemoteEpoch<'_> {
 
 impl Drop for RemoteEpoch<'_> {
     fn drop(&mut self) {
-        // Stop fetching; if the epoch is unfinished, the next one restarts it exactly.
-        if let Some(s) = self.loader.current.take() {
-            s.driver.abort();
+        // Stop fetching if the epoch is unfinished (the next `iter` restarts it exactly);
+        // after its end the stream goes on into the next epoch.
+        if self.loader.abandoned {
+            if let Some(s) = self.loader.current.take() {
+                s.driver.abort();
+            }
         }
     }
 }

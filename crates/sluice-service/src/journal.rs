@@ -44,6 +44,9 @@ pub enum Record {
     /// task now covers only the rest and is up for grabs again.
     Requeue { job_id: u64, epoch: u64, task: u64, start: u64 },
     Ack { job_id: u64, epoch: u64, task: u64 },
+    /// `epoch` (the next one, some of whose tasks were leased ahead) becomes the current
+    /// one, keeping those leases. An `Assign` for the epoch after the current one creates it.
+    Advance { job_id: u64, epoch: u64 },
 }
 
 struct Pending {

@@ -105,6 +105,11 @@ pub struct GetTaskRequest {
     /// reply was lost gets the same task back instead of leaking a lease. 0: none.
     #[prost(uint64, tag = "4")]
     pub request_id: u64,
+    /// When `epoch` has no task left to hand out (its last ones are still streaming), a
+    /// task of the next epoch may be leased instead, so workers do not idle at the epoch's
+    /// end. The client holds such a task's batches until it starts that epoch.
+    #[prost(bool, tag = "5")]
+    pub lookahead: bool,
 }
 
 pub mod task_status {

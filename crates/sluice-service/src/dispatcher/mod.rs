@@ -259,7 +259,7 @@ impl Dispatcher for DispatcherService {
                 let decided = {
                     let mut state = lock(&self.inner.state);
                     let (reply, record, worker) =
-                        state.get_task(req.job_id, &req.client_id, req.epoch, req.request_id, Instant::now())?;
+                        state.get_task(req.job_id, &req.client_id, req.epoch, req.request_id, req.lookahead, Instant::now())?;
                     let durable = match record {
                         Some(r) => Some(self.commit(&mut state, &r, worker)?),
                         None => None,

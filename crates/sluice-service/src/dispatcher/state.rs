@@ -103,6 +103,25 @@ pub struct Job {
     pub samples_per_epoch: u64,
     pub task_batches: u64,
     pub current: EpochState,
+    /// The epoch after `current`, once some of its tasks were leased ahead.
+    pub next: Option<EpochState>,
+}
+
+impl Job {
+    /// The current or the next epoch's state.
+    fn epoch_mut(&mut self, epoch: u64) -> Option<&mut EpochState> {
+        if self.current.epoch == epoch {
+            return Some(&mut self.current);
+        }
+        self.next.as_mut().filter(|n| n.epoch == epoch)
+    }
+
+    fn epoch_state(&self, epoch: u64) -> Option<&EpochState> {
+        if self.current.epoch == epoch {
+            return Some(&self.current);
+        }
+        self.next.as_ref().filter(|n| n.epoch == epoch)
+    }
 }
 
 impl Job {
@@ -194,6 +213,7 @@ impl State {
                     samples_per_epoch: *samples_per_epoch,
                     task_batches: *task_batches,
                     current: EpochState::new(0, 0, *batches_per_epoch, *task_batches, &[]),
+                    next: None,
                 };
                 self.names.insert(name.clone(), *job_id);
                 self.jobs.insert(*job_id, job);
@@ -203,16 +223,36 @@ impl State {
                 let job = self.job_mut(*job_id)?;
                 let generation = job.current.generation + 1;
                 job.current = EpochState::new(*epoch, generation, job.batches_per_epoch, job.task_batches, skip);
+                // Tasks leased ahead belong to the old order of things: dropped with it.
+                job.next = None;
                 self.assigned_by_request.retain(|_, (job, _, _)| job != job_id);
             }
+            Record::Advance { job_id, epoch } => {
+                let job = self.job_mut(*job_id)?;
+                match job.next.take() {
+                    Some(next) if next.epoch == *epoch => job.current = next,
+                    other => {
+                        job.next = other;
+                        return Err(ServiceError::Internal(format!(
+                            "job {job_id}: advance to epoch {epoch}, which was not leased ahead"
+                        )));
+                    }
+                }
+                let epoch = *epoch;
+                self.assigned_by_request.retain(|_, (job, ep, _)| job != job_id || *ep >= epoch);
+            }
             Record::Assign { job_id, epoch, task, client, request } => {
+                let job = self.job_mut(*job_id)?;
+                if job.next.is_none() && *epoch == job.current.epoch + 1 {
+                    let generation = job.current.generation + 1;
+                    job.next = Some(EpochState::new(*epoch, generation, job.batches_per_epoch, job.task_batches, &[]));
+                }
                 if *request != 0 {
                     self.assigned_by_request.insert((client.clone(), *request), (*job_id, *epoch, *task));
                 }
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.status = TaskStatus::Leased { client: client.clone(), worker, deadline: now + CLIENT_LEASE };
-                let job = self.job_mut(*job_id)?;
-                let queue = &mut job.current.queue;
+                let queue = &mut self.epoch_state_mut(*job_id, *epoch)?.queue;
                 if queue.front() == Some(task) {
                     queue.pop_front();
                 } else {
@@ -227,9 +267,9 @@ impl State {
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.start = (*start).clamp(t.start, t.end);
                 t.status = TaskStatus::Pending;
-                let job = self.job_mut(*job_id)?;
-                if released && !job.current.queue.contains(task) {
-                    job.current.queue.push_front(*task);
+                let queue = &mut self.epoch_state_mut(*job_id, *epoch)?.queue;
+                if released && !queue.contains(task) {
+                    queue.push_front(*task);
                 }
             }
             Record::Ack { job_id, epoch, task } => {
@@ -239,10 +279,10 @@ impl State {
                     // Only a pending task sits in the queue (scanning it is O(tasks)).
                     let queued = t.status == TaskStatus::Pending;
                     t.status = TaskStatus::Acked;
-                    let job = self.job_mut(*job_id)?;
-                    job.current.acked += 1;
+                    let e = self.epoch_state_mut(*job_id, *epoch)?;
+                    e.acked += 1;
                     if queued {
-                        job.current.queue.retain(|&q| q != *task);
+                        e.queue.retain(|&q| q != *task);
                     }
                 }
             }
@@ -274,19 +314,17 @@ impl State {
         self.jobs.get_mut(&job_id).ok_or_else(|| ServiceError::NotFound { what: "job", id: job_id.to_string() })
     }
 
-    fn task_mut(&mut self, job_id: u64, epoch: u64, task: u64) -> Result<&mut Task, ServiceError> {
+    fn epoch_state_mut(&mut self, job_id: u64, epoch: u64) -> Result<&mut EpochState, ServiceError> {
         let job = self.job_mut(job_id)?;
-        if job.current.epoch != epoch {
-            return Err(ServiceError::InvalidArgument(format!(
-                "job {job_id} is in epoch {}, not {epoch}",
-                job.current.epoch
-            )));
-        }
-        let n = job.current.tasks.len();
-        job.current
-            .tasks
-            .get_mut(task as usize)
-            .ok_or_else(|| ServiceError::InvalidArgument(format!("task {task} is not in 0..{n}")))
+        let current = job.current.epoch;
+        job.epoch_mut(epoch)
+            .ok_or_else(|| ServiceError::InvalidArgument(format!("job {job_id} is in epoch {current}, not {epoch}")))
+    }
+
+    fn task_mut(&mut self, job_id: u64, epoch: u64, task: u64) -> Result<&mut Task, ServiceError> {
+        let e = self.epoch_state_mut(job_id, epoch)?;
+        let n = e.tasks.len();
+        e.tasks.get_mut(task as usize).ok_or_else(|| ServiceError::InvalidArgument(format!("task {task} is not in 0..{n}")))
     }
 
     pub fn next_job_id(&self) -> u64 {
@@ -340,40 +378,46 @@ impl State {
     fn expire_leases(&mut self, job_id: u64, now: Instant) {
         let mut expired = Vec::new();
         let client_seen = &self.client_seen;
-        if let Some(job) = self.jobs.get_mut(&job_id) {
-            if job.current.next_scan.is_some_and(|t| now < t) {
-                return;
-            }
-            job.current.next_scan = Some(now + LEASE_SCAN);
-            for (i, t) in job.current.tasks.iter_mut().enumerate() {
+        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        if job.current.next_scan.is_some_and(|t| now < t) {
+            return;
+        }
+        job.current.next_scan = Some(now + LEASE_SCAN);
+        for e in std::iter::once(&mut job.current).chain(job.next.as_mut()) {
+            let mut expired_here = Vec::new();
+            for (i, t) in e.tasks.iter_mut().enumerate() {
                 if let TaskStatus::Leased { deadline, worker, client } = &t.status {
                     // A heartbeat renews every lease of its client at once.
                     let renewed = client_seen.get(client).map(|&seen| seen + CLIENT_LEASE);
                     if (*deadline).max(renewed.unwrap_or(*deadline)) <= now {
-                        tracing::warn!(job_id, task = i, client = %client, "lease ran out; the task goes to another client");
-                        expired.push((i as u64, *worker));
+                        tracing::warn!(job_id, epoch = e.epoch, task = i, client = %client, "lease ran out; the task goes to another client");
+                        expired_here.push(i as u64);
+                        expired.push(*worker);
                         t.status = TaskStatus::Pending;
                     }
                 }
             }
-            for (i, _) in &expired {
-                job.current.queue.push_front(*i);
+            for i in expired_here {
+                e.queue.push_front(i);
             }
         }
-        for (_, w) in expired {
+        for w in expired {
             if let Some(w) = self.workers.get_mut(&w) {
                 w.leased = w.leased.saturating_sub(1);
             }
         }
     }
 
-    /// Decides a `GetTask`: the reply, and the record to journal before sending it.
+    /// Decides a `GetTask`: the reply, and the record to journal before sending it. With
+    /// `lookahead`, a request for an epoch with nothing left to hand out gets a task of the
+    /// next epoch (see `GetTaskRequest::lookahead`).
     pub fn get_task(
         &mut self,
         job_id: u64,
         client: &str,
         epoch: u64,
         request: u64,
+        lookahead: bool,
         now: Instant,
     ) -> Result<(GetTaskReply, Option<Record>, u64), ServiceError> {
         if request != 0 {
@@ -392,26 +436,46 @@ impl State {
         self.expire_leases(job_id, now);
         let job = self.job(job_id)?;
         if job.current.is_done() {
-            let record = Record::Epoch { job_id, epoch: epoch + 1, skip: Vec::new() };
+            let record = match &job.next {
+                Some(n) if n.epoch == epoch + 1 => Record::Advance { job_id, epoch: epoch + 1 },
+                _ => Record::Epoch { job_id, epoch: epoch + 1, skip: Vec::new() },
+            };
             return Ok((GetTaskReply { status: task_status::EPOCH_DONE, task: None }, Some(record), 0));
         }
-        let Some(&task) = job.current.queue.front() else {
-            return Ok((wait, None, 0));
+        // The current epoch's tasks first; the next epoch's only when asked to look ahead.
+        let span = |e: &EpochState, task: u64| e.tasks.get(task as usize).map(|t| (t.start, t.end));
+        let (epoch, task, (start, end), generation) = match job.current.queue.front() {
+            Some(&task) => match span(&job.current, task) {
+                Some(s) => (epoch, task, s, job.current.generation),
+                None => return Ok((wait, None, 0)),
+            },
+            None if lookahead => match &job.next {
+                Some(n) => match n.queue.front().and_then(|&task| Some((task, span(n, task)?))) {
+                    Some((task, s)) => (epoch + 1, task, s, n.generation),
+                    None => return Ok((wait, None, 0)),
+                },
+                // The next epoch's first task: its `Assign` creates the epoch, with the
+                // generation it has here.
+                None => match cut_tasks(job.batches_per_epoch, job.task_batches, &[]).first() {
+                    Some(&s) => (epoch + 1, 0, s, job.current.generation + 1),
+                    None => return Ok((wait, None, 0)),
+                },
+            },
+            None => return Ok((wait, None, 0)),
         };
         let Some((worker_id, worker)) = self.pick_worker(now) else {
             return Ok((wait, None, 0));
         };
-        let t = &job.current.tasks[task as usize];
         let assignment = TaskAssignment {
             job_id,
             epoch,
             task_index: task,
-            start: t.start,
-            end: t.end,
+            start,
+            end,
             worker_id,
             worker_addr: worker.addr.clone(),
             worker_data_addr: worker.data_addr.clone(),
-            generation: job.current.generation,
+            generation,
         };
         let record = Record::Assign { job_id, epoch, task, client: client.to_string(), request };
         Ok((GetTaskReply { status: task_status::TASK, task: Some(assignment) }, Some(record), worker_id))
@@ -422,11 +486,14 @@ impl State {
     /// With no worker alive it answers WAIT, and the client retries the same request.
     fn repeat_assignment(&mut self, job_id: u64, client: &str, epoch: u64, request: u64, now: Instant) -> Option<GetTaskReply> {
         let &(job, ep, task) = self.assigned_by_request.get(&(client.to_string(), request))?;
-        if (job, ep) != (job_id, epoch) {
+        // A request for `epoch` may have been given a task of the next one (lookahead).
+        if job != job_id || (ep != epoch && ep != epoch + 1) {
             return None;
         }
         let picked = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone()));
-        let t = self.jobs.get_mut(&job_id)?.current.tasks.get_mut(task as usize)?;
+        let e = self.jobs.get_mut(&job_id)?.epoch_mut(ep)?;
+        let generation = e.generation;
+        let t = e.tasks.get_mut(task as usize)?;
         let TaskStatus::Leased { client: holder, worker, .. } = &mut t.status else { return None };
         if holder != client {
             return None;
@@ -437,22 +504,28 @@ impl State {
         *worker = worker_id;
         let assignment = TaskAssignment {
             job_id,
-            epoch,
+            epoch: ep,
             task_index: task,
             start: t.start,
             end: t.end,
             worker_id,
             worker_addr: addr,
             worker_data_addr: data_addr,
-            generation: self.jobs.get(&job_id)?.current.generation,
+            generation,
         };
         Some(GetTaskReply { status: task_status::TASK, task: Some(assignment) })
     }
 
+    /// Whether a report about `epoch` at `generation` comes from before the job's task list
+    /// was rebuilt (an earlier epoch, or a reset since).
+    fn stale(&self, job_id: u64, epoch: u64, generation: u64) -> Result<bool, ServiceError> {
+        let job = self.job(job_id)?;
+        Ok(epoch < job.current.epoch || job.epoch_state(epoch).is_some_and(|e| e.generation != generation))
+    }
+
     /// Decides an `AckTask`. Acks for epochs already finished are accepted and ignored.
     pub fn ack_task(&mut self, job_id: u64, epoch: u64, task: u64, generation: u64) -> Result<Option<Record>, ServiceError> {
-        let job = self.job(job_id)?;
-        if epoch < job.current.epoch || generation != job.current.generation {
+        if self.stale(job_id, epoch, generation)? {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
@@ -476,8 +549,7 @@ impl State {
         if let Some(w) = self.workers.get_mut(&worker) {
             w.suspect = true;
         }
-        let job = self.job(job_id)?;
-        if epoch < job.current.epoch || generation != job.current.generation {
+        if self.stale(job_id, epoch, generation)? {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
@@ -516,7 +588,7 @@ mod tests {
     }
 
     fn step(s: &mut State, client: &str, epoch: u64, now: Instant) -> GetTaskReply {
-        let (reply, record, worker) = s.get_task(1, client, epoch, 0, now).unwrap();
+        let (reply, record, worker) = s.get_task(1, client, epoch, 0, false, now).unwrap();
         if let Some(r) = record {
             s.apply(&r, now, worker).unwrap();
         }
@@ -595,12 +667,12 @@ mod tests {
         assert_eq!((e.acked, e.leased(), e.queue.len()), (1, 1, 0));
         // A retried request (its reply was lost in the restart) gets the same task back,
         // WAIT while no worker is there to run it.
-        let (wait, _, _) = r.get_task(1, "a", 0, 2, now).unwrap();
+        let (wait, _, _) = r.get_task(1, "a", 0, 2, false, now).unwrap();
         assert_eq!(wait.status, task_status::WAIT);
         r.register_worker("w2".into(), String::new(), now);
-        let (again, record, _) = r.get_task(1, "a", 0, 2, now).unwrap();
+        let (again, record, _) = r.get_task(1, "a", 0, 2, false, now).unwrap();
         assert_eq!((again.task.unwrap().task_index, record), (1, None));
-        let (other, _, _) = r.get_task(1, "a", 0, 3, now).unwrap();
+        let (other, _, _) = r.get_task(1, "a", 0, 3, false, now).unwrap();
         assert_eq!(other.status, task_status::WAIT);
 
         // A checkpoint rebuilds the task list; acks for the old list no longer count.
@@ -608,5 +680,62 @@ mod tests {
         assert_eq!(r.job(1).unwrap().current.generation, 1);
         assert_eq!(r.ack_task(1, 0, 0, 0).unwrap(), None, "stale ack ignored");
         assert!(r.ack_task(1, 0, 0, 1).unwrap().is_some());
+    }
+
+    #[test]
+    fn lookahead_leases_the_next_epoch_only_when_the_current_one_has_nothing_left() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        let mut journal = vec![job_record(4, 2)];
+        s.apply(&journal[0], now, 0).unwrap();
+        s.register_worker("w".into(), String::new(), now);
+        fn ask(s: &mut State, journal: &mut Vec<Record>, epoch: u64, request: u64, lookahead: bool) -> GetTaskReply {
+            let now = Instant::now();
+            let (reply, record, worker) = s.get_task(1, "a", epoch, request, lookahead, now).unwrap();
+            if let Some(r) = record {
+                s.apply(&r, now, worker).unwrap();
+                journal.push(r);
+            }
+            reply
+        }
+        // Epoch 0 still has a task queued: lookahead does not jump the queue.
+        let t0 = ask(&mut s, &mut journal, 0, 1, true).task.unwrap();
+        let t1 = ask(&mut s, &mut journal, 0, 2, true).task.unwrap();
+        assert_eq!((t0.epoch, t1.epoch, t1.task_index), (0, 0, 1));
+        // Nothing left to hand out in epoch 0: without lookahead wait, with it epoch 1.
+        assert_eq!(ask(&mut s, &mut journal, 0, 3, false).status, task_status::WAIT);
+        let n0 = ask(&mut s, &mut journal, 0, 3, true).task.unwrap();
+        assert_eq!((n0.epoch, n0.task_index, n0.start, n0.end, n0.generation), (1, 0, 0, 2, 1));
+        // The retried request gets the same task back.
+        assert_eq!(ask(&mut s, &mut journal, 0, 3, true).task.unwrap().task_index, 0);
+        // Its worker fails mid-task: the rest goes back to epoch 1's queue.
+        let r = s.fail_task(1, 1, 0, 1, n0.worker_id, 1).unwrap().unwrap();
+        s.apply(&r, now, 0).unwrap();
+        journal.push(r);
+        s.worker_heartbeat(n0.worker_id, 0, 0, now);
+        let n0b = ask(&mut s, &mut journal, 0, 4, true).task.unwrap();
+        assert_eq!((n0b.epoch, n0b.start, n0b.end), (1, 1, 2));
+        // Epoch 0 done: the next request advances to epoch 1, keeping its lease.
+        for t in [0, 1] {
+            let r = s.ack_task(1, 0, t, 0).unwrap().unwrap();
+            s.apply(&r, now, 0).unwrap();
+            journal.push(r);
+        }
+        assert_eq!(ask(&mut s, &mut journal, 0, 5, true).status, task_status::EPOCH_DONE);
+        let e = &s.job(1).unwrap().current;
+        assert_eq!((e.epoch, e.generation, e.leased(), e.queue.len()), (1, 1, 1, 1));
+        assert!(s.job(1).unwrap().next.is_none());
+        let n1 = ask(&mut s, &mut journal, 1, 6, false).task.unwrap();
+        assert_eq!((n1.epoch, n1.task_index), (1, 1));
+        // Replaying the journal gives the same epoch, leases and queue.
+        let mut r = State::new(1);
+        for rec in &journal {
+            r.apply(rec, now, 0).unwrap();
+        }
+        let e = &r.job(1).unwrap().current;
+        assert_eq!((e.epoch, e.generation, e.leased(), e.queue.len()), (1, 1, 2, 0));
+        // A checkpoint restore drops whatever was leased ahead.
+        s.apply(&Record::Epoch { job_id: 1, epoch: 1, skip: vec![] }, now, 0).unwrap();
+        assert!(s.job(1).unwrap().next.is_none());
     }
 }
