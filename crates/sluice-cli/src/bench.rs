@@ -1,7 +1,8 @@
 //! `sluice bench`: images/s of the standard training pipeline (decode + RandomResizedCrop
 //! 224 + flip, u8 out) against plain libjpeg-turbo full decoding of the same files, in the
-//! same run, at each thread count. Reported as medians over several runs, and as ratios,
-//! because machines are noisy.
+//! same run, at each thread count; with `--packed`, also the pipeline on a packed copy of
+//! the files (`sluice pack`), against the same plain decode of the originals. Reported as
+//! medians over several runs, and as ratios, because machines are noisy.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -10,6 +11,7 @@ use anyhow::Context;
 use serde_json::json;
 use sluice_codec::JpegDecoder;
 use sluice_core::{Manifest, PipelineSpec, SourceSpec};
+use sluice_pipeline::pack::{pack_dataset, PackOptions};
 use sluice_pipeline::source::build_manifest;
 use sluice_pipeline::{Loader, Shard};
 
@@ -31,10 +33,18 @@ pub struct Args {
     pub runs: usize,
     #[arg(long, default_value_t = 64)]
     pub batch: usize,
+    /// Also run the pipeline on a packed copy of the data (`sluice pack`, written to
+    /// DATA-packed if that does not exist yet).
+    #[arg(long)]
+    pub packed: bool,
     /// Print results as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
+
+/// A row of the report: threads, pipeline img/s, plain decode img/s, pipeline on the packed
+/// copy img/s.
+type Row = (usize, f64, f64, Option<f64>);
 
 pub fn main(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.runs > 0, "--runs must be at least 1");
@@ -59,6 +69,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     }
     anyhow::ensure!(!manifest.is_empty(), "no decodable JPEGs in {}", root.display());
     let files: Vec<PathBuf> = manifest.entries.iter().map(|e| manifest.display_path(e.key)).collect();
+    let packed = if a.packed { Some(packed_copy(&root)?) } else { None };
     eprintln!(
         "{} images, {:.0} KB average, {} runs per point",
         files.len(),
@@ -68,21 +79,42 @@ pub fn main(a: Args) -> anyhow::Result<()> {
 
     let mut rows = Vec::new();
     for &t in &a.threads {
-        let mut pipe = Vec::new();
-        let mut plain = Vec::new();
+        let (mut pipe, mut plain, mut pipe_packed) = (Vec::new(), Vec::new(), Vec::new());
         for run in 0..a.runs {
             plain.push(plain_decode(&files, t)?);
             pipe.push(pipeline(&manifest, &root, t, a.batch, run as u64)?);
+            if let Some((m, r)) = &packed {
+                pipe_packed.push(pipeline(m, r, t, a.batch, run as u64)?);
+            }
         }
         let (p, d) = (median(&mut pipe), median(&mut plain));
+        let pk = (!pipe_packed.is_empty()).then(|| median(&mut pipe_packed));
         eprintln!("threads {t}: pipeline {p:.0} img/s, plain decode {d:.0} img/s, ratio {:.2}", p / d);
-        rows.push((t, p, d));
+        if let Some(pk) = pk {
+            eprintln!("threads {t}: pipeline on packed files {pk:.0} img/s, ratio to plain decode {:.2}", pk / d);
+        }
+        rows.push((t, p, d, pk));
     }
     report(&a, &rows);
     Ok(())
 }
 
-fn report(a: &Args, rows: &[(usize, f64, f64)]) {
+/// The packed copy of `root` (made if missing) and its manifest, good files only.
+fn packed_copy(root: &Path) -> anyhow::Result<(Manifest, PathBuf)> {
+    let name = root.file_name().map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned());
+    let out = root.with_file_name(format!("{name}-packed"));
+    if out.is_dir() {
+        eprintln!("using the packed copy in {}", out.display());
+    } else {
+        eprintln!("packing {} into {} (sluice pack)", root.display(), out.display());
+        pack_dataset(root, &out, &PackOptions::default(), &|_, _| {})?;
+    }
+    let all = build_manifest(&SourceSpec::ImageFolder { root: out.clone() })
+        .with_context(|| format!("indexing {}", out.display()))?;
+    Ok((decodable_only(&all)?.0, out))
+}
+
+fn report(a: &Args, rows: &[Row]) {
     let scaling = match (rows.iter().find(|r| r.0 == 1), rows.iter().find(|r| r.0 == 2)) {
         (Some(one), Some(two)) => Some(two.1 / one.1),
         _ => None,
@@ -90,16 +122,26 @@ fn report(a: &Args, rows: &[(usize, f64, f64)]) {
     if a.json {
         let rows: Vec<_> = rows
             .iter()
-            .map(|&(t, p, d)| json!({"threads": t, "pipeline_img_s": p, "plain_decode_img_s": d, "ratio": p / d,
-                                     "pipeline_img_s_per_thread": p / t as f64}))
+            .map(|&(t, p, d, pk)| json!({"threads": t, "pipeline_img_s": p, "plain_decode_img_s": d, "ratio": p / d,
+                                     "pipeline_img_s_per_thread": p / t as f64,
+                                     "packed_pipeline_img_s": pk, "packed_ratio": pk.map(|pk| pk / d)}))
             .collect();
         println!("{}", json!({"runs": a.runs, "rows": rows, "scaling_2_vs_1": scaling}));
         return;
     }
     println!("standard pipeline = decode + random_resized_crop 224 + flip, u8 HWC; medians of {} runs", a.runs);
     println!("{:>7} {:>14} {:>12} {:>14} {:>12} {:>8}", "threads", "pipeline img/s", "per thread", "decode img/s", "per thread", "ratio");
-    for &(t, p, d) in rows {
+    for &(t, p, d, _) in rows {
         println!("{t:>7} {p:>14.0} {:>12.0} {d:>14.0} {:>12.0} {:>8.2}", p / t as f64, d / t as f64, p / d);
+    }
+    if rows.iter().any(|r| r.3.is_some()) {
+        println!("on the packed copy (sluice pack), against plain decode of the original files:");
+        println!("{:>7} {:>14} {:>12} {:>8}", "threads", "pipeline img/s", "per thread", "ratio");
+        for &(t, _, d, pk) in rows {
+            if let Some(pk) = pk {
+                println!("{t:>7} {pk:>14.0} {:>12.0} {:>8.2}", pk / t as f64, pk / d);
+            }
+        }
     }
     if let Some(s) = scaling {
         println!("pipeline scaling, 2 threads vs 1: {s:.2}x");

@@ -44,12 +44,14 @@ size = 4
     assert_eq!(skipped.len(), 10, "5 bad files, each epoch");
     assert!(skipped.iter().all(|s| s["path"].as_str().unwrap().contains("bad_")));
 
-    let out = sluice(&["bench", "--data", "train", "--runs", "1", "--threads", "1", "--batch", "4", "--json"], dir.path());
+    let out = sluice(&["bench", "--data", "train", "--runs", "1", "--threads", "1", "--batch", "4", "--json", "--packed"], dir.path());
     assert!(String::from_utf8_lossy(&out.stderr).contains("left out 5 files"));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let row = &report["rows"][0];
     assert_eq!(row["threads"], 1);
     assert!(row["pipeline_img_s"].as_f64().unwrap() > 0.0 && row["ratio"].as_f64().unwrap() > 0.0);
+    assert!(row["packed_pipeline_img_s"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(dir.path().join("train-packed").is_dir(), "--packed writes the copy next to the data");
 }
 
 #[test]
