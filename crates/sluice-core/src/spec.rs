@@ -606,7 +606,7 @@ impl CacheSpec {
 }
 
 fn default_floor() -> f64 {
-    0.01
+    0.05
 }
 fn default_coverage_epochs() -> u32 {
     40
@@ -629,7 +629,9 @@ pub enum SamplingSpec {
     /// a coverage guarantee and unbiasing weights in each batch.
     Importance {
         /// Share of the draws spread uniformly over all samples: every sample keeps at
-        /// least `floor / n` probability per draw.
+        /// least `floor / n` probability per draw, so no weight exceeds `1 / floor`. Outside
+        /// the cache's hot set the floor is most of what a sample gets, so it is also about
+        /// the share of draws that miss (half of it at a cache of half the dataset).
         #[serde(default = "default_floor")]
         floor: f64,
         /// Every sample appears at least once in any `coverage_epochs` consecutive epochs.
@@ -810,7 +812,7 @@ size = 32
         assert_eq!((cache.level, cache.resize, cache.policy), (CacheLevel::Resized, Some(64), CachePolicyKind::Shade));
         assert_eq!(
             spec.sampling,
-            SamplingSpec::Importance { floor: 0.01, coverage_epochs: 5, miss_discount: 0.1, max_draws: 4.0 }
+            SamplingSpec::Importance { floor: 0.05, coverage_epochs: 5, miss_discount: 0.1, max_draws: 4.0 }
         );
         assert_eq!(PipelineSpec::from_toml_str(&spec.to_toml_string().unwrap()).unwrap(), spec);
         assert_eq!(PipelineSpec::from_json_str(&spec.to_json_string().unwrap()).unwrap(), spec);

@@ -7,13 +7,14 @@
 //! epoch runs: a checkpoint taken mid-epoch restores that state plus the pending reports,
 //! and the resumed loader redraws exactly the same order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use sluice_core::{Manifest, SamplingSpec, ShuffleSpec};
 
 use crate::sampler::{
-    epoch_order, fastmatch_draw, importance_draw, shade_draw, EpochDraw, ImportanceParams, ImportanceView, Shard,
+    epoch_order, fastmatch_draw, hot_set, importance_draw, shade_draw, EpochDraw, ImportanceParams, ImportanceView,
+    Shard, HOT_SET_MARGIN,
 };
 
 /// The serialisable importance state, carried in [`crate::LoaderState`]. Maps are written
@@ -32,6 +33,10 @@ pub struct ImportanceState {
     pub last_seen: Vec<(u64, u64)>,
     /// Cache entries the sampler treats as its hot set (fixed once known).
     pub hot: Option<u64>,
+    /// The keys of the hot set `drawn_epoch` was drawn with (empty before there is one).
+    /// Carried because the set has hysteresis: it depends on the sets before it.
+    #[serde(default)]
+    pub hot_set: Vec<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -43,6 +48,7 @@ pub(crate) struct ImportanceStore {
     pending: HashMap<u64, (f64, u32)>,
     last_seen: HashMap<u64, u64>,
     hot: Option<u64>,
+    hot_set: HashSet<u64>,
     reports: u64,
 }
 
@@ -157,6 +163,31 @@ impl ImportanceStore {
         Self::per_position(&self.scores, manifest)
     }
 
+    /// The hot set as a per-position mask: the carried set, or (before there is one, e.g.
+    /// right after restoring an older checkpoint) the `hot` highest scores.
+    fn hot_mask(&self, scores: &[Option<f64>], manifest: &Manifest) -> Option<Vec<bool>> {
+        let size = usize::try_from(self.hot?).ok()?;
+        if self.hot_set.is_empty() {
+            return Some(hot_set(scores, size, None, HOT_SET_MARGIN, 0.0));
+        }
+        Some(manifest.entries.iter().map(|e| self.hot_set.contains(&e.key.0)).collect())
+    }
+
+    /// Moves the hot set on to the scores just folded in (hysteresis: see [`hot_set`]).
+    fn update_hot_set(&mut self, manifest: &Manifest, floor: f64) {
+        let Some(size) = self.hot.and_then(|h| usize::try_from(h).ok()) else {
+            return;
+        };
+        if self.scores.is_empty() {
+            return;
+        }
+        let scores = self.scores_by_position(manifest);
+        let previous: Option<Vec<bool>> = (!self.hot_set.is_empty())
+            .then(|| manifest.entries.iter().map(|e| self.hot_set.contains(&e.key.0)).collect());
+        let mask = hot_set(&scores, size, previous.as_deref(), HOT_SET_MARGIN, floor);
+        self.hot_set = manifest.entries.iter().zip(&mask).filter(|(_, &h)| h).map(|(e, _)| e.key.0).collect();
+    }
+
     fn draw_now(&self, epoch: u64, d: &DrawInputs<'_>) -> EpochDraw {
         let n = d.manifest.len();
         let global = match d.sampling {
@@ -167,11 +198,8 @@ impl ImportanceStore {
             SamplingSpec::Importance { floor, coverage_epochs, miss_discount, max_draws } => {
                 let scores = self.scores_by_position(d.manifest);
                 let last_seen = Self::per_position(&self.last_seen, d.manifest);
-                let view = ImportanceView {
-                    scores: &scores,
-                    last_seen: &last_seen,
-                    hot: self.hot.map(|h| h.min(n as u64) as usize),
-                };
+                let hot = self.hot_mask(&scores, d.manifest);
+                let view = ImportanceView { scores: &scores, last_seen: &last_seen, hot: hot.as_deref() };
                 importance_draw(n, d.seed, epoch, ImportanceParams { floor, coverage_epochs, miss_discount, max_draws }, view)
             }
             SamplingSpec::Fastmatch => fastmatch_draw(n, d.seed, epoch, &self.scores_by_position(d.manifest)),
@@ -202,6 +230,9 @@ impl ImportanceStore {
         if self.hot.is_none() {
             self.hot = hot.map(|h| h.min(d.manifest.len() as u64));
         }
+        if let SamplingSpec::Importance { floor, .. } = d.sampling {
+            self.update_hot_set(d.manifest, floor);
+        }
         self.drawn_epoch = Some(epoch);
         let draw = self.draw_now(epoch, d);
         tracing::debug!(epoch, scored = self.scores.len(), hot = ?self.hot, "drew epoch order");
@@ -218,6 +249,11 @@ impl ImportanceStore {
             pending,
             last_seen: sorted(&self.last_seen),
             hot: self.hot,
+            hot_set: {
+                let mut v: Vec<u64> = self.hot_set.iter().copied().collect();
+                v.sort_unstable();
+                v
+            },
         }
     }
 
@@ -228,6 +264,7 @@ impl ImportanceStore {
         self.pending = s.pending.iter().map(|(k, sum, c)| (*k, (*sum, *c))).collect();
         self.last_seen = s.last_seen.iter().copied().collect();
         self.hot = s.hot;
+        self.hot_set = s.hot_set.iter().copied().collect();
     }
 }
 
@@ -259,11 +296,49 @@ mod tests {
         assert_eq!(s.scores.get(&1), Some(&1.5), "0.5·(3·0.5) + 0.5·1.5");
         assert_eq!(s.scores.get(&2), Some(&4.0), "unreported: 8 scaled by the drift 0.5");
         s.report(&[7], &[9.0]);
+        s.hot = Some(2);
+        s.hot_set = [1, 2].into_iter().collect();
         let st = s.state();
+        assert_eq!(st.hot_set, vec![1, 2]);
         let mut t = ImportanceStore::new(0.5);
         t.restore(&st);
         assert_eq!(t.state(), st);
         let json = serde_json::to_string(&st).unwrap_or_default();
         assert_eq!(serde_json::from_str::<ImportanceState>(&json).ok(), Some(st));
+        // A state saved before the hot set was carried still loads (empty set).
+        let old = json.replace(",\"hot_set\":[1,2]", "");
+        assert!(!old.contains("hot_set"));
+        assert_eq!(serde_json::from_str::<ImportanceState>(&old).map(|s| s.hot_set).ok(), Some(vec![]));
+    }
+
+    #[test]
+    fn the_hot_set_is_carried_from_epoch_to_epoch_with_hysteresis() {
+        use std::path::PathBuf;
+        use sluice_core::Location;
+        let n = 8u64;
+        let items = (0..n).map(|i| (Location::File { path: PathBuf::from(format!("{i}")) }, 0, 10)).collect();
+        let manifest = Manifest::new(PathBuf::from("/t"), items, Vec::new());
+        let keys: Vec<u64> = manifest.entries.iter().map(|e| e.key.0).collect();
+        let sampling = SamplingSpec::Importance { floor: 0.05, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 };
+        let d = DrawInputs { manifest: &manifest, seed: 1, shuffle: ShuffleSpec::Global, sampling, shard: Shard::default() };
+        let mut s = ImportanceStore::new(1.0);
+        s.draw(0, Some(2), &d);
+        // Epoch 0's losses: positions 0 and 1 hardest -> the hot set for epoch 1.
+        s.report(&keys, &[5.0, 4.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1]);
+        s.draw(1, Some(2), &d);
+        let hot = |s: &ImportanceStore| -> Vec<usize> { (0..n as usize).filter(|&i| s.hot_set.contains(&keys[i])).collect() };
+        assert_eq!(hot(&s), vec![0, 1]);
+        // Position 2 now slightly above 1 (a near tie): the set stays. (ema 1: scores = latest.)
+        s.report(&keys, &[5.0, 1.0, 1.5, 1.0, 0.1, 0.1, 0.1, 0.1]);
+        s.draw(2, Some(2), &d);
+        assert_eq!(hot(&s), vec![0, 1]);
+        // Position 3 clearly above 1: it takes 1's place.
+        s.report(&keys, &[5.0, 1.0, 1.5, 4.0, 0.1, 0.1, 0.1, 0.1]);
+        let draw = s.draw(3, Some(2), &d);
+        assert_eq!(hot(&s), vec![0, 3]);
+        // Redrawing the epoch (a resumed loader) gives the same order from the same state.
+        let mut t = ImportanceStore::new(1.0);
+        t.restore(&s.state());
+        assert_eq!(t.draw(3, Some(2), &d), draw);
     }
 }

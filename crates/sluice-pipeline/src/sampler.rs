@@ -133,8 +133,8 @@ pub struct ImportanceView<'a> {
     pub scores: &'a [Option<f64>],
     /// Last epoch each position was drawn in; `None` if never.
     pub last_seen: &'a [Option<u64>],
-    /// How many entries the cache holds (its hot set), if there is a cache.
-    pub hot: Option<usize>,
+    /// Which positions are in the cache's hot set (see [`hot_set`]), if there is a cache.
+    pub hot: Option<&'a [bool]>,
 }
 
 /// sluice's importance sampler.
@@ -149,17 +149,23 @@ pub struct ImportanceView<'a> {
 ///   σ = 0). Keys never scored get the mean score: unseen is not unimportant.
 /// * **A floor.** `q_i = (1 − floor)·a_i/Σa + floor/n`: every sample keeps at least
 ///   `floor/n` probability per draw, so none becomes unreachable and no weight exceeds
-///   `1/floor`.
-/// * **A ceiling.** No sample expects more than `max_draws` draws per epoch (the excess
-///   goes to the others, water-filling). Pure loss-proportional sampling lets a handful
-///   of outliers (mislabelled, ambiguous) take most of an epoch: unbiased, but SGD on ten
-///   samples forgets the rest. The ceiling keeps batches diverse; the weights still
-///   follow the actual probabilities, so the estimate stays unbiased.
-/// * **Cost-aware.** Samples outside the cache's hot set (the `hot` highest scores, what
-///   the `importance` cache keeps) have `a_i` multiplied by `miss_discount`: a miss costs a
-///   read and a decode, a hit almost nothing, and for a proposal with unequal costs the
-///   variance-per-second optimum is `q_i ∝ a_i/√cost_i`. The weights correct for it, so it
-///   trades a little variance for time, never bias.
+///   `1/floor`. The floor is also what samples outside the cache mostly live on, so it
+///   sets both the largest weight and (about) the share of misses: the default 0.05
+///   bounds weights by 20 and misses near 2.5% at a cache of half the dataset. (At 0.01,
+///   weights reach 100, and on digits one stale sample drawn with loss 5 at weight 90
+///   outweighed whole epochs and cost 6 points of accuracy.)
+/// * **A ceiling.** No sample expects more than `max_draws` draws per epoch. Pure
+///   loss-proportional sampling lets a handful of outliers (mislabelled, ambiguous) take
+///   most of an epoch: unbiased, but SGD on ten samples forgets the rest. The excess goes
+///   to the uncapped samples *of the hot set* in proportion to their probability
+///   (water-filling, see [`cap_probabilities`]): that raises the effective floor inside
+///   the cache, keeping batches diverse at no I/O cost, instead of turning the excess into
+///   misses. The weights follow the final probabilities, so the estimate stays unbiased.
+/// * **Cost-aware.** Samples outside the cache's hot set (see [`hot_set`]: the highest
+///   scores, with hysteresis; what the `importance` cache keeps) have `a_i` multiplied by
+///   `miss_discount`: a miss costs a read and a decode, a hit almost nothing, and for a
+///   proposal with unequal costs the variance-per-second optimum is `q_i ∝ a_i/√cost_i`.
+///   The weights correct for it, so it trades a little variance for time, never bias.
 /// * **Coverage.** A sample about to go `coverage_epochs` epochs undrawn is forced into
 ///   this epoch, so every sample is seen at least once in any `coverage_epochs`
 ///   consecutive epochs (deadlines are staggered by up to k/5 epochs so they do not all
@@ -175,32 +181,28 @@ pub struct ImportanceView<'a> {
 ///   stays exact and thread count cannot matter.
 pub fn importance_draw(n: usize, seed: u64, epoch: u64, params: ImportanceParams, view: ImportanceView<'_>) -> EpochDraw {
     let ImportanceParams { floor, coverage_epochs, miss_discount, max_draws } = params;
-    let known: Vec<f64> = view.scores.iter().flatten().copied().filter(|s| s.is_finite() && *s >= 0.0).collect();
-    let mean = known.iter().sum::<f64>() / known.len().max(1) as f64;
-    if known.is_empty() || mean <= 0.0 || n == 0 {
+    let Some(mut a) = filled_scores(view.scores, n) else {
         return uniform_draw(n, seed, epoch);
-    }
-    let mut a: Vec<f64> = (0..n)
-        .map(|i| match view.scores.get(i).copied().flatten() {
-            Some(s) if s.is_finite() && s >= 0.0 => s,
-            _ => mean,
-        })
-        .collect();
-    if let Some(hot) = view.hot.filter(|&h| h < n) {
-        let mut by_score: Vec<u32> = (0..n as u32).collect();
-        by_score.sort_by(|&x, &y| a[y as usize].total_cmp(&a[x as usize]).then(x.cmp(&y)));
-        for &i in &by_score[hot..] {
-            a[i as usize] *= miss_discount;
+    };
+    let in_hot: Vec<bool> = match view.hot.filter(|h| h.len() == n) {
+        Some(h) => h.to_vec(),
+        None => vec![true; n],
+    };
+    for (x, &h) in a.iter_mut().zip(&in_hot) {
+        if !h {
+            *x *= miss_discount;
         }
     }
     let total: f64 = a.iter().sum();
     let floor = floor.clamp(f64::MIN_POSITIVE, 1.0);
-    // The ceiling's excess is spread over the uncapped samples in proportion to their
-    // probability, floor included: when outliers are capped, the effective floor rises,
-    // which keeps the weights of rarely drawn samples (1/E[draws]) moderate.
     let mut q: Vec<f64> = a.iter().map(|&x| (1.0 - floor) * x / total + floor / n as f64).collect();
-    cap_probabilities(&mut q, max_draws / n as f64);
+    cap_probabilities(&mut q, max_draws / n as f64, &in_hot);
 
+    finish_draw(n, seed, epoch, coverage_epochs, view, q)
+}
+
+/// Coverage, the draws and the weights, from the final per-draw probabilities `q`.
+fn finish_draw(n: usize, seed: u64, epoch: u64, coverage_epochs: u32, view: ImportanceView<'_>, q: Vec<f64>) -> EpochDraw {
     let k = u64::from(coverage_epochs.max(1));
     // Each sample's deadline comes up to k/5 epochs early, by a fixed per-sample offset:
     // samples last seen together (all of them, in the uniform first epoch) then fall due
@@ -225,34 +227,132 @@ pub fn importance_draw(n: usize, seed: u64, epoch: u64, params: ImportanceParams
     EpochDraw { order, weights: Some(weights), expected }
 }
 
-/// Caps every probability at `cap` and hands the excess to the uncapped ones in
-/// proportion to their probability (water-filling), so the sum stays 1 and the ratios
-/// among uncapped samples (and the floor) are kept.
-fn cap_probabilities(q: &mut [f64], cap: f64) {
+/// Every position's score for the samplers: the reported score where there is a valid
+/// one, the mean of the valid ones elsewhere (unseen is not unimportant). `None` while no
+/// sample has a positive score (the samplers are uniform then).
+fn filled_scores(scores: &[Option<f64>], n: usize) -> Option<Vec<f64>> {
+    let valid = |s: Option<f64>| s.filter(|s| s.is_finite() && *s >= 0.0);
+    let known: Vec<f64> = scores.iter().copied().filter_map(valid).collect();
+    let mean = known.iter().sum::<f64>() / known.len().max(1) as f64;
+    if known.is_empty() || mean <= 0.0 || n == 0 {
+        return None;
+    }
+    Some((0..n).map(|i| valid(scores.get(i).copied().flatten()).unwrap_or(mean)).collect())
+}
+
+/// How many times an outsider's score must exceed an insider's before it takes the
+/// insider's place in the hot set (see [`hot_set`]).
+pub const HOT_SET_MARGIN: f64 = 2.0;
+
+/// An outsider joins the hot set only if score-proportional sampling would give it at
+/// least this many times the floor's share of the draws (see [`hot_set`]).
+pub const PROMOTION_OVER_FLOOR: f64 = 4.0;
+
+/// The cache's hot set for the next epoch: `size` positions, chosen by score with
+/// hysteresis. Without a previous set (or with one of another size) it is the `size`
+/// highest scores. Otherwise the previous set is kept, except that the highest-scoring
+/// outsider replaces the lowest-scoring insider while (a) its score is more than `margin`
+/// times the insider's and (b) it is significant: score-proportional sampling would give
+/// it at least [`PROMOTION_OVER_FLOOR`] times the floor's share, i.e. its score exceeds
+/// `4·floor/(1 − floor)` times the mean; and so on down both lists.
+///
+/// Why not simply the top `size` every epoch: the sampler draws insiders often and
+/// outsiders rarely, so insiders' scores are fresh (and, losses shrinking, mostly
+/// falling) while outsiders' are stale (only drift-scaled). Ranking fresh against stale
+/// each epoch swaps the insiders whose latest loss happened to drop most for outsiders
+/// just under the line, on no new evidence about them; every swap costs a miss the first
+/// time the newcomer is drawn (on digits at 50% cache, 2% of all draws over 30 epochs, up
+/// to 11% in epoch 2). (a) keeps near-ties where they are. (b) stops swaps among the
+/// many samples whose scores are negligible next to the mean (losses are heavy-tailed:
+/// late in training the insider with the lowest score may be 1000× below the mean, so a
+/// ratio alone admits almost anything): such a sample gets mostly floor draws whether it
+/// is hot or not, so promoting it buys little and costs a miss. A sample whose loss is
+/// clearly high (say, one drawn by the floor and found hard) still gets in.
+pub fn hot_set(scores: &[Option<f64>], size: usize, previous: Option<&[bool]>, margin: f64, floor: f64) -> Vec<bool> {
+    let n = scores.len();
+    let a = filled_scores(scores, n).unwrap_or_else(|| vec![0.0; n]);
+    let floor = floor.clamp(0.0, 0.999);
+    let significant = PROMOTION_OVER_FLOOR * floor / (1.0 - floor) * a.iter().sum::<f64>() / n.max(1) as f64;
+    let by_score = |mut v: Vec<usize>, descending: bool| {
+        v.sort_by(|&x, &y| {
+            let c = a[x].total_cmp(&a[y]).then(y.cmp(&x));
+            if descending {
+                c.reverse()
+            } else {
+                c
+            }
+        });
+        v
+    };
+    let mut hot = vec![false; n];
+    let previous = previous.filter(|p| p.len() == n && p.iter().filter(|&&h| h).count() == size.min(n));
+    let Some(prev) = previous else {
+        for i in by_score((0..n).collect(), true).into_iter().take(size) {
+            hot[i] = true;
+        }
+        return hot;
+    };
+    hot.copy_from_slice(prev);
+    let insiders = by_score((0..n).filter(|&i| prev[i]).collect(), false);
+    let outsiders = by_score((0..n).filter(|&i| !prev[i]).collect(), true);
+    for (&o, &i) in outsiders.iter().zip(&insiders) {
+        if a[o] <= margin * a[i] || a[o] <= significant {
+            break;
+        }
+        hot[o] = true;
+        hot[i] = false;
+    }
+    hot
+}
+
+/// Caps every probability at `cap` and hands the excess to the uncapped samples of the
+/// hot set (`receives`) in proportion to their probability, floor included
+/// (water-filling); only once every hot sample is capped does the rest go to the others,
+/// the same way. The sum stays 1 and the ratios within each group are kept.
+///
+/// Where the excess goes is free as far as bias goes (the weights follow the final
+/// probabilities), but not for time or variance: spread over the whole dataset it would
+/// turn into misses (on digits at 50% cache it put 3–5% of each late epoch's draws on
+/// samples outside the cache); spread over the hot set in proportion to probability it
+/// raises the effective floor *inside the cache*, which keeps batches diverse (many
+/// distinct cached samples per epoch, not a few hundred hard ones drawn 4 times) at no
+/// I/O cost.
+fn cap_probabilities(q: &mut [f64], cap: f64, receives: &[bool]) {
     if cap * q.len() as f64 <= 1.0 {
         return;
     }
-    for _ in 0..64 {
-        let mut excess = 0.0;
-        let mut free = 0.0;
-        for p in q.iter_mut() {
-            if *p > cap {
-                excess += *p - cap;
-                *p = cap;
-            } else if *p < cap {
-                free += *p;
-            }
-        }
-        if excess <= 1e-15 || free <= 0.0 {
+    let (hot, rest): (Vec<usize>, Vec<usize>) = (0..q.len()).partition(|&i| receives.get(i).copied().unwrap_or(true));
+    let mut rest_mass = 0.0;
+    for &i in &rest {
+        q[i] = q[i].min(cap);
+        rest_mass += q[i];
+    }
+    let hot_target = 1.0 - rest_mass;
+    if hot_target <= hot.len() as f64 * cap {
+        water_fill(q, &hot, hot_target, cap);
+    } else {
+        hot.iter().for_each(|&i| q[i] = cap);
+        water_fill(q, &rest, 1.0 - hot.len() as f64 * cap, cap);
+    }
+}
+
+/// Scales the probabilities of `members` so that they sum to `target` with none above
+/// `cap`: the largest are set to `cap`, the others multiplied by one common factor
+/// (exact water-filling, O(m log m)).
+fn water_fill(q: &mut [f64], members: &[usize], target: f64, cap: f64) {
+    let mut by_p: Vec<usize> = members.to_vec();
+    by_p.sort_by(|&x, &y| q[y].total_cmp(&q[x]).then(x.cmp(&y)));
+    let mut rest: f64 = by_p.iter().map(|&i| q[i]).sum();
+    for (j, &i) in by_p.iter().enumerate() {
+        let scale = (target - j as f64 * cap) / rest;
+        if rest > 0.0 && scale * q[i] <= cap {
+            by_p[..j].iter().for_each(|&k| q[k] = cap);
+            by_p[j..].iter().for_each(|&k| q[k] *= scale);
             return;
         }
-        let scale = 1.0 + excess / free;
-        for p in q.iter_mut() {
-            if *p < cap {
-                *p *= scale;
-            }
-        }
+        rest -= q[i];
     }
+    by_p.iter().for_each(|&k| q[k] = cap);
 }
 
 /// FastMatch's Algorithm 1, faithfully: scores normalised `(g − median)/IQR`, a Gaussian
@@ -428,6 +528,67 @@ mod tests {
         assert!(uncapped.expected[3] > 50.0, "without the ceiling one outlier takes half the epoch");
     }
 
+    #[test]
+    fn the_ceilings_excess_goes_to_the_hot_set_not_to_samples_outside_the_cache() {
+        let n = 100;
+        let mut scores = vec![Some(0.01); n];
+        scores[3] = Some(1000.0);
+        scores[7] = Some(500.0);
+        let seen = vec![Some(0u64); n];
+        let hot: Vec<bool> = (0..n).map(|i| i < 50).collect();
+        let view = ImportanceView { scores: &scores, last_seen: &seen, hot: Some(&hot) };
+        let (floor, disc) = (0.05, 0.1);
+        let params = ImportanceParams { floor, coverage_epochs: 100, miss_discount: disc, max_draws: 4.0 };
+        let d = importance_draw(n, 1, 1, params, view);
+        // Outside the hot set: exactly the pre-ceiling probability (floor + discounted score).
+        let total = 1000.0 + 500.0 + 48.0 * 0.01 + 50.0 * 0.01 * disc;
+        let cold = n as f64 * ((1.0 - floor) * 0.01 * disc / total + floor / n as f64);
+        for i in 50..n {
+            assert!((d.expected[i] - cold).abs() < 1e-9, "sample {i}: {} vs {cold}", d.expected[i]);
+        }
+        // The hot set absorbs the rest: capped outliers, every other hot sample raised alike.
+        assert!((d.expected[3] - 4.0).abs() < 1e-9 && (d.expected[7] - 4.0).abs() < 1e-9);
+        let hot_rest = (n as f64 - 8.0 - 50.0 * cold) / 48.0;
+        assert!((0..50).filter(|i| ![3, 7].contains(i)).all(|i| (d.expected[i] - hot_rest).abs() < 1e-9));
+        assert!(hot_rest > 10.0 * cold, "hot {hot_rest} cold {cold}");
+        assert!((d.expected.iter().sum::<f64>() - n as f64).abs() < 1e-6);
+        assert!(d.weights.unwrap_or_default().iter().all(|&w| w <= (1.0 / floor) as f32 + 1e-3));
+    }
+
+    #[test]
+    fn the_hot_set_keeps_near_ties_and_admits_clearly_higher_significant_scores() {
+        let n = 10;
+        // Mean score 0.69: with floor 0.05 an outsider must score above 4·0.05/0.95·0.69 ≈ 0.145.
+        let base = [3.0, 2.0, 1.0, 0.5, 0.1, 0.09, 0.08, 0.07, 0.06, 0.0];
+        let scores: Vec<Option<f64>> = base.iter().map(|&x| Some(x)).collect();
+        let top = hot_set(&scores, 4, None, HOT_SET_MARGIN, 0.05);
+        assert_eq!(top, (0..n).map(|i| i < 4).collect::<Vec<_>>(), "no previous set: the top 4");
+        // Previous set {0, 1, 2, 5}: 3 (0.5) vs the lowest insider 5 (0.09): > 2× and
+        // significant, so it is swapped in.
+        let prev: Vec<bool> = (0..n).map(|i| [0, 1, 2, 5].contains(&i)).collect();
+        assert_eq!(hot_set(&scores, 4, Some(&prev), HOT_SET_MARGIN, 0.05), top);
+        // Previous set {0, 1, 3, 4} with 2 (1.0) outside: 1.0 > 2·0.1, so 2 replaces 4.
+        let prev: Vec<bool> = (0..n).map(|i| [0, 1, 3, 4].contains(&i)).collect();
+        assert_eq!(hot_set(&scores, 4, Some(&prev), HOT_SET_MARGIN, 0.05), top);
+        // A near tie stays: set {0, 1, 2, 4}; outsider 3 (0.5) is more than 2× 4 (0.1)...
+        let prev: Vec<bool> = (0..n).map(|i| [0, 1, 2, 4].contains(&i)).collect();
+        assert_eq!(hot_set(&scores, 4, Some(&prev), HOT_SET_MARGIN, 0.05), top);
+        // ...but with 4 at 0.3 it is not: no swap.
+        let mut tie = base;
+        tie[4] = 0.3;
+        let tie: Vec<Option<f64>> = tie.iter().map(|&x| Some(x)).collect();
+        assert_eq!(hot_set(&tie, 4, Some(&prev), HOT_SET_MARGIN, 0.05), prev);
+        // Insignificant outsiders do not churn the set, however large the ratio: set
+        // {0, 1, 2, 9} keeps 9 (score 0) against 4 (0.1, below the threshold, now ≈ 0.135).
+        let prev: Vec<bool> = (0..n).map(|i| [0, 1, 2, 9].contains(&i)).collect();
+        let mut low = base;
+        low[3] = 0.0;
+        let low: Vec<Option<f64>> = low.iter().map(|&x| Some(x)).collect();
+        assert_eq!(hot_set(&low, 4, Some(&prev), HOT_SET_MARGIN, 0.05), prev);
+        // A previous set of another size is ignored.
+        assert_eq!(hot_set(&scores, 3, Some(&prev), HOT_SET_MARGIN, 0.05).iter().filter(|&&h| h).count(), 3);
+    }
+
     fn heavy_tailed(n: usize) -> Vec<Option<f64>> {
         (0..n).map(|i| Some(if i % 10 == 0 { 5.0 } else { 0.01 + (i % 7) as f64 * 0.01 })).collect()
     }
@@ -474,7 +635,7 @@ mod tests {
         let mut last_seen: Vec<Option<u64>> = vec![None; n];
         let mut seen_in: Vec<Vec<bool>> = Vec::new();
         for e in 0..20u64 {
-            let d = importance_draw(n, 9, e, p(0.001, k, 0.3), ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(20) });
+            let d = importance_draw(n, 9, e, p(0.001, k, 0.3), ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(&hot_set(&scores, 20, None, HOT_SET_MARGIN, 0.001)) });
             assert_eq!(d.order.len(), n);
             let mut seen = vec![false; n];
             for &i in &d.order {
@@ -497,7 +658,8 @@ mod tests {
         let losses: Vec<f64> = (0..n).map(|i| scores[i].unwrap_or(0.0) * 0.8 + (i % 3) as f64 * 0.05).collect();
         let uniform_mean = losses.iter().sum::<f64>() / n as f64;
         let last_seen: Vec<Option<u64>> = (0..n).map(|i| Some((i % 6) as u64)).collect();
-        let view = ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(60) };
+        let hot60 = hot_set(&scores, 60, None, HOT_SET_MARGIN, 0.05);
+        let view = ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(&hot60) };
         // Exactly, in expectation: Σ_i c_i · w_i · L_i / n equals the uniform mean.
         let d = importance_draw(n, 5, 7, p(0.05, 4, 0.3), view);
         let exact: f64 = (0..n).map(|i| d.expected[i] * (1.0 / d.expected[i]) * losses[i]).sum::<f64>() / n as f64;
@@ -522,7 +684,8 @@ mod tests {
         let n = 64;
         let scores = heavy_tailed(n);
         let seen = vec![Some(0u64); n];
-        let v = ImportanceView { scores: &scores, last_seen: &seen, hot: Some(10) };
+        let hot10 = hot_set(&scores, 10, None, HOT_SET_MARGIN, 0.02);
+        let v = ImportanceView { scores: &scores, last_seen: &seen, hot: Some(&hot10) };
         assert_eq!(importance_draw(n, 1, 2, p(0.02, 5, 0.3), v), importance_draw(n, 1, 2, p(0.02, 5, 0.3), v));
         assert_ne!(importance_draw(n, 1, 2, p(0.02, 5, 0.3), v).order, importance_draw(n, 1, 3, p(0.02, 5, 0.3), v).order);
     }

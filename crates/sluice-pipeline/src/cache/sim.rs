@@ -63,7 +63,7 @@ pub fn sampler_for(policy: CachePolicyKind) -> SamplingSpec {
         CachePolicyKind::Lru => SamplingSpec::Uniform,
         CachePolicyKind::Shade => SamplingSpec::Shade,
         CachePolicyKind::Fastmatch => SamplingSpec::Fastmatch,
-        CachePolicyKind::Importance => SamplingSpec::Importance { floor: 0.01, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 },
+        CachePolicyKind::Importance => SamplingSpec::Importance { floor: 0.05, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 },
     }
 }
 
