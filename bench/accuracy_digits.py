@@ -30,6 +30,8 @@ import numpy as np
 
 SIZE = 28
 VARIANTS = ["uniform", "lru", "shade", "fastmatch", "importance"]
+#: Loader threads (the results do not depend on it: pixels and orders are thread-independent).
+THREADS = [1]
 #: Extra `sampling` fields for the importance variant (--importance '{"floor": 0.05}').
 IMPORTANCE_OVERRIDES: Dict[str, Any] = {}
 
@@ -68,7 +70,7 @@ def base_spec(root: Path, seed: int, train: bool) -> Dict[str, Any]:
         "shuffle": {"kind": "global" if train else "none"},
         "batch": {"size": 64 if train else 512},
         "seed": seed,
-        "threads": 2,
+        "threads": THREADS[0],
     }
 
 
@@ -151,10 +153,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    ap.add_argument("--threads", type=int, default=1, help="loader threads (results do not depend on it)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--importance", default="{}", help="JSON of sampling fields for the importance variant")
     a = ap.parse_args(argv)
     IMPORTANCE_OVERRIDES.update(json.loads(a.importance))
+    THREADS[0] = a.threads
 
     import torch
 
