@@ -274,7 +274,7 @@ mod tests {
                 let mut d = JpegDecoder::new(LIMIT).unwrap();
                 let (mut cut, mut whole) = (Vec::new(), Vec::new());
                 let mut cuts = 0;
-                for i in 0..40 {
+                for i in 0..300 {
                     let (cw, ch) = (1.0 + rng.next(w - 1), 1.0 + rng.next(h - 1));
                     let rect = SubRect {
                         left: rng.next(w - cw as u32),
