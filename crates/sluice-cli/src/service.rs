@@ -45,9 +45,27 @@ struct ServeArgs {
     /// Interface for the metrics endpoint (0.0.0.0 inside a pod).
     #[arg(long, default_value = "127.0.0.1")]
     metrics_host: String,
+    /// Serve over TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+/// `--tls-ca`, else `SLUICE_TLS_CA`.
+fn tls_ca(flag: Option<PathBuf>) -> Option<PathBuf> {
+    flag.or_else(|| std::env::var_os("SLUICE_TLS_CA").filter(|v| !v.is_empty()).map(PathBuf::from))
 }
 
 impl ServeArgs {
+    fn tls(&self) -> Option<sluice_service::TlsFiles> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(sluice_service::TlsFiles { cert: cert.clone(), key: key.clone() }),
+            _ => None,
+        }
+    }
+
     fn metrics_listen(&self) -> Option<String> {
         self.metrics_port.map(|p| format!("{}:{p}", self.metrics_host))
     }
@@ -73,6 +91,7 @@ pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
         listen: a.listen,
         journal: a.journal,
         metrics_listen: a.serve.metrics_listen(),
+        tls: a.serve.tls(),
         allow_roots: roots(a.serve.allow_root)?,
         token: token(a.serve.token),
     };
@@ -100,6 +119,9 @@ pub struct WorkerArgs {
     /// Decode threads per job (default: the spec's `threads`).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// CA (PEM) of the dispatcher's certificate: reach it over TLS (default: $SLUICE_TLS_CA).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
     #[command(flatten)]
     serve: ServeArgs,
 }
@@ -112,6 +134,8 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
         advertise_data: a.advertise_data,
         dispatcher: a.dispatcher,
         metrics_listen: a.serve.metrics_listen(),
+        tls: a.serve.tls(),
+        dispatcher_ca: tls_ca(a.tls_ca),
         allow_roots: roots(a.serve.allow_root)?,
         token: token(a.serve.token),
         threads: a.threads,
@@ -140,6 +164,14 @@ pub struct UpArgs {
     /// Metrics: the dispatcher on PORT, worker i on PORT+1+i.
     #[arg(long)]
     metrics_port: Option<u16>,
+    /// TLS for the dispatcher and every worker: certificate chain (PEM; valid for the
+    /// listen addresses), its key, and the CA workers check the dispatcher's against.
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
 }
 
 struct Supervised {
@@ -161,10 +193,17 @@ pub fn up(a: UpArgs) -> Result<()> {
         root_args.push("--allow-root".to_string());
         root_args.push(r.display().to_string());
     }
+    let mut tls_args = Vec::new();
+    for (flag, v) in [("--tls-cert", &a.tls_cert), ("--tls-key", &a.tls_key)] {
+        if let Some(p) = v {
+            tls_args.extend([flag.to_string(), p.display().to_string()]);
+        }
+    }
     let mut specs: Vec<(String, Vec<String>)> = Vec::new();
     let mut d = vec!["dispatcher".into(), "--listen".into(), a.listen.clone(), "--journal".into()];
     d.push(a.journal.display().to_string());
     d.extend(root_args.iter().cloned());
+    d.extend(tls_args.iter().cloned());
     if let Some(p) = a.metrics_port {
         d.extend(["--metrics-port".into(), p.to_string()]);
     }
@@ -173,6 +212,10 @@ pub fn up(a: UpArgs) -> Result<()> {
         let mut w = vec!["worker".into(), "--dispatcher".into(), a.listen.clone(), "--threads".into()];
         w.push(threads.to_string());
         w.extend(root_args.iter().cloned());
+        w.extend(tls_args.iter().cloned());
+        if let Some(ca) = &a.tls_ca {
+            w.extend(["--tls-ca".to_string(), ca.display().to_string()]);
+        }
         if let Some(p) = a.metrics_port {
             w.extend(["--metrics-port".into(), (p as usize + 1 + i).to_string()]);
         }
@@ -253,6 +296,9 @@ pub struct RemoteRunArgs {
     epochs: u64,
     #[arg(long)]
     token: Option<String>,
+    /// CA (PEM) of the service's certificates: talk TLS (default: $SLUICE_TLS_CA).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
 }
 
 /// Reads epochs of a job through the service and reports throughput, checking that every
@@ -261,6 +307,7 @@ pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
     let spec = sluice_core::PipelineSpec::from_path(&a.spec)?;
     let mut options = sluice_service::RemoteOptions::new(a.dispatcher, a.job);
     options.token = token(a.token);
+    options.tls_ca = tls_ca(a.tls_ca);
     let mut loader = sluice_service::RemoteLoader::connect(&spec, options)?;
     let info = loader.job().clone();
     println!(

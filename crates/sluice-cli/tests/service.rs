@@ -484,3 +484,63 @@ fn sluice_up_serves_a_job_with_its_own_worker_processes() {
     });
     assert!(stopped, "the dispatcher still listens after `sluice up` stopped");
 }
+
+/// A CA and a server certificate it signed for 127.0.0.1 and localhost, as PEM files
+/// (generated here: nothing is downloaded). Returns (ca, cert, key).
+fn test_certs(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "sluice test CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.subject_alt_names.push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    let paths = (dir.join("ca.pem"), dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, cert.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
+
+#[test]
+fn tls_on_both_planes_serves_a_job_and_clients_without_the_ca_are_refused() {
+    let _watchdog = watchdog("tls_on_both_planes_serves_a_job_and_clients_without_the_ca_are_refused", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let (ca, cert, key) = test_certs(dir.path());
+    let (ca_s, cert_s, key_s) = (ca.to_str().unwrap(), cert.to_str().unwrap(), key.to_str().unwrap());
+    let addr = free_addr();
+    let tls = ["--tls-cert", cert_s, "--tls-key", key_s];
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &tls);
+    let _w = worker(&addr, &root, &[&tls[..], &["--tls-ca", ca_s]].concat());
+
+    // With the CA: control and data both over TLS (the client has no plain fallback).
+    let mut o = options(&addr, "tls");
+    o.tls_ca = Some(ca.clone());
+    let mut loader = RemoteLoader::connect(&spec(&root, 0), o).unwrap();
+    let keys: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
+    assert_exactly_once(keys, "a job over TLS");
+
+    // Plain TCP to a TLS dispatcher: refused, with an error saying so.
+    let mut plain = options(&addr, "plain");
+    plain.give_up_after = Duration::from_millis(500);
+    let e = RemoteLoader::connect(&spec(&root, 0), plain).err().expect("a plain client is refused").to_string();
+    assert!(e.contains("gave up") || e.contains("CreateJob"), "{e}");
+
+    // A CA that did not sign the server's certificate: refused too.
+    let other = tempfile::tempdir().unwrap();
+    let (other_ca, _, _) = test_certs(other.path());
+    let mut wrong = options(&addr, "wrong-ca");
+    wrong.tls_ca = Some(other_ca);
+    wrong.give_up_after = Duration::from_millis(500);
+    assert!(RemoteLoader::connect(&spec(&root, 0), wrong).is_err(), "a certificate from another CA is not trusted");
+
+    // A missing CA file is a clear error at once.
+    let mut missing = options(&addr, "missing-ca");
+    missing.tls_ca = Some(dir.path().join("nope.pem"));
+    let e = RemoteLoader::connect(&spec(&root, 0), missing).err().expect("no CA file").to_string();
+    assert!(e.contains("cannot read the TLS CA certificate"), "{e}");
+}

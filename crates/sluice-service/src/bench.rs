@@ -193,7 +193,7 @@ pub fn tcp_data_plane(samples: usize, side: usize, batches: u64, streams: u64) -
         let addr = listener.local_addr().map_err(io_err("addr"))?.to_string();
         let start: crate::dataplane::StartTask =
             Arc::new(move |req| Box::pin(async move { Ok(noop_batches(req, samples, side)) }));
-        let server = tokio::spawn(crate::dataplane::serve(listener, start, None));
+        let server = tokio::spawn(crate::dataplane::serve(listener, start, None, None));
         let t0 = Instant::now();
         let per = batches / streams.max(1);
         let mut tasks = Vec::new();
@@ -201,7 +201,7 @@ pub fn tcp_data_plane(samples: usize, side: usize, batches: u64, streams: u64) -
             let addr = addr.clone();
             tasks.push(tokio::spawn(async move {
                 let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per };
-                let mut stream = crate::dataplane::TaskStream::open(&addr, None, &req).await?;
+                let mut stream = crate::dataplane::TaskStream::open(&addr, None, &req, None).await?;
                 let mut bytes = 0u64;
                 while let Some(b) = stream.next().await? {
                     bytes += b.images.as_bytes().len() as u64;
@@ -241,7 +241,7 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
     let addr = addr.to_string();
     let token = token.map(str::to_string);
     rt.block_on(async move {
-        let mut control = dispatcher_client(&addr, token.as_deref())?;
+        let mut control = dispatcher_client(&addr, token.as_deref(), None)?;
         let wid = control
             .register_worker(RegisterWorkerRequest { addr: "127.0.0.1:9".into(), data_addr: String::new() })
             .await
@@ -266,7 +266,7 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
         let deadline = Instant::now() + Duration::from_secs_f64(seconds);
         let mut handles = Vec::new();
         for c in 0..clients {
-            let mut d = dispatcher_client(&addr, token.as_deref())?;
+            let mut d = dispatcher_client(&addr, token.as_deref(), None)?;
             handles.push(tokio::spawn(async move {
                 let client_id = format!("load-{c}");
                 let mut epoch = 0u64;

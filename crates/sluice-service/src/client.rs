@@ -8,6 +8,7 @@
 //! can never reach the trainer twice in an epoch.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,6 +27,7 @@ use crate::error::ServiceError;
 use crate::proto::worker::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::security::TokenAttach;
+use crate::tls::ClientTls;
 use crate::wire::message_to_batch;
 use crate::worker::{dispatcher_client, DispatcherConn};
 use crate::MAX_MESSAGE_BYTES;
@@ -45,6 +47,9 @@ pub struct RemoteOptions {
     pub give_up_after: Duration,
     /// How batches travel from workers.
     pub data_plane: DataPlane,
+    /// The CA (PEM) of the service's certificates: talk TLS to the dispatcher and workers
+    /// (default: $SLUICE_TLS_CA; none: plain TCP).
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// The transport for batches; control always uses gRPC.
@@ -67,6 +72,7 @@ impl RemoteOptions {
             task_batches: 0,
             give_up_after: Duration::from_secs(60),
             data_plane: DataPlane::Tcp,
+            tls_ca: std::env::var_os("SLUICE_TLS_CA").filter(|v| !v.is_empty()).map(PathBuf::from),
         }
     }
 }
@@ -88,6 +94,7 @@ struct Conn {
     token: TokenAttach,
     raw_token: Option<String>,
     data_plane: DataPlane,
+    tls: Option<ClientTls>,
     workers: Mutex<HashMap<String, WorkerConn>>,
     give_up_after: Duration,
     job_id: u64,
@@ -105,14 +112,17 @@ impl Conn {
         if let Some(w) = map.get(addr) {
             return Ok(w.clone());
         }
-        let uri = format!("http://{addr}");
-        let channel = Endpoint::from_shared(uri.clone())
+        let uri = format!("{}://{addr}", if self.tls.is_some() { "https" } else { "http" });
+        let mut endpoint = Endpoint::from_shared(uri.clone())
             .map_err(|e| ServiceError::Connect { addr: uri.clone(), message: e.to_string() })?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(8 << 20))
-            .initial_connection_window_size(Some(32 << 20))
-            .connect_lazy();
+            .initial_connection_window_size(Some(32 << 20));
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint.tls_config(tls.grpc(addr)).map_err(|e| ServiceError::Tls(format!("worker {addr}: {e}")))?;
+        }
+        let channel = endpoint.connect_lazy();
         let client = WorkerClient::with_interceptor(channel, self.token.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -214,9 +224,10 @@ impl RemoteLoader {
             .build()
             .map_err(|e| ServiceError::Internal(format!("cannot start the client runtime: {e}")))?;
         let token = TokenAttach::new(options.token.as_deref())?;
+        let tls = options.tls_ca.as_deref().map(ClientTls::load).transpose()?;
         let dispatcher = {
             let _g = rt.enter();
-            dispatcher_client(&options.dispatcher, options.token.as_deref())?
+            dispatcher_client(&options.dispatcher, options.token.as_deref(), tls.as_ref())?
         };
         let client_id = format!(
             "{}-{}-{:x}",
@@ -229,6 +240,7 @@ impl RemoteLoader {
             token,
             raw_token: options.token.clone().filter(|t| !t.is_empty()),
             data_plane: options.data_plane,
+            tls,
             workers: Mutex::new(HashMap::new()),
             give_up_after: options.give_up_after,
             job_id: 0,
@@ -552,7 +564,7 @@ async fn run_task(
     let outcome: Result<(), Status> = async {
         let req = RunTaskRequest { job_id: task.job_id, epoch: task.epoch, start: task.start, end: task.end };
         let mut source = if conn.data_plane == DataPlane::Tcp && !task.worker_data_addr.is_empty() {
-            Source::Tcp(TaskStream::open(&task.worker_data_addr, conn.raw_token.as_deref(), &req).await?)
+            Source::Tcp(TaskStream::open(&task.worker_data_addr, conn.raw_token.as_deref(), &req, conn.tls.as_ref()).await?)
         } else {
             let mut worker = conn.worker(&task.worker_addr).map_err(Status::from)?;
             Source::Grpc(Box::new(worker.run_task(req).await?.into_inner()))

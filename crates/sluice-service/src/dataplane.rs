@@ -10,6 +10,7 @@
 //!   `2` end of task;
 //!   `3` error: u32 gRPC status code, u32 message length, message (UTF-8).
 //! Integers are little-endian. Sizes are bounded before anything is allocated.
+//! With TLS configured the same bytes travel inside a rustls session.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,7 +19,7 @@ use std::time::Duration;
 
 use prost::Message;
 use sluice_core::{Batch, TensorData};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
@@ -26,6 +27,7 @@ use tonic::{Code, Status};
 use crate::error::ServiceError;
 use crate::proto::{dtype, layout, BatchMessage, RunTaskRequest};
 use crate::security::constant_time_eq;
+use crate::tls::ClientTls;
 use crate::wire::message_to_batch;
 use crate::MAX_MESSAGE_BYTES;
 
@@ -48,8 +50,18 @@ pub type StartTask = Arc<
         + Sync,
 >;
 
-/// Serves the data plane on `listener` until the runtime stops.
-pub async fn serve(listener: TcpListener, service: StartTask, token: Option<String>) {
+/// A connection, plain or inside TLS.
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// Serves the data plane on `listener` until the runtime stops; with `tls`, every
+/// connection must open a TLS session first.
+pub async fn serve(
+    listener: TcpListener,
+    service: StartTask,
+    token: Option<String>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) {
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -61,7 +73,25 @@ pub async fn serve(listener: TcpListener, service: StartTask, token: Option<Stri
         };
         let service = service.clone();
         let token = token.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
+            if let Err(e) = sock.set_nodelay(true) {
+                tracing::debug!(%peer, error = %e, "data plane: nodelay");
+            }
+            let sock: Box<dyn Io> = match tls {
+                None => Box::new(sock),
+                Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
+                    Ok(Ok(s)) => Box::new(s),
+                    Ok(Err(e)) => {
+                        tracing::warn!(%peer, error = %e, "data plane: TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::warn!(%peer, "data plane: no TLS handshake within 10 s");
+                        return;
+                    }
+                },
+            };
             if let Err(e) = connection(sock, service, token.as_deref()).await {
                 tracing::debug!(%peer, error = %e, "data plane connection ended");
             }
@@ -127,9 +157,8 @@ fn header(b: &Batch) -> BatchMessage {
     }
 }
 
-async fn connection(sock: TcpStream, service: StartTask, token: Option<&str>) -> std::io::Result<()> {
-    sock.set_nodelay(true)?;
-    let (r, w) = sock.into_split();
+async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) -> std::io::Result<()> {
+    let (r, w) = tokio::io::split(sock);
     let mut r = BufReader::new(r);
     let mut w = BufWriter::with_capacity(64 << 10, w);
     let req = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut r, token)).await {
@@ -158,22 +187,34 @@ async fn connection(sock: TcpStream, service: StartTask, token: Option<&str>) ->
         }
     }
     w.write_u8(KIND_END).await?;
-    w.flush().await
+    w.flush().await?;
+    // Close the TLS session cleanly (a plain socket just shuts its write side).
+    w.shutdown().await
 }
 
 /// A task's batches from a worker's data plane, one at a time.
 pub struct TaskStream {
-    r: BufReader<TcpStream>,
+    r: BufReader<Box<dyn Io>>,
     done: bool,
 }
 
 impl TaskStream {
-    pub async fn open(addr: &str, token: Option<&str>, req: &RunTaskRequest) -> Result<Self, Status> {
+    /// Opens a task's stream; with `tls`, inside a TLS session checked against its CA.
+    pub async fn open(addr: &str, token: Option<&str>, req: &RunTaskRequest, tls: Option<&ClientTls>) -> Result<Self, Status> {
         let sock = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
             .await
             .map_err(|_| Status::unavailable(format!("data plane {addr}: connect timed out")))?
             .map_err(io_status)?;
         sock.set_nodelay(true).map_err(io_status)?;
+        let sock: Box<dyn Io> = match tls {
+            None => Box::new(sock),
+            Some(tls) => Box::new(
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(addr, sock))
+                    .await
+                    .map_err(|_| Status::unavailable(format!("data plane {addr}: TLS handshake timed out")))?
+                    .map_err(|e| Status::unavailable(format!("data plane {addr}: TLS: {e}")))?,
+            ),
+        };
         let mut hello = Vec::with_capacity(64);
         hello.extend_from_slice(MAGIC);
         let t = token.unwrap_or("").as_bytes();
@@ -184,6 +225,7 @@ impl TaskStream {
         hello.extend_from_slice(&body);
         let mut r = BufReader::with_capacity(64 << 10, sock);
         r.get_mut().write_all(&hello).await.map_err(io_status)?;
+        r.get_mut().flush().await.map_err(io_status)?;
         Ok(Self { r, done: false })
     }
 
@@ -277,9 +319,9 @@ mod tests {
     async fn batches_arrive_in_order_and_bad_tokens_and_garbage_are_refused() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(serve(listener, start(), Some("tok".into())));
+        tokio::spawn(serve(listener, start(), Some("tok".into()), None));
         let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6 };
-        let mut s = TaskStream::open(&addr, Some("tok"), &req).await.unwrap();
+        let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
         let mut got = Vec::new();
         while let Some(b) = s.next().await.unwrap() {
             assert_eq!((b.epoch, b.layout, b.images.shape.clone()), (2, Layout::Chw, vec![1, 2, 2, 3]));
@@ -287,18 +329,18 @@ mod tests {
         }
         assert_eq!(got, vec![3, 4, 5]);
 
-        let mut s = TaskStream::open(&addr, Some("nope"), &req).await.unwrap();
+        let mut s = TaskStream::open(&addr, Some("nope"), &req, None).await.unwrap();
         assert_eq!(s.next().await.unwrap_err().code(), Code::Unauthenticated);
 
         let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99 };
-        let mut s = TaskStream::open(&addr, Some("tok"), &bad).await.unwrap();
+        let mut s = TaskStream::open(&addr, Some("tok"), &bad, None).await.unwrap();
         assert!(s.next().await.unwrap().is_some());
         let e = s.next().await.unwrap_err();
         assert_eq!((e.code(), e.message()), (Code::FailedPrecondition, "bad sample #3"));
 
         let mut raw = TcpStream::connect(&addr).await.unwrap();
         raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-        let mut r = TaskStream { r: BufReader::new(raw), done: false };
+        let mut r = TaskStream { r: BufReader::new(Box::new(raw)), done: false };
         assert_eq!(r.next().await.unwrap_err().code(), Code::InvalidArgument);
     }
 }

@@ -34,6 +34,9 @@ pub enum ServiceError {
         #[source]
         status: Box<Status>,
     },
+    /// A certificate, key or CA file that is missing or not usable.
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("malformed batch from worker: {0}")]
     BadBatch(String),
     #[error("gave up after {seconds:.0} s without reaching the dispatcher: {last}")]
@@ -65,6 +68,7 @@ impl From<ServiceError> for Status {
             ServiceError::Rpc { status, .. } => status.code(),
             ServiceError::Unavailable { .. } | ServiceError::Connect { .. } => Code::Unavailable,
             ServiceError::Interrupted => Code::Cancelled,
+            ServiceError::Tls(_) => Code::FailedPrecondition,
             _ => Code::Internal,
         };
         Status::new(code, e.to_string())

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod process;
 pub mod proto;
 pub mod security;
+pub mod tls;
 pub mod wire;
 pub mod worker;
 
@@ -20,6 +21,7 @@ pub use client::{DataPlane, RemoteLoader, RemoteOptions, RemoteState};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::ServiceError;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
+pub use tls::{ClientTls, ServerTls, TlsFiles};
 pub use worker::{run_worker, WorkerConfig};
 
 /// Largest gRPC message either side sends or accepts: a batch of 256 f32 images at

@@ -27,6 +27,7 @@ use crate::proto::dispatcher::dispatcher_client::DispatcherClient;
 use crate::proto::worker::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenAttach, TokenCheck};
+use crate::tls::{ClientTls, ServerTls, TlsFiles};
 use crate::wire::batch_to_message;
 use crate::MAX_MESSAGE_BYTES;
 
@@ -47,18 +48,31 @@ pub struct WorkerConfig {
     pub metrics_listen: Option<String>,
     /// Decode threads per job; 0 keeps the spec's own setting.
     pub threads: usize,
+    /// Serve gRPC and the data plane over TLS with this certificate and key.
+    pub tls: Option<TlsFiles>,
+    /// The CA of the dispatcher's certificate: reach it over TLS.
+    pub dispatcher_ca: Option<PathBuf>,
 }
 
 pub type DispatcherConn = DispatcherClient<InterceptedService<Channel, TokenAttach>>;
 
-/// A lazily connecting, reconnecting client of the dispatcher.
-pub fn dispatcher_client(addr: &str, token: Option<&str>) -> Result<DispatcherConn, ServiceError> {
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let channel = Endpoint::from_shared(uri.clone())
+/// A lazily connecting, reconnecting client of the dispatcher; over TLS with `tls`.
+pub fn dispatcher_client(addr: &str, token: Option<&str>, tls: Option<&ClientTls>) -> Result<DispatcherConn, ServiceError> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let uri = match addr.split_once("://") {
+        Some((_, rest)) => format!("{scheme}://{rest}"),
+        None => format!("{scheme}://{addr}"),
+    };
+    let mut endpoint = Endpoint::from_shared(uri.clone())
         .map_err(|e| ServiceError::Connect { addr: uri.clone(), message: e.to_string() })?
         .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true)
-        .connect_lazy();
+        .tcp_nodelay(true);
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.grpc(addr))
+            .map_err(|e| ServiceError::Tls(format!("dispatcher {addr}: {e}")))?;
+    }
+    let channel = endpoint.connect_lazy();
     Ok(DispatcherClient::with_interceptor(channel, TokenAttach::new(token)?)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES))
@@ -100,7 +114,10 @@ impl WorkerService {
     pub fn new(config: &WorkerConfig) -> Result<Self, ServiceError> {
         Ok(Self {
             inner: Arc::new(Inner {
-                dispatcher: dispatcher_client(&config.dispatcher, config.token.as_deref())?,
+                dispatcher: {
+                    let ca = config.dispatcher_ca.as_deref().map(ClientTls::load).transpose()?;
+                    dispatcher_client(&config.dispatcher, config.token.as_deref(), ca.as_ref())?
+                },
                 roots: AllowedRoots::new(&config.allow_roots)?,
                 threads: config.threads,
                 jobs: tokio::sync::Mutex::new(HashMap::new()),
@@ -318,6 +335,7 @@ pub async fn run_worker(
     on_listening: impl FnOnce(std::net::SocketAddr),
 ) -> Result<(), ServiceError> {
     let service = WorkerService::new(&config)?;
+    let tls = config.tls.as_ref().map(ServerTls::load).transpose()?;
     if let Some(addr) = &config.metrics_listen {
         let s = service.clone();
         let bound = metrics::serve(addr, Arc::new(move || s.render_metrics())).await?;
@@ -343,12 +361,21 @@ pub async fn run_worker(
         let s = s.clone();
         Box::pin(async move { s.start_task(req).await })
     });
-    let data = tokio::spawn(crate::dataplane::serve(data_listener, start, config.token.clone()));
+    let data = tokio::spawn(crate::dataplane::serve(
+        data_listener,
+        start,
+        config.token.clone(),
+        tls.as_ref().map(|t| t.data.clone()),
+    ));
     let hb = tokio::spawn(heartbeat_loop(service.clone(), advertise, advertise_data));
     let server = WorkerServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let result = tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &tls {
+        builder = builder.tls_config(tls.grpc.clone()).map_err(|e| ServiceError::Tls(e.to_string()))?;
+    }
+    let result = builder
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(32 << 20))
         .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))

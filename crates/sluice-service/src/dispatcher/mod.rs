@@ -40,6 +40,8 @@ pub struct DispatcherConfig {
     pub token: Option<String>,
     /// `host:port` for `/metrics`; `None` serves none.
     pub metrics_listen: Option<String>,
+    /// Serve gRPC over TLS with this certificate and key.
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 #[derive(Default)]
@@ -431,6 +433,7 @@ pub async fn run_dispatcher(
         let bound = metrics::serve(addr, Arc::new(move || s.render_metrics())).await?;
         tracing::info!(%bound, "dispatcher metrics at /metrics");
     }
+    let tls = config.tls.as_ref().map(crate::tls::ServerTls::load).transpose()?;
     let listen_err = |e: String| ServiceError::Listen { addr: config.listen.clone(), message: e };
     let listener = tokio::net::TcpListener::bind(&config.listen).await.map_err(|e| listen_err(e.to_string()))?;
     let local = listener.local_addr().map_err(|e| listen_err(e.to_string()))?;
@@ -441,7 +444,11 @@ pub async fn run_dispatcher(
     let server = DispatcherServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls.grpc).map_err(|e| ServiceError::Tls(e.to_string()))?;
+    }
+    builder
         .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
