@@ -1,13 +1,11 @@
 //! JPEG encoding (TurboJPEG `tj3Compress8`), for the dataset generator and test fixtures.
 //! Not on the loading hot path: each call creates and destroys its own compressor.
 
-use std::ffi::CStr;
-use std::ptr::NonNull;
-
-use libc::{c_int, c_void};
+use libc::c_int;
 use turbojpeg_sys as tj;
 
 use crate::error::CodecError;
+use crate::handle::TjHandle;
 use crate::jpeg::Subsampling;
 
 /// The layout of the pixels handed to [`encode_jpeg_with`].
@@ -42,38 +40,6 @@ impl SourcePixels {
 /// Encodes interleaved RGB8 as a baseline 4:2:0 JPEG of the given quality (1..=100).
 pub fn encode_jpeg(rgb: &[u8], width: u32, height: u32, quality: u8) -> Result<Vec<u8>, CodecError> {
     encode_jpeg_with(rgb, width, height, SourcePixels::Rgb, Subsampling::S420, quality)
-}
-
-struct Compressor(NonNull<c_void>);
-
-impl Drop for Compressor {
-    fn drop(&mut self) {
-        // SAFETY: from tj3Init, destroyed once.
-        unsafe { tj::tj3Destroy(self.0.as_ptr()) }
-    }
-}
-
-impl Compressor {
-    fn error(&self) -> CodecError {
-        // SAFETY: valid handle; NUL-terminated string copied at once.
-        let msg = unsafe {
-            let p = tj::tj3GetErrorStr(self.0.as_ptr());
-            if p.is_null() {
-                "unknown error".to_string()
-            } else {
-                CStr::from_ptr(p).to_string_lossy().into_owned()
-            }
-        };
-        CodecError::Unsupported(format!("JPEG encoding failed: {msg}"))
-    }
-
-    fn set(&self, param: tj::TJPARAM, value: c_int) -> Result<(), CodecError> {
-        // SAFETY: valid handle.
-        match unsafe { tj::tj3Set(self.0.as_ptr(), param as c_int, value) } {
-            0 => Ok(()),
-            _ => Err(self.error()),
-        }
-    }
 }
 
 /// Encodes `pixels` (`width x height` in the `source` layout) with the given chroma
@@ -119,10 +85,7 @@ fn encode(
     let Some(samp) = subsampling.to_tj() else {
         return bad("cannot encode with unknown subsampling".into());
     };
-    // SAFETY: no preconditions; NULL on failure.
-    let handle = NonNull::new(unsafe { tj::tj3Init(tj::TJINIT_TJINIT_COMPRESS as c_int) })
-        .ok_or_else(|| CodecError::Unsupported("cannot create a libjpeg-turbo compressor".into()))?;
-    let c = Compressor(handle);
+    let c = TjHandle::new(tj::TJINIT_TJINIT_COMPRESS, "compressor")?;
     c.set(tj::TJPARAM_TJPARAM_QUALITY, c_int::from(quality.clamp(1, 100)))?;
     c.set(tj::TJPARAM_TJPARAM_SUBSAMP, samp)?;
     if progressive {
@@ -137,7 +100,7 @@ fn encode(
     // TurboJPEG allocates `buf` (we free it below) and writes its size.
     let rc = unsafe {
         tj::tj3Compress8(
-            c.0.as_ptr(),
+            c.as_ptr(),
             pixels.as_ptr(),
             w,
             0,
@@ -151,7 +114,7 @@ fn encode(
         // SAFETY: on success `buf` points to `size` initialised bytes.
         Ok(unsafe { std::slice::from_raw_parts(buf, size as usize) }.to_vec())
     } else {
-        Err(c.error())
+        Err(CodecError::Unsupported(format!("JPEG encoding failed: {}", c.message())))
     };
     // SAFETY: `buf` is NULL or was allocated by TurboJPEG.
     unsafe { tj::tj3Free(buf.cast()) };

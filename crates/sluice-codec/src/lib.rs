@@ -14,6 +14,7 @@
 pub mod crop;
 pub mod encode;
 pub mod error;
+mod handle;
 pub mod jpeg;
 pub mod plan;
 pub mod png;

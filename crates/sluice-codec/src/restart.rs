@@ -67,6 +67,10 @@ impl RestartLayout {
                 return None;
             }
             let marker = *bytes.get(i + 1)?;
+            if matches!(marker, 0x01 | 0xD0..=0xD7) {
+                i += 2; // standalone markers carry no length
+                continue;
+            }
             let len = be16(bytes, i + 2)? as usize;
             let body = bytes.get(i + 4..i + 2 + len)?;
             match marker {

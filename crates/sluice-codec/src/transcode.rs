@@ -2,58 +2,12 @@
 //! are, so every pixel decodes exactly as before. Used by `sluice pack` to make a dataset
 //! seekable (see [`crate::restart`]).
 
-use std::ffi::CStr;
-use std::ptr::NonNull;
-
 use libc::{c_int, c_void};
 use turbojpeg_sys as tj;
 
 use crate::error::CodecError;
+use crate::handle::TjHandle;
 use crate::jpeg::Subsampling;
-
-struct Transformer(NonNull<c_void>);
-
-impl Drop for Transformer {
-    fn drop(&mut self) {
-        // SAFETY: from tj3Init, destroyed once.
-        unsafe { tj::tj3Destroy(self.0.as_ptr()) }
-    }
-}
-
-impl Transformer {
-    fn new() -> Result<Self, CodecError> {
-        // SAFETY: no preconditions; NULL on failure.
-        let raw = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_TRANSFORM as c_int) };
-        NonNull::new(raw)
-            .map(Self)
-            .ok_or_else(|| CodecError::Unsupported("cannot create a libjpeg-turbo transformer".into()))
-    }
-
-    fn message(&self) -> String {
-        // SAFETY: valid handle; NUL-terminated string, copied at once.
-        unsafe {
-            let p = tj::tj3GetErrorStr(self.0.as_ptr());
-            if p.is_null() {
-                "unknown libjpeg-turbo error".into()
-            } else {
-                CStr::from_ptr(p).to_string_lossy().split_whitespace().collect::<Vec<_>>().join(" ")
-            }
-        }
-    }
-
-    fn set(&self, param: tj::TJPARAM, value: c_int) -> Result<(), CodecError> {
-        // SAFETY: valid handle.
-        match unsafe { tj::tj3Set(self.0.as_ptr(), param as c_int, value) } {
-            0 => Ok(()),
-            _ => Err(CodecError::Unsupported(self.message())),
-        }
-    }
-
-    fn get(&self, param: tj::TJPARAM) -> c_int {
-        // SAFETY: valid handle.
-        unsafe { tj::tj3Get(self.0.as_ptr(), param as c_int) }
-    }
-}
 
 /// The restart interval (in MCUs) actually used for an image `mcus_per_row` MCUs wide: the
 /// largest divisor of the row that is at most `wanted`, so intervals never straddle rows.
@@ -69,9 +23,9 @@ pub fn add_restart_markers(jpeg: &[u8], interval: u32, max_pixels: u64) -> Resul
     if jpeg.is_empty() {
         return Err(CodecError::Empty);
     }
-    let t = Transformer::new()?;
+    let t = TjHandle::new(tj::TJINIT_TJINIT_TRANSFORM, "transformer")?;
     // SAFETY: valid handle; the buffer is only read.
-    let rc = unsafe { tj::tj3DecompressHeader(t.0.as_ptr(), jpeg.as_ptr(), jpeg.len() as tj::size_t) };
+    let rc = unsafe { tj::tj3DecompressHeader(t.as_ptr(), jpeg.as_ptr(), jpeg.len() as tj::size_t) };
     if rc != 0 {
         return Err(CodecError::Corrupt(t.message()));
     }
@@ -102,7 +56,7 @@ pub fn add_restart_markers(jpeg: &[u8], interval: u32, max_pixels: u64) -> Resul
     // (freed below) and whose size it writes.
     let rc = unsafe {
         tj::tj3Transform(
-            t.0.as_ptr(),
+            t.as_ptr(),
             jpeg.as_ptr(),
             jpeg.len() as tj::size_t,
             1,
