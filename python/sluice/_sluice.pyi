@@ -129,6 +129,7 @@ class RemoteLoader:
         job_name: str,
         token: Optional[str] = None,
         tasks_in_flight: int = 4,
+        parallel_epochs: int = 0,
     ) -> "RemoteLoader": ...
     def start_epoch(self) -> None: ...
     def next_batch(self) -> Optional["RawBatch"]:

@@ -66,6 +66,9 @@ class RemoteLoader:
         token: the service's shared token (default: ``$SLUICE_TOKEN``).
         output: ``"numpy"`` or ``"torch"``.
         tasks_in_flight: tasks fetched at once (keeps every worker busy).
+        parallel_epochs: when this loader creates the job, ``N >= 2`` makes each epoch N
+            full passes over the data, each in its own order (e.g. N = workers); the default
+            is a distributed epoch (every sample once). TLS: set ``$SLUICE_TLS_CA``.
 
     Raises:
         SpecError: the spec is invalid. PermissionError: a path outside the allowed roots,
@@ -80,12 +83,15 @@ class RemoteLoader:
         token: Optional[str] = None,
         output: str = "numpy",
         tasks_in_flight: int = 4,
+        parallel_epochs: int = 0,
     ) -> None:
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
         self._torch = _import_torch() if output == "torch" else None
         self._output = output
-        self._native = _sluice.RemoteLoader(_spec_json(pipeline), dispatcher, job, token, tasks_in_flight)
+        self._native = _sluice.RemoteLoader(
+            _spec_json(pipeline), dispatcher, job, token, tasks_in_flight, parallel_epochs
+        )
 
     def __iter__(self) -> RemoteBatchIterator:
         """Runs the rest of the current epoch; an epoch left unfinished is resumed exactly

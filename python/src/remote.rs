@@ -52,7 +52,7 @@ impl PyRemoteLoader {
     /// Submits `spec_json` as job `job_name` to the dispatcher at `dispatcher` (or joins
     /// the job, if it exists with the same pipeline). GIL released while connecting.
     #[new]
-    #[pyo3(signature = (spec_json, dispatcher, job_name, token = None, tasks_in_flight = 4))]
+    #[pyo3(signature = (spec_json, dispatcher, job_name, token = None, tasks_in_flight = 4, parallel_epochs = 0))]
     fn new(
         py: Python<'_>,
         spec_json: &str,
@@ -60,6 +60,7 @@ impl PyRemoteLoader {
         job_name: &str,
         token: Option<String>,
         tasks_in_flight: usize,
+        parallel_epochs: u64,
     ) -> PyResult<Self> {
         let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
         let mut options = RemoteOptions::new(dispatcher, job_name);
@@ -67,6 +68,7 @@ impl PyRemoteLoader {
             options.token = token;
         }
         options.tasks_in_flight = tasks_in_flight.max(1);
+        options.parallel_epochs = parallel_epochs;
         let loader = py.detach(|| RemoteLoader::connect(&spec, options)).map_err(|e| service_error(py, e))?;
         Ok(Self { inner: Mutex::new(loader) })
     }

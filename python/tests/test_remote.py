@@ -82,3 +82,11 @@ def test_paths_outside_the_allowed_roots_are_refused(service: Tuple[str, Path], 
     sluice.generate_dataset(outside, images=2, classes=1)
     with pytest.raises(PermissionError, match="outside the allowed roots"):
         sluice.RemoteLoader(_pipeline(outside), dispatcher=addr, job="outside")
+
+
+def test_parallel_epochs_deliver_every_sample_once_per_pass(service: Tuple[str, Path]) -> None:
+    addr, root = service
+    loader = sluice.RemoteLoader(_pipeline(root, seed=3), dispatcher=addr, job="py-parallel", parallel_epochs=2)
+    assert len(loader) == 2 * (N_IMAGES // 8)
+    keys = sorted(int(k) for batch in loader for k in batch.key)
+    assert keys == sorted(list(range(N_IMAGES)) * 2)

@@ -299,6 +299,10 @@ pub struct RemoteRunArgs {
     /// CA (PEM) of the service's certificates: talk TLS (default: $SLUICE_TLS_CA).
     #[arg(long)]
     tls_ca: Option<PathBuf>,
+    /// When creating the job: each epoch is N full passes, each in its own order (parallel
+    /// epochs, e.g. N = workers); 0 or 1: a distributed epoch (every sample once).
+    #[arg(long, default_value_t = 0)]
+    parallel_epochs: u64,
 }
 
 /// Reads epochs of a job through the service and reports throughput, checking that every
@@ -308,6 +312,7 @@ pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
     let mut options = sluice_service::RemoteOptions::new(a.dispatcher, a.job);
     options.token = token(a.token);
     options.tls_ca = tls_ca(a.tls_ca);
+    options.parallel_epochs = a.parallel_epochs;
     let mut loader = sluice_service::RemoteLoader::connect(&spec, options)?;
     let info = loader.job().clone();
     println!(

@@ -317,6 +317,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
                 job_name: "bad".into(),
                 spec_json: good.to_string(),
                 task_batches: 0,
+                parallel_epochs: 0,
             })
             .await
             .unwrap_err();
@@ -327,6 +328,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
                 job_name: "bad".into(),
                 spec_json: "{\"source\": 5}".into(),
                 task_batches: 0,
+                parallel_epochs: 0,
             })
             .await
             .unwrap_err();
@@ -340,6 +342,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
                 job_name: "importance".into(),
                 spec_json: importance.to_string(),
                 task_batches: 0,
+                parallel_epochs: 0,
             })
             .await
             .unwrap_err();
@@ -543,4 +546,32 @@ fn tls_on_both_planes_serves_a_job_and_clients_without_the_ca_are_refused() {
     missing.tls_ca = Some(dir.path().join("nope.pem"));
     let e = RemoteLoader::connect(&spec(&root, 0), missing).err().expect("no CA file").to_string();
     assert!(e.contains("cannot read the TLS CA certificate"), "{e}");
+}
+
+#[test]
+fn parallel_epochs_make_each_epoch_n_full_passes_in_different_orders_exactly_once_each() {
+    let _watchdog = watchdog("parallel_epochs_make_each_epoch_n_full_passes_in_different_orders_exactly_once_each", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let mut o = options(&addr, "parallel");
+    o.parallel_epochs = 2;
+    let mut loader = RemoteLoader::connect(&spec(&root, 5), o).unwrap();
+    let pass = IMAGES.div_ceil(BATCH) as u64;
+    assert_eq!(loader.batches_per_epoch(), 2 * pass);
+    for epoch in 0..2 {
+        let mut batches: Vec<(u64, Vec<u64>)> = loader.iter().map(|b| b.unwrap()).map(|b| (b.index, b.keys)).collect();
+        batches.sort_unstable();
+        assert_eq!(batches.iter().map(|b| b.0).collect::<Vec<_>>(), (0..2 * pass).collect::<Vec<_>>());
+        let (first, second) = batches.split_at(pass as usize);
+        let keys = |half: &[(u64, Vec<u64>)]| half.iter().flat_map(|b| b.1.clone()).collect::<Vec<u64>>();
+        assert_ne!(keys(first), keys(second), "epoch {epoch}: the two passes come in different orders");
+        assert_exactly_once(keys(first), &format!("epoch {epoch}, pass 0"));
+        assert_exactly_once(keys(second), &format!("epoch {epoch}, pass 1"));
+    }
+    // The same name in distributed mode is another pipeline: refused.
+    let e = RemoteLoader::connect(&spec(&root, 5), options(&addr, "parallel")).err().expect("a conflict").to_string();
+    assert!(e.contains("another pipeline"), "{e}");
 }

@@ -43,6 +43,10 @@ pub struct RemoteOptions {
     pub tasks_in_flight: usize,
     /// Batches per task when this client creates the job; 0 = the dispatcher's default.
     pub task_batches: u64,
+    /// When this client creates the job: 0 or 1 for a distributed epoch (every sample once
+    /// per epoch across all workers); N ≥ 2 for parallel epochs (each epoch N full passes,
+    /// each in its own order, e.g. N = workers). Part of the job's fingerprint.
+    pub parallel_epochs: u64,
     /// How long to keep retrying an unreachable dispatcher before failing.
     pub give_up_after: Duration,
     /// How batches travel from workers.
@@ -70,6 +74,7 @@ impl RemoteOptions {
             token: std::env::var("SLUICE_TOKEN").ok(),
             tasks_in_flight: 4,
             task_batches: 0,
+            parallel_epochs: 0,
             give_up_after: Duration::from_secs(60),
             data_plane: DataPlane::Tcp,
             tls_ca: std::env::var_os("SLUICE_TLS_CA").filter(|v| !v.is_empty()).map(PathBuf::from),
@@ -250,7 +255,12 @@ impl RemoteLoader {
             started: Instant::now(),
             next_request: AtomicU64::new(1),
         };
-        let req = CreateJobRequest { job_name: options.job_name.clone(), spec_json, task_batches: options.task_batches };
+        let req = CreateJobRequest {
+            job_name: options.job_name.clone(),
+            spec_json,
+            task_batches: options.task_batches,
+            parallel_epochs: options.parallel_epochs,
+        };
         let job = rt.block_on(with_retry(&conn, "CreateJob", |mut d| {
             let req = req.clone();
             async move { d.create_job(req).await }

@@ -28,6 +28,10 @@ pub enum Record {
         batches_per_epoch: u64,
         samples_per_epoch: u64,
         task_batches: u64,
+        /// Parallel epochs: full passes per epoch (batch and sample counts above are per
+        /// pass). Absent (older journals) or 0 means 1.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        passes: u64,
     },
     /// `epoch` begins; batches in `skip` were delivered before (a resumed checkpoint).
     Epoch { job_id: u64, epoch: u64, skip: Vec<u64> },
@@ -47,6 +51,10 @@ pub enum Record {
     /// `epoch` (the next one, some of whose tasks were leased ahead) becomes the current
     /// one, keeping those leases. An `Assign` for the epoch after the current one creates it.
     Advance { job_id: u64, epoch: u64 },
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 struct Pending {

@@ -53,6 +53,11 @@ pub struct CreateJobRequest {
     /// Batches per task; 0 picks the default.
     #[prost(uint64, tag = "3")]
     pub task_batches: u64,
+    /// 0 or 1: distributed epoch (every sample once per epoch, across all workers).
+    /// N ≥ 2: parallel epochs, each epoch N full passes over the data, each in its own
+    /// order and augmentation (e.g. N = workers, as if each produced its own epoch).
+    #[prost(uint64, tag = "4")]
+    pub parallel_epochs: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -90,6 +95,9 @@ pub struct JobDefinition {
     /// The dataset's manifest fingerprint as the dispatcher enumerated it (16 hex digits).
     #[prost(string, tag = "3")]
     pub manifest_fingerprint: String,
+    /// Passes per epoch (see `CreateJobRequest::parallel_epochs`); 0 means 1.
+    #[prost(uint64, tag = "4")]
+    pub passes: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -80,6 +80,10 @@ pub fn dispatcher_client(addr: &str, token: Option<&str>, tls: Option<&ClientTls
 
 struct JobRunner {
     loader: Loader,
+    /// Parallel epochs: full passes per epoch (1 in distributed mode). Batch `p * B + i`
+    /// of epoch `e` is batch `i` of the loader's epoch `e * passes + p`, so each pass has
+    /// its own order and augmentation, the same on every worker.
+    passes: u64,
     /// One task at a time per job: the loader's pool is already as wide as the worker.
     run: Mutex<()>,
 }
@@ -142,6 +146,7 @@ impl WorkerService {
             .await
             .map_err(|s| ServiceError::rpc("GetJob", s))?
             .into_inner();
+        let passes = def.passes.max(1);
         let mut spec = PipelineSpec::from_json_str(&def.spec_json)?;
         if self.inner.threads > 0 {
             spec.threads = self.inner.threads;
@@ -163,7 +168,7 @@ impl WorkerService {
         .await
         .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
-        let runner = Arc::new(JobRunner { loader, run: Mutex::new(()) });
+        let runner = Arc::new(JobRunner { loader, passes, run: Mutex::new(()) });
         jobs.insert(job_id, runner.clone());
         Ok(runner)
     }
@@ -217,11 +222,13 @@ impl WorkerService {
                 return Err(e.into());
             }
         };
-        let total = runner.loader.batches_per_epoch();
-        if req.start >= req.end || req.end > total {
+        let pass_batches = runner.loader.batches_per_epoch();
+        let total = pass_batches * runner.passes;
+        let pass = req.start.checked_div(pass_batches).unwrap_or(0);
+        if req.start >= req.end || req.end > total || req.end > (pass + 1) * pass_batches {
             self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Status::invalid_argument(format!(
-                "task range {}..{} is not a non-empty part of the epoch's 0..{total} batches",
+                "task range {}..{} is not a non-empty part of one pass of the epoch's 0..{total} batches",
                 req.start, req.end
             )));
         }
@@ -234,9 +241,18 @@ impl WorkerService {
             let _one_at_a_time = runner.run.lock().unwrap_or_else(|p| p.into_inner());
             let t0 = Instant::now();
             let mut complete = true;
-            for item in runner.loader.iter_range(req.epoch, req.start, req.end) {
+            let offset = pass * pass_batches;
+            let (epoch, start, end) = if runner.passes > 1 {
+                (req.epoch * runner.passes + pass, req.start - offset, req.end - offset)
+            } else {
+                (req.epoch, req.start, req.end)
+            };
+            for item in runner.loader.iter_range(epoch, start, end) {
                 match item {
-                    Ok(batch) => {
+                    Ok(mut batch) => {
+                        // Back to the job's numbering: epoch `req.epoch`, index in all passes.
+                        batch.epoch = req.epoch;
+                        batch.index += offset;
                         let n = batch.len() as u64;
                         let bytes = batch.images.as_bytes().len() as u64;
                         if tx.blocking_send(Ok(batch)).is_err() {

@@ -162,6 +162,15 @@ impl DispatcherService {
         let mut h = Xxh3::new();
         h.update(&manifest.fingerprint.to_le_bytes());
         h.update(canonical.as_bytes());
+        // Distributed jobs keep the fingerprints they always had.
+        let passes = req.parallel_epochs.max(1);
+        if passes > 1 {
+            if passes > 1024 {
+                return Err(ServiceError::InvalidArgument(format!("parallel_epochs {passes} is over 1024")));
+            }
+            h.update(b"parallel_epochs");
+            h.update(&passes.to_le_bytes());
+        }
         let fingerprint = format!("{:016x}", h.digest());
         let task_batches = if req.task_batches == 0 { DEFAULT_TASK_BATCHES } else { req.task_batches.min(1 << 20) };
 
@@ -188,6 +197,7 @@ impl DispatcherService {
                 batches_per_epoch: batches,
                 samples_per_epoch: samples,
                 task_batches,
+                passes: if passes > 1 { passes } else { 0 },
             };
             let d = self.commit(&mut state, &record, 0)?;
             tracing::info!(job_id, name = %req.job_name, %fingerprint, batches, samples, "job created");
@@ -242,6 +252,7 @@ impl Dispatcher for DispatcherService {
             job_id: id,
             spec_json: j.spec_json.clone(),
             manifest_fingerprint: j.manifest_fingerprint.clone(),
+            passes: j.passes,
         });
         self.counted(r)
     }

@@ -46,8 +46,9 @@ pub struct EpochState {
 const LEASE_SCAN: Duration = Duration::from_millis(100);
 
 impl EpochState {
-    fn new(epoch: u64, generation: u64, batches: u64, task_batches: u64, skip: &[u64]) -> Self {
-        let tasks: Vec<Task> = cut_tasks(batches, task_batches, skip)
+    /// `batches` in all, in passes of `pass` batches (no task spans two passes).
+    fn new(epoch: u64, generation: u64, batches: u64, pass: u64, task_batches: u64, skip: &[u64]) -> Self {
+        let tasks: Vec<Task> = cut_tasks(batches, pass, task_batches, skip)
             .into_iter()
             .map(|(start, end)| Task { start, end, status: TaskStatus::Pending })
             .collect();
@@ -64,9 +65,11 @@ impl EpochState {
     }
 }
 
-/// Splits batches `0..batches`, minus `skip`, into runs of at most `task_batches`.
-pub fn cut_tasks(batches: u64, task_batches: u64, skip: &[u64]) -> Vec<(u64, u64)> {
+/// Splits batches `0..batches`, minus `skip`, into runs of at most `task_batches` that do
+/// not cross a multiple of `pass` (parallel epochs: a task belongs to one pass).
+pub fn cut_tasks(batches: u64, pass: u64, task_batches: u64, skip: &[u64]) -> Vec<(u64, u64)> {
     let task_batches = task_batches.max(1);
+    let pass = pass.max(1);
     let mut skip: Vec<u64> = skip.to_vec();
     skip.sort_unstable();
     let mut out = Vec::new();
@@ -78,7 +81,7 @@ pub fn cut_tasks(batches: u64, task_batches: u64, skip: &[u64]) -> Vec<(u64, u64
                 out.push((s, b));
                 start = None;
             }
-            (Some(s), false) if b - s == task_batches => {
+            (Some(s), false) if b - s == task_batches || b % pass == 0 => {
                 out.push((s, b));
                 start = Some(b);
             }
@@ -102,6 +105,10 @@ pub struct Job {
     pub batches_per_epoch: u64,
     pub samples_per_epoch: u64,
     pub task_batches: u64,
+    /// Batches per pass: `batches_per_epoch` / passes (all of it in distributed mode).
+    pub pass_batches: u64,
+    /// Full passes per epoch: 1 in distributed mode, N with parallel epochs.
+    pub passes: u64,
     pub current: EpochState,
     /// The epoch after `current`, once some of its tasks were leased ahead.
     pub next: Option<EpochState>,
@@ -202,17 +209,22 @@ impl State {
                 batches_per_epoch,
                 samples_per_epoch,
                 task_batches,
+                passes,
             } => {
+                let passes = (*passes).max(1);
+                let batches = batches_per_epoch * passes;
                 let job = Job {
                     id: *job_id,
                     name: name.clone(),
                     spec_json: spec_json.clone(),
                     fingerprint: fingerprint.clone(),
                     manifest_fingerprint: manifest_fingerprint.clone(),
-                    batches_per_epoch: *batches_per_epoch,
-                    samples_per_epoch: *samples_per_epoch,
+                    batches_per_epoch: batches,
+                    samples_per_epoch: samples_per_epoch * passes,
                     task_batches: *task_batches,
-                    current: EpochState::new(0, 0, *batches_per_epoch, *task_batches, &[]),
+                    pass_batches: *batches_per_epoch,
+                    passes,
+                    current: EpochState::new(0, 0, batches, *batches_per_epoch, *task_batches, &[]),
                     next: None,
                 };
                 self.names.insert(name.clone(), *job_id);
@@ -222,7 +234,7 @@ impl State {
             Record::Epoch { job_id, epoch, skip } => {
                 let job = self.job_mut(*job_id)?;
                 let generation = job.current.generation + 1;
-                job.current = EpochState::new(*epoch, generation, job.batches_per_epoch, job.task_batches, skip);
+                job.current = EpochState::new(*epoch, generation, job.batches_per_epoch, job.pass_batches, job.task_batches, skip);
                 // Tasks leased ahead belong to the old order of things: dropped with it.
                 job.next = None;
                 self.assigned_by_request.retain(|_, (job, _, _)| job != job_id);
@@ -245,7 +257,7 @@ impl State {
                 let job = self.job_mut(*job_id)?;
                 if job.next.is_none() && *epoch == job.current.epoch + 1 {
                     let generation = job.current.generation + 1;
-                    job.next = Some(EpochState::new(*epoch, generation, job.batches_per_epoch, job.task_batches, &[]));
+                    job.next = Some(EpochState::new(*epoch, generation, job.batches_per_epoch, job.pass_batches, job.task_batches, &[]));
                 }
                 if *request != 0 {
                     self.assigned_by_request.insert((client.clone(), *request), (*job_id, *epoch, *task));
@@ -456,7 +468,7 @@ impl State {
                 },
                 // The next epoch's first task: its `Assign` creates the epoch, with the
                 // generation it has here.
-                None => match cut_tasks(job.batches_per_epoch, job.task_batches, &[]).first() {
+                None => match cut_tasks(job.batches_per_epoch, job.pass_batches, job.task_batches, &[]).first() {
                     Some(&s) => (epoch + 1, 0, s, job.current.generation + 1),
                     None => return Ok((wait, None, 0)),
                 },
@@ -584,6 +596,7 @@ mod tests {
             batches_per_epoch: batches,
             samples_per_epoch: batches * 4,
             task_batches,
+            passes: 0,
         }
     }
 
@@ -597,9 +610,12 @@ mod tests {
 
     #[test]
     fn tasks_cover_the_epoch_minus_skipped_batches() {
-        assert_eq!(cut_tasks(10, 4, &[]), vec![(0, 4), (4, 8), (8, 10)]);
-        assert_eq!(cut_tasks(10, 4, &[1, 2, 9]), vec![(0, 1), (3, 7), (7, 9)]);
-        assert_eq!(cut_tasks(3, 4, &[0, 1, 2]), vec![]);
+        assert_eq!(cut_tasks(10, 10, 4, &[]), vec![(0, 4), (4, 8), (8, 10)]);
+        assert_eq!(cut_tasks(10, 10, 4, &[1, 2, 9]), vec![(0, 1), (3, 7), (7, 9)]);
+        assert_eq!(cut_tasks(3, 3, 4, &[0, 1, 2]), vec![]);
+        // Parallel epochs: two passes of 5 batches; no task spans both.
+        assert_eq!(cut_tasks(10, 5, 4, &[]), vec![(0, 4), (4, 5), (5, 9), (9, 10)]);
+        assert_eq!(cut_tasks(10, 5, 4, &[5]), vec![(0, 4), (4, 5), (6, 10)]);
     }
 
     #[test]
