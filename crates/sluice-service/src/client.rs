@@ -184,8 +184,8 @@ enum Item {
 struct Flow {
     /// The lowest epoch not known to be done: what fetchers ask for.
     floor: AtomicU64,
-    /// The epoch the trainer reads. Batches of a later epoch wait in their worker's
-    /// connection (bounded by the socket and the worker's queue) until it gets there.
+    /// The epoch the trainer reads. Batches of a later epoch are held by their fetcher
+    /// (a whole task each, at most `tasks_in_flight - 1` tasks) until it gets there.
     reading: watch::Sender<u64>,
     /// Tasks of a later epoch than `reading` held at once: at most `tasks_in_flight - 1`,
     /// so one fetcher is always free for the current epoch (e.g. a task handed back).
@@ -558,8 +558,8 @@ async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Re
     }
 }
 
-/// A task of an epoch the trainer has not reached: its batches wait until it does, and
-/// the lookahead permit is held till then.
+/// A task of an epoch the trainer has not reached: its batches are held until it does,
+/// and the lookahead permit with them.
 type Gate = (watch::Receiver<u64>, Option<OwnedSemaphorePermit>);
 
 /// Streams one task's batches into `tx`. On a worker failure, tells the dispatcher how many
@@ -579,26 +579,26 @@ async fn run_task(
             let mut worker = conn.worker(&task.worker_addr).map_err(Status::from)?;
             Source::Grpc(Box::new(worker.run_task(req).await?.into_inner()))
         };
-        // The worker is producing; its batches are delivered once the trainer is there.
-        if let Some((mut reading, permit)) = gate {
-            if reading.wait_for(|&r| r >= task.epoch).await.is_err() {
-                return Err(Status::cancelled("consumer gone"));
-            }
-            drop(permit);
-        }
+        // A task ahead of the trainer is read to the end into `held` first: its worker
+        // runs one task per job at a time, so leaving it blocked on a full socket would
+        // stall that job's current-epoch tasks queued behind it (and the epoch with them).
+        // Memory: at most `tasks_in_flight - 1` such tasks.
+        let mut held: Vec<Batch> = Vec::new();
         loop {
             let next = tokio::time::timeout(Duration::from_secs(60), source.next())
                 .await
                 .map_err(|_| Status::unavailable("worker sent nothing for 60 s"))??;
             let Some(batch) = next else { break };
-            if batch.epoch != task.epoch || batch.index != task.start + received {
+            let expected = task.start + received + held.len() as u64;
+            if batch.epoch != task.epoch || batch.index != expected {
                 return Err(Status::invalid_argument(format!(
-                    "worker sent batch {} of epoch {}, expected batch {} of epoch {}",
-                    batch.index,
-                    batch.epoch,
-                    task.start + received,
-                    task.epoch
+                    "worker sent batch {} of epoch {}, expected batch {expected} of epoch {}",
+                    batch.index, batch.epoch, task.epoch
                 )));
+            }
+            if gate.is_some() {
+                held.push(batch);
+                continue;
             }
             let item =
                 Item::Batch { task: task.task_index, generation: task.generation, start: task.start, end: task.end, batch };
@@ -606,6 +606,25 @@ async fn run_task(
                 return Err(Status::cancelled("consumer gone"));
             }
             received += 1;
+        }
+        if let Some((mut reading, permit)) = gate {
+            if reading.wait_for(|&r| r >= task.epoch).await.is_err() {
+                return Err(Status::cancelled("consumer gone"));
+            }
+            drop(permit);
+            for batch in held {
+                let item = Item::Batch {
+                    task: task.task_index,
+                    generation: task.generation,
+                    start: task.start,
+                    end: task.end,
+                    batch,
+                };
+                if tx.send(item).await.is_err() {
+                    return Err(Status::cancelled("consumer gone"));
+                }
+                received += 1;
+            }
         }
         if task.start + received != task.end {
             return Err(Status::unavailable(format!(
