@@ -2,8 +2,8 @@
 //! the same [`Loader`] as local mode over one task's range of an epoch, streaming the
 //! batches to the client that asked.
 //!
-//! Cache sharing seam: loaders are kept per job; jobs whose fingerprints match could share
-//! one cache here (keyed by fingerprint) once the engine's cache lands.
+//! Cache sharing seam: loaders (and so their caches) are kept per job; jobs whose
+//! fingerprints match could share one cache here, keyed by fingerprint (not done yet).
 
 use std::collections::HashMap;
 use std::future::Future;
