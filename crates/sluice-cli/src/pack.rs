@@ -16,7 +16,7 @@ pub struct Args {
     pub out: PathBuf,
     /// MCUs per restart interval (lowered to divide each image's MCU row). Smaller
     /// intervals let crops skip more, and cost ~2.5 bytes each.
-    #[arg(long, default_value_t = PackOptions::default().interval)]
+    #[arg(long, default_value_t = PackOptions::default().interval, value_parser = clap::value_parser!(u32).range(1..))]
     pub interval: u32,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]

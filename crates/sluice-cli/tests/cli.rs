@@ -98,4 +98,6 @@ fn pack_rewrites_jpegs_keeps_everything_else_and_lists_what_it_could_not_rewrite
     let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["pack", "train", "train/packed"]).current_dir(dir.path()).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("lies inside the dataset"));
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["pack", "train", "p0", "--interval", "0"]).current_dir(dir.path()).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--interval"));
 }
