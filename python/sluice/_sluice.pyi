@@ -130,6 +130,7 @@ class RemoteLoader:
         token: Optional[str] = None,
         tasks_in_flight: int = 4,
         parallel_epochs: int = 0,
+        compression: str = "none",
     ) -> "RemoteLoader": ...
     def start_epoch(self) -> None: ...
     def next_batch(self) -> Optional["RawBatch"]:

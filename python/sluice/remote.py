@@ -69,6 +69,10 @@ class RemoteLoader:
         parallel_epochs: when this loader creates the job, ``N >= 2`` makes each epoch N
             full passes over the data, each in its own order (e.g. N = workers); the default
             is a distributed epoch (every sample once). TLS: set ``$SLUICE_TLS_CA``.
+        compression: ``None`` (default) or ``"zstd"``: workers compress pixels for this
+            loader (a delta filter, then zstd). Worth it only when the network is slower
+            than the compressor (see BENCHMARKS.md); on loopback or fast links it costs
+            throughput.
 
     Raises:
         SpecError: the spec is invalid. PermissionError: a path outside the allowed roots,
@@ -84,13 +88,20 @@ class RemoteLoader:
         output: str = "numpy",
         tasks_in_flight: int = 4,
         parallel_epochs: int = 0,
+        compression: Optional[str] = None,
     ) -> None:
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
         self._torch = _import_torch() if output == "torch" else None
         self._output = output
         self._native = _sluice.RemoteLoader(
-            _spec_json(pipeline), dispatcher, job, token, tasks_in_flight, parallel_epochs
+            _spec_json(pipeline),
+            dispatcher,
+            job,
+            token,
+            tasks_in_flight,
+            parallel_epochs,
+            compression or "none",
         )
 
     def __iter__(self) -> RemoteBatchIterator:

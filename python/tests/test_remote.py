@@ -90,3 +90,18 @@ def test_parallel_epochs_deliver_every_sample_once_per_pass(service: Tuple[str, 
     assert len(loader) == 2 * (N_IMAGES // 8)
     keys = sorted(int(k) for batch in loader for k in batch.key)
     assert keys == sorted(list(range(N_IMAGES)) * 2)
+
+
+def test_compressed_batches_equal_uncompressed_ones_and_unknown_codecs_are_refused(
+    service: Tuple[str, Path],
+) -> None:
+    addr, root = service
+    plain = sluice.RemoteLoader(_pipeline(root, seed=4), dispatcher=addr, job="py-plain")
+    packed = sluice.RemoteLoader(_pipeline(root, seed=4), dispatcher=addr, job="py-zstd", compression="zstd")
+
+    def epoch(loader: sluice.RemoteLoader) -> List[Tuple[int, List[int], bytes]]:
+        return sorted((b.index, b.key.tolist(), b.image.tobytes()) for b in loader)
+
+    assert epoch(packed) == epoch(plain)
+    with pytest.raises(ValueError, match="unknown compression"):
+        sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="py-bad", compression="zip")

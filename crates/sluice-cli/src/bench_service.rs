@@ -16,15 +16,19 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use sluice_core::{PipelineSpec, SourceSpec};
 use sluice_pipeline::{Loader, Shard};
-use sluice_service::{bench, RemoteLoader, RemoteOptions};
+use sluice_service::wire::{message_to_batch, Outgoing};
+use sluice_service::{bench, Compression, RemoteLoader, RemoteOptions};
 
 use crate::gen;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// What to measure: all, throughput, dataplane, dispatcher.
-    #[arg(long, default_value = "all")]
+    /// What to measure: all, throughput, dataplane, compression, dispatcher.
+    #[arg(long, default_value = "all", value_parser = ["all", "throughput", "dataplane", "compression", "dispatcher"])]
     what: String,
+    /// How pixels travel in the throughput runs: none or zstd.
+    #[arg(long, default_value = "none", value_parser = ["none", "zstd"])]
+    compression: String,
     /// An ImageFolder of JPEGs; without it one is generated in data/bench-service.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -149,8 +153,8 @@ pub fn main(a: Args) -> Result<()> {
     let mut out = serde_json::Map::new();
     let all = a.what == "all";
 
-    if all || a.what == "throughput" {
-        let root = match &a.data {
+    let images = || -> Result<PathBuf> {
+        Ok(match &a.data {
             Some(d) => d.canonicalize()?,
             None => {
                 let root = work.join("images");
@@ -159,7 +163,12 @@ pub fn main(a: Args) -> Result<()> {
                 }
                 root
             }
-        };
+        })
+    };
+    let compression = Compression::parse(&a.compression)?;
+
+    if all || a.what == "throughput" {
+        let root = images()?;
         // Every service is started up front (idle processes cost nothing) and each run
         // measures local and every worker count back to back, so the machine's noise hits
         // them alike; the ratio is taken per run, then the median.
@@ -199,12 +208,14 @@ pub fn main(a: Args) -> Result<()> {
                 let mut o = RemoteOptions::new(addr.clone(), format!("bench-{w}-{run}"));
                 o.token = None;
                 o.tasks_in_flight = 2 * w;
+                o.compression = compression;
                 let mut loader = RemoteLoader::connect(&spec(&root, a.batch, *per, run as u64), o)?;
                 for b in loader.iter() {
                     b?;
                 }
                 let t0 = Instant::now();
                 let c0 = tree_cpu(procs);
+                let (client0, dispatcher0) = (self_cpu(), proc_cpu(procs[0].0.id()));
                 let mut n = 0;
                 for _ in 0..a.epochs {
                     for b in loader.iter() {
@@ -212,12 +223,23 @@ pub fn main(a: Args) -> Result<()> {
                     }
                 }
                 let r = n as f64 / t0.elapsed().as_secs_f64();
-                let re = n as f64 / (tree_cpu(procs) - c0).max(1e-9);
+                let cpu = tree_cpu(procs) - c0;
+                let re = n as f64 / cpu.max(1e-9);
                 eff_ratios[k].push(re / le);
+                // Where the CPU went, in µs per image: client, dispatcher, workers.
+                let client = self_cpu() - client0;
+                let dispatcher = proc_cpu(procs[0].0.id()) - dispatcher0;
+                let per_img = |s: f64| 1e6 * s / n.max(1) as f64;
                 eprintln!(
-                    "run {run}: local {l:.0} img/s ({le:.0} img/CPU-s), {w} workers x {per} threads {r:.0} img/s ({:.1}%), {re:.0} img/CPU-s ({:.1}%)",
+                    "run {run}: local {l:.0} img/s ({le:.0} img/CPU-s), {w} workers x {per} threads {r:.0} img/s ({:.1}%), {re:.0} img/CPU-s ({:.1}%); \
+                     CPU µs/img: local {:.0}, remote {:.0} = workers {:.0} + client {:.0} + dispatcher {:.0}",
                     100.0 * r / l,
-                    100.0 * re / le
+                    100.0 * re / le,
+                    1e6 / le,
+                    per_img(cpu),
+                    per_img(cpu - client - dispatcher),
+                    per_img(client),
+                    per_img(dispatcher)
                 );
                 remote[k].push(r);
                 ratios[k].push(r / l);
@@ -273,6 +295,28 @@ pub fn main(a: Args) -> Result<()> {
         );
     }
 
+    if all || a.what == "compression" {
+        let root = images()?;
+        let row = compression_on_batches(&root, a.batch, threads)?;
+        eprintln!(
+            "delta + zstd on the pipeline's batches: {:.1} MB -> {:.1} MB (ratio {:.3}); one core compresses {:.2} GB/s ({:.0} µs/img), \
+             decompresses {:.2} GB/s ({:.0} µs/img)",
+            row.raw_bytes as f64 / 1e6,
+            row.packed_bytes as f64 / 1e6,
+            row.ratio,
+            row.compress_bytes_per_s / 1e9,
+            row.compress_us_per_img,
+            row.decompress_bytes_per_s / 1e9,
+            row.decompress_us_per_img
+        );
+        out.insert(
+            "compression".into(),
+            json!({"raw_bytes": row.raw_bytes, "packed_bytes": row.packed_bytes, "ratio": row.ratio,
+                   "compress_bytes_per_s": row.compress_bytes_per_s, "decompress_bytes_per_s": row.decompress_bytes_per_s,
+                   "compress_us_per_img": row.compress_us_per_img, "decompress_us_per_img": row.decompress_us_per_img}),
+        );
+    }
+
     if all || a.what == "dispatcher" {
         // One tiny image listed many times: a job of many one-sample tasks.
         let dir = work.join("load");
@@ -304,6 +348,53 @@ pub fn main(a: Args) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     Ok(())
+}
+
+struct PackRow {
+    raw_bytes: u64,
+    packed_bytes: u64,
+    /// Packed / raw bytes.
+    ratio: f64,
+    compress_bytes_per_s: f64,
+    decompress_bytes_per_s: f64,
+    compress_us_per_img: f64,
+    decompress_us_per_img: f64,
+}
+
+/// The data plane's compression over one epoch of the training pipeline's real batches
+/// (augmented pixels, not the no-op worker's zeros), on one core with the loader stopped:
+/// what `compression = zstd` saves on the wire and costs in worker and client CPU.
+fn compression_on_batches(root: &Path, batch: usize, threads: usize) -> Result<PackRow> {
+    let loader = Loader::new(spec(root, batch, threads, 0), Shard::default())?;
+    let batches = loader.iter().collect::<Result<Vec<_>, _>>()?;
+    drop(loader);
+    let (mut raw, mut packed, mut imgs) = (0u64, 0u64, 0usize);
+    let (mut tc, mut td) = (0f64, 0f64);
+    for b in batches {
+        imgs += b.len();
+        raw += b.images.as_bytes().len() as u64;
+        let t0 = Instant::now();
+        let out = Outgoing::new(b, Compression::Zstd);
+        let t1 = Instant::now();
+        packed += out.payload().len() as u64;
+        let m = out.into_message();
+        let t2 = Instant::now();
+        let back = message_to_batch(m)?;
+        let t3 = Instant::now();
+        std::hint::black_box(back);
+        tc += (t1 - t0).as_secs_f64();
+        td += (t3 - t2).as_secs_f64();
+    }
+    let n = imgs.max(1) as f64;
+    Ok(PackRow {
+        raw_bytes: raw,
+        packed_bytes: packed,
+        ratio: packed as f64 / raw.max(1) as f64,
+        compress_bytes_per_s: raw as f64 / tc.max(1e-9),
+        decompress_bytes_per_s: raw as f64 / td.max(1e-9),
+        compress_us_per_img: 1e6 * tc / n,
+        decompress_us_per_img: 1e6 * td / n,
+    })
 }
 
 /// Creates the job through a RemoteLoader-free path: the loader would start fetching.

@@ -303,6 +303,9 @@ pub struct RemoteRunArgs {
     /// epochs, e.g. N = workers); 0 or 1: a distributed epoch (every sample once).
     #[arg(long, default_value_t = 0)]
     parallel_epochs: u64,
+    /// Have workers compress pixels: none or zstd (pays only on links slower than the compressor).
+    #[arg(long, default_value = "none", value_parser = ["none", "zstd"])]
+    compression: String,
 }
 
 /// Reads epochs of a job through the service and reports throughput, checking that every
@@ -313,6 +316,7 @@ pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
     options.token = token(a.token);
     options.tls_ca = tls_ca(a.tls_ca);
     options.parallel_epochs = a.parallel_epochs;
+    options.compression = sluice_service::Compression::parse(&a.compression)?;
     let mut loader = sluice_service::RemoteLoader::connect(&spec, options)?;
     let info = loader.job().clone();
     println!(

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use sluice_core::{PipelineSpec, SourceSpec};
-use sluice_service::{RemoteLoader, RemoteOptions, ServiceError};
+use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SourceSpec};
+use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, ServiceError};
 use sluice_synth::DatasetOptions;
 
 const IMAGES: usize = 48;
@@ -240,7 +240,7 @@ fn a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_ba
     // Two clients naming one job share its stream: disjoint, and together everything.
     // (Through the gRPC data plane, so both transports are covered.)
     let mut grpc = options(&addr, "shared");
-    grpc.data_plane = sluice_service::DataPlane::Grpc;
+    grpc.data_plane = DataPlane::Grpc;
     let a = RemoteLoader::connect(&spec(&root, 4), grpc.clone()).unwrap();
     let b = RemoteLoader::connect(&spec(&root, 4), grpc).unwrap();
     assert_eq!(a.job().job_id, b.job().job_id);
@@ -423,6 +423,58 @@ fn metrics_endpoints_report_throughput_queue_depth_and_client_stalls() {
     assert!(metric_value(&w, "sluice_worker_samples_total") >= IMAGES as f64);
     assert!(metric_value(&w, "sluice_worker_bytes_sent_total") >= (IMAGES * 32 * 32 * 3) as f64);
     assert!(w.contains("sluice_worker_op_seconds_total{job_id=\"1\",op=\"read\"}"), "{w}");
+}
+
+#[test]
+fn compressed_batches_arrive_bit_identical_over_tcp_and_grpc() {
+    let _watchdog = watchdog("compressed_batches_arrive_bit_identical_over_tcp_and_grpc", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &[]);
+    let s = spec(&root, 3);
+    let read = |job: &str, compression: Compression, plane: DataPlane| {
+        let mut o = options(&addr, job);
+        o.compression = compression;
+        o.data_plane = plane;
+        let mut loader = RemoteLoader::connect(&s, o).unwrap();
+        let mut batches: Vec<_> = loader.iter().map(|b| b.unwrap()).collect();
+        batches.sort_by_key(|b| b.index);
+        batches
+    };
+    let plain = read("plain", Compression::None, DataPlane::Tcp);
+    assert_eq!(plain.len(), IMAGES.div_ceil(BATCH));
+    assert_eq!(read("zstd-tcp", Compression::Zstd, DataPlane::Tcp), plain);
+    assert_eq!(read("zstd-grpc", Compression::Zstd, DataPlane::Grpc), plain);
+}
+
+#[test]
+fn jobs_with_one_fingerprint_share_the_workers_cache() {
+    let _watchdog = watchdog("jobs_with_one_fingerprint_share_the_workers_cache", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let wm = free_addr();
+    let port = wm.rsplit(':').next().unwrap().to_string();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &["--metrics-port", &port]);
+    let mut s = spec(&root, 1);
+    s.cache = Some(CacheSpec { budget: ByteBudget::Bytes(1 << 30), level: CacheLevel::Decoded, resize: None, policy: CachePolicyKind::Lru });
+    let mut ids = Vec::new();
+    for job in ["first", "second"] {
+        let mut loader = RemoteLoader::connect(&s, options(&addr, job)).unwrap();
+        ids.push(loader.job().job_id);
+        assert_exactly_once(loader.iter().flat_map(|b| b.unwrap().keys).collect(), job);
+    }
+    assert_ne!(ids[0], ids[1], "two jobs");
+    let w = http_get(&wm);
+    // One cache for both jobs: every sample missed once (by the first job), and the second
+    // job's whole epoch hit. Separate caches would show two series and twice the misses.
+    let series = w.lines().filter(|l| l.starts_with("sluice_worker_cache_misses_total{")).count();
+    assert_eq!(series, 1, "{w}");
+    assert_eq!(metric_value(&w, "sluice_worker_cache_misses_total"), IMAGES as f64);
+    assert!(metric_value(&w, "sluice_worker_cache_hits_total") >= IMAGES as f64, "{w}");
 }
 
 #[test]

@@ -78,7 +78,9 @@ struct Shared {
     layout: Layout,
     stats: Mutex<Stats>,
     progress: Mutex<Progress>,
-    cache: Option<Cache>,
+    /// Shared with other loaders of the same pipeline when built by
+    /// [`Loader::with_shared_cache`].
+    cache: Option<Arc<Cache>>,
     /// Run every sample through prefix → (resize) → suffix rather than the fused plan.
     split: bool,
     /// Where the split path's step timings go in the stats' op list.
@@ -117,14 +119,6 @@ impl Loader {
     /// As [`Loader::new`], over a manifest built elsewhere (e.g. shared by a service).
     pub fn with_manifest(spec: PipelineSpec, manifest: Manifest, shard: Shard) -> Result<Self, PipelineError> {
         spec.validate()?;
-        if shard.world_size == 0 || shard.rank >= shard.world_size {
-            return Err(PipelineError::State(format!(
-                "rank {} is not in 0..world_size ({})",
-                shard.rank, shard.world_size
-            )));
-        }
-        let plan = Plan::compile(&spec.ops, spec.limits);
-        let (dtype, layout, _) = spec.output();
         let cache = match &spec.cache {
             None => None,
             Some(c) => {
@@ -138,9 +132,40 @@ impl Loader {
                         )
                     })?),
                 };
-                Some(Cache::new(c, budget, manifest.len()))
+                Some(Arc::new(Cache::new(c, budget, manifest.len())))
             }
         };
+        Self::build(spec, manifest, shard, cache)
+    }
+
+    /// As [`Loader::with_manifest`], filling and reading `cache` (another loader's, from
+    /// [`Loader::cache`]) instead of a cache of its own: loaders of the same pipeline over
+    /// the same data (a service's jobs with one fingerprint) then decode each sample once.
+    /// The caller vouches that the pipelines match; the dataset size is checked.
+    pub fn with_shared_cache(spec: PipelineSpec, manifest: Manifest, shard: Shard, cache: Arc<Cache>) -> Result<Self, PipelineError> {
+        spec.validate()?;
+        if spec.cache.is_none() {
+            return Err(PipelineError::State("a shared cache needs a pipeline with a cache section".into()));
+        }
+        if cache.dataset_len() != manifest.len() {
+            return Err(PipelineError::State(format!(
+                "the shared cache is for {} samples, this dataset has {}",
+                cache.dataset_len(),
+                manifest.len()
+            )));
+        }
+        Self::build(spec, manifest, shard, Some(cache))
+    }
+
+    fn build(spec: PipelineSpec, manifest: Manifest, shard: Shard, cache: Option<Arc<Cache>>) -> Result<Self, PipelineError> {
+        if shard.world_size == 0 || shard.rank >= shard.world_size {
+            return Err(PipelineError::State(format!(
+                "rank {} is not in 0..world_size ({})",
+                shard.rank, shard.world_size
+            )));
+        }
+        let plan = Plan::compile(&spec.ops, spec.limits);
+        let (dtype, layout, _) = spec.output();
         let resize = spec.cache.as_ref().and_then(|c| c.resize);
         let split = spec.cache.as_ref().is_some_and(|c| c.level != CacheLevel::Raw || c.resize.is_some());
         let mut names = vec!["read".to_string()];
@@ -179,6 +204,12 @@ impl Loader {
             spec,
         });
         Ok(Self { shared, pool: Pool::new(threads) })
+    }
+
+    /// The cache, to share with another loader of the same pipeline
+    /// ([`Loader::with_shared_cache`]); `None` without a cache section.
+    pub fn cache(&self) -> Option<Arc<Cache>> {
+        self.shared.cache.clone()
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -268,7 +299,7 @@ impl Loader {
 
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = lock(&self.shared.stats).snapshot();
-        s.cache = self.shared.cache.as_ref().map(Cache::stats);
+        s.cache = self.shared.cache.as_deref().map(Cache::stats);
         s
     }
 
@@ -302,7 +333,7 @@ impl Loader {
     /// cache its priorities for the epoch.
     fn draw_epoch(&self, epoch: u64) -> crate::sampler::EpochDraw {
         let shared = &self.shared;
-        let hot = shared.cache.as_ref().and_then(Cache::capacity_entries);
+        let hot = shared.cache.as_deref().and_then(Cache::capacity_entries);
         let inputs = DrawInputs {
             manifest: &shared.manifest,
             seed: shared.spec.seed,

@@ -61,6 +61,31 @@ fn hits_and_misses_give_bit_identical_batches_at_every_level_and_thread_count() 
 }
 
 #[test]
+fn a_loader_sharing_another_loaders_cache_hits_what_the_first_decoded() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 24);
+    let s = spec(&root, 5, 2, cache(1 << 30, CacheLevel::Decoded, None, CachePolicyKind::Lru));
+    let first = Loader::new(s.clone(), Shard::default()).unwrap();
+    let e0 = collect(&first);
+    let manifest = first.manifest().clone();
+    let second = Loader::with_shared_cache(s.clone(), manifest.clone(), Shard::default(), first.cache().unwrap()).unwrap();
+    // Same pipeline, same epoch 0: the same pixels, every sample a hit on the first's entries.
+    assert_eq!(collect(&second), e0);
+    let shared = second.stats().cache.unwrap();
+    assert_eq!((shared.misses, shared.hits, shared.entries), (24, 24, 24));
+    assert_eq!(first.stats().cache.unwrap().hits, 24, "one cache, seen from both loaders");
+
+    // Refused: a pipeline without a cache, or a cache made for another dataset size.
+    let mut plain = s.clone();
+    plain.cache = None;
+    let e = Loader::with_shared_cache(plain, manifest, Shard::default(), first.cache().unwrap()).err().unwrap();
+    assert!(e.to_string().contains("needs a pipeline with a cache section"), "{e}");
+    let other = Loader::new(spec(&dataset(&dir.path().join("b"), 7), 5, 1, s.cache.clone()), Shard::default()).unwrap();
+    let e = Loader::with_shared_cache(s, other.manifest().clone(), Shard::default(), first.cache().unwrap()).err().unwrap();
+    assert!(e.to_string().contains("the shared cache is for 24 samples, this dataset has 7"), "{e}");
+}
+
+#[test]
 fn a_raw_cache_without_resize_keeps_the_uncached_pixels() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path(), 12);

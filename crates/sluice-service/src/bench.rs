@@ -23,7 +23,7 @@ use crate::error::ServiceError;
 use crate::proto::worker::worker_client::WorkerClient;
 use crate::proto::worker::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
-use crate::wire::{batch_to_message, message_to_batch};
+use crate::wire::{message_to_batch, Compression, Outgoing};
 use crate::worker::dispatcher_client;
 use crate::MAX_MESSAGE_BYTES;
 
@@ -78,29 +78,16 @@ struct NoopWorker {
 
 #[tonic::async_trait]
 impl Worker for NoopWorker {
-    type RunTaskStream = ReceiverStream<Result<BatchMessage, Status>>;
+    type RunTaskStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<BatchMessage, Status>> + Send>>;
 
     async fn run_task(&self, request: Request<RunTaskRequest>) -> Result<Response<Self::RunTaskStream>, Status> {
-        let req = request.into_inner();
-        let (tx, rx) = mpsc::channel(2);
-        let (n, side) = (self.samples, self.side);
-        tokio::task::spawn_blocking(move || {
-            for index in req.start..req.end {
-                let batch = Batch {
-                    epoch: req.epoch,
-                    index,
-                    keys: (0..n as u64).collect(),
-                    labels: vec![0; n],
-                    images: Tensor::zeros(DType::U8, vec![n, side, side, 3]),
-                    layout: Layout::Hwc,
-                    weights: None,
-                };
-                if tx.blocking_send(Ok(batch_to_message(batch))).is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        use tokio_stream::StreamExt;
+        let rx = noop_batches(request.into_inner(), self.samples, self.side);
+        #[allow(clippy::result_large_err)] // tonic's stream item type
+        fn to_message(r: Result<Outgoing, Status>) -> Result<BatchMessage, Status> {
+            r.map(Outgoing::into_message)
+        }
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(to_message))))
     }
 }
 
@@ -140,7 +127,7 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
         for s in 0..streams.max(1) {
             let mut c = client.clone();
             tasks.push(tokio::spawn(async move {
-                let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per };
+                let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per, compression: 0 };
                 let mut stream = c.run_task(req).await?.into_inner();
                 let mut bytes = 0u64;
                 while let Some(m) = stream.message().await? {
@@ -164,7 +151,7 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
     })
 }
 
-fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Result<Batch, Status>> {
+fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Result<Outgoing, Status>> {
     let (tx, rx) = mpsc::channel(2);
     tokio::task::spawn_blocking(move || {
         for index in req.start..req.end {
@@ -177,7 +164,7 @@ fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Re
                 layout: Layout::Hwc,
                 weights: None,
             };
-            if tx.blocking_send(Ok(batch)).is_err() {
+            if tx.blocking_send(Ok(Outgoing::new(batch, Compression::None))).is_err() {
                 return;
             }
         }
@@ -200,7 +187,7 @@ pub fn tcp_data_plane(samples: usize, side: usize, batches: u64, streams: u64) -
         for s in 0..streams.max(1) {
             let addr = addr.clone();
             tasks.push(tokio::spawn(async move {
-                let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per };
+                let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per, compression: 0 };
                 let mut stream = crate::dataplane::TaskStream::open(&addr, None, &req, None).await?;
                 let mut bytes = 0u64;
                 while let Some(b) = stream.next().await? {

@@ -28,7 +28,7 @@ use crate::proto::worker::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::security::TokenAttach;
 use crate::tls::ClientTls;
-use crate::wire::message_to_batch;
+use crate::wire::{message_to_batch, Compression};
 use crate::worker::{dispatcher_client, DispatcherConn};
 use crate::MAX_MESSAGE_BYTES;
 
@@ -51,6 +51,9 @@ pub struct RemoteOptions {
     pub give_up_after: Duration,
     /// How batches travel from workers.
     pub data_plane: DataPlane,
+    /// Whether workers compress pixels for this client (delta + zstd): pays only on links
+    /// slower than the compressor (BENCHMARKS has its speed and ratio). Default: none.
+    pub compression: Compression,
     /// The CA (PEM) of the service's certificates: talk TLS to the dispatcher and workers
     /// (default: $SLUICE_TLS_CA; none: plain TCP).
     pub tls_ca: Option<PathBuf>,
@@ -77,6 +80,7 @@ impl RemoteOptions {
             parallel_epochs: 0,
             give_up_after: Duration::from_secs(60),
             data_plane: DataPlane::Tcp,
+            compression: Compression::None,
             tls_ca: std::env::var_os("SLUICE_TLS_CA").filter(|v| !v.is_empty()).map(PathBuf::from),
         }
     }
@@ -99,6 +103,7 @@ struct Conn {
     token: TokenAttach,
     raw_token: Option<String>,
     data_plane: DataPlane,
+    compression: Compression,
     tls: Option<ClientTls>,
     workers: Mutex<HashMap<String, WorkerConn>>,
     give_up_after: Duration,
@@ -245,6 +250,7 @@ impl RemoteLoader {
             token,
             raw_token: options.token.clone().filter(|t| !t.is_empty()),
             data_plane: options.data_plane,
+            compression: options.compression,
             tls,
             workers: Mutex::new(HashMap::new()),
             give_up_after: options.give_up_after,
@@ -572,7 +578,13 @@ async fn run_task(
 ) -> Result<bool, ServiceError> {
     let mut received = 0u64;
     let outcome: Result<(), Status> = async {
-        let req = RunTaskRequest { job_id: task.job_id, epoch: task.epoch, start: task.start, end: task.end };
+        let req = RunTaskRequest {
+            job_id: task.job_id,
+            epoch: task.epoch,
+            start: task.start,
+            end: task.end,
+            compression: conn.compression.to_wire(),
+        };
         let mut source = if conn.data_plane == DataPlane::Tcp && !task.worker_data_addr.is_empty() {
             Source::Tcp(TaskStream::open(&task.worker_data_addr, conn.raw_token.as_deref(), &req, conn.tls.as_ref()).await?)
         } else {

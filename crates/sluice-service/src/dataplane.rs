@@ -6,7 +6,8 @@
 //! One task per connection. Client → worker:
 //!   `b"SLDP1"`, u32 token length, token, u32 request length, `RunTaskRequest` (prost).
 //! Worker → client, repeated, each frame starting with a kind byte:
-//!   `1` batch: u32 header length, `BatchMessage` without `data` (prost), u64 data length, data;
+//!   `1` batch: u32 header length, `BatchMessage` without `data` (prost), u64 data length, data
+//!       (the pixels, compressed when the request asked and the header says so);
 //!   `2` end of task;
 //!   `3` error: u32 gRPC status code, u32 message length, message (UTF-8).
 //! Integers are little-endian. Sizes are bounded before anything is allocated.
@@ -18,17 +19,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
-use sluice_core::{Batch, TensorData};
+use sluice_core::Batch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
 use crate::error::ServiceError;
-use crate::proto::{dtype, layout, BatchMessage, RunTaskRequest};
+use crate::proto::{BatchMessage, RunTaskRequest};
 use crate::security::constant_time_eq;
 use crate::tls::ClientTls;
-use crate::wire::message_to_batch;
+use crate::wire::{message_to_batch, Outgoing};
 use crate::MAX_MESSAGE_BYTES;
 
 const MAGIC: &[u8; 5] = b"SLDP1";
@@ -45,7 +46,7 @@ fn io_status(e: std::io::Error) -> Status {
 
 /// What runs a task: the worker's loader (or, in benchmarks, a no-op producer).
 pub type StartTask = Arc<
-    dyn Fn(RunTaskRequest) -> Pin<Box<dyn Future<Output = Result<mpsc::Receiver<Result<Batch, Status>>, Status>> + Send>>
+    dyn Fn(RunTaskRequest) -> Pin<Box<dyn Future<Output = Result<mpsc::Receiver<Result<Outgoing, Status>>, Status>> + Send>>
         + Send
         + Sync,
 >;
@@ -135,28 +136,6 @@ async fn write_error(w: &mut (impl AsyncWriteExt + Unpin), s: &Status) -> std::i
     w.flush().await
 }
 
-/// The batch's columns without its pixels.
-fn header(b: &Batch) -> BatchMessage {
-    BatchMessage {
-        epoch: b.epoch,
-        index: b.index,
-        keys: b.keys.clone(),
-        labels: b.labels.clone(),
-        shape: b.images.shape.iter().map(|&d| d as u64).collect(),
-        dtype: match b.images.data {
-            TensorData::U8(_) => dtype::U8,
-            TensorData::F32(_) => dtype::F32,
-        },
-        layout: match b.layout {
-            sluice_core::Layout::Hwc => layout::HWC,
-            sluice_core::Layout::Chw => layout::CHW,
-        },
-        data: Vec::new(),
-        has_weights: b.weights.is_some(),
-        weights: b.weights.clone().unwrap_or_default(),
-    }
-}
-
 async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) -> std::io::Result<()> {
     let (r, w) = tokio::io::split(sock);
     let mut r = BufReader::new(r);
@@ -172,9 +151,9 @@ async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) 
     };
     while let Some(item) = rx.recv().await {
         match item {
-            Ok(batch) => {
-                let head = header(&batch).encode_to_vec();
-                let data = batch.images.as_bytes();
+            Ok(out) => {
+                let head = out.header().encode_to_vec();
+                let data = out.payload();
                 w.write_u8(KIND_BATCH).await?;
                 w.write_u32_le(head.len() as u32).await?;
                 w.write_all(&head).await?;
@@ -287,6 +266,7 @@ async fn read_payload(r: &mut (impl AsyncReadExt + Unpin), len: usize) -> std::i
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Compression;
     use sluice_core::{DType, Layout, Tensor};
 
     fn start() -> StartTask {
@@ -304,7 +284,7 @@ mod tests {
                             layout: Layout::Chw,
                             weights: None,
                         };
-                        let _ = tx.send(Ok(b)).await;
+                        let _ = tx.send(Ok(Outgoing::new(b, Compression::from_wire(req.compression).unwrap()))).await;
                     }
                     if req.end == 99 {
                         let _ = tx.send(Err(Status::failed_precondition("bad sample #3"))).await;
@@ -320,19 +300,22 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(serve(listener, start(), Some("tok".into()), None));
-        let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6 };
-        let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
-        let mut got = Vec::new();
-        while let Some(b) = s.next().await.unwrap() {
-            assert_eq!((b.epoch, b.layout, b.images.shape.clone()), (2, Layout::Chw, vec![1, 2, 2, 3]));
-            got.push(b.index);
+        for compression in [Compression::None, Compression::Zstd] {
+            let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: compression.to_wire() };
+            let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
+            let mut got = Vec::new();
+            while let Some(b) = s.next().await.unwrap() {
+                assert_eq!((b.epoch, b.layout, b.images.shape.clone()), (2, Layout::Chw, vec![1, 2, 2, 3]));
+                got.push(b.index);
+            }
+            assert_eq!(got, vec![3, 4, 5]);
         }
-        assert_eq!(got, vec![3, 4, 5]);
+        let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0 };
 
         let mut s = TaskStream::open(&addr, Some("nope"), &req, None).await.unwrap();
         assert_eq!(s.next().await.unwrap_err().code(), Code::Unauthenticated);
 
-        let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99 };
+        let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99, compression: 0 };
         let mut s = TaskStream::open(&addr, Some("tok"), &bad, None).await.unwrap();
         assert!(s.next().await.unwrap().is_some());
         let e = s.next().await.unwrap_err();

@@ -22,6 +22,7 @@ pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::ServiceError;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use tls::{ClientTls, ServerTls, TlsFiles};
+pub use wire::Compression;
 pub use worker::{run_worker, WorkerConfig};
 
 /// Largest gRPC message either side sends or accepts: a batch of 256 f32 images at

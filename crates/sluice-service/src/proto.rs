@@ -98,6 +98,10 @@ pub struct JobDefinition {
     /// Passes per epoch (see `CreateJobRequest::parallel_epochs`); 0 means 1.
     #[prost(uint64, tag = "4")]
     pub passes: u64,
+    /// The job's fingerprint (`JobInfo::fingerprint`): workers share one cache among the
+    /// jobs that have it.
+    #[prost(string, tag = "5")]
+    pub fingerprint: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -237,6 +241,16 @@ pub struct RunTaskRequest {
     pub start: u64,
     #[prost(uint64, tag = "4")]
     pub end: u64,
+    /// How the worker packs pixels (`compression::NONE` or `compression::ZSTD`).
+    #[prost(uint32, tag = "5")]
+    pub compression: u32,
+}
+
+pub mod compression {
+    pub const NONE: u32 = 0;
+    /// Each byte minus the same byte of the previous pixel (`wire::delta_stride`), then
+    /// zstd level 1 over the whole buffer.
+    pub const ZSTD: u32 = 1;
 }
 
 pub mod dtype {
@@ -273,6 +287,9 @@ pub struct BatchMessage {
     pub weights: Vec<f32>,
     #[prost(bool, tag = "10")]
     pub has_weights: bool,
+    /// How `data` is packed (`compression::*`); the unpacked size follows from the shape.
+    #[prost(uint32, tag = "11")]
+    pub compression: u32,
 }
 
 pub mod dispatcher {

@@ -2,8 +2,9 @@
 //! the same [`Loader`] as local mode over one task's range of an epoch, streaming the
 //! batches to the client that asked.
 //!
-//! Cache sharing seam: loaders (and so their caches) are kept per job; jobs whose
-//! fingerprints match could share one cache here, keyed by fingerprint (not done yet).
+//! Loaders are kept per job (each job has its own epochs and importance feedback), but
+//! jobs with the same fingerprint (same pipeline, same data) share one cache: a sample
+//! one job decoded is a hit for the others.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,8 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_core::{Batch, PipelineSpec};
-use sluice_pipeline::{Loader, PipelineError, Shard};
+use sluice_core::PipelineSpec;
+use sluice_pipeline::cache::Cache;
+use sluice_pipeline::{CacheStats, Loader, PipelineError, Shard};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
@@ -28,7 +30,7 @@ use crate::proto::worker::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenAttach, TokenCheck};
 use crate::tls::{ClientTls, ServerTls, TlsFiles};
-use crate::wire::batch_to_message;
+use crate::wire::{Compression, Outgoing};
 use crate::MAX_MESSAGE_BYTES;
 
 #[derive(Debug, Clone)]
@@ -96,6 +98,7 @@ struct Counters {
     batches: AtomicU64,
     samples: AtomicU64,
     bytes: AtomicU64,
+    pixel_bytes: AtomicU64,
     task_time: Histogram,
     refused: AtomicU64,
 }
@@ -105,6 +108,8 @@ struct Inner {
     roots: AllowedRoots,
     threads: usize,
     jobs: tokio::sync::Mutex<HashMap<u64, Arc<JobRunner>>>,
+    /// Caches by job fingerprint (only taken while `jobs` is held).
+    caches: Mutex<HashMap<String, Arc<Cache>>>,
     counters: Counters,
     started: Instant,
 }
@@ -125,6 +130,7 @@ impl WorkerService {
                 roots: AllowedRoots::new(&config.allow_roots)?,
                 threads: config.threads,
                 jobs: tokio::sync::Mutex::new(HashMap::new()),
+                caches: Mutex::new(HashMap::new()),
                 counters: Counters::default(),
                 started: Instant::now(),
             }),
@@ -153,6 +159,7 @@ impl WorkerService {
         }
         self.inner.roots.check_source(&spec.source)?;
         let roots = self.inner.roots.clone();
+        let inner = self.inner.clone();
         let loader = tokio::task::spawn_blocking(move || -> Result<Loader, ServiceError> {
             let manifest = sluice_pipeline::source::build_manifest(&spec.source).map_err(PipelineError::from)?;
             roots.check_manifest(&manifest)?;
@@ -163,7 +170,18 @@ impl WorkerService {
                     def.manifest_fingerprint
                 )));
             }
-            Ok(Loader::with_manifest(spec, manifest, Shard::default())?)
+            let mut caches = inner.caches.lock().unwrap_or_else(|p| p.into_inner());
+            let loader = match caches.get(&def.fingerprint) {
+                Some(cache) => {
+                    tracing::info!(job_id, fingerprint = %def.fingerprint, "job shares the cache of an earlier job");
+                    Loader::with_shared_cache(spec, manifest, Shard::default(), cache.clone())?
+                }
+                None => Loader::with_manifest(spec, manifest, Shard::default())?,
+            };
+            if let Some(cache) = loader.cache() {
+                caches.entry(def.fingerprint.clone()).or_insert(cache);
+            }
+            Ok(loader)
         })
         .await
         .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
@@ -184,10 +202,28 @@ impl WorkerService {
         metric(&mut out, "sluice_worker_tasks_running", "gauge", "tasks running or queued (queue depth)", c.tasks_running.load(Ordering::Relaxed) as f64);
         metric(&mut out, "sluice_worker_batches_total", "counter", "batches sent", batches);
         metric(&mut out, "sluice_worker_samples_total", "counter", "samples sent", samples);
-        metric(&mut out, "sluice_worker_bytes_sent_total", "counter", "pixel bytes sent", c.bytes.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_worker_bytes_sent_total", "counter", "pixel bytes sent, after compression", c.bytes.load(Ordering::Relaxed) as f64);
+        metric(&mut out, "sluice_worker_pixel_bytes_total", "counter", "pixel bytes produced, before compression", c.pixel_bytes.load(Ordering::Relaxed) as f64);
         metric(&mut out, "sluice_worker_samples_per_second", "gauge", "mean throughput since start", if up > 0.0 { samples / up } else { 0.0 });
         metric(&mut out, "sluice_worker_requests_refused_total", "counter", "RunTask calls refused", c.refused.load(Ordering::Relaxed) as f64);
         c.task_time.render(&mut out, "sluice_worker_task_seconds", "time to run and stream one task", "");
+        // Each cache once (jobs with one fingerprint share it).
+        if let Ok(caches) = self.inner.caches.try_lock() {
+            type Value = fn(&CacheStats) -> f64;
+            let series: [(&str, &str, &str, Value); 4] = [
+                ("sluice_worker_cache_hits_total", "counter", "cache hits", |s| s.hits as f64),
+                ("sluice_worker_cache_misses_total", "counter", "cache misses", |s| s.misses as f64),
+                ("sluice_worker_cache_hit_rate", "gauge", "hits / lookups since start", |s| s.hit_rate),
+                ("sluice_worker_cache_bytes", "gauge", "bytes held", |s| s.used_bytes as f64),
+            ];
+            let stats: Vec<_> = caches.iter().map(|(f, c)| (f, c.stats())).collect();
+            for (name, kind, help, value) in series {
+                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+                for (f, s) in &stats {
+                    out.push_str(&format!("{name}{{fingerprint=\"{f}\"}} {}\n", value(s)));
+                }
+            }
+        }
         // Per-op busy time of every job's loader.
         if let Ok(jobs) = self.inner.jobs.try_lock() {
             out.push_str("# HELP sluice_worker_op_seconds_total busy time per op, summed over threads\n# TYPE sluice_worker_op_seconds_total counter\n");
@@ -213,7 +249,11 @@ type BatchStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<Batc
 impl WorkerService {
     /// Starts one task: checks it, then runs the job's loader over the task's batch range on
     /// a blocking thread. Batches arrive on the returned channel, in order; an error ends it.
-    pub(crate) async fn start_task(&self, req: RunTaskRequest) -> Result<mpsc::Receiver<Result<Batch, Status>>, Status> {
+    pub(crate) async fn start_task(&self, req: RunTaskRequest) -> Result<mpsc::Receiver<Result<Outgoing, Status>>, Status> {
+        let compression = Compression::from_wire(req.compression).map_err(|e| {
+            self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
+            Status::from(e)
+        })?;
         let runner = match self.runner(req.job_id).await {
             Ok(r) => r,
             Err(e) => {
@@ -254,8 +294,10 @@ impl WorkerService {
                         batch.epoch = req.epoch;
                         batch.index += offset;
                         let n = batch.len() as u64;
-                        let bytes = batch.images.as_bytes().len() as u64;
-                        if tx.blocking_send(Ok(batch)).is_err() {
+                        let pixel_bytes = batch.images.as_bytes().len() as u64;
+                        let out = Outgoing::new(batch, compression);
+                        let bytes = out.payload().len() as u64;
+                        if tx.blocking_send(Ok(out)).is_err() {
                             // The client went away; stop working for it.
                             complete = false;
                             break;
@@ -263,6 +305,7 @@ impl WorkerService {
                         c.batches.fetch_add(1, Ordering::Relaxed);
                         c.samples.fetch_add(n, Ordering::Relaxed);
                         c.bytes.fetch_add(bytes, Ordering::Relaxed);
+                        c.pixel_bytes.fetch_add(pixel_bytes, Ordering::Relaxed);
                     }
                     Err(e) => {
                         tracing::warn!(job_id = req.job_id, epoch = req.epoch, error = %e, "task failed");
@@ -290,8 +333,8 @@ impl Worker for WorkerService {
         use tokio_stream::StreamExt;
         let rx = self.start_task(request.into_inner()).await?;
         #[allow(clippy::result_large_err)] // tonic's stream item type
-        fn to_message(r: Result<Batch, Status>) -> Result<BatchMessage, Status> {
-            r.map(batch_to_message)
+        fn to_message(r: Result<Outgoing, Status>) -> Result<BatchMessage, Status> {
+            r.map(Outgoing::into_message)
         }
         let stream = ReceiverStream::new(rx).map(to_message);
         Ok(Response::new(Box::pin(stream)))

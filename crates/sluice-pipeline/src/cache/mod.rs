@@ -142,6 +142,11 @@ impl Cache {
         }
     }
 
+    /// Samples in the dataset the cache was made for.
+    pub fn dataset_len(&self) -> usize {
+        self.dataset_len
+    }
+
     pub fn budget(&self) -> u64 {
         self.budget
     }

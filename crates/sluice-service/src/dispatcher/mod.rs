@@ -253,6 +253,7 @@ impl Dispatcher for DispatcherService {
             spec_json: j.spec_json.clone(),
             manifest_fingerprint: j.manifest_fingerprint.clone(),
             passes: j.passes,
+            fingerprint: j.fingerprint.clone(),
         });
         self.counted(r)
     }
