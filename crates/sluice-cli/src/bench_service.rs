@@ -26,6 +26,9 @@ pub struct Args {
     /// What to measure: all, throughput, dataplane, compression, dispatcher.
     #[arg(long, default_value = "all", value_parser = ["all", "throughput", "dataplane", "compression", "dispatcher"])]
     what: String,
+    /// Batches per task in the throughput runs (0: the dispatcher's default).
+    #[arg(long, default_value_t = 0)]
+    task_batches: u64,
     /// How pixels travel in the throughput runs: none or zstd.
     #[arg(long, default_value = "none", value_parser = ["none", "zstd"])]
     compression: String,
@@ -209,6 +212,7 @@ pub fn main(a: Args) -> Result<()> {
                 o.token = None;
                 o.tasks_in_flight = 2 * w;
                 o.compression = compression;
+                o.task_batches = a.task_batches;
                 let mut loader = RemoteLoader::connect(&spec(&root, a.batch, *per, run as u64), o)?;
                 for b in loader.iter() {
                     b?;
