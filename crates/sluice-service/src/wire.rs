@@ -73,10 +73,6 @@ impl Outgoing {
         Self { batch, packed }
     }
 
-    pub fn batch(&self) -> &Batch {
-        &self.batch
-    }
-
     /// The bytes that travel for the pixels.
     pub fn payload(&self) -> &[u8] {
         self.packed.as_deref().unwrap_or_else(|| self.batch.images.as_bytes())
@@ -288,7 +284,6 @@ mod tests {
         let b = Batch { epoch: 1, index: 2, keys: vec![0, 1, 2, 3], labels: vec![0; 4], images, layout: Layout::Hwc, weights: None };
         let out = Outgoing::new(b.clone(), Compression::Zstd);
         assert!(out.payload().len() < b.images.as_bytes().len() / 4, "{} bytes", out.payload().len());
-        assert_eq!(out.batch(), &b);
 
         let mut m = out.into_message();
         m.data.truncate(m.data.len() / 2);
