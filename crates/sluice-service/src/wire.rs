@@ -149,28 +149,12 @@ fn header(b: &Batch, compression: u32) -> BatchMessage {
 }
 
 pub fn batch_to_message(batch: Batch) -> BatchMessage {
-    let Batch { epoch, index, keys, labels, images, layout: lay, weights } = batch;
-    let Tensor { shape, data } = images;
-    let (dt, data) = match data {
-        TensorData::U8(v) => (dtype::U8, v),
-        TensorData::F32(v) => (dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    let head = header(&batch, compression::NONE);
+    let data = match batch.images.data {
+        TensorData::U8(v) => v,
+        TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     };
-    BatchMessage {
-        epoch,
-        index,
-        keys,
-        labels,
-        shape: shape.iter().map(|&d| d as u64).collect(),
-        dtype: dt,
-        layout: match lay {
-            Layout::Hwc => layout::HWC,
-            Layout::Chw => layout::CHW,
-        },
-        data,
-        has_weights: weights.is_some(),
-        weights: weights.unwrap_or_default(),
-        compression: compression::NONE,
-    }
+    BatchMessage { data, ..head }
 }
 
 pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
