@@ -67,6 +67,9 @@ struct Progress {
     generation: u64,
 }
 
+/// An epoch, its order and its weights.
+type TaskDraw = (u64, Arc<Vec<u32>>, Option<Arc<Vec<f32>>>);
+
 struct Shared {
     spec: PipelineSpec,
     manifest: Manifest,
@@ -78,6 +81,8 @@ struct Shared {
     layout: Layout,
     stats: Mutex<Stats>,
     progress: Mutex<Progress>,
+    /// Epoch orders drawn for task iterators ([`Loader::iter_range`]), newest last.
+    task_draws: Mutex<Vec<TaskDraw>>,
     /// Shared with other loaders of the same pipeline when built by
     /// [`Loader::with_shared_cache`].
     cache: Option<Arc<Cache>>,
@@ -194,6 +199,7 @@ impl Loader {
             layout,
             stats: Mutex::new(Stats::new(names)),
             progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
+            task_draws: Mutex::new(Vec::new()),
             importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
             cache,
             split,
@@ -233,6 +239,11 @@ impl Loader {
 
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// Bytes of a full batch's images: the most any batch of this loader carries.
+    pub fn batch_bytes(&self) -> usize {
+        self.shared.spec.batch.size * self.shared.sample_shape.iter().product::<usize>() * self.shared.dtype.size()
     }
 
     /// Resizes the worker pool while it runs.
@@ -289,6 +300,7 @@ impl Loader {
         }
         if let Some(imp) = &state.importance {
             lock(&self.shared.importance).restore(imp);
+            lock(&self.shared.task_draws).clear();
         }
         let mut p = lock(&self.shared.progress);
         p.epoch = state.epoch;
@@ -368,7 +380,47 @@ impl Loader {
             (p.epoch, p.batch, p.generation)
         };
         let draw = self.draw_epoch(epoch);
-        let order = draw.order;
+        self.epoch_iter(epoch, start, Some(generation), Arc::new(draw.order), draw.weights.map(Arc::new))
+    }
+
+    /// Iterates only batches `start..end` of `epoch` (clamped to the epoch): one task of a
+    /// distributed epoch, as a service worker runs it. Nothing past `end` is prefetched.
+    /// Task iterators stand apart from the loader's own position: they neither retire nor
+    /// are retired by other iterators and leave [`Loader::state`] alone, so several tasks
+    /// can share the pool at once (the next task's samples fill the threads while the
+    /// last one's finish). Each epoch's order is drawn once, for all its tasks.
+    pub fn iter_range(&self, epoch: u64, start: u64, end: u64) -> EpochIter {
+        let (order, weights) = self.task_draw(epoch);
+        let mut it = self.epoch_iter(epoch, start, None, order, weights);
+        it.n_batches = it.n_batches.min(end);
+        it
+    }
+
+    /// The order and weights of `epoch` for [`Loader::iter_range`], drawn on first use.
+    /// The last two epochs are kept: a service client reads ahead into the next epoch
+    /// while the current one finishes.
+    fn task_draw(&self, epoch: u64) -> (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>) {
+        let mut draws = lock(&self.shared.task_draws);
+        if let Some((_, order, weights)) = draws.iter().find(|d| d.0 == epoch) {
+            return (order.clone(), weights.clone());
+        }
+        let draw = self.draw_epoch(epoch);
+        let (order, weights) = (Arc::new(draw.order), draw.weights.map(Arc::new));
+        if draws.len() == 2 {
+            draws.remove(0);
+        }
+        draws.push((epoch, order.clone(), weights.clone()));
+        (order, weights)
+    }
+
+    fn epoch_iter(
+        &self,
+        epoch: u64,
+        start: u64,
+        generation: Option<u64>,
+        order: Arc<Vec<u32>>,
+        weights: Option<Arc<Vec<f32>>>,
+    ) -> EpochIter {
         let n_batches = batches_for(order.len(), &self.shared.spec) as u64;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         EpochIter {
@@ -376,8 +428,8 @@ impl Loader {
             pool: self.pool.clone(),
             epoch,
             generation,
-            order: Arc::new(order),
-            weights: draw.weights.map(Arc::new),
+            order,
+            weights,
             n_batches,
             next_submit: start,
             next_emit: start,
@@ -387,22 +439,6 @@ impl Loader {
             cancel: Arc::new(AtomicBool::new(false)),
             finished: false,
         }
-    }
-}
-
-impl Loader {
-    /// Iterates only batches `start..end` of `epoch` (clamped to the epoch): one task of a
-    /// distributed epoch, as a service worker runs it. Nothing past `end` is prefetched.
-    /// Retires older iterators, like [`Loader::iter`].
-    pub fn iter_range(&self, epoch: u64, start: u64, end: u64) -> EpochIter {
-        {
-            let mut p = lock(&self.shared.progress);
-            p.epoch = epoch;
-            p.batch = start;
-        }
-        let mut it = self.iter();
-        it.n_batches = it.n_batches.min(end);
-        it
     }
 }
 
@@ -472,7 +508,8 @@ pub struct EpochIter {
     shared: Arc<Shared>,
     pool: Pool,
     epoch: u64,
-    generation: u64,
+    /// The loader's iterator generation; `None` for a task iterator, which stands apart.
+    generation: Option<u64>,
     order: Arc<Vec<u32>>,
     /// Per-position weights of an importance-sampled epoch.
     weights: Option<Arc<Vec<f32>>>,
@@ -544,7 +581,7 @@ impl EpochIter {
     }
 
     fn is_current(&self) -> bool {
-        lock(&self.shared.progress).generation == self.generation
+        self.generation.is_none_or(|g| lock(&self.shared.progress).generation == g)
     }
 
     /// Blocks until batch `b` is complete, folding in whatever other chunks finish first.
@@ -637,8 +674,9 @@ impl EpochIter {
     }
 
     fn record_progress(&self, batches_done: u64) {
+        let Some(generation) = self.generation else { return };
         let mut p = lock(&self.shared.progress);
-        if p.generation != self.generation {
+        if p.generation != generation {
             return;
         }
         if batches_done >= self.n_batches {

@@ -72,6 +72,39 @@ fn resizing_the_pool_mid_epoch_changes_nothing_in_the_output() {
 }
 
 #[test]
+fn task_ranges_run_side_by_side_give_the_epochs_batches_and_leave_the_loader_where_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 30, 0);
+    let whole: Vec<Batch> = {
+        let l = Loader::new(spec(&root, 4, 2), Shard::default()).unwrap();
+        l.set_epoch(3);
+        collect(&l)
+    };
+    assert_eq!(whole.len(), 8);
+    let loader = Loader::new(spec(&root, 4, 2), Shard::default()).unwrap();
+    let before = (loader.state().epoch, loader.state().batch);
+    // Two tasks of epoch 3 and one of epoch 4 in flight at once on one pool, read in turns,
+    // as a service worker runs a job's tasks: none retires another.
+    let mut a = loader.iter_range(3, 0, 3);
+    let mut b = loader.iter_range(3, 3, 8);
+    let mut next_epoch = loader.iter_range(4, 0, 2);
+    let mut got = Vec::new();
+    loop {
+        let (x, y) = (a.next(), b.next());
+        if x.is_none() && y.is_none() {
+            break;
+        }
+        got.extend(x.into_iter().chain(y).map(|r| r.unwrap()));
+    }
+    got.sort_by_key(|b| b.index);
+    assert_eq!(got, whole);
+    assert_eq!(next_epoch.by_ref().count(), 2);
+    assert_eq!((loader.state().epoch, loader.state().batch), before, "task ranges leave the loader's own position alone");
+    // And the loader's own iterator still runs its epoch from the start.
+    assert_eq!(collect(&loader).len(), 8);
+}
+
+#[test]
 fn epochs_differ_in_order_and_augmentation_and_repeat_across_runs() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path(), 16, 0);
