@@ -17,7 +17,7 @@ use serde_json::json;
 use sluice_core::{PipelineSpec, SourceSpec};
 use sluice_pipeline::{Loader, Shard};
 use sluice_service::wire::{message_to_batch, Outgoing};
-use sluice_service::{bench, Compression, RemoteLoader, RemoteOptions};
+use sluice_service::{bench, Compression, DataPlane, RemoteLoader, RemoteOptions};
 
 use crate::gen;
 
@@ -32,6 +32,10 @@ pub struct Args {
     /// How pixels travel in the throughput runs: none or zstd.
     #[arg(long, default_value = "none", value_parser = ["none", "zstd"])]
     compression: String,
+    /// How batches travel in the throughput runs: auto (shared memory, the workers being
+    /// on this machine), tcp or grpc.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "grpc"])]
+    data_plane: String,
     /// An ImageFolder of JPEGs; without it one is generated in data/bench-service.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -169,6 +173,7 @@ pub fn main(a: Args) -> Result<()> {
         })
     };
     let compression = Compression::parse(&a.compression)?;
+    let data_plane = DataPlane::parse(&a.data_plane)?;
 
     if all || a.what == "throughput" {
         let root = images()?;
@@ -212,6 +217,7 @@ pub fn main(a: Args) -> Result<()> {
                 o.token = None;
                 o.tasks_in_flight = 2 * w;
                 o.compression = compression;
+                o.data_plane = data_plane;
                 o.task_batches = a.task_batches;
                 let mut loader = RemoteLoader::connect(&spec(&root, a.batch, *per, run as u64), o)?;
                 for b in loader.iter() {
@@ -274,28 +280,30 @@ pub fn main(a: Args) -> Result<()> {
         let (samples, side) = (64usize, 224usize);
         let batch_bytes = (samples * side * side * 3) as u64;
         let batches = 200u64;
-        let mut raw = Vec::new();
-        let mut grpc = Vec::new();
-        let mut tcp = Vec::new();
+        let (mut raw, mut grpc, mut tcp, mut local) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.runs {
             raw.push(bench::raw_tcp(batch_bytes * batches, 1 << 20)?);
-            tcp.push(bench::tcp_data_plane(samples, side, batches, 2)?);
+            tcp.push(bench::own_data_plane(samples, side, batches, 2, false)?);
+            local.push(bench::own_data_plane(samples, side, batches, 2, true)?);
             grpc.push(bench::data_plane(samples, side, batches, 2)?);
         }
-        let (raw, grpc, tcp) = (median(&mut raw), median(&mut grpc), median(&mut tcp));
+        let (raw, grpc, tcp, local) = (median(&mut raw), median(&mut grpc), median(&mut tcp), median(&mut local));
         eprintln!(
-            "data plane ({} MB batches, no-op worker): TCP data plane {:.2} GB/s = {:.1}% of raw loopback TCP {:.2} GB/s; gRPC streaming {:.2} GB/s = {:.1}%",
+            "data plane ({} MB batches, no-op worker): TCP data plane {:.2} GB/s = {:.1}% of raw loopback TCP {:.2} GB/s; \
+             local (shared memory) {:.2} GB/s = {:.1}%; gRPC streaming {:.2} GB/s = {:.1}%",
             batch_bytes / 1_000_000,
             tcp / 1e9,
             100.0 * tcp / raw,
             raw / 1e9,
+            local / 1e9,
+            100.0 * local / raw,
             grpc / 1e9,
             100.0 * grpc / raw
         );
         out.insert(
             "dataplane".into(),
-            json!({"tcp_bytes_per_s": tcp, "grpc_bytes_per_s": grpc, "raw_tcp_bytes_per_s": raw,
-                   "tcp_ratio": tcp / raw, "grpc_ratio": grpc / raw, "batch_bytes": batch_bytes}),
+            json!({"tcp_bytes_per_s": tcp, "local_bytes_per_s": local, "grpc_bytes_per_s": grpc, "raw_tcp_bytes_per_s": raw,
+                   "tcp_ratio": tcp / raw, "local_ratio": local / raw, "grpc_ratio": grpc / raw, "batch_bytes": batch_bytes}),
         );
     }
 

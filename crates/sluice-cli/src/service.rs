@@ -122,6 +122,9 @@ pub struct WorkerArgs {
     /// CA (PEM) of the dispatcher's certificate: reach it over TLS (default: $SLUICE_TLS_CA).
     #[arg(long)]
     tls_ca: Option<PathBuf>,
+    /// Serve clients on this machine over TCP only, not through shared memory.
+    #[arg(long)]
+    no_shared_memory: bool,
     #[command(flatten)]
     serve: ServeArgs,
 }
@@ -138,6 +141,7 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
         dispatcher_ca: tls_ca(a.tls_ca),
         allow_roots: roots(a.serve.allow_root)?,
         token: token(a.serve.token),
+        shared_memory: !a.no_shared_memory,
         threads: a.threads,
     };
     sluice_service::serve_worker(config, |addr| announce("worker", addr))?;
@@ -306,6 +310,10 @@ pub struct RemoteRunArgs {
     /// Have workers compress pixels: none or zstd (pays only on links slower than the compressor).
     #[arg(long, default_value = "none", value_parser = ["none", "zstd"])]
     compression: String,
+    /// How batches travel: auto (shared memory from workers on this machine, TCP from the
+    /// rest), tcp, or grpc.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "grpc"])]
+    data_plane: String,
 }
 
 /// Reads epochs of a job through the service and reports throughput, checking that every
@@ -317,6 +325,7 @@ pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
     options.tls_ca = tls_ca(a.tls_ca);
     options.parallel_epochs = a.parallel_epochs;
     options.compression = sluice_service::Compression::parse(&a.compression)?;
+    options.data_plane = sluice_service::DataPlane::parse(&a.data_plane)?;
     let mut loader = sluice_service::RemoteLoader::connect(&spec, options)?;
     let info = loader.job().clone();
     println!(

@@ -426,27 +426,37 @@ fn metrics_endpoints_report_throughput_queue_depth_and_client_stalls() {
 }
 
 #[test]
-fn compressed_batches_arrive_bit_identical_over_tcp_and_grpc() {
-    let _watchdog = watchdog("compressed_batches_arrive_bit_identical_over_tcp_and_grpc", 120);
+fn every_data_plane_and_compression_delivers_bit_identical_batches() {
+    let _watchdog = watchdog("every_data_plane_and_compression_delivers_bit_identical_batches", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
     let _w = worker(&addr, &root, &[]);
     let s = spec(&root, 3);
-    let read = |job: &str, compression: Compression, plane: DataPlane| {
-        let mut o = options(&addr, job);
+    // The batches, sorted, and how many came through shared memory.
+    let read = |addr: &str, job: &str, compression: Compression, plane: DataPlane| {
+        let mut o = options(addr, job);
         o.compression = compression;
         o.data_plane = plane;
         let mut loader = RemoteLoader::connect(&s, o).unwrap();
         let mut batches: Vec<_> = loader.iter().map(|b| b.unwrap()).collect();
         batches.sort_by_key(|b| b.index);
-        batches
+        (batches, loader.shared_memory_batches())
     };
-    let plain = read("plain", Compression::None, DataPlane::Tcp);
-    assert_eq!(plain.len(), IMAGES.div_ceil(BATCH));
-    assert_eq!(read("zstd-tcp", Compression::Zstd, DataPlane::Tcp), plain);
-    assert_eq!(read("zstd-grpc", Compression::Zstd, DataPlane::Grpc), plain);
+    let (plain, shared) = read(&addr, "plain", Compression::None, DataPlane::Tcp);
+    assert_eq!((plain.len(), shared), (IMAGES.div_ceil(BATCH), 0));
+    // The worker is on this machine: `auto` takes shared memory for every batch.
+    assert_eq!(read(&addr, "local", Compression::None, DataPlane::Auto), (plain.clone(), plain.len() as u64));
+    assert_eq!(read(&addr, "zstd-local", Compression::Zstd, DataPlane::Auto), (plain.clone(), plain.len() as u64));
+    assert_eq!(read(&addr, "zstd-tcp", Compression::Zstd, DataPlane::Tcp), (plain.clone(), 0));
+    assert_eq!(read(&addr, "zstd-grpc", Compression::Zstd, DataPlane::Grpc), (plain.clone(), 0));
+
+    // A worker told not to share memory: `auto` falls back to TCP.
+    let addr2 = free_addr();
+    let _d2 = dispatcher(&addr2, &dir.path().join("journal2"), &root, &[]);
+    let _w2 = worker(&addr2, &root, &["--no-shared-memory"]);
+    assert_eq!(read(&addr2, "tcp-only", Compression::None, DataPlane::Auto), (plain, 0));
 }
 
 #[test]

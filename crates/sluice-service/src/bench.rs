@@ -172,23 +172,32 @@ fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Re
     rx
 }
 
-/// As [`data_plane`], through the TCP data plane the client uses by default.
-pub fn tcp_data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Result<f64, ServiceError> {
+/// As [`data_plane`], through sluice's own data plane: TCP, or with `local` the local data
+/// plane (Unix socket + shared memory) that clients use for workers on their machine.
+pub fn own_data_plane(samples: usize, side: usize, batches: u64, streams: u64, local: bool) -> Result<f64, ServiceError> {
     let rt = rt()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_err("bind"))?;
-        let addr = listener.local_addr().map_err(io_err("addr"))?.to_string();
-        let start: crate::dataplane::StartTask =
-            Arc::new(move |req| Box::pin(async move { Ok(noop_batches(req, samples, side)) }));
-        let server = tokio::spawn(crate::dataplane::serve(listener, start, None, None));
+        let start: crate::dataplane::StartTask = Arc::new(move |req| {
+            Box::pin(async move {
+                Ok(crate::dataplane::TaskBatches { rx: noop_batches(req, samples, side), max_batch_bytes: samples * side * side * 3 })
+            })
+        });
+        let (addr, server) = if local {
+            local_server(start)?
+        } else {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_err("bind"))?;
+            let addr = listener.local_addr().map_err(io_err("addr"))?.to_string();
+            (addr, tokio::spawn(crate::dataplane::serve(listener, start, None, None)))
+        };
+        let maps = Arc::new(local_maps());
         let t0 = Instant::now();
         let per = batches / streams.max(1);
         let mut tasks = Vec::new();
         for s in 0..streams.max(1) {
-            let addr = addr.clone();
+            let (addr, maps) = (addr.clone(), maps.clone());
             tasks.push(tokio::spawn(async move {
                 let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per, compression: 0 };
-                let mut stream = crate::dataplane::TaskStream::open(&addr, None, &req, None).await?;
+                let mut stream = open_stream(&addr, local, &req, &maps).await?;
                 let mut bytes = 0u64;
                 while let Some(b) = stream.next().await? {
                     bytes += b.images.as_bytes().len() as u64;
@@ -207,6 +216,38 @@ pub fn tcp_data_plane(samples: usize, side: usize, batches: u64, streams: u64) -
         server.abort();
         Ok(rate)
     })
+}
+
+#[cfg(target_os = "linux")]
+type LocalMaps = crate::dataplane::MappedRegions;
+#[cfg(not(target_os = "linux"))]
+type LocalMaps = ();
+
+fn local_maps() -> LocalMaps {
+    LocalMaps::default()
+}
+
+#[cfg(target_os = "linux")]
+fn local_server(start: crate::dataplane::StartTask) -> Result<(String, tokio::task::JoinHandle<()>), ServiceError> {
+    let name = format!("sluice-bench-{:x}", crate::shm::random_u64());
+    let listener = crate::shm::listen_abstract(&name).map_err(io_err("listen"))?;
+    let pool = Arc::new(crate::dataplane::RegionPool::default());
+    Ok((name, tokio::spawn(crate::dataplane::serve_local(listener, start, None, pool))))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn local_server(_: crate::dataplane::StartTask) -> Result<(String, tokio::task::JoinHandle<()>), ServiceError> {
+    Err(ServiceError::Internal("the local data plane needs Linux".into()))
+}
+
+async fn open_stream(addr: &str, local: bool, req: &RunTaskRequest, maps: &LocalMaps) -> Result<crate::dataplane::TaskStream, Status> {
+    #[cfg(target_os = "linux")]
+    if local {
+        let sock = crate::shm::connect_abstract(addr).map_err(|e| Status::unavailable(e.to_string()))?;
+        return crate::dataplane::TaskStream::open_local(sock, addr, None, req, maps).await;
+    }
+    let _ = (local, maps);
+    crate::dataplane::TaskStream::open(addr, None, req, None).await
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -230,7 +271,7 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
     rt.block_on(async move {
         let mut control = dispatcher_client(&addr, token.as_deref(), None)?;
         let wid = control
-            .register_worker(RegisterWorkerRequest { addr: "127.0.0.1:9".into(), data_addr: String::new() })
+            .register_worker(RegisterWorkerRequest { addr: "127.0.0.1:9".into(), ..Default::default() })
             .await
             .map_err(|s| ServiceError::rpc("RegisterWorker", s))?
             .into_inner()

@@ -62,11 +62,26 @@ pub struct RemoteOptions {
 /// The transport for batches; control always uses gRPC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataPlane {
-    /// The workers' TCP data plane (header + raw buffer), gRPC where a worker has none.
+    /// Shared memory from workers on this machine (their local data plane), the TCP data
+    /// plane from the others.
     #[default]
+    Auto,
+    /// The workers' TCP data plane (header + raw buffer), gRPC where a worker has none.
     Tcp,
     /// gRPC server streaming (`Worker.RunTask`).
     Grpc,
+}
+
+impl DataPlane {
+    /// `"auto"`, `"tcp"` or `"grpc"`.
+    pub fn parse(name: &str) -> Result<Self, ServiceError> {
+        match name {
+            "auto" => Ok(Self::Auto),
+            "tcp" => Ok(Self::Tcp),
+            "grpc" => Ok(Self::Grpc),
+            other => Err(ServiceError::InvalidArgument(format!("unknown data plane {other:?} (use \"auto\", \"tcp\" or \"grpc\")"))),
+        }
+    }
 }
 
 impl RemoteOptions {
@@ -79,7 +94,7 @@ impl RemoteOptions {
             task_batches: 0,
             parallel_epochs: 0,
             give_up_after: Duration::from_secs(60),
-            data_plane: DataPlane::Tcp,
+            data_plane: DataPlane::Auto,
             compression: Compression::None,
             tls_ca: std::env::var_os("SLUICE_TLS_CA").filter(|v| !v.is_empty()).map(PathBuf::from),
         }
@@ -106,11 +121,19 @@ struct Conn {
     compression: Compression,
     tls: Option<ClientTls>,
     workers: Mutex<HashMap<String, WorkerConn>>,
+    /// Shared regions of workers on this machine, mapped once each.
+    #[cfg(target_os = "linux")]
+    regions: crate::dataplane::MappedRegions,
+    /// Local data planes that refused a connection (the worker is on another machine).
+    #[cfg(target_os = "linux")]
+    unreachable_local: Mutex<HashSet<String>>,
     give_up_after: Duration,
     job_id: u64,
     client_id: String,
     /// Trainer-side counters, reported in heartbeats (per-client metrics).
     batches: AtomicU64,
+    /// Batches that came through shared memory (workers on this machine).
+    shared_memory_batches: AtomicU64,
     stall_ns: AtomicU64,
     started: Instant,
     next_request: AtomicU64,
@@ -253,10 +276,15 @@ impl RemoteLoader {
             compression: options.compression,
             tls,
             workers: Mutex::new(HashMap::new()),
+            #[cfg(target_os = "linux")]
+            regions: Default::default(),
+            #[cfg(target_os = "linux")]
+            unreachable_local: Mutex::new(HashSet::new()),
             give_up_after: options.give_up_after,
             job_id: 0,
             client_id,
             batches: AtomicU64::new(0),
+            shared_memory_batches: AtomicU64::new(0),
             stall_ns: AtomicU64::new(0),
             started: Instant::now(),
             next_request: AtomicU64::new(1),
@@ -299,6 +327,12 @@ impl RemoteLoader {
 
     pub fn batches_per_epoch(&self) -> u64 {
         self.job.batches_per_epoch
+    }
+
+    /// Batches that came through shared memory from workers on this machine (the rest
+    /// came over the network).
+    pub fn shared_memory_batches(&self) -> u64 {
+        self.conn.shared_memory_batches.load(Ordering::Relaxed)
     }
 
     /// Batches that arrived twice and were dropped (after worker failures).
@@ -585,12 +619,15 @@ async fn run_task(
             end: task.end,
             compression: conn.compression.to_wire(),
         };
-        let mut source = if conn.data_plane == DataPlane::Tcp && !task.worker_data_addr.is_empty() {
+        let mut source = if let Some(stream) = open_local(conn, task, &req).await? {
+            Source::Tcp(stream)
+        } else if conn.data_plane != DataPlane::Grpc && !task.worker_data_addr.is_empty() {
             Source::Tcp(TaskStream::open(&task.worker_data_addr, conn.raw_token.as_deref(), &req, conn.tls.as_ref()).await?)
         } else {
             let mut worker = conn.worker(&task.worker_addr).map_err(Status::from)?;
             Source::Grpc(Box::new(worker.run_task(req).await?.into_inner()))
         };
+        let local = matches!(&source, Source::Tcp(s) if s.is_local());
         // A task ahead of the trainer is read to the end into `held` first: its worker
         // runs one task per job at a time, so leaving it blocked on a full socket would
         // stall that job's current-epoch tasks queued behind it (and the epoch with them).
@@ -601,6 +638,9 @@ async fn run_task(
                 .await
                 .map_err(|_| Status::unavailable("worker sent nothing for 60 s"))??;
             let Some(batch) = next else { break };
+            if local {
+                conn.shared_memory_batches.fetch_add(1, Ordering::Relaxed);
+            }
             let expected = task.start + received + held.len() as u64;
             if batch.epoch != task.epoch || batch.index != expected {
                 return Err(Status::invalid_argument(format!(
@@ -675,6 +715,34 @@ async fn run_task(
             }
         }
     }
+}
+
+/// The task's stream over the worker's local data plane (shared memory), when the worker
+/// has one and is on this machine; `None` otherwise (its abstract socket name exists only
+/// in the worker's network namespace: elsewhere connecting fails at once, and is not tried
+/// again for that worker).
+#[cfg(target_os = "linux")]
+async fn open_local(conn: &Conn, task: &TaskAssignment, req: &RunTaskRequest) -> Result<Option<TaskStream>, Status> {
+    let name = &task.worker_local_data_addr;
+    if conn.data_plane != DataPlane::Auto || name.is_empty() {
+        return Ok(None);
+    }
+    if conn.unreachable_local.lock().unwrap_or_else(|p| p.into_inner()).contains(name) {
+        return Ok(None);
+    }
+    match crate::shm::connect_abstract(name) {
+        Ok(sock) => TaskStream::open_local(sock, name, conn.raw_token.as_deref(), req, &conn.regions).await.map(Some),
+        Err(e) => {
+            tracing::debug!(worker = %task.worker_addr, error = %e, "worker not on this machine: TCP data plane");
+            conn.unreachable_local.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone());
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn open_local(_: &Conn, _: &TaskAssignment, _: &RunTaskRequest) -> Result<Option<TaskStream>, Status> {
+    Ok(None)
 }
 
 /// Where a task's batches come from.

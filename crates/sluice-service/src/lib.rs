@@ -13,6 +13,8 @@ pub mod metrics;
 pub mod process;
 pub mod proto;
 pub mod security;
+#[cfg(target_os = "linux")]
+pub mod shm;
 pub mod tls;
 pub mod wire;
 pub mod worker;

@@ -17,6 +17,10 @@ pub struct RegisterWorkerRequest {
     /// Address of the worker's TCP data plane (`host:port`); empty: gRPC only.
     #[prost(string, tag = "2")]
     pub data_addr: String,
+    /// The worker's local data plane (shared memory), an abstract Unix socket name that
+    /// clients on its machine can connect to; empty: none.
+    #[prost(string, tag = "3")]
+    pub local_data_addr: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -166,6 +170,9 @@ pub struct TaskAssignment {
     /// failure report for an older list is ignored instead of hitting another task.
     #[prost(uint64, tag = "9")]
     pub generation: u64,
+    /// The worker's local data plane (see `RegisterWorkerRequest`); empty when it has none.
+    #[prost(string, tag = "10")]
+    pub worker_local_data_addr: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

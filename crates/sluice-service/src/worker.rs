@@ -23,6 +23,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+use crate::dataplane::TaskBatches;
 use crate::error::ServiceError;
 use crate::metrics::{self, metric, Histogram};
 use crate::proto::dispatcher::dispatcher_client::DispatcherClient;
@@ -54,6 +55,9 @@ pub struct WorkerConfig {
     pub tls: Option<TlsFiles>,
     /// The CA of the dispatcher's certificate: reach it over TLS.
     pub dispatcher_ca: Option<PathBuf>,
+    /// Also serve the local data plane (Linux): clients on this machine get batches
+    /// through shared memory instead of loopback TCP.
+    pub shared_memory: bool,
 }
 
 pub type DispatcherConn = DispatcherClient<InterceptedService<Channel, TokenAttach>>;
@@ -86,9 +90,15 @@ struct JobRunner {
     /// of epoch `e` is batch `i` of the loader's epoch `e * passes + p`, so each pass has
     /// its own order and augmentation, the same on every worker.
     passes: u64,
-    /// One task at a time per job: the loader's pool is already as wide as the worker.
-    run: Mutex<()>,
+    /// Tasks of this job running at once: two, so the next task's samples fill the
+    /// loader's threads while the last batches of the one before finish (one at a time
+    /// left a thread idle at every task's tail). Bounds the worker's memory to
+    /// `TASKS_AT_ONCE × prefetch` batches per job.
+    running: Arc<tokio::sync::Semaphore>,
 }
+
+/// See [`JobRunner::running`].
+const TASKS_AT_ONCE: usize = 2;
 
 #[derive(Default)]
 struct Counters {
@@ -186,7 +196,7 @@ impl WorkerService {
         .await
         .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
-        let runner = Arc::new(JobRunner { loader, passes, run: Mutex::new(()) });
+        let runner = Arc::new(JobRunner { loader, passes, running: Arc::new(tokio::sync::Semaphore::new(TASKS_AT_ONCE)) });
         jobs.insert(job_id, runner.clone());
         Ok(runner)
     }
@@ -249,7 +259,7 @@ type BatchStream = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<Batc
 impl WorkerService {
     /// Starts one task: checks it, then runs the job's loader over the task's batch range on
     /// a blocking thread. Batches arrive on the returned channel, in order; an error ends it.
-    pub(crate) async fn start_task(&self, req: RunTaskRequest) -> Result<mpsc::Receiver<Result<Outgoing, Status>>, Status> {
+    pub(crate) async fn start_task(&self, req: RunTaskRequest) -> Result<TaskBatches, Status> {
         let compression = Compression::from_wire(req.compression).map_err(|e| {
             self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
             Status::from(e)
@@ -273,56 +283,79 @@ impl WorkerService {
             )));
         }
         let (tx, rx) = mpsc::channel(2);
+        let max_batch_bytes = runner.loader.batch_bytes();
         let inner = self.inner.clone();
         inner.counters.tasks_started.fetch_add(1, Ordering::Relaxed);
         inner.counters.tasks_running.fetch_add(1, Ordering::Relaxed);
-        tokio::task::spawn_blocking(move || {
-            let c = &inner.counters;
-            let _one_at_a_time = runner.run.lock().unwrap_or_else(|p| p.into_inner());
-            let t0 = Instant::now();
-            let mut complete = true;
-            let offset = pass * pass_batches;
-            let (epoch, start, end) = if runner.passes > 1 {
-                (req.epoch * runner.passes + pass, req.start - offset, req.end - offset)
-            } else {
-                (req.epoch, req.start, req.end)
-            };
-            for item in runner.loader.iter_range(epoch, start, end) {
-                match item {
-                    Ok(mut batch) => {
-                        // Back to the job's numbering: epoch `req.epoch`, index in all passes.
-                        batch.epoch = req.epoch;
-                        batch.index += offset;
-                        let n = batch.len() as u64;
-                        let pixel_bytes = batch.images.as_bytes().len() as u64;
-                        let out = Outgoing::new(batch, compression);
-                        let bytes = out.payload().len() as u64;
-                        if tx.blocking_send(Ok(out)).is_err() {
-                            // The client went away; stop working for it.
-                            complete = false;
-                            break;
-                        }
-                        c.batches.fetch_add(1, Ordering::Relaxed);
-                        c.samples.fetch_add(n, Ordering::Relaxed);
-                        c.bytes.fetch_add(bytes, Ordering::Relaxed);
-                        c.pixel_bytes.fetch_add(pixel_bytes, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        tracing::warn!(job_id = req.job_id, epoch = req.epoch, error = %e, "task failed");
-                        let _ = tx.blocking_send(Err(to_status(e)));
-                        complete = false;
-                        break;
-                    }
-                }
-            }
-            if complete {
-                c.tasks_done.fetch_add(1, Ordering::Relaxed);
-                c.task_time.observe(t0.elapsed());
-            }
-            c.tasks_running.fetch_sub(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            // The semaphore is never closed; without a permit the task simply does not run.
+            let Ok(permit) = runner.running.clone().acquire_owned().await else { return };
+            tokio::task::spawn_blocking(move || {
+                run_task(&inner, &runner, &req, compression, &tx);
+                drop(permit);
+            });
         });
-        Ok(rx)
+        Ok(TaskBatches { rx, max_batch_bytes })
     }
+}
+
+/// Runs one task's batches through the job's loader into `tx` (on a blocking thread).
+fn run_task(
+    inner: &Inner,
+    runner: &JobRunner,
+    req: &RunTaskRequest,
+    compression: Compression,
+    tx: &mpsc::Sender<Result<Outgoing, Status>>,
+) {
+    let c = &inner.counters;
+    let pass_batches = runner.loader.batches_per_epoch();
+    let pass = req.start.checked_div(pass_batches).unwrap_or(0);
+    let offset = pass * pass_batches;
+    let (epoch, start, end) = if runner.passes > 1 {
+        (req.epoch * runner.passes + pass, req.start - offset, req.end - offset)
+    } else {
+        (req.epoch, req.start, req.end)
+    };
+    if tx.is_closed() {
+        // The client gave up while the task waited for its turn: nothing to compute.
+        c.tasks_running.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    let t0 = Instant::now();
+    let mut complete = true;
+    for item in runner.loader.iter_range(epoch, start, end) {
+        match item {
+            Ok(mut batch) => {
+                // Back to the job's numbering: epoch `req.epoch`, index in all passes.
+                batch.epoch = req.epoch;
+                batch.index += offset;
+                let n = batch.len() as u64;
+                let pixel_bytes = batch.images.as_bytes().len() as u64;
+                let out = Outgoing::new(batch, compression);
+                let bytes = out.payload().len() as u64;
+                if tx.blocking_send(Ok(out)).is_err() {
+                    // The client went away; stop working for it.
+                    complete = false;
+                    break;
+                }
+                c.batches.fetch_add(1, Ordering::Relaxed);
+                c.samples.fetch_add(n, Ordering::Relaxed);
+                c.bytes.fetch_add(bytes, Ordering::Relaxed);
+                c.pixel_bytes.fetch_add(pixel_bytes, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!(job_id = req.job_id, epoch = req.epoch, error = %e, "task failed");
+                let _ = tx.blocking_send(Err(to_status(e)));
+                complete = false;
+                break;
+            }
+        }
+    }
+    if complete {
+        c.tasks_done.fetch_add(1, Ordering::Relaxed);
+        c.task_time.observe(t0.elapsed());
+    }
+    c.tasks_running.fetch_sub(1, Ordering::Relaxed);
 }
 
 #[tonic::async_trait]
@@ -331,19 +364,19 @@ impl Worker for WorkerService {
 
     async fn run_task(&self, request: Request<RunTaskRequest>) -> Result<Response<BatchStream>, Status> {
         use tokio_stream::StreamExt;
-        let rx = self.start_task(request.into_inner()).await?;
+        let task = self.start_task(request.into_inner()).await?;
         #[allow(clippy::result_large_err)] // tonic's stream item type
         fn to_message(r: Result<Outgoing, Status>) -> Result<BatchMessage, Status> {
             r.map(Outgoing::into_message)
         }
-        let stream = ReceiverStream::new(rx).map(to_message);
+        let stream = ReceiverStream::new(task.rx).map(to_message);
         Ok(Response::new(Box::pin(stream)))
     }
 }
 
 /// Registers with the dispatcher and heartbeats every 250 ms, registering again whenever
 /// the dispatcher does not know us (it restarted) and retrying while it is away.
-async fn heartbeat_loop(service: WorkerService, advertise: String, advertise_data: String) {
+async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest) {
     let mut client = service.inner.dispatcher.clone();
     let mut id: Option<u64> = None;
     let mut backoff = Duration::from_millis(50);
@@ -351,11 +384,11 @@ async fn heartbeat_loop(service: WorkerService, advertise: String, advertise_dat
         let c = &service.inner.counters;
         let result = match id {
             None => client
-                .register_worker(RegisterWorkerRequest { addr: advertise.clone(), data_addr: advertise_data.clone() })
+                .register_worker(register.clone())
                 .await
                 .map(|r| {
                     let wid = r.into_inner().worker_id;
-                    tracing::info!(worker_id = wid, addr = %advertise, "registered with the dispatcher");
+                    tracing::info!(worker_id = wid, addr = %register.addr, "registered with the dispatcher");
                     id = Some(wid);
                 }),
             Some(wid) => client
@@ -420,13 +453,19 @@ pub async fn run_worker(
         let s = s.clone();
         Box::pin(async move { s.start_task(req).await })
     });
+    let local_data = if config.shared_memory { serve_local_data_plane(start.clone(), config.token.clone()) } else { None };
     let data = tokio::spawn(crate::dataplane::serve(
         data_listener,
         start,
         config.token.clone(),
         tls.as_ref().map(|t| t.data.clone()),
     ));
-    let hb = tokio::spawn(heartbeat_loop(service.clone(), advertise, advertise_data));
+    let register = RegisterWorkerRequest {
+        addr: advertise,
+        data_addr: advertise_data,
+        local_data_addr: local_data.as_ref().map(|(name, _)| name.clone()).unwrap_or_default(),
+    };
+    let hb = tokio::spawn(heartbeat_loop(service.clone(), register));
     let server = WorkerServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -443,5 +482,31 @@ pub async fn run_worker(
         .map_err(|e| ServiceError::Internal(format!("worker server: {e}")));
     hb.abort();
     data.abort();
+    if let Some((_, task)) = local_data {
+        task.abort();
+    }
     result
+}
+
+/// Listens for clients on this machine on a fresh abstract socket name; `None` (and TCP
+/// only) where that is impossible.
+#[cfg(target_os = "linux")]
+fn serve_local_data_plane(start: crate::dataplane::StartTask, token: Option<String>) -> Option<(String, tokio::task::JoinHandle<()>)> {
+    let name = format!("sluice-worker-{}-{:016x}", std::process::id(), crate::shm::random_u64());
+    match crate::shm::listen_abstract(&name) {
+        Ok(listener) => {
+            tracing::info!(socket = %name, "local data plane (shared memory) listening");
+            let pool = Arc::new(crate::dataplane::RegionPool::default());
+            Some((name.clone(), tokio::spawn(crate::dataplane::serve_local(listener, start, token, pool))))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no local data plane; clients on this machine use TCP");
+            None
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn serve_local_data_plane(_: crate::dataplane::StartTask, _: Option<String>) -> Option<(String, tokio::task::JoinHandle<()>)> {
+    None
 }

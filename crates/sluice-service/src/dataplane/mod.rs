@@ -12,6 +12,17 @@
 //!   `3` error: u32 gRPC status code, u32 message length, message (UTF-8).
 //! Integers are little-endian. Sizes are bounded before anything is allocated.
 //! With TLS configured the same bytes travel inside a rustls session.
+//!
+//! The local data plane (Linux) is the same protocol over a Unix socket in the abstract
+//! namespace, for clients on the worker's machine, with the pixels in shared memory
+//! ([`crate::shm`]). After the request the worker sends
+//!   `4` region: u64 id, u32 slots, u64 slot bytes, with the region's memfd attached;
+//! and then sends each batch as
+//!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length;
+//! (or as `1`, inline, should one not fit a slot). The client copies the pixels out and
+//! hands the slot back with a u32 slot number; the worker writes a slot only after that.
+//! Nothing on this socket leaves the machine, so it carries no TLS; the token is checked
+//! as on TCP.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,10 +43,21 @@ use crate::tls::ClientTls;
 use crate::wire::{message_to_batch, Outgoing};
 use crate::MAX_MESSAGE_BYTES;
 
+#[cfg(target_os = "linux")]
+mod local;
+#[cfg(target_os = "linux")]
+pub use local::{serve_local, MappedRegions, RegionPool};
+
 const MAGIC: &[u8; 5] = b"SLDP1";
 const KIND_BATCH: u8 = 1;
 const KIND_END: u8 = 2;
 const KIND_ERROR: u8 = 3;
+const KIND_REGION: u8 = 4;
+const KIND_SLOT: u8 = 5;
+/// Slots per shared region: the worker fills one while the client copies out the other.
+const SLOTS: u32 = 2;
+/// Most slots a client accepts in a region.
+const MAX_SLOTS: u32 = 16;
 const MAX_HEADER: u32 = 16 << 20;
 const MAX_TOKEN: u32 = 4096;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,12 +66,17 @@ fn io_status(e: std::io::Error) -> Status {
     Status::unavailable(format!("data plane: {e}"))
 }
 
+/// A running task's batches, in order; an error ends them.
+pub struct TaskBatches {
+    pub rx: mpsc::Receiver<Result<Outgoing, Status>>,
+    /// The most pixel bytes one of its batches can carry (a full batch, uncompressed):
+    /// the slot size of the local data plane.
+    pub max_batch_bytes: usize,
+}
+
 /// What runs a task: the worker's loader (or, in benchmarks, a no-op producer).
-pub type StartTask = Arc<
-    dyn Fn(RunTaskRequest) -> Pin<Box<dyn Future<Output = Result<mpsc::Receiver<Result<Outgoing, Status>>, Status>> + Send>>
-        + Send
-        + Sync,
->;
+pub type StartTask =
+    Arc<dyn Fn(RunTaskRequest) -> Pin<Box<dyn Future<Output = Result<TaskBatches, Status>> + Send>> + Send + Sync>;
 
 /// A connection, plain or inside TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -136,6 +163,19 @@ async fn write_error(w: &mut (impl AsyncWriteExt + Unpin), s: &Status) -> std::i
     w.flush().await
 }
 
+/// A batch with its pixels in the frame.
+async fn write_inline(w: &mut (impl AsyncWriteExt + Unpin), out: &Outgoing) -> std::io::Result<()> {
+    let head = out.header().encode_to_vec();
+    let data = out.payload();
+    w.write_u8(KIND_BATCH).await?;
+    w.write_u32_le(head.len() as u32).await?;
+    w.write_all(&head).await?;
+    w.write_u64_le(data.len() as u64).await?;
+    // Large writes bypass the BufWriter's buffer: straight from the batch.
+    w.write_all(data).await?;
+    w.flush().await
+}
+
 async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) -> std::io::Result<()> {
     let (r, w) = tokio::io::split(sock);
     let mut r = BufReader::new(r);
@@ -145,23 +185,13 @@ async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) 
         Ok(Err(s)) => return write_error(&mut w, &s).await,
         Err(_) => return write_error(&mut w, &Status::deadline_exceeded("no request within 10 s")).await,
     };
-    let mut rx = match service(req).await {
-        Ok(rx) => rx,
+    let mut task = match service(req).await {
+        Ok(task) => task,
         Err(s) => return write_error(&mut w, &s).await,
     };
-    while let Some(item) = rx.recv().await {
+    while let Some(item) = task.rx.recv().await {
         match item {
-            Ok(out) => {
-                let head = out.header().encode_to_vec();
-                let data = out.payload();
-                w.write_u8(KIND_BATCH).await?;
-                w.write_u32_le(head.len() as u32).await?;
-                w.write_all(&head).await?;
-                w.write_u64_le(data.len() as u64).await?;
-                // Large writes bypass the BufWriter's buffer: straight from the batch.
-                w.write_all(data).await?;
-                w.flush().await?;
-            }
+            Ok(out) => write_inline(&mut w, &out).await?,
             Err(s) => return write_error(&mut w, &s).await,
         }
     }
@@ -175,6 +205,22 @@ async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) 
 pub struct TaskStream {
     r: BufReader<Box<dyn Io>>,
     done: bool,
+    /// The worker's shared region (local data plane).
+    #[cfg(target_os = "linux")]
+    region: Option<Arc<crate::shm::Region>>,
+}
+
+/// The hello that opens a task: magic, token, request.
+fn hello(token: Option<&str>, req: &RunTaskRequest) -> Vec<u8> {
+    let mut hello = Vec::with_capacity(64);
+    hello.extend_from_slice(MAGIC);
+    let t = token.unwrap_or("").as_bytes();
+    hello.extend_from_slice(&(t.len() as u32).to_le_bytes());
+    hello.extend_from_slice(t);
+    let body = req.encode_to_vec();
+    hello.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    hello.extend_from_slice(&body);
+    hello
 }
 
 impl TaskStream {
@@ -194,18 +240,27 @@ impl TaskStream {
                     .map_err(|e| Status::unavailable(format!("data plane {addr}: TLS: {e}")))?,
             ),
         };
-        let mut hello = Vec::with_capacity(64);
-        hello.extend_from_slice(MAGIC);
-        let t = token.unwrap_or("").as_bytes();
-        hello.extend_from_slice(&(t.len() as u32).to_le_bytes());
-        hello.extend_from_slice(t);
-        let body = req.encode_to_vec();
-        hello.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        hello.extend_from_slice(&body);
         let mut r = BufReader::with_capacity(64 << 10, sock);
-        r.get_mut().write_all(&hello).await.map_err(io_status)?;
+        r.get_mut().write_all(&hello(token, req)).await.map_err(io_status)?;
         r.get_mut().flush().await.map_err(io_status)?;
-        Ok(Self { r, done: false })
+        Ok(Self::new(r))
+    }
+
+    /// Whether the batches come through shared memory (the local data plane).
+    pub fn is_local(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self.region.is_some();
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    fn new(r: BufReader<Box<dyn Io>>) -> Self {
+        Self {
+            r,
+            done: false,
+            #[cfg(target_os = "linux")]
+            region: None,
+        }
     }
 
     /// The next batch, `None` at the end of the task.
@@ -213,8 +268,14 @@ impl TaskStream {
         if self.done {
             return Ok(None);
         }
+        let kind = self.r.read_u8().await.map_err(io_status)?;
+        self.frame(kind).await
+    }
+
+    /// The rest of a frame whose kind byte was read.
+    async fn frame(&mut self, kind: u8) -> Result<Option<Batch>, Status> {
         let r = &mut self.r;
-        match r.read_u8().await.map_err(io_status)? {
+        match kind {
             KIND_END => {
                 self.done = true;
                 Ok(None)
@@ -228,24 +289,50 @@ impl TaskStream {
                 Err(Status::new(Code::from(code as i32), String::from_utf8_lossy(&msg).into_owned()))
             }
             KIND_BATCH => {
-                let n = r.read_u32_le().await.map_err(io_status)?;
-                if n > MAX_HEADER {
-                    return Err(Status::invalid_argument(format!("batch header of {n} bytes")));
+                let mut m = read_header(r).await?;
+                let len = read_len(r).await?;
+                m.data = read_payload(r, len).await.map_err(io_status)?;
+                message_to_batch(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+            }
+            #[cfg(target_os = "linux")]
+            KIND_SLOT => {
+                let Some(region) = self.region.clone() else {
+                    return Err(Status::invalid_argument("a shared-memory batch on a connection without a region"));
+                };
+                let mut m = read_header(r).await?;
+                let slot = r.read_u32_le().await.map_err(io_status)?;
+                let len = read_len(r).await?;
+                m.data = region.read(slot, len).map_err(|e| Status::invalid_argument(format!("batch {}: {e}", m.index)))?;
+                // The slot is free again once its pixels are ours. A worker that has
+                // already ended the task (with an error) no longer listens: the batch is
+                // still good, and the next read reports the end.
+                let w = r.get_mut();
+                if let Err(e) = async { w.write_all(&slot.to_le_bytes()).await?; w.flush().await }.await {
+                    tracing::debug!(error = %e, "could not hand a slot back");
                 }
-                let mut head = vec![0u8; n as usize];
-                r.read_exact(&mut head).await.map_err(io_status)?;
-                let mut m = BatchMessage::decode(head.as_slice())
-                    .map_err(|e| Status::invalid_argument(format!("malformed batch header: {e}")))?;
-                let len = r.read_u64_le().await.map_err(io_status)?;
-                if len > MAX_MESSAGE_BYTES as u64 {
-                    return Err(Status::invalid_argument(format!("batch of {len} bytes is over the limit")));
-                }
-                m.data = read_payload(r, len as usize).await.map_err(io_status)?;
                 message_to_batch(m).map(Some).map_err(|e: ServiceError| Status::from(e))
             }
             other => Err(Status::invalid_argument(format!("unknown data-plane frame kind {other}"))),
         }
     }
+}
+
+async fn read_header(r: &mut (impl AsyncReadExt + Unpin)) -> Result<BatchMessage, Status> {
+    let n = r.read_u32_le().await.map_err(io_status)?;
+    if n > MAX_HEADER {
+        return Err(Status::invalid_argument(format!("batch header of {n} bytes")));
+    }
+    let mut head = vec![0u8; n as usize];
+    r.read_exact(&mut head).await.map_err(io_status)?;
+    BatchMessage::decode(head.as_slice()).map_err(|e| Status::invalid_argument(format!("malformed batch header: {e}")))
+}
+
+async fn read_len(r: &mut (impl AsyncReadExt + Unpin)) -> Result<usize, Status> {
+    let len = r.read_u64_le().await.map_err(io_status)?;
+    if len > MAX_MESSAGE_BYTES as u64 {
+        return Err(Status::invalid_argument(format!("batch of {len} bytes is over the limit")));
+    }
+    Ok(len as usize)
 }
 
 /// Reads exactly `len` bytes into a fresh buffer without zeroing it first: the kernel's
@@ -269,18 +356,21 @@ mod tests {
     use crate::wire::Compression;
     use sluice_core::{DType, Layout, Tensor};
 
-    fn start() -> StartTask {
+    pub(super) fn start() -> StartTask {
         Arc::new(|req: RunTaskRequest| {
             Box::pin(async move {
                 let (tx, rx) = mpsc::channel(2);
                 tokio::spawn(async move {
                     for index in req.start..req.end {
+                        // Pixels that name their batch: a mixed-up slot shows.
+                        let mut images = Tensor::zeros(DType::F32, vec![1, 2, 2, 3]);
+                        images.as_bytes_mut().fill(index as u8);
                         let b = Batch {
                             epoch: req.epoch,
                             index,
                             keys: vec![index],
                             labels: vec![1],
-                            images: Tensor::zeros(DType::F32, vec![1, 2, 2, 3]),
+                            images,
                             layout: Layout::Chw,
                             weights: None,
                         };
@@ -290,7 +380,9 @@ mod tests {
                         let _ = tx.send(Err(Status::failed_precondition("bad sample #3"))).await;
                     }
                 });
-                Ok(rx)
+                // Job 7 claims smaller batches than it sends: they must go inline.
+                let max_batch_bytes = if req.job_id == 7 { 10 } else { 2 * 2 * 3 * 4 };
+                Ok(TaskBatches { rx, max_batch_bytes })
             })
         })
     }
@@ -306,6 +398,7 @@ mod tests {
             let mut got = Vec::new();
             while let Some(b) = s.next().await.unwrap() {
                 assert_eq!((b.epoch, b.layout, b.images.shape.clone()), (2, Layout::Chw, vec![1, 2, 2, 3]));
+                assert!(b.images.as_bytes().iter().all(|&x| x == b.index as u8));
                 got.push(b.index);
             }
             assert_eq!(got, vec![3, 4, 5]);
@@ -323,7 +416,71 @@ mod tests {
 
         let mut raw = TcpStream::connect(&addr).await.unwrap();
         raw.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
-        let mut r = TaskStream { r: BufReader::new(Box::new(raw)), done: false };
+        let mut r = TaskStream::new(BufReader::new(Box::new(raw)));
         assert_eq!(r.next().await.unwrap_err().code(), Code::InvalidArgument);
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod local_tests {
+    use super::tests::start;
+    use super::*;
+    use crate::shm;
+    use crate::wire::Compression;
+
+    async fn read_all(s: &mut TaskStream) -> Result<Vec<u64>, Status> {
+        let mut got = Vec::new();
+        while let Some(b) = s.next().await? {
+            assert!(b.images.as_bytes().iter().all(|&x| x == b.index as u8), "batch {} has another batch's pixels", b.index);
+            got.push(b.index);
+        }
+        Ok(got)
+    }
+
+    #[tokio::test]
+    async fn the_local_plane_delivers_through_reused_slots_and_refuses_what_the_tcp_plane_refuses() {
+        let name = format!("sluice-test-{:x}", shm::random_u64());
+        let listener = shm::listen_abstract(&name).unwrap();
+        tokio::spawn(serve_local(listener, start(), Some("tok".into()), Arc::new(RegionPool::default())));
+        let maps = MappedRegions::default();
+        let open = |req: RunTaskRequest, token: &'static str| {
+            let (name, maps) = (name.clone(), &maps);
+            async move { TaskStream::open_local(shm::connect_abstract(&name).unwrap(), &name, Some(token), &req, maps).await }
+        };
+        // Five batches through two slots, plain and compressed; task after task, the
+        // worker's one region is reused and mapped once.
+        for compression in [Compression::None, Compression::Zstd, Compression::None] {
+            let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 8, compression: compression.to_wire() };
+            let mut s = open(req, "tok").await.unwrap();
+            assert!(s.is_local());
+            assert_eq!(read_all(&mut s).await.unwrap(), vec![3, 4, 5, 6, 7]);
+        }
+        assert_eq!(maps.len(), 1, "one region, reused for every task");
+
+        // Batches larger than a slot travel inline on the same socket.
+        let req = RunTaskRequest { job_id: 7, epoch: 2, start: 0, end: 3, compression: 0 };
+        assert_eq!(read_all(&mut open(req, "tok").await.unwrap()).await.unwrap(), vec![0, 1, 2]);
+
+        let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0 };
+        let e = open(req.clone(), "nope").await.err().expect("a wrong token is refused");
+        assert_eq!(e.code(), Code::Unauthenticated);
+
+        let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99, compression: 0 };
+        let mut s = open(bad, "tok").await.unwrap();
+        assert!(s.next().await.unwrap().is_some());
+        let e = s.next().await.unwrap_err();
+        assert_eq!((e.code(), e.message()), (Code::FailedPrecondition, "bad sample #3"));
+
+        // A client handing back a slot it does not hold is cut off; others are still served.
+        let mut raw = shm::connect_abstract(&name).unwrap();
+        raw.write_all(&hello(Some("tok"), &req)).await.unwrap();
+        let mut kind = [0u8; 1];
+        let (_, fd) = shm::recv_with_fd(&raw, &mut kind).await.unwrap();
+        assert_eq!((kind[0], fd.is_some()), (KIND_REGION, true));
+        raw.write_all(&99u32.to_le_bytes()).await.unwrap();
+        let mut rest = Vec::new();
+        let ended = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut rest)).await;
+        assert!(matches!(ended, Ok(Ok(_))), "the worker closes the connection: {ended:?}");
+        assert_eq!(read_all(&mut open(req, "tok").await.unwrap()).await.unwrap(), vec![3, 4, 5]);
     }
 }

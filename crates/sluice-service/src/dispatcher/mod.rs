@@ -218,10 +218,12 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = (|| {
             valid_name("addr", &req.addr)?;
-            if !req.data_addr.is_empty() {
-                valid_name("data_addr", &req.data_addr)?;
+            for (what, addr) in [("data_addr", &req.data_addr), ("local_data_addr", &req.local_data_addr)] {
+                if !addr.is_empty() {
+                    valid_name(what, addr)?;
+                }
             }
-            let id = lock(&self.inner.state).register_worker(req.addr.clone(), req.data_addr.clone(), Instant::now());
+            let id = lock(&self.inner.state).register_worker(&req, Instant::now());
             self.inner.changed.notify_waiters();
             tracing::info!(worker_id = id, addr = %req.addr, "worker registered");
             Ok(RegisterWorkerReply { worker_id: id })

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::ServiceError;
 use crate::journal::Record;
-use crate::proto::{task_status, GetTaskReply, JobInfo, TaskAssignment};
+use crate::proto::{task_status, GetTaskReply, JobInfo, RegisterWorkerRequest, TaskAssignment};
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
@@ -149,6 +149,7 @@ impl Job {
 pub struct WorkerEntry {
     pub addr: String,
     pub data_addr: String,
+    pub local_data_addr: String,
     pub last_seen: Instant,
     /// A client reported a failure on this worker; cleared by its next heartbeat.
     pub suspect: bool,
@@ -343,13 +344,15 @@ impl State {
         self.next_job_id
     }
 
-    pub fn register_worker(&mut self, addr: String, data_addr: String, now: Instant) -> u64 {
+    pub fn register_worker(&mut self, req: &RegisterWorkerRequest, now: Instant) -> u64 {
+        let addr = req.addr.clone();
         self.workers.retain(|_, w| w.addr != addr);
         let id = self.next_worker_id;
         self.next_worker_id += 1;
         let entry = WorkerEntry {
             addr,
-            data_addr,
+            data_addr: req.data_addr.clone(),
+            local_data_addr: req.local_data_addr.clone(),
             last_seen: now,
             suspect: false,
             leased: 0,
@@ -488,6 +491,7 @@ impl State {
             worker_addr: worker.addr.clone(),
             worker_data_addr: worker.data_addr.clone(),
             generation,
+            worker_local_data_addr: worker.local_data_addr.clone(),
         };
         let record = Record::Assign { job_id, epoch, task, client: client.to_string(), request };
         Ok((GetTaskReply { status: task_status::TASK, task: Some(assignment) }, Some(record), worker_id))
@@ -502,7 +506,7 @@ impl State {
         if job != job_id || (ep != epoch && ep != epoch + 1) {
             return None;
         }
-        let picked = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone()));
+        let picked = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone(), w.local_data_addr.clone()));
         let e = self.jobs.get_mut(&job_id)?.epoch_mut(ep)?;
         let generation = e.generation;
         let t = e.tasks.get_mut(task as usize)?;
@@ -510,7 +514,7 @@ impl State {
         if holder != client {
             return None;
         }
-        let Some((worker_id, addr, data_addr)) = picked else {
+        let Some((worker_id, addr, data_addr, local_data_addr)) = picked else {
             return Some(GetTaskReply { status: task_status::WAIT, task: None });
         };
         *worker = worker_id;
@@ -524,6 +528,7 @@ impl State {
             worker_addr: addr,
             worker_data_addr: data_addr,
             generation,
+            worker_local_data_addr: local_data_addr,
         };
         Some(GetTaskReply { status: task_status::TASK, task: Some(assignment) })
     }
@@ -625,7 +630,7 @@ mod tests {
         s.apply(&job_record(10, 4), now, 0).unwrap();
         // No worker: wait.
         assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT);
-        let w = s.register_worker("127.0.0.1:1".into(), String::new(), now);
+        let w = s.register_worker(&RegisterWorkerRequest { addr: "127.0.0.1:1".into(), ..Default::default() }, now);
         let t0 = step(&mut s, "a", 0, now).task.unwrap();
         let t1 = step(&mut s, "b", 0, now).task.unwrap();
         let t2 = step(&mut s, "a", 0, now).task.unwrap();
@@ -655,7 +660,7 @@ mod tests {
         let now = Instant::now();
         let mut s = State::new(1);
         s.apply(&job_record(4, 2), now, 0).unwrap();
-        s.register_worker("w".into(), String::new(), now);
+        s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, now);
         let t = step(&mut s, "a", 0, now).task.unwrap();
         let later = now + CLIENT_LEASE / 2;
         s.client_heartbeat(1, "a", ClientReport::default(), later);
@@ -685,7 +690,7 @@ mod tests {
         // WAIT while no worker is there to run it.
         let (wait, _, _) = r.get_task(1, "a", 0, 2, false, now).unwrap();
         assert_eq!(wait.status, task_status::WAIT);
-        r.register_worker("w2".into(), String::new(), now);
+        r.register_worker(&RegisterWorkerRequest { addr: "w2".into(), ..Default::default() }, now);
         let (again, record, _) = r.get_task(1, "a", 0, 2, false, now).unwrap();
         assert_eq!((again.task.unwrap().task_index, record), (1, None));
         let (other, _, _) = r.get_task(1, "a", 0, 3, false, now).unwrap();
@@ -704,7 +709,7 @@ mod tests {
         let mut s = State::new(1);
         let mut journal = vec![job_record(4, 2)];
         s.apply(&journal[0], now, 0).unwrap();
-        s.register_worker("w".into(), String::new(), now);
+        s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, now);
         fn ask(s: &mut State, journal: &mut Vec<Record>, epoch: u64, request: u64, lookahead: bool) -> GetTaskReply {
             let now = Instant::now();
             let (reply, record, worker) = s.get_task(1, "a", epoch, request, lookahead, now).unwrap();
