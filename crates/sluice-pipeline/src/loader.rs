@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use sluice_codec::{CodecError, Plan, Scratch};
 use sluice_core::{
     Batch, ByteBudget, CacheLevel, CachePolicyKind, DType, ErrorPolicy, Image, Layout, Manifest, Pixels,
-    PipelineSpec, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage, Tensor,
+    PipelineSpec, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage, Tensor, TensorData,
 };
 
 use crate::cache::{total_ram_bytes, Cache, CachedData, SampleCost};
@@ -81,6 +81,8 @@ struct Shared {
     layout: Layout,
     stats: Mutex<Stats>,
     progress: Mutex<Progress>,
+    /// Image buffers of batches their consumer is done with, for the next batches.
+    spare: Mutex<Vec<Tensor>>,
     /// Epoch orders drawn for task iterators ([`Loader::iter_range`]), newest last.
     task_draws: Mutex<Vec<TaskDraw>>,
     /// Shared with other loaders of the same pipeline when built by
@@ -199,6 +201,7 @@ impl Loader {
             layout,
             stats: Mutex::new(Stats::new(names)),
             progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
+            spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
             importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
             cache,
@@ -239,6 +242,17 @@ impl Loader {
 
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// Takes back the image buffer of a batch whose pixels the consumer no longer needs
+    /// (a service worker, once it has sent them): a later batch is built in it instead of
+    /// in fresh memory, which the allocator would zero, or the kernel fault in, each time.
+    /// Keeps as many as the prefetch window can use.
+    pub fn recycle(&self, images: Tensor) {
+        let mut spare = lock(&self.shared.spare);
+        if spare.len() < self.shared.spec.prefetch + 2 {
+            spare.push(images);
+        }
     }
 
     /// Bytes of a full batch's images: the most any batch of this loader carries.
@@ -466,8 +480,23 @@ unsafe impl Send for Slab {}
 unsafe impl Sync for Slab {}
 
 impl Slab {
-    fn new(dtype: DType, slots: usize, shape: [usize; 3]) -> Self {
-        let mut tensor = Tensor::zeros(dtype, vec![slots, shape[0], shape[1], shape[2]]);
+    /// A buffer for `slots` samples: a recycled one (see [`Loader::recycle`]) when there is
+    /// one, else zeroed memory. Every slot is overwritten or dropped before the batch is
+    /// handed out, so what a recycled buffer held never shows.
+    fn new(dtype: DType, slots: usize, shape: [usize; 3], spare: Option<Tensor>) -> Self {
+        let dims = vec![slots, shape[0], shape[1], shape[2]];
+        let n = dims.iter().product();
+        let mut tensor = match spare {
+            Some(Tensor { data: TensorData::U8(mut v), .. }) if dtype == DType::U8 => {
+                v.resize(n, 0);
+                Tensor { shape: dims, data: TensorData::U8(v) }
+            }
+            Some(Tensor { data: TensorData::F32(mut v), .. }) if dtype == DType::F32 => {
+                v.resize(n, 0.0);
+                Tensor { shape: dims, data: TensorData::F32(v) }
+            }
+            _ => Tensor::zeros(dtype, dims),
+        };
         let base = tensor.as_bytes_mut().as_mut_ptr();
         let slot_bytes = shape.iter().product::<usize>() * dtype.size();
         Self { tensor: UnsafeCell::new(tensor), base, slot_bytes, slots }
@@ -550,7 +579,8 @@ impl EpochIter {
         let start = b as usize * bs;
         let end = (start + bs).min(self.order.len());
         let indices = &self.order[start..end];
-        let slab = Arc::new(Slab::new(self.shared.dtype, indices.len(), self.shared.sample_shape));
+        let spare = lock(&self.shared.spare).pop();
+        let slab = Arc::new(Slab::new(self.shared.dtype, indices.len(), self.shared.sample_shape, spare));
         let entries = &self.shared.manifest.entries;
         let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
         let labels = indices.iter().map(|&i| entries[i as usize].label).collect();

@@ -179,7 +179,7 @@ pub fn own_data_plane(samples: usize, side: usize, batches: u64, streams: u64, l
     rt.block_on(async move {
         let start: crate::dataplane::StartTask = Arc::new(move |req| {
             Box::pin(async move {
-                Ok(crate::dataplane::TaskBatches { rx: noop_batches(req, samples, side), max_batch_bytes: samples * side * side * 3 })
+                Ok(crate::dataplane::TaskBatches { rx: noop_batches(req, samples, side), max_batch_bytes: samples * side * side * 3, recycle: None })
             })
         });
         let (addr, server) = if local {
@@ -304,7 +304,7 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
                 while Instant::now() < deadline {
                     let t0 = Instant::now();
                     let r = d
-                        .get_task(GetTaskRequest { job_id, client_id: client_id.clone(), epoch, request_id: req_id, lookahead: false })
+                        .get_task(GetTaskRequest { job_id, client_id: client_id.clone(), epoch, request_id: req_id, lookahead: false, streamed: None })
                         .await?
                         .into_inner();
                     req_id += 1;

@@ -549,6 +549,9 @@ async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Re
     // One id until a task comes back: a WAIT, or a reply lost in a restart, is retried
     // under the same id, so a task assigned to it is never leaked.
     let mut request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
+    // The task this fetcher last streamed to the end, told to the dispatcher with the next
+    // request (it balances workers by what they have left to stream).
+    let mut streamed: Option<TaskRef> = None;
     loop {
         let epoch = flow.floor.load(Ordering::SeqCst);
         let now_reading = *reading.borrow_and_update();
@@ -564,7 +567,14 @@ async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Re
             flow.ahead.clone().try_acquire_owned().ok()
         };
         let lookahead = permit.is_some() && epoch <= now_reading;
-        let req = GetTaskRequest { job_id: conn.job_id, client_id: conn.client_id.clone(), epoch, request_id, lookahead };
+        let req = GetTaskRequest {
+            job_id: conn.job_id,
+            client_id: conn.client_id.clone(),
+            epoch,
+            request_id,
+            lookahead,
+            streamed: streamed.clone(),
+        };
         let reply = with_retry(&conn, "GetTask", |mut d| {
             let req = req.clone();
             async move { d.get_task(req).await }
@@ -587,6 +597,7 @@ async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Re
                 if !run_task(&conn, &task, &tx, gate).await? {
                     return Ok(());
                 }
+                streamed = Some(TaskRef { epoch: task.epoch, task_index: task.task_index, generation: task.generation });
             }
             _ => {
                 drop(permit);
@@ -659,30 +670,35 @@ async fn run_task(
             }
             received += 1;
         }
-        if let Some((mut reading, permit)) = gate {
-            if reading.wait_for(|&r| r >= task.epoch).await.is_err() {
-                return Err(Status::cancelled("consumer gone"));
-            }
-            drop(permit);
-            for batch in held {
-                let item = Item::Batch {
-                    task: task.task_index,
-                    generation: task.generation,
-                    start: task.start,
-                    end: task.end,
-                    batch,
-                };
-                if tx.send(item).await.is_err() {
-                    return Err(Status::cancelled("consumer gone"));
-                }
-                received += 1;
-            }
-        }
-        if task.start + received != task.end {
+        if task.start + received + held.len() as u64 != task.end {
             return Err(Status::unavailable(format!(
-                "stream ended after {received} of {} batches",
+                "stream ended after {} of {} batches",
+                received + held.len() as u64,
                 task.end - task.start
             )));
+        }
+        if let Some((mut reading, permit)) = gate {
+            // The worker is done with it: the batches wait for the trainer on their own
+            // (holding the lookahead permit), and this fetcher goes on to the next task.
+            let (tx, task) = (tx.clone(), task.clone());
+            tokio::spawn(async move {
+                if reading.wait_for(|&r| r >= task.epoch).await.is_err() {
+                    return;
+                }
+                drop(permit);
+                for batch in held {
+                    let item = Item::Batch {
+                        task: task.task_index,
+                        generation: task.generation,
+                        start: task.start,
+                        end: task.end,
+                        batch,
+                    };
+                    if tx.send(item).await.is_err() {
+                        return;
+                    }
+                }
+            });
         }
         Ok(())
     }

@@ -126,6 +126,20 @@ pub struct GetTaskRequest {
     /// end. The client holds such a task's batches until it starts that epoch.
     #[prost(bool, tag = "5")]
     pub lookahead: bool,
+    /// The task this client just finished streaming (all its batches are in the client):
+    /// its worker is free of it, though it stays leased until the trainer has taken them.
+    #[prost(message, optional, tag = "6")]
+    pub streamed: Option<TaskRef>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TaskRef {
+    #[prost(uint64, tag = "1")]
+    pub epoch: u64,
+    #[prost(uint64, tag = "2")]
+    pub task_index: u64,
+    #[prost(uint64, tag = "3")]
+    pub generation: u64,
 }
 
 pub mod task_status {

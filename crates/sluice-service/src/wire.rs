@@ -84,6 +84,11 @@ impl Outgoing {
         header(&self.batch, code)
     }
 
+    /// The batch, its pixels as they were produced.
+    pub fn into_batch(self) -> Batch {
+        self.batch
+    }
+
     /// The whole message, for gRPC.
     pub fn into_message(self) -> BatchMessage {
         match self.packed {

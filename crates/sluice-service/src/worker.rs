@@ -284,6 +284,8 @@ impl WorkerService {
         }
         let (tx, rx) = mpsc::channel(2);
         let max_batch_bytes = runner.loader.batch_bytes();
+        let recycler = runner.clone();
+        let recycle: crate::dataplane::Recycle = Arc::new(move |out| recycler.loader.recycle(out.into_batch().images));
         let inner = self.inner.clone();
         inner.counters.tasks_started.fetch_add(1, Ordering::Relaxed);
         inner.counters.tasks_running.fetch_add(1, Ordering::Relaxed);
@@ -295,7 +297,7 @@ impl WorkerService {
                 drop(permit);
             });
         });
-        Ok(TaskBatches { rx, max_batch_bytes })
+        Ok(TaskBatches { rx, max_batch_bytes, recycle: Some(recycle) })
     }
 }
 
@@ -322,6 +324,7 @@ fn run_task(
         return;
     }
     let t0 = Instant::now();
+    tracing::debug!(job_id = req.job_id, epoch = req.epoch, start = req.start, end = req.end, "task started");
     let mut complete = true;
     for item in runner.loader.iter_range(epoch, start, end) {
         match item {
@@ -355,6 +358,7 @@ fn run_task(
         c.tasks_done.fetch_add(1, Ordering::Relaxed);
         c.task_time.observe(t0.elapsed());
     }
+    tracing::debug!(job_id = req.job_id, epoch = req.epoch, start = req.start, complete, seconds = t0.elapsed().as_secs_f64(), "task ended");
     c.tasks_running.fetch_sub(1, Ordering::Relaxed);
 }
 

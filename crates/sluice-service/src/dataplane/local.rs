@@ -112,6 +112,7 @@ async fn local_connection(
         let data = out.payload();
         if data.len() > region.slot_bytes() {
             write_inline(&mut w, &out).await?;
+            task.sent(out);
             continue;
         }
         let slot = match slots.take() {
@@ -130,6 +131,7 @@ async fn local_connection(
         w.write_u32_le(slot).await?;
         w.write_u64_le(data.len() as u64).await?;
         w.flush().await?;
+        task.sent(out);
     }
     w.write_u8(KIND_END).await?;
     w.flush().await?;

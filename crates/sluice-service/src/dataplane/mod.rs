@@ -72,6 +72,19 @@ pub struct TaskBatches {
     /// The most pixel bytes one of its batches can carry (a full batch, uncompressed):
     /// the slot size of the local data plane.
     pub max_batch_bytes: usize,
+    /// Takes each batch back once its pixels are sent (the worker's loader builds later
+    /// batches in its buffer).
+    pub recycle: Option<Recycle>,
+}
+
+pub type Recycle = Arc<dyn Fn(Outgoing) + Send + Sync>;
+
+impl TaskBatches {
+    fn sent(&self, out: Outgoing) {
+        if let Some(recycle) = &self.recycle {
+            recycle(out);
+        }
+    }
 }
 
 /// What runs a task: the worker's loader (or, in benchmarks, a no-op producer).
@@ -191,7 +204,10 @@ async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) 
     };
     while let Some(item) = task.rx.recv().await {
         match item {
-            Ok(out) => write_inline(&mut w, &out).await?,
+            Ok(out) => {
+                write_inline(&mut w, &out).await?;
+                task.sent(out);
+            }
             Err(s) => return write_error(&mut w, &s).await,
         }
     }
@@ -382,7 +398,7 @@ mod tests {
                 });
                 // Job 7 claims smaller batches than it sends: they must go inline.
                 let max_batch_bytes = if req.job_id == 7 { 10 } else { 2 * 2 * 3 * 4 };
-                Ok(TaskBatches { rx, max_batch_bytes })
+                Ok(TaskBatches { rx, max_batch_bytes, recycle: None })
             })
         })
     }

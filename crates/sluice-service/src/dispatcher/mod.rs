@@ -265,6 +265,9 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             valid_name("client_id", &req.client_id)?;
+            if let Some(r) = &req.streamed {
+                lock(&self.inner.state).streamed(req.job_id, &req.client_id, r);
+            }
             // Long poll: rather than answer WAIT at once (and have clients poll), hold the
             // request until something changes (an ack, a failure, a worker) or LONG_POLL.
             let deadline = tokio::time::Instant::now() + LONG_POLL;

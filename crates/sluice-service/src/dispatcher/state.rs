@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::ServiceError;
 use crate::journal::Record;
-use crate::proto::{task_status, GetTaskReply, JobInfo, RegisterWorkerRequest, TaskAssignment};
+use crate::proto::{task_status, GetTaskReply, JobInfo, RegisterWorkerRequest, TaskAssignment, TaskRef};
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
@@ -112,9 +112,32 @@ pub struct Job {
     pub current: EpochState,
     /// The epoch after `current`, once some of its tasks were leased ahead.
     pub next: Option<EpochState>,
+    /// Tasks of this job assigned to each worker and not yet streamed to the end: what
+    /// assignment balances (a worker runs a few of a job's tasks at once and queues the
+    /// rest, so one handed more than its share idles the others at the epoch's end).
+    pub load: HashMap<u64, u64>,
 }
 
 impl Job {
+    /// The worker of a leased task no longer counts it (streamed, acked, failed or expired).
+    fn unload(&mut self, worker: u64) {
+        if let Some(n) = self.load.get_mut(&worker) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Counts the load afresh from the leased tasks (after an epoch's tasks were replaced).
+    fn recount_load(&mut self) {
+        self.load.clear();
+        for e in std::iter::once(&self.current).chain(self.next.as_ref()) {
+            for t in &e.tasks {
+                if let TaskStatus::Leased { worker, .. } = t.status {
+                    *self.load.entry(worker).or_default() += 1;
+                }
+            }
+        }
+    }
+
     /// The current or the next epoch's state.
     fn epoch_mut(&mut self, epoch: u64) -> Option<&mut EpochState> {
         if self.current.epoch == epoch {
@@ -153,7 +176,6 @@ pub struct WorkerEntry {
     pub last_seen: Instant,
     /// A client reported a failure on this worker; cleared by its next heartbeat.
     pub suspect: bool,
-    pub leased: u64,
     pub tasks_running: u64,
     pub batches_produced: u64,
 }
@@ -227,6 +249,7 @@ impl State {
                     passes,
                     current: EpochState::new(0, 0, batches, *batches_per_epoch, *task_batches, &[]),
                     next: None,
+                    load: HashMap::new(),
                 };
                 self.names.insert(name.clone(), *job_id);
                 self.jobs.insert(*job_id, job);
@@ -238,6 +261,7 @@ impl State {
                 job.current = EpochState::new(*epoch, generation, job.batches_per_epoch, job.pass_batches, job.task_batches, skip);
                 // Tasks leased ahead belong to the old order of things: dropped with it.
                 job.next = None;
+                job.recount_load();
                 self.assigned_by_request.retain(|_, (job, _, _)| job != job_id);
             }
             Record::Advance { job_id, epoch } => {
@@ -251,6 +275,7 @@ impl State {
                         )));
                     }
                 }
+                job.recount_load();
                 let epoch = *epoch;
                 self.assigned_by_request.retain(|_, (job, ep, _)| job != job_id || *ep >= epoch);
             }
@@ -271,9 +296,7 @@ impl State {
                 } else {
                     queue.retain(|&q| q != *task);
                 }
-                if let Some(w) = self.workers.get_mut(&worker) {
-                    w.leased += 1;
-                }
+                *self.job_mut(*job_id)?.load.entry(worker).or_default() += 1;
             }
             Record::Requeue { job_id, epoch, task, start } => {
                 let released = self.release(*job_id, *epoch, *task)?;
@@ -303,15 +326,31 @@ impl State {
         Ok(())
     }
 
+    /// `client` has every batch of a task in hand: its worker no longer counts it, so the
+    /// next task goes to whichever worker has least left to stream (waiting for the ack,
+    /// which comes once the trainer has taken the batches, handed a busy worker more while
+    /// another idled). Not journaled: it only steers assignment.
+    pub fn streamed(&mut self, job_id: u64, client: &str, r: &TaskRef) {
+        let Some(job) = self.jobs.get_mut(&job_id) else { return };
+        let Some(e) = job.epoch_mut(r.epoch).filter(|e| e.generation == r.generation) else { return };
+        let Some(t) = e.tasks.get_mut(r.task_index as usize) else { return };
+        if let TaskStatus::Leased { client: holder, worker, .. } = &mut t.status {
+            if holder == client {
+                let w = *worker;
+                // No worker of this number: the ack or a lease running out counts nothing again.
+                *worker = 0;
+                job.unload(w);
+            }
+        }
+    }
+
     /// Drops the worker's count of a leased task; true if the task was not acked.
     fn release(&mut self, job_id: u64, epoch: u64, task: u64) -> Result<bool, ServiceError> {
         let t = self.task_mut(job_id, epoch, task)?;
         match &t.status {
             TaskStatus::Leased { worker, .. } => {
                 let w = *worker;
-                if let Some(w) = self.workers.get_mut(&w) {
-                    w.leased = w.leased.saturating_sub(1);
-                }
+                self.job_mut(job_id)?.unload(w);
                 Ok(true)
             }
             TaskStatus::Pending => Ok(true),
@@ -355,7 +394,6 @@ impl State {
             local_data_addr: req.local_data_addr.clone(),
             last_seen: now,
             suspect: false,
-            leased: 0,
             tasks_running: 0,
             batches_produced: 0,
         };
@@ -380,11 +418,13 @@ impl State {
         self.workers.values().filter(|w| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect).count()
     }
 
-    fn pick_worker(&self, now: Instant) -> Option<(u64, &WorkerEntry)> {
+    /// The live worker with the fewest of the job's tasks left to stream.
+    fn pick_worker(&self, job_id: u64, now: Instant) -> Option<(u64, &WorkerEntry)> {
+        let load = self.jobs.get(&job_id).map(|j| &j.load);
         self.workers
             .iter()
             .filter(|(_, w)| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect)
-            .min_by_key(|(id, w)| (w.leased, **id))
+            .min_by_key(|(id, _)| (load.and_then(|l| l.get(id)).copied().unwrap_or(0), **id))
             .map(|(id, w)| (*id, w))
     }
 
@@ -417,9 +457,7 @@ impl State {
             }
         }
         for w in expired {
-            if let Some(w) = self.workers.get_mut(&w) {
-                w.leased = w.leased.saturating_sub(1);
-            }
+            job.unload(w);
         }
     }
 
@@ -478,7 +516,7 @@ impl State {
             },
             None => return Ok((wait, None, 0)),
         };
-        let Some((worker_id, worker)) = self.pick_worker(now) else {
+        let Some((worker_id, worker)) = self.pick_worker(job_id, now) else {
             return Ok((wait, None, 0));
         };
         let assignment = TaskAssignment {
@@ -506,8 +544,9 @@ impl State {
         if job != job_id || (ep != epoch && ep != epoch + 1) {
             return None;
         }
-        let picked = self.pick_worker(now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone(), w.local_data_addr.clone()));
-        let e = self.jobs.get_mut(&job_id)?.epoch_mut(ep)?;
+        let picked = self.pick_worker(job_id, now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone(), w.local_data_addr.clone()));
+        let j = self.jobs.get_mut(&job_id)?;
+        let e = j.epoch_mut(ep)?;
         let generation = e.generation;
         let t = e.tasks.get_mut(task as usize)?;
         let TaskStatus::Leased { client: holder, worker, .. } = &mut t.status else { return None };
@@ -517,13 +556,16 @@ impl State {
         let Some((worker_id, addr, data_addr, local_data_addr)) = picked else {
             return Some(GetTaskReply { status: task_status::WAIT, task: None });
         };
-        *worker = worker_id;
+        let before = std::mem::replace(worker, worker_id);
+        let (start, end) = (t.start, t.end);
+        j.unload(before);
+        *j.load.entry(worker_id).or_default() += 1;
         let assignment = TaskAssignment {
             job_id,
             epoch: ep,
             task_index: task,
-            start: t.start,
-            end: t.end,
+            start,
+            end,
             worker_id,
             worker_addr: addr,
             worker_data_addr: data_addr,
@@ -621,6 +663,34 @@ mod tests {
         // Parallel epochs: two passes of 5 batches; no task spans both.
         assert_eq!(cut_tasks(10, 5, 4, &[]), vec![(0, 4), (4, 5), (5, 9), (9, 10)]);
         assert_eq!(cut_tasks(10, 5, 4, &[5]), vec![(0, 4), (4, 5), (6, 10)]);
+    }
+
+    #[test]
+    fn tasks_go_to_the_worker_with_least_left_to_stream() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.apply(&job_record(40, 4), now, 0).unwrap();
+        let a = s.register_worker(&RegisterWorkerRequest { addr: "a".into(), ..Default::default() }, now);
+        let b = s.register_worker(&RegisterWorkerRequest { addr: "b".into(), ..Default::default() }, now);
+        let take = |s: &mut State| step(s, "c", 0, now).task.unwrap();
+        let first: Vec<TaskAssignment> = (0..4).map(|_| take(&mut s)).collect();
+        let on = |w: u64| first.iter().filter(|t| t.worker_id == w).count();
+        assert_eq!((on(a), on(b)), (2, 2), "spread evenly");
+        // A task of `b` was streamed to the end but is not acked yet (the trainer has not
+        // taken all its batches): `b` has less left to do, so it gets the next task.
+        let done = first.iter().find(|t| t.worker_id == b).unwrap();
+        s.streamed(1, "c", &TaskRef { epoch: 0, task_index: done.task_index, generation: done.generation });
+        assert_eq!(take(&mut s).worker_id, b);
+        // The ack that follows counts nothing twice: the workers are even again.
+        s.apply(&Record::Ack { job_id: 1, epoch: 0, task: done.task_index }, now, 0).unwrap();
+        let next: Vec<u64> = (0..2).map(|_| take(&mut s).worker_id).collect();
+        assert!(next.contains(&a) && next.contains(&b), "{next:?}");
+        // A hint from another client, or for an older task list, changes nothing.
+        let other = first.iter().find(|t| t.worker_id == a).unwrap();
+        s.streamed(1, "someone-else", &TaskRef { epoch: 0, task_index: other.task_index, generation: other.generation });
+        s.streamed(1, "c", &TaskRef { epoch: 0, task_index: other.task_index, generation: other.generation + 1 });
+        let load = &s.job(1).unwrap().load;
+        assert_eq!((load[&a], load[&b]), (3, 3));
     }
 
     #[test]
