@@ -73,6 +73,8 @@ class RemoteLoader:
             loader (a delta filter, then zstd). Worth it only when the network is slower
             than the compressor (see BENCHMARKS.md); on loopback or fast links it costs
             throughput.
+        data_plane: ``"auto"`` (default): batches from workers on this machine come
+            through shared memory, the rest over TCP; ``"tcp"`` or ``"grpc"`` force one.
 
     Raises:
         SpecError: the spec is invalid. PermissionError: a path outside the allowed roots,
@@ -89,6 +91,7 @@ class RemoteLoader:
         tasks_in_flight: int = 4,
         parallel_epochs: int = 0,
         compression: Optional[str] = None,
+        data_plane: str = "auto",
     ) -> None:
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
@@ -102,6 +105,7 @@ class RemoteLoader:
             tasks_in_flight,
             parallel_epochs,
             compression or "none",
+            data_plane,
         )
 
     def __iter__(self) -> RemoteBatchIterator:
@@ -137,6 +141,11 @@ class RemoteLoader:
     def duplicates_dropped(self) -> int:
         """Batches that arrived twice (after worker failures) and were dropped."""
         return int(self._native.duplicates_dropped())
+
+    @property
+    def shared_memory_batches(self) -> int:
+        """Batches that came through shared memory from workers on this machine."""
+        return int(self._native.shared_memory_batches())
 
     @property
     def output(self) -> str:

@@ -10,7 +10,7 @@ use pyo3::exceptions::{
 };
 use pyo3::prelude::*;
 use sluice_core::PipelineSpec;
-use sluice_service::{Compression, RemoteLoader, RemoteOptions, RemoteState, ServiceError};
+use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ServiceError};
 use tonic::Code;
 
 use crate::errors::spec_error;
@@ -52,7 +52,7 @@ impl PyRemoteLoader {
     /// Submits `spec_json` as job `job_name` to the dispatcher at `dispatcher` (or joins
     /// the job, if it exists with the same pipeline). GIL released while connecting.
     #[new]
-    #[pyo3(signature = (spec_json, dispatcher, job_name, token = None, tasks_in_flight = 4, parallel_epochs = 0, compression = "none"))]
+    #[pyo3(signature = (spec_json, dispatcher, job_name, token = None, tasks_in_flight = 4, parallel_epochs = 0, compression = "none", data_plane = "auto"))]
     #[allow(clippy::too_many_arguments)] // the Python signature
     fn new(
         py: Python<'_>,
@@ -63,6 +63,7 @@ impl PyRemoteLoader {
         tasks_in_flight: usize,
         parallel_epochs: u64,
         compression: &str,
+        data_plane: &str,
     ) -> PyResult<Self> {
         let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
         let mut options = RemoteOptions::new(dispatcher, job_name);
@@ -72,6 +73,7 @@ impl PyRemoteLoader {
         options.tasks_in_flight = tasks_in_flight.max(1);
         options.parallel_epochs = parallel_epochs;
         options.compression = Compression::parse(compression).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        options.data_plane = DataPlane::parse(data_plane).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let loader = py.detach(|| RemoteLoader::connect(&spec, options)).map_err(|e| service_error(py, e))?;
         Ok(Self { inner: Mutex::new(loader) })
     }
@@ -134,6 +136,10 @@ impl PyRemoteLoader {
 
     fn duplicates_dropped(&self) -> u64 {
         lock(&self.inner).duplicates_dropped()
+    }
+
+    fn shared_memory_batches(&self) -> u64 {
+        lock(&self.inner).shared_memory_batches()
     }
 
     fn state_json(&self) -> PyResult<String> {

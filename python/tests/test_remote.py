@@ -92,16 +92,23 @@ def test_parallel_epochs_deliver_every_sample_once_per_pass(service: Tuple[str, 
     assert keys == sorted(list(range(N_IMAGES)) * 2)
 
 
-def test_compressed_batches_equal_uncompressed_ones_and_unknown_codecs_are_refused(
+def test_every_data_plane_and_compression_gives_equal_batches_and_unknown_ones_are_refused(
     service: Tuple[str, Path],
 ) -> None:
     addr, root = service
-    plain = sluice.RemoteLoader(_pipeline(root, seed=4), dispatcher=addr, job="py-plain")
-    packed = sluice.RemoteLoader(_pipeline(root, seed=4), dispatcher=addr, job="py-zstd", compression="zstd")
 
-    def epoch(loader: sluice.RemoteLoader) -> List[Tuple[int, List[int], bytes]]:
-        return sorted((b.index, b.key.tolist(), b.image.tobytes()) for b in loader)
+    def epoch(job: str, **options: str) -> Tuple[List[Tuple[int, List[int], bytes]], int]:
+        loader = sluice.RemoteLoader(_pipeline(root, seed=4), dispatcher=addr, job=job, **options)
+        batches = sorted((b.index, b.key.tolist(), b.image.tobytes()) for b in loader)
+        return batches, loader.shared_memory_batches
 
-    assert epoch(packed) == epoch(plain)
+    # The worker runs on this machine: by default its batches come through shared memory.
+    plain, shared = epoch("py-plain")
+    assert shared == len(plain) == N_IMAGES // 8
+    assert epoch("py-zstd", compression="zstd") == (plain, len(plain))
+    assert epoch("py-tcp", data_plane="tcp") == (plain, 0)
+    assert epoch("py-grpc", data_plane="grpc", compression="zstd") == (plain, 0)
     with pytest.raises(ValueError, match="unknown compression"):
         sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="py-bad", compression="zip")
+    with pytest.raises(ValueError, match="unknown data plane"):
+        sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="py-bad", data_plane="udp")

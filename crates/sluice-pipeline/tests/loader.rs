@@ -105,6 +105,27 @@ fn task_ranges_run_side_by_side_give_the_epochs_batches_and_leave_the_loader_whe
 }
 
 #[test]
+fn batches_built_in_recycled_buffers_equal_those_built_in_fresh_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 30, 2);
+    let mut s = spec(&root, 7, 2);
+    s.on_error = ErrorPolicy::Skip;
+    let fresh = collect(&Loader::new(s.clone(), Shard::default()).unwrap());
+    let loader = Loader::new(s, Shard::default()).unwrap();
+    let mut recycled = Vec::new();
+    for b in loader.iter() {
+        let b = b.unwrap();
+        recycled.push(b.clone());
+        // Scribble over the buffer first: nothing of it may show in a later batch.
+        let mut images = b.images;
+        images.as_bytes_mut().fill(0xAB);
+        loader.recycle(images);
+    }
+    assert_eq!(recycled, fresh);
+    assert!(fresh.iter().any(|b| b.len() < 7), "the bad files leave short batches");
+}
+
+#[test]
 fn epochs_differ_in_order_and_augmentation_and_repeat_across_runs() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path(), 16, 0);

@@ -132,8 +132,6 @@ struct Conn {
     client_id: String,
     /// Trainer-side counters, reported in heartbeats (per-client metrics).
     batches: AtomicU64,
-    /// Batches that came through shared memory (workers on this machine).
-    shared_memory_batches: AtomicU64,
     stall_ns: AtomicU64,
     started: Instant,
     next_request: AtomicU64,
@@ -200,7 +198,8 @@ where
 
 /// What fetchers hand the consumer.
 enum Item {
-    Batch { task: u64, generation: u64, start: u64, end: u64, batch: Batch },
+    /// `local`: it came through shared memory.
+    Batch { task: u64, generation: u64, start: u64, end: u64, batch: Batch, local: bool },
     /// The dispatcher says every batch of this epoch was delivered (to some client).
     EpochEnd(u64),
     Error(ServiceError),
@@ -230,6 +229,7 @@ pub struct RemoteLoader {
     /// Assignments (task, generation, start) with batches delivered, not yet acknowledged.
     open: HashMap<(u64, u64, u64), (u64, u64)>,
     duplicates: u64,
+    shared_memory_batches: u64,
     /// An iterator was dropped mid-epoch: the next one restarts the epoch from `state()`.
     abandoned: bool,
     current: Option<EpochStream>,
@@ -284,7 +284,6 @@ impl RemoteLoader {
             job_id: 0,
             client_id,
             batches: AtomicU64::new(0),
-            shared_memory_batches: AtomicU64::new(0),
             stall_ns: AtomicU64::new(0),
             started: Instant::now(),
             next_request: AtomicU64::new(1),
@@ -312,6 +311,7 @@ impl RemoteLoader {
             delivered: HashSet::new(),
             open: HashMap::new(),
             duplicates: 0,
+            shared_memory_batches: 0,
             abandoned: false,
             current: None,
         })
@@ -329,10 +329,10 @@ impl RemoteLoader {
         self.job.batches_per_epoch
     }
 
-    /// Batches that came through shared memory from workers on this machine (the rest
-    /// came over the network).
+    /// Batches handed to the trainer that came through shared memory from workers on this
+    /// machine (the rest came over the network).
     pub fn shared_memory_batches(&self) -> u64 {
-        self.conn.shared_memory_batches.load(Ordering::Relaxed)
+        self.shared_memory_batches
     }
 
     /// Batches that arrived twice and were dropped (after worker failures).
@@ -461,7 +461,7 @@ impl RemoteLoader {
                         batch.epoch, self.epoch
                     ))));
                 }
-                Some(Item::Batch { task, generation, start, end, batch }) => {
+                Some(Item::Batch { task, generation, start, end, batch, local }) => {
                     let entry = self.open.entry((task, generation, start)).or_insert((end, 0));
                     entry.1 += 1;
                     if entry.1 == end - start {
@@ -470,6 +470,9 @@ impl RemoteLoader {
                     }
                     if self.delivered.insert(batch.index) {
                         self.conn.batches.fetch_add(1, Ordering::Relaxed);
+                        if local {
+                            self.shared_memory_batches += 1;
+                        }
                         return Some(Ok(batch));
                     }
                     self.duplicates += 1;
@@ -649,9 +652,6 @@ async fn run_task(
                 .await
                 .map_err(|_| Status::unavailable("worker sent nothing for 60 s"))??;
             let Some(batch) = next else { break };
-            if local {
-                conn.shared_memory_batches.fetch_add(1, Ordering::Relaxed);
-            }
             let expected = task.start + received + held.len() as u64;
             if batch.epoch != task.epoch || batch.index != expected {
                 return Err(Status::invalid_argument(format!(
@@ -664,7 +664,7 @@ async fn run_task(
                 continue;
             }
             let item =
-                Item::Batch { task: task.task_index, generation: task.generation, start: task.start, end: task.end, batch };
+                Item::Batch { task: task.task_index, generation: task.generation, start: task.start, end: task.end, batch, local };
             if tx.send(item).await.is_err() {
                 return Err(Status::cancelled("consumer gone"));
             }
@@ -693,6 +693,7 @@ async fn run_task(
                         start: task.start,
                         end: task.end,
                         batch,
+                        local,
                     };
                     if tx.send(item).await.is_err() {
                         return;
