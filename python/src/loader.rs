@@ -216,6 +216,12 @@ impl RawBatch {
                 let addr = v.as_ptr() as usize;
                 (owned_array(py, &shape, v)?, addr)
             }
+            // Borrowed memory (a service worker's) is copied: numpy must own what it holds.
+            TensorData::SharedU8(s) => {
+                let v = s.as_slice().to_vec();
+                let addr = v.as_ptr() as usize;
+                (owned_array(py, &shape, v)?, addr)
+            }
             TensorData::F32(v) => {
                 let addr = v.as_ptr() as usize;
                 (owned_array(py, &shape, v)?, addr)

@@ -9,7 +9,7 @@ pub mod manifest;
 pub mod rng;
 pub mod spec;
 
-pub use batch::{Batch, Tensor, TensorData};
+pub use batch::{Batch, SharedBytes, Tensor, TensorData};
 pub use error::{SampleError, SampleErrorKind, SpecError, Stage};
 pub use image::{DType, Image, Layout, Pixels};
 pub use manifest::{Entry, Location, Manifest, SampleKey};

@@ -15,7 +15,7 @@ pub mod stats;
 pub mod storage;
 
 pub use error::PipelineError;
-pub use loader::{EpochIter, Loader, LoaderState};
+pub use loader::{BufferSource, EpochIter, Loader, LoaderState};
 pub use cache::{CacheStats, CachedData};
 pub use importance::ImportanceState;
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};

@@ -249,6 +249,10 @@ impl Loader {
     /// in fresh memory, which the allocator would zero, or the kernel fault in, each time.
     /// Keeps as many as the prefetch window can use.
     pub fn recycle(&self, images: Tensor) {
+        if matches!(images.data, TensorData::SharedU8(_)) {
+            // Borrowed memory goes back to its owner, not to this loader.
+            return;
+        }
         let mut spare = lock(&self.shared.spare);
         if spare.len() < self.shared.spec.prefetch + 2 {
             spare.push(images);
@@ -452,6 +456,7 @@ impl Loader {
             done_rx,
             cancel: Arc::new(AtomicBool::new(false)),
             finished: false,
+            buffers: None,
         }
     }
 }
@@ -480,8 +485,8 @@ unsafe impl Send for Slab {}
 unsafe impl Sync for Slab {}
 
 impl Slab {
-    /// A buffer for `slots` samples: a recycled one (see [`Loader::recycle`]) when there is
-    /// one, else zeroed memory. Every slot is overwritten or dropped before the batch is
+    /// A buffer for `slots` samples: the given one (from a [`BufferSource`], or recycled by
+    /// [`Loader::recycle`]) when it fits, else zeroed memory. Every slot is overwritten or dropped before the batch is
     /// handed out, so what a recycled buffer held never shows.
     fn new(dtype: DType, slots: usize, shape: [usize; 3], spare: Option<Tensor>) -> Self {
         let dims = vec![slots, shape[0], shape[1], shape[2]];
@@ -494,6 +499,10 @@ impl Slab {
             Some(Tensor { data: TensorData::F32(mut v), .. }) if dtype == DType::F32 => {
                 v.resize(n, 0.0);
                 Tensor { shape: dims, data: TensorData::F32(v) }
+            }
+            Some(Tensor { data: TensorData::SharedU8(mut b), .. }) if dtype == DType::U8 && n <= b.capacity() => {
+                b.set_len(n);
+                Tensor { shape: dims, data: TensorData::SharedU8(b) }
             }
             _ => Tensor::zeros(dtype, dims),
         };
@@ -550,9 +559,21 @@ pub struct EpochIter {
     done_rx: Receiver<ChunkDone>,
     cancel: Arc<AtomicBool>,
     finished: bool,
+    buffers: Option<BufferSource>,
 }
 
+/// Memory to build a batch's images in, asked for each batch with its dtype and element
+/// count: e.g. a service worker's shared memory, so the batch is made where the client
+/// reads it. `None` (or a tensor that does not fit): the loader's own memory.
+pub type BufferSource = Arc<dyn Fn(DType, usize) -> Option<Tensor> + Send + Sync>;
+
 impl EpochIter {
+    /// Builds the batches in memory from `source` where it has some.
+    pub fn with_buffers(mut self, source: BufferSource) -> Self {
+        self.buffers = Some(source);
+        self
+    }
+
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -579,7 +600,12 @@ impl EpochIter {
         let start = b as usize * bs;
         let end = (start + bs).min(self.order.len());
         let indices = &self.order[start..end];
-        let spare = lock(&self.shared.spare).pop();
+        let n = indices.len() * self.shared.sample_shape.iter().product::<usize>();
+        let spare = match &self.buffers {
+            Some(source) => source(self.shared.dtype, n),
+            None => None,
+        };
+        let spare = spare.or_else(|| lock(&self.shared.spare).pop());
         let slab = Arc::new(Slab::new(self.shared.dtype, indices.len(), self.shared.sample_shape, spare));
         let entries = &self.shared.manifest.entries;
         let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();

@@ -179,7 +179,7 @@ pub fn own_data_plane(samples: usize, side: usize, batches: u64, streams: u64, l
     rt.block_on(async move {
         let start: crate::dataplane::StartTask = Arc::new(move |req| {
             Box::pin(async move {
-                Ok(crate::dataplane::TaskBatches { rx: noop_batches(req, samples, side), max_batch_bytes: samples * side * side * 3, recycle: None })
+                Ok(crate::dataplane::TaskBatches { rx: noop_batches(req, samples, side), max_batch_bytes: samples * side * side * 3, in_flight: 4, buffers: None, recycle: None })
             })
         });
         let (addr, server) = if local {

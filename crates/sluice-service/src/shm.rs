@@ -125,6 +125,15 @@ impl Region {
         Ok(unsafe { self.base.add(slot as usize * self.slot_bytes) })
     }
 
+    /// Where `slot` starts, for filling it in place (writable regions only). The caller
+    /// makes sure nobody reads the slot meanwhile.
+    pub fn slot_ptr(&self, slot: u32) -> io::Result<std::ptr::NonNull<u8>> {
+        if !self.writable {
+            return Err(invalid("a region mapped read-only cannot be written".into()));
+        }
+        std::ptr::NonNull::new(self.check(slot, 0)?).ok_or_else(|| invalid("null mapping".into()))
+    }
+
     /// Copies `bytes` into `slot`. The caller makes sure nobody reads the slot meanwhile
     /// (its reader handed it back).
     pub fn write(&self, slot: u32, bytes: &[u8]) -> io::Result<()> {

@@ -84,6 +84,10 @@ impl Outgoing {
         header(&self.batch, code)
     }
 
+    pub fn batch(&self) -> &Batch {
+        &self.batch
+    }
+
     /// The batch, its pixels as they were produced.
     pub fn into_batch(self) -> Batch {
         self.batch
@@ -139,7 +143,7 @@ fn header(b: &Batch, compression: u32) -> BatchMessage {
         labels: b.labels.clone(),
         shape: b.images.shape.iter().map(|&d| d as u64).collect(),
         dtype: match b.images.data {
-            TensorData::U8(_) => dtype::U8,
+            TensorData::U8(_) | TensorData::SharedU8(_) => dtype::U8,
             TensorData::F32(_) => dtype::F32,
         },
         layout: match b.layout {
@@ -157,6 +161,7 @@ pub fn batch_to_message(batch: Batch) -> BatchMessage {
     let head = header(&batch, compression::NONE);
     let data = match batch.images.data {
         TensorData::U8(v) => v,
+        TensorData::SharedU8(s) => s.as_slice().to_vec(),
         TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     };
     BatchMessage { data, ..head }

@@ -289,15 +289,20 @@ impl WorkerService {
         let inner = self.inner.clone();
         inner.counters.tasks_started.fetch_add(1, Ordering::Relaxed);
         inner.counters.tasks_running.fetch_add(1, Ordering::Relaxed);
+        // The prefetch window, the channel to the connection, and one or two on their way.
+        let in_flight = runner.loader.spec().prefetch + 4;
+        let (buffers, memory) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
+            // The connection says where to build the batches (or drops the sender) first.
+            let memory = memory.await.ok();
             // The semaphore is never closed; without a permit the task simply does not run.
             let Ok(permit) = runner.running.clone().acquire_owned().await else { return };
             tokio::task::spawn_blocking(move || {
-                run_task(&inner, &runner, &req, compression, &tx);
+                run_task(&inner, &runner, &req, compression, memory, &tx);
                 drop(permit);
             });
         });
-        Ok(TaskBatches { rx, max_batch_bytes, recycle: Some(recycle) })
+        Ok(TaskBatches { rx, max_batch_bytes, in_flight, buffers: Some(buffers), recycle: Some(recycle) })
     }
 }
 
@@ -307,6 +312,7 @@ fn run_task(
     runner: &JobRunner,
     req: &RunTaskRequest,
     compression: Compression,
+    memory: Option<sluice_pipeline::BufferSource>,
     tx: &mpsc::Sender<Result<Outgoing, Status>>,
 ) {
     let c = &inner.counters;
@@ -326,7 +332,11 @@ fn run_task(
     let t0 = Instant::now();
     tracing::debug!(job_id = req.job_id, epoch = req.epoch, start = req.start, end = req.end, "task started");
     let mut complete = true;
-    for item in runner.loader.iter_range(epoch, start, end) {
+    let mut batches = runner.loader.iter_range(epoch, start, end);
+    if let Some(memory) = memory {
+        batches = batches.with_buffers(memory);
+    }
+    for item in batches {
         match item {
             Ok(mut batch) => {
                 // Back to the job's numbering: epoch `req.epoch`, index in all passes.

@@ -54,10 +54,8 @@ const KIND_END: u8 = 2;
 const KIND_ERROR: u8 = 3;
 const KIND_REGION: u8 = 4;
 const KIND_SLOT: u8 = 5;
-/// Slots per shared region: the worker fills one while the client copies out the other.
-const SLOTS: u32 = 2;
-/// Most slots a client accepts in a region.
-const MAX_SLOTS: u32 = 16;
+/// Most slots in a region.
+const MAX_SLOTS: u32 = 64;
 const MAX_HEADER: u32 = 16 << 20;
 const MAX_TOKEN: u32 = 4096;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,6 +70,12 @@ pub struct TaskBatches {
     /// The most pixel bytes one of its batches can carry (a full batch, uncompressed):
     /// the slot size of the local data plane.
     pub max_batch_bytes: usize,
+    /// Batches the task can have in flight at once (being built, queued, being sent): the
+    /// slot count of the local data plane.
+    pub in_flight: usize,
+    /// The local data plane sends here the memory to build the batches in; the task waits
+    /// for it before it starts (other transports drop it).
+    pub buffers: Option<tokio::sync::oneshot::Sender<sluice_pipeline::BufferSource>>,
     /// Takes each batch back once its pixels are sent (the worker's loader builds later
     /// batches in its buffer).
     pub recycle: Option<Recycle>,
@@ -202,6 +206,8 @@ async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) 
         Ok(task) => task,
         Err(s) => return write_error(&mut w, &s).await,
     };
+    // Batches are built in the worker's own memory.
+    drop(task.buffers.take());
     while let Some(item) = task.rx.recv().await {
         match item {
             Ok(out) => {
@@ -398,7 +404,7 @@ mod tests {
                 });
                 // Job 7 claims smaller batches than it sends: they must go inline.
                 let max_batch_bytes = if req.job_id == 7 { 10 } else { 2 * 2 * 3 * 4 };
-                Ok(TaskBatches { rx, max_batch_bytes, recycle: None })
+                Ok(TaskBatches { rx, max_batch_bytes, in_flight: 2, buffers: None, recycle: None })
             })
         })
     }
@@ -470,6 +476,10 @@ mod local_tests {
             let mut s = open(req, "tok").await.unwrap();
             assert!(s.is_local());
             assert_eq!(read_all(&mut s).await.unwrap(), vec![3, 4, 5, 6, 7]);
+            // The worker pools the region once every slot is back (it reads them behind
+            // the batches); give it that moment before the next task asks for one.
+            drop(s);
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(maps.len(), 1, "one region, reused for every task");
 
