@@ -1,8 +1,8 @@
 //! Shared memory between a worker and a client on the same machine (Linux): a region of
 //! batch-sized slots in a memfd, handed to the client over a Unix socket (`SCM_RIGHTS`),
 //! and the abstract-namespace sockets they meet on. The local data plane
-//! ([`crate::dataplane`]) builds on these: a worker copies each batch into a slot once and
-//! the client copies it out once, with no kernel socket copies, TCP processing or
+//! ([`crate::dataplane`]) builds on these: a worker's loader builds each batch in a slot
+//! and the client copies it out once, with no kernel socket copies, TCP processing or
 //! per-chunk wake-ups (about 60 µs of CPU per 224² image over loopback TCP, BENCHMARKS).
 
 use std::io;

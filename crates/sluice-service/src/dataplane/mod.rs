@@ -19,8 +19,9 @@
 //!   `4` region: u64 id, u32 slots, u64 slot bytes, with the region's memfd attached;
 //! and then sends each batch as
 //!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length;
-//! (or as `1`, inline, should one not fit a slot). The client copies the pixels out and
-//! hands the slot back with a u32 slot number; the worker writes a slot only after that.
+//! (or as `1`, inline, when no slot is free or the batch is larger). The client copies the
+//! pixels out and hands the slot back with a u32 slot number; the worker reuses a slot
+//! only after that.
 //! Nothing on this socket leaves the machine, so it carries no TLS; the token is checked
 //! as on TCP.
 
