@@ -344,10 +344,12 @@ pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
         keys.sort_unstable();
         keys.dedup();
         println!(
-            "epoch {epoch}: {n} samples in {secs:.2} s = {:.0} samples/s; {} distinct; {} duplicate batches dropped",
+            "epoch {epoch}: {n} samples in {secs:.2} s = {:.0} samples/s; {} distinct; {} duplicate batches dropped; \
+             {} batches so far through shared memory",
             n as f64 / secs,
             keys.len(),
-            loader.duplicates_dropped()
+            loader.duplicates_dropped(),
+            loader.shared_memory_batches()
         );
     }
     Ok(())

@@ -643,9 +643,9 @@ async fn run_task(
         };
         let local = matches!(&source, Source::Tcp(s) if s.is_local());
         // A task ahead of the trainer is read to the end into `held` first: its worker
-        // runs one task per job at a time, so leaving it blocked on a full socket would
-        // stall that job's current-epoch tasks queued behind it (and the epoch with them).
-        // Memory: at most `tasks_in_flight - 1` such tasks.
+        // runs only two tasks of a job at a time, so leaving it blocked on a full socket
+        // would stall that job's current-epoch tasks queued behind it (and the epoch with
+        // them). Memory: at most `tasks_in_flight - 1` such tasks.
         let mut held: Vec<Batch> = Vec::new();
         loop {
             let next = tokio::time::timeout(Duration::from_secs(60), source.next())
