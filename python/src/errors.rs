@@ -11,8 +11,8 @@ use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice_core::{SampleError, SpecError};
-use sluice_pipeline::source::SourceError;
 use sluice_pipeline::pack::PackError;
+use sluice_pipeline::source::SourceError;
 use sluice_pipeline::PipelineError;
 use sluice_synth::SynthError;
 

@@ -152,4 +152,3 @@ impl PyRemoteLoader {
         py.detach(|| lock(&self.inner).load_state(&state)).map_err(|e| service_error(py, e))
     }
 }
-

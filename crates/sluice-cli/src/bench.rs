@@ -54,7 +54,14 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         None => {
             let out = PathBuf::from("data/bench");
             if !out.is_dir() {
-                gen::generate(&gen::Args { out: out.clone(), images: a.images, classes: 10, seed: 0, quality: 90, corrupt: 0 })?;
+                gen::generate(&gen::Args {
+                    out: out.clone(),
+                    images: a.images,
+                    classes: 10,
+                    seed: 0,
+                    quality: 90,
+                    corrupt: 0,
+                })?;
             }
             out
         }
@@ -122,15 +129,20 @@ fn report(a: &Args, rows: &[Row]) {
     if a.json {
         let rows: Vec<_> = rows
             .iter()
-            .map(|&(t, p, d, pk)| json!({"threads": t, "pipeline_img_s": p, "plain_decode_img_s": d, "ratio": p / d,
+            .map(|&(t, p, d, pk)| {
+                json!({"threads": t, "pipeline_img_s": p, "plain_decode_img_s": d, "ratio": p / d,
                                      "pipeline_img_s_per_thread": p / t as f64,
-                                     "packed_pipeline_img_s": pk, "packed_ratio": pk.map(|pk| pk / d)}))
+                                     "packed_pipeline_img_s": pk, "packed_ratio": pk.map(|pk| pk / d)})
+            })
             .collect();
         println!("{}", json!({"runs": a.runs, "rows": rows, "scaling_2_vs_1": scaling}));
         return;
     }
     println!("standard pipeline = decode + random_resized_crop 224 + flip, u8 HWC; medians of {} runs", a.runs);
-    println!("{:>7} {:>14} {:>12} {:>14} {:>12} {:>8}", "threads", "pipeline img/s", "per thread", "decode img/s", "per thread", "ratio");
+    println!(
+        "{:>7} {:>14} {:>12} {:>14} {:>12} {:>8}",
+        "threads", "pipeline img/s", "per thread", "decode img/s", "per thread", "ratio"
+    );
     for &(t, p, d, _) in rows {
         println!("{t:>7} {p:>14.0} {:>12.0} {d:>14.0} {:>12.0} {:>8.2}", p / t as f64, d / t as f64, p / d);
     }
@@ -165,9 +177,10 @@ fn decodable_only(manifest: &Manifest) -> anyhow::Result<(Manifest, u64, Vec<Str
     let (mut good, mut bytes, mut bad) = (Vec::new(), 0u64, Vec::new());
     for e in &manifest.entries {
         let path = manifest.display_path(e.key);
-        match std::fs::read(&path).map_err(|err| err.to_string()).and_then(|b| {
-            dec.decode_full(&b, &mut out).map(|_| b.len()).map_err(|err| err.to_string())
-        }) {
+        match std::fs::read(&path)
+            .map_err(|err| err.to_string())
+            .and_then(|b| dec.decode_full(&b, &mut out).map(|_| b.len()).map_err(|err| err.to_string()))
+        {
             Ok(n) => {
                 bytes += n as u64;
                 good.push((e.location.clone(), e.label, e.size));

@@ -77,8 +77,7 @@ fn hit_rate_sweep(a: &Args) -> Vec<SimResult> {
             entry_bytes: 1000,
         };
         let row: Vec<SimResult> = POLICIES.iter().map(|&p| simulate(p, sampler_for(p), &cfg)).collect();
-        let cells: Vec<String> =
-            row.iter().map(|r| format!("{:.3} ({:.3})", r.hit_rate, r.steady_hit_rate)).collect();
+        let cells: Vec<String> = row.iter().map(|r| format!("{:.3} ({:.3})", r.hit_rate, r.steady_hit_rate)).collect();
         eprintln!("{:>5}% {:>16} {:>16} {:>16} {:>16}", tenth * 10, cells[0], cells[1], cells[2], cells[3]);
         all.extend(row);
     }
@@ -97,7 +96,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
     let root = PathBuf::from("data/bench-cache");
     if !root.is_dir() {
-        gen::generate(&gen::Args { out: root.clone(), images: a.images, classes: 10, seed: 0, quality: 90, corrupt: 0 })?;
+        gen::generate(&gen::Args {
+            out: root.clone(),
+            images: a.images,
+            classes: 10,
+            seed: 0,
+            quality: 90,
+            corrupt: 0,
+        })?;
     }
     let base = |cache: Option<CacheSpec>, sampling: SamplingSpec| {
         let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.clone() }, 224, 32);
@@ -108,7 +114,8 @@ fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
         s.sampling = sampling;
         s
     };
-    let probe = Loader::new(base(None, SamplingSpec::Uniform), Shard::default()).context("indexing data/bench-cache")?;
+    let probe =
+        Loader::new(base(None, SamplingSpec::Uniform), Shard::default()).context("indexing data/bench-cache")?;
     let n = probe.manifest().len();
     drop(probe);
     // 500x375 RGB8 per decoded entry: half the dataset's decoded bytes.

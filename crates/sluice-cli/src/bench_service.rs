@@ -166,7 +166,14 @@ pub fn main(a: Args) -> Result<()> {
             None => {
                 let root = work.join("images");
                 if !root.is_dir() {
-                    gen::generate(&gen::Args { out: root.clone(), images: a.images, classes: 10, seed: 0, quality: 90, corrupt: 0 })?;
+                    gen::generate(&gen::Args {
+                        out: root.clone(),
+                        images: a.images,
+                        classes: 10,
+                        seed: 0,
+                        quality: 90,
+                        corrupt: 0,
+                    })?;
                 }
                 root
             }

@@ -8,11 +8,7 @@ use std::process::{Command, Output};
 
 fn sluice(args: &[&str], cwd: &Path) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).current_dir(cwd).output().unwrap();
-    assert!(
-        out.status.success(),
-        "sluice {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "sluice {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
     out
 }
 
@@ -44,7 +40,10 @@ size = 4
     assert_eq!(skipped.len(), 10, "5 bad files, each epoch");
     assert!(skipped.iter().all(|s| s["path"].as_str().unwrap().contains("bad_")));
 
-    let out = sluice(&["bench", "--data", "train", "--runs", "1", "--threads", "1", "--batch", "4", "--json", "--packed"], dir.path());
+    let out = sluice(
+        &["bench", "--data", "train", "--runs", "1", "--threads", "1", "--batch", "4", "--json", "--packed"],
+        dir.path(),
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("left out 5 files"));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let row = &report["rows"][0];
@@ -62,7 +61,8 @@ fn a_bad_spec_fails_with_the_field_named() {
         "[source]\nkind = \"image_folder\"\nroot = \"x\"\n[[ops]]\nop = \"decode\"\n[batch]\nsize = 0\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["run", "bad.toml"]).current_dir(dir.path()).output().unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_sluice")).args(["run", "bad.toml"]).current_dir(dir.path()).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("batch.size"), "{err}");
@@ -78,10 +78,17 @@ fn pack_rewrites_jpegs_keeps_everything_else_and_lists_what_it_could_not_rewrite
     assert!(report.contains("packed 6 JPEGs"), "{report}");
     // The bad files that carry a .jpg name are listed by path and copied as they are.
     assert!(report.contains("could not be rewritten") && report.contains("bad_"), "{report}");
-    let count = |p: &Path| std::fs::read_dir(p).unwrap().map(|c| std::fs::read_dir(c.unwrap().path()).map_or(1, |d| d.count())).sum::<usize>();
+    let count = |p: &Path| {
+        std::fs::read_dir(p)
+            .unwrap()
+            .map(|c| std::fs::read_dir(c.unwrap().path()).map_or(1, |d| d.count()))
+            .sum::<usize>()
+    };
     assert_eq!(count(&dir.path().join("train")), count(&dir.path().join("packed")));
     assert_eq!(std::fs::read(dir.path().join("packed/labels.txt")).unwrap(), b"not an image\n");
-    for class in std::fs::read_dir(dir.path().join("train")).unwrap().filter_map(|c| c.ok()).filter(|c| c.path().is_dir()) {
+    for class in
+        std::fs::read_dir(dir.path().join("train")).unwrap().filter_map(|c| c.ok()).filter(|c| c.path().is_dir())
+    {
         for f in std::fs::read_dir(class.path()).unwrap() {
             let f = f.unwrap().path();
             let rel = f.strip_prefix(dir.path().join("train")).unwrap();
@@ -95,9 +102,17 @@ fn pack_rewrites_jpegs_keeps_everything_else_and_lists_what_it_could_not_rewrite
         }
     }
     // Writing the copy inside the dataset is refused.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["pack", "train", "train/packed"]).current_dir(dir.path()).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["pack", "train", "train/packed"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("lies inside the dataset"));
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(["pack", "train", "p0", "--interval", "0"]).current_dir(dir.path()).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["pack", "train", "p0", "--interval", "0"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--interval"));
 }

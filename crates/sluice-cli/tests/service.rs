@@ -244,7 +244,9 @@ fn a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_ba
     let a = RemoteLoader::connect(&spec(&root, 4), grpc.clone()).unwrap();
     let b = RemoteLoader::connect(&spec(&root, 4), grpc).unwrap();
     assert_eq!(a.job().job_id, b.job().job_id);
-    let read = |mut l: RemoteLoader| std::thread::spawn(move || l.iter().map(|b| b.unwrap().keys).collect::<Vec<_>>().concat());
+    let read = |mut l: RemoteLoader| {
+        std::thread::spawn(move || l.iter().map(|b| b.unwrap().keys).collect::<Vec<_>>().concat())
+    };
     let (ka, kb) = (read(a), read(b));
     let (ka, kb) = (ka.join().unwrap(), kb.join().unwrap());
     assert!(!ka.is_empty() && !kb.is_empty(), "both clients got batches: {} and {}", ka.len(), kb.len());
@@ -264,8 +266,12 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let outside = dir.path().join("outside");
-    sluice_synth::write_dataset(&outside, &DatasetOptions { images: 4, classes: 1, texture: 8, ..Default::default() }, &|_| {})
-        .unwrap();
+    sluice_synth::write_dataset(
+        &outside,
+        &DatasetOptions { images: 4, classes: 1, texture: 8, ..Default::default() },
+        &|_| {},
+    )
+    .unwrap();
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &["--token", "s3cret"]);
     let _w = worker(&addr, &root, &["--token", "s3cret"]);
@@ -360,7 +366,8 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
         let mut req = tonic::Request::new(Garbage { junk: vec![0xff, 0xfe, 0x00, 0x80] });
         req.metadata_mut().insert("authorization", token);
         let path = tonic::codegen::http::uri::PathAndQuery::from_static("/sluice.v1.Dispatcher/CreateJob");
-        let codec: tonic::codec::ProstCodec<Garbage, sluice_service::proto::JobInfo> = tonic::codec::ProstCodec::default();
+        let codec: tonic::codec::ProstCodec<Garbage, sluice_service::proto::JobInfo> =
+            tonic::codec::ProstCodec::default();
         let status = grpc.unary(req, path, codec).await.unwrap_err();
         assert_ne!(status.code(), tonic::Code::Ok);
         eprintln!("garbage payload: {status:?}");
@@ -470,7 +477,12 @@ fn jobs_with_one_fingerprint_share_the_workers_cache() {
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
     let _w = worker(&addr, &root, &["--metrics-port", &port]);
     let mut s = spec(&root, 1);
-    s.cache = Some(CacheSpec { budget: ByteBudget::Bytes(1 << 30), level: CacheLevel::Decoded, resize: None, policy: CachePolicyKind::Lru });
+    s.cache = Some(CacheSpec {
+        budget: ByteBudget::Bytes(1 << 30),
+        level: CacheLevel::Decoded,
+        resize: None,
+        policy: CachePolicyKind::Lru,
+    });
     let mut ids = Vec::new();
     for job in ["first", "second"] {
         let mut loader = RemoteLoader::connect(&s, options(&addr, job)).unwrap();
@@ -612,7 +624,8 @@ fn tls_on_both_planes_serves_a_job_and_clients_without_the_ca_are_refused() {
 
 #[test]
 fn parallel_epochs_make_each_epoch_n_full_passes_in_different_orders_exactly_once_each() {
-    let _watchdog = watchdog("parallel_epochs_make_each_epoch_n_full_passes_in_different_orders_exactly_once_each", 120);
+    let _watchdog =
+        watchdog("parallel_epochs_make_each_epoch_n_full_passes_in_different_orders_exactly_once_each", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();

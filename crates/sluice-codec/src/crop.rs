@@ -83,12 +83,7 @@ impl CenterCropWindow {
         let y0 = self.top.max(0);
         let x1 = (self.left + i64::from(self.out_w)).min(i64::from(width));
         let y1 = (self.top + i64::from(self.out_h)).min(i64::from(height));
-        (x1 > x0 && y1 > y0).then(|| CropRect {
-            x: x0 as u32,
-            y: y0 as u32,
-            w: (x1 - x0) as u32,
-            h: (y1 - y0) as u32,
-        })
+        (x1 > x0 && y1 > y0).then(|| CropRect { x: x0 as u32, y: y0 as u32, w: (x1 - x0) as u32, h: (y1 - y0) as u32 })
     }
 
     /// Whether the crop needs zero padding (it reaches outside the image).
@@ -101,14 +96,7 @@ impl CenterCropWindow {
 
     /// Writes the crop of the RGB8 image `src` (`src_w x src_h`, whose pixel (0,0) is image
     /// pixel `(origin_x, origin_y)`) into `dst` (`out_w x out_h` RGB8), zero-padding.
-    pub(crate) fn copy_rgb(
-        &self,
-        src: &[u8],
-        src_w: u32,
-        origin: (u32, u32),
-        image: (u32, u32),
-        dst: &mut [u8],
-    ) {
+    pub(crate) fn copy_rgb(&self, src: &[u8], src_w: u32, origin: (u32, u32), image: (u32, u32), dst: &mut [u8]) {
         if self.pads(image.0, image.1) {
             dst.fill(0);
         }
@@ -149,10 +137,7 @@ mod tests {
             assert!(frac >= SCALE[0] - slack && frac <= SCALE[1] + slack, "{r:?} frac {frac}");
             let aspect = f64::from(r.w) / f64::from(r.h);
             let tol = 1.0 / f64::from(r.h.min(r.w)) + 1e-9;
-            assert!(
-                aspect >= RATIO[0] * (1.0 - tol) - tol && aspect <= RATIO[1] * (1.0 + tol) + tol,
-                "{r:?}"
-            );
+            assert!(aspect >= RATIO[0] * (1.0 - tol) - tol && aspect <= RATIO[1] * (1.0 + tol) + tol, "{r:?}");
         }
     }
 
@@ -182,10 +167,7 @@ mod tests {
         let r = random_resized_crop_params(10, 1000, SCALE, RATIO, &mut rng);
         assert_eq!(r, CropRect { x: 0, y: (1000 - 13) / 2, w: 10, h: 13 });
         // 1x1 always fits.
-        assert_eq!(
-            random_resized_crop_params(1, 1, SCALE, RATIO, &mut rng),
-            CropRect { x: 0, y: 0, w: 1, h: 1 }
-        );
+        assert_eq!(random_resized_crop_params(1, 1, SCALE, RATIO, &mut rng), CropRect { x: 0, y: 0, w: 1, h: 1 });
         // Scale exactly 1 with ratio exactly 1 on a square image: the whole image.
         let r = random_resized_crop_params(64, 64, [1.0, 1.0], [1.0, 1.0], &mut rng);
         assert_eq!(r, CropRect { x: 0, y: 0, w: 64, h: 64 });

@@ -56,12 +56,7 @@ pub fn encode_jpeg_with(
 }
 
 /// Encodes interleaved RGB8 as a progressive 4:2:0 JPEG (common in web-scraped datasets).
-pub fn encode_jpeg_progressive(
-    rgb: &[u8],
-    width: u32,
-    height: u32,
-    quality: u8,
-) -> Result<Vec<u8>, CodecError> {
+pub fn encode_jpeg_progressive(rgb: &[u8], width: u32, height: u32, quality: u8) -> Result<Vec<u8>, CodecError> {
     encode(rgb, width, height, SourcePixels::Rgb, Subsampling::S420, quality, true)
 }
 
@@ -99,16 +94,7 @@ fn encode(
     // SAFETY: `pixels` holds `h` rows of `w * bytes_per_pixel` bytes (checked above);
     // TurboJPEG allocates `buf` (we free it below) and writes its size.
     let rc = unsafe {
-        tj::tj3Compress8(
-            c.as_ptr(),
-            pixels.as_ptr(),
-            w,
-            0,
-            h,
-            source.tj_format() as c_int,
-            &mut buf,
-            &mut size,
-        )
+        tj::tj3Compress8(c.as_ptr(), pixels.as_ptr(), w, 0, h, source.tj_format() as c_int, &mut buf, &mut size)
     };
     let result = if rc == 0 && !buf.is_null() {
         // SAFETY: on success `buf` points to `size` initialised bytes.

@@ -32,9 +32,7 @@ impl From<CodecError> for SampleErrorKind {
             CodecError::Empty => SampleErrorKind::Empty,
             CodecError::UnknownFormat => SampleErrorKind::UnknownFormat,
             CodecError::Corrupt(m) => SampleErrorKind::Corrupt(m),
-            CodecError::TooLarge { width, height, limit } => {
-                SampleErrorKind::TooLarge { width, height, limit }
-            }
+            CodecError::TooLarge { width, height, limit } => SampleErrorKind::TooLarge { width, height, limit },
             // The core has no "unsupported" kind; the message keeps the distinction.
             CodecError::Unsupported(m) => SampleErrorKind::Corrupt(format!("unsupported image: {m}")),
             CodecError::Shape(m) => SampleErrorKind::Shape(m),
@@ -50,10 +48,7 @@ mod tests {
     fn every_codec_error_maps_to_the_matching_sample_error_kind() {
         assert_eq!(SampleErrorKind::from(CodecError::Empty), SampleErrorKind::Empty);
         assert_eq!(SampleErrorKind::from(CodecError::UnknownFormat), SampleErrorKind::UnknownFormat);
-        assert_eq!(
-            SampleErrorKind::from(CodecError::Corrupt("bad".into())),
-            SampleErrorKind::Corrupt("bad".into())
-        );
+        assert_eq!(SampleErrorKind::from(CodecError::Corrupt("bad".into())), SampleErrorKind::Corrupt("bad".into()));
         assert_eq!(
             SampleErrorKind::from(CodecError::TooLarge { width: 3, height: 4, limit: 5 }),
             SampleErrorKind::TooLarge { width: 3, height: 4, limit: 5 }

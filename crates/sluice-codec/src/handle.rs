@@ -23,7 +23,9 @@ impl TjHandle {
     pub(crate) fn new(kind: tj::TJINIT, what: &str) -> Result<Self, CodecError> {
         // SAFETY: no preconditions; NULL on failure.
         let raw = unsafe { tj::tj3Init(kind as c_int) };
-        NonNull::new(raw).map(Self).ok_or_else(|| CodecError::Unsupported(format!("cannot create a libjpeg-turbo {what}")))
+        NonNull::new(raw)
+            .map(Self)
+            .ok_or_else(|| CodecError::Unsupported(format!("cannot create a libjpeg-turbo {what}")))
     }
 
     pub(crate) fn as_ptr(&self) -> *mut c_void {

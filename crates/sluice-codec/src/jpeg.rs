@@ -335,9 +335,7 @@ impl JpegDecoder {
         }
         self.guarded(|d| {
             // SAFETY: valid handle; the buffer is valid for `len` bytes and only read.
-            let rc = unsafe {
-                tj::tj3DecompressHeader(d.handle.as_ptr(), bytes.as_ptr(), bytes.len() as tj::size_t)
-            };
+            let rc = unsafe { tj::tj3DecompressHeader(d.handle.as_ptr(), bytes.as_ptr(), bytes.len() as tj::size_t) };
             d.check(rc)
         })?;
         if !has_frame_header(bytes) {
@@ -351,11 +349,7 @@ impl JpegDecoder {
             return Err(CodecError::Corrupt(format!("invalid JPEG dimensions {w}x{h}")));
         }
         if u64::from(width) * u64::from(height) > self.max_pixels {
-            return Err(CodecError::TooLarge {
-                width: width.into(),
-                height: height.into(),
-                limit: self.max_pixels,
-            });
+            return Err(CodecError::TooLarge { width: width.into(), height: height.into(), limit: self.max_pixels });
         }
         let colorspace = ColorSpace::from_tj(self.get(tj::TJPARAM_TJPARAM_COLORSPACE))
             .ok_or_else(|| CodecError::Unsupported("JPEG with an unknown colour space".into()))?;
@@ -512,10 +506,7 @@ impl JpegDecoder {
         let hdr = self.header(bytes)?;
         Self::check_decodable(&hdr)?;
         let rect = rect.clamp_to(hdr.width, hdr.height).ok_or_else(|| {
-            CodecError::Shape(format!(
-                "crop window {rect:?} lies outside the {}x{} image",
-                hdr.width, hdr.height
-            ))
+            CodecError::Shape(format!("crop window {rect:?} lies outside the {}x{} image", hdr.width, hdr.height))
         })?;
 
         let denom = if hdr.lossless { 1 } else { scale_denom(rect, target) };
@@ -559,12 +550,7 @@ impl JpegDecoder {
             width: rw,
             height: rh,
             scale_denom: denom,
-            rect: SubRect {
-                left,
-                top,
-                width: sw.min(f64::from(rw) - left),
-                height: sh.min(f64::from(rh) - top),
-            },
+            rect: SubRect { left, top, width: sw.min(f64::from(rw) - left), height: sh.min(f64::from(rh) - top) },
         })
     }
 }
@@ -670,9 +656,8 @@ pub(crate) mod tests {
                 let rect = SubRect { left: x as f64, top: 5.0, width: 64.0, height: 48.0 };
                 let target = (64 / denom, 48 / denom);
                 let mut buf = Vec::new();
-                let r = d
-                    .decode_region(&jpg, rect, target, &mut buf)
-                    .unwrap_or_else(|e| panic!("{s:?} 1/{denom}: {e}"));
+                let r =
+                    d.decode_region(&jpg, rect, target, &mut buf).unwrap_or_else(|e| panic!("{s:?} 1/{denom}: {e}"));
                 assert_eq!(r.scale_denom, denom);
                 assert!(r.rect.left < f64::from(mcu_w), "{s:?} 1/{denom}: {r:?}");
                 if denom == 1 {
@@ -707,8 +692,7 @@ pub(crate) mod tests {
         let mut full = Vec::new();
         d.decode_full(&jpg, &mut full).unwrap();
         // Left edges on and off the 16-pixel iMCU grid, including the right and bottom edges.
-        for (x, y, cw, ch) in
-            [(0, 0, 64, 64), (13, 7, 100, 90), (37, 101, 263, 99), (16, 0, 50, 200), (299, 199, 1, 1)]
+        for (x, y, cw, ch) in [(0, 0, 64, 64), (13, 7, 100, 90), (37, 101, 263, 99), (16, 0, 50, 200), (299, 199, 1, 1)]
         {
             let rect = SubRect { left: x as f64, top: y as f64, width: cw as f64, height: ch as f64 };
             let mut buf = Vec::new();
@@ -740,10 +724,8 @@ pub(crate) mod tests {
                 for x in 0..w / 2 {
                     for c in 0..3 {
                         let at = |xx: u32, yy: u32| u32::from(full[((yy * w + xx) * 3 + c) as usize]);
-                        let s = at(2 * x, 2 * y)
-                            + at(2 * x + 1, 2 * y)
-                            + at(2 * x, 2 * y + 1)
-                            + at(2 * x + 1, 2 * y + 1);
+                        let s =
+                            at(2 * x, 2 * y) + at(2 * x + 1, 2 * y) + at(2 * x, 2 * y + 1) + at(2 * x + 1, 2 * y + 1);
                         v.push(((s + 2) / 4) as u8);
                     }
                 }
@@ -764,12 +746,7 @@ pub(crate) mod tests {
 
         // A window big enough for 1/8 picks 1/8.
         let r = d
-            .decode_region(
-                &jpg,
-                SubRect { left: 0.0, top: 0.0, width: 320.0, height: 240.0 },
-                (40, 30),
-                &mut buf,
-            )
+            .decode_region(&jpg, SubRect { left: 0.0, top: 0.0, width: 320.0, height: 240.0 }, (40, 30), &mut buf)
             .unwrap();
         assert_eq!((r.scale_denom, r.width, r.height), (8, 40, 30));
     }
@@ -786,12 +763,7 @@ pub(crate) mod tests {
         assert_eq!(out.len(), (w * h * 3) as usize);
         assert!(out.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]));
         let r = d
-            .decode_region(
-                &jpg,
-                SubRect { left: 9.0, top: 3.0, width: 20.0, height: 20.0 },
-                (20, 20),
-                &mut out,
-            )
+            .decode_region(&jpg, SubRect { left: 9.0, top: 3.0, width: 20.0, height: 20.0 }, (20, 20), &mut out)
             .unwrap();
         assert_eq!(out.len(), (r.width * r.height * 3) as usize);
     }
@@ -916,16 +888,7 @@ pub(crate) mod tests {
             assert_eq!(tj::tj3Set(c, tj::TJPARAM_TJPARAM_PRECISION as c_int, 12), 0);
             let mut buf: *mut u8 = std::ptr::null_mut();
             let mut size: tj::size_t = 0;
-            let rc = tj::tj3Compress12(
-                c,
-                samples.as_ptr(),
-                w,
-                0,
-                h,
-                tj::TJPF_TJPF_RGB as c_int,
-                &mut buf,
-                &mut size,
-            );
+            let rc = tj::tj3Compress12(c, samples.as_ptr(), w, 0, h, tj::TJPF_TJPF_RGB as c_int, &mut buf, &mut size);
             assert_eq!(rc, 0);
             let v = std::slice::from_raw_parts(buf, size as usize).to_vec();
             tj::tj3Free(buf.cast());
@@ -935,9 +898,7 @@ pub(crate) mod tests {
         let mut d = decoder();
         assert_eq!(d.header(&jpg).unwrap().precision, 12);
         let mut out = Vec::new();
-        assert!(
-            matches!(d.decode_full(&jpg, &mut out), Err(CodecError::Unsupported(m)) if m.contains("12-bit"))
-        );
+        assert!(matches!(d.decode_full(&jpg, &mut out), Err(CodecError::Unsupported(m)) if m.contains("12-bit")));
     }
 
     #[test]

@@ -256,9 +256,7 @@ impl Plan {
         let geo = |op: &OpSpec| match *op {
             OpSpec::Resize { size } => Some(Geo::Resize { size }),
             OpSpec::CenterCrop { size } => Some(Geo::CenterCrop { size }),
-            OpSpec::RandomResizedCrop { size, scale, ratio } => {
-                Some(Geo::RandomResizedCrop { size, scale, ratio })
-            }
+            OpSpec::RandomResizedCrop { size, scale, ratio } => Some(Geo::RandomResizedCrop { size, scale, ratio }),
             _ => None,
         };
         // The last geometric op may write straight into the output slot when it fixes the
@@ -504,9 +502,7 @@ impl Plan {
     /// Full decode of a JPEG or PNG into `scratch.a`.
     fn decode(&self, bytes: &[u8], scratch: &mut Scratch) -> Result<(u32, u32), CodecError> {
         match sniff_format(bytes)? {
-            ImageFormat::Jpeg => {
-                jpeg_in(&mut scratch.jpeg, self.limits.max_pixels)?.decode_full(bytes, &mut scratch.a)
-            }
+            ImageFormat::Jpeg => jpeg_in(&mut scratch.jpeg, self.limits.max_pixels)?.decode_full(bytes, &mut scratch.a),
             ImageFormat::Png => decode_png(bytes, self.limits.max_pixels, &mut scratch.a),
         }
     }
@@ -622,20 +618,11 @@ fn rect_of(r: CropRect) -> SubRect {
 }
 
 /// The buffer a geometric op writes: the output slot, or `b` sized for `w x h` RGB8.
-fn target<'o>(
-    to_out: bool,
-    out: &'o mut [u8],
-    b: &'o mut Vec<u8>,
-    w: u32,
-    h: u32,
-) -> Result<&'o mut [u8], CodecError> {
+fn target<'o>(to_out: bool, out: &'o mut [u8], b: &'o mut Vec<u8>, w: u32, h: u32) -> Result<&'o mut [u8], CodecError> {
     let n = w as usize * h as usize * 3;
     if to_out {
         if out.len() != n {
-            return Err(CodecError::Shape(format!(
-                "output slot has {} bytes, {w}x{h} RGB needs {n}",
-                out.len()
-            )));
+            return Err(CodecError::Shape(format!("output slot has {} bytes, {w}x{h} RGB needs {n}", out.len())));
         }
         Ok(out)
     } else {
@@ -796,8 +783,7 @@ mod tests {
             assert!(diff < 1.0, "{cw}x{ch}: {diff}");
         }
         // decode+resize (DCT-scaled 1/2 here: 300x200 -> 150x100) then center crop.
-        let ops =
-            [OpSpec::Decode, OpSpec::Resize { size: 100 }, OpSpec::CenterCrop { size: Size::square(96) }];
+        let ops = [OpSpec::Decode, OpSpec::Resize { size: 100 }, OpSpec::CenterCrop { size: Size::square(96) }];
         let plan = Plan::compile(&ops, Limits::default());
         assert_eq!(plan.step_names(), ["decode+resize", "center_crop", "write"]);
         let got = run(&plan, &jpg, 0, &mut scratch).unwrap();
@@ -855,8 +841,7 @@ mod tests {
         assert_eq!(f32s(&run(&plan, &png, 0, &mut s).unwrap()), want);
 
         let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
-        let plan =
-            tiny_plan(&[flip(1.0), OpSpec::Normalize { mean, std }, OpSpec::Layout { order: Layout::Chw }]);
+        let plan = tiny_plan(&[flip(1.0), OpSpec::Normalize { mean, std }, OpSpec::Layout { order: Layout::Chw }]);
         assert_eq!(plan.step_names(), ["decode+center_crop", "random_horizontal_flip", "normalize+layout"]);
         let got = f32s(&run(&plan, &png, 0, &mut s).unwrap());
         let want: Vec<f32> = chw(&mirrored, 4, 2)
@@ -911,10 +896,8 @@ mod tests {
     fn step_times_accumulate_per_step() {
         let (w, h) = (200, 150);
         let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
-        let plan = Plan::compile(
-            &[OpSpec::Decode, rrc(32), OpSpec::RandomHorizontalFlip { p: 0.5 }],
-            Limits::default(),
-        );
+        let plan =
+            Plan::compile(&[OpSpec::Decode, rrc(32), OpSpec::RandomHorizontalFlip { p: 0.5 }], Limits::default());
         let mut times = vec![Duration::ZERO; 3];
         let mut out = vec![0u8; plan.output_bytes()];
         let mut s = Scratch::new();
@@ -929,10 +912,8 @@ mod tests {
 
     #[test]
     fn cache_split_sits_before_the_first_random_op() {
-        let plan = Plan::compile(
-            &[OpSpec::Decode, rrc(32), OpSpec::RandomHorizontalFlip { p: 0.5 }],
-            Limits::default(),
-        );
+        let plan =
+            Plan::compile(&[OpSpec::Decode, rrc(32), OpSpec::RandomHorizontalFlip { p: 0.5 }], Limits::default());
         assert_eq!(plan.cache_split(), 1);
         assert_eq!(plan.prefix_step_names(), ["decode"]);
         assert_eq!(plan.suffix_step_names(), ["random_resized_crop", "random_horizontal_flip", "write"]);
@@ -980,15 +961,8 @@ mod tests {
         assert_eq!(got, want);
 
         let gray: Vec<u8> = (0..w * h).map(|i| (i % 200) as u8).collect();
-        let jpg = crate::encode::encode_jpeg_with(
-            &gray,
-            w,
-            h,
-            crate::SourcePixels::Gray,
-            crate::Subsampling::Gray,
-            90,
-        )
-        .unwrap();
+        let jpg = crate::encode::encode_jpeg_with(&gray, w, h, crate::SourcePixels::Gray, crate::Subsampling::Gray, 90)
+            .unwrap();
         let got = run(&plan, &jpg, 3, &mut s).unwrap();
         assert!(got.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]));
     }
@@ -999,20 +973,15 @@ mod tests {
         let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
         let (png_bytes, _) = tiny();
         let fused = Plan::compile(&[OpSpec::Decode, rrc(32)], Limits::default());
-        let unfused = Plan::compile(
-            &[OpSpec::Decode, OpSpec::RandomHorizontalFlip { p: 0.5 }, rrc(32)],
-            Limits::default(),
-        );
+        let unfused =
+            Plan::compile(&[OpSpec::Decode, OpSpec::RandomHorizontalFlip { p: 0.5 }, rrc(32)], Limits::default());
         let mut s = Scratch::new();
         for plan in [&fused, &unfused] {
             assert_eq!(run(plan, b"", 0, &mut s), Err(CodecError::Empty));
             assert_eq!(run(plan, b"just some text", 0, &mut s), Err(CodecError::UnknownFormat));
             assert!(matches!(run(plan, &jpg[..jpg.len() / 2], 0, &mut s), Err(CodecError::Corrupt(_))));
             assert!(matches!(run(plan, &jpg[..3], 0, &mut s), Err(CodecError::Corrupt(_))));
-            assert!(matches!(
-                run(plan, &png_bytes[..png_bytes.len() - 20], 0, &mut s),
-                Err(CodecError::Corrupt(_))
-            ));
+            assert!(matches!(run(plan, &png_bytes[..png_bytes.len() - 20], 0, &mut s), Err(CodecError::Corrupt(_))));
             let mut huge = jpg.clone();
             patch_sof_dims(&mut huge, 60000, 60000);
             assert!(matches!(
@@ -1023,12 +992,8 @@ mod tests {
             assert!(run(plan, &jpg, 0, &mut s).is_ok());
         }
         // Limits come from the plan.
-        let tight =
-            Plan::compile(&[OpSpec::Decode, rrc(32)], Limits { max_pixels: 1000, ..Limits::default() });
-        assert_eq!(
-            run(&tight, &jpg, 0, &mut s),
-            Err(CodecError::TooLarge { width: 128, height: 96, limit: 1000 })
-        );
+        let tight = Plan::compile(&[OpSpec::Decode, rrc(32)], Limits { max_pixels: 1000, ..Limits::default() });
+        assert_eq!(run(&tight, &jpg, 0, &mut s), Err(CodecError::TooLarge { width: 128, height: 96, limit: 1000 }));
         // Wrong slot size.
         let mut out = vec![0u8; 5];
         assert!(matches!(fused.run(&jpg, &mut rng(0), &mut s, &mut out, &mut []), Err(CodecError::Shape(_))));

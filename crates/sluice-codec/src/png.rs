@@ -137,8 +137,7 @@ pub(crate) mod tests {
         let idx: Vec<u8> = (0..n).map(|i| (i % 3) as u8).collect();
         let png = encode_png(&idx, w, h, ColorType::Indexed, BitDepth::Eight, Some(&palette));
         decode_png(&png, 1000, &mut out).unwrap();
-        let want: Vec<u8> =
-            idx.iter().flat_map(|&i| palette[i as usize * 3..i as usize * 3 + 3].to_vec()).collect();
+        let want: Vec<u8> = idx.iter().flat_map(|&i| palette[i as usize * 3..i as usize * 3 + 3].to_vec()).collect();
         assert_eq!(out, want);
 
         // 1-bit grey: expanded to 0/255.
@@ -162,10 +161,7 @@ pub(crate) mod tests {
         let n = bad.len();
         bad[n / 2] ^= 0x55; // breaks the IDAT CRC
         assert!(matches!(decode_png(&bad, 1 << 20, &mut out), Err(CodecError::Corrupt(_))));
-        assert!(matches!(
-            decode_png(b"\x89PNG\r\n\x1a\nnonsense", 1 << 20, &mut out),
-            Err(CodecError::Corrupt(_))
-        ));
+        assert!(matches!(decode_png(b"\x89PNG\r\n\x1a\nnonsense", 1 << 20, &mut out), Err(CodecError::Corrupt(_))));
 
         // Header declaring 100000 x 100000: patch IHDR width/height (bytes 16..24) and its CRC.
         let mut huge = png.clone();

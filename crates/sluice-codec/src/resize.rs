@@ -40,8 +40,7 @@ impl SubRect {
 /// Shorter side to `size`, aspect ratio kept (torchvision `Resize(int)`: the longer side is
 /// `int(size * long / short)`, truncated).
 pub fn shorter_side_size(width: u32, height: u32, size: u32) -> (u32, u32) {
-    let long_of =
-        |short: u32, long: u32| ((u64::from(size) * u64::from(long)) / u64::from(short.max(1))) as u32;
+    let long_of = |short: u32, long: u32| ((u64::from(size) * u64::from(long)) / u64::from(short.max(1))) as u32;
     if width <= height {
         (size, long_of(width, height).max(1))
     } else {
@@ -153,19 +152,9 @@ mod tests {
             }
         }
         let mut dst = vec![0u8; 8 * 8 * 3];
-        r.resize_rect(&src, w, h, SubRect { left: 2.0, top: 0.5, width: 28.0, height: 30.0 }, &mut dst, 8, 8)
-            .unwrap();
+        r.resize_rect(&src, w, h, SubRect { left: 2.0, top: 0.5, width: 28.0, height: 30.0 }, &mut dst, 8, 8).unwrap();
         assert!(dst.chunks_exact(3).all(|p| p == [200, 0, 0]), "{dst:?}");
-        r.resize_rect(
-            &src,
-            w,
-            h,
-            SubRect { left: 33.5, top: 0.0, width: 30.0, height: 32.0 },
-            &mut dst,
-            8,
-            8,
-        )
-        .unwrap();
+        r.resize_rect(&src, w, h, SubRect { left: 33.5, top: 0.0, width: 30.0, height: 32.0 }, &mut dst, 8, 8).unwrap();
         assert!(dst.chunks_exact(3).all(|p| p == [0, 0, 100]));
 
         let mut out = Vec::new();

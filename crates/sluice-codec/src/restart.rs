@@ -195,8 +195,8 @@ fn scan_segments(bytes: &[u8], data: usize) -> Option<Vec<(usize, usize)>> {
             continue;
         }
         match *tail.get(k + 1)? {
-            0x00 => skip_to = k + 2,  // a stuffed 0xFF data byte
-            0xFF => {}                // fill before a marker: the marker is judged at the last 0xFF
+            0x00 => skip_to = k + 2, // a stuffed 0xFF data byte
+            0xFF => {}               // fill before a marker: the marker is judged at the last 0xFF
             0xD0..=0xD7 => {
                 segments.push((start, data + first_fill(tail, k)));
                 start = data + k + 2;
@@ -268,8 +268,14 @@ mod tests {
     #[test]
     fn a_window_cut_from_a_seekable_jpeg_decodes_to_exactly_the_same_pixels() {
         let (w, h) = (203, 157); // partial MCUs on the right and bottom edges
-        let subsamplings =
-            [Subsampling::S420, Subsampling::S422, Subsampling::S444, Subsampling::S440, Subsampling::S411, Subsampling::Gray];
+        let subsamplings = [
+            Subsampling::S420,
+            Subsampling::S422,
+            Subsampling::S444,
+            Subsampling::S440,
+            Subsampling::S411,
+            Subsampling::Gray,
+        ];
         let mut rng = Lcg(7);
         for s in subsamplings {
             for interval in [1, 2, 4] {
@@ -280,12 +286,8 @@ mod tests {
                 let mut cuts = 0;
                 for i in 0..300 {
                     let (cw, ch) = (1.0 + rng.next(w - 1), 1.0 + rng.next(h - 1));
-                    let rect = SubRect {
-                        left: rng.next(w - cw as u32),
-                        top: rng.next(h - ch as u32),
-                        width: cw,
-                        height: ch,
-                    };
+                    let rect =
+                        SubRect { left: rng.next(w - cw as u32), top: rng.next(h - ch as u32), width: cw, height: ch };
                     // Targets from 1/8 of the window up to its size: every DCT scale.
                     let k = [8.0, 4.0, 2.0, 1.0][i % 4];
                     let target = (((cw / k) as u32).max(1), ((ch / k) as u32).max(1));

@@ -55,15 +55,7 @@ pub fn add_restart_markers(jpeg: &[u8], interval: u32, max_pixels: u64) -> Resul
     // SAFETY: valid handle; one transform, one destination buffer that TurboJPEG allocates
     // (freed below) and whose size it writes.
     let rc = unsafe {
-        tj::tj3Transform(
-            t.as_ptr(),
-            jpeg.as_ptr(),
-            jpeg.len() as tj::size_t,
-            1,
-            &mut buf,
-            &mut size,
-            &transform,
-        )
+        tj::tj3Transform(t.as_ptr(), jpeg.as_ptr(), jpeg.len() as tj::size_t, 1, &mut buf, &mut size, &transform)
     };
     // Any failure, warnings included (a truncated input), is an error: never write a
     // "repaired" copy.

@@ -135,9 +135,7 @@ impl Tensor {
             TensorData::U8(v) => v,
             TensorData::SharedU8(s) => s.as_slice(),
             // SAFETY: f32 has no padding or invalid bit patterns; u8 has alignment 1.
-            TensorData::F32(v) => unsafe {
-                std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 4)
-            },
+            TensorData::F32(v) => unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), v.len() * 4) },
         }
     }
 
@@ -146,9 +144,7 @@ impl Tensor {
             TensorData::U8(v) => v,
             TensorData::SharedU8(s) => s.as_mut_slice(),
             // SAFETY: as above; every bit pattern is a valid f32.
-            TensorData::F32(v) => unsafe {
-                std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 4)
-            },
+            TensorData::F32(v) => unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), v.len() * 4) },
         }
     }
 

@@ -137,8 +137,12 @@ pub enum OpSpec {
     /// so only the crop window is decoded.
     Decode,
     /// Resize so the shorter side is `size` (aspect ratio kept).
-    Resize { size: u32 },
-    CenterCrop { size: Size },
+    Resize {
+        size: u32,
+    },
+    CenterCrop {
+        size: Size,
+    },
     /// torchvision semantics: area fraction in `scale`, aspect ratio (log-uniform) in
     /// `ratio`, 10 tries, then the center fallback; the crop is resized to `size`.
     RandomResizedCrop {
@@ -153,10 +157,17 @@ pub enum OpSpec {
         p: f64,
     },
     /// `(x / 255 - mean) / std` per channel, as f32. mean and std in [0, 1] units.
-    Normalize { mean: [f32; 3], std: [f32; 3] },
+    Normalize {
+        mean: [f32; 3],
+        std: [f32; 3],
+    },
     /// `u8` keeps pixels; `f32` gives `x / 255`.
-    Dtype { dtype: DType },
-    Layout { order: Layout },
+    Dtype {
+        dtype: DType,
+    },
+    Layout {
+        order: Layout,
+    },
 }
 
 fn default_scale() -> [f64; 2] {
@@ -266,11 +277,7 @@ impl PipelineSpec {
             storage: StorageSpec::Local,
             ops: vec![
                 OpSpec::Decode,
-                OpSpec::RandomResizedCrop {
-                    size: Size::square(size),
-                    scale: default_scale(),
-                    ratio: default_ratio(),
-                },
+                OpSpec::RandomResizedCrop { size: Size::square(size), scale: default_scale(), ratio: default_ratio() },
                 OpSpec::RandomHorizontalFlip { p: default_flip_p() },
             ],
             shuffle: ShuffleSpec::Global,
@@ -825,7 +832,10 @@ size = 32
 
         assert_eq!(err_of(&src.replace("resize = 64\n", "")).field, "cache.level");
         assert_eq!(err_of(&src.replace("\"8GiB\"", "\"150%\"")).field, "cache.budget");
-        assert_eq!(err_of(&src.replace("coverage_epochs = 5", "coverage_epochs = 0")).field, "sampling.coverage_epochs");
+        assert_eq!(
+            err_of(&src.replace("coverage_epochs = 5", "coverage_epochs = 0")).field,
+            "sampling.coverage_epochs"
+        );
         assert_eq!(err_of(&src.replace("coverage_epochs = 5", "floor = 0.0")).field, "sampling.floor");
     }
 
@@ -880,7 +890,8 @@ size = 32
         ];
         assert_eq!(spec.validate().unwrap_err().field, "ops[3]");
 
-        spec.ops = vec![OpSpec::Decode, OpSpec::Layout { order: Layout::Chw }, OpSpec::CenterCrop { size: Size::square(8) }];
+        spec.ops =
+            vec![OpSpec::Decode, OpSpec::Layout { order: Layout::Chw }, OpSpec::CenterCrop { size: Size::square(8) }];
         assert_eq!(spec.validate().unwrap_err().field, "ops[2]");
     }
 

@@ -95,9 +95,7 @@ impl Pool {
         while self.inner.live.load(Ordering::SeqCst) < threads {
             self.inner.live.fetch_add(1, Ordering::SeqCst);
             let inner = self.inner.clone();
-            let spawned = std::thread::Builder::new()
-                .name("sluice-worker".into())
-                .spawn(move || worker_loop(&inner));
+            let spawned = std::thread::Builder::new().name("sluice-worker".into()).spawn(move || worker_loop(&inner));
             match spawned {
                 Ok(h) => handles.push(h),
                 Err(e) => {

@@ -200,7 +200,13 @@ impl ImportanceStore {
                 let last_seen = Self::per_position(&self.last_seen, d.manifest);
                 let hot = self.hot_mask(&scores, d.manifest);
                 let view = ImportanceView { scores: &scores, last_seen: &last_seen, hot: hot.as_deref() };
-                importance_draw(n, d.seed, epoch, ImportanceParams { floor, coverage_epochs, miss_discount, max_draws }, view)
+                importance_draw(
+                    n,
+                    d.seed,
+                    epoch,
+                    ImportanceParams { floor, coverage_epochs, miss_discount, max_draws },
+                    view,
+                )
             }
             SamplingSpec::Fastmatch => fastmatch_draw(n, d.seed, epoch, &self.scores_by_position(d.manifest)),
             SamplingSpec::Shade => shade_draw(n, d.seed, epoch, &Self::per_position(&self.rank_scores, d.manifest)),
@@ -313,20 +319,28 @@ mod tests {
 
     #[test]
     fn the_hot_set_is_carried_from_epoch_to_epoch_with_hysteresis() {
-        use std::path::PathBuf;
         use sluice_core::Location;
+        use std::path::PathBuf;
         let n = 8u64;
         let items = (0..n).map(|i| (Location::File { path: PathBuf::from(format!("{i}")) }, 0, 10)).collect();
         let manifest = Manifest::new(PathBuf::from("/t"), items, Vec::new());
         let keys: Vec<u64> = manifest.entries.iter().map(|e| e.key.0).collect();
-        let sampling = SamplingSpec::Importance { floor: 0.05, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 };
-        let d = DrawInputs { manifest: &manifest, seed: 1, shuffle: ShuffleSpec::Global, sampling, shard: Shard::default() };
+        let sampling =
+            SamplingSpec::Importance { floor: 0.05, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 };
+        let d = DrawInputs {
+            manifest: &manifest,
+            seed: 1,
+            shuffle: ShuffleSpec::Global,
+            sampling,
+            shard: Shard::default(),
+        };
         let mut s = ImportanceStore::new(1.0);
         s.draw(0, Some(2), &d);
         // Epoch 0's losses: positions 0 and 1 hardest -> the hot set for epoch 1.
         s.report(&keys, &[5.0, 4.0, 1.0, 1.0, 0.1, 0.1, 0.1, 0.1]);
         s.draw(1, Some(2), &d);
-        let hot = |s: &ImportanceStore| -> Vec<usize> { (0..n as usize).filter(|&i| s.hot_set.contains(&keys[i])).collect() };
+        let hot =
+            |s: &ImportanceStore| -> Vec<usize> { (0..n as usize).filter(|&i| s.hot_set.contains(&keys[i])).collect() };
         assert_eq!(hot(&s), vec![0, 1]);
         // Position 2 now slightly above 1 (a near tie): the set stays. (ema 1: scores = latest.)
         s.report(&keys, &[5.0, 1.0, 1.5, 1.0, 0.1, 0.1, 0.1, 0.1]);

@@ -14,9 +14,9 @@ pub mod source;
 pub mod stats;
 pub mod storage;
 
-pub use error::PipelineError;
-pub use loader::{BufferSource, EpochIter, Loader, LoaderState};
 pub use cache::{CacheStats, CachedData};
+pub use error::PipelineError;
 pub use importance::ImportanceState;
+pub use loader::{BufferSource, EpochIter, Loader, LoaderState};
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
 pub use stats::{SkippedSample, StatsSnapshot};

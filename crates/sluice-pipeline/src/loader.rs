@@ -23,8 +23,8 @@ use crossbeam_channel::{Receiver, Sender};
 use serde::{Deserialize, Serialize};
 use sluice_codec::{CodecError, Plan, Scratch};
 use sluice_core::{
-    Batch, ByteBudget, CacheLevel, CachePolicyKind, DType, ErrorPolicy, Image, Layout, Manifest, Pixels,
-    PipelineSpec, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage, Tensor, TensorData,
+    Batch, ByteBudget, CacheLevel, CachePolicyKind, DType, ErrorPolicy, Image, Layout, Manifest, PipelineSpec, Pixels,
+    SampleError, SampleErrorKind, SampleKey, SampleRng, Stage, Tensor, TensorData,
 };
 
 use crate::cache::{total_ram_bytes, Cache, CachedData, SampleCost};
@@ -149,7 +149,12 @@ impl Loader {
     /// [`Loader::cache`]) instead of a cache of its own: loaders of the same pipeline over
     /// the same data (a service's jobs with one fingerprint) then decode each sample once.
     /// The caller vouches that the pipelines match; the dataset size is checked.
-    pub fn with_shared_cache(spec: PipelineSpec, manifest: Manifest, shard: Shard, cache: Arc<Cache>) -> Result<Self, PipelineError> {
+    pub fn with_shared_cache(
+        spec: PipelineSpec,
+        manifest: Manifest,
+        shard: Shard,
+        cache: Arc<Cache>,
+    ) -> Result<Self, PipelineError> {
         spec.validate()?;
         if spec.cache.is_none() {
             return Err(PipelineError::State("a shared cache needs a pipeline with a cache section".into()));
@@ -164,7 +169,12 @@ impl Loader {
         Self::build(spec, manifest, shard, Some(cache))
     }
 
-    fn build(spec: PipelineSpec, manifest: Manifest, shard: Shard, cache: Option<Arc<Cache>>) -> Result<Self, PipelineError> {
+    fn build(
+        spec: PipelineSpec,
+        manifest: Manifest,
+        shard: Shard,
+        cache: Option<Arc<Cache>>,
+    ) -> Result<Self, PipelineError> {
         if shard.world_size == 0 || shard.rank >= shard.world_size {
             return Err(PipelineError::State(format!(
                 "rank {} is not in 0..world_size ({})",
@@ -718,15 +728,7 @@ impl EpochIter {
             }
             images.truncate_rows(kept);
         }
-        Some(Ok(Batch {
-            epoch: self.epoch,
-            index: b,
-            keys,
-            labels,
-            images,
-            layout: self.shared.layout,
-            weights,
-        }))
+        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout: self.shared.layout, weights }))
     }
 
     fn record_progress(&self, batches_done: u64) {

@@ -110,9 +110,7 @@ impl EpochDraw {
         let per_rank = self.order.len() / shard.world_size;
         let pick = |i: usize| i % shard.world_size == shard.rank && i / shard.world_size < per_rank;
         let order = self.order.iter().enumerate().filter(|(i, _)| pick(*i)).map(|(_, &o)| o).collect();
-        let weights = self
-            .weights
-            .map(|w| w.iter().enumerate().filter(|(i, _)| pick(*i)).map(|(_, &x)| x).collect());
+        let weights = self.weights.map(|w| w.iter().enumerate().filter(|(i, _)| pick(*i)).map(|(_, &x)| x).collect());
         Self { order, weights, expected: self.expected }
     }
 }
@@ -179,7 +177,13 @@ pub struct ImportanceView<'a> {
 ///   unbiased estimate of the uniform mean loss.
 /// * **Uniform until scores exist**, and a pure function of (seed, epoch, view), so resume
 ///   stays exact and thread count cannot matter.
-pub fn importance_draw(n: usize, seed: u64, epoch: u64, params: ImportanceParams, view: ImportanceView<'_>) -> EpochDraw {
+pub fn importance_draw(
+    n: usize,
+    seed: u64,
+    epoch: u64,
+    params: ImportanceParams,
+    view: ImportanceView<'_>,
+) -> EpochDraw {
     let ImportanceParams { floor, coverage_epochs, miss_discount, max_draws } = params;
     let Some(mut a) = filled_scores(view.scores, n) else {
         return uniform_draw(n, seed, epoch);
@@ -202,7 +206,14 @@ pub fn importance_draw(n: usize, seed: u64, epoch: u64, params: ImportanceParams
 }
 
 /// Coverage, the draws and the weights, from the final per-draw probabilities `q`.
-fn finish_draw(n: usize, seed: u64, epoch: u64, coverage_epochs: u32, view: ImportanceView<'_>, q: Vec<f64>) -> EpochDraw {
+fn finish_draw(
+    n: usize,
+    seed: u64,
+    epoch: u64,
+    coverage_epochs: u32,
+    view: ImportanceView<'_>,
+    q: Vec<f64>,
+) -> EpochDraw {
     let k = u64::from(coverage_epochs.max(1));
     // Each sample's deadline comes up to k/5 epochs early, by a fixed per-sample offset:
     // samples last seen together (all of them, in the uniform first epoch) then fall due
@@ -401,10 +412,7 @@ pub fn fastmatch_normalise(scores: &[Option<f64>]) -> Vec<f64> {
     let median = q(0.5);
     let iqr = q(0.75) - q(0.25);
     let iqr = if iqr > 0.0 { iqr } else { 1.0 };
-    scores
-        .iter()
-        .map(|s| s.filter(|x| x.is_finite()).map_or(0.0, |x| (x - median) / iqr))
-        .collect()
+    scores.iter().map(|s| s.filter(|x| x.is_finite()).map_or(0.0, |x| (x - median) / iqr)).collect()
 }
 
 fn softmax(p: &[f64]) -> Vec<f64> {
@@ -422,8 +430,9 @@ pub fn shade_draw(n: usize, seed: u64, epoch: u64, rank_scores: &[Option<f64>]) 
         return uniform_draw(n, seed, epoch);
     }
     let mean = known.iter().sum::<f64>() / known.len() as f64;
-    let a: Vec<f64> =
-        (0..n).map(|i| rank_scores.get(i).copied().flatten().filter(|x| x.is_finite() && *x > 0.0).unwrap_or(mean)).collect();
+    let a: Vec<f64> = (0..n)
+        .map(|i| rank_scores.get(i).copied().flatten().filter(|x| x.is_finite() && *x > 0.0).unwrap_or(mean))
+        .collect();
     let total: f64 = a.iter().sum();
     let p: Vec<f64> = a.iter().map(|x| x / total).collect();
     let mut rng = SampleRng::new(seed, epoch, EPOCH_KEY, SHADE_STREAM);
@@ -495,9 +504,8 @@ mod tests {
     #[test]
     fn ranks_get_disjoint_equal_shards_of_one_global_order() {
         let n = 103;
-        let shards: Vec<Vec<u32>> = (0..4)
-            .map(|rank| epoch_order(n, 9, 2, ShuffleSpec::Global, Shard { rank, world_size: 4 }))
-            .collect();
+        let shards: Vec<Vec<u32>> =
+            (0..4).map(|rank| epoch_order(n, 9, 2, ShuffleSpec::Global, Shard { rank, world_size: 4 })).collect();
         assert!(shards.iter().all(|s| s.len() == 25));
         let mut all: Vec<u32> = shards.concat();
         all.sort_unstable();
@@ -598,7 +606,8 @@ mod tests {
         let n = 50;
         let none = vec![None; n];
         let seen = vec![None; n];
-        let d = importance_draw(n, 1, 0, p(0.02, 5, 0.3), ImportanceView { scores: &none, last_seen: &seen, hot: None });
+        let d =
+            importance_draw(n, 1, 0, p(0.02, 5, 0.3), ImportanceView { scores: &none, last_seen: &seen, hot: None });
         assert_eq!(d.order, epoch_order(n, 1, 0, ShuffleSpec::Global, Shard::default()));
         assert!(d.weights.unwrap().iter().all(|&w| w == 1.0));
     }
@@ -610,7 +619,13 @@ mod tests {
         scores[0] = Some(1000.0);
         let seen: Vec<Option<u64>> = vec![Some(0); n];
         let floor = 0.1;
-        let d = importance_draw(n, 3, 1, p(floor, 100, 1.0), ImportanceView { scores: &scores, last_seen: &seen, hot: None });
+        let d = importance_draw(
+            n,
+            3,
+            1,
+            p(floor, 100, 1.0),
+            ImportanceView { scores: &scores, last_seen: &seen, hot: None },
+        );
         // Every sample keeps probability ≥ floor/n per draw, so expects ≥ floor draws per epoch.
         for (i, e) in d.expected.iter().enumerate() {
             assert!(*e >= floor * (1.0 - 1e-9), "sample {i} expects {e} draws");
@@ -619,7 +634,15 @@ mod tests {
         // Over many epochs each zero-score sample does get drawn.
         let mut drawn = vec![false; n];
         for e in 1..150 {
-            for &i in &importance_draw(n, 3, e, p(floor, 100, 1.0), ImportanceView { scores: &scores, last_seen: &seen, hot: None }).order {
+            for &i in &importance_draw(
+                n,
+                3,
+                e,
+                p(floor, 100, 1.0),
+                ImportanceView { scores: &scores, last_seen: &seen, hot: None },
+            )
+            .order
+            {
                 drawn[i as usize] = true;
             }
         }
@@ -635,7 +658,17 @@ mod tests {
         let mut last_seen: Vec<Option<u64>> = vec![None; n];
         let mut seen_in: Vec<Vec<bool>> = Vec::new();
         for e in 0..20u64 {
-            let d = importance_draw(n, 9, e, p(0.001, k, 0.3), ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(&hot_set(&scores, 20, None, HOT_SET_MARGIN, 0.001)) });
+            let d = importance_draw(
+                n,
+                9,
+                e,
+                p(0.001, k, 0.3),
+                ImportanceView {
+                    scores: &scores,
+                    last_seen: &last_seen,
+                    hot: Some(&hot_set(&scores, 20, None, HOT_SET_MARGIN, 0.001)),
+                },
+            );
             assert_eq!(d.order.len(), n);
             let mut seen = vec![false; n];
             for &i in &d.order {
@@ -687,7 +720,10 @@ mod tests {
         let hot10 = hot_set(&scores, 10, None, HOT_SET_MARGIN, 0.02);
         let v = ImportanceView { scores: &scores, last_seen: &seen, hot: Some(&hot10) };
         assert_eq!(importance_draw(n, 1, 2, p(0.02, 5, 0.3), v), importance_draw(n, 1, 2, p(0.02, 5, 0.3), v));
-        assert_ne!(importance_draw(n, 1, 2, p(0.02, 5, 0.3), v).order, importance_draw(n, 1, 3, p(0.02, 5, 0.3), v).order);
+        assert_ne!(
+            importance_draw(n, 1, 2, p(0.02, 5, 0.3), v).order,
+            importance_draw(n, 1, 3, p(0.02, 5, 0.3), v).order
+        );
     }
 
     #[test]
@@ -706,7 +742,10 @@ mod tests {
         let flat = vec![Some(2.0); 10];
         let d = fastmatch_draw(10, 1, 0, &flat);
         assert!(d.expected.iter().all(|e| (e - 1.0).abs() < 1e-12));
-        assert_eq!(fastmatch_normalise(&[Some(1.0), Some(2.0), Some(3.0), Some(4.0), Some(5.0)]), vec![-1.0, -0.5, 0.0, 0.5, 1.0]);
+        assert_eq!(
+            fastmatch_normalise(&[Some(1.0), Some(2.0), Some(3.0), Some(4.0), Some(5.0)]),
+            vec![-1.0, -0.5, 0.0, 0.5, 1.0]
+        );
     }
 
     #[test]
@@ -724,7 +763,11 @@ mod tests {
     #[test]
     fn sharding_a_draw_keeps_weights_aligned() {
         let n = 10;
-        let d = EpochDraw { order: (0..10).collect(), weights: Some((0..10).map(|x| x as f32).collect()), expected: vec![1.0; n] };
+        let d = EpochDraw {
+            order: (0..10).collect(),
+            weights: Some((0..10).map(|x| x as f32).collect()),
+            expected: vec![1.0; n],
+        };
         let s = d.shard(Shard { rank: 1, world_size: 3 });
         assert_eq!(s.order, vec![1, 4, 7]);
         assert_eq!(s.weights.unwrap(), vec![1.0, 4.0, 7.0]);

@@ -78,12 +78,7 @@ impl Stats {
             elapsed_s: elapsed,
             samples_per_s: if elapsed > 0.0 { self.samples as f64 / elapsed } else { 0.0 },
             wait_s: self.wait.as_secs_f64(),
-            op_seconds: self
-                .op_names
-                .iter()
-                .cloned()
-                .zip(self.op_times.iter().map(Duration::as_secs_f64))
-                .collect(),
+            op_seconds: self.op_names.iter().cloned().zip(self.op_times.iter().map(Duration::as_secs_f64)).collect(),
             skipped: self.skipped.clone(),
             cache: None,
         }

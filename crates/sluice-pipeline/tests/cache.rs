@@ -40,9 +40,15 @@ fn collect(loader: &Loader) -> Vec<Batch> {
 fn hits_and_misses_give_bit_identical_batches_at_every_level_and_thread_count() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path(), 24);
-    for (level, resize) in [(CacheLevel::Raw, None), (CacheLevel::Decoded, None), (CacheLevel::Resized, Some(48)), (CacheLevel::Raw, Some(48))] {
+    for (level, resize) in [
+        (CacheLevel::Raw, None),
+        (CacheLevel::Decoded, None),
+        (CacheLevel::Resized, Some(48)),
+        (CacheLevel::Raw, Some(48)),
+    ] {
         // A cache that holds everything: epoch 1 is all hits.
-        let big = Loader::new(spec(&root, 5, 3, cache(1 << 30, level, resize, CachePolicyKind::Lru)), Shard::default()).unwrap();
+        let big = Loader::new(spec(&root, 5, 3, cache(1 << 30, level, resize, CachePolicyKind::Lru)), Shard::default())
+            .unwrap();
         let e0 = collect(&big);
         let e1 = collect(&big);
         let s = big.stats().cache.unwrap();
@@ -50,7 +56,8 @@ fn hits_and_misses_give_bit_identical_batches_at_every_level_and_thread_count() 
         assert!((s.hit_rate - 0.5).abs() < 1e-9);
         assert!(s.est_time_saved_s > 0.0);
         // A cache too small for any entry: every sample is a miss.
-        let none = Loader::new(spec(&root, 5, 1, cache(1, level, resize, CachePolicyKind::Lru)), Shard::default()).unwrap();
+        let none =
+            Loader::new(spec(&root, 5, 1, cache(1, level, resize, CachePolicyKind::Lru)), Shard::default()).unwrap();
         let m0 = collect(&none);
         let m1 = collect(&none);
         assert_eq!(none.stats().cache.unwrap().hits, 0);
@@ -68,7 +75,8 @@ fn a_loader_sharing_another_loaders_cache_hits_what_the_first_decoded() {
     let first = Loader::new(s.clone(), Shard::default()).unwrap();
     let e0 = collect(&first);
     let manifest = first.manifest().clone();
-    let second = Loader::with_shared_cache(s.clone(), manifest.clone(), Shard::default(), first.cache().unwrap()).unwrap();
+    let second =
+        Loader::with_shared_cache(s.clone(), manifest.clone(), Shard::default(), first.cache().unwrap()).unwrap();
     // Same pipeline, same epoch 0: the same pixels, every sample a hit on the first's entries.
     assert_eq!(collect(&second), e0);
     let shared = second.stats().cache.unwrap();
@@ -81,7 +89,8 @@ fn a_loader_sharing_another_loaders_cache_hits_what_the_first_decoded() {
     let e = Loader::with_shared_cache(plain, manifest, Shard::default(), first.cache().unwrap()).err().unwrap();
     assert!(e.to_string().contains("needs a pipeline with a cache section"), "{e}");
     let other = Loader::new(spec(&dataset(&dir.path().join("b"), 7), 5, 1, s.cache.clone()), Shard::default()).unwrap();
-    let e = Loader::with_shared_cache(s, other.manifest().clone(), Shard::default(), first.cache().unwrap()).err().unwrap();
+    let e =
+        Loader::with_shared_cache(s, other.manifest().clone(), Shard::default(), first.cache().unwrap()).err().unwrap();
     assert!(e.to_string().contains("the shared cache is for 24 samples, this dataset has 7"), "{e}");
 }
 
@@ -90,7 +99,9 @@ fn a_raw_cache_without_resize_keeps_the_uncached_pixels() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path(), 12);
     let plain = collect(&Loader::new(spec(&root, 4, 2, None), Shard::default()).unwrap());
-    let raw = Loader::new(spec(&root, 4, 2, cache(1 << 30, CacheLevel::Raw, None, CachePolicyKind::Lru)), Shard::default()).unwrap();
+    let raw =
+        Loader::new(spec(&root, 4, 2, cache(1 << 30, CacheLevel::Raw, None, CachePolicyKind::Lru)), Shard::default())
+            .unwrap();
     assert_eq!(collect(&raw), plain);
 }
 
@@ -137,7 +148,10 @@ fn importance_feedback_reshapes_epochs_with_weights_and_resumes_exactly() {
     let run = |threads: usize| {
         let loader = Loader::new(importance_spec(&root, threads), Shard::default()).unwrap();
         let e0 = collect(&loader);
-        assert!(e0.iter().all(|b| b.weights.as_ref().is_some_and(|w| w.iter().all(|&x| x == 1.0))), "uniform until scores exist");
+        assert!(
+            e0.iter().all(|b| b.weights.as_ref().is_some_and(|w| w.iter().all(|&x| x == 1.0))),
+            "uniform until scores exist"
+        );
         report_all(&loader, &e0);
         let e1 = collect(&loader);
         (loader, e0, e1)

@@ -36,10 +36,8 @@ fn keys(batches: &[Batch]) -> Vec<u64> {
 fn same_seed_gives_bit_identical_batches_whatever_the_thread_count() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path(), 30, 0);
-    let runs: Vec<Vec<Batch>> = [1, 2, 3]
-        .iter()
-        .map(|&t| collect(&Loader::new(spec(&root, 7, t), Shard::default()).unwrap()))
-        .collect();
+    let runs: Vec<Vec<Batch>> =
+        [1, 2, 3].iter().map(|&t| collect(&Loader::new(spec(&root, 7, t), Shard::default()).unwrap())).collect();
     assert_eq!(runs[0].len(), 5, "30 samples in batches of 7");
     assert_eq!(runs[0][4].len(), 2);
     assert_eq!(runs[0][0].images.shape, vec![7, 32, 32, 3]);
@@ -99,7 +97,11 @@ fn task_ranges_run_side_by_side_give_the_epochs_batches_and_leave_the_loader_whe
     got.sort_by_key(|b| b.index);
     assert_eq!(got, whole);
     assert_eq!(next_epoch.by_ref().count(), 2);
-    assert_eq!((loader.state().epoch, loader.state().batch), before, "task ranges leave the loader's own position alone");
+    assert_eq!(
+        (loader.state().epoch, loader.state().batch),
+        before,
+        "task ranges leave the loader's own position alone"
+    );
     // And the loader's own iterator still runs its epoch from the start.
     assert_eq!(collect(&loader).len(), 8);
 }
@@ -326,7 +328,12 @@ fn a_dataset_packed_with_restart_markers_gives_bit_identical_batches() {
         s.on_error = ErrorPolicy::Skip;
         s.seed = 3;
         let loader = Loader::new(s, Shard::default()).unwrap();
-        (0..3).flat_map(|e| { loader.set_epoch(e); collect(&loader) }).collect::<Vec<_>>()
+        (0..3)
+            .flat_map(|e| {
+                loader.set_epoch(e);
+                collect(&loader)
+            })
+            .collect::<Vec<_>>()
     };
     let (a, b) = (run(&root), run(&packed));
     assert_eq!(keys(&a).len(), 72, "24 good images, 3 epochs");

@@ -174,12 +174,24 @@ fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Re
 
 /// As [`data_plane`], through sluice's own data plane: TCP, or with `local` the local data
 /// plane (Unix socket + shared memory) that clients use for workers on their machine.
-pub fn own_data_plane(samples: usize, side: usize, batches: u64, streams: u64, local: bool) -> Result<f64, ServiceError> {
+pub fn own_data_plane(
+    samples: usize,
+    side: usize,
+    batches: u64,
+    streams: u64,
+    local: bool,
+) -> Result<f64, ServiceError> {
     let rt = rt()?;
     rt.block_on(async move {
         let start: crate::dataplane::StartTask = Arc::new(move |req| {
             Box::pin(async move {
-                Ok(crate::dataplane::TaskBatches { rx: noop_batches(req, samples, side), max_batch_bytes: samples * side * side * 3, in_flight: 4, buffers: None, recycle: None })
+                Ok(crate::dataplane::TaskBatches {
+                    rx: noop_batches(req, samples, side),
+                    max_batch_bytes: samples * side * side * 3,
+                    in_flight: 4,
+                    buffers: None,
+                    recycle: None,
+                })
             })
         });
         let (addr, server) = if local {
@@ -240,7 +252,12 @@ fn local_server(_: crate::dataplane::StartTask) -> Result<(String, tokio::task::
     Err(ServiceError::Internal("the local data plane needs Linux".into()))
 }
 
-async fn open_stream(addr: &str, local: bool, req: &RunTaskRequest, maps: &LocalMaps) -> Result<crate::dataplane::TaskStream, Status> {
+async fn open_stream(
+    addr: &str,
+    local: bool,
+    req: &RunTaskRequest,
+    maps: &LocalMaps,
+) -> Result<crate::dataplane::TaskStream, Status> {
     #[cfg(target_os = "linux")]
     if local {
         let sock = crate::shm::connect_abstract(addr).map_err(|e| Status::unavailable(e.to_string()))?;
@@ -264,7 +281,13 @@ pub struct LoadRow {
 /// Runs `clients` closed-loop clients (each its own connection) doing GetTask then AckTask
 /// on job `job_id` for `seconds`, against the dispatcher at `addr`. A fake worker is
 /// registered and kept alive so tasks are handed out.
-pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: usize, seconds: f64) -> Result<LoadRow, ServiceError> {
+pub fn dispatcher_load(
+    addr: &str,
+    token: Option<&str>,
+    job_id: u64,
+    clients: usize,
+    seconds: f64,
+) -> Result<LoadRow, ServiceError> {
     let rt = rt()?;
     let addr = addr.to_string();
     let token = token.map(str::to_string);
@@ -285,11 +308,8 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
-        let info = control
-            .get_job(GetJobRequest { job_id })
-            .await
-            .map_err(|s| ServiceError::rpc("GetJob", s))?
-            .into_inner();
+        let info =
+            control.get_job(GetJobRequest { job_id }).await.map_err(|s| ServiceError::rpc("GetJob", s))?.into_inner();
         let _ = info;
         let deadline = Instant::now() + Duration::from_secs_f64(seconds);
         let mut handles = Vec::new();
@@ -304,7 +324,14 @@ pub fn dispatcher_load(addr: &str, token: Option<&str>, job_id: u64, clients: us
                 while Instant::now() < deadline {
                     let t0 = Instant::now();
                     let r = d
-                        .get_task(GetTaskRequest { job_id, client_id: client_id.clone(), epoch, request_id: req_id, lookahead: false, streamed: None })
+                        .get_task(GetTaskRequest {
+                            job_id,
+                            client_id: client_id.clone(),
+                            epoch,
+                            request_id: req_id,
+                            lookahead: false,
+                            streamed: None,
+                        })
                         .await?
                         .into_inner();
                     req_id += 1;

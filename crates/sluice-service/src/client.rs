@@ -79,7 +79,9 @@ impl DataPlane {
             "auto" => Ok(Self::Auto),
             "tcp" => Ok(Self::Tcp),
             "grpc" => Ok(Self::Grpc),
-            other => Err(ServiceError::InvalidArgument(format!("unknown data plane {other:?} (use \"auto\", \"tcp\" or \"grpc\")"))),
+            other => Err(ServiceError::InvalidArgument(format!(
+                "unknown data plane {other:?} (use \"auto\", \"tcp\" or \"grpc\")"
+            ))),
         }
     }
 }
@@ -151,7 +153,8 @@ impl Conn {
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20));
         if let Some(tls) = &self.tls {
-            endpoint = endpoint.tls_config(tls.grpc(addr)).map_err(|e| ServiceError::Tls(format!("worker {addr}: {e}")))?;
+            endpoint =
+                endpoint.tls_config(tls.grpc(addr)).map_err(|e| ServiceError::Tls(format!("worker {addr}: {e}")))?;
         }
         let channel = endpoint.connect_lazy();
         let client = WorkerClient::with_interceptor(channel, self.token.clone())
@@ -199,7 +202,14 @@ where
 /// What fetchers hand the consumer.
 enum Item {
     /// `local`: it came through shared memory.
-    Batch { task: u64, generation: u64, start: u64, end: u64, batch: Batch, local: bool },
+    Batch {
+        task: u64,
+        generation: u64,
+        start: u64,
+        end: u64,
+        batch: Batch,
+        local: bool,
+    },
     /// The dispatcher says every batch of this epoch was delivered (to some client).
     EpochEnd(u64),
     Error(ServiceError),
@@ -425,7 +435,8 @@ impl RemoteLoader {
             }
             let t0 = Instant::now();
             // The timer must be made inside the runtime: build it in the async block.
-            let item = self.rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), stream.rx.recv()).await });
+            let item =
+                self.rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), stream.rx.recv()).await });
             self.conn.stall_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let item = match item {
                 Ok(item) => item,
@@ -600,7 +611,8 @@ async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Re
                 if !run_task(&conn, &task, &tx, gate).await? {
                     return Ok(());
                 }
-                streamed = Some(TaskRef { epoch: task.epoch, task_index: task.task_index, generation: task.generation });
+                streamed =
+                    Some(TaskRef { epoch: task.epoch, task_index: task.task_index, generation: task.generation });
             }
             _ => {
                 drop(permit);
@@ -636,7 +648,9 @@ async fn run_task(
         let mut source = if let Some(stream) = open_local(conn, task, &req).await? {
             Source::Tcp(stream)
         } else if conn.data_plane != DataPlane::Grpc && !task.worker_data_addr.is_empty() {
-            Source::Tcp(TaskStream::open(&task.worker_data_addr, conn.raw_token.as_deref(), &req, conn.tls.as_ref()).await?)
+            Source::Tcp(
+                TaskStream::open(&task.worker_data_addr, conn.raw_token.as_deref(), &req, conn.tls.as_ref()).await?,
+            )
         } else {
             let mut worker = conn.worker(&task.worker_addr).map_err(Status::from)?;
             Source::Grpc(Box::new(worker.run_task(req).await?.into_inner()))
@@ -663,8 +677,14 @@ async fn run_task(
                 held.push(batch);
                 continue;
             }
-            let item =
-                Item::Batch { task: task.task_index, generation: task.generation, start: task.start, end: task.end, batch, local };
+            let item = Item::Batch {
+                task: task.task_index,
+                generation: task.generation,
+                start: task.start,
+                end: task.end,
+                batch,
+                local,
+            };
             if tx.send(item).await.is_err() {
                 return Err(Status::cancelled("consumer gone"));
             }

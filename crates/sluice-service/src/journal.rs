@@ -34,7 +34,11 @@ pub enum Record {
         passes: u64,
     },
     /// `epoch` begins; batches in `skip` were delivered before (a resumed checkpoint).
-    Epoch { job_id: u64, epoch: u64, skip: Vec<u64> },
+    Epoch {
+        job_id: u64,
+        epoch: u64,
+        skip: Vec<u64>,
+    },
     Assign {
         job_id: u64,
         epoch: u64,
@@ -46,11 +50,23 @@ pub enum Record {
     },
     /// The task's holder received batches up to `start` before its worker failed; the
     /// task now covers only the rest and is up for grabs again.
-    Requeue { job_id: u64, epoch: u64, task: u64, start: u64 },
-    Ack { job_id: u64, epoch: u64, task: u64 },
+    Requeue {
+        job_id: u64,
+        epoch: u64,
+        task: u64,
+        start: u64,
+    },
+    Ack {
+        job_id: u64,
+        epoch: u64,
+        task: u64,
+    },
     /// `epoch` (the next one, some of whose tasks were leased ahead) becomes the current
     /// one, keeping those leases. An `Assign` for the epoch after the current one creates it.
-    Advance { job_id: u64, epoch: u64 },
+    Advance {
+        job_id: u64,
+        epoch: u64,
+    },
 }
 
 fn is_zero(v: &u64) -> bool {

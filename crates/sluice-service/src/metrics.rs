@@ -67,7 +67,8 @@ pub async fn serve(addr: &str, render: Render) -> Result<std::net::SocketAddr, S
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| ServiceError::Listen { addr: addr.to_string(), message: e.to_string() })?;
-    let local = listener.local_addr().map_err(|e| ServiceError::Listen { addr: addr.to_string(), message: e.to_string() })?;
+    let local =
+        listener.local_addr().map_err(|e| ServiceError::Listen { addr: addr.to_string(), message: e.to_string() })?;
     tokio::spawn(async move {
         loop {
             let Ok((mut sock, _)) = listener.accept().await else { continue };

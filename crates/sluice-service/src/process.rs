@@ -56,7 +56,9 @@ fn keep_batch_buffers_mapped() {
         // Allocations up to 32 MiB (glibc's cap) come from the heap, not mmap, and a heap
         // gives memory back only when over 1 GiB is free at its top.
         // SAFETY: mallopt only changes allocator parameters; called before any thread starts.
-        let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1 };
+        let ok = unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30) == 1
+        };
         if !ok {
             tracing::debug!("mallopt refused; batch buffers are mapped afresh each time");
         }

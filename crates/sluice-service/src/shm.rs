@@ -91,7 +91,10 @@ impl Region {
             return Err(io::Error::last_os_error());
         }
         if (st.st_size as u64) < len as u64 {
-            return Err(invalid(format!("shared region of {} bytes is smaller than {slots} slots of {slot_bytes}", st.st_size)));
+            return Err(invalid(format!(
+                "shared region of {} bytes is smaller than {slots} slots of {slot_bytes}",
+                st.st_size
+            )));
         }
         let base = map(&fd, len, libc::PROT_READ)?;
         Ok(Self { id, fd, base, slots, slot_bytes, writable: false })

@@ -111,8 +111,9 @@ impl ClientTls {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let name = ServerName::try_from(host(addr).to_string())
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("server name of {addr}: {e}")))?;
+        let name = ServerName::try_from(host(addr).to_string()).map_err(|e| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("server name of {addr}: {e}"))
+        })?;
         self.connector.connect(name, sock).await
     }
 }

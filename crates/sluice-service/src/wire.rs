@@ -30,7 +30,9 @@ impl Compression {
         match name {
             "none" => Ok(Self::None),
             "zstd" => Ok(Self::Zstd),
-            other => Err(ServiceError::InvalidArgument(format!("unknown compression {other:?} (use \"none\" or \"zstd\")"))),
+            other => {
+                Err(ServiceError::InvalidArgument(format!("unknown compression {other:?} (use \"none\" or \"zstd\")")))
+            }
         }
     }
 
@@ -66,7 +68,9 @@ impl Outgoing {
                 let filtered = delta(batch.images.as_bytes(), stride);
                 // Should compressing ever fail, the pixels go as they are (the header says so).
                 zstd::bulk::compress(&filtered, ZSTD_LEVEL)
-                    .inspect_err(|e| tracing::warn!(batch = batch.index, error = %e, "zstd failed; sending uncompressed"))
+                    .inspect_err(
+                        |e| tracing::warn!(batch = batch.index, error = %e, "zstd failed; sending uncompressed"),
+                    )
                     .ok()
             }
         };
@@ -188,20 +192,27 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
         Compression::Zstd => {
             let want = elements.saturating_mul(width);
             if want > MAX_MESSAGE_BYTES {
-                return Err(ServiceError::BadBatch(format!("batch {}: shape {shape:?} is over the size limit", m.index)));
+                return Err(ServiceError::BadBatch(format!(
+                    "batch {}: shape {shape:?} is over the size limit",
+                    m.index
+                )));
             }
             // Bounded by `want`: a payload claiming more is refused, never allocated.
-            m.data = zstd::bulk::decompress(&m.data, want)
-                .map_err(|e| ServiceError::BadBatch(format!("batch {} of epoch {}: corrupt compressed pixels: {e}", m.index, m.epoch)))?;
+            m.data = zstd::bulk::decompress(&m.data, want).map_err(|e| {
+                ServiceError::BadBatch(format!(
+                    "batch {} of epoch {}: corrupt compressed pixels: {e}",
+                    m.index, m.epoch
+                ))
+            })?;
             let lay = if m.layout == layout::CHW { Layout::Chw } else { Layout::Hwc };
             undelta(&mut m.data, delta_stride(&shape, lay, width));
         }
     }
     let data = match m.dtype {
         dtype::U8 if m.data.len() == elements => TensorData::U8(m.data),
-        dtype::F32 if m.data.len() == elements * 4 => TensorData::F32(
-            m.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
-        ),
+        dtype::F32 if m.data.len() == elements * 4 => {
+            TensorData::F32(m.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        }
         other => {
             return Err(ServiceError::BadBatch(format!(
                 "batch {}: {} bytes of dtype {other} for shape {shape:?}",
@@ -216,7 +227,12 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
         other => return Err(ServiceError::BadBatch(format!("unknown layout {other}"))),
     };
     if m.has_weights && m.weights.len() != m.keys.len() {
-        return Err(ServiceError::BadBatch(format!("batch {}: {} weights for {} keys", m.index, m.weights.len(), m.keys.len())));
+        return Err(ServiceError::BadBatch(format!(
+            "batch {}: {} weights for {} keys",
+            m.index,
+            m.weights.len(),
+            m.keys.len()
+        )));
     }
     Ok(Batch {
         epoch: m.epoch,
@@ -275,7 +291,15 @@ mod tests {
         for (i, px) in images.as_bytes_mut().iter_mut().enumerate() {
             *px = (i / 97 % 7) as u8; // runs, like flat image areas
         }
-        let b = Batch { epoch: 1, index: 2, keys: vec![0, 1, 2, 3], labels: vec![0; 4], images, layout: Layout::Hwc, weights: None };
+        let b = Batch {
+            epoch: 1,
+            index: 2,
+            keys: vec![0, 1, 2, 3],
+            labels: vec![0; 4],
+            images,
+            layout: Layout::Hwc,
+            weights: None,
+        };
         let out = Outgoing::new(b.clone(), Compression::Zstd);
         assert!(out.payload().len() < b.images.as_bytes().len() / 4, "{} bytes", out.payload().len());
 

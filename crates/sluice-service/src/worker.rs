@@ -63,7 +63,11 @@ pub struct WorkerConfig {
 pub type DispatcherConn = DispatcherClient<InterceptedService<Channel, TokenAttach>>;
 
 /// A lazily connecting, reconnecting client of the dispatcher; over TLS with `tls`.
-pub fn dispatcher_client(addr: &str, token: Option<&str>, tls: Option<&ClientTls>) -> Result<DispatcherConn, ServiceError> {
+pub fn dispatcher_client(
+    addr: &str,
+    token: Option<&str>,
+    tls: Option<&ClientTls>,
+) -> Result<DispatcherConn, ServiceError> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let uri = match addr.split_once("://") {
         Some((_, rest)) => format!("{scheme}://{rest}"),
@@ -74,9 +78,8 @@ pub fn dispatcher_client(addr: &str, token: Option<&str>, tls: Option<&ClientTls
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true);
     if let Some(tls) = tls {
-        endpoint = endpoint
-            .tls_config(tls.grpc(addr))
-            .map_err(|e| ServiceError::Tls(format!("dispatcher {addr}: {e}")))?;
+        endpoint =
+            endpoint.tls_config(tls.grpc(addr)).map_err(|e| ServiceError::Tls(format!("dispatcher {addr}: {e}")))?;
     }
     let channel = endpoint.connect_lazy();
     Ok(DispatcherClient::with_interceptor(channel, TokenAttach::new(token)?)
@@ -196,7 +199,8 @@ impl WorkerService {
         .await
         .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
-        let runner = Arc::new(JobRunner { loader, passes, running: Arc::new(tokio::sync::Semaphore::new(TASKS_AT_ONCE)) });
+        let runner =
+            Arc::new(JobRunner { loader, passes, running: Arc::new(tokio::sync::Semaphore::new(TASKS_AT_ONCE)) });
         jobs.insert(job_id, runner.clone());
         Ok(runner)
     }
@@ -207,15 +211,57 @@ impl WorkerService {
         let up = self.inner.started.elapsed().as_secs_f64();
         let batches = c.batches.load(Ordering::Relaxed) as f64;
         let samples = c.samples.load(Ordering::Relaxed) as f64;
-        metric(&mut out, "sluice_worker_tasks_started_total", "counter", "tasks started", c.tasks_started.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_worker_tasks_done_total", "counter", "tasks streamed to the end", c.tasks_done.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_worker_tasks_running", "gauge", "tasks running or queued (queue depth)", c.tasks_running.load(Ordering::Relaxed) as f64);
+        metric(
+            &mut out,
+            "sluice_worker_tasks_started_total",
+            "counter",
+            "tasks started",
+            c.tasks_started.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_worker_tasks_done_total",
+            "counter",
+            "tasks streamed to the end",
+            c.tasks_done.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_worker_tasks_running",
+            "gauge",
+            "tasks running or queued (queue depth)",
+            c.tasks_running.load(Ordering::Relaxed) as f64,
+        );
         metric(&mut out, "sluice_worker_batches_total", "counter", "batches sent", batches);
         metric(&mut out, "sluice_worker_samples_total", "counter", "samples sent", samples);
-        metric(&mut out, "sluice_worker_bytes_sent_total", "counter", "pixel bytes sent, after compression", c.bytes.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_worker_pixel_bytes_total", "counter", "pixel bytes produced, before compression", c.pixel_bytes.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_worker_samples_per_second", "gauge", "mean throughput since start", if up > 0.0 { samples / up } else { 0.0 });
-        metric(&mut out, "sluice_worker_requests_refused_total", "counter", "RunTask calls refused", c.refused.load(Ordering::Relaxed) as f64);
+        metric(
+            &mut out,
+            "sluice_worker_bytes_sent_total",
+            "counter",
+            "pixel bytes sent, after compression",
+            c.bytes.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_worker_pixel_bytes_total",
+            "counter",
+            "pixel bytes produced, before compression",
+            c.pixel_bytes.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_worker_samples_per_second",
+            "gauge",
+            "mean throughput since start",
+            if up > 0.0 { samples / up } else { 0.0 },
+        );
+        metric(
+            &mut out,
+            "sluice_worker_requests_refused_total",
+            "counter",
+            "RunTask calls refused",
+            c.refused.load(Ordering::Relaxed) as f64,
+        );
         c.task_time.render(&mut out, "sluice_worker_task_seconds", "time to run and stream one task", "");
         // Each cache once (jobs with one fingerprint share it).
         if let Ok(caches) = self.inner.caches.try_lock() {
@@ -368,7 +414,14 @@ fn run_task(
         c.tasks_done.fetch_add(1, Ordering::Relaxed);
         c.task_time.observe(t0.elapsed());
     }
-    tracing::debug!(job_id = req.job_id, epoch = req.epoch, start = req.start, complete, seconds = t0.elapsed().as_secs_f64(), "task ended");
+    tracing::debug!(
+        job_id = req.job_id,
+        epoch = req.epoch,
+        start = req.start,
+        complete,
+        seconds = t0.elapsed().as_secs_f64(),
+        "task ended"
+    );
     c.tasks_running.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -397,14 +450,11 @@ async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest)
     loop {
         let c = &service.inner.counters;
         let result = match id {
-            None => client
-                .register_worker(register.clone())
-                .await
-                .map(|r| {
-                    let wid = r.into_inner().worker_id;
-                    tracing::info!(worker_id = wid, addr = %register.addr, "registered with the dispatcher");
-                    id = Some(wid);
-                }),
+            None => client.register_worker(register.clone()).await.map(|r| {
+                let wid = r.into_inner().worker_id;
+                tracing::info!(worker_id = wid, addr = %register.addr, "registered with the dispatcher");
+                id = Some(wid);
+            }),
             Some(wid) => client
                 .worker_heartbeat(WorkerHeartbeatRequest {
                     worker_id: wid,
@@ -467,7 +517,8 @@ pub async fn run_worker(
         let s = s.clone();
         Box::pin(async move { s.start_task(req).await })
     });
-    let local_data = if config.shared_memory { serve_local_data_plane(start.clone(), config.token.clone()) } else { None };
+    let local_data =
+        if config.shared_memory { serve_local_data_plane(start.clone(), config.token.clone()) } else { None };
     let data = tokio::spawn(crate::dataplane::serve(
         data_listener,
         start,
@@ -505,7 +556,10 @@ pub async fn run_worker(
 /// Listens for clients on this machine on a fresh abstract socket name; `None` (and TCP
 /// only) where that is impossible.
 #[cfg(target_os = "linux")]
-fn serve_local_data_plane(start: crate::dataplane::StartTask, token: Option<String>) -> Option<(String, tokio::task::JoinHandle<()>)> {
+fn serve_local_data_plane(
+    start: crate::dataplane::StartTask,
+    token: Option<String>,
+) -> Option<(String, tokio::task::JoinHandle<()>)> {
     let name = format!("sluice-worker-{}-{:016x}", std::process::id(), crate::shm::random_u64());
     match crate::shm::listen_abstract(&name) {
         Ok(listener) => {
@@ -521,6 +575,9 @@ fn serve_local_data_plane(start: crate::dataplane::StartTask, token: Option<Stri
 }
 
 #[cfg(not(target_os = "linux"))]
-fn serve_local_data_plane(_: crate::dataplane::StartTask, _: Option<String>) -> Option<(String, tokio::task::JoinHandle<()>)> {
+fn serve_local_data_plane(
+    _: crate::dataplane::StartTask,
+    _: Option<String>,
+) -> Option<(String, tokio::task::JoinHandle<()>)> {
     None
 }

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use sluice_core::SampleRng;
 use sluice_core::SampleKey;
+use sluice_core::SampleRng;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
@@ -84,7 +84,11 @@ pub fn write_dataset(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(SynthError::Encode { index: 0, message: "generator thread panicked".into() })))
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(SynthError::Encode { index: 0, message: "generator thread panicked".into() })
+                })
+            })
             .collect()
     });
     let mut summary = DatasetSummary { images: options.images, ..Default::default() };

@@ -120,7 +120,14 @@ mod tests {
     fn model(read_s: f64, decode_s: f64, resize_s: f64, raw: u64, decoded: u64, resized: u64) -> CostModel {
         let mut m = CostModel::default();
         for _ in 0..MEASURE_SAMPLES {
-            m.add(&SampleCost { read_s, decode_s, resize_s, raw_bytes: raw, decoded_bytes: decoded, resized_bytes: resized });
+            m.add(&SampleCost {
+                read_s,
+                decode_s,
+                resize_s,
+                raw_bytes: raw,
+                decoded_bytes: decoded,
+                resized_bytes: resized,
+            });
         }
         m
     }

@@ -8,8 +8,8 @@
 //! depend on whether it was a hit: output stays independent of timing and thread count.
 
 pub mod level;
-pub mod sim;
 pub mod policy;
+pub mod sim;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -411,9 +411,21 @@ mod tests {
 
     #[test]
     fn auto_measures_then_decides() {
-        let spec = CacheSpec { budget: ByteBudget::Bytes(1 << 20), level: CacheLevel::Auto, resize: None, policy: CachePolicyKind::Lru };
+        let spec = CacheSpec {
+            budget: ByteBudget::Bytes(1 << 20),
+            level: CacheLevel::Auto,
+            resize: None,
+            policy: CachePolicyKind::Lru,
+        };
         let c = Cache::new(&spec, 1 << 20, 1000);
-        let cost = SampleCost { read_s: 1e-4, decode_s: 5e-3, resize_s: 0.0, raw_bytes: 1000, decoded_bytes: 3000, resized_bytes: 3000 };
+        let cost = SampleCost {
+            read_s: 1e-4,
+            decode_s: 5e-3,
+            resize_s: 0.0,
+            raw_bytes: 1000,
+            decoded_bytes: 3000,
+            resized_bytes: 3000,
+        };
         for _ in 0..MEASURE_SAMPLES - 1 {
             c.observe(&cost);
         }

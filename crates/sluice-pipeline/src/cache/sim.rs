@@ -63,7 +63,9 @@ pub fn sampler_for(policy: CachePolicyKind) -> SamplingSpec {
         CachePolicyKind::Lru => SamplingSpec::Uniform,
         CachePolicyKind::Shade => SamplingSpec::Shade,
         CachePolicyKind::Fastmatch => SamplingSpec::Fastmatch,
-        CachePolicyKind::Importance => SamplingSpec::Importance { floor: 0.05, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 },
+        CachePolicyKind::Importance => {
+            SamplingSpec::Importance { floor: 0.05, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 }
+        }
     }
 }
 
@@ -114,7 +116,13 @@ pub fn simulate(policy: CachePolicyKind, sampling: SamplingSpec, cfg: &SimConfig
     let spec = CacheSpec { budget: ByteBudget::Bytes(budget), level: CacheLevel::Raw, resize: None, policy };
     let cache = Cache::new(&spec, budget.max(1), n);
     let mut store = ImportanceStore::new(0.5);
-    let inputs = DrawInputs { manifest: &manifest, seed: cfg.seed, shuffle: ShuffleSpec::Global, sampling, shard: Shard::default() };
+    let inputs = DrawInputs {
+        manifest: &manifest,
+        seed: cfg.seed,
+        shuffle: ShuffleSpec::Global,
+        sampling,
+        shard: Shard::default(),
+    };
 
     let mut trainer = SimTrainer::new(n, cfg.seed);
     let mut per_epoch = Vec::new();

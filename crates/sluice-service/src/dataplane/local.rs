@@ -20,9 +20,9 @@ use super::{
     hello, io_status, read_request, write_error, write_inline, StartTask, TaskStream, HANDSHAKE_TIMEOUT, KIND_END,
     KIND_REGION, KIND_SLOT, MAX_SLOTS,
 };
-use crate::wire::Outgoing;
 use crate::proto::RunTaskRequest;
 use crate::shm::{self, Region};
+use crate::wire::Outgoing;
 use crate::MAX_MESSAGE_BYTES;
 
 /// A region as a client knows it: the worker's local address and the region's id.
@@ -158,7 +158,12 @@ fn built_in(out: &Outgoing, region: &Arc<LocalRegion>) -> Option<u32> {
 }
 
 /// Serves the local data plane on `listener` until the runtime stops.
-pub async fn serve_local(listener: tokio::net::UnixListener, service: StartTask, token: Option<String>, pool: Arc<RegionPool>) {
+pub async fn serve_local(
+    listener: tokio::net::UnixListener,
+    service: StartTask,
+    token: Option<String>,
+    pool: Arc<RegionPool>,
+) {
     loop {
         let sock = match listener.accept().await {
             Ok((s, _)) => s,
@@ -334,7 +339,8 @@ impl MappedRegions {
     ) -> std::io::Result<Arc<Region>> {
         let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
         let key = (worker.to_string(), id);
-        if let Some(i) = maps.iter().position(|(k, r)| *k == key && r.slots() == slots && r.slot_bytes() == slot_bytes) {
+        if let Some(i) = maps.iter().position(|(k, r)| *k == key && r.slots() == slots && r.slot_bytes() == slot_bytes)
+        {
             let entry = maps.remove(i);
             let region = entry.1.clone();
             maps.push(entry);
@@ -395,7 +401,6 @@ impl TaskStream {
         Ok(stream)
     }
 }
-
 
 #[cfg(test)]
 mod tests {

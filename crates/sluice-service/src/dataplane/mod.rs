@@ -159,7 +159,9 @@ async fn read_request(r: &mut (impl AsyncReadExt + Unpin), token: Option<&str>) 
     r.read_exact(&mut given).await.map_err(io_status)?;
     if let Some(expected) = token {
         if !constant_time_eq(&given, expected.as_bytes()) {
-            return Err(Status::unauthenticated("missing or wrong token (set --token or SLUICE_TOKEN to the service's token)"));
+            return Err(Status::unauthenticated(
+                "missing or wrong token (set --token or SLUICE_TOKEN to the service's token)",
+            ));
         }
     }
     let n = r.read_u32_le().await.map_err(io_status)?;
@@ -248,7 +250,12 @@ fn hello(token: Option<&str>, req: &RunTaskRequest) -> Vec<u8> {
 
 impl TaskStream {
     /// Opens a task's stream; with `tls`, inside a TLS session checked against its CA.
-    pub async fn open(addr: &str, token: Option<&str>, req: &RunTaskRequest, tls: Option<&ClientTls>) -> Result<Self, Status> {
+    pub async fn open(
+        addr: &str,
+        token: Option<&str>,
+        req: &RunTaskRequest,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, Status> {
         let sock = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
             .await
             .map_err(|_| Status::unavailable(format!("data plane {addr}: connect timed out")))?
@@ -325,12 +332,18 @@ impl TaskStream {
                 let mut m = read_header(r).await?;
                 let slot = r.read_u32_le().await.map_err(io_status)?;
                 let len = read_len(r).await?;
-                m.data = region.read(slot, len).map_err(|e| Status::invalid_argument(format!("batch {}: {e}", m.index)))?;
+                m.data =
+                    region.read(slot, len).map_err(|e| Status::invalid_argument(format!("batch {}: {e}", m.index)))?;
                 // The slot is free again once its pixels are ours. A worker that has
                 // already ended the task (with an error) no longer listens: the batch is
                 // still good, and the next read reports the end.
                 let w = r.get_mut();
-                if let Err(e) = async { w.write_all(&slot.to_le_bytes()).await?; w.flush().await }.await {
+                if let Err(e) = async {
+                    w.write_all(&slot.to_le_bytes()).await?;
+                    w.flush().await
+                }
+                .await
+                {
                     tracing::debug!(error = %e, "could not hand a slot back");
                 }
                 message_to_batch(m).map(Some).map_err(|e: ServiceError| Status::from(e))
@@ -454,7 +467,11 @@ mod local_tests {
     async fn read_all(s: &mut TaskStream) -> Result<Vec<u64>, Status> {
         let mut got = Vec::new();
         while let Some(b) = s.next().await? {
-            assert!(b.images.as_bytes().iter().all(|&x| x == b.index as u8), "batch {} has another batch's pixels", b.index);
+            assert!(
+                b.images.as_bytes().iter().all(|&x| x == b.index as u8),
+                "batch {} has another batch's pixels",
+                b.index
+            );
             got.push(b.index);
         }
         Ok(got)
@@ -468,7 +485,9 @@ mod local_tests {
         let maps = MappedRegions::default();
         let open = |req: RunTaskRequest, token: &'static str| {
             let (name, maps) = (name.clone(), &maps);
-            async move { TaskStream::open_local(shm::connect_abstract(&name).unwrap(), &name, Some(token), &req, maps).await }
+            async move {
+                TaskStream::open_local(shm::connect_abstract(&name).unwrap(), &name, Some(token), &req, maps).await
+            }
         };
         // Five batches through two slots, plain and compressed; task after task, the
         // worker's one region is reused and mapped once.

@@ -111,12 +111,7 @@ impl DispatcherService {
 
     /// Applies `record` and queues it for the journal under one lock, so the journal's order
     /// is the order of decisions; the caller awaits durability after unlocking.
-    fn commit(
-        &self,
-        state: &mut State,
-        record: &Record,
-        worker: u64,
-    ) -> Result<crate::journal::Durable, ServiceError> {
+    fn commit(&self, state: &mut State, record: &Record, worker: u64) -> Result<crate::journal::Durable, ServiceError> {
         state.apply(record, Instant::now(), worker)?;
         let durable = self.inner.journal.append(record);
         self.inner.changed.notify_waiters();
@@ -277,8 +272,14 @@ impl Dispatcher for DispatcherService {
                 changed.as_mut().enable();
                 let decided = {
                     let mut state = lock(&self.inner.state);
-                    let (reply, record, worker) =
-                        state.get_task(req.job_id, &req.client_id, req.epoch, req.request_id, req.lookahead, Instant::now())?;
+                    let (reply, record, worker) = state.get_task(
+                        req.job_id,
+                        &req.client_id,
+                        req.epoch,
+                        req.request_id,
+                        req.lookahead,
+                        Instant::now(),
+                    )?;
                     let durable = match record {
                         Some(r) => Some(self.commit(&mut state, &r, worker)?),
                         None => None,
@@ -339,7 +340,14 @@ impl Dispatcher for DispatcherService {
         let r = async {
             let durable = {
                 let mut state = lock(&self.inner.state);
-                match state.fail_task(req.job_id, req.epoch, req.task_index, req.received, req.worker_id, req.generation)? {
+                match state.fail_task(
+                    req.job_id,
+                    req.epoch,
+                    req.task_index,
+                    req.received,
+                    req.worker_id,
+                    req.generation,
+                )? {
                     Some(record) => Some(self.commit(&mut state, &record, 0)?),
                     None => None,
                 }
@@ -364,8 +372,12 @@ impl Dispatcher for DispatcherService {
     async fn client_heartbeat(&self, request: Request<ClientHeartbeatRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
         let r = valid_name("client_id", &req.client_id).map(|()| {
-            let report =
-                ClientReport { job_id: req.job_id, batches: req.batches, stall_s: req.stall_s, elapsed_s: req.elapsed_s };
+            let report = ClientReport {
+                job_id: req.job_id,
+                batches: req.batches,
+                stall_s: req.stall_s,
+                elapsed_s: req.elapsed_s,
+            };
             lock(&self.inner.state).client_heartbeat(req.job_id, &req.client_id, report, Instant::now());
             Empty {}
         });
@@ -403,16 +415,65 @@ impl DispatcherService {
         let mut out = String::new();
         let now = Instant::now();
         let state = lock(&self.inner.state);
-        metric(&mut out, "sluice_dispatcher_requests_total", "counter", "RPCs answered", c.requests.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_dispatcher_request_errors_total", "counter", "RPCs refused", c.errors.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_dispatcher_tasks_assigned_total", "counter", "tasks handed to clients", c.assigned.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_dispatcher_tasks_acked_total", "counter", "tasks acknowledged", c.acked.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_dispatcher_batches_acked_total", "counter", "batches in acknowledged tasks (throughput)", c.batches_acked.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_dispatcher_tasks_failed_total", "counter", "tasks whose worker failed", c.failed.load(Ordering::Relaxed) as f64);
-        metric(&mut out, "sluice_dispatcher_workers_live", "gauge", "workers with a recent heartbeat", state.live_workers(now) as f64);
+        metric(
+            &mut out,
+            "sluice_dispatcher_requests_total",
+            "counter",
+            "RPCs answered",
+            c.requests.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_dispatcher_request_errors_total",
+            "counter",
+            "RPCs refused",
+            c.errors.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_dispatcher_tasks_assigned_total",
+            "counter",
+            "tasks handed to clients",
+            c.assigned.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_dispatcher_tasks_acked_total",
+            "counter",
+            "tasks acknowledged",
+            c.acked.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_dispatcher_batches_acked_total",
+            "counter",
+            "batches in acknowledged tasks (throughput)",
+            c.batches_acked.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_dispatcher_tasks_failed_total",
+            "counter",
+            "tasks whose worker failed",
+            c.failed.load(Ordering::Relaxed) as f64,
+        );
+        metric(
+            &mut out,
+            "sluice_dispatcher_workers_live",
+            "gauge",
+            "workers with a recent heartbeat",
+            state.live_workers(now) as f64,
+        );
         metric(&mut out, "sluice_dispatcher_jobs", "gauge", "jobs known", state.jobs.len() as f64);
-        c.get_task.render(&mut out, "sluice_dispatcher_get_task_seconds", "time to answer GetTask, journal fsync included", "");
-        out.push_str("# HELP sluice_job_tasks queue depth: tasks of the current epoch by state\n# TYPE sluice_job_tasks gauge\n");
+        c.get_task.render(
+            &mut out,
+            "sluice_dispatcher_get_task_seconds",
+            "time to answer GetTask, journal fsync included",
+            "",
+        );
+        out.push_str(
+            "# HELP sluice_job_tasks queue depth: tasks of the current epoch by state\n# TYPE sluice_job_tasks gauge\n",
+        );
         for job in state.jobs.values() {
             let e = &job.current;
             let name = label(&job.name);

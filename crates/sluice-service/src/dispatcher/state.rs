@@ -258,7 +258,14 @@ impl State {
             Record::Epoch { job_id, epoch, skip } => {
                 let job = self.job_mut(*job_id)?;
                 let generation = job.current.generation + 1;
-                job.current = EpochState::new(*epoch, generation, job.batches_per_epoch, job.pass_batches, job.task_batches, skip);
+                job.current = EpochState::new(
+                    *epoch,
+                    generation,
+                    job.batches_per_epoch,
+                    job.pass_batches,
+                    job.task_batches,
+                    skip,
+                );
                 // Tasks leased ahead belong to the old order of things: dropped with it.
                 job.next = None;
                 job.recount_load();
@@ -283,7 +290,14 @@ impl State {
                 let job = self.job_mut(*job_id)?;
                 if job.next.is_none() && *epoch == job.current.epoch + 1 {
                     let generation = job.current.generation + 1;
-                    job.next = Some(EpochState::new(*epoch, generation, job.batches_per_epoch, job.pass_batches, job.task_batches, &[]));
+                    job.next = Some(EpochState::new(
+                        *epoch,
+                        generation,
+                        job.batches_per_epoch,
+                        job.pass_batches,
+                        job.task_batches,
+                        &[],
+                    ));
                 }
                 if *request != 0 {
                     self.assigned_by_request.insert((client.clone(), *request), (*job_id, *epoch, *task));
@@ -376,7 +390,9 @@ impl State {
     fn task_mut(&mut self, job_id: u64, epoch: u64, task: u64) -> Result<&mut Task, ServiceError> {
         let e = self.epoch_state_mut(job_id, epoch)?;
         let n = e.tasks.len();
-        e.tasks.get_mut(task as usize).ok_or_else(|| ServiceError::InvalidArgument(format!("task {task} is not in 0..{n}")))
+        e.tasks
+            .get_mut(task as usize)
+            .ok_or_else(|| ServiceError::InvalidArgument(format!("task {task} is not in 0..{n}")))
     }
 
     pub fn next_job_id(&self) -> u64 {
@@ -538,13 +554,22 @@ impl State {
     /// The task a retried request got the first time, if the client still holds it. Its
     /// worker is picked again (the first may be gone, or unknown after a restart).
     /// With no worker alive it answers WAIT, and the client retries the same request.
-    fn repeat_assignment(&mut self, job_id: u64, client: &str, epoch: u64, request: u64, now: Instant) -> Option<GetTaskReply> {
+    fn repeat_assignment(
+        &mut self,
+        job_id: u64,
+        client: &str,
+        epoch: u64,
+        request: u64,
+        now: Instant,
+    ) -> Option<GetTaskReply> {
         let &(job, ep, task) = self.assigned_by_request.get(&(client.to_string(), request))?;
         // A request for `epoch` may have been given a task of the next one (lookahead).
         if job != job_id || (ep != epoch && ep != epoch + 1) {
             return None;
         }
-        let picked = self.pick_worker(job_id, now).map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone(), w.local_data_addr.clone()));
+        let picked = self
+            .pick_worker(job_id, now)
+            .map(|(id, w)| (id, w.addr.clone(), w.data_addr.clone(), w.local_data_addr.clone()));
         let j = self.jobs.get_mut(&job_id)?;
         let e = j.epoch_mut(ep)?;
         let generation = e.generation;
@@ -583,7 +608,13 @@ impl State {
     }
 
     /// Decides an `AckTask`. Acks for epochs already finished are accepted and ignored.
-    pub fn ack_task(&mut self, job_id: u64, epoch: u64, task: u64, generation: u64) -> Result<Option<Record>, ServiceError> {
+    pub fn ack_task(
+        &mut self,
+        job_id: u64,
+        epoch: u64,
+        task: u64,
+        generation: u64,
+    ) -> Result<Option<Record>, ServiceError> {
         if self.stale(job_id, epoch, generation)? {
             return Ok(None);
         }
@@ -687,7 +718,11 @@ mod tests {
         assert!(next.contains(&a) && next.contains(&b), "{next:?}");
         // A hint from another client, or for an older task list, changes nothing.
         let other = first.iter().find(|t| t.worker_id == a).unwrap();
-        s.streamed(1, "someone-else", &TaskRef { epoch: 0, task_index: other.task_index, generation: other.generation });
+        s.streamed(
+            1,
+            "someone-else",
+            &TaskRef { epoch: 0, task_index: other.task_index, generation: other.generation },
+        );
         s.streamed(1, "c", &TaskRef { epoch: 0, task_index: other.task_index, generation: other.generation + 1 });
         let load = &s.job(1).unwrap().load;
         assert_eq!((load[&a], load[&b]), (3, 3));
