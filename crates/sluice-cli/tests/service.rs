@@ -3,134 +3,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SourceSpec};
-use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, ServiceError};
+use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec};
+use sluice_service::{Compression, DataPlane, RemoteLoader, ServiceError};
 use sluice_synth::DatasetOptions;
 
-const IMAGES: usize = 48;
-const BATCH: usize = 4;
-
-/// A child process killed (SIGKILL) and reaped when dropped.
-struct Proc(Child);
-
-impl Proc {
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn free_addr() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
-fn sluice(args: &[&str]) -> Proc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.args(args).env("SLUICE_LOG", "warn").env_remove("SLUICE_TOKEN").stdout(Stdio::null());
-    // Children die with the test process, even if it exits without running destructors.
-    #[cfg(target_os = "linux")]
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    Proc(cmd.spawn().unwrap())
-}
-
-fn dispatcher(addr: &str, journal: &Path, root: &Path, extra: &[&str]) -> Proc {
-    let mut args = vec!["dispatcher", "--listen", addr, "--allow-root", root.to_str().unwrap()];
-    args.extend(["--journal", journal.to_str().unwrap()]);
-    args.extend(extra);
-    sluice(&args)
-}
-
-fn worker(dispatcher: &str, root: &Path, extra: &[&str]) -> Proc {
-    let mut args = vec!["worker", "--dispatcher", dispatcher, "--threads", "1", "--allow-root", root.to_str().unwrap()];
-    args.extend(extra);
-    sluice(&args)
-}
-
-fn dataset(dir: &Path) -> PathBuf {
-    let root = dir.join("data");
-    let options = DatasetOptions { images: IMAGES, classes: 4, texture: 8, ..Default::default() };
-    sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
-    root
-}
-
-fn spec(root: &Path, seed: u64) -> PipelineSpec {
-    let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 32, BATCH);
-    s.seed = seed;
-    s.threads = 1;
-    s
-}
-
-fn options(addr: &str, job: &str) -> RemoteOptions {
-    let mut o = RemoteOptions::new(addr, job);
-    o.token = None;
-    o.task_batches = 2;
-    o.tasks_in_flight = 4;
-    o.give_up_after = Duration::from_secs(30);
-    o
-}
-
-/// Asserts that `keys` hold every sample exactly once.
-fn assert_exactly_once(mut keys: Vec<u64>, what: &str) {
-    keys.sort_unstable();
-    let expected: Vec<u64> = (0..IMAGES as u64).collect();
-    assert_eq!(keys, expected, "{what}: not every sample exactly once");
-}
-
-/// Fails the whole test binary if a test hangs (a lost task would otherwise block CI
-/// forever): dropped at the end of the test, it disarms.
-struct Watchdog(std::sync::Arc<std::sync::atomic::AtomicBool>);
-
-fn watchdog(what: &'static str, secs: u64) -> Watchdog {
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let d = done.clone();
-    std::thread::spawn(move || {
-        let t0 = std::time::Instant::now();
-        while t0.elapsed() < Duration::from_secs(secs) {
-            if d.load(std::sync::atomic::Ordering::SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        eprintln!("{what}: still running after {secs} s; failing the test run");
-        std::process::exit(101);
-    });
-    Watchdog(done)
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// A small deterministic RNG (xorshift), seeded per run and printed so a failure replays.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+mod common;
+use common::*;
 
 #[test]
 fn a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_times() {
@@ -377,28 +258,6 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
     let mut loader = RemoteLoader::connect(&spec(&root, 0), with_token("good")).unwrap();
     let keys: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
     assert_exactly_once(keys, "a good job after the bad requests");
-}
-
-fn http_get(addr: &str) -> String {
-    use std::io::{Read, Write};
-    for _ in 0..100 {
-        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-            let mut body = String::new();
-            s.read_to_string(&mut body).unwrap();
-            return body;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("no metrics endpoint at {addr}");
-}
-
-fn metric_value(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && !l.starts_with('#'))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 #[test]
