@@ -117,13 +117,9 @@ impl ImportanceStore {
         !self.scores.is_empty()
     }
 
-    /// Folds the epoch's reports into the smoothed scores, correcting for drift first.
-    ///
-    /// Losses shrink as training goes on, so a score last updated many epochs ago (a
-    /// sample the importance sampler rarely draws) overstates that sample against freshly
-    /// scored ones, and stale samples would keep displacing fresh ones from the hot set.
-    /// The fix: the median ratio `new / old` over samples reported this epoch estimates how
-    /// much losses moved; every old score is scaled by it before the EMA, reported or not.
+    /// Folds the epoch's reports into the smoothed scores (EMA), first scaling every old
+    /// score by the median `new / old` ratio of this epoch's reports, so stale scores do not
+    /// overstate rarely drawn samples (`docs/importance-sampling.md`).
     fn fold_pending(&mut self) {
         let mut ratios: Vec<f64> = self
             .pending

@@ -6,7 +6,7 @@
 //! Three importance-driven samplers live here next to the uniform ones:
 //!
 //! * [`importance_draw`], sluice's own: draws ∝ smoothed score with a uniform floor, a
-//!   hard coverage guarantee and exact unbiasing weights (see its docs for the design);
+//!   hard coverage guarantee and exact unbiasing weights (design: docs/importance-sampling.md);
 //! * [`fastmatch_draw`], FastMatch's Algorithm 1 exactly as published (a baseline);
 //! * [`shade_draw`], SHADE's sampler as published: n draws with replacement ∝ rank score.
 
@@ -135,48 +135,9 @@ pub struct ImportanceView<'a> {
     pub hot: Option<&'a [bool]>,
 }
 
-/// sluice's importance sampler.
-///
-/// Design, and the defects of the published samplers it avoids:
-///
-/// * **Proportional to the score, no softmax.** The proposal is `q_i ∝ a_i` where `a_i`
-///   is the smoothed loss (or gradient norm): the variance-optimal proposal of importance
-///   sampling for SGD (Katharopoulos & Fleuret). FastMatch instead pushes already-normalised
-///   probabilities through a softmax, which flattens them to nearly uniform (max/min ≤ e),
-///   and centres a Gaussian on max(V), which starves most samples (and is undefined when
-///   σ = 0). Keys never scored get the mean score: unseen is not unimportant.
-/// * **A floor.** `q_i = (1 − floor)·a_i/Σa + floor/n`: every sample keeps at least
-///   `floor/n` probability per draw, so none becomes unreachable and no weight exceeds
-///   `1/floor`. The floor is also what samples outside the cache mostly live on, so it
-///   sets both the largest weight and (about) the share of misses: the default 0.05
-///   bounds weights by 20 and misses near 2.5% at a cache of half the dataset. (At 0.01,
-///   weights reach 100, and on digits one stale sample drawn with loss 5 at weight 90
-///   outweighed whole epochs and cost 6 points of accuracy.)
-/// * **A ceiling.** No sample expects more than `max_draws` draws per epoch. Pure
-///   loss-proportional sampling lets a handful of outliers (mislabelled, ambiguous) take
-///   most of an epoch: unbiased, but SGD on ten samples forgets the rest. The excess goes
-///   to the uncapped samples *of the hot set* in proportion to their probability
-///   (water-filling, see [`cap_probabilities`]): that raises the effective floor inside
-///   the cache, keeping batches diverse at no I/O cost, instead of turning the excess into
-///   misses. The weights follow the final probabilities, so the estimate stays unbiased.
-/// * **Cost-aware.** Samples outside the cache's hot set (see [`hot_set`]: the highest
-///   scores, with hysteresis; what the `importance` cache keeps) have `a_i` multiplied by
-///   `miss_discount`: a miss costs a read and a decode, a hit almost nothing, and for a
-///   proposal with unequal costs the variance-per-second optimum is `q_i ∝ a_i/√cost_i`.
-///   The weights correct for it, so it trades a little variance for time, never bias.
-/// * **Coverage.** A sample about to go `coverage_epochs` epochs undrawn is forced into
-///   this epoch, so every sample is seen at least once in any `coverage_epochs`
-///   consecutive epochs (deadlines are staggered by up to k/5 epochs so they do not all
-///   fall in one epoch). Each forced sample is usually a miss: k trades hit rate for
-///   freshness. SHADE draws n with replacement and leaves ~37% of samples unseen
-///   every epoch, with no bound on how long.
-/// * **Unbiased weights.** The epoch has `n` slots: the forced samples once each, the rest
-///   `r` draws with replacement from `q`. Sample `i` appears `c_i = forced_i + r·q_i` times
-///   in expectation, and every occurrence carries weight `1/c_i`, so
-///   `E[Σ_slots w·L] = Σ_i c_i·L_i/c_i = Σ_i L_i`: the weighted mean over the epoch is an
-///   unbiased estimate of the uniform mean loss.
-/// * **Uniform until scores exist**, and a pure function of (seed, epoch, view), so resume
-///   stays exact and thread count cannot matter.
+/// sluice's importance sampler: draws ∝ smoothed score, with a floor, a ceiling, a miss
+/// discount outside the hot set, a coverage guarantee and unbiasing weights `1/E[draws]`.
+/// Design and derivation: `docs/importance-sampling.md`.
 pub fn importance_draw(
     n: usize,
     seed: u64,
@@ -259,26 +220,9 @@ pub const HOT_SET_MARGIN: f64 = 2.0;
 /// least this many times the floor's share of the draws (see [`hot_set`]).
 pub const PROMOTION_OVER_FLOOR: f64 = 4.0;
 
-/// The cache's hot set for the next epoch: `size` positions, chosen by score with
-/// hysteresis. Without a previous set (or with one of another size) it is the `size`
-/// highest scores. Otherwise the previous set is kept, except that the highest-scoring
-/// outsider replaces the lowest-scoring insider while (a) its score is more than `margin`
-/// times the insider's and (b) it is significant: score-proportional sampling would give
-/// it at least [`PROMOTION_OVER_FLOOR`] times the floor's share, i.e. its score exceeds
-/// `4·floor/(1 − floor)` times the mean; and so on down both lists.
-///
-/// Why not simply the top `size` every epoch: the sampler draws insiders often and
-/// outsiders rarely, so insiders' scores are fresh (and, losses shrinking, mostly
-/// falling) while outsiders' are stale (only drift-scaled). Ranking fresh against stale
-/// each epoch swaps the insiders whose latest loss happened to drop most for outsiders
-/// just under the line, on no new evidence about them; every swap costs a miss the first
-/// time the newcomer is drawn (on digits at 50% cache, 2% of all draws over 30 epochs, up
-/// to 11% in epoch 2). (a) keeps near-ties where they are. (b) stops swaps among the
-/// many samples whose scores are negligible next to the mean (losses are heavy-tailed:
-/// late in training the insider with the lowest score may be 1000× below the mean, so a
-/// ratio alone admits almost anything): such a sample gets mostly floor draws whether it
-/// is hot or not, so promoting it buys little and costs a miss. A sample whose loss is
-/// clearly high (say, one drawn by the floor and found hard) still gets in.
+/// The cache's hot set for the next epoch: the `size` highest scores, with hysteresis: an
+/// outsider replaces an insider only while its score is over `margin` times the insider's
+/// and over [`PROMOTION_OVER_FLOOR`] times the floor's share. Why: `docs/importance-sampling.md`.
 pub fn hot_set(scores: &[Option<f64>], size: usize, previous: Option<&[bool]>, margin: f64, floor: f64) -> Vec<bool> {
     let n = scores.len();
     let a = filled_scores(scores, n).unwrap_or_else(|| vec![0.0; n]);
@@ -316,18 +260,9 @@ pub fn hot_set(scores: &[Option<f64>], size: usize, previous: Option<&[bool]>, m
     hot
 }
 
-/// Caps every probability at `cap` and hands the excess to the uncapped samples of the
-/// hot set (`receives`) in proportion to their probability, floor included
-/// (water-filling); only once every hot sample is capped does the rest go to the others,
-/// the same way. The sum stays 1 and the ratios within each group are kept.
-///
-/// Where the excess goes is free as far as bias goes (the weights follow the final
-/// probabilities), but not for time or variance: spread over the whole dataset it would
-/// turn into misses (on digits at 50% cache it put 3–5% of each late epoch's draws on
-/// samples outside the cache); spread over the hot set in proportion to probability it
-/// raises the effective floor *inside the cache*, which keeps batches diverse (many
-/// distinct cached samples per epoch, not a few hundred hard ones drawn 4 times) at no
-/// I/O cost.
+/// Caps every probability at `cap` and water-fills the excess into the uncapped samples of
+/// the hot set (`receives`), then into the rest; the sum stays 1. Why the hot set first:
+/// `docs/importance-sampling.md`.
 fn cap_probabilities(q: &mut [f64], cap: f64, receives: &[bool]) {
     if cap * q.len() as f64 <= 1.0 {
         return;
