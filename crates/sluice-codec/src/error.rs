@@ -17,6 +17,10 @@ pub enum CodecError {
     /// The header declares more pixels than `limits.max_pixels`; nothing was decoded.
     #[error("image is {width}x{height}, over the limit of {limit} pixels (limits.max_pixels)")]
     TooLarge { width: u64, height: u64, limit: u64 },
+    /// A `resize` would make an image of more pixels than `limits.max_pixels` (a very thin
+    /// image scaled by its shorter side); nothing was allocated for it.
+    #[error("resizing makes a {width}x{height} image, over the limit of {limit} pixels (limits.max_pixels)")]
+    ResizeTooLarge { width: u64, height: u64, limit: u64 },
     /// A valid image sluice does not decode (e.g. 12-bit JPEG).
     #[error("unsupported image: {0}")]
     Unsupported(String),
@@ -32,7 +36,9 @@ impl From<CodecError> for SampleErrorKind {
             CodecError::Empty => SampleErrorKind::Empty,
             CodecError::UnknownFormat => SampleErrorKind::UnknownFormat,
             CodecError::Corrupt(m) => SampleErrorKind::Corrupt(m),
-            CodecError::TooLarge { width, height, limit } => SampleErrorKind::TooLarge { width, height, limit },
+            CodecError::TooLarge { width, height, limit } | CodecError::ResizeTooLarge { width, height, limit } => {
+                SampleErrorKind::TooLarge { width, height, limit }
+            }
             // The core has no "unsupported" kind; the message keeps the distinction.
             CodecError::Unsupported(m) => SampleErrorKind::Corrupt(format!("unsupported image: {m}")),
             CodecError::Shape(m) => SampleErrorKind::Shape(m),
@@ -51,6 +57,10 @@ mod tests {
         assert_eq!(SampleErrorKind::from(CodecError::Corrupt("bad".into())), SampleErrorKind::Corrupt("bad".into()));
         assert_eq!(
             SampleErrorKind::from(CodecError::TooLarge { width: 3, height: 4, limit: 5 }),
+            SampleErrorKind::TooLarge { width: 3, height: 4, limit: 5 }
+        );
+        assert_eq!(
+            SampleErrorKind::from(CodecError::ResizeTooLarge { width: 3, height: 4, limit: 5 }),
             SampleErrorKind::TooLarge { width: 3, height: 4, limit: 5 }
         );
         match SampleErrorKind::from(CodecError::Unsupported("12-bit JPEG".into())) {

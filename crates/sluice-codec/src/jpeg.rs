@@ -465,11 +465,9 @@ impl JpegDecoder {
         target: (u32, u32),
         out: &mut Vec<u8>,
     ) -> Option<Result<RegionDecode, CodecError>> {
-        let layout = RestartLayout::parse(bytes)?;
+        // Too many pixels: `None`, and the ordinary path reports it.
+        let layout = RestartLayout::parse(bytes, self.max_pixels)?;
         let (w, h) = layout.size();
-        if u64::from(w) * u64::from(h) > self.max_pixels {
-            return None; // the ordinary path reports it
-        }
         let rect = rect.clamp_to(w, h)?;
         // One MCU (at the decode scale) of margin on every side: the fancy upsampler and
         // libjpeg's context rows then see the same neighbours as in the whole image, so the

@@ -11,6 +11,8 @@
 //! * [`transcode`]: lossless rewriting with restart markers (`sluice pack`), which lets a crop
 //!   decode only its own MCUs (the private `restart` module).
 
+#[cfg(test)]
+mod alloc_probe;
 pub mod crop;
 pub mod encode;
 pub mod error;

@@ -210,6 +210,13 @@ impl Plan {
         if normalize.is_some() {
             dtype = DType::F32;
         }
+        // Validation bounds every side; an unvalidated size whose sample bytes do not even
+        // fit in a usize leaves the plan without an output size, so every run fails (Shape).
+        // `output_bytes` and `output_shape` can then multiply freely.
+        let sample_bytes = [out_w as usize, out_h as usize, 3, dtype.size()];
+        if sample_bytes.into_iter().try_fold(1usize, usize::checked_mul).is_none() {
+            (out_w, out_h) = (0, 0);
+        }
         let lut = (dtype == DType::F32).then(|| {
             let mut t = Box::new([[0f32; 256]; 3]);
             for (c, row) in t.iter_mut().enumerate() {
@@ -461,6 +468,7 @@ impl Plan {
                         borrowed = None;
                         flip = false;
                     }
+                    self.output_dims(op, w, h)?;
                     let Scratch { a, b, resizer, .. } = &mut *scratch;
                     let src = borrowed.unwrap_or(a);
                     (w, h) = geometric(op, src, w, h, rng, resizer, b, out, to_out)?;
@@ -499,6 +507,17 @@ impl Plan {
         Ok((w, h))
     }
 
+    /// What `op` makes of a `w x h` image. A resize's size depends on the image, so it is
+    /// held to `max_pixels` like a decoded image is (crops have the size the spec fixed).
+    fn output_dims(&self, op: Geo, w: u32, h: u32) -> Result<(u32, u32), CodecError> {
+        let (ow, oh) = op.output_dims(w, h);
+        let limit = self.limits.max_pixels;
+        if matches!(op, Geo::Resize { .. }) && u64::from(ow) * u64::from(oh) > limit {
+            return Err(CodecError::ResizeTooLarge { width: ow.into(), height: oh.into(), limit });
+        }
+        Ok((ow, oh))
+    }
+
     /// Full decode of a JPEG or PNG into `scratch.a`.
     fn decode(&self, bytes: &[u8], scratch: &mut Scratch) -> Result<(u32, u32), CodecError> {
         match sniff_format(bytes)? {
@@ -519,6 +538,7 @@ impl Plan {
     ) -> Result<(u32, u32), CodecError> {
         if sniff_format(bytes)? == ImageFormat::Png {
             let (w, h) = decode_png(bytes, self.limits.max_pixels, &mut scratch.a)?;
+            self.output_dims(op, w, h)?;
             let Scratch { a, b, resizer, .. } = scratch;
             let dims = geometric(op, a, w, h, rng, resizer, b, out, to_out)?;
             if !to_out {
@@ -532,7 +552,7 @@ impl Plan {
         let dec = jpeg_in(jpeg, self.limits.max_pixels)?;
         let hdr = dec.header(bytes)?;
         let (fw, fh) = (hdr.width, hdr.height);
-        let (ow, oh) = op.output_dims(fw, fh);
+        let (ow, oh) = self.output_dims(op, fw, fh)?;
         match op {
             Geo::RandomResizedCrop { size, scale, ratio } => {
                 let r = random_resized_crop_params(fw, fh, scale, ratio, rng);
@@ -619,7 +639,8 @@ fn rect_of(r: CropRect) -> SubRect {
 
 /// The buffer a geometric op writes: the output slot, or `b` sized for `w x h` RGB8.
 fn target<'o>(to_out: bool, out: &'o mut [u8], b: &'o mut Vec<u8>, w: u32, h: u32) -> Result<&'o mut [u8], CodecError> {
-    let n = w as usize * h as usize * 3;
+    let n = (w as usize).checked_mul(h as usize).and_then(|p| p.checked_mul(3));
+    let n = n.ok_or_else(|| CodecError::Shape(format!("a {w}x{h} image is too large to hold")))?;
     if to_out {
         if out.len() != n {
             return Err(CodecError::Shape(format!("output slot has {} bytes, {w}x{h} RGB needs {n}", out.len())));
@@ -1004,5 +1025,40 @@ mod tests {
         let no_decode = Plan::compile(&[rrc(16)], Limits::default());
         let mut out = vec![0u8; no_decode.output_bytes()];
         assert!(no_decode.run(&jpg, &mut rng(0), &mut s, &mut out, &mut []).is_ok());
+    }
+
+    #[test]
+    fn a_resize_never_makes_more_pixels_than_max_pixels() {
+        // A 2000x1 image resized to a shorter side of 64 is 128000x64 (8.2 M pixels); with a
+        // shorter side of 256 and a 60000x1 image it would be 46 GB. A hostile image must
+        // not make a worker allocate that: the resize output is held to `max_pixels`.
+        let limits = Limits { max_pixels: 1 << 20, ..Limits::default() };
+        let crop = OpSpec::CenterCrop { size: Size::square(32) };
+        let thin_jpg = encode_jpeg(&test_rgb(2000, 1), 2000, 1, 90).unwrap();
+        let thin_png = encode_png(&test_rgb(2000, 1), 2000, 1, png::ColorType::Rgb, png::BitDepth::Eight, None);
+        let fused = Plan::compile(&[OpSpec::Decode, OpSpec::Resize { size: 64 }, crop.clone()], limits);
+        let flip = OpSpec::RandomHorizontalFlip { p: 0.5 };
+        let stepwise = Plan::compile(&[OpSpec::Decode, flip, OpSpec::Resize { size: 64 }, crop], limits);
+        for (what, plan, bytes) in
+            [("jpeg", &fused, &thin_jpg), ("png", &fused, &thin_png), ("after a flip", &stepwise, &thin_jpg)]
+        {
+            let mut s = Scratch::new();
+            let (got, peak) = crate::alloc_probe::peak_bytes_during(|| run(plan, bytes, 0, &mut s).map(|v| v.len()));
+            assert_eq!(got, Err(CodecError::ResizeTooLarge { width: 128_000, height: 64, limit: 1 << 20 }), "{what}");
+            assert!(peak < 4 << 20, "{what}: held {peak} bytes");
+        }
+        // An ordinary image through the same plan is fine.
+        let jpg = encode_jpeg(&test_rgb(128, 96), 128, 96, 90).unwrap();
+        assert!(run(&fused, &jpg, 0, &mut Scratch::new()).is_ok());
+    }
+
+    #[test]
+    fn an_output_too_large_to_count_leaves_the_plan_without_a_size() {
+        // Only an unvalidated op list has one; `h × w × 3 × 4` does not fit in a usize.
+        let huge = OpSpec::CenterCrop { size: Size { height: u32::MAX, width: u32::MAX } };
+        let plan = Plan::compile(&[OpSpec::Decode, huge, OpSpec::Dtype { dtype: DType::F32 }], Limits::default());
+        assert_eq!(plan.output_bytes(), 0);
+        let jpg = encode_jpeg(&test_rgb(16, 16), 16, 16, 90).unwrap();
+        assert!(matches!(run(&plan, &jpg, 0, &mut Scratch::new()), Err(CodecError::Shape(_))));
     }
 }

@@ -40,7 +40,11 @@ impl SubRect {
 /// Shorter side to `size`, aspect ratio kept (torchvision `Resize(int)`: the longer side is
 /// `int(size * long / short)`, truncated).
 pub fn shorter_side_size(width: u32, height: u32, size: u32) -> (u32, u32) {
-    let long_of = |short: u32, long: u32| ((u64::from(size) * u64::from(long)) / u64::from(short.max(1))) as u32;
+    // Saturates: a side past u32::MAX is refused by the caller's pixel limit anyway.
+    let long_of = |short: u32, long: u32| {
+        let side = (u64::from(size) * u64::from(long)) / u64::from(short.max(1));
+        u32::try_from(side).unwrap_or(u32::MAX)
+    };
     if width <= height {
         (size, long_of(width, height).max(1))
     } else {

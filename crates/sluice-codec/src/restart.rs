@@ -50,8 +50,9 @@ impl RestartLayout {
     /// Parses `bytes`; `None` unless it is an 8-bit, Huffman-coded, sequential JPEG with a
     /// single scan holding every component, a restart interval that divides the MCU row, and
     /// exactly as many intervals as the image needs (so a truncated or damaged file is left
-    /// to the ordinary decoder, which reports it).
-    pub(crate) fn parse(bytes: &[u8]) -> Option<Self> {
+    /// to the ordinary decoder, which reports it), and at most `max_pixels` pixels. Memory
+    /// stays proportional to the intervals the image needs, whatever the file holds.
+    pub(crate) fn parse(bytes: &[u8], max_pixels: u64) -> Option<Self> {
         if bytes.get(..2)? != [0xFF, 0xD8] {
             return None;
         }
@@ -95,6 +96,9 @@ impl RestartLayout {
                     if usize::from(*body.first()?) != n || interval == 0 || width == 0 || height == 0 {
                         return None;
                     }
+                    if u64::from(width) * u64::from(height) > max_pixels {
+                        return None; // the ordinary decoder reports it as too large
+                    }
                     // One component: the MCU is one 8x8 block, whatever its sampling factors.
                     let mcu = if n == 1 { (8, 8) } else { (8 * hmax, 8 * vmax) };
                     let mcus = (width.div_ceil(mcu.0), height.div_ceil(mcu.1));
@@ -102,8 +106,8 @@ impl RestartLayout {
                         return None;
                     }
                     let data = i + 2 + len;
-                    let segments = scan_segments(bytes, data)?;
                     let expected = (mcus.0 / interval) as usize * mcus.1 as usize;
+                    let segments = scan_segments(bytes, data, expected)?;
                     return (segments.len() == expected).then_some(Self {
                         sof: sof?,
                         data,
@@ -184,8 +188,9 @@ impl RestartLayout {
 }
 
 /// The byte ranges of the restart intervals of the scan starting at `data`, up to the first
-/// marker that is not RSTn (normally EOI). `None` when the data ends without one.
-fn scan_segments(bytes: &[u8], data: usize) -> Option<Vec<(usize, usize)>> {
+/// marker that is not RSTn (normally EOI). `None` when the data ends without one, or holds
+/// more than `expected` intervals (checked as they come: a crafted file may hold millions).
+fn scan_segments(bytes: &[u8], data: usize, expected: usize) -> Option<Vec<(usize, usize)>> {
     let mut segments = Vec::new();
     let mut start = data;
     let tail = &bytes[data..];
@@ -198,6 +203,9 @@ fn scan_segments(bytes: &[u8], data: usize) -> Option<Vec<(usize, usize)>> {
             0x00 => skip_to = k + 2, // a stuffed 0xFF data byte
             0xFF => {}               // fill before a marker: the marker is judged at the last 0xFF
             0xD0..=0xD7 => {
+                if segments.len() + 1 >= expected {
+                    return None; // this interval and the one after it are too many
+                }
                 segments.push((start, data + first_fill(tail, k)));
                 start = data + k + 2;
                 skip_to = k + 2;
@@ -223,7 +231,7 @@ fn first_fill(tail: &[u8], mut k: usize) -> usize {
 mod tests {
     use super::*;
     use crate::encode::{encode_jpeg_progressive, encode_jpeg_with, SourcePixels};
-    use crate::jpeg::tests::test_rgb;
+    use crate::jpeg::tests::{patch_sof_dims, test_rgb};
     use crate::jpeg::{JpegDecoder, Subsampling};
     use crate::resize::SubRect;
     use crate::transcode::{add_restart_markers, restart_interval_for};
@@ -253,9 +261,9 @@ mod tests {
         let (w, h) = (203, 157);
         for s in [Subsampling::S420, Subsampling::S422, Subsampling::S444, Subsampling::Gray] {
             let plain = jpeg(w, h, s);
-            assert!(RestartLayout::parse(&plain).is_none(), "{s:?}: no restart markers yet");
+            assert!(RestartLayout::parse(&plain, LIMIT).is_none(), "{s:?}: no restart markers yet");
             let packed = add_restart_markers(&plain, 2, LIMIT).unwrap();
-            let layout = RestartLayout::parse(&packed).unwrap_or_else(|| panic!("{s:?}: not seekable"));
+            let layout = RestartLayout::parse(&packed, LIMIT).unwrap_or_else(|| panic!("{s:?}: not seekable"));
             assert_eq!(layout.size(), (w, h));
             let mut d = JpegDecoder::new(LIMIT).unwrap();
             let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -280,7 +288,7 @@ mod tests {
         for s in subsamplings {
             for interval in [1, 2, 4] {
                 let packed = add_restart_markers(&jpeg(w, h, s), interval, LIMIT).unwrap();
-                assert!(RestartLayout::parse(&packed).is_some(), "{s:?}/{interval}");
+                assert!(RestartLayout::parse(&packed, LIMIT).is_some(), "{s:?}/{interval}");
                 let mut d = JpegDecoder::new(LIMIT).unwrap();
                 let (mut cut, mut whole) = (Vec::new(), Vec::new());
                 let mut cuts = 0;
@@ -327,11 +335,11 @@ mod tests {
     fn files_that_cannot_be_cut_are_left_to_the_ordinary_decoder() {
         let (w, h) = (96, 64);
         let progressive = encode_jpeg_progressive(&test_rgb(w, h), w, h, 90).unwrap();
-        assert!(RestartLayout::parse(&progressive).is_none());
+        assert!(RestartLayout::parse(&progressive, LIMIT).is_none());
         let packed = add_restart_markers(&jpeg(w, h, Subsampling::S420), 1, LIMIT).unwrap();
         // Truncated: too few intervals, so not seekable, and the decoder reports it.
         let truncated = &packed[..packed.len() * 2 / 3];
-        assert!(RestartLayout::parse(truncated).is_none());
+        assert!(RestartLayout::parse(truncated, LIMIT).is_none());
         let mut d = JpegDecoder::new(LIMIT).unwrap();
         let rect = SubRect { left: 40.0, top: 30.0, width: 30.0, height: 20.0 };
         assert!(d.decode_region(truncated, rect, (30, 20), &mut Vec::new()).is_err());
@@ -343,12 +351,40 @@ mod tests {
     }
 
     #[test]
+    fn a_flood_of_restart_markers_is_refused_without_collecting_them() {
+        let packed = add_restart_markers(&jpeg(16, 16, Subsampling::S444), 1, LIMIT).unwrap();
+        assert!(RestartLayout::parse(&packed, LIMIT).is_some());
+        // Four million more RST markers before EOI (8 MiB). Collecting every one before
+        // comparing the count held 16 bytes per marker: ~2 GiB per thread on a 256 MiB file.
+        let declared = |jpg: &[u8], w, h| {
+            let mut jpg = jpg.to_vec();
+            patch_sof_dims(&mut jpg, w, h);
+            jpg
+        };
+        let flood = |header: &[u8]| {
+            let mut f = header[..header.len() - 2].to_vec();
+            f.extend((0..4_000_000u32).flat_map(|k| [0xFF, 0xD0 + (k % 8) as u8]));
+            f.extend_from_slice(&[0xFF, 0xD9]);
+            f
+        };
+        for (what, file) in [
+            ("a 16x16 image", flood(&packed)),
+            // A header claiming more pixels than allowed needs no scan at all.
+            ("a 65535x65535 header", flood(&declared(&packed, 65_535, 65_535))),
+        ] {
+            let (layout, peak) = crate::alloc_probe::peak_bytes_during(|| RestartLayout::parse(&file, LIMIT));
+            assert!(layout.is_none(), "{what}");
+            assert!(peak < 64 << 10, "{what}: parsing held {peak} bytes");
+        }
+    }
+
+    #[test]
     fn windows_align_to_intervals_and_stay_inside_the_image() {
         let packed = add_restart_markers(&jpeg(203, 157, Subsampling::S420), 4, LIMIT).unwrap();
-        let l = RestartLayout::parse(&packed).unwrap();
+        let l = RestartLayout::parse(&packed, LIMIT).unwrap();
         assert_eq!((l.mcus, l.interval), ((13, 10), 1)); // 13 MCUs a row: only 1 divides it
         let packed = add_restart_markers(&jpeg(256, 64, Subsampling::S420), 4, LIMIT).unwrap();
-        let l = RestartLayout::parse(&packed).unwrap();
+        let l = RestartLayout::parse(&packed, LIMIT).unwrap();
         assert_eq!((l.mcus, l.interval), ((16, 4), 4));
         let win = l.window_covering(70, 20, 130, 40);
         assert_eq!(win, McuWindow { c0: 4, c1: 12, r0: 1, r1: 3 });

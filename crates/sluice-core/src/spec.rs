@@ -11,6 +11,35 @@ use serde::{Deserialize, Serialize, Serializer};
 use crate::error::SpecError;
 use crate::image::{DType, Layout};
 
+// Absolute bounds on what a spec may ask for: far beyond any real training pipeline, they
+// keep size arithmetic from overflowing and stop a spec from asking a worker for unbounded
+// threads or memory. (Operators may set tighter limits of their own.)
+
+/// Largest output side (height or width), and largest resize: JPEG's own limit.
+pub const MAX_SIDE: u32 = 65_535;
+/// Largest `batch.size`.
+pub const MAX_BATCH_SIZE: usize = 1 << 20;
+/// Largest batch of images in bytes (`batch.size × height × width × 3 × dtype size`): 32 GiB.
+pub const MAX_BATCH_BYTES: u64 = 32 << 30;
+/// Largest `threads`.
+pub const MAX_THREADS: usize = 1024;
+/// Largest `prefetch` (batches).
+pub const MAX_PREFETCH: usize = 1024;
+/// Largest tf.data-style shuffle buffer (samples).
+pub const MAX_SHUFFLE_BUFFER: usize = 1 << 26;
+/// Largest `limits.max_pixels`: libjpeg-turbo takes the limit as a C `int`.
+pub const MAX_PIXELS: u64 = i32::MAX as u64;
+/// Largest `limits.max_file_bytes`: 4 GiB.
+pub const MAX_FILE_BYTES: u64 = 4 << 30;
+/// Largest cache budget in bytes: 1 PiB.
+pub const MAX_CACHE_BYTES: u64 = 1 << 50;
+/// Most ops in one pipeline.
+pub const MAX_OPS: usize = 64;
+/// Largest emulated storage latency (ms): a minute.
+pub const MAX_LATENCY_MS: f64 = 60_000.0;
+/// Smallest emulated storage bandwidth (MB/s): 1 kB/s.
+pub const MIN_BANDWIDTH_MB_S: f64 = 0.001;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSpec {
@@ -366,31 +395,43 @@ impl PipelineSpec {
 
     /// Checks everything serde cannot: ranges, op order, a fixed output size.
     pub fn validate(&self) -> Result<(), SpecError> {
-        if self.batch.size == 0 {
-            return Err(SpecError::new("batch.size", "must be at least 1"));
+        check_count("batch.size", self.batch.size as u64, 1, MAX_BATCH_SIZE as u64)?;
+        check_count("prefetch", self.prefetch as u64, 1, MAX_PREFETCH as u64)?;
+        if self.threads > MAX_THREADS {
+            return Err(SpecError::new("threads", format!("must be at most {MAX_THREADS} (0: one per core)")));
         }
-        if self.prefetch == 0 {
-            return Err(SpecError::new("prefetch", "must be at least 1"));
-        }
-        if let ShuffleSpec::Buffer { size: 0 } = self.shuffle {
-            return Err(SpecError::new("shuffle.size", "must be at least 1"));
+        if let ShuffleSpec::Buffer { size } = self.shuffle {
+            check_count("shuffle.size", size as u64, 1, MAX_SHUFFLE_BUFFER as u64)?;
         }
         if let StorageSpec::Throttled { latency_ms, bandwidth_mb_s } = self.storage {
-            if !(latency_ms >= 0.0 && latency_ms.is_finite()) {
-                return Err(SpecError::new("storage.latency_ms", "must be a number >= 0"));
+            if !(0.0..=MAX_LATENCY_MS).contains(&latency_ms) {
+                return Err(SpecError::new("storage.latency_ms", format!("must be in [0, {MAX_LATENCY_MS}]")));
             }
-            if !(bandwidth_mb_s > 0.0 && bandwidth_mb_s.is_finite()) {
-                return Err(SpecError::new("storage.bandwidth_mb_s", "must be a number > 0"));
+            if !(bandwidth_mb_s >= MIN_BANDWIDTH_MB_S && bandwidth_mb_s.is_finite()) {
+                return Err(SpecError::new(
+                    "storage.bandwidth_mb_s",
+                    format!("must be a number >= {MIN_BANDWIDTH_MB_S}"),
+                ));
             }
         }
-        if self.limits.max_pixels == 0 {
-            return Err(SpecError::new("limits.max_pixels", "must be at least 1"));
-        }
-        if self.limits.max_file_bytes == 0 {
-            return Err(SpecError::new("limits.max_file_bytes", "must be at least 1"));
-        }
+        check_count("limits.max_pixels", self.limits.max_pixels, 1, MAX_PIXELS)?;
+        check_count("limits.max_file_bytes", self.limits.max_file_bytes, 1, MAX_FILE_BYTES)?;
         self.source.validate()?;
         self.validate_ops()?;
+        if self.batch_bytes().is_none_or(|b| b > MAX_BATCH_BYTES) {
+            let (dtype, _, size) = self.output();
+            return Err(SpecError::new(
+                "batch.size",
+                format!(
+                    "a batch of {} × {}x{}x3 {dtype:?} is over the {} GiB limit on one batch: use a smaller \
+                     batch or output size",
+                    self.batch.size,
+                    size.height,
+                    size.width,
+                    MAX_BATCH_BYTES >> 30
+                ),
+            ));
+        }
         if let Some(cache) = &self.cache {
             cache.validate()?;
         }
@@ -398,7 +439,19 @@ impl PipelineSpec {
         self.importance.validate()
     }
 
+    /// Bytes of a full batch's images (`batch.size × height × width × 3 × dtype size`);
+    /// `None` if that does not fit in a `u64`.
+    pub fn batch_bytes(&self) -> Option<u64> {
+        let (dtype, _, size) = self.output();
+        [self.batch.size as u64, u64::from(size.height), u64::from(size.width), 3, dtype.size() as u64]
+            .into_iter()
+            .try_fold(1u64, u64::checked_mul)
+    }
+
     fn validate_ops(&self) -> Result<(), SpecError> {
+        if self.ops.len() > MAX_OPS {
+            return Err(SpecError::new("ops", format!("at most {MAX_OPS} ops")));
+        }
         if self.ops.first() != Some(&OpSpec::Decode) {
             return Err(SpecError::new("ops[0]", "the first op must be `decode`"));
         }
@@ -423,9 +476,7 @@ impl PipelineSpec {
             match op {
                 OpSpec::Decode | OpSpec::Layout { .. } | OpSpec::Dtype { .. } => {}
                 OpSpec::Resize { size } => {
-                    if *size == 0 {
-                        return Err(SpecError::new(field("size"), "must be at least 1"));
-                    }
+                    check_count(&field("size"), u64::from(*size), 1, u64::from(MAX_SIDE))?;
                     fixed_size = false;
                 }
                 OpSpec::CenterCrop { size } => {
@@ -497,7 +548,12 @@ impl ByteBudget {
             "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
             other => return Err(format!("`{s}`: unknown unit `{other}` (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB or %)")),
         };
-        Ok(ByteBudget::Bytes((v * scale).round() as u64))
+        let bytes = (v * scale).round();
+        // `as u64` would saturate: a budget too large to count is an error, not u64::MAX.
+        if !(bytes >= 0.0 && bytes < u64::MAX as f64) {
+            return Err(format!("`{s}`: too large"));
+        }
+        Ok(ByteBudget::Bytes(bytes as u64))
     }
 
     /// The budget in bytes on a machine with `ram_bytes` of memory.
@@ -597,13 +653,16 @@ impl CacheSpec {
     fn validate(&self) -> Result<(), SpecError> {
         match self.budget {
             ByteBudget::Bytes(0) => return Err(SpecError::new("cache.budget", "must be more than 0 bytes")),
+            ByteBudget::Bytes(b) if b > MAX_CACHE_BYTES => {
+                return Err(SpecError::new("cache.budget", format!("must be at most 1 PiB ({MAX_CACHE_BYTES} bytes)")))
+            }
             ByteBudget::RamFraction(f) if !(f > 0.0 && f <= 1.0) => {
                 return Err(SpecError::new("cache.budget", "a fraction of RAM must be in (0, 1] (0%..100%)"))
             }
             _ => {}
         }
-        if self.resize == Some(0) {
-            return Err(SpecError::new("cache.resize", "must be at least 1"));
+        if let Some(side) = self.resize {
+            check_count("cache.resize", u64::from(side), 1, u64::from(MAX_SIDE))?;
         }
         if self.level == CacheLevel::Resized && self.resize.is_none() {
             return Err(SpecError::new("cache.level", "`resized` needs `cache.resize` (the shorter side)"));
@@ -711,8 +770,22 @@ impl ImportanceSpec {
 }
 
 fn check_size(size: &Size, field: &str) -> Result<(), SpecError> {
-    if size.height == 0 || size.width == 0 {
-        return Err(SpecError::new(field, "height and width must be at least 1"));
+    if !(1..=MAX_SIDE).contains(&size.height) || !(1..=MAX_SIDE).contains(&size.width) {
+        return Err(SpecError::new(
+            field,
+            format!("height and width must be in 1..={MAX_SIDE}; got {}x{}", size.height, size.width),
+        ));
+    }
+    Ok(())
+}
+
+/// `value` must be in `min..=max`.
+fn check_count(field: &str, value: u64, min: u64, max: u64) -> Result<(), SpecError> {
+    if value < min {
+        return Err(SpecError::new(field, format!("must be at least {min}")));
+    }
+    if value > max {
+        return Err(SpecError::new(field, format!("must be at most {max}; got {value}")));
     }
     Ok(())
 }
@@ -893,6 +966,86 @@ size = 32
         spec.ops =
             vec![OpSpec::Decode, OpSpec::Layout { order: Layout::Chw }, OpSpec::CenterCrop { size: Size::square(8) }];
         assert_eq!(spec.validate().unwrap_err().field, "ops[2]");
+    }
+
+    fn cropped(size: Size, batch: usize) -> PipelineSpec {
+        let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: "/d".into() }, 224, batch);
+        spec.ops[1] = OpSpec::CenterCrop { size };
+        spec
+    }
+
+    #[test]
+    fn output_sizes_are_bounded_and_the_error_names_the_field() {
+        // Before: this passed validation, and 2 × h × w × 3 wrapped to 4 GiB in release
+        // builds, so each slot was far larger than the batch buffer and workers wrote past it.
+        let hostile = cropped(Size { height: 4_294_967_295, width: 715_827_883 }, 2);
+        let e = hostile.validate().unwrap_err();
+        assert_eq!(e.field, "ops[1].size", "{e}");
+        assert!(e.message.contains("65535"), "{e}");
+        assert!(cropped(Size { height: 65_535, width: 1 }, 1).validate().is_ok());
+        assert_eq!(cropped(Size { height: 1, width: 65_536 }, 1).validate().unwrap_err().field, "ops[1].size");
+
+        let mut spec = cropped(Size::square(224), 8);
+        spec.ops.insert(1, OpSpec::Resize { size: 70_000 });
+        assert_eq!(spec.validate().unwrap_err().field, "ops[1].size");
+        let mut spec = cropped(Size::square(224), 8);
+        spec.ops[1] = OpSpec::RandomResizedCrop { size: Size::square(100_000), scale: [0.5, 1.0], ratio: [1.0, 1.0] };
+        assert_eq!(spec.validate().unwrap_err().field, "ops[1].size");
+        let mut spec = cropped(Size::square(224), 8);
+        spec.cache = Some(CacheSpec {
+            budget: ByteBudget::Bytes(1 << 30),
+            level: CacheLevel::Auto,
+            resize: Some(1 << 20),
+            policy: CachePolicyKind::Lru,
+        });
+        assert_eq!(spec.validate().unwrap_err().field, "cache.resize");
+
+        // Every side in range, but the batch is too large to hold: refused with the sizes.
+        let mut spec = cropped(Size::square(65_535), 64);
+        spec.ops.push(OpSpec::Dtype { dtype: DType::F32 });
+        let e = spec.validate().unwrap_err();
+        assert_eq!(e.field, "batch.size", "{e}");
+        assert!(e.message.contains("GiB"), "{e}");
+        let mut spec = cropped(Size::square(224), 4096);
+        spec.ops.push(OpSpec::Normalize { mean: [0.5; 3], std: [0.5; 3] });
+        assert!(spec.validate().is_ok(), "a large real batch (4096 × 224² f32, 2.5 GB) stays valid");
+        assert_eq!(spec.batch_bytes(), Some(4096 * 224 * 224 * 3 * 4));
+    }
+
+    #[test]
+    fn resource_fields_are_bounded_and_the_error_names_the_field() {
+        let base = || cropped(Size::square(224), 8);
+        let field_of = |edit: &dyn Fn(&mut PipelineSpec)| {
+            let mut spec = base();
+            edit(&mut spec);
+            spec.validate().map(|()| String::new()).unwrap_or_else(|e| e.field)
+        };
+        assert_eq!(field_of(&|_| {}), "");
+        assert_eq!(field_of(&|s| s.threads = 1024), "");
+        assert_eq!(field_of(&|s| s.threads = 1025), "threads");
+        assert_eq!(field_of(&|s| s.threads = usize::MAX), "threads");
+        assert_eq!(field_of(&|s| s.prefetch = 1024), "");
+        assert_eq!(field_of(&|s| s.prefetch = usize::MAX), "prefetch");
+        assert_eq!(field_of(&|s| s.batch.size = usize::MAX), "batch.size");
+        assert_eq!(field_of(&|s| s.shuffle = ShuffleSpec::Buffer { size: usize::MAX }), "shuffle.size");
+        assert_eq!(field_of(&|s| s.shuffle = ShuffleSpec::Buffer { size: 1 << 20 }), "");
+        assert_eq!(field_of(&|s| s.limits.max_pixels = u64::MAX), "limits.max_pixels");
+        assert_eq!(field_of(&|s| s.limits.max_file_bytes = u64::MAX), "limits.max_file_bytes");
+        assert_eq!(field_of(&|s| s.ops.resize(1000, OpSpec::RandomHorizontalFlip { p: 0.5 })), "ops");
+        let throttled = |latency_ms, bandwidth_mb_s| StorageSpec::Throttled { latency_ms, bandwidth_mb_s };
+        assert_eq!(field_of(&|s| s.storage = throttled(1e300, 100.0)), "storage.latency_ms");
+        assert_eq!(field_of(&|s| s.storage = throttled(5.0, 1e-300)), "storage.bandwidth_mb_s");
+        let cache = |budget| CacheSpec { budget, level: CacheLevel::Auto, resize: None, policy: CachePolicyKind::Lru };
+        assert_eq!(field_of(&|s| s.cache = Some(cache(ByteBudget::Bytes(u64::MAX)))), "cache.budget");
+        assert_eq!(field_of(&|s| s.cache = Some(cache(ByteBudget::Bytes(64 << 30)))), "");
+
+        // The budget parser refuses what does not fit instead of saturating to u64::MAX.
+        assert!(ByteBudget::parse("99999999999999999999999TiB").is_err());
+        let src = format!("{TOML}\n[cache]\nbudget = \"99999999999999999999TB\"\n");
+        assert_eq!(err_of(&src).field, "cache.budget");
+        let e = err_of(&TOML.replace("seed = 7", "seed = 7\nthreads = 100000"));
+        assert_eq!(e.field, "threads", "{e}");
+        assert!(e.message.contains("1024"), "{e}");
     }
 
     #[test]

@@ -182,6 +182,16 @@ impl Loader {
             )));
         }
         let plan = Plan::compile(&spec.ops, spec.limits);
+        // The one gate for the batch buffer arithmetic (`batch_bytes`, `Slab`): a full batch
+        // must be countable and within the spec's bound, so the products below cannot wrap.
+        let batch_bytes = plan.output_bytes().checked_mul(spec.batch.size);
+        if plan.output_bytes() == 0 || batch_bytes.is_none_or(|b| b as u64 > sluice_core::spec::MAX_BATCH_BYTES) {
+            return Err(sluice_core::SpecError::new(
+                "batch.size",
+                format!("a batch of {} samples is too large to hold", spec.batch.size),
+            )
+            .into());
+        }
         let (dtype, layout, _) = spec.output();
         let resize = spec.cache.as_ref().and_then(|c| c.resize);
         let split = spec.cache.as_ref().is_some_and(|c| c.level != CacheLevel::Raw || c.resize.is_some());
@@ -271,7 +281,8 @@ impl Loader {
 
     /// Bytes of a full batch's images: the most any batch of this loader carries.
     pub fn batch_bytes(&self) -> usize {
-        self.shared.spec.batch.size * self.shared.sample_shape.iter().product::<usize>() * self.shared.dtype.size()
+        // Cannot wrap: `build` checked it.
+        self.shared.spec.batch.size * self.shared.plan.output_bytes()
     }
 
     /// Resizes the worker pool while it runs.
@@ -495,7 +506,8 @@ unsafe impl Send for Slab {}
 unsafe impl Sync for Slab {}
 
 impl Slab {
-    /// A buffer for `slots` samples: the given one (from a [`BufferSource`], or recycled by
+    /// A buffer for `slots` samples (at most `batch.size`, so its size products cannot wrap:
+    /// `Loader::build` bounds a full batch's bytes): the given one (from a [`BufferSource`], or recycled by
     /// [`Loader::recycle`]) when it fits, else zeroed memory. Every slot is overwritten or dropped before the batch is
     /// handed out, so what a recycled buffer held never shows.
     fn new(dtype: DType, slots: usize, shape: [usize; 3], spare: Option<Tensor>) -> Self {

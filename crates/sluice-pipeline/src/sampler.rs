@@ -265,6 +265,9 @@ pub fn hot_set(scores: &[Option<f64>], size: usize, previous: Option<&[bool]>, m
 /// `docs/importance-sampling.md`.
 fn cap_probabilities(q: &mut [f64], cap: f64, receives: &[bool]) {
     if cap * q.len() as f64 <= 1.0 {
+        // Only the uniform distribution keeps every sample at or under a cap of 1/n (the
+        // tightest `max_draws` allows, 1): the ceiling is at its strictest, not off.
+        q.fill(1.0 / q.len() as f64);
         return;
     }
     let (hot, rest): (Vec<usize>, Vec<usize>) = (0..q.len()).partition(|&i| receives.get(i).copied().unwrap_or(true));
@@ -469,6 +472,23 @@ mod tests {
         assert!((d.expected.iter().sum::<f64>() - n as f64).abs() < 1e-6);
         let uncapped = importance_draw(n, 1, 1, ImportanceParams { max_draws: 1e9, ..params }, view);
         assert!(uncapped.expected[3] > 50.0, "without the ceiling one outlier takes half the epoch");
+    }
+
+    #[test]
+    fn a_ceiling_of_one_draw_holds_and_makes_the_draw_uniform() {
+        // max_draws = 1 is the tightest ceiling validation allows; it used to switch the
+        // ceiling off (the cap was treated as unreachable), letting one outlier take the epoch.
+        let n = 100;
+        let mut scores = vec![Some(0.01); n];
+        scores[3] = Some(1000.0);
+        let seen = vec![Some(0u64); n];
+        for hot in [None, Some((0..n).map(|i| i < 50).collect::<Vec<bool>>())] {
+            let view = ImportanceView { scores: &scores, last_seen: &seen, hot: hot.as_deref() };
+            let params = ImportanceParams { floor: 0.05, coverage_epochs: 100, miss_discount: 0.5, max_draws: 1.0 };
+            let d = importance_draw(n, 1, 1, params, view);
+            assert!(d.expected.iter().all(|&e| (e - 1.0).abs() < 1e-9), "sample 3 expects {} draws", d.expected[3]);
+            assert!(d.weights.unwrap_or_default().iter().all(|&w| (w - 1.0).abs() < 1e-6));
+        }
     }
 
     #[test]
