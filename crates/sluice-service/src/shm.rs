@@ -338,6 +338,59 @@ mod tests {
         assert_eq!(mapped.read(0, 4).unwrap(), b"late");
     }
 
+    /// What a client holds after the hand-over: the fd as `SCM_RIGHTS` delivers it.
+    fn received(region: &Region) -> OwnedFd {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        sendmsg_fd(a.as_raw_fd(), b"R", region.fd().as_raw_fd()).unwrap();
+        let (n, fd) = recvmsg_fd(b.as_raw_fd(), &mut [0u8; 1]).unwrap();
+        assert_eq!(n, 1);
+        fd.unwrap()
+    }
+
+    #[test]
+    fn a_client_cannot_resize_or_write_the_region_it_received() {
+        let region = Region::create(2, 4096).unwrap();
+        region.write(1, b"batch").unwrap();
+        let fd = received(&region);
+        let raw = fd.as_raw_fd();
+        // SAFETY (all below): plain syscalls on an fd we own; results checked.
+        assert_ne!(unsafe { libc::ftruncate(raw, 0) }, 0, "the client shrank the region (the worker would die of SIGBUS)");
+        assert_ne!(unsafe { libc::ftruncate(raw, 1 << 20) }, 0, "the client grew the region");
+        assert!(unsafe { libc::pwrite(raw, b"x".as_ptr().cast(), 1, 0) } < 0, "the client wrote into the region");
+        let len = 2 * 4096;
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, raw, 0)
+        };
+        if p != libc::MAP_FAILED {
+            unsafe { libc::munmap(p, len) };
+            panic!("the client mapped the region writable");
+        }
+        // A read-only mapping cannot be made writable later either.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, raw, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let upgraded = unsafe { libc::mprotect(p, len, libc::PROT_READ | libc::PROT_WRITE) };
+        unsafe { libc::munmap(p, len) };
+        assert_ne!(upgraded, 0, "the client made its mapping writable");
+        // And it still reads the worker's batches.
+        let mapped = Region::open(fd, region.id(), 2, 4096).unwrap();
+        assert_eq!(mapped.read(1, 5).unwrap(), b"batch");
+        region.write(0, b"later").unwrap();
+        assert_eq!(mapped.read(0, 5).unwrap(), b"later");
+    }
+
+    #[test]
+    fn a_client_refuses_memory_its_sender_could_still_shrink() {
+        // SAFETY: a fresh memfd, sized, owned below.
+        let fd = unsafe {
+            let raw = libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(raw >= 0);
+            assert_eq!(libc::ftruncate(raw, 8192), 0);
+            OwnedFd::from_raw_fd(raw)
+        };
+        let e = Region::open(fd, 1, 2, 4096).err().expect("an unsealed region is refused");
+        assert!(e.to_string().contains("not sealed"), "{e}");
+    }
+
     #[test]
     fn connecting_to_a_name_nobody_listens_on_fails_at_once() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

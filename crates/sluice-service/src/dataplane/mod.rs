@@ -455,6 +455,25 @@ mod tests {
         let mut r = TaskStream::new(BufReader::new(Box::new(raw)));
         assert_eq!(r.next().await.unwrap_err().code(), Code::InvalidArgument);
     }
+
+    #[tokio::test]
+    async fn connections_that_never_authenticate_are_capped() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(serve(listener, start(), Some("tok".into()), None));
+        let mut idle = Vec::new();
+        for _ in 0..200 {
+            idle.push(TcpStream::connect(&addr).await.unwrap());
+        }
+        // One more is turned away at once, with the reason, rather than left waiting.
+        let extra = TcpStream::connect(&addr).await.unwrap();
+        let mut r = TaskStream::new(BufReader::new(Box::new(extra)));
+        let e = tokio::time::timeout(Duration::from_secs(2), r.next())
+            .await
+            .expect("no answer within 2 s to a connection over the cap")
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    }
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -475,6 +494,36 @@ mod local_tests {
             got.push(b.index);
         }
         Ok(got)
+    }
+
+    #[tokio::test]
+    async fn a_region_from_one_jobs_connection_is_never_handed_to_another_jobs() {
+        let name = format!("sluice-test-{:x}", shm::random_u64());
+        let listener = shm::listen_abstract(&name).unwrap();
+        tokio::spawn(serve_local(listener, start(), None, Arc::new(RegionPool::default())));
+        let maps = MappedRegions::default();
+        let mut regions = Vec::new();
+        for job_id in [1, 2, 1, 3] {
+            let req = RunTaskRequest { job_id, epoch: 0, start: 0, end: 3, compression: 0 };
+            let sock = shm::connect_abstract(&name).unwrap();
+            let mut s = TaskStream::open_local(sock, &name, None, &req, &maps).await.unwrap();
+            let id = s.region.as_ref().map(|r| r.id()).unwrap();
+            assert_eq!(read_all(&mut s).await.unwrap(), vec![0, 1, 2]);
+            drop(s);
+            // Time for the worker to take every slot back and pool the region.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            regions.push((job_id, id));
+        }
+        for (i, &(job, id)) in regions.iter().enumerate() {
+            for &(other_job, other_id) in &regions[..i] {
+                assert!(
+                    other_job == job || other_id != id,
+                    "job {job}'s connection got the region job {other_job}'s used: {regions:?}"
+                );
+            }
+        }
+        // The same job and client get their own region back (its pages stay faulted in).
+        assert_eq!(regions[0].1, regions[2].1, "{regions:?}");
     }
 
     #[tokio::test]

@@ -761,6 +761,21 @@ mod tests {
     }
 
     #[test]
+    fn clients_that_stopped_heartbeating_are_forgotten() {
+        let mut s = State::new(1);
+        let now = Instant::now();
+        for i in 0..100 {
+            s.client_heartbeat(1, &format!("gone-{i}"), ClientReport::default(), now);
+        }
+        let later = now + Duration::from_secs(3600);
+        s.client_heartbeat(1, "alive", ClientReport::default(), later);
+        let mut known: Vec<_> = s.clients.keys().cloned().collect();
+        known.sort();
+        assert_eq!(known, vec!["alive".to_string()], "silent clients are still remembered");
+        assert_eq!(s.client_seen.len(), 1);
+    }
+
+    #[test]
     fn silent_clients_lose_their_leases_and_replay_restores_them() {
         let now = Instant::now();
         let mut s = State::new(1);
