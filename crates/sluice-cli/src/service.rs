@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use sluice_service::{DispatcherConfig, WorkerConfig};
+use sluice_core::ByteBudget;
+use sluice_service::{DispatcherConfig, WorkerConfig, WorkerLimits};
 
 /// The token from `--token`, else `SLUICE_TOKEN`.
 fn token(flag: Option<String>) -> Option<String> {
@@ -99,6 +100,63 @@ pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
     Ok(())
 }
 
+/// What a worker grants each job: a spec asking for more is refused with the field and
+/// the limit.
+#[derive(clap::Args)]
+struct LimitArgs {
+    /// Most decode threads a job's spec may ask for (`threads`).
+    #[arg(long, default_value_t = WorkerLimits::default().max_threads)]
+    max_threads: usize,
+    /// Most batches a job's spec may prepare ahead (`prefetch`).
+    #[arg(long, default_value_t = WorkerLimits::default().max_prefetch)]
+    max_prefetch: usize,
+    /// Most memory a job's cache may take (`cache.budget`): bytes, "8GiB", or a share of
+    /// RAM like "50%".
+    #[arg(long, default_value = "50%", value_parser = ByteBudget::parse)]
+    max_cache_bytes: ByteBudget,
+    /// Largest image, in pixels, a job's spec may allow (`limits.max_pixels`).
+    #[arg(long, default_value_t = WorkerLimits::default().max_pixels)]
+    max_pixels: u64,
+    /// Job loaders kept at most (the least recently used goes first).
+    #[arg(long, default_value_t = WorkerLimits::default().max_jobs)]
+    max_jobs: usize,
+    /// Seconds a job's loader is kept without tasks (rebuilt if the job comes back).
+    #[arg(long, default_value_t = WorkerLimits::default().job_idle.as_secs())]
+    job_idle_secs: u64,
+}
+
+impl LimitArgs {
+    fn limits(&self) -> WorkerLimits {
+        WorkerLimits {
+            max_threads: self.max_threads,
+            max_prefetch: self.max_prefetch,
+            max_cache: self.max_cache_bytes,
+            max_pixels: self.max_pixels,
+            max_jobs: self.max_jobs,
+            job_idle: Duration::from_secs(self.job_idle_secs),
+        }
+    }
+
+    /// The same limits as `sluice worker` flags.
+    fn to_args(&self) -> Vec<String> {
+        let cache = match self.max_cache_bytes {
+            ByteBudget::Bytes(b) => b.to_string(),
+            ByteBudget::RamFraction(f) => format!("{}%", f * 100.0),
+        };
+        [
+            ("--max-threads", self.max_threads.to_string()),
+            ("--max-prefetch", self.max_prefetch.to_string()),
+            ("--max-cache-bytes", cache),
+            ("--max-pixels", self.max_pixels.to_string()),
+            ("--max-jobs", self.max_jobs.to_string()),
+            ("--job-idle-secs", self.job_idle_secs.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, v)| [flag.to_string(), v])
+        .collect()
+    }
+}
+
 #[derive(clap::Args)]
 pub struct WorkerArgs {
     /// The dispatcher's address.
@@ -126,6 +184,8 @@ pub struct WorkerArgs {
     #[arg(long)]
     no_shared_memory: bool,
     #[command(flatten)]
+    limits: LimitArgs,
+    #[command(flatten)]
     serve: ServeArgs,
 }
 
@@ -143,6 +203,7 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
         token: token(a.serve.token),
         shared_memory: !a.no_shared_memory,
         threads: a.threads,
+        limits: a.limits.limits(),
     };
     sluice_service::serve_worker(config, |addr| announce("worker", addr))?;
     Ok(())
@@ -176,6 +237,8 @@ pub struct UpArgs {
     tls_key: Option<PathBuf>,
     #[arg(long, requires = "tls_cert")]
     tls_ca: Option<PathBuf>,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 struct Supervised {
@@ -217,6 +280,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         w.push(threads.to_string());
         w.extend(root_args.iter().cloned());
         w.extend(tls_args.iter().cloned());
+        w.extend(a.limits.to_args());
         if let Some(ca) = &a.tls_ca {
             w.extend(["--tls-ca".to_string(), ca.display().to_string()]);
         }

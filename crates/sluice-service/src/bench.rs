@@ -199,7 +199,7 @@ pub fn own_data_plane(
         } else {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_err("bind"))?;
             let addr = listener.local_addr().map_err(io_err("addr"))?.to_string();
-            (addr, tokio::spawn(crate::dataplane::serve(listener, start, None, None)))
+            (addr, tokio::spawn(crate::dataplane::serve(listener, start, None, None, Default::default())))
         };
         let maps = Arc::new(local_maps());
         let t0 = Instant::now();
@@ -244,7 +244,7 @@ fn local_server(start: crate::dataplane::StartTask) -> Result<(String, tokio::ta
     let name = format!("sluice-bench-{:x}", crate::shm::random_u64());
     let listener = crate::shm::listen_abstract(&name).map_err(io_err("listen"))?;
     let pool = Arc::new(crate::dataplane::RegionPool::default());
-    Ok((name, tokio::spawn(crate::dataplane::serve_local(listener, start, None, pool))))
+    Ok((name, tokio::spawn(crate::dataplane::serve_local(listener, start, None, pool, Default::default()))))
 }
 
 #[cfg(not(target_os = "linux"))]

@@ -16,6 +16,11 @@ pub enum ServiceError {
     /// A spec naming a path outside the roots the operator allowed.
     #[error("{} is outside the allowed roots ({allowed}); start the service with --allow-root to allow it", path.display())]
     PathNotAllowed { path: PathBuf, allowed: String },
+    /// A spec asking a worker for more than its operator allows.
+    #[error("spec field `{field}` asks for {asked}, over this worker's limit of {limit} ({flag})")]
+    OverLimit { field: &'static str, asked: String, limit: String, flag: &'static str },
+    #[error("this worker already runs {max} jobs (--max-jobs); try again when one ends")]
+    TooManyJobs { max: usize },
     #[error("{what} {id} not found")]
     NotFound { what: &'static str, id: String },
     #[error("job `{name}` exists with another pipeline (fingerprint {existing}, this spec has {requested})")]
@@ -57,9 +62,10 @@ impl ServiceError {
 impl From<ServiceError> for Status {
     fn from(e: ServiceError) -> Status {
         let code = match &e {
-            ServiceError::Spec(_) | ServiceError::InvalidArgument(_) | ServiceError::BadBatch(_) => {
-                Code::InvalidArgument
-            }
+            ServiceError::Spec(_)
+            | ServiceError::InvalidArgument(_)
+            | ServiceError::BadBatch(_)
+            | ServiceError::OverLimit { .. } => Code::InvalidArgument,
             ServiceError::Pipeline(PipelineError::Spec(_)) => Code::InvalidArgument,
             ServiceError::Pipeline(PipelineError::Source(_)) => Code::FailedPrecondition,
             ServiceError::PathNotAllowed { .. } => Code::PermissionDenied,
@@ -68,6 +74,7 @@ impl From<ServiceError> for Status {
             ServiceError::Rpc { status, .. } => status.code(),
             ServiceError::Unavailable { .. } | ServiceError::Connect { .. } => Code::Unavailable,
             ServiceError::Interrupted => Code::Cancelled,
+            ServiceError::TooManyJobs { .. } => Code::ResourceExhausted,
             ServiceError::Tls(_) => Code::FailedPrecondition,
             _ => Code::Internal,
         };

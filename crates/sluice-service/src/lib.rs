@@ -8,7 +8,9 @@ pub mod client;
 pub mod dataplane;
 pub mod dispatcher;
 pub mod error;
+pub mod job_table;
 pub mod journal;
+pub mod limits;
 pub mod metrics;
 pub mod process;
 pub mod proto;
@@ -22,11 +24,17 @@ pub mod worker;
 pub use client::{DataPlane, RemoteLoader, RemoteOptions, RemoteState};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::ServiceError;
+pub use limits::WorkerLimits;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use tls::{ClientTls, ServerTls, TlsFiles};
 pub use wire::Compression;
 pub use worker::{run_worker, WorkerConfig};
 
-/// Largest gRPC message either side sends or accepts: a batch of 256 f32 images at
-/// 224×224 is ~154 MB.
+/// Largest batch message either side sends or accepts (worker → client, gRPC or the data
+/// plane): a batch of 256 f32 images at 224×224 is ~154 MB.
 pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+/// Largest control message (the dispatcher's RPCs, and task requests to a worker): specs
+/// and task lists are small, and a server that accepted batch-sized requests would let any
+/// caller make it buffer 256 MiB per call.
+pub const MAX_CONTROL_MESSAGE_BYTES: usize = 4 << 20;

@@ -64,10 +64,14 @@ pub fn random_u64() -> u64 {
 
 impl Region {
     /// A new region, zero-filled (the kernel allocates its pages as they are first written).
+    /// Once this process has mapped it writable, it is sealed: its size is fixed and no one
+    /// can write to it any more except through that mapping, so a client holding the fd
+    /// can neither shrink it (the worker would die of SIGBUS) nor scribble on batches.
     pub fn create(slots: u32, slot_bytes: usize) -> io::Result<Self> {
         let len = region_len(slots, slot_bytes)?;
         // SAFETY: a NUL-terminated name; the returned fd is checked before use.
-        let raw = unsafe { libc::memfd_create(c"sluice-batches".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw =
+            unsafe { libc::memfd_create(c"sluice-batches".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -78,13 +82,26 @@ impl Region {
             return Err(io::Error::last_os_error());
         }
         let base = map(&fd, len, libc::PROT_READ | libc::PROT_WRITE)?;
-        Ok(Self { id: random_u64(), fd, base, slots, slot_bytes, writable: true })
+        let region = Self { id: random_u64(), fd, base, slots, slot_bytes, writable: true };
+        // The writable mapping above outlives the seal; every later one is read-only.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
+        // SAFETY: plain fcntl on our fd.
+        if unsafe { libc::fcntl(region.fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(region)
     }
 
     /// Maps a region received from a worker, read-only, after checking that the memory
-    /// behind `fd` is as large as the worker says.
+    /// behind `fd` is as large as the worker says and sealed against shrinking (memory
+    /// that could shrink under the mapping would kill this process with SIGBUS).
     pub fn open(fd: OwnedFd, id: u64, slots: u32, slot_bytes: usize) -> io::Result<Self> {
         let len = region_len(slots, slot_bytes)?;
+        // SAFETY: plain fcntl on an open fd; a negative result is an error.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(invalid("shared region is not sealed against shrinking".into()));
+        }
         // SAFETY: fstat fills a zeroed, valid stat struct for an open fd.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
@@ -286,13 +303,31 @@ pub fn listen_abstract(name: &str) -> io::Result<UnixListener> {
     UnixListener::from_std(l)
 }
 
-/// Connects to an abstract socket `name` (fails at once on another machine or namespace).
+/// Connects to an abstract socket `name` (fails at once on another machine or namespace),
+/// and only to a listener running as this process's user: abstract names are not files and
+/// have no permissions, so any local process could bind a dead worker's name and collect
+/// the tokens of the clients that still try it.
 pub fn connect_abstract(name: &str) -> io::Result<UnixStream> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let s = std::os::unix::net::UnixStream::connect_addr(&addr)?;
     s.set_nonblocking(true)?;
-    UnixStream::from_std(s)
+    let s = UnixStream::from_std(s)?;
+    // SAFETY: geteuid cannot fail.
+    same_user(&s, name, unsafe { libc::geteuid() })?;
+    Ok(s)
+}
+
+/// Refuses a peer that does not run as `uid` (its credentials as the kernel saw them).
+fn same_user(s: &UnixStream, name: &str, uid: u32) -> io::Result<()> {
+    let peer = s.peer_cred()?.uid();
+    if peer != uid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the listener on @{name} runs as uid {peer}, not as this process (uid {uid})"),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -336,6 +371,120 @@ mod tests {
         server.await.unwrap();
         // Writes after the hand-over show through the shared pages.
         assert_eq!(mapped.read(0, 4).unwrap(), b"late");
+    }
+
+    /// What a client holds after the hand-over: the fd as `SCM_RIGHTS` delivers it.
+    fn received(region: &Region) -> OwnedFd {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        sendmsg_fd(a.as_raw_fd(), b"R", region.fd().as_raw_fd()).unwrap();
+        let (n, fd) = recvmsg_fd(b.as_raw_fd(), &mut [0u8; 1]).unwrap();
+        assert_eq!(n, 1);
+        fd.unwrap()
+    }
+
+    #[test]
+    fn a_client_cannot_resize_or_write_the_region_it_received() {
+        let region = Region::create(2, 4096).unwrap();
+        region.write(1, b"batch").unwrap();
+        let fd = received(&region);
+        let raw = fd.as_raw_fd();
+        // SAFETY (all below): plain syscalls on an fd we own; results checked.
+        assert_ne!(
+            unsafe { libc::ftruncate(raw, 0) },
+            0,
+            "the client shrank the region (the worker would die of SIGBUS)"
+        );
+        assert_ne!(unsafe { libc::ftruncate(raw, 1 << 20) }, 0, "the client grew the region");
+        assert!(unsafe { libc::pwrite(raw, b"x".as_ptr().cast(), 1, 0) } < 0, "the client wrote into the region");
+        let len = 2 * 4096;
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, raw, 0)
+        };
+        if p != libc::MAP_FAILED {
+            unsafe { libc::munmap(p, len) };
+            panic!("the client mapped the region writable");
+        }
+        // A read-only mapping cannot be made writable later either.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, raw, 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        let upgraded = unsafe { libc::mprotect(p, len, libc::PROT_READ | libc::PROT_WRITE) };
+        unsafe { libc::munmap(p, len) };
+        assert_ne!(upgraded, 0, "the client made its mapping writable");
+        // And it still reads the worker's batches.
+        let mapped = Region::open(fd, region.id(), 2, 4096).unwrap();
+        assert_eq!(mapped.read(1, 5).unwrap(), b"batch");
+        region.write(0, b"later").unwrap();
+        assert_eq!(mapped.read(0, 5).unwrap(), b"later");
+    }
+
+    #[test]
+    fn a_client_refuses_memory_its_sender_could_still_shrink() {
+        // SAFETY: a fresh memfd, sized, owned below.
+        let fd = unsafe {
+            let raw = libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(raw >= 0);
+            assert_eq!(libc::ftruncate(raw, 8192), 0);
+            OwnedFd::from_raw_fd(raw)
+        };
+        let e = Region::open(fd, 1, 2, 4096).err().expect("an unsealed region is refused");
+        assert!(e.to_string().contains("not sealed"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_listener_of_another_user_is_refused() {
+        let name = format!("sluice-test-{:x}", random_u64());
+        let _listener = listen_abstract(&name).unwrap();
+        let ours = connect_abstract(&name).expect("a listener of this user is fine");
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let e = same_user(&ours, &name, me + 1).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        if me != 0 {
+            return; // only root can run a listener as another user below
+        }
+        // A squatter: a process of another user on the name. The child makes raw
+        // syscalls only (no allocation after fork), on an address built before it.
+        let squat = format!("sluice-test-{:x}", random_u64());
+        // SAFETY: an all-zero sockaddr_un is valid; the name fits (it is short).
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (i, b) in squat.bytes().enumerate() {
+            addr.sun_path[i + 1] = b as libc::c_char;
+        }
+        let len = (size_of::<libc::sa_family_t>() + 1 + squat.len()) as libc::socklen_t;
+        let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        // SAFETY: fork; the child below never returns.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: async-signal-safe syscalls on the child's own fds and the address above.
+            unsafe {
+                if libc::setuid(65534) == 0 {
+                    let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                    let bound = libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len) == 0;
+                    if fd >= 0 && bound && libc::listen(fd, 8) == 0 {
+                        libc::write(tx.as_raw_fd(), b"!".as_ptr().cast(), 1);
+                        loop {
+                            libc::pause();
+                        }
+                    }
+                }
+                libc::_exit(1);
+            }
+        }
+        drop(tx);
+        let mut ready = [0u8; 1];
+        use std::io::Read;
+        let got = (&rx).read(&mut ready);
+        let e = connect_abstract(&squat).err();
+        // SAFETY: ending and reaping our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(got.unwrap(), 1, "the squatter could not listen");
+        let e = e.expect("connected to another user's listener");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
     }
 
     #[test]

@@ -25,6 +25,8 @@ use tonic::{Request, Response, Status};
 
 use crate::dataplane::TaskBatches;
 use crate::error::ServiceError;
+use crate::job_table::JobTable;
+use crate::limits::WorkerLimits;
 use crate::metrics::{self, metric, Histogram};
 use crate::proto::dispatcher::dispatcher_client::DispatcherClient;
 use crate::proto::worker::worker_server::{Worker, WorkerServer};
@@ -32,7 +34,7 @@ use crate::proto::*;
 use crate::security::{AllowedRoots, TokenAttach, TokenCheck};
 use crate::tls::{ClientTls, ServerTls, TlsFiles};
 use crate::wire::{Compression, Outgoing};
-use crate::MAX_MESSAGE_BYTES;
+use crate::{MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES};
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -58,6 +60,8 @@ pub struct WorkerConfig {
     /// Also serve the local data plane (Linux): clients on this machine get batches
     /// through shared memory instead of loopback TCP.
     pub shared_memory: bool,
+    /// What a job's spec may ask of this worker, and how many job loaders it keeps.
+    pub limits: WorkerLimits,
 }
 
 pub type DispatcherConn = DispatcherClient<InterceptedService<Channel, TokenAttach>>;
@@ -83,8 +87,8 @@ pub fn dispatcher_client(
     }
     let channel = endpoint.connect_lazy();
     Ok(DispatcherClient::with_interceptor(channel, TokenAttach::new(token)?)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .max_decoding_message_size(MAX_CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_CONTROL_MESSAGE_BYTES))
 }
 
 struct JobRunner {
@@ -120,7 +124,8 @@ struct Inner {
     dispatcher: DispatcherConn,
     roots: AllowedRoots,
     threads: usize,
-    jobs: tokio::sync::Mutex<HashMap<u64, Arc<JobRunner>>>,
+    limits: WorkerLimits,
+    jobs: tokio::sync::Mutex<JobTable<u64, JobRunner>>,
     /// Caches by job fingerprint (only taken while `jobs` is held).
     caches: Mutex<HashMap<String, Arc<Cache>>>,
     counters: Counters,
@@ -142,7 +147,8 @@ impl WorkerService {
                 },
                 roots: AllowedRoots::new(&config.allow_roots)?,
                 threads: config.threads,
-                jobs: tokio::sync::Mutex::new(HashMap::new()),
+                limits: config.limits,
+                jobs: tokio::sync::Mutex::new(JobTable::new(config.limits.max_jobs, config.limits.job_idle)),
                 caches: Mutex::new(HashMap::new()),
                 counters: Counters::default(),
                 started: Instant::now(),
@@ -154,8 +160,13 @@ impl WorkerService {
     /// checking every path it would read against the allowed roots.
     async fn runner(&self, job_id: u64) -> Result<Arc<JobRunner>, ServiceError> {
         let mut jobs = self.inner.jobs.lock().await;
-        if let Some(r) = jobs.get(&job_id) {
-            return Ok(r.clone());
+        if let Some(r) = jobs.get(&job_id, Instant::now()) {
+            return Ok(r);
+        }
+        let room = jobs.make_room(Instant::now());
+        self.forget_unused_caches();
+        if !room {
+            return Err(ServiceError::TooManyJobs { max: self.inner.limits.max_jobs });
         }
         let def = self
             .inner
@@ -170,6 +181,8 @@ impl WorkerService {
         if self.inner.threads > 0 {
             spec.threads = self.inner.threads;
         }
+        let ram = sluice_pipeline::cache::total_ram_bytes().unwrap_or(u64::MAX);
+        self.inner.limits.check(&spec, ram)?;
         self.inner.roots.check_source(&spec.source)?;
         let roots = self.inner.roots.clone();
         let inner = self.inner.clone();
@@ -201,8 +214,24 @@ impl WorkerService {
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
         let runner =
             Arc::new(JobRunner { loader, passes, running: Arc::new(tokio::sync::Semaphore::new(TASKS_AT_ONCE)) });
-        jobs.insert(job_id, runner.clone());
+        jobs.insert(job_id, runner.clone(), Instant::now());
         Ok(runner)
+    }
+
+    /// Drops the job loaders idle for the operator's idle time, and caches no loader uses.
+    async fn evict_idle(&self) {
+        let mut jobs = self.inner.jobs.lock().await;
+        let evicted = jobs.evict_idle(Instant::now());
+        if evicted > 0 {
+            self.forget_unused_caches();
+            tracing::info!(evicted, kept = jobs.len(), "dropped idle job loaders");
+        }
+    }
+
+    /// Drops the caches of fingerprints no kept loader uses (called with `jobs` held).
+    fn forget_unused_caches(&self) {
+        let mut caches = self.inner.caches.lock().unwrap_or_else(|p| p.into_inner());
+        caches.retain(|_, cache| Arc::strong_count(cache) > 1);
     }
 
     pub fn render_metrics(&self) -> String {
@@ -524,6 +553,7 @@ pub async fn run_worker(
         start,
         config.token.clone(),
         tls.as_ref().map(|t| t.data.clone()),
+        crate::dataplane::ConnectionLimits::default(),
     ));
     let register = RegisterWorkerRequest {
         addr: advertise,
@@ -531,8 +561,19 @@ pub async fn run_worker(
         local_data_addr: local_data.as_ref().map(|(name, _)| name.clone()).unwrap_or_default(),
     };
     let hb = tokio::spawn(heartbeat_loop(service.clone(), register));
+    let sweep = {
+        let service = service.clone();
+        let every = (config.limits.job_idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                service.evict_idle().await;
+            }
+        })
+    };
+    // Requests are small; only the batches going out are large.
     let server = WorkerServer::new(service)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(MAX_CONTROL_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = &tls {
@@ -546,6 +587,7 @@ pub async fn run_worker(
         .await
         .map_err(|e| ServiceError::Internal(format!("worker server: {e}")));
     hb.abort();
+    sweep.abort();
     data.abort();
     if let Some((_, task)) = local_data {
         task.abort();
@@ -565,7 +607,10 @@ fn serve_local_data_plane(
         Ok(listener) => {
             tracing::info!(socket = %name, "local data plane (shared memory) listening");
             let pool = Arc::new(crate::dataplane::RegionPool::default());
-            Some((name.clone(), tokio::spawn(crate::dataplane::serve_local(listener, start, token, pool))))
+            Some((
+                name.clone(),
+                tokio::spawn(crate::dataplane::serve_local(listener, start, token, pool, Default::default())),
+            ))
         }
         Err(e) => {
             tracing::warn!(error = %e, "no local data plane; clients on this machine use TCP");

@@ -17,8 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tonic::Status;
 
 use super::{
-    hello, io_status, read_request, write_error, write_inline, StartTask, TaskStream, HANDSHAKE_TIMEOUT, KIND_END,
-    KIND_REGION, KIND_SLOT, MAX_SLOTS,
+    authenticate, hello, io_status, refuse, write_error, write_inline, ConnectionLimits, Gate, StartTask, TaskStream,
+    HANDSHAKE_TIMEOUT, KIND_END, KIND_REGION, KIND_SLOT, MAX_SLOTS,
 };
 use crate::proto::RunTaskRequest;
 use crate::shm::{self, Region};
@@ -28,33 +28,43 @@ use crate::MAX_MESSAGE_BYTES;
 /// A region as a client knows it: the worker's local address and the region's id.
 type RegionKey = (String, u64);
 
+/// Who a pooled region may be handed to again: the job, and the client process (uid and
+/// pid from the socket's credentials). A region goes back only to the task connections of
+/// the job and client it served, which still hold its mapping: another client would read
+/// this one's later batches through the mapping it kept, and another job's client this
+/// job's earlier ones.
+type PoolKey = (u64, u32, i32);
+
 /// Shared regions a worker keeps between tasks, so their pages are faulted in once
 /// (a fresh region per task would have the kernel zero and map every slot again).
 #[derive(Default)]
 pub struct RegionPool {
-    idle: Mutex<Vec<Region>>,
+    idle: Mutex<Vec<(PoolKey, Region)>>,
 }
 
 impl RegionPool {
-    /// Regions kept idle at most (one per task a worker streams at once is enough).
+    /// Regions kept idle at most (the least recently pooled go first).
     const MAX_IDLE: usize = 8;
 
-    /// An idle region of `slots` slots of at least `slot_bytes` (and not more than twice
-    /// that), or a new one.
-    fn take(&self, slots: u32, slot_bytes: usize) -> std::io::Result<Region> {
+    /// An idle region of `key`'s with `slots` slots of at least `slot_bytes` (and not more
+    /// than twice that), or a new one.
+    fn take(&self, key: Option<PoolKey>, slots: u32, slot_bytes: usize) -> std::io::Result<Region> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let fits = |r: &Region| r.slots() == slots && r.slot_bytes() >= slot_bytes && r.slot_bytes() / 2 <= slot_bytes;
+        let fits = |(k, r): &(PoolKey, Region)| {
+            Some(*k) == key && r.slots() == slots && r.slot_bytes() >= slot_bytes && r.slot_bytes() / 2 <= slot_bytes
+        };
         match idle.iter().position(fits) {
-            Some(i) => Ok(idle.swap_remove(i)),
+            Some(i) => Ok(idle.remove(i).1),
             None => Region::create(slots, slot_bytes),
         }
     }
 
-    fn put(&self, region: Region) {
+    fn put(&self, key: PoolKey, region: Region) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < Self::MAX_IDLE {
-            idle.push(region);
+        if idle.len() >= Self::MAX_IDLE {
+            idle.remove(0);
         }
+        idle.push((key, region));
     }
 }
 
@@ -163,7 +173,9 @@ pub async fn serve_local(
     service: StartTask,
     token: Option<String>,
     pool: Arc<RegionPool>,
+    limits: ConnectionLimits,
 ) {
+    let gate = Gate::new(limits);
     loop {
         let sock = match listener.accept().await {
             Ok((s, _)) => s,
@@ -173,9 +185,14 @@ pub async fn serve_local(
                 continue;
             }
         };
-        let (service, token, pool) = (service.clone(), token.clone(), pool.clone());
+        let Some(admitted) = gate.admit() else {
+            tracing::debug!("local data plane: too many connections waiting to authenticate; turned one away");
+            tokio::spawn(refuse(sock, gate.full()));
+            continue;
+        };
+        let (service, token, pool, gate) = (service.clone(), token.clone(), pool.clone(), gate.clone());
         tokio::spawn(async move {
-            if let Err(e) = local_connection(sock, service, token.as_deref(), &pool).await {
+            if let Err(e) = local_connection(sock, service, token.as_deref(), &pool, admitted, &gate).await {
                 tracing::debug!(error = %e, "local data plane connection ended");
             }
         });
@@ -187,18 +204,23 @@ async fn local_connection(
     service: StartTask,
     token: Option<&str>,
     pool: &RegionPool,
+    admitted: (tokio::sync::OwnedSemaphorePermit, tokio::time::Instant),
+    gate: &Gate,
 ) -> std::io::Result<()> {
-    let req = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut sock, token)).await {
-        Ok(Ok(req)) => req,
-        Ok(Err(s)) => return write_error(&mut sock, &s).await,
-        Err(_) => return write_error(&mut sock, &Status::deadline_exceeded("no request within 10 s")).await,
+    let req = match authenticate(&mut sock, token, admitted, gate).await {
+        Ok(req) => req,
+        Err(s) => return write_error(&mut sock, &s).await,
     };
+    let job_id = req.job_id;
     let mut task = match service(req).await {
         Ok(task) => task,
         Err(s) => return write_error(&mut sock, &s).await,
     };
     let slots = task.in_flight.clamp(2, MAX_SLOTS as usize) as u32;
-    let region = match pool.take(slots, task.max_batch_bytes.max(1)) {
+    // Batches larger than a client accepts in a slot go inline.
+    let slot_bytes = task.max_batch_bytes.clamp(1, MAX_MESSAGE_BYTES);
+    let key = sock.peer_cred().ok().and_then(|c| Some((job_id, c.uid(), c.pid()?)));
+    let region = match pool.take(key, slots, slot_bytes) {
         Ok(r) => Arc::new(LocalRegion::new(r)),
         Err(e) => return write_error(&mut sock, &Status::internal(format!("shared memory: {e}"))).await,
     };
@@ -282,9 +304,9 @@ async fn local_connection(
     let pooled = region.all_free();
     handed_back.abort();
     let _ = handed_back.await;
-    if pooled {
+    if let (true, Some(key)) = (pooled, key) {
         if let Ok(r) = Arc::try_unwrap(region) {
-            pool.put(r.region);
+            pool.put(key, r.region);
         }
     }
     w.shutdown().await
@@ -410,6 +432,19 @@ mod tests {
 
     fn batch(images: Tensor) -> Batch {
         Batch { epoch: 0, index: 0, keys: vec![0], labels: vec![0], images, layout: Layout::Hwc, weights: None }
+    }
+
+    #[test]
+    fn a_pooled_region_goes_back_only_to_the_job_and_client_it_served() {
+        let pool = RegionPool::default();
+        let key = (1, 1000, 42);
+        let r = pool.take(Some(key), 2, 64).unwrap();
+        let id = r.id();
+        pool.put(key, r);
+        assert_ne!(pool.take(Some((1, 1000, 43)), 2, 64).unwrap().id(), id, "another client of the job got it");
+        assert_ne!(pool.take(Some((2, 1000, 42)), 2, 64).unwrap().id(), id, "another job of the client got it");
+        assert_ne!(pool.take(None, 2, 64).unwrap().id(), id, "a client of unknown credentials got it");
+        assert_eq!(pool.take(Some(key), 2, 64).unwrap().id(), id, "its own client gets it back");
     }
 
     #[test]

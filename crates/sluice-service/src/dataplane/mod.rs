@@ -100,6 +100,59 @@ pub type StartTask =
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
+/// What the data plane grants connections that have not authenticated yet (opened TLS and
+/// sent a request with the right token): a bounded number of them, for a short time, so
+/// idle or slow connections cannot pile up.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Connections at most waiting to authenticate; more are turned away at once.
+    pub pending: usize,
+    /// Time a connection has to open TLS and send its request.
+    pub auth_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self { pending: 64, auth_timeout: Duration::from_secs(5) }
+    }
+}
+
+/// Admits connections to authenticate, up to [`ConnectionLimits::pending`] at once.
+#[derive(Clone)]
+pub(crate) struct Gate {
+    permits: Arc<tokio::sync::Semaphore>,
+    limits: ConnectionLimits,
+}
+
+impl Gate {
+    pub(crate) fn new(limits: ConnectionLimits) -> Self {
+        Self { permits: Arc::new(tokio::sync::Semaphore::new(limits.pending)), limits }
+    }
+
+    /// A place among the connections waiting to authenticate (held until the request is
+    /// read), and the deadline for it; `None` when all are taken.
+    pub(crate) fn admit(&self) -> Option<(tokio::sync::OwnedSemaphorePermit, tokio::time::Instant)> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        Some((permit, tokio::time::Instant::now() + self.limits.auth_timeout))
+    }
+
+    pub(crate) fn full(&self) -> Status {
+        Status::resource_exhausted(format!(
+            "{} data-plane connections already wait to authenticate; try again",
+            self.limits.pending
+        ))
+    }
+
+    pub(crate) fn late(&self) -> Status {
+        Status::deadline_exceeded(format!("no request within {:?}", self.limits.auth_timeout))
+    }
+}
+
+/// Answers a connection turned away by the gate (briefly: it is not waited on).
+pub(crate) async fn refuse(mut w: impl AsyncWriteExt + Unpin, status: Status) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), write_error(&mut w, &status)).await;
+}
+
 /// Serves the data plane on `listener` until the runtime stops; with `tls`, every
 /// connection must open a TLS session first.
 pub async fn serve(
@@ -107,7 +160,9 @@ pub async fn serve(
     service: StartTask,
     token: Option<String>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    limits: ConnectionLimits,
 ) {
+    let gate = Gate::new(limits);
     loop {
         let (sock, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -117,32 +172,53 @@ pub async fn serve(
                 continue;
             }
         };
-        let service = service.clone();
-        let token = token.clone();
-        let tls = tls.clone();
+        let Some((permit, deadline)) = gate.admit() else {
+            tracing::debug!(%peer, "data plane: too many connections waiting to authenticate; turned one away");
+            // A TLS client would not understand a plain frame: it just sees the close.
+            if tls.is_none() {
+                tokio::spawn(refuse(sock, gate.full()));
+            }
+            continue;
+        };
+        let (service, token, tls, gate) = (service.clone(), token.clone(), tls.clone(), gate.clone());
         tokio::spawn(async move {
             if let Err(e) = sock.set_nodelay(true) {
                 tracing::debug!(%peer, error = %e, "data plane: nodelay");
             }
             let sock: Box<dyn Io> = match tls {
                 None => Box::new(sock),
-                Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await {
+                Some(acceptor) => match tokio::time::timeout_at(deadline, acceptor.accept(sock)).await {
                     Ok(Ok(s)) => Box::new(s),
                     Ok(Err(e)) => {
                         tracing::warn!(%peer, error = %e, "data plane: TLS handshake failed");
                         return;
                     }
                     Err(_) => {
-                        tracing::warn!(%peer, "data plane: no TLS handshake within 10 s");
+                        tracing::warn!(%peer, "data plane: no TLS handshake in time");
                         return;
                     }
                 },
             };
-            if let Err(e) = connection(sock, service, token.as_deref()).await {
+            if let Err(e) = connection(sock, service, token.as_deref(), (permit, deadline), &gate).await {
                 tracing::debug!(%peer, error = %e, "data plane connection ended");
             }
         });
     }
+}
+
+/// Reads a connection's request by its deadline, then lets the next connection wait.
+pub(crate) async fn authenticate(
+    r: &mut (impl AsyncReadExt + Unpin),
+    token: Option<&str>,
+    (permit, deadline): (tokio::sync::OwnedSemaphorePermit, tokio::time::Instant),
+    gate: &Gate,
+) -> Result<RunTaskRequest, Status> {
+    let req = match tokio::time::timeout_at(deadline, read_request(r, token)).await {
+        Ok(req) => req,
+        Err(_) => Err(gate.late()),
+    };
+    drop(permit);
+    req
 }
 
 async fn read_request(r: &mut (impl AsyncReadExt + Unpin), token: Option<&str>) -> Result<RunTaskRequest, Status> {
@@ -196,14 +272,19 @@ async fn write_inline(w: &mut (impl AsyncWriteExt + Unpin), out: &Outgoing) -> s
     w.flush().await
 }
 
-async fn connection(sock: Box<dyn Io>, service: StartTask, token: Option<&str>) -> std::io::Result<()> {
+async fn connection(
+    sock: Box<dyn Io>,
+    service: StartTask,
+    token: Option<&str>,
+    admitted: (tokio::sync::OwnedSemaphorePermit, tokio::time::Instant),
+    gate: &Gate,
+) -> std::io::Result<()> {
     let (r, w) = tokio::io::split(sock);
     let mut r = BufReader::new(r);
     let mut w = BufWriter::with_capacity(64 << 10, w);
-    let req = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_request(&mut r, token)).await {
-        Ok(Ok(req)) => req,
-        Ok(Err(s)) => return write_error(&mut w, &s).await,
-        Err(_) => return write_error(&mut w, &Status::deadline_exceeded("no request within 10 s")).await,
+    let req = match authenticate(&mut r, token, admitted, gate).await {
+        Ok(req) => req,
+        Err(s) => return write_error(&mut w, &s).await,
     };
     let mut task = match service(req).await {
         Ok(task) => task,
@@ -427,7 +508,7 @@ mod tests {
     async fn batches_arrive_in_order_and_bad_tokens_and_garbage_are_refused() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        tokio::spawn(serve(listener, start(), Some("tok".into()), None));
+        tokio::spawn(serve(listener, start(), Some("tok".into()), None, ConnectionLimits::default()));
         for compression in [Compression::None, Compression::Zstd] {
             let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: compression.to_wire() };
             let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
@@ -455,6 +536,34 @@ mod tests {
         let mut r = TaskStream::new(BufReader::new(Box::new(raw)));
         assert_eq!(r.next().await.unwrap_err().code(), Code::InvalidArgument);
     }
+
+    #[tokio::test]
+    async fn connections_that_never_authenticate_are_capped_and_timed_out() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let limits = ConnectionLimits { pending: 2, auth_timeout: Duration::from_millis(300) };
+        tokio::spawn(serve(listener, start(), Some("tok".into()), None, limits));
+        let mut idle = Vec::new();
+        for _ in 0..2 {
+            idle.push(TaskStream::new(BufReader::new(Box::new(TcpStream::connect(&addr).await.unwrap()))));
+        }
+        // One more is turned away at once, with the reason, rather than left waiting.
+        let extra = TcpStream::connect(&addr).await.unwrap();
+        let mut r = TaskStream::new(BufReader::new(Box::new(extra)));
+        let e = tokio::time::timeout(Duration::from_secs(2), r.next())
+            .await
+            .expect("no answer within 2 s to a connection over the cap")
+            .unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+        // The silent ones are cut off at their deadline, which frees their places.
+        for s in &mut idle {
+            let e = tokio::time::timeout(Duration::from_secs(2), s.next()).await.expect("no deadline").unwrap_err();
+            assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
+        }
+        let req = RunTaskRequest { job_id: 1, epoch: 0, start: 0, end: 2, compression: 0 };
+        let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
+        assert!(s.next().await.unwrap().is_some(), "a real client is served again");
+    }
 }
 
 #[cfg(all(test, target_os = "linux"))]
@@ -478,10 +587,52 @@ mod local_tests {
     }
 
     #[tokio::test]
+    async fn a_region_from_one_jobs_connection_is_never_handed_to_another_jobs() {
+        let name = format!("sluice-test-{:x}", shm::random_u64());
+        let listener = shm::listen_abstract(&name).unwrap();
+        tokio::spawn(serve_local(
+            listener,
+            start(),
+            None,
+            Arc::new(RegionPool::default()),
+            ConnectionLimits::default(),
+        ));
+        let maps = MappedRegions::default();
+        let mut regions = Vec::new();
+        for job_id in [1, 2, 1, 3] {
+            let req = RunTaskRequest { job_id, epoch: 0, start: 0, end: 3, compression: 0 };
+            let sock = shm::connect_abstract(&name).unwrap();
+            let mut s = TaskStream::open_local(sock, &name, None, &req, &maps).await.unwrap();
+            let id = s.region.as_ref().map(|r| r.id()).unwrap();
+            assert_eq!(read_all(&mut s).await.unwrap(), vec![0, 1, 2]);
+            drop(s);
+            // Time for the worker to take every slot back and pool the region.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            regions.push((job_id, id));
+        }
+        for (i, &(job, id)) in regions.iter().enumerate() {
+            for &(other_job, other_id) in &regions[..i] {
+                assert!(
+                    other_job == job || other_id != id,
+                    "job {job}'s connection got the region job {other_job}'s used: {regions:?}"
+                );
+            }
+        }
+        // The same job and client get their own region back (its pages stay faulted in).
+        assert_eq!(regions[0].1, regions[2].1, "{regions:?}");
+    }
+
+    #[tokio::test]
     async fn the_local_plane_delivers_through_reused_slots_and_refuses_what_the_tcp_plane_refuses() {
         let name = format!("sluice-test-{:x}", shm::random_u64());
         let listener = shm::listen_abstract(&name).unwrap();
-        tokio::spawn(serve_local(listener, start(), Some("tok".into()), Arc::new(RegionPool::default())));
+        tokio::spawn(serve_local(
+            listener,
+            start(),
+            Some("tok".into()),
+            Arc::new(RegionPool::default()),
+            ConnectionLimits::default(),
+        ));
         let maps = MappedRegions::default();
         let open = |req: RunTaskRequest, token: &'static str| {
             let (name, maps) = (name.clone(), &maps);

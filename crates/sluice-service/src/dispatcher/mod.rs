@@ -21,7 +21,7 @@ use crate::metrics::{self, label, metric, Histogram};
 use crate::proto::dispatcher::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenCheck};
-use crate::MAX_MESSAGE_BYTES;
+use crate::MAX_CONTROL_MESSAGE_BYTES;
 use state::{ClientReport, State};
 
 /// Batches per task when the client does not say: small enough to balance a short epoch
@@ -520,8 +520,8 @@ pub async fn run_dispatcher(
     tracing::info!(addr = %local, roots = ?service.inner.roots.roots(), "dispatcher listening");
     on_listening(local);
     let server = DispatcherServer::new(service)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(MAX_CONTROL_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_CONTROL_MESSAGE_BYTES);
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         builder = builder.tls_config(tls.grpc).map_err(|e| ServiceError::Tls(e.to_string()))?;

@@ -13,6 +13,10 @@ use crate::proto::{task_status, GetTaskReply, JobInfo, RegisterWorkerRequest, Ta
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
+/// A client silent this long is forgotten (its leases ran out long before).
+pub const CLIENT_FORGET: Duration = Duration::from_secs(300);
+/// Clients remembered at most; past this the longest silent are forgotten first.
+const MAX_CLIENTS: usize = 10_000;
 /// A worker that has not sent a heartbeat for this long gets no new tasks.
 pub const WORKER_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -200,6 +204,8 @@ pub struct State {
     assigned_by_request: HashMap<(String, u64), (u64, u64, u64)>,
     /// Each client's last heartbeat.
     client_seen: HashMap<String, Instant>,
+    /// When to look for clients to forget next.
+    next_client_sweep: Option<Instant>,
     next_job_id: u64,
     next_worker_id: u64,
 }
@@ -214,6 +220,7 @@ impl State {
             clients: HashMap::new(),
             assigned_by_request: HashMap::new(),
             client_seen: HashMap::new(),
+            next_client_sweep: None,
             next_job_id: 1,
             next_worker_id: worker_id_base.max(1),
         }
@@ -657,6 +664,39 @@ impl State {
     pub fn client_heartbeat(&mut self, _job_id: u64, client: &str, report: ClientReport, now: Instant) {
         self.client_seen.insert(client.to_string(), now);
         self.clients.insert(client.to_string(), report);
+        if self.next_client_sweep.is_none_or(|t| now >= t) || self.client_seen.len() > MAX_CLIENTS {
+            self.next_client_sweep = Some(now + CLIENT_FORGET / 10);
+            self.forget_silent_clients(now);
+        }
+    }
+
+    /// Forgets clients silent for [`CLIENT_FORGET`], and the longest silent ones past
+    /// [`MAX_CLIENTS`]: their reports and the assignments they could have asked again for.
+    fn forget_silent_clients(&mut self, now: Instant) {
+        let mut silent: Vec<(Instant, String)> = Vec::new();
+        let mut recent: Vec<(Instant, &String)> = Vec::new();
+        for (c, &seen) in &self.client_seen {
+            if now.saturating_duration_since(seen) >= CLIENT_FORGET {
+                silent.push((seen, c.clone()));
+            } else {
+                recent.push((seen, c));
+            }
+        }
+        if recent.len() > MAX_CLIENTS {
+            recent.sort_unstable();
+            let over = recent.len() - MAX_CLIENTS;
+            silent.extend(recent[..over].iter().map(|(t, c)| (*t, (*c).clone())));
+        }
+        if silent.is_empty() {
+            return;
+        }
+        for (_, c) in &silent {
+            self.client_seen.remove(c);
+            self.clients.remove(c);
+        }
+        let gone: std::collections::HashSet<&String> = silent.iter().map(|(_, c)| c).collect();
+        self.assigned_by_request.retain(|(c, _), _| !gone.contains(c));
+        tracing::debug!(clients = silent.len(), "forgot clients that stopped heartbeating");
     }
 }
 
@@ -758,6 +798,21 @@ mod tests {
         assert_eq!(s.job(1).unwrap().current.epoch, 1);
         assert_eq!(step(&mut s, "b", 0, now).status, task_status::EPOCH_DONE);
         assert_eq!(step(&mut s, "b", 1, now).task.unwrap().start, 0);
+    }
+
+    #[test]
+    fn clients_that_stopped_heartbeating_are_forgotten() {
+        let mut s = State::new(1);
+        let now = Instant::now();
+        for i in 0..100 {
+            s.client_heartbeat(1, &format!("gone-{i}"), ClientReport::default(), now);
+        }
+        let later = now + Duration::from_secs(3600);
+        s.client_heartbeat(1, "alive", ClientReport::default(), later);
+        let mut known: Vec<_> = s.clients.keys().cloned().collect();
+        known.sort();
+        assert_eq!(known, vec!["alive".to_string()], "silent clients are still remembered");
+        assert_eq!(s.client_seen.len(), 1);
     }
 
     #[test]

@@ -1,0 +1,301 @@
+//! A hostile client against a real service (a `sluice dispatcher` and two `sluice worker`
+//! processes): malformed and truncated frames, oversized lengths, wrong tokens, absurd
+//! specs and misused shared-memory slots, round after round, while a well-behaved
+//! `RemoteLoader` on the same service reads its epochs. The good job must still get every
+//! sample exactly once per epoch, and no worker may die.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use sluice_core::{OpSpec, PipelineSpec, Size};
+use sluice_service::proto::dispatcher::dispatcher_client::DispatcherClient;
+use sluice_service::proto::{CreateJobRequest, GetTaskRequest, RunTaskRequest};
+use sluice_service::RemoteLoader;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+use tonic::Code;
+
+const TOKEN: &str = "hostile-test-token";
+const MAGIC: &[u8] = b"SLDP1";
+const KIND_ERROR: u8 = 3;
+const KIND_REGION: u8 = 4;
+
+fn hello(token: &str, req: &[u8]) -> Vec<u8> {
+    let mut h = MAGIC.to_vec();
+    h.extend_from_slice(&(token.len() as u32).to_le_bytes());
+    h.extend_from_slice(token.as_bytes());
+    h.extend_from_slice(&(req.len() as u32).to_le_bytes());
+    h.extend_from_slice(req);
+    h
+}
+
+fn run_task(job_id: u64, start: u64, end: u64) -> Vec<u8> {
+    RunTaskRequest { job_id, epoch: 0, start, end, compression: 0 }.encode_to_vec()
+}
+
+/// Frames a hostile client opens a data-plane connection with, each answered by an error
+/// frame (or a closed connection), never by a batch.
+fn bad_hellos(rng: &mut Rng, absurd_jobs: &[u64]) -> Vec<(&'static str, Vec<u8>)> {
+    let mut noise = vec![0u8; 1 + rng.below(300) as usize];
+    for b in &mut noise {
+        *b = rng.below(256) as u8;
+    }
+    let mut v = vec![
+        ("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        ("noise", noise),
+        ("truncated magic", b"SLD".to_vec()),
+        ("token length 4 GiB", [MAGIC, &u32::MAX.to_le_bytes()].concat()),
+        ("truncated token", [MAGIC, &100u32.to_le_bytes(), b"abc"].concat()),
+        ("wrong token", hello("not-the-token", &run_task(1, 0, 1))),
+        ("empty token", hello("", &run_task(1, 0, 1))),
+        (
+            "request length 4 GiB",
+            [&hello(TOKEN, &[])[..MAGIC.len() + 4 + TOKEN.len()], &u32::MAX.to_le_bytes()].concat(),
+        ),
+        ("malformed request", hello(TOKEN, &[0xff; 7])),
+        ("unknown job", hello(TOKEN, &run_task(987_654_321, 0, 1))),
+        ("empty range", hello(TOKEN, &run_task(1, 5, 5))),
+        ("range past the epoch", hello(TOKEN, &run_task(1, 0, u64::MAX))),
+    ];
+    for &job in absurd_jobs {
+        v.push(("absurd job", hello(TOKEN, &run_task(job, 0, 1))));
+    }
+    v
+}
+
+/// Sends `bytes` on a fresh connection and reads the answer to the end (the worker closes).
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    what: &str,
+    mut s: S,
+    bytes: &[u8],
+) -> Vec<u8> {
+    let _ = s.write_all(bytes).await;
+    let _ = s.shutdown().await;
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), s.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "{what}: the worker neither answered nor closed within 15 s");
+    out
+}
+
+fn check_refused(what: &str, out: &[u8]) {
+    if out.is_empty() {
+        return; // closed without a word: fine for a connection that said nothing useful
+    }
+    assert_eq!(out[0], KIND_ERROR, "{what}: answered with frame kind {} instead of an error", out[0]);
+    if matches!(what, "wrong token" | "empty token") && out.len() >= 5 {
+        let code = u32::from_le_bytes(out[1..5].try_into().unwrap());
+        assert_eq!(code, Code::Unauthenticated as u32, "{what}: {}", String::from_utf8_lossy(&out[9..]));
+    }
+}
+
+/// The abstract socket names of the local data planes of the workers `pids`, as any
+/// process on the machine can list them.
+fn local_sockets(pids: &[u32]) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    let mut names: Vec<String> = table
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter_map(|p| p.strip_prefix('@'))
+        .filter(|n| pids.iter().any(|p| n.starts_with(&format!("sluice-worker-{p}-"))))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Misuses a shared-memory task of `job`: tries to resize and write the region, hands back
+/// slots it does not hold, or hangs up halfway.
+async fn misuse_slots(name: &str, job: u64, how: u64) {
+    let Ok(mut sock) = sluice_service::shm::connect_abstract(name) else { return };
+    sock.write_all(&hello(TOKEN, &run_task(job, 0, 2))).await.unwrap();
+    let mut kind = [0u8; 1];
+    let got = tokio::time::timeout(Duration::from_secs(15), sluice_service::shm::recv_with_fd(&sock, &mut kind)).await;
+    let Ok(Ok((1, fd))) = got else { return };
+    if kind[0] != KIND_REGION {
+        return;
+    }
+    let fd = fd.expect("a region comes with its memory");
+    let raw = fd.as_raw_fd();
+    // SAFETY: syscalls on an fd this test owns; a mapping that succeeded is unmapped.
+    unsafe {
+        assert_ne!(libc::ftruncate(raw, 0), 0, "a client shrank a worker's shared region");
+        let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, raw, 0);
+        if p != libc::MAP_FAILED {
+            libc::munmap(p, 4096);
+            panic!("a client mapped a worker's shared region writable");
+        }
+    }
+    let mut rest = [0u8; 20];
+    let _ = tokio::time::timeout(Duration::from_secs(5), sock.read_exact(&mut rest)).await;
+    let misuse: &[u8] = match how % 4 {
+        0 => &99u32.to_le_bytes(),      // a slot that does not exist
+        1 => &[0, 0, 0, 0, 0, 0, 0, 0], // slot 0, twice
+        2 => &[1, 2],                   // half a slot number
+        _ => return,                    // hang up halfway
+    };
+    let _ = sock.write_all(misuse).await;
+    let _ = sock.shutdown().await;
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(15), sock.read_to_end(&mut sink)).await;
+}
+
+fn with_token<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    r
+}
+
+/// Absurd specs a hostile client creates jobs with; the ids of those the dispatcher took.
+async fn absurd_jobs(d: &mut DispatcherClient<Channel>, root: &std::path::Path) -> Vec<u64> {
+    let base = spec(root, 3);
+    let mut specs: Vec<(&str, PipelineSpec)> = Vec::new();
+    let mut s = base.clone();
+    s.threads = 1_000_000_000;
+    specs.push(("threads", s));
+    let mut s = base.clone();
+    s.prefetch = 1_000_000_000;
+    specs.push(("prefetch", s));
+    let mut s = base.clone();
+    s.limits.max_pixels = u64::MAX;
+    specs.push(("max_pixels", s));
+    let mut s = base.clone();
+    s.cache = serde_json::from_value(serde_json::json!({ "budget": 1u64 << 60 })).unwrap();
+    specs.push(("cache", s));
+    let mut s = base.clone();
+    s.batch.size = 2;
+    s.ops = vec![OpSpec::Decode, OpSpec::CenterCrop { size: Size { height: 4294967295, width: 715827883 } }];
+    specs.push(("center_crop", s));
+    let mut ids = Vec::new();
+    for (what, s) in specs {
+        let req = CreateJobRequest {
+            job_name: format!("absurd-{what}"),
+            spec_json: serde_json::to_string(&s).unwrap(),
+            ..Default::default()
+        };
+        match d.create_job(with_token(req, TOKEN)).await {
+            Ok(info) => ids.push(info.into_inner().job_id),
+            Err(s) => eprintln!("absurd spec ({what}) refused by the dispatcher: {}", s.message()),
+        }
+    }
+    ids
+}
+
+#[test]
+fn a_hostile_client_does_not_disturb_a_good_job_or_kill_a_worker() {
+    let _w = watchdog("hostile", 180);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("j"), &root, &["--token", TOKEN]);
+    let data: Vec<String> = (0..2).map(|_| free_addr()).collect();
+    // Threads as the specs ask (no --threads), so the worker's limits judge them.
+    let mut workers: Vec<Proc> = data
+        .iter()
+        .map(|a| {
+            let root = root.to_str().unwrap();
+            sluice(&["worker", "--dispatcher", &addr, "--allow-root", root, "--token", TOKEN, "--data-listen", a])
+        })
+        .collect();
+    let pids: Vec<u32> = workers.iter().map(|w| w.0.id()).collect();
+
+    let good = {
+        let (addr, root) = (addr.clone(), root.clone());
+        std::thread::spawn(move || {
+            let mut o = options(&addr, "good");
+            o.token = Some(TOKEN.into());
+            let mut loader = RemoteLoader::connect(&spec(&root, 7), o).unwrap();
+            for _ in 0..3 {
+                let epoch = loader.epoch();
+                let mut keys = Vec::new();
+                for b in loader.iter() {
+                    keys.extend(b.unwrap().keys);
+                }
+                assert_exactly_once(keys, &format!("good job, epoch {epoch}"));
+            }
+        })
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let channel = loop {
+            if let Ok(c) = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut d = DispatcherClient::new(channel);
+        // A job for slot misuse, apart from the good one.
+        let junk = CreateJobRequest {
+            job_name: "junk".into(),
+            spec_json: serde_json::to_string(&spec(&root, 5)).unwrap(),
+            ..Default::default()
+        };
+        let junk = d.create_job(with_token(junk, TOKEN)).await.unwrap().into_inner().job_id;
+        let absurd = absurd_jobs(&mut d, &root).await;
+        while local_sockets(&pids).len() < 2 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+        eprintln!("hostile rounds seeded with {seed}");
+        let mut rng = Rng(seed);
+        let t0 = Instant::now();
+        let mut rounds = 0;
+        while rounds < 20 || (!good.is_finished() && rounds < 50) {
+            rounds += 1;
+            // gRPC without the token, with a wrong one, and an oversized message.
+            let create = CreateJobRequest { job_name: "x".into(), spec_json: "{}".into(), ..Default::default() };
+            let e = d.create_job(create.clone()).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+            let e = d.create_job(with_token(create, "wrong")).await.unwrap_err();
+            assert_eq!(e.code(), Code::Unauthenticated, "{e}");
+            let e = d
+                .get_task(with_token(
+                    GetTaskRequest { job_id: junk, client_id: "\u{0}".repeat(300), ..Default::default() },
+                    TOKEN,
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+            if rounds % 10 == 1 {
+                let huge =
+                    CreateJobRequest { job_name: "huge".into(), spec_json: "x".repeat(8 << 20), ..Default::default() };
+                let e = d.create_job(with_token(huge, TOKEN)).await.unwrap_err();
+                assert!(
+                    e.message().contains("message length too large"),
+                    "an 8 MiB control message got past the size limit: {e}"
+                );
+            }
+            // Bad frames on every worker's TCP data plane.
+            for a in &data {
+                for (what, bytes) in bad_hellos(&mut rng, &absurd) {
+                    let Ok(s) = tokio::net::TcpStream::connect(a).await else { continue };
+                    check_refused(what, &answer(what, s, &bytes).await);
+                }
+                // A connection that says nothing and goes.
+                drop(tokio::net::TcpStream::connect(a).await);
+            }
+            // The same, and slot misuse, on their local (shared-memory) data planes.
+            for name in local_sockets(&pids) {
+                for (what, bytes) in bad_hellos(&mut rng, &absurd) {
+                    let Ok(s) = sluice_service::shm::connect_abstract(&name) else { continue };
+                    check_refused(what, &answer(what, s, &bytes).await);
+                }
+                misuse_slots(&name, junk, rng.below(4)).await;
+            }
+        }
+        eprintln!("{rounds} hostile rounds in {:.1} s", t0.elapsed().as_secs_f64());
+    });
+
+    good.join().expect("the good job failed");
+    for (i, w) in workers.iter_mut().enumerate() {
+        assert!(w.0.try_wait().unwrap().is_none(), "worker {i} died");
+    }
+    assert_eq!(local_sockets(&pids).len(), 2, "both workers still serve shared memory");
+}

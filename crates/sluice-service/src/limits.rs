@@ -1,0 +1,109 @@
+//! What a worker grants one job: the operator's bounds on the resources a client's spec
+//! asks for (threads, prefetch, cache memory, image size), how many job loaders it keeps
+//! and for how long. A spec asking for more is refused with the field and the limit, not
+//! clamped: the client learns why, and its pipeline does not silently change.
+
+use std::time::Duration;
+
+use sluice_core::{ByteBudget, PipelineSpec};
+
+use crate::error::ServiceError;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WorkerLimits {
+    /// Most decode threads a job's spec may ask for (`threads`).
+    pub max_threads: usize,
+    /// Most batches a job's spec may prepare ahead (`prefetch`).
+    pub max_prefetch: usize,
+    /// Most memory a job's cache may take (`cache.budget`).
+    pub max_cache: ByteBudget,
+    /// Largest image (width × height) a job's spec may allow (`limits.max_pixels`).
+    pub max_pixels: u64,
+    /// Job loaders kept at most; past it the least recently used goes.
+    pub max_jobs: usize,
+    /// A job loader without a task this long is dropped (rebuilt if the job comes back).
+    pub job_idle: Duration,
+}
+
+impl Default for WorkerLimits {
+    fn default() -> Self {
+        Self {
+            max_threads: 128,
+            max_prefetch: 64,
+            max_cache: ByteBudget::RamFraction(0.5),
+            max_pixels: 256 << 20,
+            max_jobs: 64,
+            job_idle: Duration::from_secs(600),
+        }
+    }
+}
+
+impl WorkerLimits {
+    /// Refuses `spec` if it asks for more than these limits grant; `ram` (bytes) resolves
+    /// budgets given as a fraction of memory.
+    pub fn check(&self, spec: &PipelineSpec, ram: u64) -> Result<(), ServiceError> {
+        let over = |field: &'static str, asked: String, limit: String, flag: &'static str| {
+            Err(ServiceError::OverLimit { field, asked, limit, flag })
+        };
+        if spec.threads > self.max_threads {
+            return over("threads", spec.threads.to_string(), self.max_threads.to_string(), "--max-threads");
+        }
+        if spec.prefetch > self.max_prefetch {
+            return over("prefetch", spec.prefetch.to_string(), self.max_prefetch.to_string(), "--max-prefetch");
+        }
+        if spec.limits.max_pixels > self.max_pixels {
+            return over(
+                "limits.max_pixels",
+                spec.limits.max_pixels.to_string(),
+                self.max_pixels.to_string(),
+                "--max-pixels",
+            );
+        }
+        if let Some(cache) = &spec.cache {
+            let (asked, limit) = (cache.budget.resolve(ram), self.max_cache.resolve(ram));
+            if asked > limit {
+                return over("cache.budget", format!("{asked} bytes"), format!("{limit} bytes"), "--max-cache-bytes");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::SourceSpec;
+
+    #[test]
+    fn a_spec_over_any_limit_is_refused_naming_the_field_and_the_limit() {
+        let limits = WorkerLimits {
+            max_threads: 2,
+            max_prefetch: 3,
+            max_cache: ByteBudget::Bytes(1000),
+            max_pixels: 5000,
+            ..WorkerLimits::default()
+        };
+        let mut ok = PipelineSpec::train_default(SourceSpec::ImageFolder { root: "/data".into() }, 32, 4);
+        (ok.threads, ok.prefetch, ok.limits.max_pixels) = (2, 3, 5000);
+        ok.cache = serde_json::from_value(serde_json::json!({ "budget": 1000 })).unwrap();
+        limits.check(&ok, 1 << 30).unwrap();
+
+        let refused = |s: PipelineSpec| limits.check(&s, 1 << 30).unwrap_err().to_string();
+        let mut s = ok.clone();
+        s.threads = 1_000_000_000;
+        assert_eq!(
+            refused(s),
+            "spec field `threads` asks for 1000000000, over this worker's limit of 2 (--max-threads)"
+        );
+        let mut s = ok.clone();
+        s.prefetch = 4;
+        assert!(refused(s).contains("`prefetch` asks for 4, over this worker's limit of 3 (--max-prefetch)"));
+        let mut s = ok.clone();
+        s.limits.max_pixels = u64::MAX;
+        assert!(refused(s).contains("`limits.max_pixels`"));
+        let mut s = ok.clone();
+        s.cache = serde_json::from_value(serde_json::json!({ "budget": "1%" })).unwrap();
+        let e = refused(s);
+        assert!(e.contains("`cache.budget` asks for 10737418 bytes") && e.contains("--max-cache-bytes"), "{e}");
+    }
+}
