@@ -317,10 +317,24 @@ class Loader:
         after the current one (``sampling``) and the cache's priorities; they are saved in
         :meth:`state_dict`. Non-finite or negative values are ignored.
 
+        With several ranks (DDP) every rank must draw the same epoch order, so every rank
+        needs every rank's reports: when ``torch.distributed`` is initialised and
+        ``world_size > 1``, this call is collective (every rank calls it once per step) and
+        gathers all ranks' values with ``all_gather_object``, then reports them in rank
+        order. Without a process group, report every rank's values on every rank yourself.
+
         Raises:
-            StateError: ``keys`` and ``losses`` differ in length.
+            ValueError: ``keys`` and ``losses`` differ in length.
         """
-        self._native.report(_as_list(keys, int), _as_list(losses, float))
+        mine = (_as_list(keys, int), _as_list(losses, float))
+        reports = [mine]
+        dist = sys.modules.get("torch.distributed")  # never import torch just to ask
+        if self._world_size > 1 and dist is not None and dist.is_available() and dist.is_initialized():
+            gathered: List[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+            reports = gathered
+        for rank_keys, rank_values in reports:
+            self._native.report(rank_keys, rank_values)
 
     def update_gradient_info(self, keys: Any, grads: Any) -> None:
         """FastMatch's API: reports per-sample gradient information. ``grads`` is either

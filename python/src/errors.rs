@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice_core::{SampleError, SpecError};
@@ -98,6 +98,12 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         PipelineError::Source(e) => source_error(py, e),
         PipelineError::Sample(e) => sample_error(py, e),
         PipelineError::State(_) => state_error(py, e.to_string()),
+        PipelineError::BadRank { .. } | PipelineError::ReportLengths { .. } => PyValueError::new_err(e.to_string()),
+        PipelineError::RamUnknown
+        | PipelineError::SharedCache(_)
+        | PipelineError::Root { .. }
+        | PipelineError::AlreadyStarted
+        | PipelineError::BufferStillShared { .. } => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
         PipelineError::Interrupted => PyKeyboardInterrupt::new_err(e.to_string()),
     }
 }

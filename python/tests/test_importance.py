@@ -62,7 +62,7 @@ def test_a_failed_step_reports_nothing_and_mismatched_lengths_raise(dataset: Pat
             rec.losses([1.0, 2.0])
             raise RuntimeError("step failed")
     assert loader.state_dict()["importance"]["pending"] == []
-    with pytest.raises(sluice.StateError):
+    with pytest.raises(ValueError, match="3 keys but 1 values"):
         loader.report([1, 2, 3], [0.5])
 
 

@@ -56,6 +56,10 @@ pub enum SampleErrorKind {
     TooLarge { width: u64, height: u64, limit: u64 },
     /// The decoded image does not fit the op (e.g. batch shapes differ).
     Shape(String),
+    /// Not read on purpose: not a regular file, or outside the roots reads are confined to.
+    Refused(String),
+    /// sluice itself panicked on this sample: a bug, caught so the run does not hang.
+    Panicked(String),
 }
 
 impl fmt::Display for SampleErrorKind {
@@ -72,6 +76,8 @@ impl fmt::Display for SampleErrorKind {
                 width * height
             ),
             SampleErrorKind::Shape(m) => write!(f, "{m}"),
+            SampleErrorKind::Refused(m) => write!(f, "refused: {m}"),
+            SampleErrorKind::Panicked(m) => write!(f, "sluice panicked on this sample (a bug, please report it): {m}"),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! autoscaler turns. Jobs come from one shared queue; each worker owns reusable scratch
 //! state (decoder handles, buffers) so the hot path allocates nothing per sample.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -53,7 +54,7 @@ impl Drop for Shutdown {
             Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
         };
         for h in handles {
-            // A worker that panicked has already reported through its job's channel.
+            // Workers catch their jobs' panics, so a join error is not expected; nothing to do.
             let _ = h.join();
         }
     }
@@ -124,7 +125,14 @@ fn worker_loop(inner: &PoolInner) {
             continue;
         }
         match inner.rx.recv_timeout(IDLE_CHECK) {
-            Ok(job) => job(&mut local),
+            Ok(job) => {
+                // A bug in one job must not take the thread (and the jobs queued behind it)
+                // down; the job itself tells its consumer what failed (see `ChunkJob`).
+                if std::panic::catch_unwind(AssertUnwindSafe(|| job(&mut local))).is_err() {
+                    tracing::error!("a worker job panicked; the thread goes on with fresh scratch state");
+                    local = WorkerLocal::default();
+                }
+            }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 inner.live.fetch_sub(1, Ordering::SeqCst);
@@ -149,6 +157,18 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         false
+    }
+
+    #[test]
+    fn a_panicking_job_leaves_its_thread_running_the_next_jobs() {
+        let pool = Pool::new(1);
+        pool.submit(Box::new(|_| panic!("a bug in a job")));
+        let (tx, rx) = crossbeam_channel::unbounded();
+        pool.submit(Box::new(move |_| {
+            let _ = tx.send(7);
+        }));
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(7), "the pool's only thread died with the job");
+        assert_eq!(pool.live_threads(), 1);
     }
 
     #[test]

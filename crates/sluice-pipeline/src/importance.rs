@@ -184,7 +184,8 @@ impl ImportanceStore {
         self.hot_set = manifest.entries.iter().zip(&mask).filter(|(_, &h)| h).map(|(e, _)| e.key.0).collect();
     }
 
-    fn draw_now(&self, epoch: u64, d: &DrawInputs<'_>) -> EpochDraw {
+    /// The job's whole draw for `epoch`, the same on every rank.
+    fn draw_global(&self, epoch: u64, d: &DrawInputs<'_>) -> EpochDraw {
         let n = d.manifest.len();
         let global = match d.sampling {
             SamplingSpec::Uniform => {
@@ -207,19 +208,26 @@ impl ImportanceStore {
             SamplingSpec::Fastmatch => fastmatch_draw(n, d.seed, epoch, &self.scores_by_position(d.manifest)),
             SamplingSpec::Shade => shade_draw(n, d.seed, epoch, &Self::per_position(&self.rank_scores, d.manifest)),
         };
-        global.shard(d.shard)
+        global
     }
 
     /// The draw for `epoch`. Moving to a new epoch first closes the last drawn one: its
     /// reports are folded into the scores and its samples marked seen; `hot` (the cache's
     /// capacity in entries) is taken the first time it is known.
+    ///
+    /// With several ranks, each rank's store must be fed the same reports (every rank's,
+    /// in the same order: see [`crate::Loader::report`]); then every rank draws the same
+    /// global order and takes its own disjoint share of it. What counts as seen is the
+    /// whole job's share of the previous draw, which every rank computes alike.
     pub(crate) fn draw(&mut self, epoch: u64, hot: Option<u64>, d: &DrawInputs<'_>) -> EpochDraw {
         if self.drawn_epoch == Some(epoch) {
-            return self.draw_now(epoch, d);
+            return self.draw_global(epoch, d).shard(d.shard);
         }
         if let Some(prev) = self.drawn_epoch {
-            let previous = self.draw_now(prev, d);
-            for &i in &previous.order {
+            let previous = self.draw_global(prev, d);
+            // Positions past the last whole round of ranks went to no rank.
+            let handed_out = previous.order.len() - previous.order.len() % d.shard.world_size.max(1);
+            for &i in &previous.order[..handed_out] {
                 if let Some(e) = d.manifest.entries.get(i as usize) {
                     self.last_seen.insert(e.key.0, prev);
                 }
@@ -236,9 +244,9 @@ impl ImportanceStore {
             self.update_hot_set(d.manifest, floor);
         }
         self.drawn_epoch = Some(epoch);
-        let draw = self.draw_now(epoch, d);
+        let draw = self.draw_global(epoch, d);
         tracing::debug!(epoch, scored = self.scores.len(), hot = ?self.hot, "drew epoch order");
-        draw
+        draw.shard(d.shard)
     }
 
     pub(crate) fn state(&self) -> ImportanceState {

@@ -17,6 +17,6 @@ pub mod storage;
 pub use cache::{CacheStats, CachedData};
 pub use error::PipelineError;
 pub use importance::ImportanceState;
-pub use loader::{BufferSource, EpochIter, Loader, LoaderState};
+pub use loader::{BufferSource, EpochIter, Loader, LoaderState, OrderSpec};
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
 pub use stats::{SkippedSample, StatsSnapshot};

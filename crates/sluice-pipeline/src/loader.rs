@@ -15,6 +15,8 @@
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -23,8 +25,9 @@ use crossbeam_channel::{Receiver, Sender};
 use serde::{Deserialize, Serialize};
 use sluice_codec::{CodecError, Plan, Scratch};
 use sluice_core::{
-    Batch, ByteBudget, CacheLevel, CachePolicyKind, DType, ErrorPolicy, Image, Layout, Manifest, PipelineSpec, Pixels,
-    SampleError, SampleErrorKind, SampleKey, SampleRng, Stage, Tensor, TensorData,
+    Batch, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, DType, ErrorPolicy, Image, ImportanceSpec, Layout,
+    Manifest, PipelineSpec, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, SamplingSpec, ShuffleSpec,
+    Stage, Tensor, TensorData,
 };
 
 use crate::cache::{total_ram_bytes, Cache, CachedData, SampleCost};
@@ -34,7 +37,7 @@ use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
 use crate::sampler::{fastmatch_normalise, Shard};
 use crate::source::build_manifest;
 use crate::stats::{Stats, StatsSnapshot};
-use crate::storage::{open_storage, Storage};
+use crate::storage::{open_storage, open_storage_in, Roots, Storage};
 
 /// Samples per job: small enough to spread a batch over the threads and keep the first
 /// batch quick, large enough that queueing costs nothing next to decoding.
@@ -58,6 +61,38 @@ pub struct LoaderState {
     /// drawn from it, so resuming needs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub importance: Option<ImportanceState>,
+    /// The parts of the spec that decide which samples batch `batch` holds; `None` in
+    /// states saved before they were carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<OrderSpec>,
+}
+
+/// What, besides dataset, seed and shard, fixes the samples behind a batch index: a
+/// checkpoint restored under a different one would repeat or skip samples.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OrderSpec {
+    pub batch: BatchSpec,
+    pub shuffle: ShuffleSpec,
+    pub sampling: SamplingSpec,
+    /// The smoothing of reported importance, from which importance-driven orders are drawn.
+    pub importance: ImportanceSpec,
+}
+
+impl OrderSpec {
+    fn of(spec: &PipelineSpec) -> Self {
+        Self { batch: spec.batch, shuffle: spec.shuffle, sampling: spec.sampling, importance: spec.importance }
+    }
+
+    /// The first difference between a checkpoint's (`self`) and this loader's, as
+    /// (what, theirs, ours).
+    fn difference(&self, ours: &Self) -> Option<(&'static str, String, String)> {
+        let differs = |what, theirs: String, ours: String| (theirs != ours).then_some((what, theirs, ours));
+        differs("batch size", self.batch.size.to_string(), ours.batch.size.to_string())
+            .or_else(|| differs("batch.drop_last", self.batch.drop_last.to_string(), ours.batch.drop_last.to_string()))
+            .or_else(|| differs("shuffle", format!("{:?}", self.shuffle), format!("{:?}", ours.shuffle)))
+            .or_else(|| differs("sampling", format!("{:?}", self.sampling), format!("{:?}", ours.sampling)))
+            .or_else(|| differs("importance.ema", self.importance.ema.to_string(), ours.importance.ema.to_string()))
+    }
 }
 
 struct Progress {
@@ -131,13 +166,7 @@ impl Loader {
             Some(c) => {
                 let budget = match c.budget {
                     ByteBudget::Bytes(b) => b,
-                    ByteBudget::RamFraction(_) => c.budget.resolve(total_ram_bytes().ok_or_else(|| {
-                        PipelineError::State(
-                            "cache.budget is a fraction of RAM, but this system does not report its memory \
-                             (/proc/meminfo); give the budget in bytes"
-                                .into(),
-                        )
-                    })?),
+                    ByteBudget::RamFraction(_) => c.budget.resolve(total_ram_bytes().ok_or(PipelineError::RamUnknown)?),
                 };
                 Some(Arc::new(Cache::new(c, budget, manifest.len())))
             }
@@ -157,10 +186,10 @@ impl Loader {
     ) -> Result<Self, PipelineError> {
         spec.validate()?;
         if spec.cache.is_none() {
-            return Err(PipelineError::State("a shared cache needs a pipeline with a cache section".into()));
+            return Err(PipelineError::SharedCache("it needs a pipeline with a cache section".into()));
         }
         if cache.dataset_len() != manifest.len() {
-            return Err(PipelineError::State(format!(
+            return Err(PipelineError::SharedCache(format!(
                 "the shared cache is for {} samples, this dataset has {}",
                 cache.dataset_len(),
                 manifest.len()
@@ -176,10 +205,7 @@ impl Loader {
         cache: Option<Arc<Cache>>,
     ) -> Result<Self, PipelineError> {
         if shard.world_size == 0 || shard.rank >= shard.world_size {
-            return Err(PipelineError::State(format!(
-                "rank {} is not in 0..world_size ({})",
-                shard.rank, shard.world_size
-            )));
+            return Err(PipelineError::BadRank { rank: shard.rank, world_size: shard.world_size });
         }
         let plan = Plan::compile(&spec.ops, spec.limits);
         // The one gate for the batch buffer arithmetic (`batch_bytes`, `Slab`): a full batch
@@ -233,6 +259,23 @@ impl Loader {
             spec,
         });
         Ok(Self { shared, pool: Pool::new(threads) })
+    }
+
+    /// Confines every read beneath `roots` (a service's allowed roots): each file is opened
+    /// relative to the root it lies under and may not resolve out of it, so a file swapped
+    /// for a symlink after the job's paths were checked is refused, not read. Call it
+    /// before iterating.
+    pub fn confine_reads(self, roots: &[PathBuf]) -> Result<Self, PipelineError> {
+        let storage = open_storage_in(&self.shared.spec.storage, Some(Arc::new(Roots::open(roots)?)));
+        self.replace_storage(storage)
+    }
+
+    /// Reads through `storage` instead of the one the spec names: possible only before the
+    /// loader hands out work, while nothing else shares its state.
+    fn replace_storage(mut self, storage: Arc<dyn Storage>) -> Result<Self, PipelineError> {
+        let shared = Arc::get_mut(&mut self.shared).ok_or(PipelineError::AlreadyStarted)?;
+        shared.storage = storage;
+        Ok(self)
     }
 
     /// The cache, to share with another loader of the same pipeline
@@ -308,6 +351,7 @@ impl Loader {
             rank: self.shared.shard.rank,
             world_size: self.shared.shard.world_size,
             importance: Some(lock(&self.shared.importance).state()),
+            order: Some(OrderSpec::of(&self.shared.spec)),
         }
     }
 
@@ -329,6 +373,17 @@ impl Loader {
                 format!("{}/{}", state.rank, state.world_size),
                 format!("{}/{}", me.rank, me.world_size),
             );
+        }
+        match (&state.order, &me.order) {
+            (Some(theirs), Some(ours)) => {
+                if let Some((what, theirs, ours)) = theirs.difference(ours) {
+                    return mismatch(what, theirs, ours);
+                }
+            }
+            _ => tracing::warn!(
+                "this checkpoint predates sluice recording batch size, shuffle and sampling in it: \
+                 they cannot be checked, make sure they are the ones it was taken with"
+            ),
         }
         if state.batch > self.batches_per_epoch() {
             return Err(PipelineError::State(format!(
@@ -357,13 +412,14 @@ impl Loader {
     /// The trainer's per-sample values for `keys`: losses, or per-sample gradient norms
     /// (FastMatch's `update_gradient_info`). They shape the epochs after the current one
     /// and the cache's priorities. Non-finite or negative values are ignored.
+    ///
+    /// With several ranks (DDP), the epoch order is drawn from the reports, and every rank
+    /// must draw the same one for the shards to stay disjoint: so every rank reports every
+    /// rank's values, in the same order (gather them, e.g. `all_gather`, and report each
+    /// rank's in rank order), before the next epoch starts.
     pub fn report(&self, keys: &[u64], values: &[f64]) -> Result<(), PipelineError> {
         if keys.len() != values.len() {
-            return Err(PipelineError::State(format!(
-                "report: {} keys but {} values; give one value per key",
-                keys.len(),
-                values.len()
-            )));
+            return Err(PipelineError::ReportLengths { keys: keys.len(), values: values.len() });
         }
         let ignored = lock(&self.shared.importance).report(keys, values);
         if ignored > 0 {
@@ -384,7 +440,12 @@ impl Loader {
     /// cache its priorities for the epoch.
     fn draw_epoch(&self, epoch: u64) -> crate::sampler::EpochDraw {
         let shared = &self.shared;
-        let hot = shared.cache.as_deref().and_then(Cache::capacity_entries);
+        // A rank's cache sees only its own shard, so its size in entries differs from rank to
+        // rank; the draw, which must be the same on every rank, then ignores the cache.
+        let hot = match shared.shard.world_size {
+            1 => shared.cache.as_deref().and_then(Cache::capacity_entries),
+            _ => None,
+        };
         let inputs = DrawInputs {
             manifest: &shared.manifest,
             seed: shared.spec.seed,
@@ -703,7 +764,7 @@ impl EpochIter {
         let slab = match Arc::try_unwrap(a.slab) {
             Ok(s) => s,
             // Every chunk dropped its handle before reporting done; this cannot happen.
-            Err(_) => return Some(Err(PipelineError::State("batch buffer still shared".into()))),
+            Err(_) => return Some(Err(PipelineError::BufferStillShared { batch: b })),
         };
         let slot_bytes = slab.slot_bytes;
         let mut images = slab.into_tensor();
@@ -846,45 +907,74 @@ impl ChunkJob {
                 break;
             }
             let entry = &shared.manifest.entries[self.order[self.first + slot] as usize];
-            let fail = |stage, kind| SampleError {
-                key: entry.key,
-                path: shared.manifest.display_path(entry.key),
-                stage,
-                kind,
-            };
-            let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
-            if let Some(cache) = &shared.cache {
-                // SAFETY: this job is the only writer of its chunk's slots.
-                let out = unsafe { self.slab.slot(slot) };
-                match shared.run_cached(cache, entry, local, &mut rng, out, &mut times) {
-                    Ok(read) => bytes += read,
-                    Err((stage, kind)) => failures.push((slot, fail(stage, kind))),
+            let mut stage = Stage::Read;
+            // A panic here is a bug, but it must fail this sample (by key), not leave the
+            // consumer waiting forever for a chunk that never reports.
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.run_sample(slot, entry, local, &mut times, &mut stage)
+            }));
+            let failure = match outcome {
+                Ok(Ok(read)) => {
+                    bytes += read;
+                    continue;
                 }
-                continue;
-            }
-            let t0 = Instant::now();
-            let read = shared.storage.read(
-                &shared.manifest.root,
-                &entry.location,
-                shared.spec.limits.max_file_bytes,
-                &mut local.read_buf,
-            );
-            times[0] += t0.elapsed();
-            if let Err(kind) = read {
-                failures.push((slot, fail(Stage::Read, kind)));
-                continue;
-            }
-            bytes += local.read_buf.len() as u64;
-            // SAFETY: this job is the only writer of its chunk's slots.
-            let out = unsafe { self.slab.slot(slot) };
-            if let Err(e) = shared.plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]) {
-                failures.push((slot, fail(Stage::Decode, e.into())));
-            }
+                Ok(Err(failure)) => failure,
+                Err(payload) => {
+                    // The scratch state may be half-way through a decode: start afresh.
+                    *local = WorkerLocal::default();
+                    (stage, SampleErrorKind::Panicked(panic_message(payload.as_ref())))
+                }
+            };
+            let (stage, kind) = failure;
+            let path = shared.manifest.display_path(entry.key);
+            failures.push((slot, SampleError { key: entry.key, path, stage, kind }));
         }
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
         let _ = reply.send(ChunkDone { batch, failures, times, bytes });
+    }
+
+    /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
+    /// step it is in, for the report of a panic.
+    fn run_sample(
+        &self,
+        slot: usize,
+        entry: &sluice_core::Entry,
+        local: &mut WorkerLocal,
+        times: &mut [Duration],
+        stage: &mut Stage,
+    ) -> Result<u64, SampleFailure> {
+        let shared = &self.shared;
+        let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
+        // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
+        let out = unsafe { self.slab.slot(slot) };
+        if let Some(cache) = &shared.cache {
+            // A panic on the cache path counts as the decode's: most of its work is.
+            *stage = Stage::Decode;
+            return shared.run_cached(cache, entry, local, &mut rng, out, times);
+        }
+        let t0 = Instant::now();
+        let read = shared.storage.read(
+            &shared.manifest.root,
+            &entry.location,
+            shared.spec.limits.max_file_bytes,
+            &mut local.read_buf,
+        );
+        times[0] += t0.elapsed();
+        read.map_err(|kind| (Stage::Read, kind))?;
+        *stage = Stage::Decode;
+        shared.plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]).map_err(decode_err)?;
+        Ok(local.read_buf.len() as u64)
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".to_string(),
     }
 }
 
@@ -1041,4 +1131,62 @@ struct Computed {
     resize: Duration,
     decoded: Option<Image>,
     resized: Option<Image>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test fixtures: a failed setup is a failed test
+
+    use std::path::Path;
+
+    use sluice_core::{Location, ShuffleSpec, SourceSpec};
+    use sluice_synth::{write_dataset, DatasetOptions};
+
+    use super::*;
+    use crate::storage::LocalStorage;
+
+    /// Local storage with a bug: it panics when asked for the file named `bad`.
+    struct PanicsOn {
+        bad: &'static str,
+        inner: LocalStorage,
+    }
+
+    impl Storage for PanicsOn {
+        fn read(&self, root: &Path, location: &Location, max: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+            if matches!(location, Location::File { path } if path.ends_with(self.bad)) {
+                panic!("a storage bug");
+            }
+            self.inner.read(root, location, max, buf)
+        }
+
+        fn name(&self) -> &str {
+            "panics-on"
+        }
+    }
+
+    #[test]
+    fn a_sample_whose_job_panics_fails_with_its_key_instead_of_hanging_the_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("train");
+        write_dataset(&root, &DatasetOptions { images: 8, classes: 2, ..Default::default() }, &|_| {}).unwrap();
+        let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 16, 4);
+        spec.threads = 1;
+        spec.shuffle = ShuffleSpec::None;
+        let bad = "img_0000002.jpg";
+        let loader = Loader::new(spec, Shard::default())
+            .unwrap()
+            .replace_storage(Arc::new(PanicsOn { bad, inner: LocalStorage::new() }))
+            .unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let results: Vec<Result<Batch, PipelineError>> = loader.iter().collect();
+            let _ = tx.send(results.into_iter().map(|r| r.map(|b| b.keys)).collect::<Vec<_>>());
+        });
+        let results = rx.recv_timeout(Duration::from_secs(20)).expect("the epoch hung after a sample's job panicked");
+        let err = results.iter().find_map(|r| r.as_ref().err()).expect("the panicking sample must fail the run");
+        let PipelineError::Sample(e) = err else { panic!("unexpected error {err}") };
+        assert!(matches!(e.kind, SampleErrorKind::Panicked(_)), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(bad) && msg.contains("a storage bug") && msg.contains("at read"), "{msg}");
+    }
 }

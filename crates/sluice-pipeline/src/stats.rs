@@ -1,6 +1,7 @@
 //! What a loader has done and where its time went: samples, bytes, skipped samples (with
 //! key and path), time per op summed over workers, and how long the consumer waited.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -28,6 +29,8 @@ pub(crate) struct Stats {
     batches: u64,
     bytes_read: u64,
     skipped: Vec<SkippedSample>,
+    /// Keys already warned about: a bad file is logged once per run, not once per epoch.
+    warned: HashSet<u64>,
     /// Index 0 is `read`; then one per plan step.
     op_times: Vec<Duration>,
     op_names: Vec<String>,
@@ -42,6 +45,7 @@ impl Stats {
             batches: 0,
             bytes_read: 0,
             skipped: Vec::new(),
+            warned: HashSet::new(),
             op_times: vec![Duration::ZERO; op_names.len()],
             op_names,
             wait: Duration::ZERO,
@@ -61,7 +65,10 @@ impl Stats {
     }
 
     pub(crate) fn add_skipped(&mut self, e: &SampleError) {
-        tracing::warn!(key = e.key.0, path = %e.path.display(), "skipping bad sample: {e}");
+        if self.warned.insert(e.key.0) {
+            // The error names the key and path; fields would print them a second time.
+            tracing::warn!("{e}; skipping it (each bad sample is reported once per run)");
+        }
         self.skipped.push(e.into());
     }
 
@@ -102,4 +109,62 @@ pub struct StatsSnapshot {
     /// decision, when the pipeline has a cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<crate::cache::CacheStats>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use sluice_core::{SampleErrorKind, SampleKey, Stage};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_bad_sample_is_warned_about_once_per_run_naming_its_key_and_path_once() {
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .finish();
+        let bad = SampleError {
+            key: SampleKey(603),
+            path: "/p/x.jpg".into(),
+            stage: Stage::Decode,
+            kind: SampleErrorKind::Corrupt("bad Huffman code".into()),
+        };
+        let mut stats = Stats::new(vec!["read".into()]);
+        tracing::subscriber::with_default(subscriber, || {
+            for _epoch in 0..3 {
+                stats.add_skipped(&bad);
+            }
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text.trim(),
+            "WARN sample #603 (/p/x.jpg) failed at decode: corrupt or truncated image: bad Huffman code; skipping it \
+             (each bad sample is reported once per run)",
+            "{text}"
+        );
+        assert_eq!(stats.snapshot().skipped.len(), 3, "the stats still count every skip");
+    }
 }

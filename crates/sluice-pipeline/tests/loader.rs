@@ -199,6 +199,38 @@ fn a_checkpoint_from_another_dataset_or_seed_is_refused() {
 }
 
 #[test]
+fn a_checkpoint_from_another_batch_size_shuffle_or_sampling_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 16, 0);
+    let first = Loader::new(spec(&root, 4, 1), Shard::default()).unwrap();
+    let mut it = first.iter();
+    it.next().unwrap().unwrap();
+    it.next().unwrap().unwrap();
+    drop(it);
+    let saved: LoaderState = serde_json::from_str(&serde_json::to_string(&first.state()).unwrap()).unwrap();
+    assert_eq!(saved.batch, 2);
+
+    // Batch 2 of 4 samples is sample 8; batch 2 of 2 would be sample 4: samples 4..8 again.
+    let halved = Loader::new(spec(&root, 2, 1), Shard::default()).unwrap();
+    let e = halved.load_state(&saved).unwrap_err().to_string();
+    assert!(e.contains("batch size differs") && e.contains("has 4") && e.contains("has 2"), "{e}");
+    let mut s = spec(&root, 4, 1);
+    s.batch.drop_last = true;
+    let e = Loader::new(s, Shard::default()).unwrap().load_state(&saved).unwrap_err().to_string();
+    assert!(e.contains("drop_last"), "{e}");
+    let mut s = spec(&root, 4, 1);
+    s.shuffle = ShuffleSpec::None;
+    let e = Loader::new(s, Shard::default()).unwrap().load_state(&saved).unwrap_err().to_string();
+    assert!(e.contains("shuffle"), "{e}");
+    let mut s = spec(&root, 4, 1);
+    s.sampling = sluice_core::SamplingSpec::Fastmatch;
+    let e = Loader::new(s, Shard::default()).unwrap().load_state(&saved).unwrap_err().to_string();
+    assert!(e.contains("sampling"), "{e}");
+    // The same spec resumes.
+    assert!(Loader::new(spec(&root, 4, 2), Shard::default()).unwrap().load_state(&saved).is_ok());
+}
+
+#[test]
 fn ddp_ranks_get_disjoint_equal_shards() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path(), 21, 0);

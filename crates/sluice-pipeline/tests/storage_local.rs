@@ -4,9 +4,10 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sluice_core::{Location, SampleErrorKind, StorageSpec};
-use sluice_pipeline::storage::{open_storage, LocalStorage, Storage};
+use sluice_pipeline::storage::{open_storage, LocalStorage, Roots, Storage};
 
 fn file(p: impl Into<PathBuf>) -> Location {
     Location::File { path: p.into() }
@@ -54,7 +55,7 @@ fn missing_empty_oversized_and_directory_samples_are_errors() {
     }
     s.read(dir.path(), &file("big.jpg"), 101, &mut buf).unwrap();
     assert_eq!(buf.len(), 101);
-    assert!(matches!(s.read(dir.path(), &file("folder.jpg"), 100, &mut buf), Err(SampleErrorKind::Io(_))));
+    assert!(matches!(s.read(dir.path(), &file("folder.jpg"), 100, &mut buf), Err(SampleErrorKind::Refused(_))));
 }
 
 #[test]
@@ -120,4 +121,67 @@ fn open_storage_builds_what_the_spec_names() {
     let mut buf = Vec::new();
     s.read(dir.path(), &file("a.jpg"), 10, &mut buf).unwrap();
     assert_eq!(buf, b"abc");
+}
+
+/// Reads `location` on another thread; `None` if it did not return within 10 s.
+fn read_with_timeout(s: Arc<LocalStorage>, root: &Path, location: Location) -> Option<Result<(), SampleErrorKind>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let root = root.to_path_buf();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = tx.send(s.read(&root, &location, 1 << 20, &mut buf));
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
+}
+
+#[test]
+fn fifos_and_devices_are_refused_at_once_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pipe.jpg");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let s = Arc::new(LocalStorage::new());
+    let got = read_with_timeout(s.clone(), dir.path(), file("pipe.jpg")).expect("reading a FIFO blocked the thread");
+    match got {
+        Err(SampleErrorKind::Refused(m)) => assert!(m.contains("FIFO"), "{m}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    match read_with_timeout(s, dir.path(), file("/dev/null")).unwrap() {
+        Err(SampleErrorKind::Refused(m)) => assert!(m.contains("character device"), "{m}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn confined_reads_refuse_whatever_resolves_out_of_the_roots_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let outside = dir.path().join("secret");
+    fs::create_dir_all(data.join("sub")).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(data.join("a.jpg"), b"inside").unwrap();
+    fs::write(data.join("sub/b.jpg"), b"inside too").unwrap();
+    fs::write(outside.join("a.jpg"), b"secret").unwrap();
+    fs::write(outside.join("b.jpg"), b"secret").unwrap();
+    let s = Arc::new(LocalStorage::confined(Arc::new(Roots::open(std::slice::from_ref(&data)).unwrap())));
+    let mut buf = Vec::new();
+    s.read(&data, &file("a.jpg"), 100, &mut buf).unwrap();
+    assert_eq!(buf, b"inside");
+    // A symlink that stays inside the root is fine.
+    std::os::unix::fs::symlink(data.join("a.jpg"), data.join("alias.jpg")).unwrap();
+    s.read(&data, &file("alias.jpg"), 100, &mut buf).unwrap();
+    assert_eq!(buf, b"inside");
+    let refused = |location: Location| match s.read(&data, &location, 100, &mut Vec::new()) {
+        Err(SampleErrorKind::Refused(m)) => m,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // The file, then a folder on its path, swapped for symlinks out of the root.
+    fs::remove_file(data.join("a.jpg")).unwrap();
+    std::os::unix::fs::symlink(outside.join("a.jpg"), data.join("a.jpg")).unwrap();
+    let m = refused(file("a.jpg"));
+    assert!(m.contains("outside the allowed roots"), "{m}");
+    fs::remove_dir_all(data.join("sub")).unwrap();
+    std::os::unix::fs::symlink(&outside, data.join("sub")).unwrap();
+    assert!(refused(file("sub/b.jpg")).contains("outside the allowed roots"));
+    assert!(refused(file("../secret/b.jpg")).contains("outside the allowed roots"));
+    assert!(refused(file(outside.join("b.jpg"))).contains("outside the allowed roots"));
 }

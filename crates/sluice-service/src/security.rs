@@ -2,12 +2,16 @@
 //!
 //! * [`AllowedRoots`]: every path a spec names, and every file its manifest lists, must
 //!   resolve (after `..` and symlinks, via `canonicalize`) under a root the operator allowed.
+//!   That check runs once per job; the job's loader then reads through
+//!   [`AllowedRoots::confine`], which opens every file beneath its root, so a file swapped
+//!   for a symlink later is refused when it is read.
 //! * [`TokenCheck`]: a shared secret in the `authorization: Bearer <token>` header of
 //!   every RPC, checked by an interceptor before any handler runs.
 
 use std::path::{Path, PathBuf};
 
 use sluice_core::{Location, Manifest, SourceSpec};
+use sluice_pipeline::Loader;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
@@ -53,6 +57,11 @@ impl AllowedRoots {
         } else {
             Err(ServiceError::PathNotAllowed { path: path.to_path_buf(), allowed: self.describe() })
         }
+    }
+
+    /// Makes `loader` read only beneath these roots, checked again at every open.
+    pub fn confine(&self, loader: Loader) -> Result<Loader, ServiceError> {
+        Ok(loader.confine_reads(&self.roots)?)
     }
 
     /// Checks the paths a source spec names, before anything is enumerated.
@@ -216,6 +225,40 @@ mod tests {
             assert!(err.contains("outside the allowed roots"), "{err}");
         }
         assert!(AllowedRoots::new(&[]).unwrap().check(&allowed).is_err());
+    }
+
+    #[test]
+    fn a_file_swapped_for_a_symlink_after_the_jobs_check_is_refused_when_read() {
+        use sluice_core::{ErrorPolicy, PipelineSpec, ShuffleSpec, SourceSpec};
+        use sluice_pipeline::{source::build_manifest, Shard};
+        use sluice_synth::{write_dataset, DatasetOptions};
+
+        let dir = tempfile::tempdir().unwrap();
+        let allowed = dir.path().join("data");
+        let outside = dir.path().join("secret");
+        let options = DatasetOptions { images: 4, classes: 1, ..Default::default() };
+        write_dataset(&allowed, &options, &|_| {}).unwrap();
+        write_dataset(&outside, &options, &|_| {}).unwrap();
+        let roots = AllowedRoots::new(std::slice::from_ref(&allowed)).unwrap();
+        let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: allowed.clone() }, 16, 4);
+        spec.on_error = ErrorPolicy::Skip;
+        spec.shuffle = ShuffleSpec::None;
+        spec.threads = 1;
+        roots.check_source(&spec.source).unwrap();
+        let manifest = build_manifest(&spec.source).unwrap();
+        roots.check_manifest(&manifest).unwrap();
+        let loader = roots.confine(Loader::with_manifest(spec, manifest, Shard::default()).unwrap()).unwrap();
+
+        // After the check: one image becomes a symlink to a file outside the roots.
+        let swapped = allowed.join("class_000/img_0000001.jpg");
+        std::fs::remove_file(&swapped).unwrap();
+        std::os::unix::fs::symlink(outside.join("class_000/img_0000001.jpg"), &swapped).unwrap();
+
+        let delivered: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
+        assert_eq!(delivered, vec![0, 2, 3], "the swapped file was read from outside the roots");
+        let skipped = loader.stats().skipped;
+        assert_eq!(skipped.len(), 1);
+        assert!(skipped[0].error.contains("outside the allowed roots"), "{}", skipped[0].error);
     }
 
     #[test]

@@ -207,7 +207,7 @@ impl WorkerService {
             if let Some(cache) = loader.cache() {
                 caches.entry(def.fingerprint.clone()).or_insert(cache);
             }
-            Ok(loader)
+            roots.confine(loader)
         })
         .await
         .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;

@@ -1,6 +1,7 @@
 //! Local files. Whole files: open, fstat, one read into a buffer sized by the metadata.
 //! Tar members: positional reads (`pread`) on one cached handle per shard; `pread` does
-//! not move a shared cursor, so all threads read through the same handle.
+//! not move a shared cursor, so all threads read through the same handle. Files are opened
+//! through [`open_regular`]: regular files only, beneath the allowed roots if any.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -11,6 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use sluice_core::{Location, SampleErrorKind};
 
+use super::confine::{open_regular, Roots};
 use super::{check_size, io_error, Storage};
 
 /// Shard handles kept open by default; beyond this, one is closed to stay far from the
@@ -21,6 +23,8 @@ pub const DEFAULT_MAX_OPEN_SHARDS: usize = 256;
 pub struct LocalStorage {
     shards: Mutex<HashMap<PathBuf, Arc<File>>>,
     max_open_shards: usize,
+    /// Where reads are confined to; `None`: anywhere.
+    roots: Option<Arc<Roots>>,
 }
 
 impl Default for LocalStorage {
@@ -36,7 +40,12 @@ impl LocalStorage {
 
     /// Keeps at most `max` shard files open (at least 1).
     pub fn with_max_open_shards(max: usize) -> Self {
-        Self { shards: Mutex::new(HashMap::new()), max_open_shards: max.max(1) }
+        Self { shards: Mutex::new(HashMap::new()), max_open_shards: max.max(1), roots: None }
+    }
+
+    /// Reads only files beneath `roots`, however the paths resolve when they are read.
+    pub fn confined(roots: Arc<Roots>) -> Self {
+        Self { roots: Some(roots), ..Self::new() }
     }
 
     /// Shard files currently held open.
@@ -45,12 +54,8 @@ impl LocalStorage {
     }
 
     fn read_file(&self, path: &Path, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
-        let mut file = File::open(path).map_err(io_error)?;
-        let meta = file.metadata().map_err(io_error)?;
-        if meta.is_dir() {
-            return Err(SampleErrorKind::Io("is a directory, not a file".into()));
-        }
-        let len = meta.len();
+        let mut file = open_regular(path, self.roots.as_deref())?;
+        let len = file.metadata().map_err(io_error)?.len();
         check_size(len, max_bytes)?;
         fill(buf, len, |b| file.read_exact(b)).map_err(|e| short_read(e, len, "the file shrank while being read"))
     }
@@ -76,7 +81,7 @@ impl LocalStorage {
         if let Some(file) = shards.get(path) {
             return Ok(Arc::clone(file));
         }
-        let file = Arc::new(File::open(path).map_err(io_error)?);
+        let file = Arc::new(open_regular(path, self.roots.as_deref())?);
         if shards.len() >= self.max_open_shards {
             // Readers holding the evicted handle keep it alive until they finish.
             if let Some(victim) = shards.keys().next().cloned() {

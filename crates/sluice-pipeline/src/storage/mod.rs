@@ -2,6 +2,7 @@
 //! are; storage says how their bytes are fetched: local positional reads, or the same
 //! behind an emulated network link to study loaders under slow storage.
 
+pub mod confine;
 pub mod local;
 pub mod throttled;
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use sluice_core::{Location, SampleErrorKind, StorageSpec};
 
+pub use confine::Roots;
 pub use local::LocalStorage;
 pub use throttled::ThrottledStorage;
 
@@ -28,11 +30,20 @@ pub trait Storage: Send + Sync {
 
 /// The storage a spec asks for.
 pub fn open_storage(spec: &StorageSpec) -> Arc<dyn Storage> {
+    open_storage_in(spec, None)
+}
+
+/// The storage a spec asks for, reading only beneath `roots` when given.
+pub fn open_storage_in(spec: &StorageSpec, roots: Option<Arc<Roots>>) -> Arc<dyn Storage> {
+    let local = match roots {
+        Some(roots) => LocalStorage::confined(roots),
+        None => LocalStorage::new(),
+    };
     match *spec {
-        StorageSpec::Local => Arc::new(LocalStorage::new()),
+        StorageSpec::Local => Arc::new(local),
         StorageSpec::Throttled { latency_ms, bandwidth_mb_s } => {
             let latency = Duration::try_from_secs_f64(latency_ms / 1e3).unwrap_or(Duration::ZERO);
-            Arc::new(ThrottledStorage::new(Arc::new(LocalStorage::new()), latency, bandwidth_mb_s * 1e6))
+            Arc::new(ThrottledStorage::new(Arc::new(local), latency, bandwidth_mb_s * 1e6))
         }
     }
 }

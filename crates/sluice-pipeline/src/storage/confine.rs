@@ -1,0 +1,95 @@
+//! Opening a sample's file without trusting what is on disk: a FIFO or device never
+//! blocks a thread or gets read (opened non-blocking, refused unless a regular file), and
+//! when the operator allowed only some roots (the service), the open resolves beneath one
+//! of them, whatever symlink is swapped in after the job's paths were checked.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{open, openat2, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use sluice_core::SampleErrorKind;
+
+use super::io_error;
+use crate::error::PipelineError;
+
+/// Read-only, and never waiting: opening a FIFO with no writer returns at once.
+const FLAGS: OFlags = OFlags::RDONLY.union(OFlags::CLOEXEC).union(OFlags::NONBLOCK).union(OFlags::NOCTTY);
+
+/// The roots reads are confined to, each held open so that a path is resolved beneath it.
+#[derive(Debug)]
+pub struct Roots {
+    roots: Vec<(PathBuf, OwnedFd)>,
+}
+
+impl Roots {
+    /// Opens each root (resolved once, now, like the checks of the job's paths).
+    pub fn open(roots: &[PathBuf]) -> Result<Self, PipelineError> {
+        let mut held = Vec::with_capacity(roots.len());
+        for root in roots {
+            let failed = |source| PipelineError::Root { path: root.clone(), source };
+            let canonical = root.canonicalize().map_err(failed)?;
+            let fd = open(&canonical, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|e| failed(e.into()))?;
+            held.push((canonical, fd));
+        }
+        Ok(Self { roots: held })
+    }
+
+    fn describe(&self) -> String {
+        self.roots.iter().map(|(r, _)| r.display().to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Opens `path` beneath the root it lies under. The root and the path under it come
+    /// from the path's canonical form now; if a symlink is swapped in after that, the
+    /// kernel still resolves beneath the root (`RESOLVE_BENEATH`) and refuses to leave it.
+    fn open_beneath(&self, path: &Path) -> Result<OwnedFd, SampleErrorKind> {
+        let canonical = path.canonicalize().map_err(io_error)?;
+        let outside = || {
+            SampleErrorKind::Refused(format!(
+                "{} resolves outside the allowed roots ({})",
+                canonical.display(),
+                self.describe()
+            ))
+        };
+        let (root, dir) = self.roots.iter().find(|(r, _)| canonical.starts_with(r)).ok_or_else(outside)?;
+        let under = canonical.strip_prefix(root).map_err(|_| outside())?;
+        let under = if under.as_os_str().is_empty() { Path::new(".") } else { under };
+        openat2(dir, under, FLAGS, Mode::empty(), ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS).map_err(|e| {
+            match e {
+                Errno::XDEV => SampleErrorKind::Refused(format!(
+                    "a symlink or `..` in {} leads outside the allowed root {}",
+                    under.display(),
+                    root.display()
+                )),
+                e => io_error(e.into()),
+            }
+        })
+    }
+}
+
+/// Opens the regular file at `path` for reading, beneath `roots` when given; anything else
+/// (a FIFO, a device, a socket, a directory) is refused without reading or blocking.
+pub(crate) fn open_regular(path: &Path, roots: Option<&Roots>) -> Result<File, SampleErrorKind> {
+    let fd = match roots {
+        Some(roots) => roots.open_beneath(path)?,
+        None => open(path, FLAGS, Mode::empty()).map_err(|e| io_error(e.into()))?,
+    };
+    let kind = rustix::fs::fstat(&fd).map_err(|e| io_error(e.into()))?;
+    match FileType::from_raw_mode(kind.st_mode) {
+        FileType::RegularFile => Ok(File::from(fd)),
+        other => Err(SampleErrorKind::Refused(format!("not a regular file but {}", describe(other)))),
+    }
+}
+
+fn describe(t: FileType) -> &'static str {
+    match t {
+        FileType::Directory => "a directory",
+        FileType::Fifo => "a FIFO (named pipe)",
+        FileType::CharacterDevice => "a character device",
+        FileType::BlockDevice => "a block device",
+        FileType::Socket => "a socket",
+        _ => "something else",
+    }
+}
