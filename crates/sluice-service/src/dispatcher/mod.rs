@@ -18,7 +18,7 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::error::ServiceError;
 use crate::journal::{Journal, Record};
 use crate::metrics::{self, label, metric, Histogram};
-use crate::proto::dispatcher::dispatcher_server::{Dispatcher, DispatcherServer};
+use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenCheck};
 use crate::MAX_MESSAGE_BYTES;
@@ -286,7 +286,7 @@ impl Dispatcher for DispatcherService {
                     };
                     (reply, durable)
                 };
-                if decided.0.status != task_status::WAIT || tokio::time::Instant::now() >= deadline {
+                if decided.0.status() != get_task_reply::Status::Wait || tokio::time::Instant::now() >= deadline {
                     break decided;
                 }
                 let _ = tokio::time::timeout_at(deadline, changed).await;
@@ -294,13 +294,13 @@ impl Dispatcher for DispatcherService {
             if let Some(d) = durable {
                 d.wait().await?;
             }
-            if reply.status == task_status::TASK {
+            if reply.status() == get_task_reply::Status::Task {
                 self.inner.counters.assigned.fetch_add(1, Ordering::Relaxed);
             }
             Ok(reply)
         }
         .await;
-        if r.as_ref().is_ok_and(|reply| reply.status != task_status::WAIT) {
+        if r.as_ref().is_ok_and(|reply| reply.status() != get_task_reply::Status::Wait) {
             self.inner.counters.get_task.observe(t0.elapsed());
         }
         self.counted(r)
