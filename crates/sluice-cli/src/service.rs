@@ -217,8 +217,10 @@ pub struct UpArgs {
     /// The dispatcher's gRPC address.
     #[arg(long, default_value = "127.0.0.1:7070")]
     listen: String,
-    #[arg(long, default_value = ".sluice/dispatcher.journal")]
-    journal: PathBuf,
+    /// The dispatcher's journal, kept across restarts of `up`. Without it, a temporary
+    /// one (removed when `up` stops) still lets a crashed dispatcher resume its jobs.
+    #[arg(long)]
+    journal: Option<PathBuf>,
     /// Decode threads per worker (default: cores / workers).
     #[arg(long)]
     threads: Option<usize>,
@@ -266,9 +268,20 @@ pub fn up(a: UpArgs) -> Result<()> {
             tls_args.extend([flag.to_string(), p.display().to_string()]);
         }
     }
+    // Declared before the children: removed only after they have stopped.
+    let (journal, temp_dir) = match a.journal {
+        Some(path) => (path, None),
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("sluice-up-")
+                .tempdir()
+                .context("cannot create a temporary folder for the dispatcher's journal")?;
+            (dir.path().join("dispatcher.journal"), Some(dir))
+        }
+    };
     let mut specs: Vec<(String, Vec<String>)> = Vec::new();
     let mut d = vec!["dispatcher".into(), "--listen".into(), a.listen.clone(), "--journal".into()];
-    d.push(a.journal.display().to_string());
+    d.push(journal.display().to_string());
     d.extend(root_args.iter().cloned());
     d.extend(tls_args.iter().cloned());
     if let Some(p) = a.metrics_port {
@@ -317,6 +330,10 @@ pub fn up(a: UpArgs) -> Result<()> {
         children.push(Supervised { name, args, child });
     }
     println!("sluice up: dispatcher on {} with {} workers ({threads} threads each); Ctrl-C stops", a.listen, a.workers);
+    match &temp_dir {
+        Some(_) => println!("journal: {} (temporary; pass --journal to keep state across restarts)", journal.display()),
+        None => println!("journal: {}", journal.display()),
+    }
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(200));
         for s in &mut children {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use sluice_core::{OpSpec, PipelineSpec, Size};
-use sluice_service::proto::dispatcher::dispatcher_client::DispatcherClient;
+use sluice_service::proto::dispatcher_client::DispatcherClient;
 use sluice_service::proto::{CreateJobRequest, GetTaskRequest, RunTaskRequest};
 use sluice_service::RemoteLoader;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -193,7 +193,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
         let uri = format!("http://{addr}");
         let channel = tonic::transport::Endpoint::from_shared(uri).unwrap().connect().await.unwrap();
         let token: tonic::metadata::MetadataValue<_> = "Bearer s3cret".parse().unwrap();
-        let mut client = sluice_service::proto::dispatcher::dispatcher_client::DispatcherClient::with_interceptor(
+        let mut client = sluice_service::proto::dispatcher_client::DispatcherClient::with_interceptor(
             channel.clone(),
             sluice_service::security::TokenAttach::new(Some("s3cret")).unwrap(),
         );

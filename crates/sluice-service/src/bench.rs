@@ -20,8 +20,8 @@ use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use crate::error::ServiceError;
-use crate::proto::worker::worker_client::WorkerClient;
-use crate::proto::worker::worker_server::{Worker, WorkerServer};
+use crate::proto::worker_client::WorkerClient;
+use crate::proto::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
 use crate::wire::{message_to_batch, Compression, Outgoing};
 use crate::worker::dispatcher_client;
@@ -336,8 +336,8 @@ pub fn dispatcher_load(
                         .into_inner();
                     req_id += 1;
                     rpcs += 1;
-                    match (r.status, r.task) {
-                        (task_status::TASK, Some(t)) => {
+                    match (r.status(), r.task) {
+                        (get_task_reply::Status::Task, Some(t)) => {
                             lat.push(t0.elapsed());
                             d.ack_task(AckTaskRequest {
                                 job_id,
@@ -349,7 +349,7 @@ pub fn dispatcher_load(
                             .await?;
                             rpcs += 1;
                         }
-                        (task_status::EPOCH_DONE, _) => epoch += 1,
+                        (get_task_reply::Status::EpochDone, _) => epoch += 1,
                         _ => tokio::time::sleep(Duration::from_micros(200)).await,
                     }
                 }

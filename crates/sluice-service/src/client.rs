@@ -24,7 +24,7 @@ use tonic::{Code, Status};
 
 use crate::dataplane::TaskStream;
 use crate::error::ServiceError;
-use crate::proto::worker::worker_client::WorkerClient;
+use crate::proto::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::security::TokenAttach;
 use crate::tls::ClientTls;
@@ -587,15 +587,15 @@ async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Re
             epoch,
             request_id,
             lookahead,
-            streamed: streamed.clone(),
+            streamed,
         };
         let reply = with_retry(&conn, "GetTask", |mut d| {
             let req = req.clone();
             async move { d.get_task(req).await }
         })
         .await?;
-        match (reply.status, reply.task) {
-            (task_status::EPOCH_DONE, _) => {
+        match (reply.status(), reply.task) {
+            (get_task_reply::Status::EpochDone, _) => {
                 // Whoever moves the floor first tells the consumer, before any batch of
                 // a later epoch can reach it (those wait for `reading`).
                 if flow.floor.compare_exchange(epoch, epoch + 1, Ordering::SeqCst, Ordering::SeqCst).is_ok()
@@ -604,7 +604,7 @@ async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Re
                     return Ok(());
                 }
             }
-            (task_status::TASK, Some(task)) => {
+            (get_task_reply::Status::Task, Some(task)) => {
                 wait = Duration::from_millis(1);
                 request_id = conn.next_request.fetch_add(1, Ordering::Relaxed);
                 let gate = (task.epoch > *reading.borrow()).then(|| (reading.clone(), permit));

@@ -1,62 +1,125 @@
-//! Prometheus text exposition, hand-written: counters and gauges are rendered from the
-//! live state on each scrape; request latency goes into a fixed-bucket histogram. Served
-//! over plain HTTP/1.1 on `--metrics-port` at `/metrics`.
+//! Metrics in the Prometheus/OpenMetrics text format, through `prometheus-client`, served
+//! by axum at `/metrics`. Each scrape builds a [`Scrape`] from the live state (the
+//! service's counters, gauges read under its locks, the latency histograms), so nothing
+//! has to be kept in step between the state and a long-lived registry.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use axum::http::{header, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::{EncodeCounterValue, EncodeGaugeValue, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Metric, Registry};
 use tokio::net::TcpListener;
 
 use crate::error::ServiceError;
 
 const BUCKETS_S: [f64; 12] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0];
 
-/// A latency histogram with Prometheus' cumulative buckets.
-#[derive(Default)]
-pub struct Histogram {
-    buckets: [AtomicU64; 12],
-    count: AtomicU64,
-    sum_ns: AtomicU64,
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A request latency histogram (seconds, fixed buckets from 100 µs to 1 s).
+#[derive(Debug, Clone)]
+pub struct LatencyHistogram(Histogram);
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self(Histogram::new(BUCKETS_S))
+    }
 }
 
-impl Histogram {
+impl LatencyHistogram {
     pub fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        for (i, b) in BUCKETS_S.iter().enumerate() {
-            if s <= *b {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    pub fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, b) in BUCKETS_S.iter().enumerate() {
-            let n = self.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {n}");
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        let braces = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-        let _ = writeln!(out, "{name}_sum{braces} {sum}\n{name}_count{braces} {count}");
+        self.0.observe(d.as_secs_f64());
     }
 }
 
-/// Appends one sample with its HELP/TYPE header.
-pub fn metric(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+/// Label names and values of one series.
+pub type Labels = Vec<(&'static str, String)>;
+
+/// One metric with a series per label set, built from a snapshot of the state.
+#[derive(Debug)]
+struct Series<M>(Vec<(Labels, M)>);
+
+impl<M: EncodeMetric + TypedMetric> EncodeMetric for Series<M> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (labels, metric) in &self.0 {
+            metric.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
-/// Escapes a label value.
-pub fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// The metrics of one scrape.
+#[derive(Default)]
+pub struct Scrape {
+    registry: Registry,
+}
+
+impl Scrape {
+    /// A counter. `name` comes without `_total`: the exposition appends it.
+    pub fn counter<N>(&mut self, name: &str, help: &str, value: N)
+    where
+        N: EncodeCounterValue + Debug + Send + Sync + 'static,
+    {
+        self.registry.register(name, help, ConstCounter::new(value));
+    }
+
+    pub fn gauge<N>(&mut self, name: &str, help: &str, value: N)
+    where
+        N: EncodeGaugeValue + Debug + Send + Sync + 'static,
+    {
+        self.registry.register(name, help, ConstGauge::new(value));
+    }
+
+    pub fn histogram(&mut self, name: &str, help: &str, histogram: &LatencyHistogram) {
+        self.registry.register(name, help, histogram.0.clone());
+    }
+
+    /// A counter with one series per label set (`name` without `_total`).
+    pub fn counters<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
+    where
+        ConstCounter<N>: Metric,
+    {
+        self.series(name, help, series.into_iter().map(|(l, v)| (l, ConstCounter::new(v))));
+    }
+
+    /// A gauge with one series per label set.
+    pub fn gauges<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
+    where
+        ConstGauge<N>: Metric,
+    {
+        self.series(name, help, series.into_iter().map(|(l, v)| (l, ConstGauge::new(v))));
+    }
+
+    fn series<M>(&mut self, name: &str, help: &str, series: impl Iterator<Item = (Labels, M)>)
+    where
+        M: EncodeMetric + TypedMetric + Debug + Send + Sync + 'static,
+    {
+        self.registry.register(name, help, Series(series.collect()));
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
 }
 
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
@@ -64,44 +127,23 @@ pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// Binds `addr` and serves `render()` at `/metrics` until the runtime stops. Returns the
 /// bound address.
 pub async fn serve(addr: &str, render: Render) -> Result<std::net::SocketAddr, ServiceError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| ServiceError::Listen { addr: addr.to_string(), message: e.to_string() })?;
-    let local =
-        listener.local_addr().map_err(|e| ServiceError::Listen { addr: addr.to_string(), message: e.to_string() })?;
+    let listen_err = |e: std::io::Error| ServiceError::Listen { addr: addr.to_string(), message: e.to_string() };
+    let listener = TcpListener::bind(addr).await.map_err(listen_err)?;
+    let local = listener.local_addr().map_err(listen_err)?;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let body = render();
+                // One connection per scrape: scrapes are seconds apart, and a client that
+                // reads to the end of the stream (curl, a test) gets its answer.
+                async move { ([(header::CONTENT_TYPE, CONTENT_TYPE), (header::CONNECTION, "close")], body) }
+            }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, [(header::CONNECTION, "close")], "not found; try /metrics\n") });
     tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else { continue };
-            let render = render.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut n = 0;
-                // Read the request head (bounded); the body, if any, is ignored.
-                while n < buf.len() {
-                    match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf[n..])).await {
-                        Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
-                        Ok(Ok(k)) => {
-                            n += k;
-                            if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                                break;
-                            }
-                        }
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf[..n]);
-                let path = head.split_whitespace().nth(1).unwrap_or("");
-                let (status, body) = if path == "/metrics" || path == "/" {
-                    ("200 OK", render())
-                } else {
-                    ("404 Not Found", "not found; try /metrics\n".to_string())
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-                let _ = sock.shutdown().await;
-            });
+        if let Err(e) = axum::serve(listener, app.into_make_service()).await {
+            tracing::warn!(error = %e, "metrics server stopped");
         }
     });
     Ok(local)
@@ -110,27 +152,50 @@ pub async fn serve(addr: &str, render: Render) -> Result<std::net::SocketAddr, S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn histogram_buckets_are_cumulative() {
-        let h = Histogram::default();
+        let h = LatencyHistogram::default();
         h.observe(Duration::from_micros(50));
         h.observe(Duration::from_millis(3));
-        let mut s = String::new();
-        h.render(&mut s, "x_seconds", "test", "op=\"a\"");
-        assert!(s.contains("x_seconds_bucket{op=\"a\",le=\"0.0001\"} 1"), "{s}");
-        assert!(s.contains("x_seconds_bucket{op=\"a\",le=\"0.005\"} 2"), "{s}");
-        assert!(s.contains("x_seconds_count{op=\"a\"} 2"), "{s}");
+        let mut s = Scrape::default();
+        s.histogram("x_seconds", "test", &h);
+        let s = s.render();
+        assert!(s.contains("x_seconds_bucket{le=\"0.0001\"} 1"), "{s}");
+        assert!(s.contains("x_seconds_bucket{le=\"0.005\"} 2"), "{s}");
+        assert!(s.contains("x_seconds_count 2"), "{s}");
+    }
+
+    #[test]
+    fn series_carry_their_labels_escaped() {
+        let mut s = Scrape::default();
+        s.counter("c", "a counter", 3u64);
+        s.gauges("g", "a gauge", [(vec![("job", "a\"b".to_string()), ("state", "acked".to_string())], 0i64)]);
+        s.gauges::<f64>("empty", "no series", []);
+        let s = s.render();
+        assert!(s.contains("# TYPE c counter\nc_total 3\n"), "{s}");
+        assert!(s.contains("g{job=\"a\\\"b\",state=\"acked\"} 0\n"), "{s}");
+        assert!(!s.contains("empty"), "{s}");
+        assert!(s.ends_with("# EOF\n"), "{s}");
+    }
+
+    async fn get_path(addr: std::net::SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.unwrap();
+        body
     }
 
     #[tokio::test]
     async fn serves_the_rendered_text_over_http() {
         let addr = serve("127.0.0.1:0", Arc::new(|| "up 1\n".to_string())).await.unwrap();
-        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).await.unwrap();
+        let body = get_path(addr, "/metrics").await;
         assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        assert!(body.contains("content-type: application/openmetrics-text"), "{body}");
         assert!(body.ends_with("up 1\n"), "{body}");
+        let body = get_path(addr, "/other").await;
+        assert!(body.starts_with("HTTP/1.1 404 Not Found"), "{body}");
     }
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use sluice_core::{Location, Manifest, SourceSpec};
 use sluice_pipeline::Loader;
+use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
@@ -164,12 +165,9 @@ impl Interceptor for TokenCheck {
     }
 }
 
-/// Compares without an early exit, so timing does not reveal how much of a token matched.
+/// Compares in constant time (`subtle`), so timing does not reveal how much of a token matched.
 pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.ct_eq(b).into()
 }
 
 /// The client side: adds the token to every outgoing RPC.

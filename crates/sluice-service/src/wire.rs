@@ -7,7 +7,7 @@
 use sluice_core::{Batch, Layout, Tensor, TensorData};
 
 use crate::error::ServiceError;
-use crate::proto::{compression, dtype, layout, BatchMessage};
+use crate::proto::{self, BatchMessage};
 use crate::MAX_MESSAGE_BYTES;
 
 /// How pixels travel from workers to a client.
@@ -36,18 +36,18 @@ impl Compression {
         }
     }
 
-    pub fn to_wire(self) -> u32 {
+    pub fn to_wire(self) -> i32 {
         match self {
-            Self::None => compression::NONE,
-            Self::Zstd => compression::ZSTD,
+            Self::None => proto::Compression::None.into(),
+            Self::Zstd => proto::Compression::Zstd.into(),
         }
     }
 
-    pub fn from_wire(code: u32) -> Result<Self, ServiceError> {
-        match code {
-            compression::NONE => Ok(Self::None),
-            compression::ZSTD => Ok(Self::Zstd),
-            other => Err(ServiceError::InvalidArgument(format!("unknown compression code {other}"))),
+    pub fn from_wire(code: i32) -> Result<Self, ServiceError> {
+        match proto::Compression::try_from(code) {
+            Ok(proto::Compression::None) => Ok(Self::None),
+            Ok(proto::Compression::Zstd) => Ok(Self::Zstd),
+            Err(_) => Err(ServiceError::InvalidArgument(format!("unknown compression code {code}"))),
         }
     }
 }
@@ -84,8 +84,8 @@ impl Outgoing {
 
     /// The batch's columns without its pixels.
     pub fn header(&self) -> BatchMessage {
-        let code = if self.packed.is_some() { compression::ZSTD } else { compression::NONE };
-        header(&self.batch, code)
+        let compression = if self.packed.is_some() { Compression::Zstd } else { Compression::None };
+        header(&self.batch, compression)
     }
 
     pub fn batch(&self) -> &Batch {
@@ -101,7 +101,7 @@ impl Outgoing {
     pub fn into_message(self) -> BatchMessage {
         match self.packed {
             None => batch_to_message(self.batch),
-            Some(packed) => BatchMessage { data: packed, ..header(&self.batch, compression::ZSTD) },
+            Some(packed) => BatchMessage { data: packed, ..header(&self.batch, Compression::Zstd) },
         }
     }
 }
@@ -139,7 +139,7 @@ fn undelta(bytes: &mut [u8], stride: usize) {
     }
 }
 
-fn header(b: &Batch, compression: u32) -> BatchMessage {
+fn header(b: &Batch, compression: Compression) -> BatchMessage {
     BatchMessage {
         epoch: b.epoch,
         index: b.index,
@@ -147,22 +147,22 @@ fn header(b: &Batch, compression: u32) -> BatchMessage {
         labels: b.labels.clone(),
         shape: b.images.shape.iter().map(|&d| d as u64).collect(),
         dtype: match b.images.data {
-            TensorData::U8(_) | TensorData::SharedU8(_) => dtype::U8,
-            TensorData::F32(_) => dtype::F32,
+            TensorData::U8(_) | TensorData::SharedU8(_) => proto::Dtype::U8.into(),
+            TensorData::F32(_) => proto::Dtype::F32.into(),
         },
         layout: match b.layout {
-            Layout::Hwc => layout::HWC,
-            Layout::Chw => layout::CHW,
+            Layout::Hwc => proto::Layout::Hwc.into(),
+            Layout::Chw => proto::Layout::Chw.into(),
         },
         data: Vec::new(),
         has_weights: b.weights.is_some(),
         weights: b.weights.clone().unwrap_or_default(),
-        compression,
+        compression: compression.to_wire(),
     }
 }
 
 pub fn batch_to_message(batch: Batch) -> BatchMessage {
-    let head = header(&batch, compression::NONE);
+    let head = header(&batch, Compression::None);
     let data = match batch.images.data {
         TensorData::U8(v) => v,
         TensorData::SharedU8(s) => s.as_slice().to_vec(),
@@ -186,7 +186,18 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
             m.labels.len()
         )));
     }
-    let width = if m.dtype == dtype::F32 { 4 } else { 1 };
+    let Ok(dtype) = proto::Dtype::try_from(m.dtype) else {
+        return Err(ServiceError::BadBatch(format!("batch {}: unknown dtype {}", m.index, m.dtype)));
+    };
+    let layout = match proto::Layout::try_from(m.layout) {
+        Ok(proto::Layout::Hwc) => Layout::Hwc,
+        Ok(proto::Layout::Chw) => Layout::Chw,
+        Err(_) => return Err(ServiceError::BadBatch(format!("batch {}: unknown layout {}", m.index, m.layout))),
+    };
+    let width = match dtype {
+        proto::Dtype::U8 => 1,
+        proto::Dtype::F32 => 4,
+    };
     match Compression::from_wire(m.compression)? {
         Compression::None => {}
         Compression::Zstd => {
@@ -204,27 +215,22 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
                     m.index, m.epoch
                 ))
             })?;
-            let lay = if m.layout == layout::CHW { Layout::Chw } else { Layout::Hwc };
-            undelta(&mut m.data, delta_stride(&shape, lay, width));
+            undelta(&mut m.data, delta_stride(&shape, layout, width));
         }
     }
-    let data = match m.dtype {
-        dtype::U8 if m.data.len() == elements => TensorData::U8(m.data),
-        dtype::F32 if m.data.len() == elements * 4 => {
+    let data = match dtype {
+        proto::Dtype::U8 if m.data.len() == elements => TensorData::U8(m.data),
+        proto::Dtype::F32 if m.data.len() == elements * 4 => {
             TensorData::F32(m.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
         }
-        other => {
+        _ => {
             return Err(ServiceError::BadBatch(format!(
-                "batch {}: {} bytes of dtype {other} for shape {shape:?}",
+                "batch {}: {} bytes of dtype {} for shape {shape:?}",
                 m.index,
-                m.data.len()
+                m.data.len(),
+                dtype.as_str_name()
             )))
         }
-    };
-    let lay = match m.layout {
-        layout::HWC => Layout::Hwc,
-        layout::CHW => Layout::Chw,
-        other => return Err(ServiceError::BadBatch(format!("unknown layout {other}"))),
     };
     if m.has_weights && m.weights.len() != m.keys.len() {
         return Err(ServiceError::BadBatch(format!(
@@ -240,7 +246,7 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
         keys: m.keys,
         labels: m.labels,
         images: Tensor { shape, data },
-        layout: lay,
+        layout,
         weights: m.has_weights.then_some(m.weights),
     })
 }

@@ -27,9 +27,9 @@ use crate::dataplane::TaskBatches;
 use crate::error::ServiceError;
 use crate::job_table::JobTable;
 use crate::limits::WorkerLimits;
-use crate::metrics::{self, metric, Histogram};
-use crate::proto::dispatcher::dispatcher_client::DispatcherClient;
-use crate::proto::worker::worker_server::{Worker, WorkerServer};
+use crate::metrics::{self, LatencyHistogram, Scrape};
+use crate::proto::dispatcher_client::DispatcherClient;
+use crate::proto::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenAttach, TokenCheck};
 use crate::tls::{ClientTls, ServerTls, TlsFiles};
@@ -116,7 +116,7 @@ struct Counters {
     samples: AtomicU64,
     bytes: AtomicU64,
     pixel_bytes: AtomicU64,
-    task_time: Histogram,
+    task_time: LatencyHistogram,
     refused: AtomicU64,
 }
 
@@ -236,89 +236,52 @@ impl WorkerService {
 
     pub fn render_metrics(&self) -> String {
         let c = &self.inner.counters;
-        let mut out = String::new();
+        let count = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let up = self.inner.started.elapsed().as_secs_f64();
-        let batches = c.batches.load(Ordering::Relaxed) as f64;
-        let samples = c.samples.load(Ordering::Relaxed) as f64;
-        metric(
-            &mut out,
-            "sluice_worker_tasks_started_total",
-            "counter",
-            "tasks started",
-            c.tasks_started.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
-            "sluice_worker_tasks_done_total",
-            "counter",
-            "tasks streamed to the end",
-            c.tasks_done.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
-            "sluice_worker_tasks_running",
-            "gauge",
-            "tasks running or queued (queue depth)",
-            c.tasks_running.load(Ordering::Relaxed) as f64,
-        );
-        metric(&mut out, "sluice_worker_batches_total", "counter", "batches sent", batches);
-        metric(&mut out, "sluice_worker_samples_total", "counter", "samples sent", samples);
-        metric(
-            &mut out,
-            "sluice_worker_bytes_sent_total",
-            "counter",
-            "pixel bytes sent, after compression",
-            c.bytes.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
-            "sluice_worker_pixel_bytes_total",
-            "counter",
-            "pixel bytes produced, before compression",
-            c.pixel_bytes.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
+        let samples = count(&c.samples);
+        let mut m = Scrape::default();
+        m.counter("sluice_worker_tasks_started", "tasks started", count(&c.tasks_started));
+        m.counter("sluice_worker_tasks_done", "tasks streamed to the end", count(&c.tasks_done));
+        m.gauge("sluice_worker_tasks_running", "tasks running or queued (queue depth)", count(&c.tasks_running));
+        m.counter("sluice_worker_batches", "batches sent", count(&c.batches));
+        m.counter("sluice_worker_samples", "samples sent", samples);
+        m.counter("sluice_worker_bytes_sent", "pixel bytes sent, after compression", count(&c.bytes));
+        m.counter("sluice_worker_pixel_bytes", "pixel bytes produced, before compression", count(&c.pixel_bytes));
+        m.gauge(
             "sluice_worker_samples_per_second",
-            "gauge",
             "mean throughput since start",
-            if up > 0.0 { samples / up } else { 0.0 },
+            if up > 0.0 { samples as f64 / up } else { 0.0 },
         );
-        metric(
-            &mut out,
-            "sluice_worker_requests_refused_total",
-            "counter",
-            "RunTask calls refused",
-            c.refused.load(Ordering::Relaxed) as f64,
-        );
-        c.task_time.render(&mut out, "sluice_worker_task_seconds", "time to run and stream one task", "");
+        m.counter("sluice_worker_requests_refused", "RunTask calls refused", count(&c.refused));
+        m.histogram("sluice_worker_task_seconds", "time to run and stream one task", &c.task_time);
         // Each cache once (jobs with one fingerprint share it).
         if let Ok(caches) = self.inner.caches.try_lock() {
-            type Value = fn(&CacheStats) -> f64;
-            let series: [(&str, &str, &str, Value); 4] = [
-                ("sluice_worker_cache_hits_total", "counter", "cache hits", |s| s.hits as f64),
-                ("sluice_worker_cache_misses_total", "counter", "cache misses", |s| s.misses as f64),
-                ("sluice_worker_cache_hit_rate", "gauge", "hits / lookups since start", |s| s.hit_rate),
-                ("sluice_worker_cache_bytes", "gauge", "bytes held", |s| s.used_bytes as f64),
-            ];
-            let stats: Vec<_> = caches.iter().map(|(f, c)| (f, c.stats())).collect();
-            for (name, kind, help, value) in series {
-                out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-                for (f, s) in &stats {
-                    out.push_str(&format!("{name}{{fingerprint=\"{f}\"}} {}\n", value(s)));
-                }
-            }
+            let stats: Vec<_> = caches.iter().map(|(f, c)| (vec![("fingerprint", f.clone())], c.stats())).collect();
+            let each = |value: fn(&CacheStats) -> u64| stats.iter().map(move |(l, s)| (l.clone(), value(s)));
+            m.counters("sluice_worker_cache_hits", "cache hits", each(|s| s.hits));
+            m.counters("sluice_worker_cache_misses", "cache misses", each(|s| s.misses));
+            m.gauges("sluice_worker_cache_bytes", "bytes held", each(|s| s.used_bytes));
+            m.gauges(
+                "sluice_worker_cache_hit_rate",
+                "hits / lookups since start",
+                stats.iter().map(|(l, s)| (l.clone(), s.hit_rate)),
+            );
         }
         // Per-op busy time of every job's loader.
         if let Ok(jobs) = self.inner.jobs.try_lock() {
-            out.push_str("# HELP sluice_worker_op_seconds_total busy time per op, summed over threads\n# TYPE sluice_worker_op_seconds_total counter\n");
-            for (id, r) in jobs.iter() {
-                for (op, s) in r.loader.stats().op_seconds {
-                    out.push_str(&format!("sluice_worker_op_seconds_total{{job_id=\"{id}\",op=\"{op}\"}} {s}\n"));
-                }
-            }
+            m.counters(
+                "sluice_worker_op_seconds",
+                "busy time per op, summed over threads",
+                jobs.iter().flat_map(|(id, r)| {
+                    r.loader
+                        .stats()
+                        .op_seconds
+                        .into_iter()
+                        .map(move |(op, s)| (vec![("job_id", id.to_string()), ("op", op)], s))
+                }),
+            );
         }
-        out
+        m.render()
     }
 }
 

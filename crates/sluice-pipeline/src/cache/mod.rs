@@ -9,6 +9,7 @@
 
 pub mod level;
 pub mod policy;
+pub mod ram;
 pub mod sim;
 
 use std::collections::{BTreeSet, HashMap};
@@ -19,6 +20,7 @@ use sluice_core::{CacheLevel, CachePolicyKind, CacheSpec, Image};
 
 pub use level::{choose_level, CostModel, LevelEstimate, SampleCost, MEASURE_SAMPLES};
 use policy::{make_policy, Policy};
+pub use ram::total_ram_bytes;
 
 /// What an entry holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -307,14 +309,6 @@ impl Cache {
             estimates: g.estimates.clone(),
         }
     }
-}
-
-/// Total memory of this machine (Linux `MemTotal`), for budgets given as a fraction.
-pub fn total_ram_bytes() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 #[cfg(test)]

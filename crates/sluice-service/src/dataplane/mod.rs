@@ -659,7 +659,7 @@ mod local_tests {
         assert_eq!(read_all(&mut open(req, "tok").await.unwrap()).await.unwrap(), vec![0, 1, 2]);
 
         let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0 };
-        let e = open(req.clone(), "nope").await.err().expect("a wrong token is refused");
+        let e = open(req, "nope").await.err().expect("a wrong token is refused");
         assert_eq!(e.code(), Code::Unauthenticated);
 
         let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99, compression: 0 };

@@ -17,8 +17,8 @@ use xxhash_rust::xxh3::Xxh3;
 
 use crate::error::ServiceError;
 use crate::journal::{Journal, Record};
-use crate::metrics::{self, label, metric, Histogram};
-use crate::proto::dispatcher::dispatcher_server::{Dispatcher, DispatcherServer};
+use crate::metrics::{self, LatencyHistogram, Scrape};
+use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenCheck};
 use crate::MAX_CONTROL_MESSAGE_BYTES;
@@ -46,7 +46,7 @@ pub struct DispatcherConfig {
 
 #[derive(Default)]
 struct Counters {
-    get_task: Histogram,
+    get_task: LatencyHistogram,
     requests: AtomicU64,
     errors: AtomicU64,
     assigned: AtomicU64,
@@ -286,7 +286,7 @@ impl Dispatcher for DispatcherService {
                     };
                     (reply, durable)
                 };
-                if decided.0.status != task_status::WAIT || tokio::time::Instant::now() >= deadline {
+                if decided.0.status() != get_task_reply::Status::Wait || tokio::time::Instant::now() >= deadline {
                     break decided;
                 }
                 let _ = tokio::time::timeout_at(deadline, changed).await;
@@ -294,13 +294,13 @@ impl Dispatcher for DispatcherService {
             if let Some(d) = durable {
                 d.wait().await?;
             }
-            if reply.status == task_status::TASK {
+            if reply.status() == get_task_reply::Status::Task {
                 self.inner.counters.assigned.fetch_add(1, Ordering::Relaxed);
             }
             Ok(reply)
         }
         .await;
-        if r.as_ref().is_ok_and(|reply| reply.status != task_status::WAIT) {
+        if r.as_ref().is_ok_and(|reply| reply.status() != get_task_reply::Status::Wait) {
             self.inner.counters.get_task.observe(t0.elapsed());
         }
         self.counted(r)
@@ -412,90 +412,66 @@ impl DispatcherService {
     /// The Prometheus exposition of the dispatcher.
     pub fn render_metrics(&self) -> String {
         let c = &self.inner.counters;
-        let mut out = String::new();
-        let now = Instant::now();
-        let state = lock(&self.inner.state);
-        metric(
-            &mut out,
-            "sluice_dispatcher_requests_total",
-            "counter",
-            "RPCs answered",
-            c.requests.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
-            "sluice_dispatcher_request_errors_total",
-            "counter",
-            "RPCs refused",
-            c.errors.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
-            "sluice_dispatcher_tasks_assigned_total",
-            "counter",
-            "tasks handed to clients",
-            c.assigned.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
-            "sluice_dispatcher_tasks_acked_total",
-            "counter",
-            "tasks acknowledged",
-            c.acked.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
-            "sluice_dispatcher_batches_acked_total",
-            "counter",
+        let count = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut m = Scrape::default();
+        m.counter("sluice_dispatcher_requests", "RPCs answered", count(&c.requests));
+        m.counter("sluice_dispatcher_request_errors", "RPCs refused", count(&c.errors));
+        m.counter("sluice_dispatcher_tasks_assigned", "tasks handed to clients", count(&c.assigned));
+        m.counter("sluice_dispatcher_tasks_acked", "tasks acknowledged", count(&c.acked));
+        m.counter(
+            "sluice_dispatcher_batches_acked",
             "batches in acknowledged tasks (throughput)",
-            c.batches_acked.load(Ordering::Relaxed) as f64,
+            count(&c.batches_acked),
         );
-        metric(
-            &mut out,
-            "sluice_dispatcher_tasks_failed_total",
-            "counter",
-            "tasks whose worker failed",
-            c.failed.load(Ordering::Relaxed) as f64,
-        );
-        metric(
-            &mut out,
-            "sluice_dispatcher_workers_live",
-            "gauge",
-            "workers with a recent heartbeat",
-            state.live_workers(now) as f64,
-        );
-        metric(&mut out, "sluice_dispatcher_jobs", "gauge", "jobs known", state.jobs.len() as f64);
-        c.get_task.render(
-            &mut out,
+        m.counter("sluice_dispatcher_tasks_failed", "tasks whose worker failed", count(&c.failed));
+        m.histogram(
             "sluice_dispatcher_get_task_seconds",
             "time to answer GetTask, journal fsync included",
-            "",
+            &c.get_task,
         );
-        out.push_str(
-            "# HELP sluice_job_tasks queue depth: tasks of the current epoch by state\n# TYPE sluice_job_tasks gauge\n",
+        let state = lock(&self.inner.state);
+        m.gauge(
+            "sluice_dispatcher_workers_live",
+            "workers with a recent heartbeat",
+            state.live_workers(Instant::now()) as i64,
         );
-        for job in state.jobs.values() {
-            let e = &job.current;
-            let name = label(&job.name);
-            for (st, n) in [("pending", e.queue.len()), ("leased", e.leased()), ("acked", e.acked)] {
-                out.push_str(&format!("sluice_job_tasks{{job=\"{name}\",state=\"{st}\"}} {n}\n"));
-            }
-            out.push_str(&format!("sluice_job_epoch{{job=\"{name}\"}} {}\n", e.epoch));
-        }
-        out.push_str("# HELP sluice_client_batches_total batches the client handed to its trainer\n# TYPE sluice_client_batches_total counter\n");
-        let mut stall = String::from("# HELP sluice_client_stall_fraction share of the client's time its trainer waited for data\n# TYPE sluice_client_stall_fraction gauge\n");
-        let mut rate = String::from("# HELP sluice_client_batches_per_second the client's mean consumption rate\n# TYPE sluice_client_batches_per_second gauge\n");
-        for (id, r) in &state.clients {
-            let l = format!("client=\"{}\",job_id=\"{}\"", label(id), r.job_id);
-            out.push_str(&format!("sluice_client_batches_total{{{l}}} {}\n", r.batches));
-            let frac = if r.elapsed_s > 0.0 { r.stall_s / r.elapsed_s } else { 0.0 };
-            stall.push_str(&format!("sluice_client_stall_fraction{{{l}}} {frac}\n"));
-            let bps = if r.elapsed_s > 0.0 { r.batches as f64 / r.elapsed_s } else { 0.0 };
-            rate.push_str(&format!("sluice_client_batches_per_second{{{l}}} {bps}\n"));
-        }
-        out.push_str(&stall);
-        out.push_str(&rate);
-        out
+        m.gauge("sluice_dispatcher_jobs", "jobs known", state.jobs.len() as i64);
+        let job = |name: &str| vec![("job", name.to_string())];
+        m.gauges(
+            "sluice_job_tasks",
+            "queue depth: tasks of the current epoch by state",
+            state.jobs.values().flat_map(|j| {
+                let e = &j.current;
+                [("pending", e.queue.len()), ("leased", e.leased()), ("acked", e.acked)].map(|(st, n)| {
+                    let mut labels = job(&j.name);
+                    labels.push(("state", st.to_string()));
+                    (labels, n as i64)
+                })
+            }),
+        );
+        m.gauges(
+            "sluice_job_epoch",
+            "the epoch each job is in",
+            state.jobs.values().map(|j| (job(&j.name), j.current.epoch as i64)),
+        );
+        let client = |id: &str, r: &ClientReport| vec![("client", id.to_string()), ("job_id", r.job_id.to_string())];
+        let over_elapsed = |n: f64, r: &ClientReport| if r.elapsed_s > 0.0 { n / r.elapsed_s } else { 0.0 };
+        m.counters(
+            "sluice_client_batches",
+            "batches the client handed to its trainer",
+            state.clients.iter().map(|(id, r)| (client(id, r), r.batches)),
+        );
+        m.gauges(
+            "sluice_client_stall_fraction",
+            "share of the client's time its trainer waited for data",
+            state.clients.iter().map(|(id, r)| (client(id, r), over_elapsed(r.stall_s, r))),
+        );
+        m.gauges(
+            "sluice_client_batches_per_second",
+            "the client's mean consumption rate",
+            state.clients.iter().map(|(id, r)| (client(id, r), over_elapsed(r.batches as f64, r))),
+        );
+        m.render()
     }
 }
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::ServiceError;
 use crate::journal::Record;
-use crate::proto::{task_status, GetTaskReply, JobInfo, RegisterWorkerRequest, TaskAssignment, TaskRef};
+use crate::proto::{get_task_reply, GetTaskReply, JobInfo, RegisterWorkerRequest, TaskAssignment, TaskRef};
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
@@ -501,10 +501,10 @@ impl State {
                 return Ok((reply, None, 0));
             }
         }
-        let wait = GetTaskReply { status: task_status::WAIT, task: None };
+        let wait = GetTaskReply { status: get_task_reply::Status::Wait.into(), task: None };
         let current = self.job(job_id)?.current.epoch;
         if epoch < current {
-            return Ok((GetTaskReply { status: task_status::EPOCH_DONE, task: None }, None, 0));
+            return Ok((GetTaskReply { status: get_task_reply::Status::EpochDone.into(), task: None }, None, 0));
         }
         if epoch > current {
             return Ok((wait, None, 0));
@@ -516,7 +516,11 @@ impl State {
                 Some(n) if n.epoch == epoch + 1 => Record::Advance { job_id, epoch: epoch + 1 },
                 _ => Record::Epoch { job_id, epoch: epoch + 1, skip: Vec::new() },
             };
-            return Ok((GetTaskReply { status: task_status::EPOCH_DONE, task: None }, Some(record), 0));
+            return Ok((
+                GetTaskReply { status: get_task_reply::Status::EpochDone.into(), task: None },
+                Some(record),
+                0,
+            ));
         }
         // The current epoch's tasks first; the next epoch's only when asked to look ahead.
         let span = |e: &EpochState, task: u64| e.tasks.get(task as usize).map(|t| (t.start, t.end));
@@ -555,7 +559,11 @@ impl State {
             worker_local_data_addr: worker.local_data_addr.clone(),
         };
         let record = Record::Assign { job_id, epoch, task, client: client.to_string(), request };
-        Ok((GetTaskReply { status: task_status::TASK, task: Some(assignment) }, Some(record), worker_id))
+        Ok((
+            GetTaskReply { status: get_task_reply::Status::Task.into(), task: Some(assignment) },
+            Some(record),
+            worker_id,
+        ))
     }
 
     /// The task a retried request got the first time, if the client still holds it. Its
@@ -586,7 +594,7 @@ impl State {
             return None;
         }
         let Some((worker_id, addr, data_addr, local_data_addr)) = picked else {
-            return Some(GetTaskReply { status: task_status::WAIT, task: None });
+            return Some(GetTaskReply { status: get_task_reply::Status::Wait.into(), task: None });
         };
         let before = std::mem::replace(worker, worker_id);
         let (start, end) = (t.start, t.end);
@@ -604,7 +612,7 @@ impl State {
             generation,
             worker_local_data_addr: local_data_addr,
         };
-        Some(GetTaskReply { status: task_status::TASK, task: Some(assignment) })
+        Some(GetTaskReply { status: get_task_reply::Status::Task.into(), task: Some(assignment) })
     }
 
     /// Whether a report about `epoch` at `generation` comes from before the job's task list
@@ -774,17 +782,17 @@ mod tests {
         let mut s = State::new(100);
         s.apply(&job_record(10, 4), now, 0).unwrap();
         // No worker: wait.
-        assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT);
+        assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait);
         let w = s.register_worker(&RegisterWorkerRequest { addr: "127.0.0.1:1".into(), ..Default::default() }, now);
         let t0 = step(&mut s, "a", 0, now).task.unwrap();
         let t1 = step(&mut s, "b", 0, now).task.unwrap();
         let t2 = step(&mut s, "a", 0, now).task.unwrap();
         assert_eq!((t0.start, t0.end, t1.start, t2.end, t0.worker_id), (0, 4, 4, 10, w));
-        assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT);
+        assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait);
         // Task 1 failed after 3 of its 4 batches: only batch 7 runs again.
         let r = s.fail_task(1, 0, t1.task_index, 3, w, 0).unwrap().unwrap();
         s.apply(&r, now, 0).unwrap();
-        assert_eq!(step(&mut s, "a", 0, now).status, task_status::WAIT, "suspect worker gets nothing");
+        assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait, "suspect worker gets nothing");
         assert!(s.worker_heartbeat(w, 0, 0, now));
         let again = step(&mut s, "a", 0, now).task.unwrap();
         assert_eq!((again.task_index, again.start, again.end), (1, 7, 8));
@@ -794,9 +802,9 @@ mod tests {
             }
         }
         assert_eq!(s.ack_task(1, 0, 0, 0).unwrap(), None, "acks are idempotent");
-        assert_eq!(step(&mut s, "a", 0, now).status, task_status::EPOCH_DONE);
+        assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::EpochDone);
         assert_eq!(s.job(1).unwrap().current.epoch, 1);
-        assert_eq!(step(&mut s, "b", 0, now).status, task_status::EPOCH_DONE);
+        assert_eq!(step(&mut s, "b", 0, now).status(), get_task_reply::Status::EpochDone);
         assert_eq!(step(&mut s, "b", 1, now).task.unwrap().start, 0);
     }
 
@@ -849,12 +857,12 @@ mod tests {
         // A retried request (its reply was lost in the restart) gets the same task back,
         // WAIT while no worker is there to run it.
         let (wait, _, _) = r.get_task(1, "a", 0, 2, false, now).unwrap();
-        assert_eq!(wait.status, task_status::WAIT);
+        assert_eq!(wait.status(), get_task_reply::Status::Wait);
         r.register_worker(&RegisterWorkerRequest { addr: "w2".into(), ..Default::default() }, now);
         let (again, record, _) = r.get_task(1, "a", 0, 2, false, now).unwrap();
         assert_eq!((again.task.unwrap().task_index, record), (1, None));
         let (other, _, _) = r.get_task(1, "a", 0, 3, false, now).unwrap();
-        assert_eq!(other.status, task_status::WAIT);
+        assert_eq!(other.status(), get_task_reply::Status::Wait);
 
         // A checkpoint rebuilds the task list; acks for the old list no longer count.
         r.apply(&Record::Epoch { job_id: 1, epoch: 0, skip: vec![0] }, now, 0).unwrap();
@@ -884,7 +892,7 @@ mod tests {
         let t1 = ask(&mut s, &mut journal, 0, 2, true).task.unwrap();
         assert_eq!((t0.epoch, t1.epoch, t1.task_index), (0, 0, 1));
         // Nothing left to hand out in epoch 0: without lookahead wait, with it epoch 1.
-        assert_eq!(ask(&mut s, &mut journal, 0, 3, false).status, task_status::WAIT);
+        assert_eq!(ask(&mut s, &mut journal, 0, 3, false).status(), get_task_reply::Status::Wait);
         let n0 = ask(&mut s, &mut journal, 0, 3, true).task.unwrap();
         assert_eq!((n0.epoch, n0.task_index, n0.start, n0.end, n0.generation), (1, 0, 0, 2, 1));
         // The retried request gets the same task back.
@@ -902,7 +910,7 @@ mod tests {
             s.apply(&r, now, 0).unwrap();
             journal.push(r);
         }
-        assert_eq!(ask(&mut s, &mut journal, 0, 5, true).status, task_status::EPOCH_DONE);
+        assert_eq!(ask(&mut s, &mut journal, 0, 5, true).status(), get_task_reply::Status::EpochDone);
         let e = &s.job(1).unwrap().current;
         assert_eq!((e.epoch, e.generation, e.leased(), e.queue.len()), (1, 1, 1, 1));
         assert!(s.job(1).unwrap().next.is_none());

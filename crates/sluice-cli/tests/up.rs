@@ -1,0 +1,96 @@
+//! `sluice up` keeps its runtime state out of the folder it runs in.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use sluice_service::RemoteLoader;
+
+/// `sluice up` with one worker, started in `cwd`; its stdout lines arrive on the channel
+/// (drained to the end, so its children never write into a closed pipe).
+fn up_in(cwd: &Path, addr: &str, root: &Path) -> (Proc, mpsc::Receiver<String>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.args(["up", "--workers", "1", "--threads", "1", "--listen", addr, "--allow-root", root.to_str().unwrap()])
+        .current_dir(cwd)
+        .env("SLUICE_LOG", "warn")
+        .env_remove("SLUICE_TOKEN")
+        .stdout(Stdio::piped());
+    #[cfg(target_os = "linux")]
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (Proc(child), rx)
+}
+
+fn stop(mut up: Proc) {
+    unsafe {
+        libc::kill(up.0.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let t0 = Instant::now();
+    while up.0.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "sluice up did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The journal `up` announced on stdout, and whether it said it is temporary.
+fn announced_journal(lines: &mpsc::Receiver<String>) -> Option<(PathBuf, bool)> {
+    let rest = lines.try_iter().find_map(|line| line.strip_prefix("journal: ").map(str::to_string))?;
+    Some(match rest.split_once(" (temporary; pass --journal to keep state across restarts)") {
+        Some((path, _)) => (PathBuf::from(path), true),
+        None => (PathBuf::from(rest), false),
+    })
+}
+
+#[test]
+fn sluice_up_starts_fresh_and_writes_nothing_into_its_folder() {
+    let _watchdog = watchdog("sluice_up_starts_fresh_and_writes_nothing_into_its_folder", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let cwd = dir.path().join("checkout");
+    std::fs::create_dir(&cwd).unwrap();
+
+    let addr = free_addr();
+    let (up, lines) = up_in(&cwd, &addr, &root);
+    let mut loader = RemoteLoader::connect(&spec(&root, 1), options(&addr, "first")).unwrap();
+    assert_eq!(loader.job().job_id, 1);
+    assert_exactly_once(loader.iter().flat_map(|b| b.unwrap().keys).collect(), "the first `up`");
+    drop(loader);
+    let announced = announced_journal(&lines);
+    let journal_existed = announced.as_ref().is_some_and(|(journal, _)| journal.exists());
+    stop(up);
+    let left: Vec<_> = std::fs::read_dir(&cwd).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(left.is_empty(), "sluice up wrote into its folder: {left:?}");
+    let (journal, temporary) = announced.expect("sluice up did not say where its journal is");
+    assert!(temporary, "no --journal: the journal should be temporary");
+    assert!(journal_existed, "{} missing while `up` ran", journal.display());
+    assert!(!journal.exists(), "the temporary journal {} outlived `up`", journal.display());
+
+    // A second `up` in the same folder knows nothing of the first one's job.
+    let addr = free_addr();
+    let (up, _lines) = up_in(&cwd, &addr, &root);
+    let loader = RemoteLoader::connect(&spec(&root, 2), options(&addr, "second")).unwrap();
+    assert_eq!(loader.job().job_id, 1, "the second `up` replayed a job of the first");
+    assert_eq!(loader.job().epoch, 0);
+    drop(loader);
+    stop(up);
+}
