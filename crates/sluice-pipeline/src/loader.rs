@@ -18,10 +18,11 @@ use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sluice_codec::{CodecError, Plan, Scratch};
 use sluice_core::{
@@ -137,12 +138,6 @@ struct StepSlots {
     prefix: std::ops::Range<usize>,
     resize: Option<usize>,
     suffix: std::ops::Range<usize>,
-}
-
-/// Locks a mutex, recovering it if a thread panicked while holding it: the data under our
-/// locks (counters, progress) stays meaningful after a panic.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 pub struct Loader {
@@ -316,7 +311,7 @@ impl Loader {
             // Borrowed memory goes back to its owner, not to this loader.
             return;
         }
-        let mut spare = lock(&self.shared.spare);
+        let mut spare = self.shared.spare.lock();
         if spare.len() < self.shared.spec.prefetch + 2 {
             spare.push(images);
         }
@@ -335,14 +330,14 @@ impl Loader {
 
     /// Starts `epoch` from its first batch at the next [`Loader::iter`].
     pub fn set_epoch(&self, epoch: u64) {
-        let mut p = lock(&self.shared.progress);
+        let mut p = self.shared.progress.lock();
         p.epoch = epoch;
         p.batch = 0;
         p.generation += 1;
     }
 
     pub fn state(&self) -> LoaderState {
-        let p = lock(&self.shared.progress);
+        let p = self.shared.progress.lock();
         LoaderState {
             epoch: p.epoch,
             batch: p.batch,
@@ -350,7 +345,7 @@ impl Loader {
             fingerprint: self.shared.manifest.fingerprint_hex(),
             rank: self.shared.shard.rank,
             world_size: self.shared.shard.world_size,
-            importance: Some(lock(&self.shared.importance).state()),
+            importance: Some(self.shared.importance.lock().state()),
             order: Some(OrderSpec::of(&self.shared.spec)),
         }
     }
@@ -393,10 +388,10 @@ impl Loader {
             )));
         }
         if let Some(imp) = &state.importance {
-            lock(&self.shared.importance).restore(imp);
-            lock(&self.shared.task_draws).clear();
+            self.shared.importance.lock().restore(imp);
+            self.shared.task_draws.lock().clear();
         }
-        let mut p = lock(&self.shared.progress);
+        let mut p = self.shared.progress.lock();
         p.epoch = state.epoch;
         p.batch = state.batch;
         p.generation += 1;
@@ -404,7 +399,7 @@ impl Loader {
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        let mut s = lock(&self.shared.stats).snapshot();
+        let mut s = self.shared.stats.lock().snapshot();
         s.cache = self.shared.cache.as_deref().map(Cache::stats);
         s
     }
@@ -421,7 +416,7 @@ impl Loader {
         if keys.len() != values.len() {
             return Err(PipelineError::ReportLengths { keys: keys.len(), values: values.len() });
         }
-        let ignored = lock(&self.shared.importance).report(keys, values);
+        let ignored = self.shared.importance.lock().report(keys, values);
         if ignored > 0 {
             tracing::warn!(ignored, "importance report: ignored non-finite or negative values");
         }
@@ -433,7 +428,7 @@ impl Loader {
 
     /// The importance state (smoothed scores, pending reports, coverage bookkeeping).
     pub fn importance_state(&self) -> ImportanceState {
-        lock(&self.shared.importance).state()
+        self.shared.importance.lock().state()
     }
 
     /// Draws the order (and weights) of `epoch` from the importance state and hands the
@@ -453,7 +448,7 @@ impl Loader {
             sampling: shared.spec.sampling,
             shard: shared.shard,
         };
-        let mut store = lock(&shared.importance);
+        let mut store = shared.importance.lock();
         let draw = store.draw(epoch, hot, &inputs);
         if let Some(cache) = &shared.cache {
             let keyed = |v: &[f64]| -> HashMap<u64, f64> {
@@ -475,7 +470,7 @@ impl Loader {
     /// a new iterator retires any older one.
     pub fn iter(&self) -> EpochIter {
         let (epoch, start, generation) = {
-            let mut p = lock(&self.shared.progress);
+            let mut p = self.shared.progress.lock();
             p.generation += 1;
             (p.epoch, p.batch, p.generation)
         };
@@ -500,7 +495,7 @@ impl Loader {
     /// The last two epochs are kept: a service client reads ahead into the next epoch
     /// while the current one finishes.
     fn task_draw(&self, epoch: u64) -> (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>) {
-        let mut draws = lock(&self.shared.task_draws);
+        let mut draws = self.shared.task_draws.lock();
         if let Some((_, order, weights)) = draws.iter().find(|d| d.0 == epoch) {
             return (order.clone(), weights.clone());
         }
@@ -688,7 +683,7 @@ impl EpochIter {
             Some(source) => source(self.shared.dtype, n),
             None => None,
         };
-        let spare = spare.or_else(|| lock(&self.shared.spare).pop());
+        let spare = spare.or_else(|| self.shared.spare.lock().pop());
         let slab = Arc::new(Slab::new(self.shared.dtype, indices.len(), self.shared.sample_shape, spare));
         let entries = &self.shared.manifest.entries;
         let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
@@ -720,7 +715,7 @@ impl EpochIter {
     }
 
     fn is_current(&self) -> bool {
-        self.generation.is_none_or(|g| lock(&self.shared.progress).generation == g)
+        self.generation.is_none_or(|g| self.shared.progress.lock().generation == g)
     }
 
     /// Blocks until batch `b` is complete, folding in whatever other chunks finish first.
@@ -734,7 +729,7 @@ impl EpochIter {
             let done = match self.done_rx.recv_timeout(POLL) {
                 Ok(done) => done,
                 Err(_) => {
-                    lock(&self.shared.stats).add_wait(t0.elapsed());
+                    self.shared.stats.lock().add_wait(t0.elapsed());
                     if interrupted() {
                         return Err(PipelineError::Interrupted);
                     }
@@ -742,7 +737,7 @@ impl EpochIter {
                 }
             };
             let waited = t0.elapsed();
-            let mut stats = lock(&self.shared.stats);
+            let mut stats = self.shared.stats.lock();
             stats.add_wait(waited);
             stats.add_work(&done.times, done.bytes);
             drop(stats);
@@ -772,7 +767,7 @@ impl EpochIter {
         let mut labels = a.labels;
         let mut weights = a.weights;
         if !a.failures.is_empty() {
-            let mut stats = lock(&self.shared.stats);
+            let mut stats = self.shared.stats.lock();
             for (_, e) in &a.failures {
                 stats.add_skipped(e);
             }
@@ -806,7 +801,7 @@ impl EpochIter {
 
     fn record_progress(&self, batches_done: u64) {
         let Some(generation) = self.generation else { return };
-        let mut p = lock(&self.shared.progress);
+        let mut p = self.shared.progress.lock();
         if p.generation != generation {
             return;
         }
@@ -852,7 +847,7 @@ impl EpochIter {
                 }
                 Some(Ok(batch)) => {
                     self.record_progress(self.next_emit);
-                    lock(&self.shared.stats).add_batch(batch.len());
+                    self.shared.stats.lock().add_batch(batch.len());
                     return Some(Ok(batch));
                 }
                 Some(Err(e)) => {

@@ -12,7 +12,9 @@ pub mod policy;
 pub mod sim;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use serde::Serialize;
 use sluice_core::{CacheLevel, CachePolicyKind, CacheSpec, Image};
@@ -111,10 +113,6 @@ pub struct Cache {
     dataset_len: usize,
 }
 
-fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Cache {
     pub fn new(spec: &CacheSpec, budget: u64, dataset_len: usize) -> Self {
         let level = (spec.level != CacheLevel::Auto).then_some(spec.level);
@@ -153,7 +151,7 @@ impl Cache {
 
     /// The entry for `key`, counting a hit or a miss.
     pub fn get(&self, key: u64) -> Option<Arc<CachedData>> {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         let inner = &mut *g;
         let Some(e) = inner.entries.get_mut(&key) else {
             inner.misses += 1;
@@ -173,12 +171,12 @@ impl Cache {
 
     /// The level new entries are stored at; `None` while `auto` is measuring.
     pub fn level(&self) -> Option<CacheLevel> {
-        lock(&self.inner).level
+        self.inner.lock().level
     }
 
     /// Adds one miss's measured costs; `auto` decides once it has enough.
     pub fn observe(&self, cost: &SampleCost) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         g.costs.add(cost);
         if g.level.is_none() && g.costs.samples >= MEASURE_SAMPLES {
             let (level, estimates) = choose_level(&g.costs, self.budget, self.dataset_len, self.has_resize);
@@ -202,7 +200,7 @@ impl Cache {
     /// Returns whether it was stored.
     pub fn offer(&self, key: u64, data: Arc<CachedData>) -> bool {
         let bytes = data.bytes();
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         let inner = &mut *g;
         inner.sizes.insert(key, bytes);
         if inner.entries.contains_key(&key) || bytes > self.budget {
@@ -245,7 +243,7 @@ impl Cache {
 
     /// The trainer's per-sample values for one batch (SHADE rescoring).
     pub fn report(&self, keys: &[u64], values: &[f64]) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         let inner = &mut *g;
         for k in inner.policy.on_report(keys, values) {
             let p = ordered(inner.policy.priority(k));
@@ -258,12 +256,12 @@ impl Cache {
     }
 
     pub fn policy_kind(&self) -> CachePolicyKind {
-        lock(&self.inner).policy.kind()
+        self.inner.lock().policy.kind()
     }
 
     /// Per-key priorities for the epoch about to start; every entry is re-ranked.
     pub fn set_epoch_priorities(&self, priorities: HashMap<u64, f64>) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         let inner = &mut *g;
         inner.policy.set_epoch_priorities(priorities);
         inner.order.clear();
@@ -275,7 +273,7 @@ impl Cache {
 
     /// How many entries the budget holds, from the sizes of every sample offered so far.
     pub fn capacity_entries(&self) -> Option<u64> {
-        let g = lock(&self.inner);
+        let g = self.inner.lock();
         if g.sizes.is_empty() {
             return None;
         }
@@ -284,11 +282,11 @@ impl Cache {
     }
 
     pub fn contains(&self, key: u64) -> bool {
-        lock(&self.inner).entries.contains_key(&key)
+        self.inner.lock().entries.contains_key(&key)
     }
 
     pub fn stats(&self) -> CacheStats {
-        let g = lock(&self.inner);
+        let g = self.inner.lock();
         let lookups = g.hits + g.misses;
         CacheStats {
             policy: g.policy.kind(),
