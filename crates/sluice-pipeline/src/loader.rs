@@ -26,16 +26,16 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sluice_codec::{CodecError, Plan, Scratch};
 use sluice_core::{
-    Batch, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, DType, ErrorPolicy, Image, ImportanceSpec, Layout,
-    Manifest, PipelineSpec, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, SamplingSpec, ShuffleSpec,
-    Stage, Tensor, TensorData,
+    Batch, BatchSpec, ByteBudget, CacheLevel, DType, ErrorPolicy, Image, ImportanceSpec, Layout, Manifest,
+    PipelineSpec, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, SamplingSpec, ShuffleSpec, Stage, Tensor,
+    TensorData,
 };
 
 use crate::cache::{total_ram_bytes, Cache, CachedData, SampleCost};
 use crate::error::PipelineError;
 use crate::executor::{Pool, WorkerLocal};
 use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
-use crate::sampler::{fastmatch_normalise, Shard};
+use crate::sampler::Shard;
 use crate::source::build_manifest;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::storage::{open_storage, open_storage_in, Roots, Storage};
@@ -451,16 +451,7 @@ impl Loader {
         let mut store = shared.importance.lock();
         let draw = store.draw(epoch, hot, &inputs);
         if let Some(cache) = &shared.cache {
-            let keyed = |v: &[f64]| -> HashMap<u64, f64> {
-                shared.manifest.entries.iter().zip(v).map(|(e, &p)| (e.key.0, p)).collect()
-            };
-            match cache.policy_kind() {
-                CachePolicyKind::Importance => cache.set_epoch_priorities(keyed(&draw.expected)),
-                CachePolicyKind::Fastmatch if store.has_scores() => {
-                    cache.set_epoch_priorities(keyed(&fastmatch_normalise(&store.scores_by_position(&shared.manifest))))
-                }
-                _ => {}
-            }
+            cache.set_priorities_for(&draw, &store, &shared.manifest);
         }
         draw
     }

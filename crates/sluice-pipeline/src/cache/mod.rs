@@ -17,10 +17,13 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use serde::Serialize;
-use sluice_core::{CacheLevel, CachePolicyKind, CacheSpec, Image};
+use sluice_core::{CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest};
 
 pub use level::{choose_level, CostModel, LevelEstimate, SampleCost, MEASURE_SAMPLES};
 use policy::{make_policy, Policy};
+
+use crate::importance::ImportanceStore;
+use crate::sampler::{fastmatch_normalise, EpochDraw};
 
 /// What an entry holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -268,6 +271,22 @@ impl Cache {
         for (k, e) in inner.entries.iter_mut() {
             e.prio = ordered(inner.policy.priority(*k));
             inner.order.insert((e.prio, *k));
+        }
+    }
+
+    /// Hands the policy its priorities for the epoch `draw` starts, from the same state the
+    /// draw came from: `importance` keeps the samples drawn most often this epoch,
+    /// `fastmatch` (once there are scores) the highest-scoring ones; the other policies
+    /// rank entries by what they see themselves.
+    pub(crate) fn set_priorities_for(&self, draw: &EpochDraw, store: &ImportanceStore, manifest: &Manifest) {
+        let keyed =
+            |v: &[f64]| -> HashMap<u64, f64> { manifest.entries.iter().zip(v).map(|(e, &p)| (e.key.0, p)).collect() };
+        match self.policy_kind() {
+            CachePolicyKind::Importance => self.set_epoch_priorities(keyed(&draw.expected)),
+            CachePolicyKind::Fastmatch if store.has_scores() => {
+                self.set_epoch_priorities(keyed(&fastmatch_normalise(&store.scores_by_position(manifest))))
+            }
+            _ => {}
         }
     }
 
