@@ -9,6 +9,7 @@
 
 pub mod level;
 pub mod policy;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 
 use std::collections::{BTreeSet, HashMap};
