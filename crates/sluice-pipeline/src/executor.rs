@@ -4,11 +4,12 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use parking_lot::Mutex;
 use sluice_codec::Scratch;
 
 /// What a worker thread keeps between jobs.
@@ -49,10 +50,7 @@ struct Shutdown {
 impl Drop for Shutdown {
     fn drop(&mut self) {
         self.inner.target.store(0, Ordering::SeqCst);
-        let handles = match self.inner.handles.lock() {
-            Ok(mut h) => std::mem::take(&mut *h),
-            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
-        };
+        let handles = std::mem::take(&mut *self.inner.handles.lock());
         for h in handles {
             // Workers catch their jobs' panics, so a join error is not expected; nothing to do.
             let _ = h.join();
@@ -87,10 +85,7 @@ impl Pool {
     /// Grows at once; shrinks as workers finish their current job (idle ones within ~50 ms).
     pub fn set_threads(&self, threads: usize) {
         let threads = threads.max(1);
-        let mut handles = match self.inner.handles.lock() {
-            Ok(h) => h,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut handles = self.inner.handles.lock();
         self.inner.target.store(threads, Ordering::SeqCst);
         handles.retain(|h| !h.is_finished());
         while self.inner.live.load(Ordering::SeqCst) < threads {

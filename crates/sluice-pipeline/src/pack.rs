@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use sluice_codec::add_restart_markers;
 
 #[derive(Debug, thiserror::Error)]
@@ -124,7 +124,7 @@ pub fn pack_dataset(
                 match add_restart_markers(&data, o.interval, o.max_pixels) {
                     Ok(jpg) => Some(jpg),
                     Err(e) => {
-                        not_packed.lock().unwrap_or_else(|p| p.into_inner()).push((from.clone(), e.to_string()));
+                        not_packed.lock().push((from.clone(), e.to_string()));
                         None
                     }
                 }
@@ -147,7 +147,7 @@ pub fn pack_dataset(
         // A panicking thread re-panics here: it is a bug, not a data error.
         handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
     })?;
-    let mut not_packed = not_packed.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut not_packed = not_packed.into_inner();
     not_packed.sort();
     Ok(PackSummary {
         packed: packed.into_inner(),

@@ -116,8 +116,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::io::Write;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
+    use parking_lot::Mutex;
     use sluice_core::{SampleErrorKind, SampleKey, Stage};
 
     use super::*;
@@ -127,7 +128,7 @@ mod tests {
 
     impl Write for Captured {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
+            self.0.lock().extend_from_slice(buf);
             Ok(buf.len())
         }
 
@@ -158,7 +159,7 @@ mod tests {
                 stats.add_skipped(&bad);
             }
         });
-        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let text = String::from_utf8(log.0.lock().clone()).unwrap();
         assert_eq!(
             text.trim(),
             "WARN sample #603 (/p/x.jpg) failed at decode: corrupt or truncated image: bad Huffman code; skipping it \

@@ -10,17 +10,23 @@
 pub mod level;
 pub mod policy;
 pub mod ram;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use serde::Serialize;
-use sluice_core::{CacheLevel, CachePolicyKind, CacheSpec, Image};
+use sluice_core::{CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest};
 
 pub use level::{choose_level, CostModel, LevelEstimate, SampleCost, MEASURE_SAMPLES};
 use policy::{make_policy, Policy};
 pub use ram::total_ram_bytes;
+
+use crate::importance::ImportanceStore;
+use crate::sampler::{fastmatch_normalise, EpochDraw};
 
 /// What an entry holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,10 +119,6 @@ pub struct Cache {
     dataset_len: usize,
 }
 
-fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Cache {
     pub fn new(spec: &CacheSpec, budget: u64, dataset_len: usize) -> Self {
         let level = (spec.level != CacheLevel::Auto).then_some(spec.level);
@@ -155,7 +157,7 @@ impl Cache {
 
     /// The entry for `key`, counting a hit or a miss.
     pub fn get(&self, key: u64) -> Option<Arc<CachedData>> {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         let inner = &mut *g;
         let Some(e) = inner.entries.get_mut(&key) else {
             inner.misses += 1;
@@ -175,12 +177,12 @@ impl Cache {
 
     /// The level new entries are stored at; `None` while `auto` is measuring.
     pub fn level(&self) -> Option<CacheLevel> {
-        lock(&self.inner).level
+        self.inner.lock().level
     }
 
     /// Adds one miss's measured costs; `auto` decides once it has enough.
     pub fn observe(&self, cost: &SampleCost) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         g.costs.add(cost);
         if g.level.is_none() && g.costs.samples >= MEASURE_SAMPLES {
             let (level, estimates) = choose_level(&g.costs, self.budget, self.dataset_len, self.has_resize);
@@ -204,7 +206,7 @@ impl Cache {
     /// Returns whether it was stored.
     pub fn offer(&self, key: u64, data: Arc<CachedData>) -> bool {
         let bytes = data.bytes();
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         let inner = &mut *g;
         inner.sizes.insert(key, bytes);
         if inner.entries.contains_key(&key) || bytes > self.budget {
@@ -247,7 +249,7 @@ impl Cache {
 
     /// The trainer's per-sample values for one batch (SHADE rescoring).
     pub fn report(&self, keys: &[u64], values: &[f64]) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         let inner = &mut *g;
         for k in inner.policy.on_report(keys, values) {
             let p = ordered(inner.policy.priority(k));
@@ -260,12 +262,12 @@ impl Cache {
     }
 
     pub fn policy_kind(&self) -> CachePolicyKind {
-        lock(&self.inner).policy.kind()
+        self.inner.lock().policy.kind()
     }
 
     /// Per-key priorities for the epoch about to start; every entry is re-ranked.
     pub fn set_epoch_priorities(&self, priorities: HashMap<u64, f64>) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         let inner = &mut *g;
         inner.policy.set_epoch_priorities(priorities);
         inner.order.clear();
@@ -275,9 +277,25 @@ impl Cache {
         }
     }
 
+    /// Hands the policy its priorities for the epoch `draw` starts, from the same state the
+    /// draw came from: `importance` keeps the samples drawn most often this epoch,
+    /// `fastmatch` (once there are scores) the highest-scoring ones; the other policies
+    /// rank entries by what they see themselves.
+    pub(crate) fn set_priorities_for(&self, draw: &EpochDraw, store: &ImportanceStore, manifest: &Manifest) {
+        let keyed =
+            |v: &[f64]| -> HashMap<u64, f64> { manifest.entries.iter().zip(v).map(|(e, &p)| (e.key.0, p)).collect() };
+        match self.policy_kind() {
+            CachePolicyKind::Importance => self.set_epoch_priorities(keyed(&draw.expected)),
+            CachePolicyKind::Fastmatch if store.has_scores() => {
+                self.set_epoch_priorities(keyed(&fastmatch_normalise(&store.scores_by_position(manifest))))
+            }
+            _ => {}
+        }
+    }
+
     /// How many entries the budget holds, from the sizes of every sample offered so far.
     pub fn capacity_entries(&self) -> Option<u64> {
-        let g = lock(&self.inner);
+        let g = self.inner.lock();
         if g.sizes.is_empty() {
             return None;
         }
@@ -286,11 +304,11 @@ impl Cache {
     }
 
     pub fn contains(&self, key: u64) -> bool {
-        lock(&self.inner).entries.contains_key(&key)
+        self.inner.lock().entries.contains_key(&key)
     }
 
     pub fn stats(&self) -> CacheStats {
-        let g = lock(&self.inner);
+        let g = self.inner.lock();
         let lookups = g.hits + g.misses;
         CacheStats {
             policy: g.policy.kind(),

@@ -10,7 +10,6 @@
 //! half its difficulty: `L = d_i·(0.5 + 0.5·0.7^seen_i)·ε`, with multiplicative noise ε
 //! (log-normal, σ = 0.2). Losses are reported per batch, as a trainer would.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -22,7 +21,7 @@ use sluice_core::{
 
 use super::{Cache, CachedData};
 use crate::importance::{DrawInputs, ImportanceStore};
-use crate::sampler::{fastmatch_normalise, Shard};
+use crate::sampler::Shard;
 
 /// First epoch counted in [`SimResult::steady_hit_rate`].
 pub const STEADY_FROM: u64 = 3;
@@ -130,14 +129,7 @@ pub fn simulate(policy: CachePolicyKind, sampling: SamplingSpec, cfg: &SimConfig
     let (mut hits_steady, mut lookups_steady) = (0u64, 0u64);
     for epoch in 0..cfg.epochs {
         let draw = store.draw(epoch, cache.capacity_entries(), &inputs);
-        let keyed = |v: &[f64]| -> HashMap<u64, f64> { (0..n as u64).zip(v.iter().copied()).collect() };
-        match policy {
-            CachePolicyKind::Importance => cache.set_epoch_priorities(keyed(&draw.expected)),
-            CachePolicyKind::Fastmatch if store.has_scores() => {
-                cache.set_epoch_priorities(keyed(&fastmatch_normalise(&store.scores_by_position(&manifest))))
-            }
-            _ => {}
-        }
+        cache.set_priorities_for(&draw, &store, &manifest);
         let mut hits = 0u64;
         for batch in draw.order.chunks(cfg.batch) {
             let mut keys = Vec::with_capacity(batch.len());

@@ -8,8 +8,9 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use sluice_core::{Location, SampleErrorKind};
 
 use super::confine::{open_regular, Roots};
@@ -50,7 +51,7 @@ impl LocalStorage {
 
     /// Shard files currently held open.
     pub fn open_shards(&self) -> usize {
-        self.shards.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.shards.lock().len()
     }
 
     fn read_file(&self, path: &Path, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
@@ -77,7 +78,7 @@ impl LocalStorage {
     /// The cached handle of `path`, opened on first use.
     fn shard(&self, path: &Path) -> Result<Arc<File>, SampleErrorKind> {
         // The map is only a cache: a panic elsewhere cannot leave it inconsistent.
-        let mut shards = self.shards.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut shards = self.shards.lock();
         if let Some(file) = shards.get(path) {
             return Ok(Arc::clone(file));
         }

@@ -5,9 +5,10 @@
 //! free, then sleeps until its reservation ends.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use sluice_core::{Location, SampleErrorKind};
 
 use super::Storage;
@@ -47,7 +48,7 @@ impl ThrottledStorage {
     fn reserve(&self, ready: Instant, bytes: usize) -> Instant {
         let transfer = self.transfer_time(bytes);
         // A timeline stays valid whatever a panicking holder was doing.
-        let mut free_at = self.link_free_at.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut free_at = self.link_free_at.lock();
         let start = ready.max(*free_at);
         let end = start.checked_add(transfer).unwrap_or(start);
         *free_at = end;

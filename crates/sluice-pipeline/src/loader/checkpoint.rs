@@ -1,0 +1,123 @@
+//! Checkpoints: where a loader stands ([`LoaderState`]: epoch, batch, importance state
+//! and the spec fields that fix the order), and restoring it, refused when the dataset,
+//! seed, shard or order-deciding spec differ from the loader's.
+
+use serde::{Deserialize, Serialize};
+use sluice_core::{BatchSpec, ImportanceSpec, PipelineSpec, SamplingSpec, ShuffleSpec};
+
+use super::Loader;
+use crate::error::PipelineError;
+use crate::importance::ImportanceState;
+
+/// Where a loader stands: enough to resume to exactly the batches an uninterrupted run
+/// would have produced next.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoaderState {
+    pub epoch: u64,
+    /// Batches of `epoch` already handed out.
+    pub batch: u64,
+    pub seed: u64,
+    pub fingerprint: String,
+    pub rank: usize,
+    pub world_size: usize,
+    /// Reported importance, smoothed scores and coverage bookkeeping: the epoch order is
+    /// drawn from it, so resuming needs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub importance: Option<ImportanceState>,
+    /// The parts of the spec that decide which samples batch `batch` holds; `None` in
+    /// states saved before they were carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<OrderSpec>,
+}
+
+/// What, besides dataset, seed and shard, fixes the samples behind a batch index: a
+/// checkpoint restored under a different one would repeat or skip samples.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct OrderSpec {
+    pub batch: BatchSpec,
+    pub shuffle: ShuffleSpec,
+    pub sampling: SamplingSpec,
+    /// The smoothing of reported importance, from which importance-driven orders are drawn.
+    pub importance: ImportanceSpec,
+}
+
+impl OrderSpec {
+    pub(super) fn of(spec: &PipelineSpec) -> Self {
+        Self { batch: spec.batch, shuffle: spec.shuffle, sampling: spec.sampling, importance: spec.importance }
+    }
+
+    /// The first difference between a checkpoint's (`self`) and this loader's, as
+    /// (what, theirs, ours).
+    fn difference(&self, ours: &Self) -> Option<(&'static str, String, String)> {
+        let differs = |what, theirs: String, ours: String| (theirs != ours).then_some((what, theirs, ours));
+        differs("batch size", self.batch.size.to_string(), ours.batch.size.to_string())
+            .or_else(|| differs("batch.drop_last", self.batch.drop_last.to_string(), ours.batch.drop_last.to_string()))
+            .or_else(|| differs("shuffle", format!("{:?}", self.shuffle), format!("{:?}", ours.shuffle)))
+            .or_else(|| differs("sampling", format!("{:?}", self.sampling), format!("{:?}", ours.sampling)))
+            .or_else(|| differs("importance.ema", self.importance.ema.to_string(), ours.importance.ema.to_string()))
+    }
+}
+
+impl Loader {
+    pub fn state(&self) -> LoaderState {
+        let p = self.shared.progress.lock();
+        LoaderState {
+            epoch: p.epoch,
+            batch: p.batch,
+            seed: self.shared.spec.seed,
+            fingerprint: self.shared.manifest.fingerprint_hex(),
+            rank: self.shared.shard.rank,
+            world_size: self.shared.shard.world_size,
+            importance: Some(self.shared.importance.lock().state()),
+            order: Some(OrderSpec::of(&self.shared.spec)),
+        }
+    }
+
+    /// Makes the next [`Loader::iter`] continue exactly where `state` was taken.
+    pub fn load_state(&self, state: &LoaderState) -> Result<(), PipelineError> {
+        let me = self.state();
+        let mismatch = |what: &str, theirs: String, ours: String| {
+            Err(PipelineError::State(format!("{what} differs: checkpoint has {theirs}, this loader has {ours}")))
+        };
+        if state.fingerprint != me.fingerprint {
+            return mismatch("dataset fingerprint", state.fingerprint.clone(), me.fingerprint);
+        }
+        if state.seed != me.seed {
+            return mismatch("seed", state.seed.to_string(), me.seed.to_string());
+        }
+        if (state.rank, state.world_size) != (me.rank, me.world_size) {
+            return mismatch(
+                "rank/world_size",
+                format!("{}/{}", state.rank, state.world_size),
+                format!("{}/{}", me.rank, me.world_size),
+            );
+        }
+        match (&state.order, &me.order) {
+            (Some(theirs), Some(ours)) => {
+                if let Some((what, theirs, ours)) = theirs.difference(ours) {
+                    return mismatch(what, theirs, ours);
+                }
+            }
+            _ => tracing::warn!(
+                "this checkpoint predates sluice recording batch size, shuffle and sampling in it: \
+                 they cannot be checked, make sure they are the ones it was taken with"
+            ),
+        }
+        if state.batch > self.batches_per_epoch() {
+            return Err(PipelineError::State(format!(
+                "batch {} is past the end of the epoch ({} batches)",
+                state.batch,
+                self.batches_per_epoch()
+            )));
+        }
+        if let Some(imp) = &state.importance {
+            self.shared.importance.lock().restore(imp);
+            self.shared.task_draws.lock().clear();
+        }
+        let mut p = self.shared.progress.lock();
+        p.epoch = state.epoch;
+        p.batch = state.batch;
+        p.generation += 1;
+        Ok(())
+    }
+}

@@ -1,0 +1,330 @@
+//! The consumer side of an epoch: keeps up to `prefetch` batches in flight on the pool,
+//! cut into chunks of a few samples, waits for each batch's chunks in order, drops the
+//! samples that failed (or fails the batch, by the error policy) and records the
+//! loader's position as batches are handed out.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use sluice_core::{Batch, DType, ErrorPolicy, SampleError, Tensor};
+
+use super::sample::{ChunkDone, ChunkJob};
+use super::slab::Slab;
+use super::{batches_for, Loader, Shared};
+use crate::error::PipelineError;
+use crate::executor::Pool;
+
+/// Samples per job: small enough to spread a batch over the threads and keep the first
+/// batch quick, large enough that queueing costs nothing next to decoding.
+const CHUNK: usize = 8;
+
+/// How often a waiting consumer checks whether it was interrupted.
+const POLL: Duration = Duration::from_millis(50);
+
+/// A batch in flight: its buffer, what goes with its images, and the chunks still out.
+struct Assembly {
+    slab: Arc<Slab>,
+    keys: Vec<u64>,
+    labels: Vec<i64>,
+    weights: Option<Vec<f32>>,
+    chunks_left: usize,
+    failures: Vec<(usize, SampleError)>,
+}
+
+/// The batches of one epoch, in order. Dropping it mid-epoch cancels the work in flight.
+pub struct EpochIter {
+    shared: Arc<Shared>,
+    pool: Pool,
+    epoch: u64,
+    /// The loader's iterator generation; `None` for a task iterator, which stands apart.
+    generation: Option<u64>,
+    order: Arc<Vec<u32>>,
+    /// Per-position weights of an importance-sampled epoch.
+    weights: Option<Arc<Vec<f32>>>,
+    n_batches: u64,
+    next_submit: u64,
+    next_emit: u64,
+    pending: HashMap<u64, Assembly>,
+    done_tx: Sender<ChunkDone>,
+    done_rx: Receiver<ChunkDone>,
+    cancel: Arc<AtomicBool>,
+    finished: bool,
+    buffers: Option<BufferSource>,
+}
+
+/// Memory to build a batch's images in, asked for each batch with its dtype and element
+/// count: e.g. a service worker's shared memory, so the batch is made where the client
+/// reads it. `None` (or a tensor that does not fit): the loader's own memory.
+pub type BufferSource = Arc<dyn Fn(DType, usize) -> Option<Tensor> + Send + Sync>;
+
+impl EpochIter {
+    /// The batches `start..` of `epoch` in `order`; `generation` ties it to the loader's
+    /// position, `None` leaves it standing apart (a task).
+    pub(super) fn new(
+        loader: &Loader,
+        epoch: u64,
+        start: u64,
+        generation: Option<u64>,
+        order: Arc<Vec<u32>>,
+        weights: Option<Arc<Vec<f32>>>,
+    ) -> Self {
+        let n_batches = batches_for(order.len(), &loader.shared.spec) as u64;
+        let (done_tx, done_rx) = crossbeam_channel::unbounded();
+        Self {
+            shared: loader.shared.clone(),
+            pool: loader.pool.clone(),
+            epoch,
+            generation,
+            order,
+            weights,
+            n_batches,
+            next_submit: start,
+            next_emit: start,
+            pending: HashMap::new(),
+            done_tx,
+            done_rx,
+            cancel: Arc::new(AtomicBool::new(false)),
+            finished: false,
+            buffers: None,
+        }
+    }
+
+    /// Stops after batch `end` (clamped to the epoch): nothing past it is prefetched.
+    pub(super) fn end_at(mut self, end: u64) -> Self {
+        self.n_batches = self.n_batches.min(end);
+        self
+    }
+
+    /// Builds the batches in memory from `source` where it has some.
+    pub fn with_buffers(mut self, source: BufferSource) -> Self {
+        self.buffers = Some(source);
+        self
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches left in this epoch.
+    pub fn remaining(&self) -> u64 {
+        if self.finished {
+            0
+        } else {
+            self.n_batches - self.next_emit
+        }
+    }
+
+    fn submit_ahead(&mut self) {
+        let window = self.shared.spec.prefetch as u64;
+        while self.next_submit < self.n_batches && self.next_submit < self.next_emit + window {
+            self.submit_batch(self.next_submit);
+            self.next_submit += 1;
+        }
+    }
+
+    fn submit_batch(&mut self, b: u64) {
+        let bs = self.shared.spec.batch.size;
+        let start = b as usize * bs;
+        let end = (start + bs).min(self.order.len());
+        let indices = &self.order[start..end];
+        let n = indices.len() * self.shared.sample_shape.iter().product::<usize>();
+        let spare = match &self.buffers {
+            Some(source) => source(self.shared.dtype, n),
+            None => None,
+        };
+        let spare = spare.or_else(|| self.shared.spare.lock().pop());
+        let slab = Arc::new(Slab::new(self.shared.dtype, indices.len(), self.shared.sample_shape, spare));
+        let entries = &self.shared.manifest.entries;
+        let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
+        let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
+        let weights = self.weights.as_ref().map(|w| w[start..end].to_vec());
+        let chunks = indices.len().div_ceil(CHUNK);
+        for c in 0..chunks {
+            let slots = c * CHUNK..((c + 1) * CHUNK).min(indices.len());
+            let job = ChunkJob {
+                shared: self.shared.clone(),
+                slab: slab.clone(),
+                order: self.order.clone(),
+                first: start,
+                slots,
+                epoch: self.epoch,
+                batch: b,
+                cancel: self.cancel.clone(),
+                reply: self.done_tx.clone(),
+            };
+            self.pool.submit(Box::new(move |local| job.run(local)));
+        }
+        self.pending.insert(b, Assembly { slab, keys, labels, weights, chunks_left: chunks, failures: Vec::new() });
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        self.cancel.store(true, Ordering::SeqCst);
+        self.pending.clear();
+    }
+
+    fn is_current(&self) -> bool {
+        self.generation.is_none_or(|g| self.shared.progress.lock().generation == g)
+    }
+
+    /// Blocks until batch `b` is complete, folding in whatever other chunks finish first.
+    /// Asks `interrupted` every [`POLL`] while waiting and gives up if it says so.
+    fn wait_for(&mut self, b: u64, interrupted: &mut dyn FnMut() -> bool) -> Result<(), PipelineError> {
+        loop {
+            if self.pending.get(&b).is_none_or(|a| a.chunks_left == 0) {
+                return Ok(());
+            }
+            let t0 = Instant::now();
+            let done = match self.done_rx.recv_timeout(POLL) {
+                Ok(done) => done,
+                Err(_) => {
+                    self.shared.stats.lock().add_wait(t0.elapsed());
+                    if interrupted() {
+                        return Err(PipelineError::Interrupted);
+                    }
+                    continue;
+                }
+            };
+            let waited = t0.elapsed();
+            let mut stats = self.shared.stats.lock();
+            stats.add_wait(waited);
+            stats.add_work(&done.times, done.bytes);
+            drop(stats);
+            if let Some(a) = self.pending.get_mut(&done.batch) {
+                a.chunks_left -= 1;
+                a.failures.extend(done.failures);
+            }
+        }
+    }
+
+    fn assemble(&mut self, b: u64) -> Option<Result<Batch, PipelineError>> {
+        let mut a = self.pending.remove(&b)?;
+        a.failures.sort_by_key(|f| f.0);
+        if let Some((_, first)) = a.failures.first() {
+            if self.shared.spec.on_error == ErrorPolicy::Fail {
+                return Some(Err(PipelineError::Sample(first.clone())));
+            }
+        }
+        let slab = match Arc::try_unwrap(a.slab) {
+            Ok(s) => s,
+            // Every chunk dropped its handle before reporting done; this cannot happen.
+            Err(_) => return Some(Err(PipelineError::BufferStillShared { batch: b })),
+        };
+        let slot_bytes = slab.slot_bytes;
+        let mut images = slab.into_tensor();
+        let mut keys = a.keys;
+        let mut labels = a.labels;
+        let mut weights = a.weights;
+        if !a.failures.is_empty() {
+            let mut stats = self.shared.stats.lock();
+            for (_, e) in &a.failures {
+                stats.add_skipped(e);
+            }
+            drop(stats);
+            let bad: Vec<usize> = a.failures.iter().map(|f| f.0).collect();
+            let bytes = images.as_bytes_mut();
+            let mut kept = 0;
+            for slot in 0..keys.len() {
+                if bad.binary_search(&slot).is_ok() {
+                    continue;
+                }
+                if kept != slot {
+                    bytes.copy_within(slot * slot_bytes..(slot + 1) * slot_bytes, kept * slot_bytes);
+                    keys[kept] = keys[slot];
+                    labels[kept] = labels[slot];
+                    if let Some(w) = weights.as_mut() {
+                        w[kept] = w[slot];
+                    }
+                }
+                kept += 1;
+            }
+            keys.truncate(kept);
+            labels.truncate(kept);
+            if let Some(w) = weights.as_mut() {
+                w.truncate(kept);
+            }
+            images.truncate_rows(kept);
+        }
+        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout: self.shared.layout, weights }))
+    }
+
+    fn record_progress(&self, batches_done: u64) {
+        let Some(generation) = self.generation else { return };
+        let mut p = self.shared.progress.lock();
+        if p.generation != generation {
+            return;
+        }
+        if batches_done >= self.n_batches {
+            p.epoch = self.epoch + 1;
+            p.batch = 0;
+        } else {
+            p.epoch = self.epoch;
+            p.batch = batches_done;
+        }
+    }
+}
+
+impl EpochIter {
+    /// The next batch, like [`Iterator::next`], but while it waits it asks `interrupted`
+    /// every 50 ms and returns [`PipelineError::Interrupted`] if it says so (e.g. on Ctrl-C).
+    /// Nothing is lost: the next call picks up the same batch.
+    pub fn next_interruptible(
+        &mut self,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Option<Result<Batch, PipelineError>> {
+        loop {
+            if self.finished || !self.is_current() {
+                self.finish();
+                return None;
+            }
+            if self.next_emit >= self.n_batches {
+                self.record_progress(self.n_batches);
+                self.finish();
+                return None;
+            }
+            self.submit_ahead();
+            let b = self.next_emit;
+            if let Err(e) = self.wait_for(b, interrupted) {
+                return Some(Err(e));
+            }
+            let result = self.assemble(b);
+            self.next_emit += 1;
+            match result {
+                Some(Ok(batch)) if batch.is_empty() => {
+                    // Every sample of this batch was skipped: nothing to hand out.
+                    self.record_progress(self.next_emit);
+                }
+                Some(Ok(batch)) => {
+                    self.record_progress(self.next_emit);
+                    self.shared.stats.lock().add_batch(batch.len());
+                    return Some(Ok(batch));
+                }
+                Some(Err(e)) => {
+                    self.finish();
+                    return Some(Err(e));
+                }
+                None => {
+                    self.finish();
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for EpochIter {
+    type Item = Result<Batch, PipelineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_interruptible(&mut || false)
+    }
+}
+
+impl Drop for EpochIter {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+}

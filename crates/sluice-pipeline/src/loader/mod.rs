@@ -1,0 +1,391 @@
+//! The loader: runs a pipeline spec over its manifest on the worker pool and hands out
+//! batches in epoch order, with bounded prefetch, exact checkpoints and per-op stats.
+//!
+//! Work is cut into chunks of a few samples. Workers write each sample straight into its
+//! slot of the batch's one contiguous buffer, so a batch is assembled without copies; the
+//! consumer only waits for its chunks to finish. At most `prefetch` batches are in flight,
+//! which bounds memory by `prefetch × batch bytes`, whatever the dataset size.
+//!
+//! With a cache ([`crate::cache`]) each sample is looked up by key first. Every sample then
+//! goes through the same split path whether it hit or missed: the deterministic prefix
+//! (skipped when the hit holds pixels), the optional cache resize, then the random ops,
+//! so pixels never depend on timing. Only a cache of raw bytes with no resize keeps the
+//! fused decode+crop path. The epoch order comes from the importance store
+//! ([`crate::importance`]), which the trainer feeds through [`Loader::report`].
+//!
+//! Here: the loader API and the epoch draw. `checkpoint`: saving and restoring position.
+//! `iter`: prefetch and batch assembly. `sample`: one chunk of samples on a worker.
+//! `slab`: the batch buffer the workers write into.
+
+mod checkpoint;
+mod iter;
+mod sample;
+mod slab;
+
+pub use checkpoint::{LoaderState, OrderSpec};
+pub use iter::{BufferSource, EpochIter};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use sluice_codec::Plan;
+use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor, TensorData};
+
+use crate::cache::{total_ram_bytes, Cache};
+use crate::error::PipelineError;
+use crate::executor::Pool;
+use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
+use crate::sampler::Shard;
+use crate::source::build_manifest;
+use crate::stats::{Stats, StatsSnapshot};
+use crate::storage::{open_storage, open_storage_in, Roots, Storage};
+
+struct Progress {
+    epoch: u64,
+    batch: u64,
+    /// Bumped whenever a new iterator starts, so an older one stops handing out batches.
+    generation: u64,
+}
+
+/// An epoch, its order and its weights.
+type TaskDraw = (u64, Arc<Vec<u32>>, Option<Arc<Vec<f32>>>);
+
+struct Shared {
+    spec: PipelineSpec,
+    manifest: Manifest,
+    storage: Arc<dyn Storage>,
+    plan: Plan,
+    shard: Shard,
+    sample_shape: [usize; 3],
+    dtype: DType,
+    layout: Layout,
+    stats: Mutex<Stats>,
+    progress: Mutex<Progress>,
+    /// Image buffers of batches their consumer is done with, for the next batches.
+    spare: Mutex<Vec<Tensor>>,
+    /// Epoch orders drawn for task iterators ([`Loader::iter_range`]), newest last.
+    task_draws: Mutex<Vec<TaskDraw>>,
+    /// Shared with other loaders of the same pipeline when built by
+    /// [`Loader::with_shared_cache`].
+    cache: Option<Arc<Cache>>,
+    /// Run every sample through prefix → (resize) → suffix rather than the fused plan.
+    split: bool,
+    /// Where the split path's step timings go in the stats' op list.
+    steps: StepSlots,
+    importance: Mutex<ImportanceStore>,
+}
+
+/// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
+/// steps, or the prefix's, the cache resize and the suffix's.
+#[derive(Debug, Clone)]
+struct StepSlots {
+    prefix: std::ops::Range<usize>,
+    resize: Option<usize>,
+    suffix: std::ops::Range<usize>,
+}
+
+pub struct Loader {
+    shared: Arc<Shared>,
+    pool: Pool,
+}
+
+impl Loader {
+    /// Enumerates the source and prepares the pipeline; no sample is read yet.
+    pub fn new(spec: PipelineSpec, shard: Shard) -> Result<Self, PipelineError> {
+        spec.validate()?;
+        let manifest = build_manifest(&spec.source)?;
+        Self::with_manifest(spec, manifest, shard)
+    }
+
+    /// As [`Loader::new`], over a manifest built elsewhere (e.g. shared by a service).
+    pub fn with_manifest(spec: PipelineSpec, manifest: Manifest, shard: Shard) -> Result<Self, PipelineError> {
+        spec.validate()?;
+        let cache = match &spec.cache {
+            None => None,
+            Some(c) => {
+                let budget = match c.budget {
+                    ByteBudget::Bytes(b) => b,
+                    ByteBudget::RamFraction(_) => c.budget.resolve(total_ram_bytes().ok_or(PipelineError::RamUnknown)?),
+                };
+                Some(Arc::new(Cache::new(c, budget, manifest.len())))
+            }
+        };
+        Self::build(spec, manifest, shard, cache)
+    }
+
+    /// As [`Loader::with_manifest`], filling and reading `cache` (another loader's, from
+    /// [`Loader::cache`]) instead of a cache of its own: loaders of the same pipeline over
+    /// the same data (a service's jobs with one fingerprint) then decode each sample once.
+    /// The caller vouches that the pipelines match; the dataset size is checked.
+    pub fn with_shared_cache(
+        spec: PipelineSpec,
+        manifest: Manifest,
+        shard: Shard,
+        cache: Arc<Cache>,
+    ) -> Result<Self, PipelineError> {
+        spec.validate()?;
+        if spec.cache.is_none() {
+            return Err(PipelineError::SharedCache("it needs a pipeline with a cache section".into()));
+        }
+        if cache.dataset_len() != manifest.len() {
+            return Err(PipelineError::SharedCache(format!(
+                "the shared cache is for {} samples, this dataset has {}",
+                cache.dataset_len(),
+                manifest.len()
+            )));
+        }
+        Self::build(spec, manifest, shard, Some(cache))
+    }
+
+    fn build(
+        spec: PipelineSpec,
+        manifest: Manifest,
+        shard: Shard,
+        cache: Option<Arc<Cache>>,
+    ) -> Result<Self, PipelineError> {
+        if shard.world_size == 0 || shard.rank >= shard.world_size {
+            return Err(PipelineError::BadRank { rank: shard.rank, world_size: shard.world_size });
+        }
+        let plan = Plan::compile(&spec.ops, spec.limits);
+        // The one gate for the batch buffer arithmetic (`batch_bytes`, `Slab`): a full batch
+        // must be countable and within the spec's bound, so the products below cannot wrap.
+        let batch_bytes = plan.output_bytes().checked_mul(spec.batch.size);
+        if plan.output_bytes() == 0 || batch_bytes.is_none_or(|b| b as u64 > sluice_core::spec::MAX_BATCH_BYTES) {
+            return Err(sluice_core::SpecError::new(
+                "batch.size",
+                format!("a batch of {} samples is too large to hold", spec.batch.size),
+            )
+            .into());
+        }
+        let (dtype, layout, _) = spec.output();
+        let resize = spec.cache.as_ref().and_then(|c| c.resize);
+        let split = spec.cache.as_ref().is_some_and(|c| c.level != CacheLevel::Raw || c.resize.is_some());
+        let mut names = vec!["read".to_string()];
+        let steps = if split {
+            names.extend(plan.prefix_step_names().iter().map(|s| s.to_string()));
+            let prefix = 1..names.len();
+            let resize_slot = resize.map(|_| {
+                names.push("cache_resize".to_string());
+                names.len() - 1
+            });
+            let start = names.len();
+            names.extend(plan.suffix_step_names().iter().map(|s| s.to_string()));
+            StepSlots { prefix, resize: resize_slot, suffix: start..names.len() }
+        } else {
+            names.extend(plan.step_names().iter().map(|s| s.to_string()));
+            StepSlots { prefix: 1..names.len(), resize: None, suffix: 1..names.len() }
+        };
+        let threads = match spec.threads {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        };
+        let shared = Arc::new(Shared {
+            storage: open_storage(&spec.storage),
+            sample_shape: plan.output_shape(),
+            dtype,
+            layout,
+            stats: Mutex::new(Stats::new(names)),
+            progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
+            spare: Mutex::new(Vec::new()),
+            task_draws: Mutex::new(Vec::new()),
+            importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
+            cache,
+            split,
+            steps,
+            plan,
+            manifest,
+            shard,
+            spec,
+        });
+        Ok(Self { shared, pool: Pool::new(threads) })
+    }
+
+    /// Confines every read beneath `roots` (a service's allowed roots): each file is opened
+    /// relative to the root it lies under and may not resolve out of it, so a file swapped
+    /// for a symlink after the job's paths were checked is refused, not read. Call it
+    /// before iterating.
+    pub fn confine_reads(self, roots: &[PathBuf]) -> Result<Self, PipelineError> {
+        let storage = open_storage_in(&self.shared.spec.storage, Some(Arc::new(Roots::open(roots)?)));
+        self.replace_storage(storage)
+    }
+
+    /// Reads through `storage` instead of the one the spec names: possible only before the
+    /// loader hands out work, while nothing else shares its state.
+    fn replace_storage(mut self, storage: Arc<dyn Storage>) -> Result<Self, PipelineError> {
+        let shared = Arc::get_mut(&mut self.shared).ok_or(PipelineError::AlreadyStarted)?;
+        shared.storage = storage;
+        Ok(self)
+    }
+
+    /// The cache, to share with another loader of the same pipeline
+    /// ([`Loader::with_shared_cache`]); `None` without a cache section.
+    pub fn cache(&self) -> Option<Arc<Cache>> {
+        self.shared.cache.clone()
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.shared.manifest
+    }
+
+    pub fn spec(&self) -> &PipelineSpec {
+        &self.shared.spec
+    }
+
+    /// Samples this rank sees per epoch.
+    pub fn samples_per_epoch(&self) -> usize {
+        let n = self.shared.manifest.len();
+        n / self.shared.shard.world_size
+    }
+
+    /// Batches per epoch for this rank (the short last batch counts unless `drop_last`).
+    pub fn batches_per_epoch(&self) -> u64 {
+        batches_for(self.samples_per_epoch(), &self.shared.spec) as u64
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// Takes back the image buffer of a batch whose pixels the consumer no longer needs
+    /// (a service worker, once it has sent them): a later batch is built in it instead of
+    /// in fresh memory, which the allocator would zero, or the kernel fault in, each time.
+    /// Keeps as many as the prefetch window can use.
+    pub fn recycle(&self, images: Tensor) {
+        if matches!(images.data, TensorData::SharedU8(_)) {
+            // Borrowed memory goes back to its owner, not to this loader.
+            return;
+        }
+        let mut spare = self.shared.spare.lock();
+        if spare.len() < self.shared.spec.prefetch + 2 {
+            spare.push(images);
+        }
+    }
+
+    /// Bytes of a full batch's images: the most any batch of this loader carries.
+    pub fn batch_bytes(&self) -> usize {
+        // Cannot wrap: `build` checked it.
+        self.shared.spec.batch.size * self.shared.plan.output_bytes()
+    }
+
+    /// Resizes the worker pool while it runs.
+    pub fn set_threads(&self, threads: usize) {
+        self.pool.set_threads(threads);
+    }
+
+    /// Starts `epoch` from its first batch at the next [`Loader::iter`].
+    pub fn set_epoch(&self, epoch: u64) {
+        let mut p = self.shared.progress.lock();
+        p.epoch = epoch;
+        p.batch = 0;
+        p.generation += 1;
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut s = self.shared.stats.lock().snapshot();
+        s.cache = self.shared.cache.as_deref().map(Cache::stats);
+        s
+    }
+
+    /// The trainer's per-sample values for `keys`: losses, or per-sample gradient norms
+    /// (FastMatch's `update_gradient_info`). They shape the epochs after the current one
+    /// and the cache's priorities. Non-finite or negative values are ignored.
+    ///
+    /// With several ranks (DDP), the epoch order is drawn from the reports, and every rank
+    /// must draw the same one for the shards to stay disjoint: so every rank reports every
+    /// rank's values, in the same order (gather them, e.g. `all_gather`, and report each
+    /// rank's in rank order), before the next epoch starts.
+    pub fn report(&self, keys: &[u64], values: &[f64]) -> Result<(), PipelineError> {
+        if keys.len() != values.len() {
+            return Err(PipelineError::ReportLengths { keys: keys.len(), values: values.len() });
+        }
+        let ignored = self.shared.importance.lock().report(keys, values);
+        if ignored > 0 {
+            tracing::warn!(ignored, "importance report: ignored non-finite or negative values");
+        }
+        if let Some(cache) = &self.shared.cache {
+            cache.report(keys, values);
+        }
+        Ok(())
+    }
+
+    /// The importance state (smoothed scores, pending reports, coverage bookkeeping).
+    pub fn importance_state(&self) -> ImportanceState {
+        self.shared.importance.lock().state()
+    }
+
+    /// Draws the order (and weights) of `epoch` from the importance state and hands the
+    /// cache its priorities for the epoch.
+    fn draw_epoch(&self, epoch: u64) -> crate::sampler::EpochDraw {
+        let shared = &self.shared;
+        // A rank's cache sees only its own shard, so its size in entries differs from rank to
+        // rank; the draw, which must be the same on every rank, then ignores the cache.
+        let hot = match shared.shard.world_size {
+            1 => shared.cache.as_deref().and_then(Cache::capacity_entries),
+            _ => None,
+        };
+        let inputs = DrawInputs {
+            manifest: &shared.manifest,
+            seed: shared.spec.seed,
+            shuffle: shared.spec.shuffle,
+            sampling: shared.spec.sampling,
+            shard: shared.shard,
+        };
+        let mut store = shared.importance.lock();
+        let draw = store.draw(epoch, hot, &inputs);
+        if let Some(cache) = &shared.cache {
+            cache.set_priorities_for(&draw, &store, &shared.manifest);
+        }
+        draw
+    }
+
+    /// Iterates the rest of the current epoch (all of it, unless resuming). When the epoch
+    /// ends the loader moves on to the next one, so calling `iter` again starts it. Starting
+    /// a new iterator retires any older one.
+    pub fn iter(&self) -> EpochIter {
+        let (epoch, start, generation) = {
+            let mut p = self.shared.progress.lock();
+            p.generation += 1;
+            (p.epoch, p.batch, p.generation)
+        };
+        let draw = self.draw_epoch(epoch);
+        EpochIter::new(self, epoch, start, Some(generation), Arc::new(draw.order), draw.weights.map(Arc::new))
+    }
+
+    /// Iterates only batches `start..end` of `epoch` (clamped to the epoch): one task of a
+    /// distributed epoch, as a service worker runs it. Nothing past `end` is prefetched.
+    /// Task iterators stand apart from the loader's own position: they neither retire nor
+    /// are retired by other iterators and leave [`Loader::state`] alone, so several tasks
+    /// can share the pool at once (the next task's samples fill the threads while the
+    /// last one's finish). Each epoch's order is drawn once, for all its tasks.
+    pub fn iter_range(&self, epoch: u64, start: u64, end: u64) -> EpochIter {
+        let (order, weights) = self.task_draw(epoch);
+        EpochIter::new(self, epoch, start, None, order, weights).end_at(end)
+    }
+
+    /// The order and weights of `epoch` for [`Loader::iter_range`], drawn on first use.
+    /// The last two epochs are kept: a service client reads ahead into the next epoch
+    /// while the current one finishes.
+    fn task_draw(&self, epoch: u64) -> (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>) {
+        let mut draws = self.shared.task_draws.lock();
+        if let Some((_, order, weights)) = draws.iter().find(|d| d.0 == epoch) {
+            return (order.clone(), weights.clone());
+        }
+        let draw = self.draw_epoch(epoch);
+        let (order, weights) = (Arc::new(draw.order), draw.weights.map(Arc::new));
+        if draws.len() == 2 {
+            draws.remove(0);
+        }
+        draws.push((epoch, order.clone(), weights.clone()));
+        (order, weights)
+    }
+}
+
+fn batches_for(samples: usize, spec: &PipelineSpec) -> usize {
+    let b = spec.batch.size;
+    if spec.batch.drop_last {
+        samples / b
+    } else {
+        samples.div_ceil(b)
+    }
+}

@@ -1,0 +1,337 @@
+//! One chunk of a batch on a worker thread: each sample read (or looked up in the cache),
+//! decoded and augmented straight into its slot of the batch buffer, and failures and
+//! panics turned into per-sample errors, so the consumer always hears back.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use sluice_codec::{CodecError, Scratch};
+use sluice_core::{CacheLevel, Image, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage};
+
+use super::slab::Slab;
+use super::Shared;
+use crate::cache::{Cache, CachedData, SampleCost};
+use crate::executor::WorkerLocal;
+
+/// A few consecutive samples of one batch, run by one worker.
+pub(super) struct ChunkJob {
+    pub(super) shared: Arc<Shared>,
+    pub(super) slab: Arc<Slab>,
+    pub(super) order: Arc<Vec<u32>>,
+    /// Position in `order` of the batch's slot 0.
+    pub(super) first: usize,
+    pub(super) slots: std::ops::Range<usize>,
+    pub(super) epoch: u64,
+    pub(super) batch: u64,
+    pub(super) cancel: Arc<AtomicBool>,
+    pub(super) reply: Sender<ChunkDone>,
+}
+
+impl ChunkJob {
+    pub(super) fn run(self, local: &mut WorkerLocal) {
+        let shared = &self.shared;
+        let mut times = vec![Duration::ZERO; 1 + shared.steps.suffix.end.max(shared.steps.prefix.end)];
+        let mut failures = Vec::new();
+        let mut bytes = 0u64;
+        for slot in self.slots.clone() {
+            if self.cancel.load(Ordering::Relaxed) {
+                break;
+            }
+            let entry = &shared.manifest.entries[self.order[self.first + slot] as usize];
+            let mut stage = Stage::Read;
+            // A panic here is a bug, but it must fail this sample (by key), not leave the
+            // consumer waiting forever for a chunk that never reports.
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.run_sample(slot, entry, local, &mut times, &mut stage)
+            }));
+            let failure = match outcome {
+                Ok(Ok(read)) => {
+                    bytes += read;
+                    continue;
+                }
+                Ok(Err(failure)) => failure,
+                Err(payload) => {
+                    // The scratch state may be half-way through a decode: start afresh.
+                    *local = WorkerLocal::default();
+                    (stage, SampleErrorKind::Panicked(panic_message(payload.as_ref())))
+                }
+            };
+            let (stage, kind) = failure;
+            let path = shared.manifest.display_path(entry.key);
+            failures.push((slot, SampleError { key: entry.key, path, stage, kind }));
+        }
+        let Self { slab, reply, batch, .. } = self;
+        // Release the buffer before reporting, so the consumer finds itself its only owner.
+        drop(slab);
+        let _ = reply.send(ChunkDone { batch, failures, times, bytes });
+    }
+
+    /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
+    /// step it is in, for the report of a panic.
+    fn run_sample(
+        &self,
+        slot: usize,
+        entry: &sluice_core::Entry,
+        local: &mut WorkerLocal,
+        times: &mut [Duration],
+        stage: &mut Stage,
+    ) -> Result<u64, SampleFailure> {
+        let shared = &self.shared;
+        let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
+        // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
+        let out = unsafe { self.slab.slot(slot) };
+        if let Some(cache) = &shared.cache {
+            // A panic on the cache path counts as the decode's: most of its work is.
+            *stage = Stage::Decode;
+            return shared.run_cached(cache, entry, local, &mut rng, out, times);
+        }
+        let t0 = Instant::now();
+        let read = shared.storage.read(
+            &shared.manifest.root,
+            &entry.location,
+            shared.spec.limits.max_file_bytes,
+            &mut local.read_buf,
+        );
+        times[0] += t0.elapsed();
+        read.map_err(|kind| (Stage::Read, kind))?;
+        *stage = Stage::Decode;
+        shared.plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]).map_err(decode_err)?;
+        Ok(local.read_buf.len() as u64)
+    }
+}
+
+/// The text of a caught panic.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+        (Some(s), _) => (*s).to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic without a message".to_string(),
+    }
+}
+
+type SampleFailure = (Stage, SampleErrorKind);
+
+fn decode_err(e: CodecError) -> SampleFailure {
+    (Stage::Decode, e.into())
+}
+
+/// Shrinks a cached-path image so its shorter side is `size`.
+fn resize_image(image: &Image, size: u32, scratch: &mut Scratch) -> Result<Image, CodecError> {
+    let Pixels::U8(px) = &image.pixels else {
+        return Err(CodecError::Shape("the cache resize takes u8 pixels".into()));
+    };
+    let mut dst = Vec::new();
+    let (w, h) = scratch.resizer().resize_shorter_side(px, image.width, image.height, size, &mut dst)?;
+    Ok(Image::rgb8(w, h, dst))
+}
+
+impl Shared {
+    /// One sample through the cache: a hit skips the read (and the decode, and the resize,
+    /// depending on its level); a miss reads, runs, measures its costs and offers an entry.
+    /// Returns the bytes read from storage.
+    fn run_cached(
+        &self,
+        cache: &Cache,
+        entry: &sluice_core::Entry,
+        local: &mut WorkerLocal,
+        rng: &mut SampleRng,
+        out: &mut [u8],
+        times: &mut [Duration],
+    ) -> Result<u64, SampleFailure> {
+        let key = entry.key.0;
+        let resize = self.spec.cache.as_ref().and_then(|c| c.resize);
+        let steps = &self.steps;
+        if let Some(hit) = cache.get(key) {
+            match &*hit {
+                CachedData::Raw(bytes) => {
+                    self.compute(bytes, local, rng, out, times, resize).map(|_| ())?;
+                }
+                CachedData::Decoded(img) => {
+                    let t = Instant::now();
+                    let resized = match resize {
+                        Some(s) => Some(resize_image(img, s, &mut local.scratch).map_err(decode_err)?),
+                        None => None,
+                    };
+                    if let Some(slot) = steps.resize {
+                        times[slot] += t.elapsed();
+                    }
+                    let img = resized.as_ref().unwrap_or(img);
+                    self.plan
+                        .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+                        .map_err(decode_err)?;
+                }
+                CachedData::Resized(img) => {
+                    self.plan
+                        .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+                        .map_err(decode_err)?;
+                }
+            }
+            return Ok(0);
+        }
+        let t0 = Instant::now();
+        self.storage
+            .read(&self.manifest.root, &entry.location, self.spec.limits.max_file_bytes, &mut local.read_buf)
+            .map_err(|k| (Stage::Read, k))?;
+        let read_time = t0.elapsed();
+        times[0] += read_time;
+        let raw = std::mem::take(&mut local.read_buf);
+        let result = self.compute(&raw, local, rng, out, times, resize);
+        let read_bytes = raw.len() as u64;
+        let level = cache.level();
+        let computed = match result {
+            Ok(c) => c,
+            Err(e) => {
+                local.read_buf = raw;
+                return Err(e);
+            }
+        };
+        cache.observe(&SampleCost {
+            read_s: read_time.as_secs_f64(),
+            decode_s: computed.decode.as_secs_f64(),
+            resize_s: computed.resize.as_secs_f64(),
+            raw_bytes: read_bytes,
+            decoded_bytes: computed.decoded.as_ref().map_or(0, |i| i.as_bytes().len() as u64),
+            resized_bytes: computed
+                .resized
+                .as_ref()
+                .or(computed.decoded.as_ref())
+                .map_or(0, |i| i.as_bytes().len() as u64),
+        });
+        match level {
+            Some(CacheLevel::Raw) => {
+                cache.offer(key, Arc::new(CachedData::Raw(raw.clone())));
+            }
+            Some(CacheLevel::Decoded) => {
+                if let Some(img) = computed.decoded {
+                    cache.offer(key, Arc::new(CachedData::Decoded(img)));
+                }
+            }
+            Some(CacheLevel::Resized) => {
+                if let Some(img) = computed.resized.or(computed.decoded) {
+                    cache.offer(key, Arc::new(CachedData::Resized(img)));
+                }
+            }
+            Some(CacheLevel::Auto) | None => {}
+        }
+        local.read_buf = raw;
+        Ok(read_bytes)
+    }
+
+    /// Encoded bytes to the output slot: the fused plan, or (split path) the prefix, the
+    /// optional resize and the suffix, keeping the intermediate images for the cache.
+    fn compute(
+        &self,
+        bytes: &[u8],
+        local: &mut WorkerLocal,
+        rng: &mut SampleRng,
+        out: &mut [u8],
+        times: &mut [Duration],
+        resize: Option<u32>,
+    ) -> Result<Computed, SampleFailure> {
+        let steps = &self.steps;
+        let t = Instant::now();
+        if !self.split {
+            self.plan.run(bytes, rng, &mut local.scratch, out, &mut times[steps.prefix.clone()]).map_err(decode_err)?;
+            return Ok(Computed { decode: t.elapsed(), resize: Duration::ZERO, decoded: None, resized: None });
+        }
+        let decoded = self
+            .plan
+            .run_deterministic_prefix(bytes, &mut local.scratch, &mut times[steps.prefix.clone()])
+            .map_err(decode_err)?;
+        let decode = t.elapsed();
+        let t = Instant::now();
+        let resized = match resize {
+            Some(s) => Some(resize_image(&decoded, s, &mut local.scratch).map_err(decode_err)?),
+            None => None,
+        };
+        let resize_time = t.elapsed();
+        if let Some(slot) = steps.resize {
+            times[slot] += resize_time;
+        }
+        let img = resized.as_ref().unwrap_or(&decoded);
+        self.plan
+            .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+            .map_err(decode_err)?;
+        Ok(Computed { decode, resize: resize_time, decoded: Some(decoded), resized })
+    }
+}
+
+/// What [`Shared::compute`] measured and kept.
+struct Computed {
+    decode: Duration,
+    resize: Duration,
+    decoded: Option<Image>,
+    resized: Option<Image>,
+}
+
+/// What a chunk reports when its samples are done (or cancelled).
+pub(super) struct ChunkDone {
+    pub(super) batch: u64,
+    pub(super) failures: Vec<(usize, SampleError)>,
+    pub(super) times: Vec<Duration>,
+    pub(super) bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test fixtures: a failed setup is a failed test
+
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use sluice_core::{Batch, Location, PipelineSpec, SampleErrorKind, ShuffleSpec, SourceSpec};
+    use sluice_synth::{write_dataset, DatasetOptions};
+
+    use crate::sampler::Shard;
+    use crate::storage::{LocalStorage, Storage};
+    use crate::{Loader, PipelineError};
+
+    /// Local storage with a bug: it panics when asked for the file named `bad`.
+    struct PanicsOn {
+        bad: &'static str,
+        inner: LocalStorage,
+    }
+
+    impl Storage for PanicsOn {
+        fn read(&self, root: &Path, location: &Location, max: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+            if matches!(location, Location::File { path } if path.ends_with(self.bad)) {
+                panic!("a storage bug");
+            }
+            self.inner.read(root, location, max, buf)
+        }
+
+        fn name(&self) -> &str {
+            "panics-on"
+        }
+    }
+
+    #[test]
+    fn a_sample_whose_job_panics_fails_with_its_key_instead_of_hanging_the_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("train");
+        write_dataset(&root, &DatasetOptions { images: 8, classes: 2, ..Default::default() }, &|_| {}).unwrap();
+        let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 16, 4);
+        spec.threads = 1;
+        spec.shuffle = ShuffleSpec::None;
+        let bad = "img_0000002.jpg";
+        let loader = Loader::new(spec, Shard::default())
+            .unwrap()
+            .replace_storage(Arc::new(PanicsOn { bad, inner: LocalStorage::new() }))
+            .unwrap();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        std::thread::spawn(move || {
+            let results: Vec<Result<Batch, PipelineError>> = loader.iter().collect();
+            let _ = tx.send(results.into_iter().map(|r| r.map(|b| b.keys)).collect::<Vec<_>>());
+        });
+        let results = rx.recv_timeout(Duration::from_secs(20)).expect("the epoch hung after a sample's job panicked");
+        let err = results.iter().find_map(|r| r.as_ref().err()).expect("the panicking sample must fail the run");
+        let PipelineError::Sample(e) = err else { panic!("unexpected error {err}") };
+        assert!(matches!(e.kind, SampleErrorKind::Panicked(_)), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(bad) && msg.contains("a storage bug") && msg.contains("at read"), "{msg}");
+    }
+}
