@@ -33,7 +33,7 @@ use crate::executor::{Pool, WorkerLocal};
 use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
 use crate::sampler::{fastmatch_normalise, Shard};
 use crate::source::build_manifest;
-use crate::stats::{Stats, StatsSnapshot};
+use crate::stats::{SkippedSample, Stats, StatsSnapshot};
 use crate::storage::{open_storage, Storage};
 
 /// Samples per job: small enough to spread a batch over the threads and keep the first
@@ -467,6 +467,7 @@ impl Loader {
             cancel: Arc::new(AtomicBool::new(false)),
             finished: false,
             buffers: None,
+            skipped: Vec::new(),
         }
     }
 }
@@ -570,6 +571,8 @@ pub struct EpochIter {
     cancel: Arc<AtomicBool>,
     finished: bool,
     buffers: Option<BufferSource>,
+    /// A task iterator's skipped samples, by batch index, until [`EpochIter::take_skipped`].
+    skipped: Vec<(u64, SkippedSample)>,
 }
 
 /// Memory to build a batch's images in, asked for each batch with its dtype and element
@@ -586,6 +589,14 @@ impl EpochIter {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The samples skipped (`on_error = "skip"`) in the batches this task iterator has
+    /// assembled since the last call, with their batch index; a batch whose samples were
+    /// all skipped is not handed out, so this is the only word of it. Empty for a loader's
+    /// own iterator (its stats list them).
+    pub fn take_skipped(&mut self) -> Vec<(u64, SkippedSample)> {
+        std::mem::take(&mut self.skipped)
     }
 
     /// Batches left in this epoch.
@@ -702,6 +713,9 @@ impl EpochIter {
             let mut stats = lock(&self.shared.stats);
             for (_, e) in &a.failures {
                 stats.add_skipped(e);
+                if self.generation.is_none() {
+                    self.skipped.push((b, e.into()));
+                }
             }
             drop(stats);
             let bad: Vec<usize> = a.failures.iter().map(|f| f.0).collect();
