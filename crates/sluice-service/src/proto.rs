@@ -187,6 +187,10 @@ pub struct TaskAssignment {
     /// The worker's local data plane (see `RegisterWorkerRequest`); empty when it has none.
     #[prost(string, tag = "10")]
     pub worker_local_data_addr: String,
+    /// The lease this assignment is: acks and failure reports name it, and one for a lease
+    /// that is no longer the task's (it ran out and the task went elsewhere) is ignored.
+    #[prost(uint64, tag = "11")]
+    pub lease: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -202,6 +206,9 @@ pub struct AckTaskRequest {
     /// The assignment's `generation`.
     #[prost(uint64, tag = "5")]
     pub generation: u64,
+    /// The assignment's `lease`.
+    #[prost(uint64, tag = "6")]
+    pub lease: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -222,6 +229,9 @@ pub struct FailTaskRequest {
     /// The assignment's `generation`.
     #[prost(uint64, tag = "7")]
     pub generation: u64,
+    /// The assignment's `lease`.
+    #[prost(uint64, tag = "8")]
+    pub lease: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -250,6 +260,11 @@ pub struct ResetJobRequest {
     /// Batches of `epoch` already delivered: the epoch restarts without them.
     #[prost(uint64, repeated, tag = "3")]
     pub delivered: Vec<u64>,
+    /// When set: only the leases this client holds are handed back (the parts of `epoch`'s
+    /// tasks not in `delivered`, and any task of the next epoch); the epoch goes on for the
+    /// job's other clients. A client restarting its own iteration sends this.
+    #[prost(string, tag = "4")]
+    pub release_client: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -265,6 +280,11 @@ pub struct RunTaskRequest {
     /// How the worker packs pixels (`compression::NONE` or `compression::ZSTD`).
     #[prost(uint32, tag = "5")]
     pub compression: u32,
+    /// The job's fingerprint as the client knows it (`JobInfo::fingerprint`): a worker that
+    /// cached another job under this id (a dispatcher restarted without its journal) loads
+    /// the job afresh, and refuses the task if the dispatcher's job differs too.
+    #[prost(string, tag = "6")]
+    pub fingerprint: String,
 }
 
 pub mod compression {
@@ -311,6 +331,21 @@ pub struct BatchMessage {
     /// How `data` is packed (`compression::*`); the unpacked size follows from the shape.
     #[prost(uint32, tag = "11")]
     pub compression: u32,
+    /// Samples of this batch left out under `on_error = "skip"`. A batch whose samples were
+    /// all skipped still comes, with no rows, so a task's batch indices stay dense.
+    #[prost(message, repeated, tag = "12")]
+    pub skipped: Vec<SkippedSample>,
+}
+
+/// A sample a worker left out under `on_error = "skip"`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SkippedSample {
+    #[prost(uint64, tag = "1")]
+    pub key: u64,
+    #[prost(string, tag = "2")]
+    pub path: String,
+    #[prost(string, tag = "3")]
+    pub error: String,
 }
 
 pub mod dispatcher {

@@ -153,4 +153,3 @@ pub fn metric_value(text: &str, name: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
-
