@@ -36,7 +36,7 @@ fn hello(token: &str, req: &[u8]) -> Vec<u8> {
 }
 
 fn run_task(job_id: u64, start: u64, end: u64) -> Vec<u8> {
-    RunTaskRequest { job_id, epoch: 0, start, end, compression: 0 }.encode_to_vec()
+    RunTaskRequest { job_id, epoch: 0, start, end, compression: 0, ..Default::default() }.encode_to_vec()
 }
 
 /// Frames a hostile client opens a data-plane connection with, each answered by an error

@@ -127,7 +127,14 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
         for s in 0..streams.max(1) {
             let mut c = client.clone();
             tasks.push(tokio::spawn(async move {
-                let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per, compression: 0 };
+                let req = RunTaskRequest {
+                    job_id: 0,
+                    epoch: 0,
+                    start: s * per,
+                    end: (s + 1) * per,
+                    compression: 0,
+                    ..Default::default()
+                };
                 let mut stream = c.run_task(req).await?.into_inner();
                 let mut bytes = 0u64;
                 while let Some(m) = stream.message().await? {
@@ -208,7 +215,14 @@ pub fn own_data_plane(
         for s in 0..streams.max(1) {
             let (addr, maps) = (addr.clone(), maps.clone());
             tasks.push(tokio::spawn(async move {
-                let req = RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per, compression: 0 };
+                let req = RunTaskRequest {
+                    job_id: 0,
+                    epoch: 0,
+                    start: s * per,
+                    end: (s + 1) * per,
+                    compression: 0,
+                    ..Default::default()
+                };
                 let mut stream = open_stream(&addr, local, &req, &maps).await?;
                 let mut bytes = 0u64;
                 while let Some(b) = stream.next().await? {
@@ -345,6 +359,7 @@ pub fn dispatcher_load(
                                 epoch: t.epoch,
                                 task_index: t.task_index,
                                 generation: t.generation,
+                                lease: t.lease,
                             })
                             .await?;
                             rpcs += 1;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sluice_core::{Batch, PipelineSpec};
+use sluice_pipeline::SkippedSample;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -28,7 +29,7 @@ use crate::proto::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::security::TokenAttach;
 use crate::tls::ClientTls;
-use crate::wire::{message_to_batch, Compression};
+use crate::wire::{message_to_received, Compression, Received};
 use crate::worker::{dispatcher_client, DispatcherConn};
 use crate::MAX_MESSAGE_BYTES;
 
@@ -131,6 +132,9 @@ struct Conn {
     unreachable_local: Mutex<HashSet<String>>,
     give_up_after: Duration,
     job_id: u64,
+    /// The job's fingerprint, sent with every task so a worker never serves another job
+    /// that had this id.
+    fingerprint: String,
     client_id: String,
     /// Trainer-side counters, reported in heartbeats (per-client metrics).
     batches: AtomicU64,
@@ -175,8 +179,23 @@ fn retryable(code: Code) -> bool {
     )
 }
 
-/// Calls the dispatcher, retrying with backoff while it is unreachable (e.g. restarting).
-async fn with_retry<T, F, Fut>(conn: &Conn, what: &'static str, mut call: F) -> Result<T, ServiceError>
+/// Calls the dispatcher, retrying with backoff while it is unreachable (e.g. restarting),
+/// for up to `give_up_after`.
+async fn with_retry<T, F, Fut>(conn: &Conn, what: &'static str, call: F) -> Result<T, ServiceError>
+where
+    F: FnMut(DispatcherConn) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    retry(conn, what, Some(conn.give_up_after), call).await
+}
+
+/// [`with_retry`], giving up after `give_up_after` if given, else never.
+async fn retry<T, F, Fut>(
+    conn: &Conn,
+    what: &'static str,
+    give_up_after: Option<Duration>,
+    mut call: F,
+) -> Result<T, ServiceError>
 where
     F: FnMut(DispatcherConn) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -187,7 +206,7 @@ where
         match call(conn.dispatcher.clone()).await {
             Ok(r) => return Ok(r.into_inner()),
             Err(s) if retryable(s.code()) => {
-                if t0.elapsed() > conn.give_up_after {
+                if give_up_after.is_some_and(|limit| t0.elapsed() > limit) {
                     return Err(ServiceError::Unavailable { seconds: t0.elapsed().as_secs_f64(), last: s.to_string() });
                 }
                 tracing::debug!(what, error = %s, "dispatcher unreachable; retrying");
@@ -199,15 +218,30 @@ where
     }
 }
 
+/// One assignment of a task: index, generation, lease and first batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct TaskKey {
+    task: u64,
+    generation: u64,
+    lease: u64,
+    start: u64,
+}
+
+impl TaskKey {
+    fn of(t: &TaskAssignment) -> Self {
+        Self { task: t.task_index, generation: t.generation, lease: t.lease, start: t.start }
+    }
+}
+
 /// What fetchers hand the consumer.
 enum Item {
     /// `local`: it came through shared memory.
     Batch {
-        task: u64,
-        generation: u64,
-        start: u64,
+        task: TaskKey,
         end: u64,
         batch: Batch,
+        /// Samples of this batch the worker skipped (`on_error = "skip"`).
+        skipped: Vec<crate::proto::SkippedSample>,
         local: bool,
     },
     /// The dispatcher says every batch of this epoch was delivered (to some client).
@@ -236,8 +270,10 @@ pub struct RemoteLoader {
     epoch: u64,
     tasks_in_flight: usize,
     delivered: HashSet<u64>,
-    /// Assignments (task, generation, start) with batches delivered, not yet acknowledged.
-    open: HashMap<(u64, u64, u64), (u64, u64)>,
+    /// Assignments with batches delivered, not yet acknowledged: (end, batches taken).
+    open: HashMap<TaskKey, (u64, u64)>,
+    /// Samples the workers skipped (`on_error = "skip"`), in the order their batches came.
+    skipped: Vec<SkippedSample>,
     duplicates: u64,
     shared_memory_batches: u64,
     /// An iterator was dropped mid-epoch: the next one restarts the epoch from `state()`.
@@ -292,6 +328,7 @@ impl RemoteLoader {
             unreachable_local: Mutex::new(HashSet::new()),
             give_up_after: options.give_up_after,
             job_id: 0,
+            fingerprint: String::new(),
             client_id,
             batches: AtomicU64::new(0),
             stall_ns: AtomicU64::new(0),
@@ -309,6 +346,7 @@ impl RemoteLoader {
             async move { d.create_job(req).await }
         }))?;
         conn.job_id = job.job_id;
+        conn.fingerprint = job.fingerprint.clone();
         let conn = Arc::new(conn);
         rt.spawn(heartbeat(conn.clone()));
         tracing::info!(job_id = job.job_id, name = %job.job_name, epoch = job.epoch, "joined job");
@@ -320,6 +358,7 @@ impl RemoteLoader {
             tasks_in_flight: options.tasks_in_flight.max(1),
             delivered: HashSet::new(),
             open: HashMap::new(),
+            skipped: Vec::new(),
             duplicates: 0,
             shared_memory_batches: 0,
             abandoned: false,
@@ -343,6 +382,13 @@ impl RemoteLoader {
     /// machine (the rest came over the network).
     pub fn shared_memory_batches(&self) -> u64 {
         self.shared_memory_batches
+    }
+
+    /// Samples the workers left out under `on_error = "skip"`, each with its key, path and
+    /// error, as the local loader's `stats().skipped` lists them: once per epoch a bad
+    /// sample is met. A batch whose samples were all skipped is not handed out.
+    pub fn skipped(&self) -> &[SkippedSample] {
+        &self.skipped
     }
 
     /// Batches that arrived twice and were dropped (after worker failures).
@@ -370,14 +416,41 @@ impl RemoteLoader {
                 state.fingerprint, self.job.fingerprint
             )));
         }
-        let req = ResetJobRequest { job_id: self.job.job_id, epoch: state.epoch, delivered: state.delivered.clone() };
-        let info = self.rt.block_on(with_retry(&self.conn, "ResetJob", |mut d| {
-            let req = req.clone();
-            async move { d.reset_job(req).await }
-        }))?;
-        self.job = info;
+        // The stream may be past `state` (an epoch ended since) or before it: it goes, with
+        // whatever it fetched ahead, and the next iterator starts one at `state`.
+        if let Some(old) = self.current.take() {
+            old.driver.abort();
+        }
+        self.abandoned = false;
+        let req = ResetJobRequest {
+            job_id: self.job.job_id,
+            epoch: state.epoch,
+            delivered: state.delivered.clone(),
+            release_client: String::new(),
+        };
+        self.job = self.reset(req)?;
         self.epoch = state.epoch;
         self.delivered = state.delivered.iter().copied().collect();
+        self.open.clear();
+        Ok(())
+    }
+
+    fn reset(&self, req: ResetJobRequest) -> Result<JobInfo, ServiceError> {
+        self.rt.block_on(with_retry(&self.conn, "ResetJob", |mut d| {
+            let req = req.clone();
+            async move { d.reset_job(req).await }
+        }))
+    }
+
+    /// After an iterator was dropped mid-epoch: hands this client's tasks back to the
+    /// dispatcher, less the batches the trainer already has. Only this client's: in a
+    /// shared job the others go on with the epoch (a reset would give them their batches
+    /// again).
+    fn release(&mut self) -> Result<(), ServiceError> {
+        let RemoteState { epoch, delivered, .. } = self.state();
+        let req =
+            ResetJobRequest { job_id: self.job.job_id, epoch, delivered, release_client: self.conn.client_id.clone() };
+        self.job = self.reset(req)?;
         self.open.clear();
         Ok(())
     }
@@ -406,11 +479,10 @@ impl RemoteLoader {
             old.driver.abort();
         }
         // An earlier iterator was dropped mid-epoch: its leases and half-read tasks are
-        // handed back by restarting the epoch without what the trainer already has.
+        // handed back, without what the trainer already has.
         if self.abandoned {
-            let state = self.state();
-            if let Err(e) = self.load_state(&state) {
-                tracing::warn!(error = %e, "could not restart the abandoned epoch");
+            if let Err(e) = self.release() {
+                tracing::warn!(error = %e, "could not hand back the abandoned epoch's tasks");
             }
         }
         self.abandoned = true;
@@ -472,14 +544,23 @@ impl RemoteLoader {
                         batch.epoch, self.epoch
                     ))));
                 }
-                Some(Item::Batch { task, generation, start, end, batch, local }) => {
-                    let entry = self.open.entry((task, generation, start)).or_insert((end, 0));
+                Some(Item::Batch { task, end, batch, skipped, local }) => {
+                    let entry = self.open.entry(task).or_insert((end, 0));
                     entry.1 += 1;
-                    if entry.1 == end - start {
-                        self.open.remove(&(task, generation, start));
-                        self.ack(task, generation);
+                    if entry.1 == end - task.start {
+                        self.open.remove(&task);
+                        self.ack(task);
                     }
                     if self.delivered.insert(batch.index) {
+                        self.skipped.extend(skipped.into_iter().map(|s| SkippedSample {
+                            key: s.key,
+                            path: s.path,
+                            error: s.error,
+                        }));
+                        if batch.is_empty() {
+                            // Every sample of it was skipped: nothing for the trainer.
+                            continue;
+                        }
                         self.conn.batches.fetch_add(1, Ordering::Relaxed);
                         if local {
                             self.shared_memory_batches += 1;
@@ -493,25 +574,27 @@ impl RemoteLoader {
         }
     }
 
-    /// Acknowledges a task whose batches the trainer has all taken (in the background,
-    /// retried while the dispatcher is away).
-    fn ack(&self, task: u64, generation: u64) {
+    /// Acknowledges a task whose batches the trainer has all taken, in the background,
+    /// retried for as long as this client lives: its heartbeats keep the task's lease, so
+    /// an ack given up on would hold the epoch open for good.
+    fn ack(&self, task: TaskKey) {
         let conn = self.conn.clone();
         let req = AckTaskRequest {
             job_id: self.job.job_id,
             client_id: conn.client_id.clone(),
             epoch: self.epoch,
-            task_index: task,
-            generation,
+            task_index: task.task,
+            generation: task.generation,
+            lease: task.lease,
         };
         self.rt.spawn(async move {
-            let r = with_retry(&conn, "AckTask", |mut d| {
+            let r = retry(&conn, "AckTask", None, |mut d| {
                 let req = req.clone();
                 async move { d.ack_task(req).await }
             })
             .await;
             if let Err(e) = r {
-                tracing::warn!(error = %e, task, "ack failed; the task's lease will run out and it runs again");
+                tracing::warn!(error = %e, task = task.task, "the dispatcher refused an ack");
             }
         });
     }
@@ -644,6 +727,7 @@ async fn run_task(
             start: task.start,
             end: task.end,
             compression: conn.compression.to_wire(),
+            fingerprint: conn.fingerprint.clone(),
         };
         let mut source = if let Some(stream) = open_local(conn, task, &req).await? {
             Source::Tcp(stream)
@@ -660,12 +744,12 @@ async fn run_task(
         // runs only two tasks of a job at a time, so leaving it blocked on a full socket
         // would stall that job's current-epoch tasks queued behind it (and the epoch with
         // them). Memory: at most `tasks_in_flight - 1` such tasks.
-        let mut held: Vec<Batch> = Vec::new();
+        let mut held: Vec<Received> = Vec::new();
         loop {
             let next = tokio::time::timeout(Duration::from_secs(60), source.next())
                 .await
                 .map_err(|_| Status::unavailable("worker sent nothing for 60 s"))??;
-            let Some(batch) = next else { break };
+            let Some(Received { batch, skipped }) = next else { break };
             let expected = task.start + received + held.len() as u64;
             if batch.epoch != task.epoch || batch.index != expected {
                 return Err(Status::invalid_argument(format!(
@@ -674,17 +758,10 @@ async fn run_task(
                 )));
             }
             if gate.is_some() {
-                held.push(batch);
+                held.push(Received { batch, skipped });
                 continue;
             }
-            let item = Item::Batch {
-                task: task.task_index,
-                generation: task.generation,
-                start: task.start,
-                end: task.end,
-                batch,
-                local,
-            };
+            let item = Item::Batch { task: TaskKey::of(task), end: task.end, batch, skipped, local };
             if tx.send(item).await.is_err() {
                 return Err(Status::cancelled("consumer gone"));
             }
@@ -706,15 +783,8 @@ async fn run_task(
                     return;
                 }
                 drop(permit);
-                for batch in held {
-                    let item = Item::Batch {
-                        task: task.task_index,
-                        generation: task.generation,
-                        start: task.start,
-                        end: task.end,
-                        batch,
-                        local,
-                    };
+                for Received { batch, skipped } in held {
+                    let item = Item::Batch { task: TaskKey::of(&task), end: task.end, batch, skipped, local };
                     if tx.send(item).await.is_err() {
                         return;
                     }
@@ -737,6 +807,7 @@ async fn run_task(
                 received,
                 worker_id: task.worker_id,
                 generation: task.generation,
+                lease: task.lease,
             };
             with_retry(conn, "FailTask", |mut d| {
                 let req = req.clone();
@@ -789,13 +860,13 @@ enum Source {
 }
 
 impl Source {
-    async fn next(&mut self) -> Result<Option<Batch>, Status> {
+    async fn next(&mut self) -> Result<Option<Received>, Status> {
         match self {
             Source::Grpc(s) => match s.message().await? {
-                Some(m) => message_to_batch(m).map(Some).map_err(Status::from),
+                Some(m) => message_to_received(m).map(Some).map_err(Status::from),
                 None => Ok(None),
             },
-            Source::Tcp(s) => s.next().await,
+            Source::Tcp(s) => s.next_received().await,
         }
     }
 }

@@ -1,18 +1,20 @@
 //! The dispatcher's journal: an append-only file of JSON lines, one [`Record`] each,
-//! fsync'd before the RPC that caused it is answered. Replaying it rebuilds every job, its
+//! fsync'd before the RPC that caused it (or any RPC decided after it) is answered. Replaying it rebuilds every job, its
 //! epoch, which tasks are acknowledged and which are leased to whom.
 //!
 //! Writes go through one thread that commits in groups: it takes every record queued
 //! while the previous fsync ran and makes them durable with one more, so many concurrent
-//! requests cost one fsync, not one each.
+//! requests cost one fsync, not one each. A failed write stops the journal for good (the
+//! torn append cut back) and the dispatcher with it: memory is then ahead of the disk.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 use crate::error::ServiceError;
 
@@ -75,7 +77,14 @@ fn is_zero(v: &u64) -> bool {
 
 struct Pending {
     line: Vec<u8>,
-    done: Option<oneshot::Sender<Result<(), String>>>,
+    seq: u64,
+}
+
+/// Where the writer stands: the last record on disk, and why it stopped if it did.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    durable: u64,
+    failed: Option<String>,
 }
 
 /// A handle that appends records; cheap to clone.
@@ -83,22 +92,28 @@ struct Pending {
 pub struct Journal {
     tx: Option<mpsc::Sender<Pending>>,
     path: PathBuf,
+    /// Sequence number of the last record appended (records are numbered from 1).
+    appended: Arc<AtomicU64>,
+    progress: watch::Receiver<Progress>,
 }
 
-/// Waits until a record is on disk.
-pub struct Durable {
-    rx: Option<oneshot::Receiver<Result<(), String>>>,
-    path: PathBuf,
+/// The file under the writer: appends made durable, and cutting back a torn append.
+trait JournalFile: Send + 'static {
+    /// Writes `bytes` at the end and makes them durable.
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()>;
+    /// Cuts the file back to `len` bytes, durably.
+    fn truncate(&mut self, len: u64) -> std::io::Result<()>;
 }
 
-impl Durable {
-    pub async fn wait(self) -> Result<(), ServiceError> {
-        let Some(rx) = self.rx else { return Ok(()) };
-        match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(message)) => Err(ServiceError::Journal { path: self.path, message }),
-            Err(_) => Err(ServiceError::Journal { path: self.path, message: "journal writer stopped".into() }),
-        }
+impl JournalFile for File {
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.write_all(bytes)?;
+        self.sync_data()
+    }
+
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.set_len(len)?;
+        self.sync_all()
     }
 }
 
@@ -142,62 +157,127 @@ impl Journal {
             .append(true)
             .open(path)
             .map_err(|e| jerr(format!("cannot open for append: {e}")))?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
         // Cut a torn tail so new records start on a line of their own.
-        if file.metadata().map(|m| m.len()).unwrap_or(0) > valid_len {
+        if len > valid_len {
             file.set_len(valid_len).map_err(|e| jerr(format!("cannot truncate a torn tail: {e}")))?;
         }
+        let journal = Self::start(file, len.min(valid_len), path)?;
+        Ok((journal, records))
+    }
+
+    /// Starts the writer thread over `file`, whose first `len` bytes are good records.
+    fn start(file: impl JournalFile, len: u64, path: &Path) -> Result<Self, ServiceError> {
         let (tx, rx) = mpsc::channel::<Pending>();
+        let (progress_tx, progress) = watch::channel(Progress::default());
         let p = path.to_path_buf();
         std::thread::Builder::new()
             .name("sluice-journal".into())
-            .spawn(move || writer(file, rx, p))
-            .map_err(|e| jerr(format!("cannot start the writer thread: {e}")))?;
-        Ok((Self { tx: Some(tx), path: path.to_path_buf() }, records))
+            .spawn(move || writer(file, len, rx, progress_tx, p))
+            .map_err(|e| ServiceError::Journal {
+                path: path.to_path_buf(),
+                message: format!("cannot start the writer thread: {e}"),
+            })?;
+        Ok(Self { tx: Some(tx), path: path.to_path_buf(), appended: Arc::new(AtomicU64::new(0)), progress })
     }
 
     /// A journal that keeps nothing (for tests and `--journal` left out).
     pub fn disabled() -> Self {
-        Self { tx: None, path: PathBuf::from("<none>") }
+        let (_, progress) = watch::channel(Progress::default());
+        Self { tx: None, path: PathBuf::from("<none>"), appended: Arc::new(AtomicU64::new(0)), progress }
     }
 
-    /// Queues `record`; await the returned [`Durable`] before acting on it outside.
-    pub fn append(&self, record: &Record) -> Durable {
-        let Some(tx) = &self.tx else {
-            return Durable { rx: None, path: self.path.clone() };
-        };
-        let (done_tx, done_rx) = oneshot::channel();
-        let mut line = match serde_json::to_vec(record) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = done_tx.send(Err(format!("cannot encode record: {e}")));
-                return Durable { rx: Some(done_rx), path: self.path.clone() };
-            }
-        };
+    fn error(&self, message: String) -> ServiceError {
+        ServiceError::Journal { path: self.path.clone(), message }
+    }
+
+    /// Queues `record` (call it in the order of decisions, under the state's lock); nothing
+    /// that depends on it may leave the dispatcher before [`Journal::durable`] of
+    /// [`Journal::appended`] says so. Fails once the journal has failed.
+    pub fn append(&self, record: &Record) -> Result<(), ServiceError> {
+        let Some(tx) = &self.tx else { return Ok(()) };
+        if let Some(why) = self.failure() {
+            return Err(self.error(why));
+        }
+        let mut line = serde_json::to_vec(record).map_err(|e| self.error(format!("cannot encode record: {e}")))?;
         line.push(b'\n');
-        let _ = tx.send(Pending { line, done: Some(done_tx) });
-        Durable { rx: Some(done_rx), path: self.path.clone() }
+        let seq = self.appended.fetch_add(1, Ordering::SeqCst) + 1;
+        tx.send(Pending { line, seq }).map_err(|_| self.error("journal writer stopped".into()))
+    }
+
+    /// The sequence number of the last record appended: a reply decided now waits for it.
+    pub fn appended(&self) -> u64 {
+        self.appended.load(Ordering::SeqCst)
+    }
+
+    /// Waits until every record up to `seq` is on disk; an error if the journal failed first.
+    pub async fn durable(&self, seq: u64) -> Result<(), ServiceError> {
+        if self.tx.is_none() || seq == 0 {
+            return Ok(());
+        }
+        let mut rx = self.progress.clone();
+        let p = rx
+            .wait_for(|p| p.durable >= seq || p.failed.is_some())
+            .await
+            .map_err(|_| self.error("journal writer stopped".into()))?
+            .clone();
+        match p.failed {
+            Some(why) if p.durable < seq => Err(self.error(why)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Why the journal stopped taking records, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.progress.borrow().failed.clone()
+    }
+
+    /// Resolves when a write fails: the dispatcher must stop, since what it holds in memory
+    /// is ahead of what a restart would replay. Never resolves for a disabled journal.
+    pub async fn failed(&self) -> String {
+        let mut rx = self.progress.clone();
+        if self.tx.is_some() {
+            if let Ok(p) = rx.wait_for(|p| p.failed.is_some()).await {
+                return p.failed.clone().unwrap_or_default();
+            }
+        }
+        std::future::pending().await
     }
 }
 
-fn writer(mut file: File, rx: mpsc::Receiver<Pending>, path: PathBuf) {
+/// Writes queued records in groups, one fsync each. The first failure stops it for good:
+/// the torn append is cut back (so the file stays replayable) and every waiter, now and
+/// later, gets the error.
+fn writer(
+    mut file: impl JournalFile,
+    mut len: u64,
+    rx: mpsc::Receiver<Pending>,
+    progress: watch::Sender<Progress>,
+    path: PathBuf,
+) {
     let mut buf = Vec::new();
-    let mut waiting = Vec::new();
     while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            batch.push(more);
-        }
+        let mut last = first.seq;
         buf.clear();
-        for p in &mut batch {
-            buf.extend_from_slice(&p.line);
-            waiting.extend(p.done.take());
+        buf.extend_from_slice(&first.line);
+        while let Ok(more) = rx.try_recv() {
+            buf.extend_from_slice(&more.line);
+            last = more.seq;
         }
-        let result = file.write_all(&buf).and_then(|()| file.sync_data()).map_err(|e| e.to_string());
-        if let Err(e) = &result {
-            tracing::error!(path = %path.display(), error = %e, "journal write failed");
-        }
-        for w in waiting.drain(..) {
-            let _ = w.send(result.clone());
+        match file.append(&buf) {
+            Ok(()) => {
+                len += buf.len() as u64;
+                progress.send_modify(|p| p.durable = last);
+            }
+            Err(e) => {
+                let mut why = format!("write failed: {e}");
+                if let Err(t) = file.truncate(len) {
+                    why.push_str(&format!("; cutting back to the last good record failed too: {t}"));
+                }
+                tracing::error!(path = %path.display(), error = %why, "journal write failed; the dispatcher stops");
+                progress.send_modify(|p| p.failed = Some(why));
+                return;
+            }
         }
     }
 }
@@ -218,7 +298,8 @@ mod tests {
             Record::Ack { job_id: 1, epoch: 0, task: 2 },
         ];
         for r in &recs {
-            j.append(r).wait().await.unwrap();
+            j.append(r).unwrap();
+            j.durable(j.appended()).await.unwrap();
         }
         drop(j);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
@@ -226,9 +307,56 @@ mod tests {
         drop(f);
         let (j2, back) = Journal::open(&path).unwrap();
         assert_eq!(back, recs.to_vec());
-        j2.append(&Record::Ack { job_id: 1, epoch: 0, task: 3 }).wait().await.unwrap();
+        j2.append(&Record::Ack { job_id: 1, epoch: 0, task: 3 }).unwrap();
+        j2.durable(j2.appended()).await.unwrap();
         drop(j2);
         let (_, again) = Journal::open(&path).unwrap();
         assert_eq!(again.len(), 4);
+    }
+
+    /// A file whose `fail_at`-th append writes half its bytes and fails (a full disk).
+    struct Flaky {
+        file: File,
+        appends: usize,
+        fail_at: usize,
+    }
+
+    impl JournalFile for Flaky {
+        fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+            self.appends += 1;
+            if self.appends == self.fail_at {
+                self.file.write_all(&bytes[..bytes.len() / 2])?;
+                return Err(std::io::Error::other("no space left on device"));
+            }
+            self.file.append(bytes)
+        }
+
+        fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+            self.file.truncate(len)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_stops_the_journal_and_leaves_it_replayable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        let j = Journal::start(Flaky { file, appends: 0, fail_at: 2 }, 0, &path).unwrap();
+        let rec = |task| Record::Ack { job_id: 1, epoch: 0, task };
+        j.append(&rec(0)).unwrap();
+        j.durable(j.appended()).await.unwrap();
+        // The second write tears: its waiter hears of it, and so does the dispatcher.
+        j.append(&rec(1)).unwrap();
+        let torn = j.appended();
+        let e = j.durable(torn).await.unwrap_err().to_string();
+        assert!(e.contains("no space left on device"), "{e}");
+        let why = tokio::time::timeout(std::time::Duration::from_secs(5), j.failed()).await.unwrap();
+        assert!(why.contains("no space left on device"), "{why}");
+        // Nothing more is taken, so nothing lands after the torn line.
+        assert!(j.append(&rec(2)).is_err(), "a failed journal takes no more records");
+        drop(j);
+        // A restart replays exactly what was durable.
+        let (_, back) = Journal::open(&path).unwrap();
+        assert_eq!(back, vec![rec(0)]);
     }
 }

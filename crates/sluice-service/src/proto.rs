@@ -15,7 +15,14 @@ mod tests {
     /// enums were plain `int32`/`uint32` fields then): old peers and new ones agree.
     #[test]
     fn enum_fields_keep_the_wire_format_of_the_integers_they_replaced() {
-        let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: Compression::Zstd.into() };
+        let req = RunTaskRequest {
+            job_id: 1,
+            epoch: 2,
+            start: 3,
+            end: 6,
+            compression: Compression::Zstd.into(),
+            ..Default::default()
+        };
         let old = [0x08, 1, 0x10, 2, 0x18, 3, 0x20, 6, 0x28, 1];
         assert_eq!(req.encode_to_vec(), old);
         assert_eq!(RunTaskRequest::decode(&old[..]).unwrap(), req);

@@ -7,7 +7,7 @@
 use sluice_core::{Batch, Layout, Tensor, TensorData};
 
 use crate::error::ServiceError;
-use crate::proto::{self, BatchMessage};
+use crate::proto::{self, BatchMessage, SkippedSample};
 use crate::MAX_MESSAGE_BYTES;
 
 /// How pixels travel from workers to a client.
@@ -57,6 +57,7 @@ impl Compression {
 pub struct Outgoing {
     batch: Batch,
     packed: Option<Vec<u8>>,
+    skipped: Vec<SkippedSample>,
 }
 
 impl Outgoing {
@@ -74,7 +75,13 @@ impl Outgoing {
                     .ok()
             }
         };
-        Self { batch, packed }
+        Self { batch, packed, skipped: Vec::new() }
+    }
+
+    /// With the samples of the batch the worker skipped (`on_error = "skip"`).
+    pub fn with_skipped(mut self, skipped: Vec<SkippedSample>) -> Self {
+        self.skipped = skipped;
+        self
     }
 
     /// The bytes that travel for the pixels.
@@ -85,7 +92,7 @@ impl Outgoing {
     /// The batch's columns without its pixels.
     pub fn header(&self) -> BatchMessage {
         let compression = if self.packed.is_some() { Compression::Zstd } else { Compression::None };
-        header(&self.batch, compression)
+        BatchMessage { skipped: self.skipped.clone(), ..header(&self.batch, compression) }
     }
 
     pub fn batch(&self) -> &Batch {
@@ -99,9 +106,10 @@ impl Outgoing {
 
     /// The whole message, for gRPC.
     pub fn into_message(self) -> BatchMessage {
+        let skipped = self.skipped;
         match self.packed {
-            None => batch_to_message(self.batch),
-            Some(packed) => BatchMessage { data: packed, ..header(&self.batch, Compression::Zstd) },
+            None => BatchMessage { skipped, ..batch_to_message(self.batch) },
+            Some(packed) => BatchMessage { data: packed, skipped, ..header(&self.batch, Compression::Zstd) },
         }
     }
 }
@@ -158,6 +166,7 @@ fn header(b: &Batch, compression: Compression) -> BatchMessage {
         has_weights: b.weights.is_some(),
         weights: b.weights.clone().unwrap_or_default(),
         compression: compression.to_wire(),
+        skipped: Vec::new(),
     }
 }
 
@@ -170,6 +179,31 @@ pub fn batch_to_message(batch: Batch) -> BatchMessage {
     };
     BatchMessage { data, ..head }
 }
+
+/// A batch as it reaches a client, with the samples of it the worker skipped.
+#[derive(Debug)]
+pub struct Received {
+    pub batch: Batch,
+    pub skipped: Vec<SkippedSample>,
+}
+
+/// [`message_to_batch`], keeping the batch's skipped samples (no more than it had slots).
+pub fn message_to_received(mut m: BatchMessage) -> Result<Received, ServiceError> {
+    let skipped = std::mem::take(&mut m.skipped);
+    let batch = message_to_batch(m)?;
+    if skipped.len() > MAX_SKIPPED_PER_BATCH {
+        return Err(ServiceError::BadBatch(format!(
+            "batch {} of epoch {}: {} skipped samples",
+            batch.index,
+            batch.epoch,
+            skipped.len()
+        )));
+    }
+    Ok(Received { batch, skipped })
+}
+
+/// More skipped samples than any batch could hold is a broken worker.
+const MAX_SKIPPED_PER_BATCH: usize = 1 << 20;
 
 pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
     let shape: Vec<usize> = m.shape.iter().map(|&d| d as usize).collect();

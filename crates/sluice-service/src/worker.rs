@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_core::PipelineSpec;
+use sluice_core::{Batch, DType, Layout, PipelineSpec, Tensor};
 use sluice_pipeline::cache::Cache;
 use sluice_pipeline::{CacheStats, Loader, PipelineError, Shard};
 use tokio::sync::mpsc;
@@ -93,6 +93,9 @@ pub fn dispatcher_client(
 
 struct JobRunner {
     loader: Loader,
+    /// The job's fingerprint: a task for this job id with another is for another job (the
+    /// dispatcher restarted without its journal and reused the id).
+    fingerprint: String,
     /// Parallel epochs: full passes per epoch (1 in distributed mode). Batch `p * B + i`
     /// of epoch `e` is batch `i` of the loader's epoch `e * passes + p`, so each pass has
     /// its own order and augmentation, the same on every worker.
@@ -157,11 +160,16 @@ impl WorkerService {
     }
 
     /// The job's loader, built on first use from the dispatcher's definition, after
-    /// checking every path it would read against the allowed roots.
-    async fn runner(&self, job_id: u64) -> Result<Arc<JobRunner>, ServiceError> {
+    /// checking every path it would read against the allowed roots. A cached loader whose
+    /// fingerprint is not `fingerprint` (when given) belonged to an earlier job of this id:
+    /// the job is loaded afresh, and refused if the dispatcher's differs too.
+    async fn runner(&self, job_id: u64, fingerprint: &str) -> Result<Arc<JobRunner>, ServiceError> {
         let mut jobs = self.inner.jobs.lock().await;
         if let Some(r) = jobs.get(&job_id, Instant::now()) {
-            return Ok(r);
+            if fingerprint.is_empty() || r.fingerprint == fingerprint {
+                return Ok(r);
+            }
+            tracing::info!(job_id, old = %r.fingerprint, new = %fingerprint, "job id reused for another job; loading it afresh");
         }
         let room = jobs.make_room(Instant::now());
         self.forget_unused_caches();
@@ -176,6 +184,16 @@ impl WorkerService {
             .await
             .map_err(|s| ServiceError::rpc("GetJob", s))?
             .into_inner();
+        if !fingerprint.is_empty() && def.fingerprint != fingerprint {
+            return Err(ServiceError::NotFound {
+                what: "job",
+                id: format!(
+                    "{job_id} with fingerprint {fingerprint} (the dispatcher's job {job_id} is {})",
+                    def.fingerprint
+                ),
+            });
+        }
+        let job_fingerprint = def.fingerprint.clone();
         let passes = def.passes.max(1);
         let mut spec = PipelineSpec::from_json_str(&def.spec_json)?;
         if self.inner.threads > 0 {
@@ -212,8 +230,12 @@ impl WorkerService {
         .await
         .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
-        let runner =
-            Arc::new(JobRunner { loader, passes, running: Arc::new(tokio::sync::Semaphore::new(TASKS_AT_ONCE)) });
+        let runner = Arc::new(JobRunner {
+            loader,
+            fingerprint: job_fingerprint,
+            passes,
+            running: Arc::new(tokio::sync::Semaphore::new(TASKS_AT_ONCE)),
+        });
         jobs.insert(job_id, runner.clone(), Instant::now());
         Ok(runner)
     }
@@ -302,7 +324,7 @@ impl WorkerService {
             self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
             Status::from(e)
         })?;
-        let runner = match self.runner(req.job_id).await {
+        let runner = match self.runner(req.job_id, &req.fingerprint).await {
             Ok(r) => r,
             Err(e) => {
                 self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
@@ -369,37 +391,80 @@ fn run_task(
     }
     let t0 = Instant::now();
     tracing::debug!(job_id = req.job_id, epoch = req.epoch, start = req.start, end = req.end, "task started");
-    let mut complete = true;
     let mut batches = runner.loader.iter_range(epoch, start, end);
     if let Some(memory) = memory {
         batches = batches.with_buffers(memory);
     }
-    for item in batches {
+    let send = |batch: Batch, skipped: Vec<SkippedSample>| -> bool {
+        let n = batch.len() as u64;
+        let pixel_bytes = batch.images.as_bytes().len() as u64;
+        let out = Outgoing::new(batch, compression).with_skipped(skipped);
+        let bytes = out.payload().len() as u64;
+        if tx.blocking_send(Ok(out)).is_err() {
+            return false;
+        }
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.samples.fetch_add(n, Ordering::Relaxed);
+        c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        c.pixel_bytes.fetch_add(pixel_bytes, Ordering::Relaxed);
+        true
+    };
+    // The loader hands out no batch whose samples were all skipped; the client counts a
+    // task's batches by index, so each such batch goes as an empty one, with its skipped
+    // samples (each batch carries its own).
+    let mut next = start;
+    let mut complete = true;
+    loop {
+        let item = batches.next();
+        let mut skipped = batches.take_skipped();
+        let upto = match &item {
+            Some(Ok(batch)) => batch.index,
+            Some(Err(_)) => next,
+            None => end,
+        };
+        let mut of = |index: u64| -> Vec<SkippedSample> {
+            let (mine, rest) = std::mem::take(&mut skipped).into_iter().partition(|(b, _)| *b == index);
+            skipped = rest;
+            mine.into_iter().map(|(_, s)| SkippedSample { key: s.key, path: s.path, error: s.error }).collect()
+        };
+        for index in next..upto {
+            let empty = Batch {
+                epoch: req.epoch,
+                index: index + offset,
+                keys: Vec::new(),
+                labels: Vec::new(),
+                images: Tensor::zeros(DType::U8, vec![0]),
+                layout: Layout::Hwc,
+                weights: None,
+            };
+            if !send(empty, of(index)) {
+                complete = false;
+                break;
+            }
+        }
+        if !complete {
+            break;
+        }
         match item {
-            Ok(mut batch) => {
+            Some(Ok(mut batch)) => {
+                next = batch.index + 1;
+                let mine = of(batch.index);
                 // Back to the job's numbering: epoch `req.epoch`, index in all passes.
                 batch.epoch = req.epoch;
                 batch.index += offset;
-                let n = batch.len() as u64;
-                let pixel_bytes = batch.images.as_bytes().len() as u64;
-                let out = Outgoing::new(batch, compression);
-                let bytes = out.payload().len() as u64;
-                if tx.blocking_send(Ok(out)).is_err() {
+                if !send(batch, mine) {
                     // The client went away; stop working for it.
                     complete = false;
                     break;
                 }
-                c.batches.fetch_add(1, Ordering::Relaxed);
-                c.samples.fetch_add(n, Ordering::Relaxed);
-                c.bytes.fetch_add(bytes, Ordering::Relaxed);
-                c.pixel_bytes.fetch_add(pixel_bytes, Ordering::Relaxed);
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 tracing::warn!(job_id = req.job_id, epoch = req.epoch, error = %e, "task failed");
                 let _ = tx.blocking_send(Err(to_status(e)));
                 complete = false;
                 break;
             }
+            None => break,
         }
     }
     if complete {

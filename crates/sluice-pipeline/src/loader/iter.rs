@@ -16,6 +16,7 @@ use super::slab::Slab;
 use super::{batches_for, Loader, Shared};
 use crate::error::PipelineError;
 use crate::executor::Pool;
+use crate::stats::SkippedSample;
 
 /// Samples per job: small enough to spread a batch over the threads and keep the first
 /// batch quick, large enough that queueing costs nothing next to decoding.
@@ -53,6 +54,8 @@ pub struct EpochIter {
     cancel: Arc<AtomicBool>,
     finished: bool,
     buffers: Option<BufferSource>,
+    /// A task iterator's skipped samples, by batch index, until [`EpochIter::take_skipped`].
+    skipped: Vec<(u64, SkippedSample)>,
 }
 
 /// Memory to build a batch's images in, asked for each batch with its dtype and element
@@ -89,6 +92,7 @@ impl EpochIter {
             cancel: Arc::new(AtomicBool::new(false)),
             finished: false,
             buffers: None,
+            skipped: Vec::new(),
         }
     }
 
@@ -106,6 +110,14 @@ impl EpochIter {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The samples skipped (`on_error = "skip"`) in the batches this task iterator has
+    /// assembled since the last call, with their batch index; a batch whose samples were
+    /// all skipped is not handed out, so this is the only word of it. Empty for a loader's
+    /// own iterator (its stats list them).
+    pub fn take_skipped(&mut self) -> Vec<(u64, SkippedSample)> {
+        std::mem::take(&mut self.skipped)
     }
 
     /// Batches left in this epoch.
@@ -222,6 +234,9 @@ impl EpochIter {
             let mut stats = self.shared.stats.lock();
             for (_, e) in &a.failures {
                 stats.add_skipped(e);
+                if self.generation.is_none() {
+                    self.skipped.push((b, e.into()));
+                }
             }
             drop(stats);
             let bad: Vec<usize> = a.failures.iter().map(|f| f.0).collect();

@@ -41,7 +41,7 @@ use crate::error::ServiceError;
 use crate::proto::{BatchMessage, RunTaskRequest};
 use crate::security::constant_time_eq;
 use crate::tls::ClientTls;
-use crate::wire::{message_to_batch, Outgoing};
+use crate::wire::{message_to_received, Outgoing, Received};
 use crate::MAX_MESSAGE_BYTES;
 
 #[cfg(target_os = "linux")]
@@ -376,6 +376,11 @@ impl TaskStream {
 
     /// The next batch, `None` at the end of the task.
     pub async fn next(&mut self) -> Result<Option<Batch>, Status> {
+        Ok(self.next_received().await?.map(|r| r.batch))
+    }
+
+    /// The next batch with the samples of it the worker skipped, `None` at the end.
+    pub async fn next_received(&mut self) -> Result<Option<Received>, Status> {
         if self.done {
             return Ok(None);
         }
@@ -384,7 +389,7 @@ impl TaskStream {
     }
 
     /// The rest of a frame whose kind byte was read.
-    async fn frame(&mut self, kind: u8) -> Result<Option<Batch>, Status> {
+    async fn frame(&mut self, kind: u8) -> Result<Option<Received>, Status> {
         let r = &mut self.r;
         match kind {
             KIND_END => {
@@ -403,7 +408,7 @@ impl TaskStream {
                 let mut m = read_header(r).await?;
                 let len = read_len(r).await?;
                 m.data = read_payload(r, len).await.map_err(io_status)?;
-                message_to_batch(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+                message_to_received(m).map(Some).map_err(|e: ServiceError| Status::from(e))
             }
             #[cfg(target_os = "linux")]
             KIND_SLOT => {
@@ -427,7 +432,7 @@ impl TaskStream {
                 {
                     tracing::debug!(error = %e, "could not hand a slot back");
                 }
-                message_to_batch(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+                message_to_received(m).map(Some).map_err(|e: ServiceError| Status::from(e))
             }
             other => Err(Status::invalid_argument(format!("unknown data-plane frame kind {other}"))),
         }
@@ -510,7 +515,14 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(serve(listener, start(), Some("tok".into()), None, ConnectionLimits::default()));
         for compression in [Compression::None, Compression::Zstd] {
-            let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: compression.to_wire() };
+            let req = RunTaskRequest {
+                job_id: 1,
+                epoch: 2,
+                start: 3,
+                end: 6,
+                compression: compression.to_wire(),
+                ..Default::default()
+            };
             let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
             let mut got = Vec::new();
             while let Some(b) = s.next().await.unwrap() {
@@ -520,12 +532,12 @@ mod tests {
             }
             assert_eq!(got, vec![3, 4, 5]);
         }
-        let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0 };
+        let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0, ..Default::default() };
 
         let mut s = TaskStream::open(&addr, Some("nope"), &req, None).await.unwrap();
         assert_eq!(s.next().await.unwrap_err().code(), Code::Unauthenticated);
 
-        let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99, compression: 0 };
+        let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99, compression: 0, ..Default::default() };
         let mut s = TaskStream::open(&addr, Some("tok"), &bad, None).await.unwrap();
         assert!(s.next().await.unwrap().is_some());
         let e = s.next().await.unwrap_err();
@@ -560,7 +572,7 @@ mod tests {
             let e = tokio::time::timeout(Duration::from_secs(2), s.next()).await.expect("no deadline").unwrap_err();
             assert_eq!(e.code(), Code::DeadlineExceeded, "{e}");
         }
-        let req = RunTaskRequest { job_id: 1, epoch: 0, start: 0, end: 2, compression: 0 };
+        let req = RunTaskRequest { job_id: 1, epoch: 0, start: 0, end: 2, compression: 0, ..Default::default() };
         let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
         assert!(s.next().await.unwrap().is_some(), "a real client is served again");
     }
@@ -600,7 +612,7 @@ mod local_tests {
         let maps = MappedRegions::default();
         let mut regions = Vec::new();
         for job_id in [1, 2, 1, 3] {
-            let req = RunTaskRequest { job_id, epoch: 0, start: 0, end: 3, compression: 0 };
+            let req = RunTaskRequest { job_id, epoch: 0, start: 0, end: 3, compression: 0, ..Default::default() };
             let sock = shm::connect_abstract(&name).unwrap();
             let mut s = TaskStream::open_local(sock, &name, None, &req, &maps).await.unwrap();
             let id = s.region.as_ref().map(|r| r.id()).unwrap();
@@ -643,7 +655,14 @@ mod local_tests {
         // Five batches through two slots, plain and compressed; task after task, the
         // worker's one region is reused and mapped once.
         for compression in [Compression::None, Compression::Zstd, Compression::None] {
-            let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 8, compression: compression.to_wire() };
+            let req = RunTaskRequest {
+                job_id: 1,
+                epoch: 2,
+                start: 3,
+                end: 8,
+                compression: compression.to_wire(),
+                ..Default::default()
+            };
             let mut s = open(req, "tok").await.unwrap();
             assert!(s.is_local());
             assert_eq!(read_all(&mut s).await.unwrap(), vec![3, 4, 5, 6, 7]);
@@ -655,14 +674,14 @@ mod local_tests {
         assert_eq!(maps.len(), 1, "one region, reused for every task");
 
         // Batches larger than a slot travel inline on the same socket.
-        let req = RunTaskRequest { job_id: 7, epoch: 2, start: 0, end: 3, compression: 0 };
+        let req = RunTaskRequest { job_id: 7, epoch: 2, start: 0, end: 3, compression: 0, ..Default::default() };
         assert_eq!(read_all(&mut open(req, "tok").await.unwrap()).await.unwrap(), vec![0, 1, 2]);
 
-        let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0 };
-        let e = open(req, "nope").await.err().expect("a wrong token is refused");
+        let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0, ..Default::default() };
+        let e = open(req.clone(), "nope").await.err().expect("a wrong token is refused");
         assert_eq!(e.code(), Code::Unauthenticated);
 
-        let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99, compression: 0 };
+        let bad = RunTaskRequest { job_id: 1, epoch: 0, start: 98, end: 99, compression: 0, ..Default::default() };
         let mut s = open(bad, "tok").await.unwrap();
         assert!(s.next().await.unwrap().is_some());
         let e = s.next().await.unwrap_err();

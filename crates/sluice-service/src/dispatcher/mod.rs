@@ -110,12 +110,23 @@ impl DispatcherService {
     }
 
     /// Applies `record` and queues it for the journal under one lock, so the journal's order
-    /// is the order of decisions; the caller awaits durability after unlocking.
-    fn commit(&self, state: &mut State, record: &Record, worker: u64) -> Result<crate::journal::Durable, ServiceError> {
+    /// is the order of decisions.
+    fn commit(&self, state: &mut State, record: &Record, worker: u64) -> Result<(), ServiceError> {
         state.apply(record, Instant::now(), worker)?;
-        let durable = self.inner.journal.append(record);
+        self.inner.journal.append(record)?;
         self.inner.changed.notify_waiters();
-        Ok(durable)
+        Ok(())
+    }
+
+    /// What a reply decided now must wait for (call it under the state's lock): every
+    /// record appended so far, its own and others' it may depend on, durable.
+    fn barrier(&self) -> u64 {
+        self.inner.journal.appended()
+    }
+
+    /// Waits until the records up to `seq` ([`DispatcherService::barrier`]) are on disk.
+    async fn durable(&self, seq: u64) -> Result<(), ServiceError> {
+        self.inner.journal.durable(seq).await
     }
 
     #[allow(clippy::result_large_err)] // the trait's own return type
@@ -169,7 +180,7 @@ impl DispatcherService {
         let fingerprint = format!("{:016x}", h.digest());
         let task_batches = if req.task_batches == 0 { DEFAULT_TASK_BATCHES } else { req.task_batches.min(1 << 20) };
 
-        let durable = {
+        let (seq, job_id) = {
             let mut state = lock(&self.inner.state);
             if let Some(&id) = state.names.get(&req.job_name) {
                 let job = state.job(id)?;
@@ -180,27 +191,32 @@ impl DispatcherService {
                         requested: fingerprint,
                     });
                 }
-                return Ok(job.info());
+                (self.barrier(), id)
+            } else {
+                let job_id = state.next_job_id();
+                let record = Record::Job {
+                    job_id,
+                    name: req.job_name.clone(),
+                    spec_json: canonical,
+                    fingerprint: fingerprint.clone(),
+                    manifest_fingerprint: manifest.fingerprint_hex(),
+                    batches_per_epoch: batches,
+                    samples_per_epoch: samples,
+                    task_batches,
+                    passes: if passes > 1 { passes } else { 0 },
+                };
+                self.commit(&mut state, &record, 0)?;
+                tracing::info!(job_id, name = %req.job_name, %fingerprint, batches, samples, "job created");
+                (self.barrier(), job_id)
             }
-            let job_id = state.next_job_id();
-            let record = Record::Job {
-                job_id,
-                name: req.job_name.clone(),
-                spec_json: canonical,
-                fingerprint: fingerprint.clone(),
-                manifest_fingerprint: manifest.fingerprint_hex(),
-                batches_per_epoch: batches,
-                samples_per_epoch: samples,
-                task_batches,
-                passes: if passes > 1 { passes } else { 0 },
-            };
-            let d = self.commit(&mut state, &record, 0)?;
-            tracing::info!(job_id, name = %req.job_name, %fingerprint, batches, samples, "job created");
-            (d, job_id)
         };
-        durable.0.wait().await?;
-        let state = lock(&self.inner.state);
-        Ok(state.job(durable.1)?.info())
+        self.durable(seq).await?;
+        let (info, seq) = {
+            let state = lock(&self.inner.state);
+            (state.job(job_id)?.info(), self.barrier())
+        };
+        self.durable(seq).await?;
+        Ok(info)
     }
 }
 
@@ -245,13 +261,22 @@ impl Dispatcher for DispatcherService {
 
     async fn get_job(&self, request: Request<GetJobRequest>) -> Result<Response<JobDefinition>, Status> {
         let id = request.into_inner().job_id;
-        let r = lock(&self.inner.state).job(id).map(|j| JobDefinition {
-            job_id: id,
-            spec_json: j.spec_json.clone(),
-            manifest_fingerprint: j.manifest_fingerprint.clone(),
-            passes: j.passes,
-            fingerprint: j.fingerprint.clone(),
-        });
+        let r = async {
+            let (def, seq) = {
+                let state = lock(&self.inner.state);
+                let def = state.job(id).map(|j| JobDefinition {
+                    job_id: id,
+                    spec_json: j.spec_json.clone(),
+                    manifest_fingerprint: j.manifest_fingerprint.clone(),
+                    passes: j.passes,
+                    fingerprint: j.fingerprint.clone(),
+                })?;
+                (def, self.barrier())
+            };
+            self.durable(seq).await?;
+            Ok(def)
+        }
+        .await;
         self.counted(r)
     }
 
@@ -266,7 +291,7 @@ impl Dispatcher for DispatcherService {
             // Long poll: rather than answer WAIT at once (and have clients poll), hold the
             // request until something changes (an ack, a failure, a worker) or LONG_POLL.
             let deadline = tokio::time::Instant::now() + LONG_POLL;
-            let (reply, durable) = loop {
+            let (reply, seq) = loop {
                 let changed = self.inner.changed.notified();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
@@ -280,20 +305,17 @@ impl Dispatcher for DispatcherService {
                         req.lookahead,
                         Instant::now(),
                     )?;
-                    let durable = match record {
-                        Some(r) => Some(self.commit(&mut state, &r, worker)?),
-                        None => None,
-                    };
-                    (reply, durable)
+                    if let Some(r) = record {
+                        self.commit(&mut state, &r, worker)?;
+                    }
+                    (reply, self.barrier())
                 };
                 if decided.0.status() != get_task_reply::Status::Wait || tokio::time::Instant::now() >= deadline {
                     break decided;
                 }
                 let _ = tokio::time::timeout_at(deadline, changed).await;
             };
-            if let Some(d) = durable {
-                d.wait().await?;
-            }
+            self.durable(seq).await?;
             if reply.status() == get_task_reply::Status::Task {
                 self.inner.counters.assigned.fetch_add(1, Ordering::Relaxed);
             }
@@ -309,9 +331,9 @@ impl Dispatcher for DispatcherService {
     async fn ack_task(&self, request: Request<AckTaskRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
         let r = async {
-            let durable = {
+            let (acked, seq) = {
                 let mut state = lock(&self.inner.state);
-                match state.ack_task(req.job_id, req.epoch, req.task_index, req.generation)? {
+                let acked = match state.ack_task(req.job_id, req.epoch, req.task_index, req.generation, req.lease)? {
                     Some(record) => {
                         let batches = state
                             .job(req.job_id)
@@ -320,13 +342,15 @@ impl Dispatcher for DispatcherService {
                             .map(|t| t.end - t.start)
                             .unwrap_or(0);
                         self.inner.counters.batches_acked.fetch_add(batches, Ordering::Relaxed);
-                        Some(self.commit(&mut state, &record, 0)?)
+                        self.commit(&mut state, &record, 0)?;
+                        true
                     }
-                    None => None,
-                }
+                    None => false,
+                };
+                (acked, self.barrier())
             };
-            if let Some(d) = durable {
-                d.wait().await?;
+            self.durable(seq).await?;
+            if acked {
                 self.inner.counters.acked.fetch_add(1, Ordering::Relaxed);
             }
             Ok(Empty {})
@@ -338,23 +362,14 @@ impl Dispatcher for DispatcherService {
     async fn fail_task(&self, request: Request<FailTaskRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
         let r = async {
-            let durable = {
+            let seq = {
                 let mut state = lock(&self.inner.state);
-                match state.fail_task(
-                    req.job_id,
-                    req.epoch,
-                    req.task_index,
-                    req.received,
-                    req.worker_id,
-                    req.generation,
-                )? {
-                    Some(record) => Some(self.commit(&mut state, &record, 0)?),
-                    None => None,
+                if let Some(record) = state.fail_task(&req)? {
+                    self.commit(&mut state, &record, 0)?;
                 }
+                self.barrier()
             };
-            if let Some(d) = durable {
-                d.wait().await?;
-            }
+            self.durable(seq).await?;
             self.inner.counters.failed.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 job_id = req.job_id,
@@ -387,7 +402,7 @@ impl Dispatcher for DispatcherService {
     async fn reset_job(&self, request: Request<ResetJobRequest>) -> Result<Response<JobInfo>, Status> {
         let req = request.into_inner();
         let r = async {
-            let durable = {
+            let (info, seq) = {
                 let mut state = lock(&self.inner.state);
                 let job = state.job(req.job_id)?;
                 if let Some(b) = req.delivered.iter().find(|&&b| b >= job.batches_per_epoch) {
@@ -396,12 +411,21 @@ impl Dispatcher for DispatcherService {
                         job.batches_per_epoch
                     )));
                 }
-                let record = Record::Epoch { job_id: req.job_id, epoch: req.epoch, skip: req.delivered.clone() };
-                self.commit(&mut state, &record, 0)?
+                if req.release_client.is_empty() {
+                    let record = Record::Epoch { job_id: req.job_id, epoch: req.epoch, skip: req.delivered.clone() };
+                    self.commit(&mut state, &record, 0)?;
+                } else {
+                    valid_name("release_client", &req.release_client)?;
+                    let records = state.release_client(req.job_id, req.epoch, &req.release_client, &req.delivered)?;
+                    for record in &records {
+                        self.commit(&mut state, record, 0)?;
+                    }
+                    tracing::info!(job_id = req.job_id, client = %req.release_client, tasks = records.len(), "a client restarting its epoch handed its tasks back");
+                }
+                (state.job(req.job_id)?.info(), self.barrier())
             };
-            durable.wait().await?;
-            let state = lock(&self.inner.state);
-            Ok(state.job(req.job_id)?.info())
+            self.durable(seq).await?;
+            Ok(info)
         }
         .await;
         self.counted(r)
@@ -482,6 +506,7 @@ pub async fn run_dispatcher(
     on_listening: impl FnOnce(std::net::SocketAddr),
 ) -> Result<(), ServiceError> {
     let service = DispatcherService::new(&config)?;
+    let journal = service.inner.journal.clone();
     if let Some(addr) = &config.metrics_listen {
         let s = service.clone();
         let bound = metrics::serve(addr, Arc::new(move || s.render_metrics())).await?;
@@ -502,9 +527,24 @@ pub async fn run_dispatcher(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls.grpc).map_err(|e| ServiceError::Tls(e.to_string()))?;
     }
+    // A journal that cannot write stops the dispatcher: what it holds in memory is then
+    // ahead of what a restart replays, and no reply may claim otherwise.
+    let stop = {
+        let journal = journal.clone();
+        async move {
+            tokio::select! {
+                () = shutdown => {}
+                why = journal.failed() => tracing::error!(error = %why, "the journal failed; the dispatcher stops"),
+            }
+        }
+    };
     builder
         .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming, stop)
         .await
-        .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")))
+        .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")))?;
+    match (journal.failure(), &config.journal) {
+        (Some(message), Some(path)) => Err(ServiceError::Journal { path: path.clone(), message }),
+        _ => Ok(()),
+    }
 }

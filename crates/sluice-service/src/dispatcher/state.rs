@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::ServiceError;
 use crate::journal::Record;
-use crate::proto::{get_task_reply, GetTaskReply, JobInfo, RegisterWorkerRequest, TaskAssignment, TaskRef};
+use crate::proto::{
+    get_task_reply, FailTaskRequest, GetTaskReply, JobInfo, RegisterWorkerRequest, TaskAssignment, TaskRef,
+};
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
@@ -32,6 +34,10 @@ pub struct Task {
     pub start: u64,
     pub end: u64,
     pub status: TaskStatus,
+    /// The lease whose holder may report on the task (see `TaskAssignment::lease`): set by
+    /// each assignment, kept when the lease runs out (its holder still has the batches it
+    /// got, and nobody else has), cleared (0) by a failure report.
+    pub lease: u64,
 }
 
 #[derive(Debug)]
@@ -54,7 +60,7 @@ impl EpochState {
     fn new(epoch: u64, generation: u64, batches: u64, pass: u64, task_batches: u64, skip: &[u64]) -> Self {
         let tasks: Vec<Task> = cut_tasks(batches, pass, task_batches, skip)
             .into_iter()
-            .map(|(start, end)| Task { start, end, status: TaskStatus::Pending })
+            .map(|(start, end)| Task { start, end, status: TaskStatus::Pending, lease: 0 })
             .collect();
         let queue = (0..tasks.len() as u64).collect();
         Self { epoch, tasks, queue, acked: 0, generation, next_scan: None }
@@ -208,6 +214,9 @@ pub struct State {
     next_client_sweep: Option<Instant>,
     next_job_id: u64,
     next_worker_id: u64,
+    /// The next assignment's lease id: counted by `Assign` records, so replay gives every
+    /// lease the id it had.
+    next_lease: u64,
 }
 
 impl State {
@@ -223,6 +232,7 @@ impl State {
             next_client_sweep: None,
             next_job_id: 1,
             next_worker_id: worker_id_base.max(1),
+            next_lease: 1,
         }
     }
 
@@ -309,8 +319,11 @@ impl State {
                 if *request != 0 {
                     self.assigned_by_request.insert((client.clone(), *request), (*job_id, *epoch, *task));
                 }
+                let lease = self.next_lease;
+                self.next_lease += 1;
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.status = TaskStatus::Leased { client: client.clone(), worker, deadline: now + CLIENT_LEASE };
+                t.lease = lease;
                 let queue = &mut self.epoch_state_mut(*job_id, *epoch)?.queue;
                 if queue.front() == Some(task) {
                     queue.pop_front();
@@ -324,6 +337,7 @@ impl State {
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.start = (*start).clamp(t.start, t.end);
                 t.status = TaskStatus::Pending;
+                t.lease = 0;
                 let queue = &mut self.epoch_state_mut(*job_id, *epoch)?.queue;
                 if released && !queue.contains(task) {
                     queue.push_front(*task);
@@ -557,6 +571,8 @@ impl State {
             worker_data_addr: worker.data_addr.clone(),
             generation,
             worker_local_data_addr: worker.local_data_addr.clone(),
+            // The id its `Assign` gives the lease when applied.
+            lease: self.next_lease,
         };
         let record = Record::Assign { job_id, epoch, task, client: client.to_string(), request };
         Ok((
@@ -597,7 +613,7 @@ impl State {
             return Some(GetTaskReply { status: get_task_reply::Status::Wait.into(), task: None });
         };
         let before = std::mem::replace(worker, worker_id);
-        let (start, end) = (t.start, t.end);
+        let (start, end, lease) = (t.start, t.end, t.lease);
         j.unload(before);
         *j.load.entry(worker_id).or_default() += 1;
         let assignment = TaskAssignment {
@@ -611,6 +627,7 @@ impl State {
             worker_data_addr: data_addr,
             generation,
             worker_local_data_addr: local_data_addr,
+            lease,
         };
         Some(GetTaskReply { status: get_task_reply::Status::Task.into(), task: Some(assignment) })
     }
@@ -622,19 +639,32 @@ impl State {
         Ok(epoch < job.current.epoch || job.epoch_state(epoch).is_some_and(|e| e.generation != generation))
     }
 
-    /// Decides an `AckTask`. Acks for epochs already finished are accepted and ignored.
+    /// Whether a report on a task comes from the holder of its latest lease; one from an
+    /// older lease (it ran out and the task went to another client, or its holder already
+    /// reported a failure) would skip or repeat batches the new holder streams.
+    fn fenced(t: &Task, job_id: u64, epoch: u64, task: u64, lease: u64, what: &str) -> bool {
+        if t.lease == lease && lease != 0 {
+            return false;
+        }
+        tracing::warn!(job_id, epoch, task, lease, current = t.lease, "ignoring {what} for a lease that is over");
+        true
+    }
+
+    /// Decides an `AckTask`. Acks for epochs already finished are accepted and ignored, and
+    /// so are acks for a lease that is no longer the task's.
     pub fn ack_task(
         &mut self,
         job_id: u64,
         epoch: u64,
         task: u64,
         generation: u64,
+        lease: u64,
     ) -> Result<Option<Record>, ServiceError> {
         if self.stale(job_id, epoch, generation)? {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
-        if t.status == TaskStatus::Acked {
+        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, "an ack") {
             return Ok(None);
         }
         Ok(Some(Record::Ack { job_id, epoch, task }))
@@ -642,15 +672,10 @@ impl State {
 
     /// Decides a `FailTask`: the batches the client got stay delivered; the rest is
     /// queued again, and the worker gets no new task until it proves alive.
-    pub fn fail_task(
-        &mut self,
-        job_id: u64,
-        epoch: u64,
-        task: u64,
-        received: u64,
-        worker: u64,
-        generation: u64,
-    ) -> Result<Option<Record>, ServiceError> {
+    pub fn fail_task(&mut self, req: &FailTaskRequest) -> Result<Option<Record>, ServiceError> {
+        let &FailTaskRequest {
+            job_id, epoch, task_index: task, received, worker_id: worker, generation, lease, ..
+        } = req;
         if let Some(w) = self.workers.get_mut(&worker) {
             w.suspect = true;
         }
@@ -658,7 +683,7 @@ impl State {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
-        if t.status == TaskStatus::Acked {
+        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, "a failure report") {
             return Ok(None);
         }
         let start = t.start.saturating_add(received).min(t.end);
@@ -666,6 +691,42 @@ impl State {
             return Ok(Some(Record::Ack { job_id, epoch, task }));
         }
         Ok(Some(Record::Requeue { job_id, epoch, task, start }))
+    }
+
+    /// Decides a client's restart of its own iteration (`ResetJobRequest::release_client`):
+    /// every task it holds goes back, less the batches of `epoch` it has in `delivered` (a
+    /// task's batches reach the trainer in order, so they are a prefix of it); a task it
+    /// has all of is done. The job's other clients keep their tasks and their progress.
+    pub fn release_client(
+        &self,
+        job_id: u64,
+        epoch: u64,
+        client: &str,
+        delivered: &[u64],
+    ) -> Result<Vec<Record>, ServiceError> {
+        let job = self.job(job_id)?;
+        let delivered: std::collections::HashSet<u64> = delivered.iter().copied().collect();
+        let mut records = Vec::new();
+        for e in std::iter::once(&job.current).chain(job.next.as_ref()) {
+            for (i, t) in e.tasks.iter().enumerate() {
+                let TaskStatus::Leased { client: holder, .. } = &t.status else { continue };
+                if holder != client {
+                    continue;
+                }
+                let task = i as u64;
+                let start = if e.epoch == epoch {
+                    (t.start..t.end).find(|b| !delivered.contains(b)).unwrap_or(t.end)
+                } else {
+                    t.start
+                };
+                records.push(if start == t.end {
+                    Record::Ack { job_id, epoch: e.epoch, task }
+                } else {
+                    Record::Requeue { job_id, epoch: e.epoch, task, start }
+                });
+            }
+        }
+        Ok(records)
     }
 
     /// Renews the leases `client` holds (O(1): expiry checks the client's last heartbeat).
@@ -790,18 +851,30 @@ mod tests {
         assert_eq!((t0.start, t0.end, t1.start, t2.end, t0.worker_id), (0, 4, 4, 10, w));
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait);
         // Task 1 failed after 3 of its 4 batches: only batch 7 runs again.
-        let r = s.fail_task(1, 0, t1.task_index, 3, w, 0).unwrap().unwrap();
+        let r = s
+            .fail_task(&FailTaskRequest {
+                job_id: 1,
+                epoch: 0,
+                task_index: t1.task_index,
+                received: 3,
+                worker_id: w,
+                generation: 0,
+                lease: t1.lease,
+                ..Default::default()
+            })
+            .unwrap()
+            .unwrap();
         s.apply(&r, now, 0).unwrap();
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait, "suspect worker gets nothing");
         assert!(s.worker_heartbeat(w, 0, 0, now));
         let again = step(&mut s, "a", 0, now).task.unwrap();
         assert_eq!((again.task_index, again.start, again.end), (1, 7, 8));
-        for t in [0, 1, 2] {
-            if let Some(r) = s.ack_task(1, 0, t, 0).unwrap() {
+        for t in [&t0, &again, &t2] {
+            if let Some(r) = s.ack_task(1, 0, t.task_index, 0, t.lease).unwrap() {
                 s.apply(&r, now, 0).unwrap();
             }
         }
-        assert_eq!(s.ack_task(1, 0, 0, 0).unwrap(), None, "acks are idempotent");
+        assert_eq!(s.ack_task(1, 0, 0, 0, t0.lease).unwrap(), None, "acks are idempotent");
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::EpochDone);
         assert_eq!(s.job(1).unwrap().current.epoch, 1);
         assert_eq!(step(&mut s, "b", 0, now).status(), get_task_reply::Status::EpochDone);
@@ -867,8 +940,13 @@ mod tests {
         // A checkpoint rebuilds the task list; acks for the old list no longer count.
         r.apply(&Record::Epoch { job_id: 1, epoch: 0, skip: vec![0] }, now, 0).unwrap();
         assert_eq!(r.job(1).unwrap().current.generation, 1);
-        assert_eq!(r.ack_task(1, 0, 0, 0).unwrap(), None, "stale ack ignored");
-        assert!(r.ack_task(1, 0, 0, 1).unwrap().is_some());
+        assert_eq!(r.ack_task(1, 0, 0, 0, 1).unwrap(), None, "stale ack ignored");
+        let t = r.get_task(1, "a", 0, 9, false, now).unwrap();
+        if let (_, Some(rec), w) = &t {
+            r.apply(rec, now, *w).unwrap();
+        }
+        let lease = t.0.task.unwrap().lease;
+        assert!(r.ack_task(1, 0, 0, 1, lease).unwrap().is_some());
     }
 
     #[test]
@@ -898,15 +976,27 @@ mod tests {
         // The retried request gets the same task back.
         assert_eq!(ask(&mut s, &mut journal, 0, 3, true).task.unwrap().task_index, 0);
         // Its worker fails mid-task: the rest goes back to epoch 1's queue.
-        let r = s.fail_task(1, 1, 0, 1, n0.worker_id, 1).unwrap().unwrap();
+        let r = s
+            .fail_task(&FailTaskRequest {
+                job_id: 1,
+                epoch: 1,
+                task_index: 0,
+                received: 1,
+                worker_id: n0.worker_id,
+                generation: 1,
+                lease: n0.lease,
+                ..Default::default()
+            })
+            .unwrap()
+            .unwrap();
         s.apply(&r, now, 0).unwrap();
         journal.push(r);
         s.worker_heartbeat(n0.worker_id, 0, 0, now);
         let n0b = ask(&mut s, &mut journal, 0, 4, true).task.unwrap();
         assert_eq!((n0b.epoch, n0b.start, n0b.end), (1, 1, 2));
         // Epoch 0 done: the next request advances to epoch 1, keeping its lease.
-        for t in [0, 1] {
-            let r = s.ack_task(1, 0, t, 0).unwrap().unwrap();
+        for t in [&t0, &t1] {
+            let r = s.ack_task(1, 0, t.task_index, 0, t.lease).unwrap().unwrap();
             s.apply(&r, now, 0).unwrap();
             journal.push(r);
         }
@@ -926,5 +1016,121 @@ mod tests {
         // A checkpoint restore drops whatever was leased ahead.
         s.apply(&Record::Epoch { job_id: 1, epoch: 1, skip: vec![] }, now, 0).unwrap();
         assert!(s.job(1).unwrap().next.is_none());
+    }
+
+    #[test]
+    fn reports_from_a_lease_that_ran_out_are_fenced_off() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.apply(&job_record(8, 4), now, 0).unwrap();
+        let w = s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, now);
+        // `a` takes task 0, then goes silent (a partition): its lease runs out and `b` gets
+        // the task with a lease of its own.
+        let old = step(&mut s, "a", 0, now).task.unwrap();
+        let later = now + CLIENT_LEASE + Duration::from_millis(1);
+        s.worker_heartbeat(w, 0, 0, later);
+        let new = step(&mut s, "b", 0, later).task.unwrap();
+        assert_eq!((new.task_index, new.start), (old.task_index, old.start));
+        assert_ne!(new.lease, old.lease);
+        // `a` comes back and reports: neither its failure report (which would move the
+        // task's start past batches `b` has not delivered) nor its ack (which would end the
+        // task under `b`) counts.
+        assert_eq!(
+            s.fail_task(&FailTaskRequest {
+                job_id: 1,
+                epoch: 0,
+                task_index: old.task_index,
+                received: 2,
+                worker_id: w,
+                generation: old.generation,
+                lease: old.lease,
+                ..Default::default()
+            })
+            .unwrap(),
+            None
+        );
+        s.worker_heartbeat(w, 0, 0, later);
+        assert_eq!(s.ack_task(1, 0, old.task_index, old.generation, old.lease).unwrap(), None);
+        // `b`'s own reports count, once: a failure report retried after it was applied
+        // (its reply lost) does not move the start twice.
+        let r = s
+            .fail_task(&FailTaskRequest {
+                job_id: 1,
+                epoch: 0,
+                task_index: new.task_index,
+                received: 1,
+                worker_id: w,
+                generation: new.generation,
+                lease: new.lease,
+                ..Default::default()
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(r, Record::Requeue { job_id: 1, epoch: 0, task: new.task_index, start: 1 });
+        s.apply(&r, later, 0).unwrap();
+        assert_eq!(
+            s.fail_task(&FailTaskRequest {
+                job_id: 1,
+                epoch: 0,
+                task_index: new.task_index,
+                received: 1,
+                worker_id: w,
+                generation: new.generation,
+                lease: new.lease,
+                ..Default::default()
+            })
+            .unwrap(),
+            None
+        );
+        s.worker_heartbeat(w, 0, 0, later);
+        let again = step(&mut s, "b", 0, later).task.unwrap();
+        assert_eq!((again.task_index, again.start, again.end), (0, 1, 4));
+        let ack = s.ack_task(1, 0, again.task_index, again.generation, again.lease).unwrap();
+        assert_eq!(ack, Some(Record::Ack { job_id: 1, epoch: 0, task: 0 }));
+        // A lease that ran out with nobody else taking the task still counts: its holder
+        // is the only one with those batches.
+        let t1 = step(&mut s, "a", 0, later).task.unwrap();
+        let much_later = later + CLIENT_LEASE + Duration::from_millis(1);
+        s.expire_leases(1, much_later);
+        assert!(s.ack_task(1, 0, t1.task_index, t1.generation, t1.lease).unwrap().is_some());
+        // Replay gives every lease the id it had.
+        let mut r = State::new(1);
+        for rec in [
+            job_record(8, 4),
+            Record::Assign { job_id: 1, epoch: 0, task: 0, client: "a".into(), request: 0 },
+            Record::Assign { job_id: 1, epoch: 0, task: 0, client: "b".into(), request: 0 },
+        ] {
+            r.apply(&rec, now, 0).unwrap();
+        }
+        assert_eq!(r.job(1).unwrap().current.tasks[0].lease, new.lease);
+    }
+
+    #[test]
+    fn a_client_restarting_its_epoch_hands_back_only_its_own_tasks() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.apply(&job_record(12, 4), now, 0).unwrap();
+        s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, now);
+        let a0 = step(&mut s, "a", 0, now).task.unwrap();
+        let b0 = step(&mut s, "b", 0, now).task.unwrap();
+        let a1 = step(&mut s, "a", 0, now).task.unwrap();
+        // `a` got batches 0 and 1 of its first task and all of its second.
+        let delivered: Vec<u64> = vec![a0.start, a0.start + 1, a1.start, a1.start + 1, a1.start + 2, a1.start + 3];
+        let records = s.release_client(1, 0, "a", &delivered).unwrap();
+        assert_eq!(
+            records,
+            vec![
+                Record::Requeue { job_id: 1, epoch: 0, task: a0.task_index, start: a0.start + 2 },
+                Record::Ack { job_id: 1, epoch: 0, task: a1.task_index },
+            ]
+        );
+        for r in &records {
+            s.apply(r, now, 0).unwrap();
+        }
+        // `b` keeps its task and its lease; `a` gets the rest of its own task back.
+        let e = &s.job(1).unwrap().current;
+        assert!(matches!(&e.tasks[b0.task_index as usize].status, TaskStatus::Leased { client, .. } if client == "b"));
+        let back = step(&mut s, "a", 0, now).task.unwrap();
+        assert_eq!((back.task_index, back.start, back.end), (a0.task_index, a0.start + 2, a0.end));
     }
 }
