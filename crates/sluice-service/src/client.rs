@@ -379,6 +379,12 @@ impl RemoteLoader {
         self.epoch = state.epoch;
         self.delivered = state.delivered.iter().copied().collect();
         self.open.clear();
+        // A stream still running reads on from where the job was: the next epoch starts a
+        // new one at `state`.
+        if let Some(old) = self.current.take() {
+            old.driver.abort();
+        }
+        self.abandoned = false;
         Ok(())
     }
 
