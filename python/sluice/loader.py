@@ -284,7 +284,8 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader stands: epoch, batches of it already handed out, seed, dataset
         fingerprint, rank and world size. A plain dict (JSON- and torch.save-able)."""
-        return json.loads(self._native.state_json())
+        state: Dict[str, Any] = json.loads(self._native.state_json())
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Makes the next ``iter(loader)`` continue exactly where ``state`` was taken: the
@@ -305,7 +306,7 @@ class Loader:
         ``skipped`` (a list of ``{"key", "path", "error"}`` for samples left out under
         ``on_error("skip")``) and ``threads``.
         """
-        stats = json.loads(self._native.stats_json())
+        stats: Dict[str, Any] = json.loads(self._native.stats_json())
         stats["op_seconds"] = {name: seconds for name, seconds in stats["op_seconds"]}
         stats["threads"] = self.threads
         return stats
