@@ -83,6 +83,8 @@ class Loader:
     def set_threads(self, threads: int) -> None:
         """Resizes the worker pool; 0 means one thread per core."""
     def threads(self) -> int: ...
+    def buffers_reused(self) -> int:
+        """Batches built in a buffer freed by an earlier batch rather than in fresh memory."""
 
 @final
 class EpochIterator:

@@ -304,11 +304,13 @@ class Loader:
         (throughput), ``wait_s`` (time the consumer waited for batches: input stall),
         ``op_seconds`` (busy seconds per op summed over threads, ``read`` first),
         ``skipped`` (a list of ``{"key", "path", "error"}`` for samples left out under
-        ``on_error("skip")``) and ``threads``.
+        ``on_error("skip")``), ``threads`` and ``buffers_reused`` (batches built in the
+        buffer of an earlier batch that Python had freed, rather than in fresh memory).
         """
         stats: Dict[str, Any] = json.loads(self._native.stats_json())
         stats["op_seconds"] = {name: seconds for name, seconds in stats["op_seconds"]}
         stats["threads"] = self.threads
+        stats["buffers_reused"] = int(self._native.buffers_reused())
         return stats
 
     def report(self, keys: Any, losses: Any) -> None:

@@ -7,6 +7,7 @@
 //! only reused after every array over it is gone, so a batch still referenced is never
 //! overwritten.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use numpy::ndarray::{ArrayView, IxDyn};
@@ -26,11 +27,13 @@ pub struct BufferPool {
     /// At most this many are kept (the prefetch window and a little more); the rest are
     /// freed.
     keep: usize,
+    /// Buffers handed out again.
+    reused: AtomicU64,
 }
 
 impl BufferPool {
     pub fn new(keep: usize) -> Arc<Self> {
-        Arc::new(Self { spare: Mutex::new(Vec::new()), keep })
+        Arc::new(Self { spare: Mutex::new(Vec::new()), keep, reused: AtomicU64::new(0) })
     }
 
     /// A spare buffer of `dtype` that holds `len` elements without growing, if any.
@@ -42,7 +45,13 @@ impl BufferPool {
             _ => false,
         };
         let i = spare.iter().position(fits)?;
+        self.reused.fetch_add(1, Ordering::Relaxed);
         Some(spare.swap_remove(i))
+    }
+
+    /// Batches built in (or copied into) a buffer that came back, rather than fresh memory.
+    pub fn reused(&self) -> u64 {
+        self.reused.load(Ordering::Relaxed)
     }
 
     /// A spare u8 buffer of at least `len` bytes, emptied, or a new one.

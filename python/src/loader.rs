@@ -124,6 +124,11 @@ impl PyLoader {
     fn threads(&self) -> usize {
         self.loader.threads()
     }
+
+    /// Batches built in a buffer freed by an earlier batch rather than in fresh memory.
+    fn buffers_reused(&self) -> u64 {
+        self.buffers.reused()
+    }
 }
 
 /// The batches of one epoch, in order.

@@ -61,16 +61,20 @@ def test_freed_batch_buffers_are_reused_and_held_ones_never_overwritten(dataset:
         loader.set_epoch(0)  # the same pixels every time
         return iter(loader)
 
-    # Batches dropped at once: their buffers come back, so later batches reuse them.
+    # Batches dropped at once: their buffers come back, so later batches are built in them
+    # (at the same addresses) instead of in fresh memory.
     addresses = [b.buffer_address for b in epoch0()]
     assert len(addresses) == N_IMAGES // 4
     assert len(set(addresses)) < len(addresses)
+    assert loader.stats()["buffers_reused"] >= len(addresses) - 4
 
-    # Batches kept alive: every one has its own buffer, and its pixels stay as they were
-    # while the loader builds the next ones.
+    # Batches kept alive: none comes back, every one has its own buffer, and its pixels
+    # stay as they were while the loader builds the next ones.
     reference = [b.image.copy() for b in epoch0()]
+    before = loader.stats()["buffers_reused"]
     held = list(epoch0())
     assert len({b.buffer_address for b in held}) == len(held)
+    assert loader.stats()["buffers_reused"] <= before + 4  # only what `reference` let go
     assert all(np.array_equal(b.image, expected) for b, expected in zip(held, reference))
 
     # A view of the image, or a tensor over it, keeps the buffer from being reused.
