@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: Rust unit and integration tests, clippy with warnings as errors, and the
-# Python package's pytest suite.
+# Python package's lints (ruff), types (mypy --strict, config in python/pyproject.toml)
+# and pytest suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -10,5 +11,9 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --quiet 2>&1
+echo "==> ruff and mypy (python/)"
+.venv/bin/ruff check python
+.venv/bin/ruff format --check python
+(cd python && ../.venv/bin/mypy)
 echo "==> pytest (python/tests)"
 .venv/bin/python -m pytest -q python/tests

@@ -27,9 +27,29 @@ import os
 from typing import Any, Dict, Optional
 
 from . import _sluice
-from .errors import SampleError, SluiceError, SourceError, SourceNotFoundError, SpecError, StateError
+from .errors import (
+    JobConflictError,
+    JobFailedError,
+    NotSupportedError,
+    SampleError,
+    ServiceAuthError,
+    ServiceError,
+    ServiceInternalError,
+    ServiceNotFoundError,
+    ServicePermissionError,
+    ServiceRequestError,
+    ServiceTimeoutError,
+    ServiceTlsError,
+    ServiceUnavailableError,
+    SluiceError,
+    SourceError,
+    SourceNotFoundError,
+    SpecError,
+    StateError,
+)
 from .loader import Batch, BatchIterator, Loader
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
+from .protocol import LoaderLike
 from .remote import RemoteBatchIterator, RemoteLoader
 
 __version__: str = _sluice.__version__
@@ -41,6 +61,7 @@ __all__ = [
     "BatchIterator",
     "RemoteLoader",
     "RemoteBatchIterator",
+    "LoaderLike",
     "generate_dataset",
     "pack",
     "enable_logging",
@@ -52,6 +73,18 @@ __all__ = [
     "SourceNotFoundError",
     "SampleError",
     "StateError",
+    "ServiceError",
+    "ServiceRequestError",
+    "ServicePermissionError",
+    "ServiceAuthError",
+    "ServiceNotFoundError",
+    "JobConflictError",
+    "JobFailedError",
+    "ServiceUnavailableError",
+    "ServiceTimeoutError",
+    "ServiceTlsError",
+    "NotSupportedError",
+    "ServiceInternalError",
     "__version__",
 ]
 
@@ -82,9 +115,7 @@ def generate_dataset(
     return _sluice.generate_dataset(os.fspath(root), images, classes, seed, quality, texture, corrupt)
 
 
-def pack(
-    src: PathLike, out: PathLike, interval: Optional[int] = None, threads: Optional[int] = None
-) -> Dict[str, Any]:
+def pack(src: PathLike, out: PathLike, interval: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:
     """Copies the dataset ``src`` to ``out`` with every JPEG rewritten losslessly with
     restart markers (every ``interval`` MCUs, default 2), so random crops decode only the
     part of the file they cover: the pixels are exactly the same, the training pipeline

@@ -83,6 +83,8 @@ class Loader:
     def set_threads(self, threads: int) -> None:
         """Resizes the worker pool; 0 means one thread per core."""
     def threads(self) -> int: ...
+    def buffers_reused(self) -> int:
+        """Batches built in a buffer freed by an earlier batch rather than in fresh memory."""
 
 @final
 class EpochIterator:
@@ -94,6 +96,9 @@ class EpochIterator:
     @property
     def epoch(self) -> int: ...
     def remaining(self) -> int: ...
+    def drain(self) -> Tuple[int, int]:
+        """Runs the rest of the epoch in Rust, handing no batch to Python (for benchmarks);
+        returns ``(batches, samples)``."""
 
 @final
 class RawBatch:
@@ -132,6 +137,8 @@ class RemoteLoader:
         parallel_epochs: int = 0,
         compression: str = "none",
         data_plane: str = "auto",
+        tls_ca: Optional[str] = None,
+        connect_timeout: float = 60.0,
     ) -> "RemoteLoader": ...
     def start_epoch(self) -> None: ...
     def next_batch(self) -> Optional["RawBatch"]:
@@ -144,6 +151,10 @@ class RemoteLoader:
     def fingerprint(self) -> str: ...
     def duplicates_dropped(self) -> int: ...
     def shared_memory_batches(self) -> int: ...
+    def stats(self) -> Dict[str, Any]:
+        """``batches``, ``samples``, ``bytes``, ``wait_s``, ``elapsed_s``,
+        ``shared_memory_batches``, ``duplicates_dropped``."""
     def state_json(self) -> str: ...
     def load_state_json(self, state: str) -> None: ...
-
+    def set_epoch(self, epoch: int) -> None:
+        """Restarts the job at the first batch of ``epoch``."""

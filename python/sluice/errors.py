@@ -17,6 +17,18 @@ __all__ = [
     "SourceNotFoundError",
     "SampleError",
     "StateError",
+    "ServiceError",
+    "ServiceRequestError",
+    "ServicePermissionError",
+    "ServiceAuthError",
+    "ServiceNotFoundError",
+    "JobConflictError",
+    "JobFailedError",
+    "ServiceUnavailableError",
+    "ServiceTimeoutError",
+    "ServiceTlsError",
+    "NotSupportedError",
+    "ServiceInternalError",
 ]
 
 
@@ -83,3 +95,60 @@ class SampleError(SluiceError, RuntimeError):
 class StateError(SluiceError, ValueError):
     """A loader state (checkpoint) that does not belong to this loader: another dataset,
     seed or rank layout, or not a sluice state at all."""
+
+
+class ServiceError(SluiceError):
+    """A failure of :class:`sluice.RemoteLoader`: reported by the sluice service or met on
+    the way to it. Each subclass is also the builtin a caller would catch (below)."""
+
+
+class ServiceRequestError(ServiceError, ValueError):
+    """A request the service (or the client, before sending it) refuses as malformed: an
+    unknown compression or data plane, a checkpoint of another job."""
+
+
+class ServicePermissionError(ServiceError, PermissionError):
+    """Refused by the operator's rules: the spec names a path outside the service's
+    ``--allow-root`` folders."""
+
+
+class ServiceAuthError(ServicePermissionError):
+    """A missing or wrong token (``token=`` / ``$SLUICE_TOKEN``)."""
+
+
+class ServiceNotFoundError(ServiceError, LookupError):
+    """A job, task or worker the service does not know."""
+
+
+class JobConflictError(ServiceError, ValueError):
+    """A job of that name exists with another pipeline: pick another name, or the same
+    pipeline."""
+
+
+class JobFailedError(ServiceError, RuntimeError):
+    """The service could not do the job's work: a sample failed under
+    ``on_error("fail")`` on a worker (the message names its key and path), or the dataset
+    cannot be read there."""
+
+
+class ServiceUnavailableError(ServiceError, ConnectionError):
+    """The dispatcher or a worker cannot be reached, or went away."""
+
+
+class ServiceTimeoutError(ServiceError, TimeoutError):
+    """The service did not answer in time."""
+
+
+class ServiceTlsError(ServiceError, ConnectionError):
+    """TLS cannot be set up: a CA file (``tls_ca=`` / ``$SLUICE_TLS_CA``) that is missing
+    or not a usable certificate."""
+
+
+class NotSupportedError(ServiceError, NotImplementedError):
+    """Something the service does not do (yet), e.g. importance reports from a
+    :class:`sluice.RemoteLoader`."""
+
+
+class ServiceInternalError(ServiceError, RuntimeError):
+    """An unexpected failure in the service or the client (a malformed batch, a stream that
+    ended early): a bug worth reporting."""

@@ -284,7 +284,8 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader stands: epoch, batches of it already handed out, seed, dataset
         fingerprint, rank and world size. A plain dict (JSON- and torch.save-able)."""
-        return json.loads(self._native.state_json())
+        state: Dict[str, Any] = json.loads(self._native.state_json())
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Makes the next ``iter(loader)`` continue exactly where ``state`` was taken: the
@@ -303,11 +304,13 @@ class Loader:
         (throughput), ``wait_s`` (time the consumer waited for batches: input stall),
         ``op_seconds`` (busy seconds per op summed over threads, ``read`` first),
         ``skipped`` (a list of ``{"key", "path", "error"}`` for samples left out under
-        ``on_error("skip")``) and ``threads``.
+        ``on_error("skip")``), ``threads`` and ``buffers_reused`` (batches built in the
+        buffer of an earlier batch that Python had freed, rather than in fresh memory).
         """
-        stats = json.loads(self._native.stats_json())
+        stats: Dict[str, Any] = json.loads(self._native.stats_json())
         stats["op_seconds"] = {name: seconds for name, seconds in stats["op_seconds"]}
         stats["threads"] = self.threads
+        stats["buffers_reused"] = int(self._native.buffers_reused())
         return stats
 
     def report(self, keys: Any, losses: Any) -> None:

@@ -126,7 +126,8 @@ class Pipeline:
     def to_dict(self) -> Dict[str, Any]:
         """The spec as a plain dict (validated, defaults filled in). ``Pipeline.from_dict``
         of it gives an equal pipeline."""
-        return json.loads(self.to_json())
+        spec: Dict[str, Any] = json.loads(self.to_json())
+        return spec
 
     def save(self, path: PathLike) -> None:
         """Writes the spec to ``path``, TOML or JSON by its extension."""
@@ -148,7 +149,10 @@ class Pipeline:
         return self
 
     def _raw_json(self) -> str:
-        for field, hint in (("source", "start from Pipeline.image_folder/file_list/tar"), ("batch", "call .batch(size)")):
+        for field, hint in (
+            ("source", "start from Pipeline.image_folder/file_list/tar"),
+            ("batch", "call .batch(size)"),
+        ):
             if field not in self._spec:
                 raise SpecError(
                     f"invalid pipeline spec at `{field}`: missing ({hint})", field=field, reason=f"missing ({hint})"
@@ -197,9 +201,7 @@ class Pipeline:
         """Flips left-right with probability ``p``. Seeded per sample."""
         return self._op("random_horizontal_flip", p=p)
 
-    def normalize(
-        self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
-    ) -> "Pipeline":
+    def normalize(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> "Pipeline":
         """``(x / 255 - mean) / std`` per channel, as float32 (mean/std in [0, 1] units).
         Usually cheaper on the GPU: see :func:`sluice.torch.to_device`."""
         return self._op("normalize", mean=list(mean), std=list(std))
@@ -328,13 +330,23 @@ class Pipeline:
         """The ops, in order, as dicts (copies)."""
         return tuple(copy.deepcopy(op) for op in self._spec["ops"])
 
+    def _meaning(self) -> str:
+        """What the spec means: canonical JSON (parsed and validated in Rust, defaults
+        filled in), so a pipeline equals itself saved and loaded back. A spec that does not
+        validate means only what it says."""
+        try:
+            spec = json.loads(_sluice.spec_canonical_json(self._raw_json()))
+        except SpecError:
+            spec = self._spec
+        return json.dumps(spec, sort_keys=True, default=str)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Pipeline):
             return NotImplemented
-        return self._spec == other._spec
+        return self._spec == other._spec or self._meaning() == other._meaning()
 
     def __hash__(self) -> int:
-        return hash(json.dumps(self._spec, sort_keys=True, default=str))
+        return hash(self._meaning())
 
     def __repr__(self) -> str:
         return f"Pipeline({json.dumps(self._spec)})"

@@ -1,25 +1,35 @@
 """The remote loader: batches preprocessed by a sluice service (``sluice dispatcher`` and
 ``sluice worker`` processes, or ``sluice up``) instead of this process's CPUs.
 
-Same shape as :class:`sluice.Loader`: ``iter(loader)`` runs an epoch, ``state_dict()`` /
-``load_state_dict()`` resume exactly. Every sample arrives exactly once per epoch even
-when a worker dies or the dispatcher restarts; clients naming the same job share its
-stream, each getting disjoint batches.
+The same interface as :class:`sluice.Loader` (both are :class:`sluice.LoaderLike`):
+``iter(loader)`` runs an epoch, ``set_epoch``, ``state_dict()`` / ``load_state_dict()``
+resume exactly, ``stats()``. Every sample arrives exactly once per epoch even when a worker
+dies or the dispatcher restarts; clients naming the same job share its stream, each getting
+disjoint batches.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Mapping, Optional, Union
+import os
+from typing import Any, Dict, Iterator, Mapping, NoReturn, Optional, Union
 
 from . import _sluice
-from .loader import Batch, _import_torch, _spec_json
+from .errors import NotSupportedError
+from .loader import Batch, ImportanceRecorder, _default_shard, _import_torch, _spec_json
 from .pipeline import PathLike, Pipeline
 
 __all__ = ["RemoteLoader", "RemoteBatchIterator"]
 
 
-class RemoteBatchIterator:
+def _importance_not_supported() -> NoReturn:
+    raise NotSupportedError(
+        "importance reports through the service are not supported yet: the dispatcher does not hold the job's "
+        "importance state (that arrives with issue 13's work); train with sluice.Loader to use importance sampling"
+    )
+
+
+class RemoteBatchIterator(Iterator[Batch]):
     """The batches of one epoch from the service, in arrival order."""
 
     __slots__ = ("_native", "_torch", "_epoch", "_done")
@@ -75,10 +85,19 @@ class RemoteLoader:
             throughput.
         data_plane: ``"auto"`` (default): batches from workers on this machine come
             through shared memory, the rest over TCP; ``"tcp"`` or ``"grpc"`` force one.
+        tls_ca: the CA certificate (PEM) of the service: talk TLS to the dispatcher and
+            workers (default: ``$SLUICE_TLS_CA``; unset: plain TCP).
+        connect_timeout: seconds to keep retrying a dispatcher that cannot be reached
+            before giving up.
+
+    Every failure is a :class:`sluice.ServiceError` (a :class:`sluice.SluiceError`) and
+    also the builtin a caller would catch.
 
     Raises:
-        SpecError: the spec is invalid. PermissionError: a path outside the allowed roots,
-        or a wrong token. ConnectionError: the dispatcher cannot be reached.
+        SpecError: the spec is invalid. ServicePermissionError (a ``PermissionError``): a
+        path outside the allowed roots; ServiceAuthError (also one) a wrong token.
+        ServiceUnavailableError (a ``ConnectionError``): the dispatcher cannot be reached.
+        JobConflictError (a ``ValueError``): the job exists with another pipeline.
     """
 
     def __init__(
@@ -92,11 +111,14 @@ class RemoteLoader:
         parallel_epochs: int = 0,
         compression: Optional[str] = None,
         data_plane: str = "auto",
+        tls_ca: Optional[PathLike] = None,
+        connect_timeout: float = 60.0,
     ) -> None:
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
         self._torch = _import_torch() if output == "torch" else None
         self._output = output
+        self._rank, self._world_size = _default_shard(None, None)
         self._native = _sluice.RemoteLoader(
             _spec_json(pipeline),
             dispatcher,
@@ -106,6 +128,8 @@ class RemoteLoader:
             parallel_epochs,
             compression or "none",
             data_plane,
+            None if tls_ca is None else os.fspath(tls_ca),
+            connect_timeout,
         )
 
     def __iter__(self) -> RemoteBatchIterator:
@@ -117,10 +141,57 @@ class RemoteLoader:
         """Batches per epoch."""
         return int(self._native.batches_per_epoch())
 
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next ``iter(loader)`` run ``epoch`` from its first batch. This restarts
+        the job at that epoch on the service: meant for a job with one client (a shared job
+        moves for all of them)."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, not {epoch}")
+        self._native.set_epoch(epoch)
+
     @property
     def epoch(self) -> int:
         """The epoch the loader is in."""
         return int(self._native.epoch())
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (from torch.distributed or ``RANK``, else 0). It does not
+        choose the batches: the service hands each client of a job disjoint batches as it
+        asks for them."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of this training run (from torch.distributed or ``WORLD_SIZE``, else 1)."""
+        return self._world_size
+
+    def stats(self) -> Dict[str, Any]:
+        """What this client has received since it connected.
+
+        Keys: ``samples``, ``batches``, ``elapsed_s``, ``samples_per_s``, ``wait_s`` (time
+        spent waiting for batches: input stall), as in :meth:`sluice.Loader.stats`;
+        ``bytes`` (image bytes received), ``shared_memory_batches`` and
+        ``duplicates_dropped``. Work done on the workers (op times, skipped samples) is in
+        the service's metrics.
+        """
+        stats: Dict[str, Any] = dict(self._native.stats())
+        elapsed = stats["elapsed_s"]
+        stats["samples_per_s"] = stats["samples"] / elapsed if elapsed > 0 else 0.0
+        return stats
+
+    def report(self, keys: Any, losses: Any) -> None:
+        """Not supported through the service yet: raises :class:`sluice.NotSupportedError`
+        (see :meth:`sluice.Loader.report`)."""
+        _importance_not_supported()
+
+    def update_gradient_info(self, keys: Any, grads: Any) -> None:
+        """Not supported through the service yet: raises :class:`sluice.NotSupportedError`."""
+        _importance_not_supported()
+
+    def record_importance(self, keys: Any) -> ImportanceRecorder:
+        """Not supported through the service yet: raises :class:`sluice.NotSupportedError`."""
+        _importance_not_supported()
 
     @property
     def samples_per_epoch(self) -> int:
@@ -155,7 +226,8 @@ class RemoteLoader:
     def state_dict(self) -> Dict[str, Any]:
         """Where the job stands: its name, fingerprint, epoch and the batches of that epoch
         already handed out. A plain dict (JSON- and torch.save-able)."""
-        return json.loads(self._native.state_json())
+        state: Dict[str, Any] = json.loads(self._native.state_json())
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restarts the job at ``state``: the rest of that epoch, then the next ones. Meant

@@ -21,8 +21,8 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .loader import Batch, Loader, PathLike
-from .pipeline import IMAGENET_MEAN, IMAGENET_STD, Pipeline
+from .loader import Batch, Loader
+from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
 
 __all__ = ["SluiceDataset", "to_device", "IMAGENET_MEAN", "IMAGENET_STD"]
 

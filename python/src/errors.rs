@@ -3,7 +3,9 @@
 //! The exception classes live in the pure-Python module `sluice.errors`, so they can inherit
 //! from both sluice's base class and the builtin a caller would naturally catch
 //! (`SpecError(ValueError)`, `SampleError(RuntimeError)`, `SourceError(OSError)`, ...). Each
-//! carries the context the Rust error had: the spec field, the sample key and path.
+//! carries the context the Rust error had: the spec field, the sample key and path. Remote
+//! loader failures are `sluice.errors.ServiceError` subclasses, chosen by the service
+//! error's kind (whether it happened here or came back as a gRPC status).
 
 use std::path::Path;
 
@@ -14,6 +16,7 @@ use sluice_core::{SampleError, SpecError};
 use sluice_pipeline::pack::PackError;
 use sluice_pipeline::source::SourceError;
 use sluice_pipeline::PipelineError;
+use sluice_service::{ServiceError, ServiceErrorKind};
 use sluice_synth::SynthError;
 
 const ERRORS_MODULE: &str = "sluice.errors";
@@ -125,4 +128,29 @@ pub fn pack_error(py: Python<'_>, e: PackError) -> PyErr {
     let class = if matches!(e, PackError::NotFound(_)) { "SourceNotFoundError" } else { "SourceError" };
     let path = path_str(e.path());
     raise(py, class, e.to_string(), |kw| kw.set_item("path", path))
+}
+
+/// Remote loader failures: a spec or pipeline error as the local loader raises it, the
+/// rest as the `ServiceError` subclass of its kind (each also a builtin: `ConnectionError`,
+/// `PermissionError`, `ValueError`...).
+pub fn service_error(py: Python<'_>, e: ServiceError) -> PyErr {
+    let class = match e {
+        ServiceError::Spec(e) => return spec_error(py, e),
+        ServiceError::Pipeline(e) => return pipeline_error(py, e),
+        ref e => match e.kind() {
+            ServiceErrorKind::InvalidRequest => "ServiceRequestError",
+            ServiceErrorKind::PermissionDenied => "ServicePermissionError",
+            ServiceErrorKind::Unauthenticated => "ServiceAuthError",
+            ServiceErrorKind::NotFound => "ServiceNotFoundError",
+            ServiceErrorKind::Conflict => "JobConflictError",
+            ServiceErrorKind::FailedPrecondition => "JobFailedError",
+            ServiceErrorKind::Unavailable => "ServiceUnavailableError",
+            ServiceErrorKind::Timeout => "ServiceTimeoutError",
+            ServiceErrorKind::Tls => "ServiceTlsError",
+            ServiceErrorKind::Unsupported => "NotSupportedError",
+            ServiceErrorKind::Interrupted => return PyKeyboardInterrupt::new_err(e.to_string()),
+            ServiceErrorKind::Internal => "ServiceInternalError",
+        },
+    };
+    raise(py, class, e.to_string(), |_| Ok(()))
 }

@@ -2,6 +2,7 @@
 //! in as JSON, batches come out as numpy arrays that own the Rust buffers, and errors cross
 //! into Python in one place (`errors.rs`). The friendly API is the pure-Python package.
 
+mod buffers;
 mod errors;
 mod loader;
 mod pack;

@@ -1,16 +1,17 @@
 //! The native loader: a thin shell over `sluice_pipeline::Loader`. Batches leave Rust as
-//! numpy arrays that own the Rust buffers (no copy); every blocking call releases the GIL,
+//! numpy arrays over the Rust buffers (no copy), and the buffers come back for later
+//! batches when Python frees them (`buffers.rs`); every blocking call releases the GIL,
 //! and a wait for a batch still answers Ctrl-C.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use numpy::ndarray::{Array, IxDyn};
-use numpy::{Element, PyArray, PyArray1};
+use numpy::PyArray1;
 use pyo3::exceptions::{PyIndexError, PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
-use sluice_core::{Batch, Layout, PipelineSpec, SampleKey, Tensor, TensorData};
-use sluice_pipeline::{EpochIter, Loader, LoaderState, Shard};
+use sluice_core::{Batch, Layout, PipelineSpec, SampleKey};
+use sluice_pipeline::{EpochIter, Loader, LoaderState, PipelineError, Shard};
 
+use crate::buffers::{image_array, BufferPool};
 use crate::errors::{pipeline_error, spec_error, state_error};
 
 /// Locks a mutex, recovering it after a panic elsewhere: an iterator's state stays usable.
@@ -22,6 +23,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[pyclass(module = "sluice._sluice", name = "Loader", frozen)]
 pub struct PyLoader {
     loader: Loader,
+    buffers: Arc<BufferPool>,
 }
 
 #[pymethods]
@@ -31,16 +33,18 @@ impl PyLoader {
     #[pyo3(signature = (spec_json, rank = 0, world_size = 1))]
     fn new(py: Python<'_>, spec_json: &str, rank: usize, world_size: usize) -> PyResult<Self> {
         let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
+        // Enough spare buffers for the prefetch window and the batches being freed.
+        let buffers = BufferPool::new(spec.prefetch + 2);
         let loader = py.detach(|| Loader::new(spec, Shard { rank, world_size })).map_err(|e| pipeline_error(py, e))?;
-        Ok(Self { loader })
+        Ok(Self { loader, buffers })
     }
 
     /// An iterator over the rest of the current epoch (all of it unless resuming).
     /// Starting one retires any older iterator of this loader. Computing the epoch order
     /// (a permutation of the dataset) runs with the GIL released.
     fn iter(&self, py: Python<'_>) -> PyEpochIterator {
-        let iter = py.detach(|| self.loader.iter());
-        PyEpochIterator { epoch: iter.epoch(), iter: Mutex::new(iter) }
+        let iter = py.detach(|| self.loader.iter().with_buffers(self.buffers.source()));
+        PyEpochIterator { epoch: iter.epoch(), iter: Mutex::new(iter), buffers: self.buffers.clone() }
     }
 
     fn batches_per_epoch(&self) -> u64 {
@@ -120,6 +124,11 @@ impl PyLoader {
     fn threads(&self) -> usize {
         self.loader.threads()
     }
+
+    /// Batches built in a buffer freed by an earlier batch rather than in fresh memory.
+    fn buffers_reused(&self) -> u64 {
+        self.buffers.reused()
+    }
 }
 
 /// The batches of one epoch, in order.
@@ -127,6 +136,32 @@ impl PyLoader {
 pub struct PyEpochIterator {
     epoch: u64,
     iter: Mutex<EpochIter>,
+    buffers: Arc<BufferPool>,
+}
+
+/// Waits for the next batch of `iter` with the GIL released, checking for signals every
+/// 50 ms: Ctrl-C gives the `KeyboardInterrupt` (and a later call picks up the same batch).
+fn next_batch(py: Python<'_>, iter: &Mutex<EpochIter>) -> PyResult<Option<Batch>> {
+    let mut signal: Option<PyErr> = None;
+    let next = py.detach(|| {
+        lock(iter).next_interruptible(&mut || {
+            Python::attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(e) => {
+                    signal = Some(e);
+                    true
+                }
+            })
+        })
+    });
+    match next {
+        None => Ok(None),
+        Some(Ok(batch)) => Ok(Some(batch)),
+        Some(Err(PipelineError::Interrupted)) => {
+            Err(signal.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting for a batch")))
+        }
+        Some(Err(e)) => Err(pipeline_error(py, e)),
+    }
 }
 
 #[pymethods]
@@ -138,27 +173,23 @@ impl PyEpochIterator {
     /// Waits for the next batch with the GIL released, checking for signals every 50 ms:
     /// Ctrl-C raises `KeyboardInterrupt` and a later call picks up the same batch.
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<RawBatch>> {
-        let mut signal: Option<PyErr> = None;
-        let next = py.detach(|| {
-            let mut iter = lock(&self.iter);
-            iter.next_interruptible(&mut || {
-                Python::attach(|py| match py.check_signals() {
-                    Ok(()) => false,
-                    Err(e) => {
-                        signal = Some(e);
-                        true
-                    }
-                })
-            })
-        });
-        match next {
+        match next_batch(py, &self.iter)? {
+            Some(batch) => RawBatch::new(py, batch, &self.buffers).map(Some),
             None => Ok(None),
-            Some(Ok(batch)) => RawBatch::new(py, batch).map(Some),
-            Some(Err(sluice_pipeline::PipelineError::Interrupted)) => {
-                Err(signal.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting for a batch")))
-            }
-            Some(Err(e)) => Err(pipeline_error(py, e)),
         }
+    }
+
+    /// Runs the rest of the epoch in Rust, handing no batch to Python (each buffer goes
+    /// straight back to the pool): what a native consumer gets, for benchmarks. Returns
+    /// `(batches, samples)`.
+    fn drain(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
+        let (mut batches, mut samples) = (0, 0);
+        while let Some(batch) = next_batch(py, &self.iter)? {
+            batches += 1;
+            samples += batch.len() as u64;
+            self.buffers.recycle(batch.images);
+        }
+        Ok((batches, samples))
     }
 
     /// The epoch this iterator runs.
@@ -200,33 +231,13 @@ pub struct RawBatch {
     buffer_address: usize,
 }
 
-/// Hands `v` to numpy as an array of `shape`, without copying.
-fn owned_array<T: Element>(py: Python<'_>, shape: &[usize], v: Vec<T>) -> PyResult<Py<PyAny>> {
-    let arr = Array::from_shape_vec(IxDyn(shape), v).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    Ok(PyArray::from_owned_array(py, arr).into_any().unbind())
-}
-
 impl RawBatch {
-    /// Hands a batch (local or from the service) to numpy without copying its buffers.
-    pub(crate) fn new(py: Python<'_>, batch: Batch) -> PyResult<Self> {
+    /// Hands a batch (local or from the service) to numpy without copying its own buffers
+    /// (borrowed memory, a service worker's, is copied into a pooled one); its image
+    /// buffer goes back to `buffers` when numpy frees it.
+    pub(crate) fn new(py: Python<'_>, batch: Batch, buffers: &Arc<BufferPool>) -> PyResult<Self> {
         let Batch { epoch, index, keys, labels, images, layout, weights } = batch;
-        let Tensor { shape, data } = images;
-        let (image, buffer_address) = match data {
-            TensorData::U8(v) => {
-                let addr = v.as_ptr() as usize;
-                (owned_array(py, &shape, v)?, addr)
-            }
-            // Borrowed memory (a service worker's) is copied: numpy must own what it holds.
-            TensorData::SharedU8(s) => {
-                let v = s.as_slice().to_vec();
-                let addr = v.as_ptr() as usize;
-                (owned_array(py, &shape, v)?, addr)
-            }
-            TensorData::F32(v) => {
-                let addr = v.as_ptr() as usize;
-                (owned_array(py, &shape, v)?, addr)
-            }
-        };
+        let (image, buffer_address) = image_array(py, images, buffers)?;
         // Keys are manifest positions, far below i64::MAX; int64 is what torch indexes with.
         let keys: Vec<i64> = keys.into_iter().map(|k| k as i64).collect();
         Ok(Self {

@@ -2,57 +2,51 @@
 //! arrive from the service's workers and leave for Python as numpy arrays that own the
 //! received buffers; blocking calls release the GIL, and a wait still answers Ctrl-C.
 
-use std::sync::{Mutex, MutexGuard};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use pyo3::exceptions::{
-    PyConnectionError, PyFileExistsError, PyKeyboardInterrupt, PyLookupError, PyPermissionError, PyRuntimeError,
-    PyValueError,
-};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use sluice_core::PipelineSpec;
 use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ServiceError};
-use tonic::Code;
 
-use crate::errors::spec_error;
+use crate::buffers::BufferPool;
+use crate::errors::{service_error, spec_error, state_error};
 use crate::loader::RawBatch;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Service errors as the builtin exception a caller would catch.
-fn service_error(py: Python<'_>, e: ServiceError) -> PyErr {
-    let message = e.to_string();
-    match e {
-        ServiceError::Spec(s) => spec_error(py, s),
-        ServiceError::Interrupted => PyKeyboardInterrupt::new_err(message),
-        ServiceError::PathNotAllowed { .. } => PyPermissionError::new_err(message),
-        ServiceError::InvalidArgument(_) | ServiceError::BadBatch(_) => PyValueError::new_err(message),
-        ServiceError::Unavailable { .. } | ServiceError::Connect { .. } => PyConnectionError::new_err(message),
-        ServiceError::Rpc { status, .. } => match status.code() {
-            Code::PermissionDenied | Code::Unauthenticated => PyPermissionError::new_err(message),
-            Code::InvalidArgument => PyValueError::new_err(message),
-            Code::NotFound => PyLookupError::new_err(message),
-            Code::AlreadyExists => PyFileExistsError::new_err(message),
-            Code::Unavailable => PyConnectionError::new_err(message),
-            _ => PyRuntimeError::new_err(message),
-        },
-        _ => PyRuntimeError::new_err(message),
-    }
+/// What this client has received since it connected.
+#[derive(Default)]
+struct Received {
+    batches: u64,
+    samples: u64,
+    bytes: u64,
+    wait: Duration,
 }
 
 /// A loader whose batches come from a sluice dispatcher and its workers.
 #[pyclass(module = "sluice._sluice", name = "RemoteLoader", frozen)]
 pub struct PyRemoteLoader {
     inner: Mutex<RemoteLoader>,
+    received: Mutex<Received>,
+    started: Instant,
+    /// Buffers for the copies of batches that arrive in a worker's shared memory.
+    buffers: Arc<BufferPool>,
 }
 
 #[pymethods]
 impl PyRemoteLoader {
     /// Submits `spec_json` as job `job_name` to the dispatcher at `dispatcher` (or joins
     /// the job, if it exists with the same pipeline). GIL released while connecting.
+    /// `tls_ca` and `token` default to `$SLUICE_TLS_CA` and `$SLUICE_TOKEN`;
+    /// `connect_timeout` is how long an unreachable dispatcher is retried, in seconds.
     #[new]
-    #[pyo3(signature = (spec_json, dispatcher, job_name, token = None, tasks_in_flight = 4, parallel_epochs = 0, compression = "none", data_plane = "auto"))]
+    #[pyo3(signature = (spec_json, dispatcher, job_name, token = None, tasks_in_flight = 4, parallel_epochs = 0, compression = "none", data_plane = "auto", tls_ca = None, connect_timeout = 60.0))]
     #[allow(clippy::too_many_arguments)] // the Python signature
     fn new(
         py: Python<'_>,
@@ -64,18 +58,27 @@ impl PyRemoteLoader {
         parallel_epochs: u64,
         compression: &str,
         data_plane: &str,
+        tls_ca: Option<PathBuf>,
+        connect_timeout: f64,
     ) -> PyResult<Self> {
         let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
         let mut options = RemoteOptions::new(dispatcher, job_name);
         if token.is_some() {
             options.token = token;
         }
+        if tls_ca.is_some() {
+            options.tls_ca = tls_ca;
+        }
+        options.give_up_after = Duration::try_from_secs_f64(connect_timeout).map_err(|_| {
+            PyValueError::new_err(format!("connect_timeout must be >= 0 seconds, not {connect_timeout}"))
+        })?;
         options.tasks_in_flight = tasks_in_flight.max(1);
         options.parallel_epochs = parallel_epochs;
-        options.compression = Compression::parse(compression).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        options.data_plane = DataPlane::parse(data_plane).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        options.compression = Compression::parse(compression).map_err(|e| service_error(py, e))?;
+        options.data_plane = DataPlane::parse(data_plane).map_err(|e| service_error(py, e))?;
         let loader = py.detach(|| RemoteLoader::connect(&spec, options)).map_err(|e| service_error(py, e))?;
-        Ok(Self { inner: Mutex::new(loader) })
+        let buffers = BufferPool::new(tasks_in_flight.max(1) + 2);
+        Ok(Self { inner: Mutex::new(loader), received: Mutex::default(), started: Instant::now(), buffers })
     }
 
     /// Starts streaming the rest of the current epoch (restarting it exactly if an earlier
@@ -88,6 +91,7 @@ impl PyRemoteLoader {
     /// checks for signals every 50 ms: Ctrl-C raises KeyboardInterrupt, nothing is lost.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<RawBatch>> {
         let mut signal: Option<PyErr> = None;
+        let t0 = Instant::now();
         let next = py.detach(|| {
             lock(&self.inner).next_batch(&mut || {
                 Python::attach(|py| match py.check_signals() {
@@ -99,9 +103,17 @@ impl PyRemoteLoader {
                 })
             })
         });
+        let mut received = lock(&self.received);
+        received.wait += t0.elapsed();
         match next {
             None => Ok(None),
-            Some(Ok(batch)) => RawBatch::new(py, batch).map(Some),
+            Some(Ok(batch)) => {
+                received.batches += 1;
+                received.samples += batch.len() as u64;
+                received.bytes += batch.images.as_bytes().len() as u64;
+                drop(received);
+                RawBatch::new(py, batch, &self.buffers).map(Some)
+            }
             Some(Err(ServiceError::Interrupted)) => {
                 Err(signal.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting for a batch")))
             }
@@ -142,13 +154,41 @@ impl PyRemoteLoader {
         lock(&self.inner).shared_memory_batches()
     }
 
+    /// What this client received since it connected: `batches`, `samples`, `bytes` (of
+    /// images), `wait_s` (time spent waiting for batches), `elapsed_s`,
+    /// `shared_memory_batches`, `duplicates_dropped`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (shared, duplicates) = {
+            let inner = lock(&self.inner);
+            (inner.shared_memory_batches(), inner.duplicates_dropped())
+        };
+        let r = lock(&self.received);
+        let out = PyDict::new(py);
+        out.set_item("batches", r.batches)?;
+        out.set_item("samples", r.samples)?;
+        out.set_item("bytes", r.bytes)?;
+        out.set_item("wait_s", r.wait.as_secs_f64())?;
+        out.set_item("elapsed_s", self.started.elapsed().as_secs_f64())?;
+        out.set_item("shared_memory_batches", shared)?;
+        out.set_item("duplicates_dropped", duplicates)?;
+        Ok(out)
+    }
+
     fn state_json(&self) -> PyResult<String> {
         serde_json::to_string(&lock(&self.inner).state()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     fn load_state_json(&self, py: Python<'_>, state: &str) -> PyResult<()> {
         let state: RemoteState = serde_json::from_str(state)
-            .map_err(|e| PyValueError::new_err(format!("not a sluice remote loader state: {e}")))?;
+            .map_err(|e| state_error(py, format!("not a sluice remote loader state: {e}")))?;
+        py.detach(|| lock(&self.inner).load_state(&state)).map_err(|e| service_error(py, e))
+    }
+
+    /// Restarts the job at the first batch of `epoch` (for every client of the job).
+    fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
+        let mut state = lock(&self.inner).state();
+        state.epoch = epoch;
+        state.delivered.clear();
         py.detach(|| lock(&self.inner).load_state(&state)).map_err(|e| service_error(py, e))
     }
 }

@@ -3,12 +3,14 @@ a helper to run Python in a fresh process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -51,10 +53,58 @@ def small_pipeline(root: Path, batch: int = 8, size: int = 32, seed: int = 0) ->
     )
 
 
-def run_python(code: str, *args: str, timeout: float = 60, env: Optional[Dict[str, str]] = None) -> "subprocess.CompletedProcess[str]":
+def run_python(
+    code: str, *args: str, timeout: float = 60, env: Optional[Dict[str, str]] = None
+) -> "subprocess.CompletedProcess[str]":
     """Runs `code` in a new Python process (with `args` as sys.argv[1:])."""
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
     cmd: List[str] = [sys.executable, "-c", textwrap.dedent(code), *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sluice_binary() -> Path:
+    """The ``sluice`` binary: ``$SLUICE_BIN``, else the one ``cargo build`` left in target/
+    (the test is skipped when there is none)."""
+    if os.environ.get("SLUICE_BIN"):
+        return Path(os.environ["SLUICE_BIN"])
+    for profile in ("debug", "release"):
+        path = REPO / "target" / profile / "sluice"
+        if path.exists():
+            return path
+    pytest.skip("the sluice binary is not built (cargo build -p sluice-cli)")
+    raise AssertionError("unreachable")
+
+
+def free_addr() -> str:
+    """A 127.0.0.1 address with a port nothing listens on (yet)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextlib.contextmanager
+def sluice_service(
+    roots: Sequence[Path], journal: Path, token: Optional[str] = None, workers: int = 1
+) -> Iterator[str]:
+    """A real ``sluice dispatcher`` and ``workers`` worker processes on 127.0.0.1, allowed to
+    read under ``roots``; yields the dispatcher's address and kills them all at the end."""
+    exe = str(sluice_binary())
+    addr = free_addr()
+    allow = [arg for root in roots for arg in ("--allow-root", str(root))]
+    auth = ["--token", token] if token is not None else []
+    procs: List["subprocess.Popen[bytes]"] = [
+        subprocess.Popen([exe, "dispatcher", "--listen", addr, "--journal", str(journal), *allow, *auth])
+    ]
+    try:
+        for _ in range(workers):
+            procs.append(subprocess.Popen([exe, "worker", "--dispatcher", addr, "--threads", "1", *allow, *auth]))
+        yield addr
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -18,7 +18,7 @@ def keys(loader: sluice.Loader) -> List[int]:
 def test_two_ranks_are_disjoint_and_equal(dataset: Path) -> None:
     pipe = small_pipeline(dataset, batch=5)
     ranks = [sluice.Loader(pipe, rank=r, world_size=2) for r in range(2)]
-    for epoch in range(2):
+    for _epoch in range(2):
         k0, k1 = keys(ranks[0]), keys(ranks[1])
         assert len(k0) == len(k1) == N_IMAGES // 2
         assert not set(k0) & set(k1)

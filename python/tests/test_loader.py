@@ -147,7 +147,7 @@ def test_import_sluice_does_not_import_torch() -> None:
 def test_generate_dataset_is_deterministic(tmp_path: Path) -> None:
     a = sluice.generate_dataset(tmp_path / "a", images=3, classes=2, seed=5, corrupt=2)
     b = sluice.generate_dataset(tmp_path / "b", images=3, classes=2, seed=5)
-    assert a["images"] == 3 and len(a["bad_files"]) == 2 and a["bytes"] > 3000
+    assert a["images"] == b["images"] == 3 and len(a["bad_files"]) == 2 and a["bytes"] > 3000
     for rel in ("class_000/img_0000000.jpg", "class_001/img_0000001.jpg", "class_000/img_0000002.jpg"):
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()
     assert all(Path(p).exists() for p in a["bad_files"])

@@ -78,9 +78,12 @@ def test_every_option_round_trips(tmp_path: Path) -> None:
 
 
 def test_cache_sampling_and_importance_options_round_trip() -> None:
-    pipe = standard().cache("512MB", level="resized", resize=256, policy="lru").sampling(
-        "importance", floor=0.1, coverage_epochs=5
-    ).importance(ema=0.5)
+    pipe = (
+        standard()
+        .cache("512MB", level="resized", resize=256, policy="lru")
+        .sampling("importance", floor=0.1, coverage_epochs=5)
+        .importance(ema=0.5)
+    )
     d = pipe.to_dict()
     assert d["cache"]["level"] == "resized" and d["cache"]["resize"] == 256 and d["cache"]["policy"] == "lru"
     assert d["cache"]["budget"] == 512_000_000
@@ -169,3 +172,18 @@ def test_validate_returns_the_pipeline_and_repr_shows_the_spec() -> None:
     assert p.validate() is p
     assert "random_resized_crop" in repr(p)
     assert hash(p) == hash(standard())
+
+
+def test_a_pipeline_equals_itself_saved_and_loaded_back(tmp_path: Path) -> None:
+    pipe = Pipeline.image_folder(tmp_path).decode().random_resized_crop(64).random_horizontal_flip().batch(16)
+    for name in ("spec.toml", "spec.json"):
+        pipe.save(tmp_path / name)
+        loaded = Pipeline.load(tmp_path / name)
+        assert loaded == pipe and pipe == loaded and hash(loaded) == hash(pipe)
+    assert Pipeline.from_dict(pipe.to_dict()) == pipe
+    # Spelling a default out does not change what a pipeline means; changing a value does.
+    assert pipe.prefetch(4).seed(0) == pipe
+    assert pipe.seed(1) != pipe and pipe.batch(17) != pipe
+    # A spec that does not validate equals only the same spec.
+    unfinished = Pipeline.image_folder(tmp_path).decode()
+    assert unfinished == Pipeline.image_folder(tmp_path).decode() and unfinished != pipe

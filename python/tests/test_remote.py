@@ -3,52 +3,20 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
 from pathlib import Path
 from typing import Iterator, List, Tuple
 
 import pytest
 
 import sluice
-from conftest import N_IMAGES
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _binary() -> Path:
-    for profile in ("debug", "release"):
-        path = REPO / "target" / profile / "sluice"
-        if path.exists():
-            return path
-    pytest.skip("the sluice binary is not built (cargo build -p sluice-cli)")
-    raise AssertionError("unreachable")
-
-
-def _free_addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+from conftest import N_IMAGES, sluice_service
 
 
 @pytest.fixture()
 def service(dataset: Path, tmp_path: Path) -> Iterator[Tuple[str, Path]]:
     """A dispatcher and one worker allowed to read the shared dataset only."""
-    exe = str(_binary())
-    addr = _free_addr()
-    root = str(dataset)
-    procs: List[subprocess.Popen[bytes]] = [
-        subprocess.Popen(
-            [exe, "dispatcher", "--listen", addr, "--journal", str(tmp_path / "journal"), "--allow-root", root]
-        ),
-        subprocess.Popen([exe, "worker", "--dispatcher", addr, "--threads", "1", "--allow-root", root]),
-    ]
-    try:
+    with sluice_service([dataset], tmp_path / "journal") as addr:
         yield addr, dataset
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def _pipeline(root: Path, seed: int = 0) -> sluice.Pipeline:

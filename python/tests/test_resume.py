@@ -56,7 +56,18 @@ def run(*args: str) -> None:
 def test_resume_in_a_new_process_matches_an_uninterrupted_run(dataset: Path, tmp_path: Path, stop_after: int) -> None:
     full, head, tail, state = (tmp_path / n for n in ("full.json", "head.json", "tail.json", "state.json"))
     run("--data", str(dataset), "--out", str(full), "--epochs", "2")
-    run("--data", str(dataset), "--out", str(head), "--epochs", "2", "--stop-after", str(stop_after), "--state-out", str(state))
+    run(
+        "--data",
+        str(dataset),
+        "--out",
+        str(head),
+        "--epochs",
+        "2",
+        "--stop-after",
+        str(stop_after),
+        "--state-out",
+        str(state),
+    )
     saved = json.loads(state.read_text())
     per_epoch = 7  # 48 samples in batches of 7
     assert (saved["epoch"], saved["batch"]) == divmod(stop_after, per_epoch)

@@ -55,7 +55,9 @@ def test_every_public_python_api_has_a_docstring() -> None:
                 missing.append(f"{module.__name__}.{name}")
             if inspect.isclass(obj):
                 for attr, member in vars(obj).items():
-                    if attr.startswith("_") or not (inspect.isfunction(member) or isinstance(member, (property, classmethod))):
+                    if attr.startswith("_") or not (
+                        inspect.isfunction(member) or isinstance(member, (property, classmethod))
+                    ):
                         continue
                     if not inspect.getdoc(getattr(obj, attr)):
                         missing.append(f"{module.__name__}.{name}.{attr}")

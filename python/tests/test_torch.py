@@ -102,7 +102,9 @@ def test_torch_distributed_rank_takes_precedence_over_env(dataset: Path) -> None
 def test_training_example_runs_end_to_end(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parent.parent / "examples" / "train_torch.py"
     args = ["--data", str(tmp_path / "train"), "--images", "48", "--classes", "2", "--size", "32", "--batch", "16"]
-    r = subprocess.run([sys.executable, str(example), *args, "--epochs", "1"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(example), *args, "--epochs", "1"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     assert "generated 48 images" in r.stdout
     assert "epoch 0: loss" in r.stdout and "images/s" in r.stdout

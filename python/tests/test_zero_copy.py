@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sluice
-from conftest import small_pipeline
+from conftest import N_IMAGES, small_pipeline
 
 torch = pytest.importorskip("torch")
 
@@ -52,3 +52,35 @@ def test_writes_through_torch_are_visible_in_numpy(dataset: Path) -> None:
     assert view.ctypes.data == tbatch.buffer_address
     tbatch.image[0].zero_()
     assert not view[0].any()
+
+
+def test_freed_batch_buffers_are_reused_and_held_ones_never_overwritten(dataset: Path) -> None:
+    loader = sluice.Loader(small_pipeline(dataset, batch=4).prefetch(2))
+
+    def epoch0() -> "sluice.BatchIterator":
+        loader.set_epoch(0)  # the same pixels every time
+        return iter(loader)
+
+    # Batches dropped at once: their buffers come back, so later batches are built in them
+    # (at the same addresses) instead of in fresh memory.
+    addresses = [b.buffer_address for b in epoch0()]
+    assert len(addresses) == N_IMAGES // 4
+    assert len(set(addresses)) < len(addresses)
+    assert loader.stats()["buffers_reused"] >= len(addresses) - 4
+
+    # Batches kept alive: none comes back, every one has its own buffer, and its pixels
+    # stay as they were while the loader builds the next ones.
+    reference = [b.image.copy() for b in epoch0()]
+    before = loader.stats()["buffers_reused"]
+    held = list(epoch0())
+    assert len({b.buffer_address for b in held}) == len(held)
+    assert loader.stats()["buffers_reused"] <= before + 4  # only what `reference` let go
+    assert all(np.array_equal(b.image, expected) for b, expected in zip(held, reference))
+
+    # A view of the image, or a tensor over it, keeps the buffer from being reused.
+    views = [b.image[1:] for b in epoch0()]
+    tensors = [torch.from_numpy(b.image) for b in epoch0()]
+    again = [b.image.copy() for b in epoch0()]
+    assert all(np.array_equal(v, e[1:]) for v, e in zip(views, reference))
+    assert all(np.array_equal(t.numpy(), e) for t, e in zip(tensors, reference))
+    assert all(np.array_equal(a, e) for a, e in zip(again, reference))

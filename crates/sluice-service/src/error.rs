@@ -53,9 +53,78 @@ pub enum ServiceError {
     Internal(String),
 }
 
+/// What kind of failure a [`ServiceError`] is, whether it happened here or came back from
+/// the service as a gRPC status: what callers (the Python binding) match on without
+/// reading status codes themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceErrorKind {
+    /// A spec or request the service refuses as malformed.
+    InvalidRequest,
+    /// Refused by the operator's rules (a path outside the allowed roots).
+    PermissionDenied,
+    /// A missing or wrong token.
+    Unauthenticated,
+    /// A job, task or worker that does not exist.
+    NotFound,
+    /// A job of that name exists with another pipeline.
+    Conflict,
+    /// The work cannot be done: the dataset cannot be read, or a sample failed under
+    /// `on_error = "fail"`.
+    FailedPrecondition,
+    /// The dispatcher or a worker cannot be reached (or went away).
+    Unavailable,
+    /// A deadline ran out.
+    Timeout,
+    /// Certificates or keys that are missing or not usable.
+    Tls,
+    /// Something this service does not do.
+    Unsupported,
+    /// The caller asked a waiting iterator to stop (Ctrl-C).
+    Interrupted,
+    /// A bug or an unexpected failure.
+    Internal,
+}
+
 impl ServiceError {
     pub fn rpc(what: &'static str, status: Status) -> Self {
         ServiceError::Rpc { what, status: Box::new(status) }
+    }
+
+    pub fn kind(&self) -> ServiceErrorKind {
+        use ServiceErrorKind as K;
+        match self {
+            ServiceError::Spec(_) | ServiceError::InvalidArgument(_) | ServiceError::OverLimit { .. } => {
+                K::InvalidRequest
+            }
+            ServiceError::PathNotAllowed { .. } => K::PermissionDenied,
+            ServiceError::NotFound { .. } => K::NotFound,
+            ServiceError::JobConflict { .. } => K::Conflict,
+            ServiceError::Pipeline(PipelineError::Spec(_)) => K::InvalidRequest,
+            ServiceError::Pipeline(PipelineError::Source(_) | PipelineError::Sample(_)) => K::FailedPrecondition,
+            ServiceError::Pipeline(PipelineError::Interrupted) => K::Interrupted,
+            ServiceError::Pipeline(_) => K::Internal,
+            ServiceError::Journal { .. } | ServiceError::BadBatch(_) | ServiceError::Internal(_) => K::Internal,
+            // A worker at its job limit: like one that cannot be reached, try again later.
+            ServiceError::Listen { .. }
+            | ServiceError::Connect { .. }
+            | ServiceError::Unavailable { .. }
+            | ServiceError::TooManyJobs { .. } => K::Unavailable,
+            ServiceError::Tls(_) => K::Tls,
+            ServiceError::Interrupted => K::Interrupted,
+            ServiceError::Rpc { status, .. } => match status.code() {
+                Code::InvalidArgument | Code::OutOfRange => K::InvalidRequest,
+                Code::PermissionDenied => K::PermissionDenied,
+                Code::Unauthenticated => K::Unauthenticated,
+                Code::NotFound => K::NotFound,
+                Code::AlreadyExists => K::Conflict,
+                Code::FailedPrecondition => K::FailedPrecondition,
+                // A stream cancelled by the other side is a worker or dispatcher going away.
+                Code::Unavailable | Code::Cancelled | Code::ResourceExhausted => K::Unavailable,
+                Code::DeadlineExceeded => K::Timeout,
+                Code::Unimplemented => K::Unsupported,
+                Code::Ok | Code::Unknown | Code::Aborted | Code::Internal | Code::DataLoss => K::Internal,
+            },
+        }
     }
 }
 
@@ -79,5 +148,31 @@ impl From<ServiceError> for Status {
             _ => Code::Internal,
         };
         Status::new(code, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_has_the_same_kind_after_crossing_grpc() {
+        let errors = [
+            ServiceError::InvalidArgument("bad".into()),
+            ServiceError::PathNotAllowed { path: "/x".into(), allowed: "/data".into() },
+            ServiceError::NotFound { what: "job", id: "7".into() },
+            ServiceError::JobConflict { name: "j".into(), existing: "a".into(), requested: "b".into() },
+            ServiceError::Connect { addr: "127.0.0.1:1".into(), message: "refused".into() },
+            ServiceError::Journal { path: "/j".into(), message: "full".into() },
+        ];
+        for e in errors {
+            let kind = e.kind();
+            assert_eq!(ServiceError::rpc("Call", Status::from(e)).kind(), kind);
+        }
+        let status = |code| ServiceError::rpc("Call", Status::new(code, "x")).kind();
+        assert_eq!(status(Code::Unauthenticated), ServiceErrorKind::Unauthenticated);
+        assert_eq!(status(Code::DeadlineExceeded), ServiceErrorKind::Timeout);
+        assert_eq!(status(Code::Unimplemented), ServiceErrorKind::Unsupported);
+        assert_eq!(status(Code::DataLoss), ServiceErrorKind::Internal);
     }
 }

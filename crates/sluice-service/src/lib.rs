@@ -23,7 +23,7 @@ pub mod worker;
 
 pub use client::{DataPlane, RemoteLoader, RemoteOptions, RemoteState};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
-pub use error::ServiceError;
+pub use error::{ServiceError, ServiceErrorKind};
 pub use limits::WorkerLimits;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use tls::{ClientTls, ServerTls, TlsFiles};
