@@ -405,15 +405,7 @@ fn sluice_up_serves_a_job_with_its_own_worker_processes() {
     assert_exactly_once(keys, "through `sluice up`");
     assert!(journal.exists());
     // SIGTERM stops `up` and, through it, the dispatcher and workers.
-    let mut up = _up;
-    unsafe {
-        libc::kill(up.0.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let t0 = std::time::Instant::now();
-    while up.0.try_wait().unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "sluice up did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    sigterm_and_wait(_up, "sluice up");
     let stopped = (0..100).any(|_| {
         std::thread::sleep(Duration::from_millis(50));
         std::net::TcpStream::connect(&addr).is_err()

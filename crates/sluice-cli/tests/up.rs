@@ -8,7 +8,6 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use common::*;
 use sluice_service::RemoteLoader;
@@ -22,14 +21,7 @@ fn up_in(cwd: &Path, addr: &str, root: &Path) -> (Proc, mpsc::Receiver<String>) 
         .env("SLUICE_LOG", "warn")
         .env_remove("SLUICE_TOKEN")
         .stdout(Stdio::piped());
-    #[cfg(target_os = "linux")]
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    die_with_parent(&mut cmd);
     let mut child = cmd.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
@@ -39,17 +31,6 @@ fn up_in(cwd: &Path, addr: &str, root: &Path) -> (Proc, mpsc::Receiver<String>) 
         }
     });
     (Proc(child), rx)
-}
-
-fn stop(mut up: Proc) {
-    unsafe {
-        libc::kill(up.0.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let t0 = Instant::now();
-    while up.0.try_wait().unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "sluice up did not stop on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The journal `up` announced on stdout, and whether it said it is temporary.
@@ -77,7 +58,7 @@ fn sluice_up_starts_fresh_and_writes_nothing_into_its_folder() {
     drop(loader);
     let announced = announced_journal(&lines);
     let journal_existed = announced.as_ref().is_some_and(|(journal, _)| journal.exists());
-    stop(up);
+    sigterm_and_wait(up, "sluice up");
     let left: Vec<_> = std::fs::read_dir(&cwd).unwrap().map(|e| e.unwrap().path()).collect();
     assert!(left.is_empty(), "sluice up wrote into its folder: {left:?}");
     let (journal, temporary) = announced.expect("sluice up did not say where its journal is");
@@ -92,5 +73,5 @@ fn sluice_up_starts_fresh_and_writes_nothing_into_its_folder() {
     assert_eq!(loader.job().job_id, 1, "the second `up` replayed a job of the first");
     assert_eq!(loader.job().epoch, 0);
     drop(loader);
-    stop(up);
+    sigterm_and_wait(up, "sluice up");
 }

@@ -59,6 +59,7 @@ pub struct SharedBytes {
 // SAFETY: the bytes are reached only through this value (see `new`), and the owner is
 // Send + Sync.
 unsafe impl Send for SharedBytes {}
+// SAFETY: as for Send: shared references only read the bytes, and mutation needs `&mut`.
 unsafe impl Sync for SharedBytes {}
 
 impl SharedBytes {

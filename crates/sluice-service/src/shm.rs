@@ -26,6 +26,7 @@ pub struct Region {
 // SAFETY: the mapping lives as long as the Region; who may touch which slot when is the
 // data plane's protocol (a slot is written only after its reader has handed it back).
 unsafe impl Send for Region {}
+// SAFETY: as for Send: shared handles touch only the slots the protocol gives them.
 unsafe impl Sync for Region {}
 
 fn invalid(msg: String) -> io::Error {
@@ -104,6 +105,7 @@ impl Region {
         }
         // SAFETY: fstat fills a zeroed, valid stat struct for an open fd.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above: `st` is a valid stat struct and `fd` is open.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -383,6 +385,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::undocumented_unsafe_blocks)] // one SAFETY comment below covers the syscalls
     fn a_client_cannot_resize_or_write_the_region_it_received() {
         let region = Region::create(2, 4096).unwrap();
         region.write(1, b"batch").unwrap();

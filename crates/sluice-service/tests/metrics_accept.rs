@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain data; all zeroes is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: getrusage fills the struct we own.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
@@ -21,6 +22,7 @@ fn set_fd_limit(soft: u64) -> u64 {
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     let old = lim.rlim_cur;
     lim.rlim_cur = soft;
+    // SAFETY: as above.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
     old
 }

@@ -36,11 +36,11 @@ pub fn free_addr() -> String {
     l.local_addr().unwrap().to_string()
 }
 
-pub fn sluice(args: &[&str]) -> Proc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.args(args).env("SLUICE_LOG", "warn").env_remove("SLUICE_TOKEN").stdout(Stdio::null());
-    // Children die with the test process, even if it exits without running destructors.
+/// Children die with the test process (SIGKILL), even if it exits without running
+/// destructors.
+pub fn die_with_parent(cmd: &mut Command) {
     #[cfg(target_os = "linux")]
+    // SAFETY: the pre-exec hook only calls prctl, which is async-signal-safe.
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {
@@ -48,7 +48,26 @@ pub fn sluice(args: &[&str]) -> Proc {
             Ok(())
         });
     }
+}
+
+pub fn sluice(args: &[&str]) -> Proc {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.args(args).env("SLUICE_LOG", "warn").env_remove("SLUICE_TOKEN").stdout(Stdio::null());
+    die_with_parent(&mut cmd);
     Proc(cmd.spawn().unwrap())
+}
+
+/// Sends SIGTERM and waits (10 s at most) for the process to exit on its own.
+pub fn sigterm_and_wait(mut p: Proc, what: &str) {
+    // SAFETY: kill(2) on the pid of a child we have not reaped yet.
+    unsafe {
+        libc::kill(p.0.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let t0 = std::time::Instant::now();
+    while p.0.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{what} did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 pub fn dispatcher(addr: &str, journal: &Path, root: &Path, extra: &[&str]) -> Proc {

@@ -17,6 +17,8 @@ pub(super) struct Slab {
 // SAFETY: workers write disjoint slots (one chunk each) through `base`; the consumer reads
 // the tensor only after every chunk has reported done and dropped its handle.
 unsafe impl Send for Slab {}
+// SAFETY: shared handles only write disjoint slots (see Send); nothing reads the tensor
+// while more than one handle exists.
 unsafe impl Sync for Slab {}
 
 impl Slab {
