@@ -1,5 +1,5 @@
-//! `sluice`: generate a dataset, run a pipeline spec, benchmark the engine against plain
-//! libjpeg-turbo decoding.
+//! `sluice`: generate and pack datasets, run a pipeline spec, benchmark the engine against
+//! plain libjpeg-turbo decoding, and run the service (dispatcher, workers, `up`, a client).
 
 // A command-line tool: printing its report is its job.
 #![allow(clippy::print_stdout)]

@@ -1,4 +1,6 @@
-//! `sluice dispatcher`, `sluice worker` and `sluice up`: the service's processes.
+//! `sluice dispatcher`, `sluice worker` and `sluice up`: the service's processes, and
+//! `sluice remote-run`, its client from the shell. A worker's `--max-*` flags are the
+//! operator's limits on what a job's spec may ask of it; `up` passes them to every worker.
 
 use std::io::Write;
 use std::path::PathBuf;

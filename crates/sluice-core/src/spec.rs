@@ -1,6 +1,8 @@
 //! The pipeline spec: one serialisable description of source, storage, ops, shuffle, batch,
 //! prefetch and bad-data policy. The CLI, the Python builder and the service all speak it.
-//! Parse errors and validation errors name the offending field (`ops[2].size`).
+//! Parse errors and validation errors name the offending field (`ops[2].size`); validation
+//! bounds every size and count (the `MAX_*` constants below), so no spec can make size
+//! arithmetic overflow or ask for unbounded threads or memory.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -50,8 +52,9 @@ pub struct PipelineSpec {
     #[serde(default)]
     pub shuffle: ShuffleSpec,
     pub batch: BatchSpec,
-    /// Batches prepared ahead of the consumer. Peak memory is about
-    /// `(prefetch + threads) × batch bytes`.
+    /// Batches prepared ahead of the consumer. Batch buffers take about
+    /// `prefetch × batch bytes`, plus the batches the consumer still holds (the threads
+    /// write into those buffers, they hold none of their own).
     #[serde(default = "default_prefetch")]
     pub prefetch: usize,
     /// Worker threads; 0 means one per available core.
@@ -277,7 +280,8 @@ pub enum ErrorPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
-    /// Images whose header declares more pixels than this are rejected before decoding.
+    /// Images whose header declares more pixels than this are rejected before decoding,
+    /// and a resize whose output would be larger fails the sample as too large.
     #[serde(default = "default_max_pixels")]
     pub max_pixels: u64,
     /// Files larger than this are rejected before reading.

@@ -4,6 +4,11 @@
 //! ([`crate::dataplane`]) builds on these: a worker's loader builds each batch in a slot
 //! and the client copies it out once, with no kernel socket copies, TCP processing or
 //! per-chunk wake-ups (about 60 µs of CPU per 224² image over loopback TCP, BENCHMARKS).
+//!
+//! Trust: a region is sealed before it is handed out, so the client's view is read-only
+//! and cannot shrink under the worker; and a client connects only to a listener running
+//! as its own uid (`SO_PEERCRED`). Client and worker must therefore run as the same user
+//! to share memory; otherwise the client uses TCP.
 
 use std::io;
 use std::mem::size_of;

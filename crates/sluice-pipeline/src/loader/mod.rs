@@ -4,7 +4,8 @@
 //! Work is cut into chunks of a few samples. Workers write each sample straight into its
 //! slot of the batch's one contiguous buffer, so a batch is assembled without copies; the
 //! consumer only waits for its chunks to finish. At most `prefetch` batches are in flight,
-//! which bounds memory by `prefetch × batch bytes`, whatever the dataset size.
+//! which bounds memory by `prefetch × batch bytes` (plus the batches the consumer still
+//! holds), whatever the dataset size.
 //!
 //! With a cache ([`crate::cache`]) each sample is looked up by key first. Every sample then
 //! goes through the same split path whether it hit or missed: the deterministic prefix

@@ -1,7 +1,8 @@
 //! Opening a sample's file without trusting what is on disk: a FIFO or device never
 //! blocks a thread or gets read (opened non-blocking, refused unless a regular file), and
 //! when the operator allowed only some roots (the service), the open resolves beneath one
-//! of them, whatever symlink is swapped in after the job's paths were checked.
+//! of them (`openat2` with `RESOLVE_BENEATH`, Linux ≥ 5.6), whatever symlink is swapped
+//! in after the job's paths were checked.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;

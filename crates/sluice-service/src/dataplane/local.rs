@@ -3,7 +3,8 @@
 //! connection has a region of batch-sized slots from the worker's pool; the worker's
 //! loader builds u8 batches straight in free slots (anything else is copied into one, or
 //! sent inline when none is free), and the client copies each batch out of its slot and
-//! hands the slot back at once. A client maps each region once.
+//! hands the slot back at once. A client maps each region once. A pooled region goes back
+//! only to the job and client process it served, never to another.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -10,7 +10,8 @@
 //!       (the pixels, compressed when the request asked and the header says so);
 //!   `2` end of task;
 //!   `3` error: u32 gRPC status code, u32 message length, message (UTF-8).
-//! Integers are little-endian. Sizes are bounded before anything is allocated.
+//! Integers are little-endian. Sizes are bounded before anything is allocated, and so are
+//! connections that have not yet authenticated ([`ConnectionLimits`]: 64, 5 s each).
 //! With TLS configured the same bytes travel inside a rustls session.
 //!
 //! The local data plane (Linux) is the same protocol over a Unix socket in the abstract
