@@ -10,9 +10,10 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Batch, PipelineSpec};
 use sluice_pipeline::SkippedSample;
@@ -145,7 +146,7 @@ struct Conn {
 
 impl Conn {
     fn worker(&self, addr: &str) -> Result<WorkerConn, ServiceError> {
-        let mut map = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.workers.lock();
         if let Some(w) = map.get(addr) {
             return Ok(w.clone());
         }
@@ -835,14 +836,14 @@ async fn open_local(conn: &Conn, task: &TaskAssignment, req: &RunTaskRequest) ->
     if conn.data_plane != DataPlane::Auto || name.is_empty() {
         return Ok(None);
     }
-    if conn.unreachable_local.lock().unwrap_or_else(|p| p.into_inner()).contains(name) {
+    if conn.unreachable_local.lock().contains(name) {
         return Ok(None);
     }
     match crate::shm::connect_abstract(name) {
         Ok(sock) => TaskStream::open_local(sock, name, conn.raw_token.as_deref(), req, &conn.regions).await.map(Some),
         Err(e) => {
             tracing::debug!(worker = %task.worker_addr, error = %e, "worker not on this machine: TCP data plane");
-            conn.unreachable_local.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone());
+            conn.unreachable_local.lock().insert(name.clone());
             Ok(None)
         }
     }

@@ -10,9 +10,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use sluice_core::{Batch, DType, Layout, PipelineSpec, Tensor};
 use sluice_pipeline::cache::Cache;
 use sluice_pipeline::{CacheStats, Loader, PipelineError, Shard};
@@ -214,7 +215,7 @@ impl WorkerService {
                     def.manifest_fingerprint
                 )));
             }
-            let mut caches = inner.caches.lock().unwrap_or_else(|p| p.into_inner());
+            let mut caches = inner.caches.lock();
             let loader = match caches.get(&def.fingerprint) {
                 Some(cache) => {
                     tracing::info!(job_id, fingerprint = %def.fingerprint, "job shares the cache of an earlier job");
@@ -252,7 +253,7 @@ impl WorkerService {
 
     /// Drops the caches of fingerprints no kept loader uses (called with `jobs` held).
     fn forget_unused_caches(&self) {
-        let mut caches = self.inner.caches.lock().unwrap_or_else(|p| p.into_inner());
+        let mut caches = self.inner.caches.lock();
         caches.retain(|_, cache| Arc::strong_count(cache) > 1);
     }
 
@@ -277,7 +278,7 @@ impl WorkerService {
         m.counter("sluice_worker_requests_refused", "RunTask calls refused", count(&c.refused));
         m.histogram("sluice_worker_task_seconds", "time to run and stream one task", &c.task_time);
         // Each cache once (jobs with one fingerprint share it).
-        if let Ok(caches) = self.inner.caches.try_lock() {
+        if let Some(caches) = self.inner.caches.try_lock() {
             let stats: Vec<_> = caches.iter().map(|(f, c)| (vec![("fingerprint", f.clone())], c.stats())).collect();
             let each = |value: fn(&CacheStats) -> u64| stats.iter().map(move |(l, s)| (l.clone(), value(s)));
             m.counters("sluice_worker_cache_hits", "cache hits", each(|s| s.hits));
