@@ -25,13 +25,13 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use crate::dataplane::TaskStream;
+use crate::dispatcher_client::{dispatcher_client, DispatcherConn};
 use crate::error::ServiceError;
 use crate::proto::worker_client::WorkerClient;
 use crate::proto::*;
 use crate::security::TokenAttach;
 use crate::tls::ClientTls;
 use crate::wire::{message_to_received, Compression, Received};
-use crate::worker::{dispatcher_client, DispatcherConn};
 use crate::MAX_MESSAGE_BYTES;
 
 #[derive(Debug, Clone)]

@@ -7,6 +7,7 @@ pub mod bench;
 pub mod client;
 pub mod dataplane;
 pub mod dispatcher;
+mod dispatcher_client;
 pub mod error;
 pub mod job_table;
 pub mod journal;

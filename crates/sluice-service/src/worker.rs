@@ -21,18 +21,17 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 use crate::dataplane::TaskBatches;
+use crate::dispatcher_client::{dispatcher_client, DispatcherConn};
 use crate::error::ServiceError;
 use crate::job_table::JobTable;
 use crate::limits::WorkerLimits;
 use crate::metrics::{self, LatencyHistogram, Scrape};
-use crate::proto::dispatcher_client::DispatcherClient;
 use crate::proto::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
-use crate::security::{AllowedRoots, TokenAttach, TokenCheck};
+use crate::security::{AllowedRoots, TokenCheck};
 use crate::tls::{ClientTls, ServerTls, TlsFiles};
 use crate::wire::{Compression, Outgoing};
 use crate::{MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES};
@@ -63,33 +62,6 @@ pub struct WorkerConfig {
     pub shared_memory: bool,
     /// What a job's spec may ask of this worker, and how many job loaders it keeps.
     pub limits: WorkerLimits,
-}
-
-pub type DispatcherConn = DispatcherClient<InterceptedService<Channel, TokenAttach>>;
-
-/// A lazily connecting, reconnecting client of the dispatcher; over TLS with `tls`.
-pub fn dispatcher_client(
-    addr: &str,
-    token: Option<&str>,
-    tls: Option<&ClientTls>,
-) -> Result<DispatcherConn, ServiceError> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let uri = match addr.split_once("://") {
-        Some((_, rest)) => format!("{scheme}://{rest}"),
-        None => format!("{scheme}://{addr}"),
-    };
-    let mut endpoint = Endpoint::from_shared(uri.clone())
-        .map_err(|e| ServiceError::Connect { addr: uri.clone(), message: e.to_string() })?
-        .connect_timeout(Duration::from_secs(2))
-        .tcp_nodelay(true);
-    if let Some(tls) = tls {
-        endpoint =
-            endpoint.tls_config(tls.grpc(addr)).map_err(|e| ServiceError::Tls(format!("dispatcher {addr}: {e}")))?;
-    }
-    let channel = endpoint.connect_lazy();
-    Ok(DispatcherClient::with_interceptor(channel, TokenAttach::new(token)?)
-        .max_decoding_message_size(MAX_CONTROL_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_CONTROL_MESSAGE_BYTES))
 }
 
 struct JobRunner {
