@@ -344,12 +344,9 @@ impl MappedRegions {
     const MAX: usize = 32;
 
     /// Regions mapped now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.maps.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     fn get_or_map(

@@ -31,7 +31,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
-use sluice_core::Batch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -375,7 +374,8 @@ impl TaskStream {
     }
 
     /// The next batch, `None` at the end of the task.
-    pub async fn next(&mut self) -> Result<Option<Batch>, Status> {
+    #[cfg(any(test, feature = "bench"))]
+    pub async fn next(&mut self) -> Result<Option<sluice_core::Batch>, Status> {
         Ok(self.next_received().await?.map(|r| r.batch))
     }
 
@@ -476,7 +476,7 @@ async fn read_payload(r: &mut (impl AsyncReadExt + Unpin), len: usize) -> std::i
 mod tests {
     use super::*;
     use crate::wire::Compression;
-    use sluice_core::{DType, Layout, Tensor};
+    use sluice_core::{Batch, DType, Layout, Tensor};
 
     pub(super) fn start() -> StartTask {
         Arc::new(|req: RunTaskRequest| {
