@@ -1,7 +1,7 @@
 //! The client's connections: the dispatcher (with retry while it is away), the workers'
 //! gRPC endpoints and local data planes, and the heartbeat that keeps this client's leases.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,19 +25,19 @@ type WorkerConn = WorkerClient<InterceptedService<Channel, TokenAttach>>;
 
 pub(super) struct Conn {
     pub(super) dispatcher: DispatcherConn,
-    pub(super) token: TokenAttach,
+    token: TokenAttach,
     pub(super) raw_token: Option<String>,
     pub(super) data_plane: DataPlane,
     pub(super) compression: Compression,
     pub(super) tls: Option<ClientTls>,
-    pub(super) workers: Mutex<HashMap<String, WorkerConn>>,
+    workers: Mutex<HashMap<String, WorkerConn>>,
     /// Shared regions of workers on this machine, mapped once each.
     #[cfg(target_os = "linux")]
     pub(super) regions: crate::dataplane::MappedRegions,
     /// Local data planes that refused a connection (the worker is on another machine).
     #[cfg(target_os = "linux")]
-    pub(super) unreachable_local: Mutex<HashSet<String>>,
-    pub(super) give_up_after: Duration,
+    pub(super) unreachable_local: Mutex<std::collections::HashSet<String>>,
+    give_up_after: Duration,
     pub(super) job_id: u64,
     /// The job's fingerprint, sent with every task so a worker never serves another job
     /// that had this id.
@@ -77,7 +77,7 @@ impl Conn {
             #[cfg(target_os = "linux")]
             regions: Default::default(),
             #[cfg(target_os = "linux")]
-            unreachable_local: Mutex::new(HashSet::new()),
+            unreachable_local: Mutex::new(Default::default()),
             give_up_after: options.give_up_after,
             job_id: 0,
             fingerprint: String::new(),
