@@ -8,18 +8,15 @@
 //! overwritten.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 
 use numpy::ndarray::{ArrayView, IxDyn};
 use numpy::{Element, PyArray};
+use parking_lot::Mutex;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use sluice_core::{DType, Tensor, TensorData};
 use sluice_pipeline::BufferSource;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Freed image buffers of one loader, waiting for its next batches.
 pub struct BufferPool {
@@ -38,7 +35,7 @@ impl BufferPool {
 
     /// A spare buffer of `dtype` that holds `len` elements without growing, if any.
     fn take(&self, dtype: DType, len: usize) -> Option<TensorData> {
-        let mut spare = lock(&self.spare);
+        let mut spare = self.spare.lock();
         let fits = |d: &TensorData| match (d, dtype) {
             (TensorData::U8(v), DType::U8) => v.capacity() >= len,
             (TensorData::F32(v), DType::F32) => v.capacity() >= len,
@@ -73,7 +70,7 @@ impl BufferPool {
     }
 
     fn give_back(&self, data: TensorData) {
-        let mut spare = lock(&self.spare);
+        let mut spare = self.spare.lock();
         if spare.len() < self.keep {
             spare.push(data);
         }

@@ -3,9 +3,10 @@
 //! batches when Python frees them (`buffers.rs`); every blocking call releases the GIL,
 //! and a wait for a batch still answers Ctrl-C.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use numpy::PyArray1;
+use parking_lot::Mutex;
 use pyo3::exceptions::{PyIndexError, PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 use sluice_core::{Batch, Layout, PipelineSpec, SampleKey};
@@ -13,11 +14,6 @@ use sluice_pipeline::{EpochIter, Loader, LoaderState, PipelineError, Shard};
 
 use crate::buffers::{image_array, BufferPool};
 use crate::errors::{pipeline_error, spec_error, state_error};
-
-/// Locks a mutex, recovering it after a panic elsewhere: an iterator's state stays usable.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A loader over one pipeline spec, for one rank of `world_size`.
 #[pyclass(module = "sluice._sluice", name = "Loader", frozen)]
@@ -144,7 +140,7 @@ pub struct PyEpochIterator {
 fn next_batch(py: Python<'_>, iter: &Mutex<EpochIter>) -> PyResult<Option<Batch>> {
     let mut signal: Option<PyErr> = None;
     let next = py.detach(|| {
-        lock(iter).next_interruptible(&mut || {
+        iter.lock().next_interruptible(&mut || {
             Python::attach(|py| match py.check_signals() {
                 Ok(()) => false,
                 Err(e) => {
@@ -200,7 +196,7 @@ impl PyEpochIterator {
 
     /// Batches left in this epoch.
     fn remaining(&self) -> u64 {
-        lock(&self.iter).remaining()
+        self.iter.lock().remaining()
     }
 }
 

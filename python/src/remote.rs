@@ -3,9 +3,10 @@
 //! received buffers; blocking calls release the GIL, and a wait still answers Ctrl-C.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -15,10 +16,6 @@ use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, Remote
 use crate::buffers::BufferPool;
 use crate::errors::{service_error, spec_error, state_error};
 use crate::loader::RawBatch;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// What this client has received since it connected.
 #[derive(Default)]
@@ -84,7 +81,7 @@ impl PyRemoteLoader {
     /// Starts streaming the rest of the current epoch (restarting it exactly if an earlier
     /// iteration stopped midway).
     fn start_epoch(&self, py: Python<'_>) {
-        py.detach(|| lock(&self.inner).start_epoch());
+        py.detach(|| self.inner.lock().start_epoch());
     }
 
     /// The next batch of the epoch, or None at its end. Waits with the GIL released and
@@ -93,7 +90,7 @@ impl PyRemoteLoader {
         let mut signal: Option<PyErr> = None;
         let t0 = Instant::now();
         let next = py.detach(|| {
-            lock(&self.inner).next_batch(&mut || {
+            self.inner.lock().next_batch(&mut || {
                 Python::attach(|py| match py.check_signals() {
                     Ok(()) => false,
                     Err(e) => {
@@ -103,7 +100,7 @@ impl PyRemoteLoader {
                 })
             })
         });
-        let mut received = lock(&self.received);
+        let mut received = self.received.lock();
         received.wait += t0.elapsed();
         match next {
             None => Ok(None),
@@ -122,36 +119,36 @@ impl PyRemoteLoader {
     }
 
     fn epoch(&self) -> u64 {
-        lock(&self.inner).epoch()
+        self.inner.lock().epoch()
     }
 
     fn batches_per_epoch(&self) -> u64 {
-        lock(&self.inner).batches_per_epoch()
+        self.inner.lock().batches_per_epoch()
     }
 
     fn samples_per_epoch(&self) -> u64 {
-        lock(&self.inner).job().samples_per_epoch
+        self.inner.lock().job().samples_per_epoch
     }
 
     fn job_id(&self) -> u64 {
-        lock(&self.inner).job().job_id
+        self.inner.lock().job().job_id
     }
 
     fn job_name(&self) -> String {
-        lock(&self.inner).job().job_name.clone()
+        self.inner.lock().job().job_name.clone()
     }
 
     /// The job's fingerprint (dataset and pipeline together).
     fn fingerprint(&self) -> String {
-        lock(&self.inner).job().fingerprint.clone()
+        self.inner.lock().job().fingerprint.clone()
     }
 
     fn duplicates_dropped(&self) -> u64 {
-        lock(&self.inner).duplicates_dropped()
+        self.inner.lock().duplicates_dropped()
     }
 
     fn shared_memory_batches(&self) -> u64 {
-        lock(&self.inner).shared_memory_batches()
+        self.inner.lock().shared_memory_batches()
     }
 
     /// What this client received since it connected: `batches`, `samples`, `bytes` (of
@@ -159,10 +156,10 @@ impl PyRemoteLoader {
     /// `shared_memory_batches`, `duplicates_dropped`.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (shared, duplicates) = {
-            let inner = lock(&self.inner);
+            let inner = self.inner.lock();
             (inner.shared_memory_batches(), inner.duplicates_dropped())
         };
-        let r = lock(&self.received);
+        let r = self.received.lock();
         let out = PyDict::new(py);
         out.set_item("batches", r.batches)?;
         out.set_item("samples", r.samples)?;
@@ -175,20 +172,20 @@ impl PyRemoteLoader {
     }
 
     fn state_json(&self) -> PyResult<String> {
-        serde_json::to_string(&lock(&self.inner).state()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        serde_json::to_string(&self.inner.lock().state()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     fn load_state_json(&self, py: Python<'_>, state: &str) -> PyResult<()> {
         let state: RemoteState = serde_json::from_str(state)
             .map_err(|e| state_error(py, format!("not a sluice remote loader state: {e}")))?;
-        py.detach(|| lock(&self.inner).load_state(&state)).map_err(|e| service_error(py, e))
+        py.detach(|| self.inner.lock().load_state(&state)).map_err(|e| service_error(py, e))
     }
 
     /// Restarts the job at the first batch of `epoch` (for every client of the job).
     fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
-        let mut state = lock(&self.inner).state();
+        let mut state = self.inner.lock().state();
         state.epoch = epoch;
         state.delivered.clear();
-        py.detach(|| lock(&self.inner).load_state(&state)).map_err(|e| service_error(py, e))
+        py.detach(|| self.inner.lock().load_state(&state)).map_err(|e| service_error(py, e))
     }
 }

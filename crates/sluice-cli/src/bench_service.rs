@@ -16,8 +16,8 @@ use anyhow::{Context, Result};
 use serde_json::json;
 use sluice_core::{PipelineSpec, SourceSpec};
 use sluice_pipeline::{Loader, Shard};
-use sluice_service::wire::{message_to_batch, Outgoing};
-use sluice_service::{bench, Compression, DataPlane, RemoteLoader, RemoteOptions};
+use sluice_service::bench::{self, message_to_batch, Outgoing};
+use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions};
 
 use crate::gen;
 

@@ -195,7 +195,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
         let token: tonic::metadata::MetadataValue<_> = "Bearer s3cret".parse().unwrap();
         let mut client = sluice_service::proto::dispatcher_client::DispatcherClient::with_interceptor(
             channel.clone(),
-            sluice_service::security::TokenAttach::new(Some("s3cret")).unwrap(),
+            sluice_service::TokenAttach::new(Some("s3cret")).unwrap(),
         );
         let mut good = serde_json::to_value(spec(&root, 0)).unwrap();
         good["batch"]["size"] = 0.into();

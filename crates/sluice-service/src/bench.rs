@@ -19,12 +19,13 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
+use crate::dispatcher_client::dispatcher_client;
 use crate::error::ServiceError;
 use crate::proto::worker_client::WorkerClient;
 use crate::proto::worker_server::{Worker, WorkerServer};
 use crate::proto::*;
-use crate::wire::{message_to_batch, Compression, Outgoing};
-use crate::worker::dispatcher_client;
+use crate::wire::Compression;
+pub use crate::wire::{message_to_batch, Outgoing};
 use crate::MAX_MESSAGE_BYTES;
 
 fn rt() -> Result<tokio::runtime::Runtime, ServiceError> {

@@ -2,31 +2,55 @@
 //! workers that run the local engine on those tasks, and [`RemoteLoader`], the client that
 //! streams the batches to a trainer, exactly once per epoch even when workers die or the
 //! dispatcher restarts.
+//!
+//! # Public surface
+//!
+//! * The client: [`RemoteLoader`] (with [`RemoteEpoch`], its iterator), configured by
+//!   [`RemoteOptions`] and [`DataPlane`], checkpointed as [`RemoteState`].
+//! * The servers: [`serve_dispatcher`] / [`serve_worker`] run one in this process until
+//!   SIGINT or SIGTERM ([`signal_flag`] gives a client the same signal as a flag);
+//!   [`run_dispatcher`] / [`run_worker`] are the async forms, stopped by a future. They are
+//!   configured by [`DispatcherConfig`], [`WorkerConfig`], [`WorkerLimits`] and
+//!   [`TlsFiles`].
+//! * [`ServiceError`] (with [`ServiceErrorKind`] for callers that map errors, like the
+//!   Python binding) and [`Compression`], the pixel compression a client may ask for.
+//! * The protocol, for clients of its own: [`proto`] (messages and gRPC stubs generated
+//!   from `proto/sluice.proto`), [`TokenAttach`] to send the service's token with them, and
+//!   on Linux [`shm`]'s socket primitives of the local (shared-memory) data plane.
+//! * [`metrics::serve`], the `/metrics` endpoint both servers use.
+//! * With the `bench` feature (the `sluice bench-service` command): `bench`, the
+//!   data-plane and dispatcher measurements. Not a stable API.
+//!
+//! Everything else (the dispatcher's state machine and journal, the worker's job table,
+//! the data planes, wire conversions) is internal.
 
+#[cfg(feature = "bench")]
 pub mod bench;
-pub mod client;
-pub mod dataplane;
-pub mod dispatcher;
-pub mod error;
-pub mod job_table;
-pub mod journal;
-pub mod limits;
+mod client;
+mod dataplane;
+mod dispatcher;
+mod dispatcher_client;
+mod error;
+mod job_table;
+mod journal;
+mod limits;
 pub mod metrics;
-pub mod process;
+mod process;
 pub mod proto;
-pub mod security;
+mod security;
 #[cfg(target_os = "linux")]
 pub mod shm;
-pub mod tls;
-pub mod wire;
-pub mod worker;
+mod tls;
+mod wire;
+mod worker;
 
-pub use client::{DataPlane, RemoteLoader, RemoteOptions, RemoteState};
+pub use client::{DataPlane, RemoteEpoch, RemoteLoader, RemoteOptions, RemoteState};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::{ServiceError, ServiceErrorKind};
 pub use limits::WorkerLimits;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
-pub use tls::{ClientTls, ServerTls, TlsFiles};
+pub use security::TokenAttach;
+pub use tls::TlsFiles;
 pub use wire::Compression;
 pub use worker::{run_worker, WorkerConfig};
 

@@ -26,7 +26,7 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 
 /// A request latency histogram (seconds, fixed buckets from 100 µs to 1 s).
 #[derive(Debug, Clone)]
-pub struct LatencyHistogram(Histogram);
+pub(crate) struct LatencyHistogram(Histogram);
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
@@ -35,13 +35,13 @@ impl Default for LatencyHistogram {
 }
 
 impl LatencyHistogram {
-    pub fn observe(&self, d: Duration) {
+    pub(crate) fn observe(&self, d: Duration) {
         self.0.observe(d.as_secs_f64());
     }
 }
 
 /// Label names and values of one series.
-pub type Labels = Vec<(&'static str, String)>;
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
 /// One metric with a series per label set, built from a snapshot of the state.
 #[derive(Debug)]
@@ -66,32 +66,32 @@ impl<M: EncodeMetric + TypedMetric> EncodeMetric for Series<M> {
 
 /// The metrics of one scrape.
 #[derive(Default)]
-pub struct Scrape {
+pub(crate) struct Scrape {
     registry: Registry,
 }
 
 impl Scrape {
     /// A counter. `name` comes without `_total`: the exposition appends it.
-    pub fn counter<N>(&mut self, name: &str, help: &str, value: N)
+    pub(crate) fn counter<N>(&mut self, name: &str, help: &str, value: N)
     where
         N: EncodeCounterValue + Debug + Send + Sync + 'static,
     {
         self.registry.register(name, help, ConstCounter::new(value));
     }
 
-    pub fn gauge<N>(&mut self, name: &str, help: &str, value: N)
+    pub(crate) fn gauge<N>(&mut self, name: &str, help: &str, value: N)
     where
         N: EncodeGaugeValue + Debug + Send + Sync + 'static,
     {
         self.registry.register(name, help, ConstGauge::new(value));
     }
 
-    pub fn histogram(&mut self, name: &str, help: &str, histogram: &LatencyHistogram) {
+    pub(crate) fn histogram(&mut self, name: &str, help: &str, histogram: &LatencyHistogram) {
         self.registry.register(name, help, histogram.0.clone());
     }
 
     /// A counter with one series per label set (`name` without `_total`).
-    pub fn counters<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
+    pub(crate) fn counters<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
     where
         ConstCounter<N>: Metric,
     {
@@ -99,7 +99,7 @@ impl Scrape {
     }
 
     /// A gauge with one series per label set.
-    pub fn gauges<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
+    pub(crate) fn gauges<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
     where
         ConstGauge<N>: Metric,
     {
@@ -114,7 +114,7 @@ impl Scrape {
     }
 
     /// The text exposition.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

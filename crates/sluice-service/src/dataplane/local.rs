@@ -8,9 +8,10 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use prost::Message;
 use sluice_core::{DType, SharedBytes, Tensor, TensorData};
 use sluice_pipeline::BufferSource;
@@ -50,7 +51,7 @@ impl RegionPool {
     /// An idle region of `key`'s with `slots` slots of at least `slot_bytes` (and not more
     /// than twice that), or a new one.
     fn take(&self, key: Option<PoolKey>, slots: u32, slot_bytes: usize) -> std::io::Result<Region> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle.lock();
         let fits = |(k, r): &(PoolKey, Region)| {
             Some(*k) == key && r.slots() == slots && r.slot_bytes() >= slot_bytes && r.slot_bytes() / 2 <= slot_bytes
         };
@@ -61,7 +62,7 @@ impl RegionPool {
     }
 
     fn put(&self, key: PoolKey, region: Region) {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let mut idle = self.idle.lock();
         if idle.len() >= Self::MAX_IDLE {
             idle.remove(0);
         }
@@ -95,7 +96,7 @@ impl LocalRegion {
 
     /// A free slot, now `to`.
     fn take(&self, to: Slot) -> Option<u32> {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slots = self.slots.lock();
         let i = slots.iter().position(|s| *s == Slot::Free)?;
         slots[i] = to;
         Some(i as u32)
@@ -103,7 +104,7 @@ impl LocalRegion {
 
     /// Moves `slot` from `from` to `to`; false if it was not in `from`.
     fn set(&self, slot: u32, from: Slot, to: Slot) -> bool {
-        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slots = self.slots.lock();
         match slots.get_mut(slot as usize) {
             Some(s) if *s == from => {
                 *s = to;
@@ -117,7 +118,7 @@ impl LocalRegion {
     }
 
     fn all_free(&self) -> bool {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner()).iter().all(|s| *s == Slot::Free)
+        self.slots.lock().iter().all(|s| *s == Slot::Free)
     }
 }
 
@@ -344,12 +345,9 @@ impl MappedRegions {
     const MAX: usize = 32;
 
     /// Regions mapped now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.maps.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.maps.lock().len()
     }
 
     fn get_or_map(
@@ -360,7 +358,7 @@ impl MappedRegions {
         slots: u32,
         slot_bytes: usize,
     ) -> std::io::Result<Arc<Region>> {
-        let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        let mut maps = self.maps.lock();
         let key = (worker.to_string(), id);
         if let Some(i) = maps.iter().position(|(k, r)| *k == key && r.slots() == slots && r.slot_bytes() == slot_bytes)
         {
@@ -463,9 +461,9 @@ mod tests {
         // Sent as built: the slot holds the pixels and now waits for the client.
         let out = Outgoing::new(batch(a), Compression::None);
         let slot = built_in(&out, &region).expect("built in a slot");
-        assert_eq!(region.slots.lock().unwrap()[slot as usize], Slot::Client);
+        assert_eq!(region.slots.lock()[slot as usize], Slot::Client);
         drop(out);
-        assert_eq!(region.slots.lock().unwrap()[slot as usize], Slot::Client, "a sent slot stays with the client");
+        assert_eq!(region.slots.lock()[slot as usize], Slot::Client, "a sent slot stays with the client");
 
         // Compressed into other memory: not sent from its slot, which comes free on drop.
         let packed = Outgoing::new(batch(b), Compression::Zstd);

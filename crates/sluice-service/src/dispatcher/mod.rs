@@ -6,9 +6,10 @@ pub mod state;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use sluice_core::PipelineSpec;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
@@ -67,10 +68,6 @@ struct Inner {
 #[derive(Clone)]
 pub struct DispatcherService {
     inner: Arc<Inner>,
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn valid_name(what: &str, s: &str) -> Result<(), ServiceError> {
@@ -181,7 +178,7 @@ impl DispatcherService {
         let task_batches = if req.task_batches == 0 { DEFAULT_TASK_BATCHES } else { req.task_batches.min(1 << 20) };
 
         let (seq, job_id) = {
-            let mut state = lock(&self.inner.state);
+            let mut state = self.inner.state.lock();
             if let Some(&id) = state.names.get(&req.job_name) {
                 let job = state.job(id)?;
                 if job.fingerprint != fingerprint {
@@ -212,7 +209,7 @@ impl DispatcherService {
         };
         self.durable(seq).await?;
         let (info, seq) = {
-            let state = lock(&self.inner.state);
+            let state = self.inner.state.lock();
             (state.job(job_id)?.info(), self.barrier())
         };
         self.durable(seq).await?;
@@ -234,7 +231,7 @@ impl Dispatcher for DispatcherService {
                     valid_name(what, addr)?;
                 }
             }
-            let id = lock(&self.inner.state).register_worker(&req, Instant::now());
+            let id = self.inner.state.lock().register_worker(&req, Instant::now());
             self.inner.changed.notify_waiters();
             tracing::info!(worker_id = id, addr = %req.addr, "worker registered");
             Ok(RegisterWorkerReply { worker_id: id })
@@ -248,7 +245,7 @@ impl Dispatcher for DispatcherService {
     ) -> Result<Response<WorkerHeartbeatReply>, Status> {
         let r = request.into_inner();
         let known =
-            lock(&self.inner.state).worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now());
+            self.inner.state.lock().worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now());
         // A worker back from suspicion can take tasks again.
         self.inner.changed.notify_waiters();
         self.counted(Ok(WorkerHeartbeatReply { known }))
@@ -263,7 +260,7 @@ impl Dispatcher for DispatcherService {
         let id = request.into_inner().job_id;
         let r = async {
             let (def, seq) = {
-                let state = lock(&self.inner.state);
+                let state = self.inner.state.lock();
                 let def = state.job(id).map(|j| JobDefinition {
                     job_id: id,
                     spec_json: j.spec_json.clone(),
@@ -286,7 +283,7 @@ impl Dispatcher for DispatcherService {
         let r = async {
             valid_name("client_id", &req.client_id)?;
             if let Some(r) = &req.streamed {
-                lock(&self.inner.state).streamed(req.job_id, &req.client_id, r);
+                self.inner.state.lock().streamed(req.job_id, &req.client_id, r);
             }
             // Long poll: rather than answer WAIT at once (and have clients poll), hold the
             // request until something changes (an ack, a failure, a worker) or LONG_POLL.
@@ -296,7 +293,7 @@ impl Dispatcher for DispatcherService {
                 tokio::pin!(changed);
                 changed.as_mut().enable();
                 let decided = {
-                    let mut state = lock(&self.inner.state);
+                    let mut state = self.inner.state.lock();
                     let (reply, record, worker) = state.get_task(
                         req.job_id,
                         &req.client_id,
@@ -332,7 +329,7 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             let (acked, seq) = {
-                let mut state = lock(&self.inner.state);
+                let mut state = self.inner.state.lock();
                 let acked = match state.ack_task(req.job_id, req.epoch, req.task_index, req.generation, req.lease)? {
                     Some(record) => {
                         let batches = state
@@ -363,7 +360,7 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             let seq = {
-                let mut state = lock(&self.inner.state);
+                let mut state = self.inner.state.lock();
                 if let Some(record) = state.fail_task(&req)? {
                     self.commit(&mut state, &record, 0)?;
                 }
@@ -393,7 +390,7 @@ impl Dispatcher for DispatcherService {
                 stall_s: req.stall_s,
                 elapsed_s: req.elapsed_s,
             };
-            lock(&self.inner.state).client_heartbeat(req.job_id, &req.client_id, report, Instant::now());
+            self.inner.state.lock().client_heartbeat(req.job_id, &req.client_id, report, Instant::now());
             Empty {}
         });
         self.counted(r)
@@ -403,7 +400,7 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             let (info, seq) = {
-                let mut state = lock(&self.inner.state);
+                let mut state = self.inner.state.lock();
                 let job = state.job(req.job_id)?;
                 if let Some(b) = req.delivered.iter().find(|&&b| b >= job.batches_per_epoch) {
                     return Err(ServiceError::InvalidArgument(format!(
@@ -453,7 +450,7 @@ impl DispatcherService {
             "time to answer GetTask, journal fsync included",
             &c.get_task,
         );
-        let state = lock(&self.inner.state);
+        let state = self.inner.state.lock();
         m.gauge(
             "sluice_dispatcher_workers_live",
             "workers with a recent heartbeat",

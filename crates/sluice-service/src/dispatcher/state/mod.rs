@@ -1,203 +1,25 @@
-//! The dispatcher's state machine: jobs, the current epoch of each as a list of tasks,
-//! task leases, and the workers it knows. Pure: no I/O, no clock of its own (callers pass
-//! `now`), so it is tested directly. Every change that must survive a restart is a journal
-//! [`Record`] applied through [`State::apply`], both live and on replay, so the two paths
-//! cannot disagree.
+//! The dispatcher's state machine: jobs, the current epoch of each as a list of tasks
+//! ([`job`]), task leases (here), and the workers and clients it knows ([`registry`]).
+//! Pure: no I/O, no clock of its own (callers pass `now`), so it is tested directly. Every
+//! change that must survive a restart is a journal [`Record`] applied through
+//! [`State::apply`], both live and on replay, so the two paths cannot disagree.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod job;
+mod registry;
+
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
+
+use job::LEASE_SCAN;
+pub use job::{cut_tasks, EpochState, Job, Task, TaskStatus};
+pub use registry::{ClientReport, WorkerEntry};
 
 use crate::error::ServiceError;
 use crate::journal::Record;
-use crate::proto::{
-    get_task_reply, FailTaskRequest, GetTaskReply, JobInfo, RegisterWorkerRequest, TaskAssignment, TaskRef,
-};
+use crate::proto::{get_task_reply, FailTaskRequest, GetTaskReply, TaskAssignment, TaskRef};
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
-/// A client silent this long is forgotten (its leases ran out long before).
-pub const CLIENT_FORGET: Duration = Duration::from_secs(300);
-/// Clients remembered at most; past this the longest silent are forgotten first.
-const MAX_CLIENTS: usize = 10_000;
-/// A worker that has not sent a heartbeat for this long gets no new tasks.
-pub const WORKER_TIMEOUT: Duration = Duration::from_secs(2);
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum TaskStatus {
-    Pending,
-    Leased { client: String, worker: u64, deadline: Instant },
-    Acked,
-}
-
-#[derive(Debug, Clone)]
-pub struct Task {
-    pub start: u64,
-    pub end: u64,
-    pub status: TaskStatus,
-    /// The lease whose holder may report on the task (see `TaskAssignment::lease`): set by
-    /// each assignment, kept when the lease runs out (its holder still has the batches it
-    /// got, and nobody else has), cleared (0) by a failure report.
-    pub lease: u64,
-}
-
-#[derive(Debug)]
-pub struct EpochState {
-    pub epoch: u64,
-    pub tasks: Vec<Task>,
-    pub queue: VecDeque<u64>,
-    pub acked: usize,
-    /// How many times this job's task list was rebuilt (see `TaskAssignment::generation`).
-    pub generation: u64,
-    /// Leases are scanned for expiry at most every [`LEASE_SCAN`], not on every request.
-    next_scan: Option<Instant>,
-}
-
-/// How often a job's leases are checked for expiry (leases last [`CLIENT_LEASE`]).
-const LEASE_SCAN: Duration = Duration::from_millis(100);
-
-impl EpochState {
-    /// `batches` in all, in passes of `pass` batches (no task spans two passes).
-    fn new(epoch: u64, generation: u64, batches: u64, pass: u64, task_batches: u64, skip: &[u64]) -> Self {
-        let tasks: Vec<Task> = cut_tasks(batches, pass, task_batches, skip)
-            .into_iter()
-            .map(|(start, end)| Task { start, end, status: TaskStatus::Pending, lease: 0 })
-            .collect();
-        let queue = (0..tasks.len() as u64).collect();
-        Self { epoch, tasks, queue, acked: 0, generation, next_scan: None }
-    }
-
-    pub fn is_done(&self) -> bool {
-        self.acked == self.tasks.len()
-    }
-
-    pub fn leased(&self) -> usize {
-        self.tasks.len() - self.acked - self.queue.len()
-    }
-}
-
-/// Splits batches `0..batches`, minus `skip`, into runs of at most `task_batches` that do
-/// not cross a multiple of `pass` (parallel epochs: a task belongs to one pass).
-pub fn cut_tasks(batches: u64, pass: u64, task_batches: u64, skip: &[u64]) -> Vec<(u64, u64)> {
-    let task_batches = task_batches.max(1);
-    let pass = pass.max(1);
-    let mut skip: Vec<u64> = skip.to_vec();
-    skip.sort_unstable();
-    let mut out = Vec::new();
-    let mut start: Option<u64> = None;
-    for b in 0..batches {
-        let skipped = skip.binary_search(&b).is_ok();
-        match (start, skipped) {
-            (Some(s), true) => {
-                out.push((s, b));
-                start = None;
-            }
-            (Some(s), false) if b - s == task_batches || b % pass == 0 => {
-                out.push((s, b));
-                start = Some(b);
-            }
-            (None, false) => start = Some(b),
-            _ => {}
-        }
-    }
-    if let Some(s) = start {
-        out.push((s, batches));
-    }
-    out
-}
-
-#[derive(Debug)]
-pub struct Job {
-    pub id: u64,
-    pub name: String,
-    pub spec_json: String,
-    pub fingerprint: String,
-    pub manifest_fingerprint: String,
-    pub batches_per_epoch: u64,
-    pub samples_per_epoch: u64,
-    pub task_batches: u64,
-    /// Batches per pass: `batches_per_epoch` / passes (all of it in distributed mode).
-    pub pass_batches: u64,
-    /// Full passes per epoch: 1 in distributed mode, N with parallel epochs.
-    pub passes: u64,
-    pub current: EpochState,
-    /// The epoch after `current`, once some of its tasks were leased ahead.
-    pub next: Option<EpochState>,
-    /// Tasks of this job assigned to each worker and not yet streamed to the end: what
-    /// assignment balances (a worker runs a few of a job's tasks at once and queues the
-    /// rest, so one handed more than its share idles the others at the epoch's end).
-    pub load: HashMap<u64, u64>,
-}
-
-impl Job {
-    /// The worker of a leased task no longer counts it (streamed, acked, failed or expired).
-    fn unload(&mut self, worker: u64) {
-        if let Some(n) = self.load.get_mut(&worker) {
-            *n = n.saturating_sub(1);
-        }
-    }
-
-    /// Counts the load afresh from the leased tasks (after an epoch's tasks were replaced).
-    fn recount_load(&mut self) {
-        self.load.clear();
-        for e in std::iter::once(&self.current).chain(self.next.as_ref()) {
-            for t in &e.tasks {
-                if let TaskStatus::Leased { worker, .. } = t.status {
-                    *self.load.entry(worker).or_default() += 1;
-                }
-            }
-        }
-    }
-
-    /// The current or the next epoch's state.
-    fn epoch_mut(&mut self, epoch: u64) -> Option<&mut EpochState> {
-        if self.current.epoch == epoch {
-            return Some(&mut self.current);
-        }
-        self.next.as_mut().filter(|n| n.epoch == epoch)
-    }
-
-    fn epoch_state(&self, epoch: u64) -> Option<&EpochState> {
-        if self.current.epoch == epoch {
-            return Some(&self.current);
-        }
-        self.next.as_ref().filter(|n| n.epoch == epoch)
-    }
-}
-
-impl Job {
-    pub fn info(&self) -> JobInfo {
-        JobInfo {
-            job_id: self.id,
-            job_name: self.name.clone(),
-            fingerprint: self.fingerprint.clone(),
-            batches_per_epoch: self.batches_per_epoch,
-            samples_per_epoch: self.samples_per_epoch,
-            epoch: self.current.epoch,
-            task_batches: self.task_batches,
-        }
-    }
-}
-
-#[derive(Debug)]
-pub struct WorkerEntry {
-    pub addr: String,
-    pub data_addr: String,
-    pub local_data_addr: String,
-    pub last_seen: Instant,
-    /// A client reported a failure on this worker; cleared by its next heartbeat.
-    pub suspect: bool,
-    pub tasks_running: u64,
-    pub batches_produced: u64,
-}
-
-/// What a client last told about its consumption.
-#[derive(Debug, Clone, Default)]
-pub struct ClientReport {
-    pub job_id: u64,
-    pub batches: u64,
-    pub stall_s: f64,
-    pub elapsed_s: f64,
-}
 
 #[derive(Debug)]
 pub struct State {
@@ -418,51 +240,6 @@ impl State {
 
     pub fn next_job_id(&self) -> u64 {
         self.next_job_id
-    }
-
-    pub fn register_worker(&mut self, req: &RegisterWorkerRequest, now: Instant) -> u64 {
-        let addr = req.addr.clone();
-        self.workers.retain(|_, w| w.addr != addr);
-        let id = self.next_worker_id;
-        self.next_worker_id += 1;
-        let entry = WorkerEntry {
-            addr,
-            data_addr: req.data_addr.clone(),
-            local_data_addr: req.local_data_addr.clone(),
-            last_seen: now,
-            suspect: false,
-            tasks_running: 0,
-            batches_produced: 0,
-        };
-        self.workers.insert(id, entry);
-        id
-    }
-
-    pub fn worker_heartbeat(&mut self, id: u64, running: u64, produced: u64, now: Instant) -> bool {
-        match self.workers.get_mut(&id) {
-            Some(w) => {
-                w.last_seen = now;
-                w.suspect = false;
-                w.tasks_running = running;
-                w.batches_produced = produced;
-                true
-            }
-            None => false,
-        }
-    }
-
-    pub fn live_workers(&self, now: Instant) -> usize {
-        self.workers.values().filter(|w| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect).count()
-    }
-
-    /// The live worker with the fewest of the job's tasks left to stream.
-    fn pick_worker(&self, job_id: u64, now: Instant) -> Option<(u64, &WorkerEntry)> {
-        let load = self.jobs.get(&job_id).map(|j| &j.load);
-        self.workers
-            .iter()
-            .filter(|(_, w)| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect)
-            .min_by_key(|(id, _)| (load.and_then(|l| l.get(id)).copied().unwrap_or(0), **id))
-            .map(|(id, w)| (*id, w))
     }
 
     /// Leases that ran out go back to the front of the queue (no record: on replay a lease
@@ -728,50 +505,12 @@ impl State {
         }
         Ok(records)
     }
-
-    /// Renews the leases `client` holds (O(1): expiry checks the client's last heartbeat).
-    pub fn client_heartbeat(&mut self, _job_id: u64, client: &str, report: ClientReport, now: Instant) {
-        self.client_seen.insert(client.to_string(), now);
-        self.clients.insert(client.to_string(), report);
-        if self.next_client_sweep.is_none_or(|t| now >= t) || self.client_seen.len() > MAX_CLIENTS {
-            self.next_client_sweep = Some(now + CLIENT_FORGET / 10);
-            self.forget_silent_clients(now);
-        }
-    }
-
-    /// Forgets clients silent for [`CLIENT_FORGET`], and the longest silent ones past
-    /// [`MAX_CLIENTS`]: their reports and the assignments they could have asked again for.
-    fn forget_silent_clients(&mut self, now: Instant) {
-        let mut silent: Vec<(Instant, String)> = Vec::new();
-        let mut recent: Vec<(Instant, &String)> = Vec::new();
-        for (c, &seen) in &self.client_seen {
-            if now.saturating_duration_since(seen) >= CLIENT_FORGET {
-                silent.push((seen, c.clone()));
-            } else {
-                recent.push((seen, c));
-            }
-        }
-        if recent.len() > MAX_CLIENTS {
-            recent.sort_unstable();
-            let over = recent.len() - MAX_CLIENTS;
-            silent.extend(recent[..over].iter().map(|(t, c)| (*t, (*c).clone())));
-        }
-        if silent.is_empty() {
-            return;
-        }
-        for (_, c) in &silent {
-            self.client_seen.remove(c);
-            self.clients.remove(c);
-        }
-        let gone: std::collections::HashSet<&String> = silent.iter().map(|(_, c)| c).collect();
-        self.assigned_by_request.retain(|(c, _), _| !gone.contains(c));
-        tracing::debug!(clients = silent.len(), "forgot clients that stopped heartbeating");
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::RegisterWorkerRequest;
 
     fn job_record(batches: u64, task_batches: u64) -> Record {
         Record::Job {
@@ -793,16 +532,6 @@ mod tests {
             s.apply(&r, now, worker).unwrap();
         }
         reply
-    }
-
-    #[test]
-    fn tasks_cover_the_epoch_minus_skipped_batches() {
-        assert_eq!(cut_tasks(10, 10, 4, &[]), vec![(0, 4), (4, 8), (8, 10)]);
-        assert_eq!(cut_tasks(10, 10, 4, &[1, 2, 9]), vec![(0, 1), (3, 7), (7, 9)]);
-        assert_eq!(cut_tasks(3, 3, 4, &[0, 1, 2]), vec![]);
-        // Parallel epochs: two passes of 5 batches; no task spans both.
-        assert_eq!(cut_tasks(10, 5, 4, &[]), vec![(0, 4), (4, 5), (5, 9), (9, 10)]);
-        assert_eq!(cut_tasks(10, 5, 4, &[5]), vec![(0, 4), (4, 5), (6, 10)]);
     }
 
     #[test]
@@ -879,21 +608,6 @@ mod tests {
         assert_eq!(s.job(1).unwrap().current.epoch, 1);
         assert_eq!(step(&mut s, "b", 0, now).status(), get_task_reply::Status::EpochDone);
         assert_eq!(step(&mut s, "b", 1, now).task.unwrap().start, 0);
-    }
-
-    #[test]
-    fn clients_that_stopped_heartbeating_are_forgotten() {
-        let mut s = State::new(1);
-        let now = Instant::now();
-        for i in 0..100 {
-            s.client_heartbeat(1, &format!("gone-{i}"), ClientReport::default(), now);
-        }
-        let later = now + Duration::from_secs(3600);
-        s.client_heartbeat(1, "alive", ClientReport::default(), later);
-        let mut known: Vec<_> = s.clients.keys().cloned().collect();
-        known.sort();
-        assert_eq!(known, vec!["alive".to_string()], "silent clients are still remembered");
-        assert_eq!(s.client_seen.len(), 1);
     }
 
     #[test]

@@ -1,0 +1,369 @@
+//! [`RemoteLoader`]: a loader whose batches come from the service. Same shape as the local
+//! [`sluice_pipeline::Loader`]: `iter()` yields the epoch's batches, `state()`/`load_state()`
+//! checkpoint and resume exactly.
+//!
+//! Exactly once: the client acknowledges a task only after the trainer has taken every
+//! batch of it; when a worker dies mid-task the client reports how many batches it got, and
+//! the dispatcher queues only the rest. Batches are also deduplicated by index, so a batch
+//! can never reach the trainer twice in an epoch.
+
+mod conn;
+mod fetch;
+mod options;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sluice_core::{Batch, PipelineSpec};
+use sluice_pipeline::SkippedSample;
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::error::ServiceError;
+use crate::proto::*;
+use conn::{heartbeat, retry, with_retry, Conn};
+use fetch::{drive, Flow, Item, TaskKey};
+pub use options::{DataPlane, RemoteOptions};
+
+/// Where a remote loader stands: the job, its epoch and the batches of that epoch already
+/// handed to the trainer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteState {
+    pub job_name: String,
+    pub fingerprint: String,
+    pub epoch: u64,
+    pub delivered: Vec<u64>,
+}
+
+pub struct RemoteLoader {
+    rt: Runtime,
+    conn: Arc<Conn>,
+    job: JobInfo,
+    epoch: u64,
+    tasks_in_flight: usize,
+    delivered: HashSet<u64>,
+    /// Assignments with batches delivered, not yet acknowledged: (end, batches taken).
+    open: HashMap<TaskKey, (u64, u64)>,
+    /// Samples the workers skipped (`on_error = "skip"`), in the order their batches came.
+    skipped: Vec<SkippedSample>,
+    duplicates: u64,
+    shared_memory_batches: u64,
+    /// An iterator was dropped mid-epoch: the next one restarts the epoch from `state()`.
+    abandoned: bool,
+    current: Option<EpochStream>,
+}
+
+/// The stream of batches, from the epoch it was started at on.
+struct EpochStream {
+    rx: mpsc::Receiver<Item>,
+    driver: tokio::task::JoinHandle<()>,
+    flow: Arc<Flow>,
+    /// An error ended the stream; the epoch is not over.
+    failed: bool,
+}
+
+impl RemoteLoader {
+    /// Submits `spec` as job `options.job_name` (or joins it, if it exists with the same
+    /// fingerprint) and starts heartbeating.
+    pub fn connect(spec: &PipelineSpec, options: RemoteOptions) -> Result<Self, ServiceError> {
+        spec.validate()?;
+        let spec_json = serde_json::to_string(spec).map_err(|e| ServiceError::Internal(e.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("sluice-remote")
+            .enable_all()
+            .build()
+            .map_err(|e| ServiceError::Internal(format!("cannot start the client runtime: {e}")))?;
+        let mut conn = Conn::new(&options, &rt)?;
+        let req = CreateJobRequest {
+            job_name: options.job_name.clone(),
+            spec_json,
+            task_batches: options.task_batches,
+            parallel_epochs: options.parallel_epochs,
+        };
+        let job = rt.block_on(with_retry(&conn, "CreateJob", |mut d| {
+            let req = req.clone();
+            async move { d.create_job(req).await }
+        }))?;
+        conn.job_id = job.job_id;
+        conn.fingerprint = job.fingerprint.clone();
+        let conn = Arc::new(conn);
+        rt.spawn(heartbeat(conn.clone()));
+        tracing::info!(job_id = job.job_id, name = %job.job_name, epoch = job.epoch, "joined job");
+        Ok(Self {
+            rt,
+            conn,
+            epoch: job.epoch,
+            job,
+            tasks_in_flight: options.tasks_in_flight.max(1),
+            delivered: HashSet::new(),
+            open: HashMap::new(),
+            skipped: Vec::new(),
+            duplicates: 0,
+            shared_memory_batches: 0,
+            abandoned: false,
+            current: None,
+        })
+    }
+
+    pub fn job(&self) -> &JobInfo {
+        &self.job
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.job.batches_per_epoch
+    }
+
+    /// Batches handed to the trainer that came through shared memory from workers on this
+    /// machine (the rest came over the network).
+    pub fn shared_memory_batches(&self) -> u64 {
+        self.shared_memory_batches
+    }
+
+    /// Samples the workers left out under `on_error = "skip"`, each with its key, path and
+    /// error, as the local loader's `stats().skipped` lists them: once per epoch a bad
+    /// sample is met. A batch whose samples were all skipped is not handed out.
+    pub fn skipped(&self) -> &[SkippedSample] {
+        &self.skipped
+    }
+
+    /// Batches that arrived twice and were dropped (after worker failures).
+    pub fn duplicates_dropped(&self) -> u64 {
+        self.duplicates
+    }
+
+    pub fn state(&self) -> RemoteState {
+        let mut delivered: Vec<u64> = self.delivered.iter().copied().collect();
+        delivered.sort_unstable();
+        RemoteState {
+            job_name: self.job.job_name.clone(),
+            fingerprint: self.job.fingerprint.clone(),
+            epoch: self.epoch,
+            delivered,
+        }
+    }
+
+    /// Restarts the job at `state`: its epoch, minus the batches already delivered. Meant for
+    /// a job with one client (a shared job restarts for everyone).
+    pub fn load_state(&mut self, state: &RemoteState) -> Result<(), ServiceError> {
+        if state.fingerprint != self.job.fingerprint {
+            return Err(ServiceError::InvalidArgument(format!(
+                "checkpoint is for pipeline {}, this job is {}",
+                state.fingerprint, self.job.fingerprint
+            )));
+        }
+        // The stream may be past `state` (an epoch ended since) or before it: it goes, with
+        // whatever it fetched ahead, and the next iterator starts one at `state`.
+        if let Some(old) = self.current.take() {
+            old.driver.abort();
+        }
+        self.abandoned = false;
+        let req = ResetJobRequest {
+            job_id: self.job.job_id,
+            epoch: state.epoch,
+            delivered: state.delivered.clone(),
+            release_client: String::new(),
+        };
+        self.job = self.reset(req)?;
+        self.epoch = state.epoch;
+        self.delivered = state.delivered.iter().copied().collect();
+        self.open.clear();
+        Ok(())
+    }
+
+    fn reset(&self, req: ResetJobRequest) -> Result<JobInfo, ServiceError> {
+        self.rt.block_on(with_retry(&self.conn, "ResetJob", |mut d| {
+            let req = req.clone();
+            async move { d.reset_job(req).await }
+        }))
+    }
+
+    /// After an iterator was dropped mid-epoch: hands this client's tasks back to the
+    /// dispatcher, less the batches the trainer already has. Only this client's: in a
+    /// shared job the others go on with the epoch (a reset would give them their batches
+    /// again).
+    fn release(&mut self) -> Result<(), ServiceError> {
+        let RemoteState { epoch, delivered, .. } = self.state();
+        let req =
+            ResetJobRequest { job_id: self.job.job_id, epoch, delivered, release_client: self.conn.client_id.clone() };
+        self.job = self.reset(req)?;
+        self.open.clear();
+        Ok(())
+    }
+
+    /// The rest of the current epoch's batches, in arrival order. When it ends, the loader
+    /// moves to the next epoch.
+    pub fn iter(&mut self) -> RemoteEpoch<'_> {
+        self.start_epoch();
+        RemoteEpoch { loader: self }
+    }
+
+    /// Starts streaming the rest of the current epoch; [`RemoteLoader::next_batch`] takes
+    /// its batches. (What [`RemoteLoader::iter`] does, for callers that cannot hold a
+    /// borrowing iterator, like the Python binding.)
+    pub fn start_epoch(&mut self) {
+        // The stream that ended the last epoch goes on into this one (its fetchers may
+        // already hold tasks of it).
+        if let Some(s) = &self.current {
+            if !self.abandoned && !s.failed && !s.driver.is_finished() {
+                s.flow.reading.send_replace(self.epoch);
+                self.abandoned = true;
+                return;
+            }
+        }
+        if let Some(old) = self.current.take() {
+            old.driver.abort();
+        }
+        // An earlier iterator was dropped mid-epoch: its leases and half-read tasks are
+        // handed back, without what the trainer already has.
+        if self.abandoned {
+            if let Err(e) = self.release() {
+                tracing::warn!(error = %e, "could not hand back the abandoned epoch's tasks");
+            }
+        }
+        self.abandoned = true;
+        let (tx, rx) = mpsc::channel(2 * self.tasks_in_flight);
+        let flow = Arc::new(Flow {
+            floor: AtomicU64::new(self.epoch),
+            reading: watch::Sender::new(self.epoch),
+            ahead: Arc::new(Semaphore::new(self.tasks_in_flight - 1)),
+        });
+        let driver = self.rt.spawn(drive(self.conn.clone(), flow.clone(), self.tasks_in_flight, tx));
+        self.current = Some(EpochStream { rx, driver, flow, failed: false });
+    }
+
+    /// The next batch of the epoch started by [`RemoteLoader::start_epoch`]; `None` at its
+    /// end (the loader then moves to the next epoch). While waiting it asks `interrupted`
+    /// every 50 ms and returns [`ServiceError::Interrupted`] if it says so; nothing is lost.
+    pub fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch, ServiceError>> {
+        loop {
+            let stream = self.current.as_mut()?;
+            if stream.failed {
+                return None;
+            }
+            let t0 = Instant::now();
+            // The timer must be made inside the runtime: build it in the async block.
+            let item =
+                self.rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), stream.rx.recv()).await });
+            self.conn.stall_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let item = match item {
+                Ok(item) => item,
+                Err(_) => {
+                    if interrupted() {
+                        return Some(Err(ServiceError::Interrupted));
+                    }
+                    continue;
+                }
+            };
+            match item {
+                None => {
+                    stream.failed = true;
+                    return Some(Err(ServiceError::Internal("the batch stream ended early".into())));
+                }
+                Some(Item::EpochEnd(e)) if e == self.epoch => {
+                    self.abandoned = false;
+                    self.epoch += 1;
+                    self.delivered.clear();
+                    self.open.clear();
+                    return None;
+                }
+                // An end reported twice (or of an epoch before a reset): nothing to do.
+                Some(Item::EpochEnd(_)) => {}
+                Some(Item::Error(e)) => {
+                    stream.failed = true;
+                    return Some(Err(e));
+                }
+                Some(Item::Batch { batch, .. }) if batch.epoch != self.epoch => {
+                    stream.failed = true;
+                    return Some(Err(ServiceError::Internal(format!(
+                        "a batch of epoch {} arrived while reading epoch {}",
+                        batch.epoch, self.epoch
+                    ))));
+                }
+                Some(Item::Batch { task, end, batch, skipped, local }) => {
+                    let entry = self.open.entry(task).or_insert((end, 0));
+                    entry.1 += 1;
+                    if entry.1 == end - task.start {
+                        self.open.remove(&task);
+                        self.ack(task);
+                    }
+                    if self.delivered.insert(batch.index) {
+                        self.skipped.extend(skipped.into_iter().map(|s| SkippedSample {
+                            key: s.key,
+                            path: s.path,
+                            error: s.error,
+                        }));
+                        if batch.is_empty() {
+                            // Every sample of it was skipped: nothing for the trainer.
+                            continue;
+                        }
+                        self.conn.batches.fetch_add(1, Ordering::Relaxed);
+                        if local {
+                            self.shared_memory_batches += 1;
+                        }
+                        return Some(Ok(batch));
+                    }
+                    self.duplicates += 1;
+                    tracing::warn!(index = batch.index, "dropped a duplicate batch");
+                }
+            }
+        }
+    }
+
+    /// Acknowledges a task whose batches the trainer has all taken, in the background,
+    /// retried for as long as this client lives: its heartbeats keep the task's lease, so
+    /// an ack given up on would hold the epoch open for good.
+    fn ack(&self, task: TaskKey) {
+        let conn = self.conn.clone();
+        let req = AckTaskRequest {
+            job_id: self.job.job_id,
+            client_id: conn.client_id.clone(),
+            epoch: self.epoch,
+            task_index: task.task,
+            generation: task.generation,
+            lease: task.lease,
+        };
+        self.rt.spawn(async move {
+            let r = retry(&conn, "AckTask", None, |mut d| {
+                let req = req.clone();
+                async move { d.ack_task(req).await }
+            })
+            .await;
+            if let Err(e) = r {
+                tracing::warn!(error = %e, task = task.task, "the dispatcher refused an ack");
+            }
+        });
+    }
+}
+
+/// The batches of one epoch from the service.
+pub struct RemoteEpoch<'a> {
+    loader: &'a mut RemoteLoader,
+}
+
+impl Iterator for RemoteEpoch<'_> {
+    type Item = Result<Batch, ServiceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.loader.next_batch(&mut || false)
+    }
+}
+
+impl Drop for RemoteEpoch<'_> {
+    fn drop(&mut self) {
+        // Stop fetching if the epoch is unfinished (the next `iter` restarts it exactly);
+        // after its end the stream goes on into the next epoch.
+        if self.loader.abandoned {
+            if let Some(s) = self.loader.current.take() {
+                s.driver.abort();
+            }
+        }
+    }
+}

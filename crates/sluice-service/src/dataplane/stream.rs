@@ -1,0 +1,183 @@
+//! The client's end of the data plane: [`TaskStream`] opens a task on a worker (TCP, with
+//! TLS when configured) and reads its frames back into batches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tonic::{Code, Status};
+
+use super::{io_status, Io, HANDSHAKE_TIMEOUT, KIND_BATCH, KIND_END, KIND_ERROR, KIND_SLOT, MAGIC, MAX_HEADER};
+use crate::error::ServiceError;
+use crate::proto::{BatchMessage, RunTaskRequest};
+use crate::tls::ClientTls;
+use crate::wire::{message_to_received, Received};
+use crate::MAX_MESSAGE_BYTES;
+
+/// A task's batches from a worker's data plane, one at a time.
+pub struct TaskStream {
+    pub(super) r: BufReader<Box<dyn Io>>,
+    pub(super) done: bool,
+    /// The worker's shared region (local data plane).
+    #[cfg(target_os = "linux")]
+    pub(super) region: Option<Arc<crate::shm::Region>>,
+}
+
+/// The hello that opens a task: magic, token, request.
+pub(super) fn hello(token: Option<&str>, req: &RunTaskRequest) -> Vec<u8> {
+    let mut hello = Vec::with_capacity(64);
+    hello.extend_from_slice(MAGIC);
+    let t = token.unwrap_or("").as_bytes();
+    hello.extend_from_slice(&(t.len() as u32).to_le_bytes());
+    hello.extend_from_slice(t);
+    let body = req.encode_to_vec();
+    hello.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    hello.extend_from_slice(&body);
+    hello
+}
+
+impl TaskStream {
+    /// Opens a task's stream; with `tls`, inside a TLS session checked against its CA.
+    pub async fn open(
+        addr: &str,
+        token: Option<&str>,
+        req: &RunTaskRequest,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, Status> {
+        let sock = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+            .await
+            .map_err(|_| Status::unavailable(format!("data plane {addr}: connect timed out")))?
+            .map_err(io_status)?;
+        sock.set_nodelay(true).map_err(io_status)?;
+        let sock: Box<dyn Io> = match tls {
+            None => Box::new(sock),
+            Some(tls) => Box::new(
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(addr, sock))
+                    .await
+                    .map_err(|_| Status::unavailable(format!("data plane {addr}: TLS handshake timed out")))?
+                    .map_err(|e| Status::unavailable(format!("data plane {addr}: TLS: {e}")))?,
+            ),
+        };
+        let mut r = BufReader::with_capacity(64 << 10, sock);
+        r.get_mut().write_all(&hello(token, req)).await.map_err(io_status)?;
+        r.get_mut().flush().await.map_err(io_status)?;
+        Ok(Self::new(r))
+    }
+
+    /// Whether the batches come through shared memory (the local data plane).
+    pub fn is_local(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self.region.is_some();
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    pub(super) fn new(r: BufReader<Box<dyn Io>>) -> Self {
+        Self {
+            r,
+            done: false,
+            #[cfg(target_os = "linux")]
+            region: None,
+        }
+    }
+
+    /// The next batch, `None` at the end of the task.
+    #[cfg(any(test, feature = "bench"))]
+    pub async fn next(&mut self) -> Result<Option<sluice_core::Batch>, Status> {
+        Ok(self.next_received().await?.map(|r| r.batch))
+    }
+
+    /// The next batch with the samples of it the worker skipped, `None` at the end.
+    pub async fn next_received(&mut self) -> Result<Option<Received>, Status> {
+        if self.done {
+            return Ok(None);
+        }
+        let kind = self.r.read_u8().await.map_err(io_status)?;
+        self.frame(kind).await
+    }
+
+    /// The rest of a frame whose kind byte was read.
+    pub(super) async fn frame(&mut self, kind: u8) -> Result<Option<Received>, Status> {
+        let r = &mut self.r;
+        match kind {
+            KIND_END => {
+                self.done = true;
+                Ok(None)
+            }
+            KIND_ERROR => {
+                let code = r.read_u32_le().await.map_err(io_status)?;
+                let n = r.read_u32_le().await.map_err(io_status)?.min(64 << 10);
+                let mut msg = vec![0u8; n as usize];
+                r.read_exact(&mut msg).await.map_err(io_status)?;
+                self.done = true;
+                Err(Status::new(Code::from(code as i32), String::from_utf8_lossy(&msg).into_owned()))
+            }
+            KIND_BATCH => {
+                let mut m = read_header(r).await?;
+                let len = read_len(r).await?;
+                m.data = read_payload(r, len).await.map_err(io_status)?;
+                message_to_received(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+            }
+            #[cfg(target_os = "linux")]
+            KIND_SLOT => {
+                let Some(region) = self.region.clone() else {
+                    return Err(Status::invalid_argument("a shared-memory batch on a connection without a region"));
+                };
+                let mut m = read_header(r).await?;
+                let slot = r.read_u32_le().await.map_err(io_status)?;
+                let len = read_len(r).await?;
+                m.data =
+                    region.read(slot, len).map_err(|e| Status::invalid_argument(format!("batch {}: {e}", m.index)))?;
+                // The slot is free again once its pixels are ours. A worker that has
+                // already ended the task (with an error) no longer listens: the batch is
+                // still good, and the next read reports the end.
+                let w = r.get_mut();
+                if let Err(e) = async {
+                    w.write_all(&slot.to_le_bytes()).await?;
+                    w.flush().await
+                }
+                .await
+                {
+                    tracing::debug!(error = %e, "could not hand a slot back");
+                }
+                message_to_received(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+            }
+            other => Err(Status::invalid_argument(format!("unknown data-plane frame kind {other}"))),
+        }
+    }
+}
+
+async fn read_header(r: &mut (impl AsyncReadExt + Unpin)) -> Result<BatchMessage, Status> {
+    let n = r.read_u32_le().await.map_err(io_status)?;
+    if n > MAX_HEADER {
+        return Err(Status::invalid_argument(format!("batch header of {n} bytes")));
+    }
+    let mut head = vec![0u8; n as usize];
+    r.read_exact(&mut head).await.map_err(io_status)?;
+    BatchMessage::decode(head.as_slice()).map_err(|e| Status::invalid_argument(format!("malformed batch header: {e}")))
+}
+
+async fn read_len(r: &mut (impl AsyncReadExt + Unpin)) -> Result<usize, Status> {
+    let len = r.read_u64_le().await.map_err(io_status)?;
+    if len > MAX_MESSAGE_BYTES as u64 {
+        return Err(Status::invalid_argument(format!("batch of {len} bytes is over the limit")));
+    }
+    Ok(len as usize)
+}
+
+/// Reads exactly `len` bytes into a fresh buffer without zeroing it first: the kernel's
+/// copy is the only pass over the pixels (a zeroed `vec!` costs a second one per batch).
+async fn read_payload(r: &mut (impl AsyncReadExt + Unpin), len: usize) -> std::io::Result<Vec<u8>> {
+    use bytes::BufMut;
+    let mut data = Vec::with_capacity(len);
+    while data.len() < len {
+        // Never past `len`: the next frame follows on the same connection.
+        let want = len - data.len();
+        if r.read_buf(&mut (&mut data).limit(want)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(data)
+}

@@ -1,0 +1,141 @@
+//! The workers and clients the dispatcher knows: registration, heartbeats, which workers
+//! are live, and forgetting clients that went silent.
+
+use std::time::{Duration, Instant};
+
+use super::State;
+use crate::proto::RegisterWorkerRequest;
+
+/// A client silent this long is forgotten (its leases ran out long before).
+pub const CLIENT_FORGET: Duration = Duration::from_secs(300);
+/// Clients remembered at most; past this the longest silent are forgotten first.
+const MAX_CLIENTS: usize = 10_000;
+/// A worker that has not sent a heartbeat for this long gets no new tasks.
+pub const WORKER_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+pub struct WorkerEntry {
+    pub addr: String,
+    pub data_addr: String,
+    pub local_data_addr: String,
+    pub last_seen: Instant,
+    /// A client reported a failure on this worker; cleared by its next heartbeat.
+    pub suspect: bool,
+    pub tasks_running: u64,
+    pub batches_produced: u64,
+}
+
+/// What a client last told about its consumption.
+#[derive(Debug, Clone, Default)]
+pub struct ClientReport {
+    pub job_id: u64,
+    pub batches: u64,
+    pub stall_s: f64,
+    pub elapsed_s: f64,
+}
+
+impl State {
+    pub fn register_worker(&mut self, req: &RegisterWorkerRequest, now: Instant) -> u64 {
+        let addr = req.addr.clone();
+        self.workers.retain(|_, w| w.addr != addr);
+        let id = self.next_worker_id;
+        self.next_worker_id += 1;
+        let entry = WorkerEntry {
+            addr,
+            data_addr: req.data_addr.clone(),
+            local_data_addr: req.local_data_addr.clone(),
+            last_seen: now,
+            suspect: false,
+            tasks_running: 0,
+            batches_produced: 0,
+        };
+        self.workers.insert(id, entry);
+        id
+    }
+
+    pub fn worker_heartbeat(&mut self, id: u64, running: u64, produced: u64, now: Instant) -> bool {
+        match self.workers.get_mut(&id) {
+            Some(w) => {
+                w.last_seen = now;
+                w.suspect = false;
+                w.tasks_running = running;
+                w.batches_produced = produced;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn live_workers(&self, now: Instant) -> usize {
+        self.workers.values().filter(|w| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect).count()
+    }
+
+    /// The live worker with the fewest of the job's tasks left to stream.
+    pub(super) fn pick_worker(&self, job_id: u64, now: Instant) -> Option<(u64, &WorkerEntry)> {
+        let load = self.jobs.get(&job_id).map(|j| &j.load);
+        self.workers
+            .iter()
+            .filter(|(_, w)| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect)
+            .min_by_key(|(id, _)| (load.and_then(|l| l.get(id)).copied().unwrap_or(0), **id))
+            .map(|(id, w)| (*id, w))
+    }
+
+    /// Renews the leases `client` holds (O(1): expiry checks the client's last heartbeat).
+    pub fn client_heartbeat(&mut self, _job_id: u64, client: &str, report: ClientReport, now: Instant) {
+        self.client_seen.insert(client.to_string(), now);
+        self.clients.insert(client.to_string(), report);
+        if self.next_client_sweep.is_none_or(|t| now >= t) || self.client_seen.len() > MAX_CLIENTS {
+            self.next_client_sweep = Some(now + CLIENT_FORGET / 10);
+            self.forget_silent_clients(now);
+        }
+    }
+
+    /// Forgets clients silent for [`CLIENT_FORGET`], and the longest silent ones past
+    /// [`MAX_CLIENTS`]: their reports and the assignments they could have asked again for.
+    fn forget_silent_clients(&mut self, now: Instant) {
+        let mut silent: Vec<(Instant, String)> = Vec::new();
+        let mut recent: Vec<(Instant, &String)> = Vec::new();
+        for (c, &seen) in &self.client_seen {
+            if now.saturating_duration_since(seen) >= CLIENT_FORGET {
+                silent.push((seen, c.clone()));
+            } else {
+                recent.push((seen, c));
+            }
+        }
+        if recent.len() > MAX_CLIENTS {
+            recent.sort_unstable();
+            let over = recent.len() - MAX_CLIENTS;
+            silent.extend(recent[..over].iter().map(|(t, c)| (*t, (*c).clone())));
+        }
+        if silent.is_empty() {
+            return;
+        }
+        for (_, c) in &silent {
+            self.client_seen.remove(c);
+            self.clients.remove(c);
+        }
+        let gone: std::collections::HashSet<&String> = silent.iter().map(|(_, c)| c).collect();
+        self.assigned_by_request.retain(|(c, _), _| !gone.contains(c));
+        tracing::debug!(clients = silent.len(), "forgot clients that stopped heartbeating");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clients_that_stopped_heartbeating_are_forgotten() {
+        let mut s = State::new(1);
+        let now = Instant::now();
+        for i in 0..100 {
+            s.client_heartbeat(1, &format!("gone-{i}"), ClientReport::default(), now);
+        }
+        let later = now + Duration::from_secs(3600);
+        s.client_heartbeat(1, "alive", ClientReport::default(), later);
+        let mut known: Vec<_> = s.clients.keys().cloned().collect();
+        known.sort();
+        assert_eq!(known, vec!["alive".to_string()], "silent clients are still remembered");
+        assert_eq!(s.client_seen.len(), 1);
+    }
+}
