@@ -171,9 +171,10 @@ class RemoteLoader:
 
         Keys: ``samples``, ``batches``, ``elapsed_s``, ``samples_per_s``, ``wait_s`` (time
         spent waiting for batches: input stall), as in :meth:`sluice.Loader.stats`;
-        ``bytes`` (image bytes received), ``shared_memory_batches`` and
-        ``duplicates_dropped``. Work done on the workers (op times, skipped samples) is in
-        the service's metrics.
+        ``skipped`` (samples the workers left out under ``on_error("skip")``: a list of
+        ``{"key", "path", "error"}``, as the local loader's); ``bytes`` (image bytes
+        received), ``shared_memory_batches`` and ``duplicates_dropped``. Op times are in
+        the workers' metrics.
         """
         stats: Dict[str, Any] = dict(self._native.stats())
         elapsed = stats["elapsed_s"]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyList};
 use sluice_core::PipelineSpec;
 use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ServiceError};
 
@@ -153,10 +153,19 @@ impl PyRemoteLoader {
 
     /// What this client received since it connected: `batches`, `samples`, `bytes` (of
     /// images), `wait_s` (time spent waiting for batches), `elapsed_s`,
-    /// `shared_memory_batches`, `duplicates_dropped`.
+    /// `shared_memory_batches`, `duplicates_dropped`, `skipped` (samples the workers left
+    /// out under `on_error = "skip"`: `{key, path, error}`, once per epoch met).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let skipped = PyList::empty(py);
         let (shared, duplicates) = {
             let inner = self.inner.lock();
+            for e in inner.skipped() {
+                let d = PyDict::new(py);
+                d.set_item("key", e.key)?;
+                d.set_item("path", &e.path)?;
+                d.set_item("error", &e.error)?;
+                skipped.append(d)?;
+            }
             (inner.shared_memory_batches(), inner.duplicates_dropped())
         };
         let r = self.received.lock();
@@ -168,6 +177,7 @@ impl PyRemoteLoader {
         out.set_item("elapsed_s", self.started.elapsed().as_secs_f64())?;
         out.set_item("shared_memory_batches", shared)?;
         out.set_item("duplicates_dropped", duplicates)?;
+        out.set_item("skipped", skipped)?;
         Ok(out)
     }
 

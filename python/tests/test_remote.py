@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -80,3 +80,21 @@ def test_every_data_plane_and_compression_gives_equal_batches_and_unknown_ones_a
         sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="py-bad", compression="zip")
     with pytest.raises(ValueError, match="unknown data plane"):
         sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="py-bad", data_plane="udp")
+
+
+def test_skipped_samples_are_listed_by_stats_as_the_local_loader_lists_them(
+    bad_dataset: Dict[str, Any], tmp_path: Path
+) -> None:
+    root = bad_dataset["root"]
+    pipe = _pipeline(root).batch(1).on_error("skip")
+    with sluice_service([root], tmp_path / "journal") as addr:
+        remote = sluice.RemoteLoader(pipe, dispatcher=addr, job="skips")
+        remote_keys = sorted(int(k) for b in remote for k in b.key)
+        skipped = remote.stats()["skipped"]
+    local = sluice.Loader(pipe)
+    local_keys = sorted(int(k) for b in local for k in b.key)
+    assert remote_keys == local_keys and len(remote_keys) == bad_dataset["good"]
+    by_key = {s["key"]: s for s in skipped}
+    assert sorted(by_key) == sorted(s["key"] for s in local.stats()["skipped"])
+    assert sorted(s["path"] for s in skipped) == sorted(bad_dataset["bad_files"])
+    assert all(s["error"] for s in skipped)
