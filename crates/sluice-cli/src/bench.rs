@@ -53,16 +53,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         Some(d) => d.clone(),
         None => {
             let out = PathBuf::from("data/bench");
-            if !out.is_dir() {
-                gen::generate(&gen::Args {
-                    out: out.clone(),
-                    images: a.images,
-                    classes: 10,
-                    seed: 0,
-                    quality: 90,
-                    corrupt: 0,
-                })?;
-            }
+            gen::ensure_dataset(&out, a.images, 0)?;
             out
         }
     };

@@ -95,16 +95,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
     let root = PathBuf::from("data/bench-cache");
-    if !root.is_dir() {
-        gen::generate(&gen::Args {
-            out: root.clone(),
-            images: a.images,
-            classes: 10,
-            seed: 0,
-            quality: 90,
-            corrupt: 0,
-        })?;
-    }
+    gen::ensure_dataset(&root, a.images, 0)?;
     let base = |cache: Option<CacheSpec>, sampling: SamplingSpec| {
         let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.clone() }, 224, 32);
         s.storage = StorageSpec::Throttled { latency_ms: 2.0, bandwidth_mb_s: 200.0 };

@@ -165,16 +165,7 @@ pub fn main(a: Args) -> Result<()> {
             Some(d) => d.canonicalize()?,
             None => {
                 let root = work.join("images");
-                if !root.is_dir() {
-                    gen::generate(&gen::Args {
-                        out: root.clone(),
-                        images: a.images,
-                        classes: 10,
-                        seed: 0,
-                        quality: 90,
-                        corrupt: 0,
-                    })?;
-                }
+                gen::ensure_dataset(&root, a.images, 0)?;
                 root
             }
         })

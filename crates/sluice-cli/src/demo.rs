@@ -23,18 +23,7 @@ pub struct Args {
 
 pub fn main(a: Args) -> anyhow::Result<()> {
     let train = a.dir.join("train");
-    if !train.is_dir() {
-        gen::generate(&gen::Args {
-            out: train.clone(),
-            images: a.images,
-            classes: 10,
-            seed: 0,
-            quality: 90,
-            corrupt: 5,
-        })?;
-    } else {
-        eprintln!("using the dataset already in {}", train.display());
-    }
+    gen::ensure_dataset(&train, a.images, 5)?;
     let root = std::fs::canonicalize(&train).with_context(|| format!("resolving {}", train.display()))?;
     let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 224, 64);
     spec.on_error = ErrorPolicy::Skip;

@@ -1,6 +1,6 @@
 //! `sluice gen-images`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use sluice_synth::{write_dataset, DatasetOptions};
@@ -28,6 +28,16 @@ pub struct Args {
 
 pub fn main(a: Args) -> anyhow::Result<()> {
     generate(&a)
+}
+
+/// A benchmark's or the demo's dataset in `out`: `images` generated JPEGs in 10 classes
+/// (seed 0, quality 90) plus `corrupt` bad files, made only if the folder is missing.
+pub fn ensure_dataset(out: &Path, images: usize, corrupt: usize) -> anyhow::Result<()> {
+    if out.is_dir() {
+        eprintln!("using the dataset already in {}", out.display());
+        return Ok(());
+    }
+    generate(&Args { out: out.to_path_buf(), images, classes: 10, seed: 0, quality: 90, corrupt })
 }
 
 pub fn generate(a: &Args) -> anyhow::Result<()> {
