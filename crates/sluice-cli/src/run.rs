@@ -106,7 +106,7 @@ pub fn print_report(s: &StatsSnapshot) {
         let distinct: Vec<_> = s.skipped.iter().filter(|k| seen.insert(k.key)).collect();
         println!("skipped {} bad samples ({} distinct files):", s.skipped.len(), distinct.len());
         for k in distinct {
-            println!("  key {} {}: {}", k.key, k.path, k.error);
+            println!("  {}", k.error);
         }
     }
 }

@@ -40,6 +40,16 @@ size = 4
     assert_eq!(skipped.len(), 10, "5 bad files, each epoch");
     assert!(skipped.iter().all(|s| s["path"].as_str().unwrap().contains("bad_")));
 
+    // The human report lists each bad file once, naming its key and path once.
+    let out = sluice(&["run", "spec.toml", "--epochs", "2"], dir.path());
+    let report = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = report.lines().filter(|l| l.contains("bad_")).collect();
+    assert_eq!(lines.len(), 5, "one line per bad file:\n{report}");
+    for line in lines {
+        assert_eq!(line.matches("bad_").count(), 1, "the path is named once: {line}");
+        assert_eq!(line.matches("sample #").count() + line.matches("key ").count(), 1, "the key is named once: {line}");
+    }
+
     let out = sluice(
         &["bench", "--data", "train", "--runs", "1", "--threads", "1", "--batch", "4", "--json", "--packed"],
         dir.path(),
