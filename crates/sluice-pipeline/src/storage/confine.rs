@@ -42,10 +42,19 @@ impl Roots {
         self.roots.iter().map(|(r, _)| r.display().to_string()).collect::<Vec<_>>().join(", ")
     }
 
-    /// Opens `path` beneath the root it lies under. The root and the path under it come
-    /// from the path's canonical form now; if a symlink is swapped in after that, the
-    /// kernel still resolves beneath the root (`RESOLVE_BENEATH`) and refuses to leave it.
+    /// Opens `path` beneath the root it lies under. Usually the path as written already lies
+    /// under a root (manifests are built from the roots), and one `openat2` from that root
+    /// does it: the kernel resolves beneath the root (`RESOLVE_BENEATH`) and refuses to leave
+    /// it, whatever symlink is swapped in. Otherwise, or when the kernel refuses (an absolute
+    /// symlink, even one that stays inside), the root and the path under it come from the
+    /// path's canonical form.
     fn open_beneath(&self, path: &Path) -> Result<OwnedFd, SampleErrorKind> {
+        if let Some((root, dir)) = self.roots.iter().find(|(r, _)| path.starts_with(r)) {
+            match open_under(dir, path.strip_prefix(root).unwrap_or(path)) {
+                Err(Errno::XDEV) => {}
+                done => return done.map_err(|e| io_error(e.into())),
+            }
+        }
         let canonical = path.canonicalize().map_err(io_error)?;
         let outside = || {
             SampleErrorKind::Refused(format!(
@@ -56,18 +65,21 @@ impl Roots {
         };
         let (root, dir) = self.roots.iter().find(|(r, _)| canonical.starts_with(r)).ok_or_else(outside)?;
         let under = canonical.strip_prefix(root).map_err(|_| outside())?;
-        let under = if under.as_os_str().is_empty() { Path::new(".") } else { under };
-        openat2(dir, under, FLAGS, Mode::empty(), ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS).map_err(|e| {
-            match e {
-                Errno::XDEV => SampleErrorKind::Refused(format!(
-                    "a symlink or `..` in {} leads outside the allowed root {}",
-                    under.display(),
-                    root.display()
-                )),
-                e => io_error(e.into()),
-            }
+        open_under(dir, under).map_err(|e| match e {
+            Errno::XDEV => SampleErrorKind::Refused(format!(
+                "a symlink or `..` in {} leads outside the allowed root {}",
+                under.display(),
+                root.display()
+            )),
+            e => io_error(e.into()),
         })
     }
+}
+
+/// Opens `under` (relative) beneath the root directory `dir`, never leaving it.
+fn open_under(dir: &OwnedFd, under: &Path) -> Result<OwnedFd, Errno> {
+    let under = if under.as_os_str().is_empty() { Path::new(".") } else { under };
+    openat2(dir, under, FLAGS, Mode::empty(), ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS)
 }
 
 /// Opens the regular file at `path` for reading, beneath `roots` when given; anything else
