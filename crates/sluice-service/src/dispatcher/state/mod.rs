@@ -526,6 +526,20 @@ mod tests {
         }
     }
 
+    /// The failure report of assignment `t` after `received` of its batches.
+    fn failed(t: &TaskAssignment, received: u64) -> FailTaskRequest {
+        FailTaskRequest {
+            job_id: t.job_id,
+            epoch: t.epoch,
+            task_index: t.task_index,
+            received,
+            worker_id: t.worker_id,
+            generation: t.generation,
+            lease: t.lease,
+            ..Default::default()
+        }
+    }
+
     fn step(s: &mut State, client: &str, epoch: u64, now: Instant) -> GetTaskReply {
         let (reply, record, worker) = s.get_task(1, client, epoch, 0, false, now).unwrap();
         if let Some(r) = record {
@@ -580,19 +594,7 @@ mod tests {
         assert_eq!((t0.start, t0.end, t1.start, t2.end, t0.worker_id), (0, 4, 4, 10, w));
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait);
         // Task 1 failed after 3 of its 4 batches: only batch 7 runs again.
-        let r = s
-            .fail_task(&FailTaskRequest {
-                job_id: 1,
-                epoch: 0,
-                task_index: t1.task_index,
-                received: 3,
-                worker_id: w,
-                generation: 0,
-                lease: t1.lease,
-                ..Default::default()
-            })
-            .unwrap()
-            .unwrap();
+        let r = s.fail_task(&failed(&t1, 3)).unwrap().unwrap();
         s.apply(&r, now, 0).unwrap();
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait, "suspect worker gets nothing");
         assert!(s.worker_heartbeat(w, 0, 0, now));
@@ -749,53 +751,15 @@ mod tests {
         // `a` comes back and reports: neither its failure report (which would move the
         // task's start past batches `b` has not delivered) nor its ack (which would end the
         // task under `b`) counts.
-        assert_eq!(
-            s.fail_task(&FailTaskRequest {
-                job_id: 1,
-                epoch: 0,
-                task_index: old.task_index,
-                received: 2,
-                worker_id: w,
-                generation: old.generation,
-                lease: old.lease,
-                ..Default::default()
-            })
-            .unwrap(),
-            None
-        );
+        assert_eq!(s.fail_task(&failed(&old, 2)).unwrap(), None);
         s.worker_heartbeat(w, 0, 0, later);
         assert_eq!(s.ack_task(1, 0, old.task_index, old.generation, old.lease).unwrap(), None);
         // `b`'s own reports count, once: a failure report retried after it was applied
         // (its reply lost) does not move the start twice.
-        let r = s
-            .fail_task(&FailTaskRequest {
-                job_id: 1,
-                epoch: 0,
-                task_index: new.task_index,
-                received: 1,
-                worker_id: w,
-                generation: new.generation,
-                lease: new.lease,
-                ..Default::default()
-            })
-            .unwrap()
-            .unwrap();
+        let r = s.fail_task(&failed(&new, 1)).unwrap().unwrap();
         assert_eq!(r, Record::Requeue { job_id: 1, epoch: 0, task: new.task_index, start: 1 });
         s.apply(&r, later, 0).unwrap();
-        assert_eq!(
-            s.fail_task(&FailTaskRequest {
-                job_id: 1,
-                epoch: 0,
-                task_index: new.task_index,
-                received: 1,
-                worker_id: w,
-                generation: new.generation,
-                lease: new.lease,
-                ..Default::default()
-            })
-            .unwrap(),
-            None
-        );
+        assert_eq!(s.fail_task(&failed(&new, 1)).unwrap(), None);
         s.worker_heartbeat(w, 0, 0, later);
         let again = step(&mut s, "b", 0, later).task.unwrap();
         assert_eq!((again.task_index, again.start, again.end), (0, 1, 4));
