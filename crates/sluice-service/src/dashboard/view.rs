@@ -119,3 +119,45 @@ impl DispatcherView {
         Self { role: "dispatcher", jobs, workers, clients, totals }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::dispatcher::state::ClientReport;
+    use crate::proto::RegisterWorkerRequest;
+
+    fn register(state: &mut State, addr: &str, now: Instant) -> u64 {
+        state.register_worker(&RegisterWorkerRequest { addr: addr.into(), ..Default::default() }, now)
+    }
+
+    #[test]
+    fn totals_add_up_workers_and_clients() {
+        let now = Instant::now();
+        let mut state = State::new(1);
+        let view = DispatcherView::new(&state, 0, now);
+        assert_eq!(view.totals.cache_hit_rate, None, "no lookup yet: no hit rate");
+        assert_eq!(view.totals.stall_fraction, 0.0);
+
+        let (a, b) = (register(&mut state, "a:1", now), register(&mut state, "b:1", now));
+        state.worker_heartbeat(a, 2, 30, now);
+        state.worker_heartbeat(b, 1, 10, now);
+        state.worker_cache(a, 30, 40);
+        state.worker_cache(b, 0, 10);
+        let report = |batches, stall_s, elapsed_s| ClientReport { job_id: 1, batches, stall_s, elapsed_s };
+        state.client_heartbeat(1, "c2", report(20, 1.0, 4.0), now);
+        state.client_heartbeat(1, "c1", report(10, 3.0, 6.0), now);
+
+        let view = DispatcherView::new(&state, 25, now);
+        let t = &view.totals;
+        assert_eq!((t.workers_live, t.batches_acked, t.batches_produced, t.batches_consumed), (2, 25, 40, 30));
+        assert_eq!(t.cache_hit_rate, Some(30.0 / 50.0), "hits over lookups of both workers");
+        assert_eq!(t.stall_fraction, 4.0 / 10.0, "waited over elapsed of both clients");
+        let ids: Vec<&str> = view.clients.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids, ["c1", "c2"], "clients in a stable order");
+        assert_eq!((view.clients[0].stall_fraction, view.clients[0].batches_per_second), (0.5, 10.0 / 6.0));
+        let json = serde_json::to_string(&view).unwrap();
+        assert!(json.starts_with("{\"role\":\"dispatcher\",\"jobs\":[],\"workers\":[{"), "{json}");
+    }
+}
