@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 need=()
 command -v cmake >/dev/null || need+=(cmake)
 command -v nasm >/dev/null || need+=(nasm)
+# The dashboard test (headless browser) and the Prometheus integration test.
+command -v chromium >/dev/null || need+=(chromium)
+command -v prometheus >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   echo "==> installing system packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -25,11 +28,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, pytest, PIL, torch, torchvision, mypy" 2>/dev/null \
+if ! .venv/bin/python -c "import numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate" 2>/dev/null \
   || [ ! -x .venv/bin/maturin ] || [ ! -x .venv/bin/ruff ]; then
-  echo "==> installing Python packages into .venv (maturin numpy pytest pillow torch torchvision ruff mypy)"
+  echo "==> installing Python packages into .venv (maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q maturin numpy pytest pillow torch torchvision ruff mypy
+  .venv/bin/python -m pip install -q maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate
 fi
 so=$(ls python/sluice/_sluice*.so 2>/dev/null | head -n 1 || true)
 stale=""

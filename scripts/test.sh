@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: Rust unit and integration tests, clippy with warnings as errors, and the
 # Python package's lints (ruff), types (mypy --strict, config in python/pyproject.toml)
-# and pytest suite.
+# and pytest suite; the Kubernetes manifests validated offline against the API schema.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -15,5 +15,7 @@ echo "==> ruff and mypy (python/)"
 .venv/bin/ruff check python
 .venv/bin/ruff format --check python
 (cd python && ../.venv/bin/mypy)
+echo "==> kubernetes-validate (deploy/)"
+scripts/validate-manifests.sh
 echo "==> pytest (python/tests)"
 .venv/bin/python -m pytest -q python/tests

@@ -17,7 +17,8 @@
 //! * The protocol, for clients of its own: [`proto`] (messages and gRPC stubs generated
 //!   from `proto/sluice.proto`), [`TokenAttach`] to send the service's token with them, and
 //!   on Linux [`shm`]'s socket primitives of the local (shared-memory) data plane.
-//! * [`metrics::serve`], the `/metrics` endpoint both servers use.
+//! * [`metrics::serve`], the `/metrics` endpoint both servers use, and [`dashboard`], the
+//!   live page the dispatcher serves beside it (and a local loader, on request).
 //! * With the `bench` feature (the `sluice bench-service` command): `bench`, the
 //!   data-plane and dispatcher measurements. Not a stable API.
 //!
@@ -27,6 +28,7 @@
 #[cfg(feature = "bench")]
 pub mod bench;
 mod client;
+pub mod dashboard;
 mod dataplane;
 mod dispatcher;
 mod dispatcher_client;

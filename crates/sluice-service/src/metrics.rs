@@ -127,6 +127,11 @@ pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 /// Binds `addr` and serves `render()` at `/metrics` until the runtime stops. Returns the
 /// bound address.
 pub async fn serve(addr: &str, render: Render) -> Result<std::net::SocketAddr, ServiceError> {
+    serve_with(addr, render, Router::new()).await
+}
+
+/// [`serve`], with `routes` (the dashboard, its JSON) beside `/metrics` on the same port.
+pub async fn serve_with(addr: &str, render: Render, routes: Router) -> Result<std::net::SocketAddr, ServiceError> {
     let listen_err = |e: std::io::Error| ServiceError::Listen { addr: addr.to_string(), message: e.to_string() };
     let listener = TcpListener::bind(addr).await.map_err(listen_err)?;
     let local = listener.local_addr().map_err(listen_err)?;
@@ -140,6 +145,7 @@ pub async fn serve(addr: &str, render: Render) -> Result<std::net::SocketAddr, S
                 async move { ([(header::CONTENT_TYPE, CONTENT_TYPE), (header::CONNECTION, "close")], body) }
             }),
         )
+        .merge(routes)
         .fallback(|| async { (StatusCode::NOT_FOUND, [(header::CONNECTION, "close")], "not found; try /metrics\n") });
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app.into_make_service()).await {

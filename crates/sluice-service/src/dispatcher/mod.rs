@@ -16,6 +16,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::dashboard::{self, view::DispatcherView};
 use crate::error::ServiceError;
 use crate::journal::{Journal, Record};
 use crate::metrics::{self, LatencyHistogram, Scrape};
@@ -244,8 +245,11 @@ impl Dispatcher for DispatcherService {
         request: Request<WorkerHeartbeatRequest>,
     ) -> Result<Response<WorkerHeartbeatReply>, Status> {
         let r = request.into_inner();
-        let known =
-            self.inner.state.lock().worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now());
+        let known = {
+            let mut state = self.inner.state.lock();
+            state.worker_cache(r.worker_id, r.cache_hits, r.cache_lookups);
+            state.worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now())
+        };
         // A worker back from suspicion can take tasks again.
         self.inner.changed.notify_waiters();
         self.counted(Ok(WorkerHeartbeatReply { known }))
@@ -430,6 +434,14 @@ impl Dispatcher for DispatcherService {
 }
 
 impl DispatcherService {
+    /// What the dashboard draws, as JSON.
+    pub fn dashboard_state(&self) -> String {
+        let acked = self.inner.counters.batches_acked.load(Ordering::Relaxed);
+        let view = DispatcherView::new(&self.inner.state.lock(), acked, Instant::now());
+        // Plain structs of numbers and strings: serializing cannot fail.
+        serde_json::to_string(&view).unwrap_or_default()
+    }
+
     /// The Prometheus exposition of the dispatcher.
     pub fn render_metrics(&self) -> String {
         let c = &self.inner.counters;
@@ -476,7 +488,6 @@ impl DispatcherService {
             state.jobs.values().map(|j| (job(&j.name), j.current.epoch as i64)),
         );
         let client = |id: &str, r: &ClientReport| vec![("client", id.to_string()), ("job_id", r.job_id.to_string())];
-        let over_elapsed = |n: f64, r: &ClientReport| if r.elapsed_s > 0.0 { n / r.elapsed_s } else { 0.0 };
         m.counters(
             "sluice_client_batches",
             "batches the client handed to its trainer",
@@ -485,12 +496,12 @@ impl DispatcherService {
         m.gauges(
             "sluice_client_stall_fraction",
             "share of the client's time its trainer waited for data",
-            state.clients.iter().map(|(id, r)| (client(id, r), over_elapsed(r.stall_s, r))),
+            state.clients.iter().map(|(id, r)| (client(id, r), r.stall_fraction())),
         );
         m.gauges(
             "sluice_client_batches_per_second",
             "the client's mean consumption rate",
-            state.clients.iter().map(|(id, r)| (client(id, r), over_elapsed(r.batches as f64, r))),
+            state.clients.iter().map(|(id, r)| (client(id, r), r.batches_per_second())),
         );
         m.render()
     }
@@ -505,9 +516,10 @@ pub async fn run_dispatcher(
     let service = DispatcherService::new(&config)?;
     let journal = service.inner.journal.clone();
     if let Some(addr) = &config.metrics_listen {
-        let s = service.clone();
-        let bound = metrics::serve(addr, Arc::new(move || s.render_metrics())).await?;
-        tracing::info!(%bound, "dispatcher metrics at /metrics");
+        let (s, d) = (service.clone(), service.clone());
+        let dashboard = dashboard::routes(Arc::new(move || d.dashboard_state()));
+        let bound = metrics::serve_with(addr, Arc::new(move || s.render_metrics()), dashboard).await?;
+        tracing::info!(%bound, "dispatcher metrics at /metrics, dashboard at /");
     }
     let tls = config.tls.as_ref().map(crate::tls::ServerTls::load).transpose()?;
     let listen_err = |e: String| ServiceError::Listen { addr: config.listen.clone(), message: e };

@@ -226,6 +226,14 @@ impl WorkerService {
         caches.retain(|_, cache| Arc::strong_count(cache) > 1);
     }
 
+    /// Hits and lookups of the caches held now, for the heartbeat.
+    fn cache_lookups(&self) -> WorkerHeartbeatRequest {
+        let caches = self.inner.caches.lock();
+        let (cache_hits, cache_lookups) =
+            caches.values().map(|c| c.stats()).fold((0, 0), |(h, n), s| (h + s.hits, n + s.hits + s.misses));
+        WorkerHeartbeatRequest { cache_hits, cache_lookups, ..Default::default() }
+    }
+
     pub fn render_metrics(&self) -> String {
         let c = &self.inner.counters;
         let count = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -296,6 +304,7 @@ async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest)
                     worker_id: wid,
                     tasks_running: c.tasks_running.load(Ordering::Relaxed),
                     batches_produced: c.batches.load(Ordering::Relaxed),
+                    ..service.cache_lookups()
                 })
                 .await
                 .map(|r| {

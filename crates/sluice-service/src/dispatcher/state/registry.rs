@@ -23,6 +23,9 @@ pub struct WorkerEntry {
     pub suspect: bool,
     pub tasks_running: u64,
     pub batches_produced: u64,
+    /// The worker's cache hits and lookups, as its last heartbeat told.
+    pub cache_hits: u64,
+    pub cache_lookups: u64,
 }
 
 /// What a client last told about its consumption.
@@ -32,6 +35,33 @@ pub struct ClientReport {
     pub batches: u64,
     pub stall_s: f64,
     pub elapsed_s: f64,
+}
+
+impl WorkerEntry {
+    /// Heard from lately and not suspected: it may get tasks.
+    pub fn is_live(&self, now: Instant) -> bool {
+        now.duration_since(self.last_seen) < WORKER_TIMEOUT && !self.suspect
+    }
+}
+
+impl ClientReport {
+    /// Share of the client's time its trainer waited for data.
+    pub fn stall_fraction(&self) -> f64 {
+        self.over_elapsed(self.stall_s)
+    }
+
+    /// The client's mean consumption rate.
+    pub fn batches_per_second(&self) -> f64 {
+        self.over_elapsed(self.batches as f64)
+    }
+
+    fn over_elapsed(&self, n: f64) -> f64 {
+        if self.elapsed_s > 0.0 {
+            n / self.elapsed_s
+        } else {
+            0.0
+        }
+    }
 }
 
 impl State {
@@ -48,6 +78,8 @@ impl State {
             suspect: false,
             tasks_running: 0,
             batches_produced: 0,
+            cache_hits: 0,
+            cache_lookups: 0,
         };
         self.workers.insert(id, entry);
         id
@@ -66,8 +98,16 @@ impl State {
         }
     }
 
+    /// What a heartbeat says of the worker's caches (shown by the dashboard).
+    pub fn worker_cache(&mut self, id: u64, hits: u64, lookups: u64) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.cache_hits = hits;
+            w.cache_lookups = lookups;
+        }
+    }
+
     pub fn live_workers(&self, now: Instant) -> usize {
-        self.workers.values().filter(|w| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect).count()
+        self.workers.values().filter(|w| w.is_live(now)).count()
     }
 
     /// The live worker with the fewest of the job's tasks left to stream.

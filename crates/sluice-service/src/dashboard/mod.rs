@@ -1,0 +1,30 @@
+//! The live dashboard: one static page (HTML, JS and hand-drawn SVG, embedded in the
+//! binary) that polls `/api/state` every second and draws what it gets. Served beside
+//! `/metrics` by the dispatcher (jobs, workers, clients: [`view`]) and, on request, by a
+//! local loader. The page also asks `/api/autoscale` for scaling decisions and shows
+//! "autoscaling off" where that answers 404.
+
+pub(crate) mod view;
+
+use std::sync::Arc;
+
+use axum::http::header;
+use axum::routing::get;
+use axum::Router;
+
+const PAGE: &str = include_str!("page.html");
+
+/// The JSON of `/api/state`, built fresh on every request.
+pub type StateJson = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// `/` and `/dashboard` (the page) and `/api/state` (what it draws).
+pub fn routes(state: StateJson) -> Router {
+    let page = || async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE) };
+    Router::new().route("/", get(page)).route("/dashboard", get(page)).route(
+        "/api/state",
+        get(move || {
+            let body = state();
+            async move { ([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], body) }
+        }),
+    )
+}
