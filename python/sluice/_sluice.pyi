@@ -156,5 +156,8 @@ class RemoteLoader:
         ``shared_memory_batches``, ``duplicates_dropped``."""
     def state_json(self) -> str: ...
     def load_state_json(self, state: str) -> None: ...
+    def report(self, keys: Sequence[int], values: Sequence[float], kind: str) -> Tuple[int, int, int]:
+        """Importance into the job's store at the dispatcher; ``kind`` is ``"loss"`` or
+        ``"grad_norm"``. Returns the (accepted, invalid, unknown) counts."""
     def set_epoch(self, epoch: int) -> None:
         """Restarts the job at the first batch of ``epoch``."""

@@ -181,11 +181,22 @@ def _as_list(x: Any, kind: type) -> List[Any]:
     return [kind(v) for v in arr.tolist()]
 
 
+def _gradient_norms(grads: Any) -> Any:
+    """One norm per sample: ``grads`` as given (shape ``[n]``) or the L2 norms of per-sample
+    gradients (shape ``[n, ...]``)."""
+    arr = _to_numpy(grads)
+    if arr.ndim > 1:
+        import numpy as np
+
+        arr = np.sqrt((arr.reshape(arr.shape[0], -1).astype(np.float64) ** 2).sum(axis=1))
+    return arr
+
+
 class ImportanceRecorder:
     """What :meth:`Loader.record_importance` returns: collects one step's per-sample
     values and reports them to the loader when the ``with`` block ends cleanly."""
 
-    def __init__(self, loader: "Loader", keys: Any) -> None:
+    def __init__(self, loader: Any, keys: Any) -> None:
         self._loader = loader
         self._keys = keys
         self._values: Optional[Any] = None
@@ -343,12 +354,7 @@ class Loader:
         """FastMatch's API: reports per-sample gradient information. ``grads`` is either
         one norm per sample (shape ``[n]``) or per-sample gradients (shape ``[n, ...]``,
         e.g. ``inputs.grad``), reduced here to their L2 norms."""
-        arr = _to_numpy(grads)
-        if arr.ndim > 1:
-            import numpy as np
-
-            arr = np.sqrt((arr.reshape(arr.shape[0], -1).astype(np.float64) ** 2).sum(axis=1))
-        self.report(keys, arr)
+        self.report(keys, _gradient_norms(grads))
 
     def record_importance(self, keys: Any) -> "ImportanceRecorder":
         """A context for one training step, after FastMatch's Listing 1::

@@ -12,21 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, Mapping, NoReturn, Optional, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Union
 
 from . import _sluice
-from .errors import NotSupportedError
-from .loader import Batch, ImportanceRecorder, _default_shard, _import_torch, _spec_json
+from .loader import Batch, ImportanceRecorder, _as_list, _default_shard, _gradient_norms, _import_torch, _spec_json
 from .pipeline import PathLike, Pipeline
 
 __all__ = ["RemoteLoader", "RemoteBatchIterator"]
-
-
-def _importance_not_supported() -> NoReturn:
-    raise NotSupportedError(
-        "importance reports through the service are not supported yet: the dispatcher does not hold the job's "
-        "importance state (that arrives with issue 13's work); train with sluice.Loader to use importance sampling"
-    )
 
 
 class RemoteBatchIterator(Iterator[Batch]):
@@ -182,17 +174,27 @@ class RemoteLoader:
         return stats
 
     def report(self, keys: Any, losses: Any) -> None:
-        """Not supported through the service yet: raises :class:`sluice.NotSupportedError`
-        (see :meth:`sluice.Loader.report`)."""
-        _importance_not_supported()
+        """Reports per-sample losses for the samples ``keys`` (a batch's ``key``), as
+        :meth:`sluice.Loader.report` does, into the job's importance store at the dispatcher.
+        Every client (DDP rank) of the job reports only its own samples: the dispatcher
+        holds one store for the job and draws each epoch for all its clients. Values that
+        are NaN, infinite or negative, and keys not in the dataset, are counted and ignored.
+
+        Raises:
+            sluice.ServiceRequestError: ``keys`` and ``losses`` differ in length.
+            sluice.JobFailedError: the job samples uniformly, or the epoch is long over.
+        """
+        self._native.report(_as_list(keys, int), _as_list(losses, float), "loss")
 
     def update_gradient_info(self, keys: Any, grads: Any) -> None:
-        """Not supported through the service yet: raises :class:`sluice.NotSupportedError`."""
-        _importance_not_supported()
+        """FastMatch's API: per-sample gradient norms ``[n]`` or per-sample gradients
+        ``[n, ...]`` (reduced to their L2 norms) for ``keys``; see :meth:`report`. A job's
+        reports are all losses or all gradient norms."""
+        self._native.report(_as_list(keys, int), _as_list(_gradient_norms(grads), float), "grad_norm")
 
     def record_importance(self, keys: Any) -> ImportanceRecorder:
-        """Not supported through the service yet: raises :class:`sluice.NotSupportedError`."""
-        _importance_not_supported()
+        """A context for one training step (see :meth:`sluice.Loader.record_importance`)."""
+        return ImportanceRecorder(self, keys)
 
     @property
     def samples_per_epoch(self) -> int:

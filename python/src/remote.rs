@@ -11,7 +11,7 @@ use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use sluice_core::PipelineSpec;
-use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ServiceError};
+use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ReportKind, ServiceError};
 
 use crate::buffers::BufferPool;
 use crate::errors::{service_error, spec_error, state_error};
@@ -189,6 +189,22 @@ impl PyRemoteLoader {
         let state: RemoteState = serde_json::from_str(state)
             .map_err(|e| state_error(py, format!("not a sluice remote loader state: {e}")))?;
         py.detach(|| self.inner.lock().load_state(&state)).map_err(|e| service_error(py, e))
+    }
+
+    /// Per-sample importance for `keys` into the job's store at the dispatcher: `kind` is
+    /// "loss" or "grad_norm". Returns (accepted, invalid, unknown) counts. GIL released.
+    fn report(&self, py: Python<'_>, keys: Vec<u64>, values: Vec<f64>, kind: &str) -> PyResult<(u64, u64, u64)> {
+        let kind = match kind {
+            "loss" => ReportKind::Loss,
+            "grad_norm" => ReportKind::GradNorm,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "report kind must be \"loss\" or \"grad_norm\", not {other:?}"
+                )))
+            }
+        };
+        let r = py.detach(|| self.inner.lock().report(&keys, &values, kind)).map_err(|e| service_error(py, e))?;
+        Ok((r.accepted, r.invalid, r.unknown))
     }
 
     /// Restarts the job at the first batch of `epoch` (for every client of the job).

@@ -74,15 +74,27 @@ def test_remote_loader_has_the_same_interface(dataset: Path, service: str) -> No
         loader.set_epoch(-1)
 
 
-def test_remote_importance_reports_are_refused_clearly(dataset: Path, service: str) -> None:
-    loader = sluice.RemoteLoader(small_pipeline(dataset), dispatcher=service, job="importance")
-    batch = next(iter(loader))
-    calls = (
-        lambda: loader.report(batch.key, [1.0] * len(batch.key)),
-        lambda: loader.update_gradient_info(batch.key, [1.0] * len(batch.key)),
-        lambda: loader.record_importance(batch.key),
-    )
-    for call in calls:
-        with pytest.raises(sluice.NotSupportedError, match="issue 13") as info:
-            call()
-        assert isinstance(info.value, sluice.ServiceError) and isinstance(info.value, NotImplementedError)
+def test_remote_importance_reports_reach_the_dispatcher_and_shape_the_next_epoch(dataset: Path, service: str) -> None:
+    uniform = sluice.RemoteLoader(small_pipeline(dataset), dispatcher=service, job="uniform")
+    batch = next(iter(uniform))
+    with pytest.raises(sluice.JobFailedError, match="samples uniformly"):
+        uniform.report(batch.key, [1.0] * len(batch.key))
+
+    loader = sluice.RemoteLoader(small_pipeline(dataset).sampling("importance"), dispatcher=service, job="importance")
+    local = sluice.Loader(small_pipeline(dataset).sampling("importance"))
+    remote_epochs, local_epochs = [], []
+    for _ in range(2):
+        for runs, source in ((remote_epochs, loader), (local_epochs, local)):
+            seen = []
+            for b in source:
+                keys = [int(k) for k in b.key]
+                with source.record_importance(b.key) as rec:
+                    rec.losses([10.0 if k < 4 else 0.1 for k in keys])
+                seen.extend(keys)
+            runs.append(sorted(seen))
+    assert remote_epochs == local_epochs, "the dispatcher draws what the local loader draws"
+    assert sum(1 for k in remote_epochs[1] if k < 4) > 4, "the hard samples are drawn more"
+    with pytest.raises(sluice.ServiceRequestError):
+        loader.report([1, 2], [1.0])
+    with pytest.raises(sluice.ServiceRequestError, match="REPORT_KIND_LOSS"):
+        loader.update_gradient_info([1], [1.0])

@@ -221,7 +221,8 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
             .unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("source"), "{}", status.message());
-        // Importance sampling is local-mode only: refused, naming the field.
+        // Importance sampling runs distributed epochs only: parallel ones are refused,
+        // naming the field.
         let mut importance = serde_json::to_value(spec(&root, 0)).unwrap();
         importance["sampling"] = serde_json::json!({"kind": "importance"});
         let status = client
@@ -229,7 +230,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
                 job_name: "importance".into(),
                 spec_json: importance.to_string(),
                 task_batches: 0,
-                parallel_epochs: 0,
+                parallel_epochs: 2,
             })
             .await
             .unwrap_err();

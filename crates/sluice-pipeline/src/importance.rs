@@ -39,8 +39,10 @@ pub struct ImportanceState {
     pub hot_set: Vec<u64>,
 }
 
+/// The importance store itself: a local loader holds one, and so does the service's
+/// dispatcher for each importance-sampled job (fed by all its clients).
 #[derive(Debug, Default)]
-pub(crate) struct ImportanceStore {
+pub struct ImportanceStore {
     ema: f64,
     drawn_epoch: Option<u64>,
     scores: HashMap<u64, f64>,
@@ -77,7 +79,7 @@ pub fn shade_rank_scores(values: &[f64]) -> Vec<f64> {
 }
 
 /// What an epoch needs from the store.
-pub(crate) struct DrawInputs<'a> {
+pub struct DrawInputs<'a> {
     pub manifest: &'a Manifest,
     pub seed: u64,
     pub shuffle: ShuffleSpec,
@@ -86,13 +88,13 @@ pub(crate) struct DrawInputs<'a> {
 }
 
 impl ImportanceStore {
-    pub(crate) fn new(ema: f64) -> Self {
+    pub fn new(ema: f64) -> Self {
         Self { ema, ..Default::default() }
     }
 
     /// Records the trainer's per-sample values (losses or gradient norms) for `keys`.
     /// Non-finite or negative values are ignored (counted in the return value).
-    pub(crate) fn report(&mut self, keys: &[u64], values: &[f64]) -> usize {
+    pub fn report(&mut self, keys: &[u64], values: &[f64]) -> usize {
         let mut ignored = 0;
         for (k, v) in keys.iter().zip(values) {
             if !(v.is_finite() && *v >= 0.0) {
@@ -113,7 +115,7 @@ impl ImportanceStore {
         ignored
     }
 
-    pub(crate) fn has_scores(&self) -> bool {
+    pub fn has_scores(&self) -> bool {
         !self.scores.is_empty()
     }
 
@@ -219,7 +221,7 @@ impl ImportanceStore {
     /// in the same order: see [`crate::Loader::report`]); then every rank draws the same
     /// global order and takes its own disjoint share of it. What counts as seen is the
     /// whole job's share of the previous draw, which every rank computes alike.
-    pub(crate) fn draw(&mut self, epoch: u64, hot: Option<u64>, d: &DrawInputs<'_>) -> EpochDraw {
+    pub fn draw(&mut self, epoch: u64, hot: Option<u64>, d: &DrawInputs<'_>) -> EpochDraw {
         if self.drawn_epoch == Some(epoch) {
             return self.draw_global(epoch, d).shard(d.shard);
         }
@@ -249,7 +251,7 @@ impl ImportanceStore {
         draw.shard(d.shard)
     }
 
-    pub(crate) fn state(&self) -> ImportanceState {
+    pub fn state(&self) -> ImportanceState {
         let mut pending: Vec<(u64, f64, u32)> = self.pending.iter().map(|(k, (s, c))| (*k, *s, *c)).collect();
         pending.sort_unstable_by_key(|e| e.0);
         ImportanceState {
@@ -267,7 +269,7 @@ impl ImportanceStore {
         }
     }
 
-    pub(crate) fn restore(&mut self, s: &ImportanceState) {
+    pub fn restore(&mut self, s: &ImportanceState) {
         self.drawn_epoch = s.drawn_epoch;
         self.scores = s.scores.iter().copied().collect();
         self.rank_scores = s.rank_scores.iter().copied().collect();

@@ -49,6 +49,23 @@ pub enum ServiceError {
     /// The caller asked a waiting iterator to stop (Ctrl-C); iterating again continues.
     #[error("interrupted while waiting for a batch")]
     Interrupted,
+    /// An importance report whose keys and values do not pair up.
+    #[error("importance report for job {job_id}: {keys} keys and {values} values")]
+    ReportLengths { job_id: u64, keys: usize, values: usize },
+    /// An importance report of another kind than the job's earlier ones.
+    #[error("importance report for job {job_id}: {reported}, but the job's reports are {job}")]
+    ReportKind { job_id: u64, job: String, reported: String },
+    /// An importance report for an epoch long over (or not begun).
+    #[error("importance report for job {job_id}, epoch {epoch}: the job is in epoch {current}; reports are taken for it and the one before")]
+    ReportEpoch { job_id: u64, epoch: u64, current: u64 },
+    /// Importance reports or draws asked of a job that samples uniformly.
+    #[error(
+        "job {job_id} samples uniformly: it takes no importance reports and has no draws (set `sampling` in its spec)"
+    )]
+    NotImportanceSampled { job_id: u64 },
+    /// A draw that is not (or no longer) kept: an epoch not begun, or long over.
+    #[error("job {job_id} has no draw for epoch {epoch} (it is in epoch {current})")]
+    NoDraw { job_id: u64, epoch: u64, current: u64 },
     #[error("{0}")]
     Internal(String),
 }
@@ -93,9 +110,14 @@ impl ServiceError {
     pub fn kind(&self) -> ServiceErrorKind {
         use ServiceErrorKind as K;
         match self {
-            ServiceError::Spec(_) | ServiceError::InvalidArgument(_) | ServiceError::OverLimit { .. } => {
-                K::InvalidRequest
-            }
+            ServiceError::Spec(_)
+            | ServiceError::InvalidArgument(_)
+            | ServiceError::OverLimit { .. }
+            | ServiceError::ReportLengths { .. }
+            | ServiceError::ReportKind { .. } => K::InvalidRequest,
+            ServiceError::ReportEpoch { .. }
+            | ServiceError::NotImportanceSampled { .. }
+            | ServiceError::NoDraw { .. } => K::FailedPrecondition,
             ServiceError::PathNotAllowed { .. } => K::PermissionDenied,
             ServiceError::NotFound { .. } => K::NotFound,
             ServiceError::JobConflict { .. } => K::Conflict,
@@ -134,7 +156,12 @@ impl From<ServiceError> for Status {
             ServiceError::Spec(_)
             | ServiceError::InvalidArgument(_)
             | ServiceError::BadBatch(_)
-            | ServiceError::OverLimit { .. } => Code::InvalidArgument,
+            | ServiceError::OverLimit { .. }
+            | ServiceError::ReportLengths { .. }
+            | ServiceError::ReportKind { .. } => Code::InvalidArgument,
+            ServiceError::ReportEpoch { .. }
+            | ServiceError::NotImportanceSampled { .. }
+            | ServiceError::NoDraw { .. } => Code::FailedPrecondition,
             ServiceError::Pipeline(PipelineError::Spec(_)) => Code::InvalidArgument,
             ServiceError::Pipeline(PipelineError::Source(_)) => Code::FailedPrecondition,
             ServiceError::PathNotAllowed { .. } => Code::PermissionDenied,
@@ -164,6 +191,8 @@ mod tests {
             ServiceError::JobConflict { name: "j".into(), existing: "a".into(), requested: "b".into() },
             ServiceError::Connect { addr: "127.0.0.1:1".into(), message: "refused".into() },
             ServiceError::Journal { path: "/j".into(), message: "full".into() },
+            ServiceError::ReportLengths { job_id: 1, keys: 2, values: 1 },
+            ServiceError::ReportEpoch { job_id: 1, epoch: 0, current: 5 },
         ];
         for e in errors {
             let kind = e.kind();

@@ -69,6 +69,20 @@ pub enum Record {
         job_id: u64,
         epoch: u64,
     },
+    /// Importance values a trainer reported, as checked (unknown keys and invalid values
+    /// left out); `kind` is the `ReportKind` number.
+    Report {
+        job_id: u64,
+        keys: Vec<u64>,
+        values: Vec<f64>,
+        #[serde(default)]
+        kind: i32,
+    },
+    /// The importance-sampled epoch was drawn from the store as the records before it left it.
+    Draw {
+        job_id: u64,
+        epoch: u64,
+    },
 }
 
 fn is_zero(v: &u64) -> bool {

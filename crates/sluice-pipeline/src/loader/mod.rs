@@ -364,6 +364,20 @@ impl Loader {
         EpochIter::new(self, epoch, start, None, order, weights).end_at(end)
     }
 
+    /// As [`Loader::iter_range`], over an epoch drawn elsewhere: `order` (manifest
+    /// positions) and its `weights`, e.g. by a service dispatcher that owns the job's
+    /// importance store. The caller checks that every position is in the manifest.
+    pub fn iter_draw(
+        &self,
+        epoch: u64,
+        start: u64,
+        end: u64,
+        order: Arc<Vec<u32>>,
+        weights: Option<Arc<Vec<f32>>>,
+    ) -> EpochIter {
+        EpochIter::new(self, epoch, start, None, order, weights).end_at(end)
+    }
+
     /// The order and weights of `epoch` for [`Loader::iter_range`], drawn on first use.
     /// The last two epochs are kept: a service client reads ahead into the next epoch
     /// while the current one finishes.

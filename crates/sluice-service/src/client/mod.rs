@@ -53,6 +53,10 @@ pub struct RemoteLoader {
     shared_memory_batches: u64,
     /// An iterator was dropped mid-epoch: the next one restarts the epoch from `state()`.
     abandoned: bool,
+    /// Importance sampling: a task is acked only when the trainer comes back for the next
+    /// batch (having reported the last one), so an epoch ends, and the next is drawn, only
+    /// once every report of it is in. These wait for that call.
+    deferred_acks: Option<Vec<TaskKey>>,
     current: Option<EpochStream>,
 }
 
@@ -105,6 +109,7 @@ impl RemoteLoader {
             duplicates: 0,
             shared_memory_batches: 0,
             abandoned: false,
+            deferred_acks: (spec.sampling != sluice_core::SamplingSpec::Uniform).then(Vec::new),
             current: None,
         })
     }
@@ -175,7 +180,36 @@ impl RemoteLoader {
         self.epoch = state.epoch;
         self.delivered = state.delivered.iter().copied().collect();
         self.open.clear();
+        self.deferred_acks.iter_mut().for_each(Vec::clear);
         Ok(())
+    }
+
+    /// The trainer's per-sample values for `keys` (the keys of batches it took this epoch):
+    /// losses, or gradient norms, into the job's importance store at the dispatcher, which
+    /// every client of the job feeds. They shape the epochs drawn after this report, as
+    /// [`sluice_pipeline::Loader::report`] does locally. The reply counts what was taken
+    /// and what was ignored (unknown keys; NaN, infinite or negative values).
+    ///
+    /// Retried through dispatcher restarts like every call; a retry whose first reply was
+    /// lost counts its values twice, which leaves a key's epoch mean as it was when the
+    /// key had no other report that epoch.
+    pub fn report(&self, keys: &[u64], values: &[f64], kind: ReportKind) -> Result<ReportReply, ServiceError> {
+        let job_id = self.job.job_id;
+        if keys.len() != values.len() {
+            return Err(ServiceError::ReportLengths { job_id, keys: keys.len(), values: values.len() });
+        }
+        let req = ReportRequest {
+            job_id,
+            client_id: self.conn.client_id.clone(),
+            epoch: self.epoch,
+            keys: keys.to_vec(),
+            values: values.to_vec(),
+            kind: kind.into(),
+        };
+        self.rt.block_on(with_retry(&self.conn, "Report", |mut d| {
+            let req = req.clone();
+            async move { d.report(req).await }
+        }))
     }
 
     fn reset(&self, req: ResetJobRequest) -> Result<JobInfo, ServiceError> {
@@ -195,6 +229,7 @@ impl RemoteLoader {
             ResetJobRequest { job_id: self.job.job_id, epoch, delivered, release_client: self.conn.client_id.clone() };
         self.job = self.reset(req)?;
         self.open.clear();
+        self.deferred_acks.iter_mut().for_each(Vec::clear);
         Ok(())
     }
 
@@ -243,6 +278,9 @@ impl RemoteLoader {
     /// end (the loader then moves to the next epoch). While waiting it asks `interrupted`
     /// every 50 ms and returns [`ServiceError::Interrupted`] if it says so; nothing is lost.
     pub fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch, ServiceError>> {
+        for task in self.deferred_acks.as_mut().map(std::mem::take).unwrap_or_default() {
+            self.ack(task);
+        }
         loop {
             let stream = self.current.as_mut()?;
             if stream.failed {
@@ -292,7 +330,10 @@ impl RemoteLoader {
                     entry.1 += 1;
                     if entry.1 == end - task.start {
                         self.open.remove(&task);
-                        self.ack(task);
+                        match &mut self.deferred_acks {
+                            Some(deferred) => deferred.push(task),
+                            None => self.ack(task),
+                        }
                     }
                     if self.delivered.insert(batch.index) {
                         self.skipped.extend(skipped.into_iter().map(|s| SkippedSample {

@@ -24,7 +24,7 @@ use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenCheck};
 use crate::MAX_CONTROL_MESSAGE_BYTES;
-use state::{ClientReport, State};
+use state::{ClientReport, JobImportance, State};
 
 /// Batches per task when the client does not say: small enough to balance a short epoch
 /// over workers, large enough that task RPCs cost nothing next to the batches.
@@ -55,6 +55,9 @@ struct Counters {
     acked: AtomicU64,
     failed: AtomicU64,
     batches_acked: AtomicU64,
+    /// Importance values taken into a store, and ignored (unknown keys, NaN/inf, negative).
+    reported: AtomicU64,
+    reports_ignored: AtomicU64,
 }
 
 struct Inner {
@@ -69,6 +72,29 @@ struct Inner {
 #[derive(Clone)]
 pub struct DispatcherService {
     inner: Arc<Inner>,
+}
+
+/// Gives a replayed importance-sampled job its store again, from its dataset enumerated
+/// afresh. A dataset that cannot be read or changed leaves the job without one (its reports
+/// and draws are then refused) rather than keep the dispatcher from starting.
+fn replay_importance(state: &mut State, job_id: u64, spec_json: &str, manifest_fingerprint: &str) {
+    let Ok(spec) = PipelineSpec::from_json_str(spec_json) else { return };
+    if spec.sampling == sluice_core::SamplingSpec::Uniform {
+        return;
+    }
+    match sluice_pipeline::source::build_manifest(&spec.source) {
+        Ok(m) if m.fingerprint_hex() == manifest_fingerprint => {
+            if let Some(importance) = JobImportance::for_job(&spec, m) {
+                let _ = state.attach_importance(job_id, importance);
+            }
+        }
+        Ok(m) => {
+            tracing::warn!(job_id, was = manifest_fingerprint, now = %m.fingerprint_hex(), "journal: the job's dataset changed; its importance store is dropped")
+        }
+        Err(e) => {
+            tracing::warn!(job_id, error = %e, "journal: the job's dataset cannot be read; its importance store is dropped")
+        }
+    }
 }
 
 fn valid_name(what: &str, s: &str) -> Result<(), ServiceError> {
@@ -90,7 +116,21 @@ impl DispatcherService {
                 let (journal, records) = Journal::open(path)?;
                 let now = Instant::now();
                 for r in &records {
-                    state.apply(r, now, 0)?;
+                    match r {
+                        Record::Report { job_id, .. } | Record::Draw { job_id, .. }
+                            if state.importance(*job_id).is_err() =>
+                        {
+                            tracing::warn!(
+                                job_id,
+                                "journal: an importance record for a job without its store; skipped"
+                            );
+                            continue;
+                        }
+                        _ => state.apply(r, now, 0)?,
+                    }
+                    if let Record::Job { job_id, spec_json, manifest_fingerprint, .. } = r {
+                        replay_importance(&mut state, *job_id, spec_json, manifest_fingerprint);
+                    }
                 }
                 tracing::info!(path = %path.display(), records = records.len(), jobs = state.jobs.len(), "journal replayed");
                 journal
@@ -143,13 +183,12 @@ impl DispatcherService {
     async fn create_job_inner(&self, req: CreateJobRequest) -> Result<JobInfo, ServiceError> {
         valid_name("job_name", &req.job_name)?;
         let spec = PipelineSpec::from_json_str(&req.spec_json)?;
-        // Importance sampling draws each epoch's order from scores a trainer reports; every
-        // worker would need the same scores to cut the same order. Until the dispatcher owns
-        // the importance store and ships the order, the service runs uniform sampling only.
-        if spec.sampling != sluice_core::SamplingSpec::Uniform {
+        // Importance sampling: the dispatcher draws each epoch of the whole job from one
+        // store; parallel epochs would need a store per pass.
+        if spec.sampling != sluice_core::SamplingSpec::Uniform && req.parallel_epochs > 1 {
             return Err(ServiceError::Spec(sluice_core::SpecError::new(
                 "sampling",
-                "the service runs `uniform` sampling only (importance sampling is local-mode for now)",
+                "importance sampling runs distributed epochs only (parallel_epochs 0 or 1)",
             )));
         }
         self.inner.roots.check_source(&spec.source)?;
@@ -160,11 +199,14 @@ impl DispatcherService {
             .map_err(sluice_pipeline::PipelineError::from)?;
         self.inner.roots.check_manifest(&manifest)?;
         let samples = manifest.len() as u64;
+        let manifest_fingerprint = manifest.fingerprint_hex();
+        let manifest_hash = manifest.fingerprint;
+        let importance = JobImportance::for_job(&spec, manifest);
         let b = spec.batch.size as u64;
         let batches = if spec.batch.drop_last { samples / b } else { samples.div_ceil(b) };
         let canonical = serde_json::to_string(&spec).map_err(|e| ServiceError::Internal(e.to_string()))?;
         let mut h = Xxh3::new();
-        h.update(&manifest.fingerprint.to_le_bytes());
+        h.update(&manifest_hash.to_le_bytes());
         h.update(canonical.as_bytes());
         // Distributed jobs keep the fingerprints they always had.
         let passes = req.parallel_epochs.max(1);
@@ -197,13 +239,16 @@ impl DispatcherService {
                     name: req.job_name.clone(),
                     spec_json: canonical,
                     fingerprint: fingerprint.clone(),
-                    manifest_fingerprint: manifest.fingerprint_hex(),
+                    manifest_fingerprint,
                     batches_per_epoch: batches,
                     samples_per_epoch: samples,
                     task_batches,
                     passes: if passes > 1 { passes } else { 0 },
                 };
                 self.commit(&mut state, &record, 0)?;
+                if let Some(importance) = importance {
+                    state.attach_importance(job_id, importance)?;
+                }
                 tracing::info!(job_id, name = %req.job_name, %fingerprint, batches, samples, "job created");
                 (self.barrier(), job_id)
             }
@@ -431,6 +476,61 @@ impl Dispatcher for DispatcherService {
         .await;
         self.counted(r)
     }
+
+    async fn report(&self, request: Request<ReportRequest>) -> Result<Response<ReportReply>, Status> {
+        let req = request.into_inner();
+        let r = async {
+            valid_name("client_id", &req.client_id)?;
+            let kind = ReportKind::try_from(req.kind)
+                .map_err(|_| ServiceError::InvalidArgument(format!("report kind {} is not known", req.kind)))?;
+            let (reply, seq) = {
+                let mut state = self.inner.state.lock();
+                let (record, reply) = state.report(req.job_id, req.epoch, &req.keys, &req.values, kind)?;
+                if let Some(record) = record {
+                    self.commit(&mut state, &record, 0)?;
+                }
+                (reply, self.barrier())
+            };
+            if reply.invalid + reply.unknown > 0 {
+                tracing::warn!(job_id = req.job_id, client = %req.client_id, invalid = reply.invalid, unknown = reply.unknown, "importance report: values ignored");
+            }
+            self.inner.counters.reports_ignored.fetch_add(reply.invalid + reply.unknown, Ordering::Relaxed);
+            self.inner.counters.reported.fetch_add(reply.accepted, Ordering::Relaxed);
+            self.durable(seq).await?;
+            Ok(reply)
+        }
+        .await;
+        self.counted(r)
+    }
+
+    async fn get_draw(&self, request: Request<GetDrawRequest>) -> Result<Response<EpochDrawReply>, Status> {
+        let req = request.into_inner();
+        let r = async {
+            let (draw, seq) = {
+                let mut state = self.inner.state.lock();
+                let draw = match state.draw(req.job_id, req.epoch)? {
+                    Ok(d) => d,
+                    Err(record) => {
+                        self.commit(&mut state, &record, 0)?;
+                        state.draw(req.job_id, req.epoch)?.map_err(|_| {
+                            ServiceError::Internal(format!("job {}: epoch {} not drawn", req.job_id, req.epoch))
+                        })?
+                    }
+                };
+                (draw, self.barrier())
+            };
+            // A draw is answered only once its record (and the reports before it) is on
+            // disk: a restarted dispatcher draws the same.
+            self.durable(seq).await?;
+            Ok(EpochDrawReply {
+                epoch: req.epoch,
+                order: draw.order.clone(),
+                weights: draw.weights.clone().unwrap_or_default(),
+            })
+        }
+        .await;
+        self.counted(r)
+    }
 }
 
 impl DispatcherService {
@@ -457,6 +557,16 @@ impl DispatcherService {
             count(&c.batches_acked),
         );
         m.counter("sluice_dispatcher_tasks_failed", "tasks whose worker failed", count(&c.failed));
+        m.counter(
+            "sluice_dispatcher_importance_reported",
+            "importance values taken into a job's store",
+            count(&c.reported),
+        );
+        m.counter(
+            "sluice_dispatcher_importance_ignored",
+            "importance values ignored (unknown keys, NaN, infinite or negative)",
+            count(&c.reports_ignored),
+        );
         m.histogram(
             "sluice_dispatcher_get_task_seconds",
             "time to answer GetTask, journal fsync included",

@@ -6,6 +6,7 @@
 //! jobs with the same fingerprint (same pipeline, same data) share one cache: a sample
 //! one job decoded is a hit for the others. Running a task is [`task`].
 
+mod draw;
 mod task;
 
 use std::collections::HashMap;
@@ -75,6 +76,9 @@ struct JobRunner {
     /// left a thread idle at every task's tail). Bounds the worker's memory to
     /// `TASKS_AT_ONCE × prefetch` batches per job.
     running: Arc<tokio::sync::Semaphore>,
+    /// Importance sampling: the dispatcher draws the epochs; these are the ones fetched.
+    /// `None` for a uniformly sampled job (every worker computes its order itself).
+    draws: Option<draw::Draws>,
 }
 
 /// See [`JobRunner::running`].
@@ -201,10 +205,11 @@ impl WorkerService {
         .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
         let runner = Arc::new(JobRunner {
-            loader,
             fingerprint: job_fingerprint,
             passes,
             running: Arc::new(tokio::sync::Semaphore::new(TASKS_AT_ONCE)),
+            draws: (loader.spec().sampling != sluice_core::SamplingSpec::Uniform).then(draw::Draws::default),
+            loader,
         });
         jobs.insert(job_id, runner.clone(), Instant::now());
         Ok(runner)

@@ -54,6 +54,17 @@ impl WorkerService {
                 req.start, req.end
             )));
         }
+        let draw = match &runner.draws {
+            Some(draws) => match self.draw(&runner, draws, req.job_id, req.epoch).await {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(job_id = req.job_id, epoch = req.epoch, error = %e, "no draw for the task's epoch");
+                    return Err(e.into());
+                }
+            },
+            None => None,
+        };
         let (tx, rx) = mpsc::channel(2);
         let max_batch_bytes = runner.loader.batch_bytes();
         let recycler = runner.clone();
@@ -70,7 +81,7 @@ impl WorkerService {
             // The semaphore is never closed; without a permit the task simply does not run.
             let Ok(permit) = runner.running.clone().acquire_owned().await else { return };
             tokio::task::spawn_blocking(move || {
-                run_task(&inner, &runner, &req, compression, memory, &tx);
+                run_task(&inner, &runner, &req, draw, compression, memory, &tx);
                 drop(permit);
             });
         });
@@ -83,6 +94,7 @@ fn run_task(
     inner: &Inner,
     runner: &JobRunner,
     req: &RunTaskRequest,
+    draw: Option<super::draw::Draw>,
     compression: Compression,
     memory: Option<sluice_pipeline::BufferSource>,
     tx: &mpsc::Sender<Result<Outgoing, Status>>,
@@ -103,7 +115,10 @@ fn run_task(
     }
     let t0 = Instant::now();
     tracing::debug!(job_id = req.job_id, epoch = req.epoch, start = req.start, end = req.end, "task started");
-    let mut batches = runner.loader.iter_range(epoch, start, end);
+    let mut batches = match draw {
+        Some((order, weights)) => runner.loader.iter_draw(epoch, start, end, order, weights),
+        None => runner.loader.iter_range(epoch, start, end),
+    };
     if let Some(memory) = memory {
         batches = batches.with_buffers(memory);
     }

@@ -110,6 +110,8 @@ pub struct Job {
     /// assignment balances (a worker runs a few of a job's tasks at once and queues the
     /// rest, so one handed more than its share idles the others at the epoch's end).
     pub load: HashMap<u64, u64>,
+    /// The importance store and draws of an importance-sampled job.
+    pub importance: Option<super::importance::JobImportance>,
 }
 
 impl Job {

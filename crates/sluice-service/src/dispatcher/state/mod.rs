@@ -4,19 +4,24 @@
 //! change that must survive a restart is a journal [`Record`] applied through
 //! [`State::apply`], both live and on replay, so the two paths cannot disagree.
 
+mod importance;
 mod job;
 mod registry;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use importance::JobImportance;
 use job::LEASE_SCAN;
 pub use job::{cut_tasks, EpochState, Job, Task, TaskStatus};
 pub use registry::{ClientReport, WorkerEntry};
 
+use sluice_pipeline::EpochDraw;
+
 use crate::error::ServiceError;
 use crate::journal::Record;
-use crate::proto::{get_task_reply, FailTaskRequest, GetTaskReply, TaskAssignment, TaskRef};
+use crate::proto::{get_task_reply, FailTaskRequest, GetTaskReply, ReportKind, ReportReply, TaskAssignment, TaskRef};
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
@@ -89,6 +94,7 @@ impl State {
                     current: EpochState::new(0, 0, batches, *batches_per_epoch, *task_batches, &[]),
                     next: None,
                     load: HashMap::new(),
+                    importance: None,
                 };
                 self.names.insert(name.clone(), *job_id);
                 self.jobs.insert(*job_id, job);
@@ -165,6 +171,13 @@ impl State {
                     queue.push_front(*task);
                 }
             }
+            Record::Report { job_id, keys, values, kind } => {
+                let kind = ReportKind::try_from(*kind).unwrap_or(ReportKind::Loss);
+                self.importance_mut(*job_id)?.apply_report(keys, values, kind);
+            }
+            Record::Draw { job_id, epoch } => {
+                self.importance_mut(*job_id)?.apply_draw(*epoch);
+            }
             Record::Ack { job_id, epoch, task } => {
                 self.release(*job_id, *epoch, *task)?;
                 let t = self.task_mut(*job_id, *epoch, *task)?;
@@ -213,6 +226,62 @@ impl State {
             TaskStatus::Pending => Ok(true),
             TaskStatus::Acked => Ok(false),
         }
+    }
+
+    /// Gives an importance-sampled job its store (right after its `Job` record: the store
+    /// needs the manifest, which the record does not carry).
+    pub fn attach_importance(&mut self, job_id: u64, importance: JobImportance) -> Result<(), ServiceError> {
+        self.job_mut(job_id)?.importance = Some(importance);
+        Ok(())
+    }
+
+    pub fn importance(&self, job_id: u64) -> Result<&JobImportance, ServiceError> {
+        self.job(job_id)?.importance.as_ref().ok_or(ServiceError::NotImportanceSampled { job_id })
+    }
+
+    fn importance_mut(&mut self, job_id: u64) -> Result<&mut JobImportance, ServiceError> {
+        self.job_mut(job_id)?.importance.as_mut().ok_or(ServiceError::NotImportanceSampled { job_id })
+    }
+
+    /// Decides a `Report`: the record to journal (none when nothing valid is left), and
+    /// the counts to answer. Reports are taken for the job's current epoch, the one before
+    /// (its last batches are reported while the next epoch starts) and the next one.
+    pub fn report(
+        &self,
+        job_id: u64,
+        epoch: u64,
+        keys: &[u64],
+        values: &[f64],
+        kind: ReportKind,
+    ) -> Result<(Option<Record>, ReportReply), ServiceError> {
+        let current = self.job(job_id)?.current.epoch;
+        let checked = self.importance(job_id)?.check_report(job_id, keys, values, kind)?;
+        if epoch + 1 < current || epoch > current + 1 {
+            return Err(ServiceError::ReportEpoch { job_id, epoch, current });
+        }
+        let record = (!checked.keys.is_empty()).then(|| Record::Report {
+            job_id,
+            keys: checked.keys,
+            values: checked.values,
+            kind: kind.into(),
+        });
+        Ok((record, checked.reply))
+    }
+
+    /// Decides a `GetDraw`: the draw if made, else the `Draw` record that makes it. Only
+    /// the current epoch and drawn ones still kept have a draw: an epoch is drawn once the
+    /// one before is done (every task acked, so every report of it is in).
+    pub fn draw(&self, job_id: u64, epoch: u64) -> Result<Result<Arc<EpochDraw>, Record>, ServiceError> {
+        let current = self.job(job_id)?.current.epoch;
+        let importance = self.importance(job_id)?;
+        if let Some(d) = importance.drawn(epoch) {
+            return Ok(Ok(d));
+        }
+        let newer_drawn = importance.last_drawn().is_some_and(|d| d > epoch);
+        if newer_drawn || epoch != current {
+            return Err(ServiceError::NoDraw { job_id, epoch, current });
+        }
+        Ok(Err(Record::Draw { job_id, epoch }))
     }
 
     pub fn job(&self, job_id: u64) -> Result<&Job, ServiceError> {
@@ -320,7 +389,9 @@ impl State {
                 Some(s) => (epoch, task, s, job.current.generation),
                 None => return Ok((wait, None, 0)),
             },
-            None if lookahead => match &job.next {
+            // An importance-sampled epoch is drawn from every report of the one before:
+            // nothing of it is leased before that one is done.
+            None if lookahead && job.importance.is_none() => match &job.next {
                 Some(n) => match n.queue.front().and_then(|&task| Some((task, span(n, task)?))) {
                     Some((task, s)) => (epoch + 1, task, s, n.generation),
                     None => return Ok((wait, None, 0)),
@@ -810,5 +881,43 @@ mod tests {
         assert!(matches!(&e.tasks[b0.task_index as usize].status, TaskStatus::Leased { client, .. } if client == "b"));
         let back = step(&mut s, "a", 0, now).task.unwrap();
         assert_eq!((back.task_index, back.start, back.end), (a0.task_index, a0.start + 2, a0.end));
+    }
+
+    #[test]
+    fn an_importance_job_takes_reports_for_recent_epochs_and_draws_only_its_current_one() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.apply(&job_record(4, 1), now, 0).unwrap();
+        assert!(matches!(
+            s.report(1, 0, &[1], &[1.0], ReportKind::Loss),
+            Err(ServiceError::NotImportanceSampled { job_id: 1 })
+        ));
+        s.attach_importance(1, importance::test_job(16)).unwrap();
+        s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, now);
+        // Epoch 0 drawn on a worker's first ask, then kept.
+        let Err(record) = s.draw(1, 0).unwrap() else { panic!("not drawn yet") };
+        s.apply(&record, now, 0).unwrap();
+        let first = s.draw(1, 0).unwrap().unwrap();
+        assert_eq!(first.order.len(), 16);
+        // Nothing of epoch 1 is leased ahead or drawn while epoch 0 runs.
+        for _ in 0..4 {
+            let (reply, record, w) = s.get_task(1, "c", 0, 0, true, now).unwrap();
+            assert_eq!(reply.task.unwrap().epoch, 0);
+            s.apply(&record.unwrap(), now, w).unwrap();
+        }
+        let (reply, record, _) = s.get_task(1, "c", 0, 0, true, now).unwrap();
+        assert_eq!((reply.status(), record), (get_task_reply::Status::Wait, None));
+        assert!(matches!(s.draw(1, 1), Err(ServiceError::NoDraw { epoch: 1, current: 0, .. })));
+        // Reports: the current epoch, the one before and the next are taken; older refused.
+        s.apply(&Record::Epoch { job_id: 1, epoch: 3, skip: vec![] }, now, 0).unwrap();
+        for epoch in [2, 3, 4] {
+            assert!(s.report(1, epoch, &[], &[], ReportKind::Loss).is_ok(), "epoch {epoch}");
+        }
+        assert!(matches!(
+            s.report(1, 1, &[], &[], ReportKind::Loss),
+            Err(ServiceError::ReportEpoch { epoch: 1, current: 3, .. })
+        ));
+        // An empty (or all-invalid) report journals nothing.
+        assert_eq!(s.report(1, 3, &[7], &[f64::NAN], ReportKind::Loss).unwrap().0, None);
     }
 }

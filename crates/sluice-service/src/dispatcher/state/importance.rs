@@ -1,0 +1,185 @@
+//! A job's importance, held by the dispatcher (the controller): the importance store that
+//! every client of the job reports into, and the epochs drawn from it with the same
+//! sampler code as local mode. Changed only through journal records (`Report`, `Draw`),
+//! so a restarted dispatcher replays them into the same store and redraws the same epochs.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use sluice_core::{Manifest, PipelineSpec, SamplingSpec};
+use sluice_pipeline::importance::{DrawInputs, ImportanceStore};
+use sluice_pipeline::{EpochDraw, Shard};
+
+use crate::error::ServiceError;
+use crate::proto::{ReportKind, ReportReply};
+
+/// Draws kept for workers to fetch: the current epoch's, the next one's (leased ahead),
+/// and a couple more for clients that restart an epoch.
+const DRAWS_KEPT: usize = 4;
+
+/// A report checked against the job: what goes into the store, and the counts to answer.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct CheckedReport {
+    pub keys: Vec<u64>,
+    pub values: Vec<f64>,
+    pub reply: ReportReply,
+}
+
+#[derive(Debug)]
+pub struct JobImportance {
+    store: ImportanceStore,
+    manifest: Manifest,
+    /// Every key of the dataset (reports for any other key are ignored).
+    keys: HashMap<u64, u32>,
+    seed: u64,
+    spec: PipelineSpec,
+    /// What the job's reports are (set by the first one; a job mixing losses and gradient
+    /// norms would rank samples by incomparable numbers).
+    kind: Option<ReportKind>,
+    draws: VecDeque<(u64, Arc<EpochDraw>)>,
+}
+
+impl JobImportance {
+    /// `None` for a uniformly sampled job (it has no store).
+    pub fn for_job(spec: &PipelineSpec, manifest: Manifest) -> Option<Self> {
+        if spec.sampling == SamplingSpec::Uniform {
+            return None;
+        }
+        let keys = manifest.entries.iter().enumerate().map(|(i, e)| (e.key.0, i as u32)).collect();
+        Some(Self {
+            store: ImportanceStore::new(spec.importance.ema),
+            manifest,
+            keys,
+            seed: spec.seed,
+            spec: spec.clone(),
+            kind: None,
+            draws: VecDeque::new(),
+        })
+    }
+
+    /// Checks a report (nothing changes): lengths must match and the kind must be the
+    /// job's; unknown keys and non-finite or negative values are counted and left out.
+    pub(super) fn check_report(
+        &self,
+        job_id: u64,
+        keys: &[u64],
+        values: &[f64],
+        kind: ReportKind,
+    ) -> Result<CheckedReport, ServiceError> {
+        if keys.len() != values.len() {
+            return Err(ServiceError::ReportLengths { job_id, keys: keys.len(), values: values.len() });
+        }
+        if let Some(k) = self.kind.filter(|&k| k != kind) {
+            return Err(ServiceError::ReportKind {
+                job_id,
+                job: k.as_str_name().to_string(),
+                reported: kind.as_str_name().to_string(),
+            });
+        }
+        let mut out = CheckedReport { keys: Vec::new(), values: Vec::new(), reply: ReportReply::default() };
+        for (&k, &v) in keys.iter().zip(values) {
+            if !self.keys.contains_key(&k) {
+                out.reply.unknown += 1;
+            } else if !(v.is_finite() && v >= 0.0) {
+                out.reply.invalid += 1;
+            } else {
+                out.keys.push(k);
+                out.values.push(v);
+            }
+        }
+        out.reply.accepted = out.keys.len() as u64;
+        Ok(out)
+    }
+
+    /// Folds a checked report into the store (a `Report` record, live or replayed).
+    pub fn apply_report(&mut self, keys: &[u64], values: &[f64], kind: ReportKind) {
+        self.kind = Some(kind);
+        self.store.report(keys, values);
+    }
+
+    /// Draws `epoch` (a `Draw` record): the reports so far shape it, and the ones after it
+    /// shape the next. Drawing an epoch already drawn gives the same draw.
+    pub fn apply_draw(&mut self, epoch: u64) -> Arc<EpochDraw> {
+        if let Some(d) = self.drawn(epoch) {
+            return d;
+        }
+        let inputs = DrawInputs {
+            manifest: &self.manifest,
+            seed: self.seed,
+            shuffle: self.spec.shuffle,
+            sampling: self.spec.sampling,
+            shard: Shard::default(),
+        };
+        let draw = Arc::new(self.store.draw(epoch, None, &inputs));
+        if self.draws.len() == DRAWS_KEPT {
+            self.draws.pop_front();
+        }
+        self.draws.push_back((epoch, draw.clone()));
+        draw
+    }
+
+    /// The draw of `epoch`, if it was made and is still kept.
+    pub fn drawn(&self, epoch: u64) -> Option<Arc<EpochDraw>> {
+        self.draws.iter().find(|d| d.0 == epoch).map(|d| d.1.clone())
+    }
+
+    /// The newest epoch drawn.
+    pub fn last_drawn(&self) -> Option<u64> {
+        self.draws.back().map(|d| d.0)
+    }
+}
+
+/// An importance-sampled job over `n` made-up samples, for tests.
+#[cfg(test)]
+pub(super) fn test_job(n: u64) -> JobImportance {
+    use sluice_core::Location;
+    use std::path::PathBuf;
+    let items = (0..n).map(|i| (Location::File { path: PathBuf::from(format!("{i}")) }, 0, 10)).collect();
+    let manifest = Manifest::new(PathBuf::from("/t"), items, Vec::new());
+    let mut spec =
+        PipelineSpec::train_default(sluice_core::SourceSpec::ImageFolder { root: PathBuf::from("/t") }, 8, 4);
+    spec.sampling = SamplingSpec::Importance { floor: 0.05, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 };
+    JobImportance::for_job(&spec, manifest).unwrap_or_else(|| panic!("importance sampled"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_are_checked_and_only_valid_values_of_known_keys_reach_the_store() {
+        let mut j = test_job(8);
+        let keys: Vec<u64> = j.manifest.entries.iter().map(|e| e.key.0).collect();
+        let r = j
+            .check_report(1, &[keys[0], 12345, keys[1], keys[2]], &[1.0, 2.0, f64::NAN, -1.0], ReportKind::Loss)
+            .unwrap();
+        assert_eq!((r.reply.accepted, r.reply.unknown, r.reply.invalid), (1, 1, 2));
+        assert_eq!((r.keys, r.values), (vec![keys[0]], vec![1.0]));
+        let e = j.check_report(1, &keys[..2], &[1.0], ReportKind::Loss).unwrap_err();
+        assert!(e.to_string().contains("2 keys and 1 values"), "{e}");
+        j.apply_report(&[keys[0]], &[1.0], ReportKind::Loss);
+        let e = j.check_report(1, &keys[..1], &[1.0], ReportKind::GradNorm).unwrap_err();
+        assert!(e.to_string().contains("REPORT_KIND_LOSS"), "{e}");
+    }
+
+    #[test]
+    fn the_same_reports_and_draws_replayed_give_the_same_epochs() {
+        let run = || {
+            let mut j = test_job(64);
+            let keys: Vec<u64> = j.manifest.entries.iter().map(|e| e.key.0).collect();
+            let first = j.apply_draw(0);
+            let losses: Vec<f64> = (0..64).map(|i| if i < 8 { 10.0 } else { 0.1 }).collect();
+            j.apply_report(&keys, &losses, ReportKind::Loss);
+            let second = j.apply_draw(1);
+            (first, second)
+        };
+        let (a0, a1) = run();
+        let (b0, b1) = run();
+        assert_eq!((&a0, &a1), (&b0, &b1));
+        assert!(a1.weights.is_some());
+        // The hard samples (positions 0..8) are drawn far more than their share.
+        let hard = a1.order.iter().filter(|&&p| p < 8).count();
+        assert!(hard > 20, "{hard} of 64 draws are of the 8 hard samples");
+        assert_eq!(a1.order.len(), 64);
+    }
+}
