@@ -25,11 +25,11 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, pytest, PIL, torch, torchvision, mypy" 2>/dev/null \
+if ! .venv/bin/python -c "import numpy, pytest, PIL, torch, torchvision, mypy, google.protobuf, grpc_tools" 2>/dev/null \
   || [ ! -x .venv/bin/maturin ] || [ ! -x .venv/bin/ruff ]; then
-  echo "==> installing Python packages into .venv (maturin numpy pytest pillow torch torchvision ruff mypy)"
+  echo "==> installing Python packages into .venv (maturin numpy pytest pillow torch torchvision ruff mypy protobuf grpcio-tools)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q maturin numpy pytest pillow torch torchvision ruff mypy
+  .venv/bin/python -m pip install -q maturin numpy pytest pillow torch torchvision ruff mypy protobuf grpcio-tools
 fi
 so=$(ls python/sluice/_sluice*.so 2>/dev/null | head -n 1 || true)
 stale=""
