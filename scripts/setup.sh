@@ -28,11 +28,14 @@ if [ ! -x .venv/bin/python ]; then
   echo "==> creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate" 2>/dev/null \
+# Python packages the package, its tests and CI need (pip names; py_mods: what they import as).
+py_pkgs=(maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate protobuf grpcio-tools)
+py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, google.protobuf, grpc_tools"
+if ! .venv/bin/python -c "import $py_mods" 2>/dev/null \
   || [ ! -x .venv/bin/maturin ] || [ ! -x .venv/bin/ruff ]; then
-  echo "==> installing Python packages into .venv (maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate)"
+  echo "==> installing Python packages into .venv (${py_pkgs[*]})"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate
+  .venv/bin/python -m pip install -q "${py_pkgs[@]}"
 fi
 so=$(ls python/sluice/_sluice*.so 2>/dev/null | head -n 1 || true)
 stale=""

@@ -79,6 +79,9 @@ class Loader:
     def load_state_json(self, state: str) -> None: ...
     def report(self, keys: Sequence[int], values: Sequence[float]) -> None:
         """Per-sample importance from the trainer (losses or gradient norms) for ``keys``."""
+    def start_trace(self) -> None: ...
+    def stop_trace(self, path: str) -> Optional[int]:
+        """Writes the trace to ``path``; the number of events, or None if not tracing."""
     def stats_json(self) -> str: ...
     def set_threads(self, threads: int) -> None:
         """Resizes the worker pool; 0 means one thread per core."""

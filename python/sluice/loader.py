@@ -7,9 +7,11 @@ interrupts a wait (a later ``next()`` picks up the same batch).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import weakref
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _sluice
@@ -234,6 +236,10 @@ class Loader:
             ``WORLD_SIZE`` environment variables, else 0 and 1.
         output: ``"numpy"`` (numpy arrays) or ``"torch"`` (CPU torch tensors). Either way
             the arrays share memory with sluice's buffers: nothing is copied.
+        trace: a path to record a profiling trace of the loader's whole life to (per
+            sample and op, per batch; Perfetto protobuf, or Chrome JSON for ``.json``),
+            written when the loader is closed (:meth:`close_trace`, garbage collection or
+            interpreter exit). For one block only, use :meth:`trace`.
 
     Epochs work like a torch DataLoader with a DistributedSampler: each ``iter(loader)``
     runs the next epoch (an epoch left unfinished is abandoned), ``set_epoch(e)`` picks
@@ -251,6 +257,7 @@ class Loader:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         output: str = "numpy",
+        trace: Optional[PathLike] = None,
     ) -> None:
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
@@ -261,6 +268,10 @@ class Loader:
         if self._world_size < 1 or not 0 <= self._rank < self._world_size:
             raise ValueError(f"rank {self._rank} is not in 0..world_size ({self._world_size})")
         self._native = _sluice.Loader(spec_json, self._rank, self._world_size)
+        self._trace_writer: Optional[weakref.finalize[[str], "Loader"]] = None
+        if trace is not None:
+            self._native.start_trace()
+            self._trace_writer = weakref.finalize(self, self._native.stop_trace, os.fspath(trace))
         # True after set_epoch / load_state_dict: the next iter() starts exactly there.
         self._positioned = False
 
@@ -307,6 +318,32 @@ class Loader:
             raise TypeError(f"state must be a mapping (from Loader.state_dict()), not {type(state).__name__}")
         self._native.load_state_json(json.dumps(dict(state)))
         self._positioned = True
+
+    def close_trace(self) -> Optional[int]:
+        """Writes the trace asked for with ``Loader(..., trace=path)`` now and stops
+        recording; the number of events written (None if there was no such trace)."""
+        if self._trace_writer is None:
+            return None
+        written: Optional[int] = self._trace_writer()
+        return written
+
+    @contextlib.contextmanager
+    def trace(self, path: PathLike) -> Iterator[None]:
+        """Records a profiling trace of the block to ``path`` (Perfetto protobuf, or
+        Chrome JSON for ``.json``): every sample's ops (read, decode+crop, resize, flip,
+        normalize, write) and cache lookups on its worker thread, and each batch's
+        preprocessing, the wait for it, its hand-over and the trainer's time with it.
+        Open the file in https://ui.perfetto.dev.
+
+        Raises:
+            SluiceError: a trace is already being recorded.
+            OSError: the file cannot be written.
+        """
+        self._native.start_trace()
+        try:
+            yield
+        finally:
+            self._native.stop_trace(os.fspath(path))
 
     def stats(self) -> Dict[str, Any]:
         """What the loader has done since it was built and where the time went.

@@ -9,13 +9,13 @@
 
 use std::path::Path;
 
-use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice_core::{SampleError, SpecError};
 use sluice_pipeline::pack::PackError;
 use sluice_pipeline::source::SourceError;
-use sluice_pipeline::PipelineError;
+use sluice_pipeline::{PipelineError, TraceError};
 use sluice_service::{ServiceError, ServiceErrorKind};
 use sluice_synth::SynthError;
 
@@ -108,6 +108,8 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         | PipelineError::AlreadyStarted
         | PipelineError::BufferStillShared { .. } => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
         PipelineError::Interrupted => PyKeyboardInterrupt::new_err(e.to_string()),
+        PipelineError::Trace(TraceError::Write { .. }) => PyOSError::new_err(e.to_string()),
+        PipelineError::Trace(TraceError::AlreadyTracing) => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
     }
 }
 

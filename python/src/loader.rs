@@ -104,6 +104,20 @@ impl PyLoader {
         py.detach(|| self.loader.report(&keys, &values)).map_err(|e| pipeline_error(py, e))
     }
 
+    /// Starts recording profiling events (per sample and op, per batch).
+    fn start_trace(&self, py: Python<'_>) -> PyResult<()> {
+        self.loader.start_trace().map_err(|e| pipeline_error(py, e))
+    }
+
+    /// Stops recording and writes the trace to `path` (Chrome JSON for `.json`, else
+    /// Perfetto protobuf), with the GIL released; the number of events written, or `None`
+    /// if no trace was being recorded.
+    fn stop_trace(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<Option<usize>> {
+        let Some(trace) = self.loader.stop_trace() else { return Ok(None) };
+        py.detach(|| trace.write(&path)).map_err(|e| pipeline_error(py, e.into()))?;
+        Ok(Some(trace.events.len()))
+    }
+
     fn stats_json(&self) -> PyResult<String> {
         serde_json::to_string(&self.loader.stats()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }

@@ -1,6 +1,6 @@
 //! `sluice run SPEC`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -21,6 +21,10 @@ pub struct Args {
     /// Print the final stats as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Record a profiling trace of the run (per sample and op, per batch) to this file:
+    /// Perfetto protobuf (open in ui.perfetto.dev), or Chrome trace JSON for `.json`.
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<PathBuf>,
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
@@ -28,10 +32,10 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     if let Some(t) = a.threads {
         spec.threads = t;
     }
-    run_spec(spec, a.epochs, a.json)
+    run_spec(spec, a.epochs, a.json, a.trace.as_deref())
 }
 
-pub fn run_spec(spec: PipelineSpec, epochs: u64, json: bool) -> anyhow::Result<()> {
+pub fn run_spec(spec: PipelineSpec, epochs: u64, json: bool, trace: Option<&Path>) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let loader = Loader::new(spec, Shard::default()).context("preparing the pipeline")?;
     eprintln!(
@@ -43,6 +47,9 @@ pub fn run_spec(spec: PipelineSpec, epochs: u64, json: bool) -> anyhow::Result<(
         loader.threads(),
         loader.batches_per_epoch()
     );
+    if trace.is_some() {
+        loader.start_trace()?;
+    }
     for epoch in 0..epochs {
         loader.set_epoch(epoch);
         let pb = progress::bar(loader.samples_per_epoch() as u64, &format!("epoch {epoch}"));
@@ -58,6 +65,10 @@ pub fn run_spec(spec: PipelineSpec, epochs: u64, json: bool) -> anyhow::Result<(
         eprintln!("epoch {epoch}: {samples} samples in {secs:.2}s = {:.0} samples/s", samples as f64 / secs);
     }
     let stats = loader.stats();
+    if let (Some(path), Some(events)) = (trace, loader.stop_trace()) {
+        events.write(path)?;
+        eprintln!("trace: {} events written to {}", events.events.len(), path.display());
+    }
     if let Some(peak) = peak_rss_bytes() {
         eprintln!("peak resident memory: {:.1} MB", peak as f64 / 1e6);
     }

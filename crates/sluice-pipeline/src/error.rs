@@ -45,4 +45,6 @@ pub enum PipelineError {
     /// The caller asked a waiting iterator to stop (Ctrl-C); iterating again continues.
     #[error("interrupted while waiting for a batch")]
     Interrupted,
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
 }

@@ -17,6 +17,8 @@ use sluice_codec::Scratch;
 pub struct WorkerLocal {
     pub scratch: Scratch,
     pub read_buf: Vec<u8>,
+    /// This thread's trace events since its last job ended.
+    pub trace: crate::trace::ThreadBuf,
 }
 
 pub type Job = Box<dyn FnOnce(&mut WorkerLocal) + Send + 'static>;

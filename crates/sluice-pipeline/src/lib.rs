@@ -13,6 +13,7 @@ pub mod sampler;
 pub mod source;
 pub mod stats;
 pub mod storage;
+pub mod trace;
 
 pub use cache::{CacheStats, CachedData};
 pub use error::PipelineError;
@@ -20,3 +21,4 @@ pub use importance::ImportanceState;
 pub use loader::{BufferSource, EpochIter, Loader, LoaderState, OrderSpec};
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
 pub use stats::{SkippedSample, StatsSnapshot};
+pub use trace::{TraceData, TraceError, TraceFormat};

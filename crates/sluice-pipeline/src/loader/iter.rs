@@ -17,6 +17,7 @@ use super::{batches_for, Loader, Shared};
 use crate::error::PipelineError;
 use crate::executor::Pool;
 use crate::stats::SkippedSample;
+use crate::trace::{current_tid, now_ns, Event, What};
 
 /// Samples per job: small enough to spread a batch over the threads and keep the first
 /// batch quick, large enough that queueing costs nothing next to decoding.
@@ -33,6 +34,8 @@ struct Assembly {
     weights: Option<Vec<f32>>,
     chunks_left: usize,
     failures: Vec<(usize, SampleError)>,
+    /// When its first job was submitted, if a trace was being recorded then.
+    submitted_ns: Option<u64>,
 }
 
 /// The batches of one epoch, in order. Dropping it mid-epoch cancels the work in flight.
@@ -56,6 +59,8 @@ pub struct EpochIter {
     buffers: Option<BufferSource>,
     /// A task iterator's skipped samples, by batch index, until [`EpochIter::take_skipped`].
     skipped: Vec<(u64, SkippedSample)>,
+    /// The last batch handed out and when, for its `batch_consumed` trace event.
+    handed: Option<(u64, u64)>,
 }
 
 /// Memory to build a batch's images in, asked for each batch with its dtype and element
@@ -93,6 +98,7 @@ impl EpochIter {
             finished: false,
             buffers: None,
             skipped: Vec::new(),
+            handed: None,
         }
     }
 
@@ -154,6 +160,7 @@ impl EpochIter {
         let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
         let weights = self.weights.as_ref().map(|w| w[start..end].to_vec());
         let chunks = indices.len().div_ceil(CHUNK);
+        let submitted_ns = self.shared.trace.is_on().then(now_ns);
         for c in 0..chunks {
             let slots = c * CHUNK..((c + 1) * CHUNK).min(indices.len());
             let job = ChunkJob {
@@ -169,7 +176,10 @@ impl EpochIter {
             };
             self.pool.submit(Box::new(move |local| job.run(local)));
         }
-        self.pending.insert(b, Assembly { slab, keys, labels, weights, chunks_left: chunks, failures: Vec::new() });
+        self.pending.insert(
+            b,
+            Assembly { slab, keys, labels, weights, chunks_left: chunks, failures: Vec::new(), submitted_ns },
+        );
     }
 
     fn finish(&mut self) {
@@ -208,6 +218,11 @@ impl EpochIter {
             if let Some(a) = self.pending.get_mut(&done.batch) {
                 a.chunks_left -= 1;
                 a.failures.extend(done.failures);
+                if let (0, Some(start_ns), Some(recorder)) =
+                    (a.chunks_left, a.submitted_ns, self.shared.trace.current())
+                {
+                    recorder.record(self.batch_event(done.batch, start_ns, now_ns(), What::BatchPreprocessed));
+                }
             }
         }
     }
@@ -266,6 +281,19 @@ impl EpochIter {
         Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout: self.shared.layout, weights }))
     }
 
+    /// A batch-level trace event on the calling (consumer's) thread.
+    fn batch_event(&self, batch: u64, start_ns: u64, end_ns: u64, what: What) -> Event {
+        Event {
+            start_ns,
+            dur_ns: end_ns.saturating_sub(start_ns),
+            key: 0,
+            batch,
+            epoch: self.epoch,
+            tid: current_tid(),
+            what,
+        }
+    }
+
     fn record_progress(&self, batches_done: u64) {
         let Some(generation) = self.generation else { return };
         let mut p = self.shared.progress.lock();
@@ -290,6 +318,11 @@ impl EpochIter {
         &mut self,
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Option<Result<Batch, PipelineError>> {
+        let recorder = self.shared.trace.current();
+        let asked_ns = recorder.as_ref().map(|_| now_ns());
+        if let (Some(recorder), Some(now), Some((batch, handed_ns))) = (&recorder, asked_ns, self.handed.take()) {
+            recorder.record(self.batch_event(batch, handed_ns, now, What::BatchConsumed));
+        }
         loop {
             if self.finished || !self.is_current() {
                 self.finish();
@@ -315,6 +348,12 @@ impl EpochIter {
                 Some(Ok(batch)) => {
                     self.record_progress(self.next_emit);
                     self.shared.stats.lock().add_batch(batch.len());
+                    if let (Some(recorder), Some(asked_ns)) = (&recorder, asked_ns) {
+                        let now = now_ns();
+                        recorder.record(self.batch_event(b, asked_ns, now, What::BatchWait));
+                        recorder.record(self.batch_event(b, now, now, What::BatchHandedOver));
+                        self.handed = Some((b, now));
+                    }
                     return Some(Ok(batch));
                 }
                 Some(Err(e)) => {

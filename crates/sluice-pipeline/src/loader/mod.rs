@@ -41,6 +41,7 @@ use crate::sampler::Shard;
 use crate::source::build_manifest;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::storage::{open_storage, open_storage_in, Roots, Storage};
+use crate::trace::{TraceData, TraceSwitch};
 
 struct Progress {
     epoch: u64,
@@ -75,6 +76,10 @@ struct Shared {
     /// Where the split path's step timings go in the stats' op list.
     steps: StepSlots,
     importance: Mutex<ImportanceStore>,
+    /// Profiling events, off unless [`Loader::start_trace`].
+    trace: TraceSwitch,
+    /// The stats' op names, which name the trace's ops too.
+    op_names: Vec<String>,
 }
 
 /// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
@@ -186,7 +191,9 @@ impl Loader {
             sample_shape: plan.output_shape(),
             dtype,
             layout,
-            stats: Mutex::new(Stats::new(names)),
+            stats: Mutex::new(Stats::new(names.clone())),
+            op_names: names,
+            trace: TraceSwitch::default(),
             progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
             spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
@@ -280,6 +287,18 @@ impl Loader {
         p.epoch = epoch;
         p.batch = 0;
         p.generation += 1;
+    }
+
+    /// Starts recording profiling events: per sample and op, per cache lookup, per batch
+    /// (see [`crate::trace`]). Fails if a trace is already being recorded.
+    pub fn start_trace(&self) -> Result<(), PipelineError> {
+        Ok(self.shared.trace.start(self.shared.op_names.clone())?)
+    }
+
+    /// Stops recording and returns the events, to write with [`TraceData::write`]; `None`
+    /// if no trace was being recorded.
+    pub fn stop_trace(&self) -> Option<TraceData> {
+        self.shared.trace.stop()
     }
 
     pub fn stats(&self) -> StatsSnapshot {

@@ -15,6 +15,7 @@ use super::slab::Slab;
 use super::Shared;
 use crate::cache::{Cache, CachedData, SampleCost};
 use crate::executor::WorkerLocal;
+use crate::trace::{now_ns, CacheUse, SampleId};
 
 /// A few consecutive samples of one batch, run by one worker.
 pub(super) struct ChunkJob {
@@ -34,6 +35,9 @@ impl ChunkJob {
     pub(super) fn run(self, local: &mut WorkerLocal) {
         let shared = &self.shared;
         let mut times = vec![Duration::ZERO; 1 + shared.steps.suffix.end.max(shared.steps.prefix.end)];
+        // One sample's op times, added into `times` and, when tracing, into its events.
+        let mut sample_times = times.clone();
+        let trace = shared.trace.current();
         let mut failures = Vec::new();
         let mut bytes = 0u64;
         for slot in self.slots.clone() {
@@ -42,11 +46,21 @@ impl ChunkJob {
             }
             let entry = &shared.manifest.entries[self.order[self.first + slot] as usize];
             let mut stage = Stage::Read;
+            sample_times.fill(Duration::ZERO);
+            let start_ns = if trace.is_some() { now_ns() } else { 0 };
+            let mut cache_use = CacheUse::None;
             // A panic here is a bug, but it must fail this sample (by key), not leave the
             // consumer waiting forever for a chunk that never reports.
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_sample(slot, entry, local, &mut times, &mut stage)
+                self.run_sample(slot, entry, local, &mut sample_times, &mut stage, &mut cache_use)
             }));
+            for (total, t) in times.iter_mut().zip(&sample_times) {
+                *total += *t;
+            }
+            if trace.is_some() {
+                let id = SampleId { key: entry.key.0, batch: self.batch, epoch: self.epoch };
+                local.trace.sample(start_ns, &sample_times, cache_use, id);
+            }
             let failure = match outcome {
                 Ok(Ok(read)) => {
                     bytes += read;
@@ -63,6 +77,10 @@ impl ChunkJob {
             let path = shared.manifest.display_path(entry.key);
             failures.push((slot, SampleError { key: entry.key, path, stage, kind }));
         }
+        if let Some(recorder) = &trace {
+            // Before reporting: a batch the consumer holds has all its events recorded.
+            recorder.flush(&mut local.trace);
+        }
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
@@ -70,7 +88,7 @@ impl ChunkJob {
     }
 
     /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
-    /// step it is in, for the report of a panic.
+    /// step it is in, for the report of a panic, and `cache_use` at what the cache did.
     fn run_sample(
         &self,
         slot: usize,
@@ -78,6 +96,7 @@ impl ChunkJob {
         local: &mut WorkerLocal,
         times: &mut [Duration],
         stage: &mut Stage,
+        cache_use: &mut CacheUse,
     ) -> Result<u64, SampleFailure> {
         let shared = &self.shared;
         let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
@@ -86,7 +105,9 @@ impl ChunkJob {
         if let Some(cache) = &shared.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
             *stage = Stage::Decode;
-            return shared.run_cached(cache, entry, local, &mut rng, out, times);
+            let (read, used) = shared.run_cached(cache, entry, local, &mut rng, out, times)?;
+            *cache_use = used;
+            return Ok(read);
         }
         let t0 = Instant::now();
         let read = shared.storage.read(
@@ -131,7 +152,7 @@ fn resize_image(image: &Image, size: u32, scratch: &mut Scratch) -> Result<Image
 impl Shared {
     /// One sample through the cache: a hit skips the read (and the decode, and the resize,
     /// depending on its level); a miss reads, runs, measures its costs and offers an entry.
-    /// Returns the bytes read from storage.
+    /// Returns the bytes read from storage and what the cache did.
     fn run_cached(
         &self,
         cache: &Cache,
@@ -140,7 +161,7 @@ impl Shared {
         rng: &mut SampleRng,
         out: &mut [u8],
         times: &mut [Duration],
-    ) -> Result<u64, SampleFailure> {
+    ) -> Result<(u64, CacheUse), SampleFailure> {
         let key = entry.key.0;
         let resize = self.spec.cache.as_ref().and_then(|c| c.resize);
         let steps = &self.steps;
@@ -169,7 +190,7 @@ impl Shared {
                         .map_err(decode_err)?;
                 }
             }
-            return Ok(0);
+            return Ok((0, CacheUse::Hit));
         }
         let t0 = Instant::now();
         self.storage
@@ -200,6 +221,7 @@ impl Shared {
                 .or(computed.decoded.as_ref())
                 .map_or(0, |i| i.as_bytes().len() as u64),
         });
+        let fill = Instant::now();
         match level {
             Some(CacheLevel::Raw) => {
                 cache.offer(key, Arc::new(CachedData::Raw(raw.clone())));
@@ -216,8 +238,9 @@ impl Shared {
             }
             Some(CacheLevel::Auto) | None => {}
         }
+        let fill = fill.elapsed();
         local.read_buf = raw;
-        Ok(read_bytes)
+        Ok((read_bytes, CacheUse::Miss { fill }))
     }
 
     /// Encoded bytes to the output slot: the fused plan, or (split path) the prefix, the
