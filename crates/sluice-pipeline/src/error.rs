@@ -12,6 +12,9 @@ pub enum PipelineError {
     Spec(#[from] SpecError),
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The throttled storage's shared link file cannot be used.
+    #[error(transparent)]
+    StorageLink(#[from] crate::storage::LinkError),
     /// A bad sample under the `fail` policy.
     #[error(transparent)]
     Sample(#[from] SampleError),

@@ -37,6 +37,7 @@ use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
 use crate::executor::Pool;
 use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
+use crate::locality::Locality;
 use crate::sampler::Shard;
 use crate::source::build_manifest;
 use crate::stats::{Stats, StatsSnapshot};
@@ -75,6 +76,8 @@ struct Shared {
     /// Where the split path's step timings go in the stats' op list.
     steps: StepSlots,
     importance: Mutex<ImportanceStore>,
+    /// How this rank's share of each global batch is chosen, with a `locality` section.
+    locality: Option<Locality>,
 }
 
 /// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
@@ -177,12 +180,16 @@ impl Loader {
             names.extend(plan.step_names().iter().map(|s| s.to_string()));
             StepSlots { prefix: 1..names.len(), resize: None, suffix: 1..names.len() }
         };
+        let locality = match &spec.locality {
+            Some(l) => Some(Locality::new(l, manifest.len(), spec.seed, shard, spec.batch.size)?),
+            None => None,
+        };
         let threads = match spec.threads {
             0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             n => n,
         };
         let shared = Arc::new(Shared {
-            storage: open_storage(&spec.storage),
+            storage: open_storage(&spec.storage)?,
             sample_shape: plan.output_shape(),
             dtype,
             layout,
@@ -191,6 +198,7 @@ impl Loader {
             spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
             importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
+            locality,
             cache,
             split,
             steps,
@@ -207,7 +215,7 @@ impl Loader {
     /// for a symlink after the job's paths were checked is refused, not read. Call it
     /// before iterating.
     pub fn confine_reads(self, roots: &[PathBuf]) -> Result<Self, PipelineError> {
-        let storage = open_storage_in(&self.shared.spec.storage, Some(Arc::new(Roots::open(roots)?)));
+        let storage = open_storage_in(&self.shared.spec.storage, Some(Arc::new(Roots::open(roots)?)))?;
         self.replace_storage(storage)
     }
 
@@ -223,6 +231,12 @@ impl Loader {
     /// ([`Loader::with_shared_cache`]); `None` without a cache section.
     pub fn cache(&self) -> Option<Arc<Cache>> {
         self.shared.cache.clone()
+    }
+
+    /// This learner's view of a multi-learner job (placement and assignment), with a
+    /// `locality` section.
+    pub fn locality(&self) -> Option<&Locality> {
+        self.shared.locality.as_ref()
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -331,6 +345,7 @@ impl Loader {
             shuffle: shared.spec.shuffle,
             sampling: shared.spec.sampling,
             shard: shared.shard,
+            locality: shared.locality.as_ref(),
         };
         let mut store = shared.importance.lock();
         let draw = store.draw(epoch, hot, &inputs);

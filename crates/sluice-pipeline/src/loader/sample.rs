@@ -40,12 +40,13 @@ impl ChunkJob {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
             }
-            let entry = &shared.manifest.entries[self.order[self.first + slot] as usize];
+            let pos = self.order[self.first + slot];
+            let entry = &shared.manifest.entries[pos as usize];
             let mut stage = Stage::Read;
             // A panic here is a bug, but it must fail this sample (by key), not leave the
             // consumer waiting forever for a chunk that never reports.
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_sample(slot, entry, local, &mut times, &mut stage)
+                self.run_sample(slot, pos, entry, local, &mut times, &mut stage)
             }));
             let failure = match outcome {
                 Ok(Ok(read)) => {
@@ -74,6 +75,7 @@ impl ChunkJob {
     fn run_sample(
         &self,
         slot: usize,
+        pos: u32,
         entry: &sluice_core::Entry,
         local: &mut WorkerLocal,
         times: &mut [Duration],
@@ -86,7 +88,7 @@ impl ChunkJob {
         if let Some(cache) = &shared.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
             *stage = Stage::Decode;
-            return shared.run_cached(cache, entry, local, &mut rng, out, times);
+            return shared.run_cached(cache, pos, local, &mut rng, out, times);
         }
         let t0 = Instant::now();
         let read = shared.storage.read(
@@ -135,12 +137,13 @@ impl Shared {
     fn run_cached(
         &self,
         cache: &Cache,
-        entry: &sluice_core::Entry,
+        pos: u32,
         local: &mut WorkerLocal,
         rng: &mut SampleRng,
         out: &mut [u8],
         times: &mut [Duration],
     ) -> Result<u64, SampleFailure> {
+        let entry = &self.manifest.entries[pos as usize];
         let key = entry.key.0;
         let resize = self.spec.cache.as_ref().and_then(|c| c.resize);
         let steps = &self.steps;
@@ -200,6 +203,8 @@ impl Shared {
                 .or(computed.decoded.as_ref())
                 .map_or(0, |i| i.as_bytes().len() as u64),
         });
+        // With several learners, each caches only the samples placed on it.
+        let level = level.filter(|_| self.locality.as_ref().is_none_or(|l| l.caches(pos)));
         match level {
             Some(CacheLevel::Raw) => {
                 cache.offer(key, Arc::new(CachedData::Raw(raw.clone())));
