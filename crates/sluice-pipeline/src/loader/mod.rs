@@ -20,14 +20,17 @@
 
 mod checkpoint;
 mod iter;
+mod peers;
 mod sample;
 mod slab;
 
 pub use checkpoint::{LoaderState, OrderSpec};
 pub use iter::{BufferSource, EpochIter};
+pub use peers::LocalityStats;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use sluice_codec::Plan;
@@ -37,6 +40,7 @@ use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
 use crate::executor::Pool;
 use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
+use crate::locality::peer::{PeerClient, PeerServer};
 use crate::locality::Locality;
 use crate::sampler::Shard;
 use crate::source::build_manifest;
@@ -78,6 +82,9 @@ struct Shared {
     importance: Mutex<ImportanceStore>,
     /// How this rank's share of each global batch is chosen, with a `locality` section.
     locality: Option<Locality>,
+    /// Connections to the other learners' peer servers (collaborative cache).
+    peers: Option<PeerClient>,
+    counters: peers::Counters,
 }
 
 /// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
@@ -92,6 +99,8 @@ struct StepSlots {
 pub struct Loader {
     shared: Arc<Shared>,
     pool: Pool,
+    /// Serves the samples placed on this learner to its peers, while the loader lives.
+    _peer_server: Option<PeerServer>,
 }
 
 impl Loader {
@@ -198,6 +207,12 @@ impl Loader {
             spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
             importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
+            peers: spec
+                .locality
+                .as_ref()
+                .filter(|l| !l.peers.is_empty() && locality.is_some())
+                .map(|l| PeerClient::new(l.peers.clone(), Duration::from_millis(l.peer_timeout_ms))),
+            counters: peers::Counters::default(),
             locality,
             cache,
             split,
@@ -207,7 +222,8 @@ impl Loader {
             shard,
             spec,
         });
-        Ok(Self { shared, pool: Pool::new(threads) })
+        let peer_server = peers::start_server(&shared)?;
+        Ok(Self { shared, pool: Pool::new(threads), _peer_server: peer_server })
     }
 
     /// Confines every read beneath `roots` (a service's allowed roots): each file is opened
@@ -237,6 +253,11 @@ impl Loader {
     /// `locality` section.
     pub fn locality(&self) -> Option<&Locality> {
         self.shared.locality.as_ref()
+    }
+
+    /// Where this learner's samples came from (peers, storage), with a `locality` section.
+    pub fn locality_stats(&self) -> Option<LocalityStats> {
+        self.shared.locality.as_ref().map(|_| self.shared.counters.snapshot())
     }
 
     pub fn manifest(&self) -> &Manifest {

@@ -121,7 +121,7 @@ fn decode_err(e: CodecError) -> SampleFailure {
 }
 
 /// Shrinks a cached-path image so its shorter side is `size`.
-fn resize_image(image: &Image, size: u32, scratch: &mut Scratch) -> Result<Image, CodecError> {
+pub(super) fn resize_image(image: &Image, size: u32, scratch: &mut Scratch) -> Result<Image, CodecError> {
     let Pixels::U8(px) = &image.pixels else {
         return Err(CodecError::Shape("the cache resize takes u8 pixels".into()));
     };
@@ -147,8 +147,10 @@ impl Shared {
         let key = entry.key.0;
         let resize = self.spec.cache.as_ref().and_then(|c| c.resize);
         let steps = &self.steps;
-        if let Some(hit) = cache.get(key) {
-            match &*hit {
+        let hit = cache.get(key);
+        let peer = if hit.is_none() { self.fetch_from_peer(pos) } else { None };
+        if let Some(data) = hit.as_deref().or(peer.as_ref()) {
+            match data {
                 CachedData::Raw(bytes) => {
                     self.compute(bytes, local, rng, out, times, resize).map(|_| ())?;
                 }
@@ -173,6 +175,9 @@ impl Shared {
                 }
             }
             return Ok(0);
+        }
+        if self.locality.is_some() {
+            self.counters.storage_read();
         }
         let t0 = Instant::now();
         self.storage

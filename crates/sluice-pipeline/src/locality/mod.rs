@@ -9,6 +9,7 @@
 //! what of one global batch.
 
 pub mod assign;
+pub mod peer;
 pub mod placement;
 
 pub use placement::Placement;
