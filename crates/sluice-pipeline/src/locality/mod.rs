@@ -9,6 +9,7 @@
 //! what of one global batch.
 
 pub mod assign;
+pub mod model;
 pub mod peer;
 pub mod placement;
 
