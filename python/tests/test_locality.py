@@ -21,7 +21,9 @@ def test_locality_keeps_every_steps_samples(dataset: Path, p: int) -> None:
     pipe = small_pipeline(dataset, batch=4).cache("64MiB", level="decoded", policy="lru")
     aware = [sluice.Loader(pipe, rank=r, world_size=p, locality={"cache_samples": [N_IMAGES // p]}) for r in range(p)]
     plain = [
-        sluice.Loader(pipe, rank=r, world_size=p, locality={"cache_samples": [N_IMAGES // p], "assignment": "partitioned"})
+        sluice.Loader(
+            pipe, rank=r, world_size=p, locality={"cache_samples": [N_IMAGES // p], "assignment": "partitioned"}
+        )
         for r in range(p)
     ]
     for _epoch in range(2):
