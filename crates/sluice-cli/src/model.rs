@@ -10,7 +10,7 @@ pub struct Args {
     #[arg(long, default_value_t = 100_000)]
     samples: usize,
     /// Mean bytes per sample as read from storage.
-    #[arg(long, default_value_t = 110_000.0)]
+    #[arg(long, default_value_t = 110.0)]
     sample_kb: f64,
     /// Samples each learner caches.
     #[arg(long, default_value_t = 25_000)]

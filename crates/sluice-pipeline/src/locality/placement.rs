@@ -28,7 +28,7 @@ impl Placement {
         }
         let mut owner = vec![None; n];
         let mut next = order.iter();
-        for (rank, &size) in cache_samples.iter().enumerate() {
+        for (rank, size) in fit(cache_samples, n as u64).into_iter().enumerate() {
             for &pos in next.by_ref().take(usize::try_from(size).unwrap_or(usize::MAX)) {
                 owner[pos as usize] = Some(rank as u32);
             }
@@ -53,6 +53,25 @@ impl Placement {
     }
 }
 
+/// The cache sizes scaled down, in proportion, when together they exceed the dataset, so
+/// every learner holds its share instead of the first ones holding everything.
+fn fit(cache_samples: &[u64], n: u64) -> Vec<u64> {
+    let total: u128 = cache_samples.iter().map(|&c| u128::from(c)).sum();
+    if total <= u128::from(n) {
+        return cache_samples.to_vec();
+    }
+    let mut sizes: Vec<u64> = cache_samples.iter().map(|&c| (u128::from(c) * u128::from(n) / total) as u64).collect();
+    // Rounding down leaves a few samples over: one more each to the first learners.
+    let mut left = n - sizes.iter().sum::<u64>();
+    for (s, &c) in sizes.iter_mut().zip(cache_samples) {
+        if left > 0 && *s < c {
+            *s += 1;
+            left -= 1;
+        }
+    }
+    sizes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,7 +90,7 @@ mod tests {
     #[test]
     fn budgets_beyond_the_dataset_place_every_sample_once() {
         let a = Placement::new(100, 1, &[80, 80]);
-        assert_eq!(a.counts(2), vec![80, 20]);
+        assert_eq!(a.counts(2), vec![50, 50], "an oversized aggregate is shared in proportion");
         assert!((0..100).all(|p| a.owner(p).is_some()));
     }
 }
