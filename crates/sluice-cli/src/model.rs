@@ -78,12 +78,14 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             r.bottleneck
         );
     }
-    match rows.iter().find(|r| r.bottleneck != "storage") {
-        Some(r) if rows.first().is_some_and(|f| f.bottleneck == "storage") => {
-            println!("storage stops being the bottleneck at p = {} ({} bound there)", r.learners, r.bottleneck)
-        }
-        Some(_) => println!("storage is not the bottleneck at any p here"),
-        None => println!("storage stays the bottleneck up to p = {}", rows.last().map_or(0, |r| r.learners)),
+    match rows.iter().rposition(|r| r.bottleneck == "storage") {
+        None => println!("storage is not the bottleneck at any p here"),
+        Some(i) => match rows.get(i + 1) {
+            Some(r) => {
+                println!("storage stops being the bottleneck at p = {} ({} bound there)", r.learners, r.bottleneck)
+            }
+            None => println!("storage stays the bottleneck up to p = {}", rows[i].learners),
+        },
     }
     Ok(())
 }
