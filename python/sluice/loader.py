@@ -240,6 +240,10 @@ class Loader:
             sample and op, per batch; Perfetto protobuf, or Chrome JSON for ``.json``),
             written when the loader is closed (:meth:`close_trace`, garbage collection or
             interpreter exit). For one block only, use :meth:`trace`.
+        locality: the spec's ``locality`` section for a multi-learner job (the pipeline
+            needs a cache), e.g. ``{"cache_samples": [n], "assignment": "aware"}``: each
+            learner caches the samples the seed places on it and loads mostly those,
+            while every step's global batch stays the same (``docs/locality.md``).
 
     Epochs work like a torch DataLoader with a DistributedSampler: each ``iter(loader)``
     runs the next epoch (an epoch left unfinished is abandoned), ``set_epoch(e)`` picks
@@ -258,12 +262,17 @@ class Loader:
         world_size: Optional[int] = None,
         output: str = "numpy",
         trace: Optional[PathLike] = None,
+        locality: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
         self._torch = _import_torch() if output == "torch" else None
         self._output = output
         spec_json = _spec_json(pipeline)
+        if locality is not None:
+            spec = json.loads(spec_json)
+            spec["locality"] = dict(locality)
+            spec_json = json.dumps(spec)
         self._rank, self._world_size = _default_shard(rank, world_size)
         if self._world_size < 1 or not 0 <= self._rank < self._world_size:
             raise ValueError(f"rank {self._rank} is not in 0..world_size ({self._world_size})")

@@ -105,6 +105,8 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         PipelineError::RamUnknown
         | PipelineError::SharedCache(_)
         | PipelineError::Root { .. }
+        | PipelineError::StorageLink(_)
+        | PipelineError::Peer(_)
         | PipelineError::AlreadyStarted
         | PipelineError::BufferStillShared { .. } => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
         PipelineError::Interrupted => PyKeyboardInterrupt::new_err(e.to_string()),

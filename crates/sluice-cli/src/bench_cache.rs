@@ -98,7 +98,7 @@ fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
     gen::ensure_dataset(&root, a.images, 0)?;
     let base = |cache: Option<CacheSpec>, sampling: SamplingSpec| {
         let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.clone() }, 224, 32);
-        s.storage = StorageSpec::Throttled { latency_ms: 2.0, bandwidth_mb_s: 200.0 };
+        s.storage = StorageSpec::Throttled { latency_ms: 2.0, bandwidth_mb_s: 200.0, shared_link: None };
         s.threads = a.threads;
         s.seed = a.seed;
         s.cache = cache;

@@ -9,6 +9,7 @@ mod bench_cache;
 mod bench_service;
 mod demo;
 mod gen;
+mod model;
 mod pack;
 mod progress;
 mod run;
@@ -50,6 +51,8 @@ enum Command {
     RemoteRun(service::RemoteRunArgs),
     /// The service against local mode, raw loopback TCP, and many clients.
     BenchService(bench_service::Args),
+    /// Predicted epoch loading time of a multi-learner job vs learners (locality model).
+    Model(model::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -70,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Up(a) => service::up(a),
         Command::BenchService(a) => bench_service::main(a),
         Command::RemoteRun(a) => service::remote_run(a),
+        Command::Model(a) => model::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -15,6 +15,6 @@ pub use image::{DType, Image, Layout, Pixels};
 pub use manifest::{Entry, Location, Manifest, SampleKey};
 pub use rng::SampleRng;
 pub use spec::{
-    BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, ImportanceSpec, Limits, OpSpec,
-    PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec,
+    Assignment, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, ImportanceSpec, Limits,
+    LocalitySpec, OpSpec, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec,
 };

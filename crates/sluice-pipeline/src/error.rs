@@ -12,6 +12,12 @@ pub enum PipelineError {
     Spec(#[from] SpecError),
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// The throttled storage's shared link file cannot be used.
+    #[error(transparent)]
+    StorageLink(#[from] crate::storage::LinkError),
+    /// This learner's peer server (collaborative cache) cannot start.
+    #[error(transparent)]
+    Peer(#[from] crate::locality::peer::PeerError),
     /// A bad sample under the `fail` policy.
     #[error(transparent)]
     Sample(#[from] SampleError),

@@ -12,6 +12,7 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 use sluice_core::{Manifest, SamplingSpec, ShuffleSpec};
 
+use crate::locality::Locality;
 use crate::sampler::{
     epoch_order, fastmatch_draw, hot_set, importance_draw, shade_draw, EpochDraw, ImportanceParams, ImportanceView,
     Shard, HOT_SET_MARGIN,
@@ -85,6 +86,18 @@ pub struct DrawInputs<'a> {
     pub shuffle: ShuffleSpec,
     pub sampling: SamplingSpec,
     pub shard: Shard,
+    /// Splits each global batch by locality instead of striding it.
+    pub locality: Option<&'a Locality>,
+}
+
+impl DrawInputs<'_> {
+    /// This rank's share of the job's draw.
+    fn share(&self, draw: EpochDraw) -> EpochDraw {
+        match self.locality {
+            Some(l) => l.share(draw),
+            None => draw.shard(self.shard),
+        }
+    }
 }
 
 impl ImportanceStore {
@@ -223,7 +236,7 @@ impl ImportanceStore {
     /// whole job's share of the previous draw, which every rank computes alike.
     pub fn draw(&mut self, epoch: u64, hot: Option<u64>, d: &DrawInputs<'_>) -> EpochDraw {
         if self.drawn_epoch == Some(epoch) {
-            return self.draw_global(epoch, d).shard(d.shard);
+            return d.share(self.draw_global(epoch, d));
         }
         if let Some(prev) = self.drawn_epoch {
             let previous = self.draw_global(prev, d);
@@ -248,7 +261,7 @@ impl ImportanceStore {
         self.drawn_epoch = Some(epoch);
         let draw = self.draw_global(epoch, d);
         tracing::debug!(epoch, scored = self.scores.len(), hot = ?self.hot, "drew epoch order");
-        draw.shard(d.shard)
+        d.share(draw)
     }
 
     pub fn state(&self) -> ImportanceState {
@@ -339,6 +352,7 @@ mod tests {
             shuffle: ShuffleSpec::Global,
             sampling,
             shard: Shard::default(),
+            locality: None,
         };
         let mut s = ImportanceStore::new(1.0);
         s.draw(0, Some(2), &d);

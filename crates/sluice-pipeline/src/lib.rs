@@ -8,6 +8,7 @@ pub mod error;
 pub mod executor;
 pub mod importance;
 pub mod loader;
+pub mod locality;
 pub mod pack;
 pub mod sampler;
 pub mod source;

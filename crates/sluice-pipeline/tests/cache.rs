@@ -111,7 +111,7 @@ fn auto_caches_raw_bytes_on_slow_storage_and_pixels_on_fast_storage() {
     let root = dataset(dir.path(), 40);
     // A budget of ~20 raw entries but under 2 decoded ones.
     let mut slow = spec(&root, 8, 2, cache(1_000_000, CacheLevel::Auto, None, CachePolicyKind::Lru));
-    slow.storage = StorageSpec::Throttled { latency_ms: 20.0, bandwidth_mb_s: 200.0 };
+    slow.storage = StorageSpec::Throttled { latency_ms: 20.0, bandwidth_mb_s: 200.0, shared_link: None };
     let loader = Loader::new(slow, Shard::default()).unwrap();
     collect(&loader);
     let s = loader.stats().cache.unwrap();

@@ -113,8 +113,9 @@ fn more_shards_than_open_handles_still_read_correctly_from_many_threads() {
 
 #[test]
 fn open_storage_builds_what_the_spec_names() {
-    assert_eq!(open_storage(&StorageSpec::Local).name(), "local");
-    let s = open_storage(&StorageSpec::Throttled { latency_ms: 0.0, bandwidth_mb_s: 1000.0 });
+    assert_eq!(open_storage(&StorageSpec::Local).unwrap().name(), "local");
+    let s =
+        open_storage(&StorageSpec::Throttled { latency_ms: 0.0, bandwidth_mb_s: 1000.0, shared_link: None }).unwrap();
     assert_eq!(s.name(), "throttled(local)");
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("a.jpg"), b"abc").unwrap();

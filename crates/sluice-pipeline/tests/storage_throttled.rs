@@ -98,3 +98,52 @@ fn concurrent_reads_overlap_their_latencies() {
     // Back to back they would take 400 ms.
     assert!(total < Duration::from_millis(350), "{total:?}");
 }
+
+#[test]
+fn storages_on_one_link_file_share_its_bandwidth_like_processes_on_one_machine() {
+    // Two storages (as two learner processes would: each opens the link file itself),
+    // each reading 5 × 20 kB at 1 MB/s: 100 ms apiece on its own link, but one shared
+    // link carries 200 kB, so both together take at least 200 ms.
+    let (dir, loc) = fixture(20_000);
+    let link = dir.path().join("storage.link");
+    let open = || {
+        ThrottledStorage::shared(Arc::new(LocalStorage::new()), Duration::ZERO, 1e6, &link)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (a, b) = (open(), open());
+    let t = Instant::now();
+    std::thread::scope(|scope| {
+        for s in [&a, &b] {
+            let (dir, loc) = (&dir, &loc);
+            scope.spawn(move || {
+                for _ in 0..5 {
+                    read(s, dir.path(), loc);
+                }
+            });
+        }
+    });
+    let shared = t.elapsed();
+    assert!(shared >= Duration::from_millis(200), "the link was not shared: {shared:?}");
+    // Separate links (no file) each run at the full rate, side by side.
+    let (a, b) = (throttled(0, 1e6), throttled(0, 1e6));
+    let t = Instant::now();
+    std::thread::scope(|scope| {
+        for s in [&a, &b] {
+            let (dir, loc) = (&dir, &loc);
+            scope.spawn(move || {
+                for _ in 0..5 {
+                    read(s, dir.path(), loc);
+                }
+            });
+        }
+    });
+    assert!(t.elapsed() < Duration::from_millis(190), "separate links: {:?}", t.elapsed());
+}
+
+#[test]
+fn a_link_file_that_cannot_be_opened_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("no-such-dir").join("storage.link");
+    let err = ThrottledStorage::shared(Arc::new(LocalStorage::new()), Duration::ZERO, 1e6, &link).err().unwrap();
+    assert!(err.to_string().contains("no-such-dir"), "{err}");
+}

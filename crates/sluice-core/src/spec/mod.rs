@@ -14,8 +14,10 @@ use crate::error::SpecError;
 use crate::image::{DType, Layout};
 
 mod cache;
+mod locality;
 
 pub use cache::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ImportanceSpec, SamplingSpec};
+pub use locality::{Assignment, LocalitySpec, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
 
 // Absolute bounds on what a spec may ask for: far beyond any real training pipeline, they
 // keep size arithmetic from overflowing and stop a spec from asking a worker for unbounded
@@ -82,6 +84,10 @@ pub struct PipelineSpec {
     /// How reported per-sample importance is smoothed across epochs.
     #[serde(default)]
     pub importance: ImportanceSpec,
+    /// Several learners sharing one dataset: locality-aware assignment of each global
+    /// batch and a collaborative cache (none by default: each rank takes its plain slice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<LocalitySpec>,
 }
 
 fn default_prefetch() -> usize {
@@ -112,8 +118,17 @@ pub enum StorageSpec {
     #[default]
     Local,
     /// Local files behind an emulated network link: every read waits `latency_ms`, and
-    /// all reads share `bandwidth_mb_s` (MB = 10^6 bytes).
-    Throttled { latency_ms: f64, bandwidth_mb_s: f64 },
+    /// all reads share `bandwidth_mb_s` (MB = 10^6 bytes): those of this process, or,
+    /// with `shared_link`, those of every process on the machine naming the same link.
+    Throttled {
+        latency_ms: f64,
+        bandwidth_mb_s: f64,
+        /// A name (letters, digits, `-`, `_`) for a link shared across processes; its
+        /// timeline lives in `/dev/shm` (or the temp folder). A name, not a path, so a
+        /// service client's spec cannot make a worker write anywhere else.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shared_link: Option<String>,
+    },
 }
 
 /// An output size, `height × width`. Written as one number (square) or `[height, width]`.
@@ -338,6 +353,7 @@ impl PipelineSpec {
             cache: None,
             sampling: SamplingSpec::Uniform,
             importance: ImportanceSpec::default(),
+            locality: None,
         }
     }
 
@@ -422,7 +438,7 @@ impl PipelineSpec {
         if let ShuffleSpec::Buffer { size } = self.shuffle {
             check_count("shuffle.size", size as u64, 1, MAX_SHUFFLE_BUFFER as u64)?;
         }
-        if let StorageSpec::Throttled { latency_ms, bandwidth_mb_s } = self.storage {
+        if let StorageSpec::Throttled { latency_ms, bandwidth_mb_s, .. } = self.storage {
             if !(0.0..=MAX_LATENCY_MS).contains(&latency_ms) {
                 return Err(SpecError::new("storage.latency_ms", format!("must be in [0, {MAX_LATENCY_MS}]")));
             }
@@ -430,6 +446,16 @@ impl PipelineSpec {
                 return Err(SpecError::new(
                     "storage.bandwidth_mb_s",
                     format!("must be a number >= {MIN_BANDWIDTH_MB_S}"),
+                ));
+            }
+        }
+        if let StorageSpec::Throttled { shared_link: Some(name), .. } = &self.storage {
+            let ok = (1..=64).contains(&name.len())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if !ok {
+                return Err(SpecError::new(
+                    "storage.shared_link",
+                    "must be 1 to 64 letters, digits, `-` or `_` (a name, not a path)",
                 ));
             }
         }
@@ -455,6 +481,12 @@ impl PipelineSpec {
             cache.validate()?;
         }
         self.sampling.validate()?;
+        if let Some(locality) = &self.locality {
+            if self.cache.is_none() {
+                return Err(SpecError::new("locality", "needs a `cache` section: it places samples in the caches"));
+            }
+            locality.validate()?;
+        }
         self.importance.validate()
     }
 
@@ -812,7 +844,8 @@ size = 32
         assert_eq!(field_of(&|s| s.limits.max_pixels = u64::MAX), "limits.max_pixels");
         assert_eq!(field_of(&|s| s.limits.max_file_bytes = u64::MAX), "limits.max_file_bytes");
         assert_eq!(field_of(&|s| s.ops.resize(1000, OpSpec::RandomHorizontalFlip { p: 0.5 })), "ops");
-        let throttled = |latency_ms, bandwidth_mb_s| StorageSpec::Throttled { latency_ms, bandwidth_mb_s };
+        let throttled =
+            |latency_ms, bandwidth_mb_s| StorageSpec::Throttled { latency_ms, bandwidth_mb_s, shared_link: None };
         assert_eq!(field_of(&|s| s.storage = throttled(1e300, 100.0)), "storage.latency_ms");
         assert_eq!(field_of(&|s| s.storage = throttled(5.0, 1e-300)), "storage.bandwidth_mb_s");
         let cache = |budget| CacheSpec { budget, level: CacheLevel::Auto, resize: None, policy: CachePolicyKind::Lru };

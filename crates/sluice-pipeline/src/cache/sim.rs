@@ -121,6 +121,7 @@ pub fn simulate(policy: CachePolicyKind, sampling: SamplingSpec, cfg: &SimConfig
         shuffle: ShuffleSpec::Global,
         sampling,
         shard: Shard::default(),
+        locality: None,
     };
 
     let mut trainer = SimTrainer::new(n, cfg.seed);

@@ -20,14 +20,17 @@
 
 mod checkpoint;
 mod iter;
+mod peers;
 mod sample;
 mod slab;
 
 pub use checkpoint::{LoaderState, OrderSpec};
 pub use iter::{BufferSource, EpochIter};
+pub use peers::LocalityStats;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use sluice_codec::Plan;
@@ -37,6 +40,8 @@ use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
 use crate::executor::Pool;
 use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
+use crate::locality::peer::{PeerClient, PeerServer};
+use crate::locality::Locality;
 use crate::sampler::Shard;
 use crate::source::build_manifest;
 use crate::stats::{Stats, StatsSnapshot};
@@ -80,6 +85,11 @@ struct Shared {
     trace: TraceSwitch,
     /// The stats' op names, which name the trace's ops too.
     op_names: Vec<String>,
+    /// How this rank's share of each global batch is chosen, with a `locality` section.
+    locality: Option<Locality>,
+    /// Connections to the other learners' peer servers (collaborative cache).
+    peers: Option<PeerClient>,
+    counters: peers::Counters,
 }
 
 /// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
@@ -94,6 +104,8 @@ struct StepSlots {
 pub struct Loader {
     shared: Arc<Shared>,
     pool: Pool,
+    /// Serves the samples placed on this learner to its peers, while the loader lives.
+    _peer_server: Option<PeerServer>,
 }
 
 impl Loader {
@@ -182,12 +194,16 @@ impl Loader {
             names.extend(plan.step_names().iter().map(|s| s.to_string()));
             StepSlots { prefix: 1..names.len(), resize: None, suffix: 1..names.len() }
         };
+        let locality = match &spec.locality {
+            Some(l) => Some(Locality::new(l, manifest.len(), spec.seed, shard, spec.batch.size)?),
+            None => None,
+        };
         let threads = match spec.threads {
             0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             n => n,
         };
         let shared = Arc::new(Shared {
-            storage: open_storage(&spec.storage),
+            storage: open_storage(&spec.storage)?,
             sample_shape: plan.output_shape(),
             dtype,
             layout,
@@ -198,6 +214,13 @@ impl Loader {
             spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
             importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
+            peers: spec
+                .locality
+                .as_ref()
+                .filter(|l| !l.peers.is_empty() && locality.is_some())
+                .map(|l| PeerClient::new(l.peers.clone(), Duration::from_millis(l.peer_timeout_ms))),
+            counters: peers::Counters::default(),
+            locality,
             cache,
             split,
             steps,
@@ -206,7 +229,8 @@ impl Loader {
             shard,
             spec,
         });
-        Ok(Self { shared, pool: Pool::new(threads) })
+        let peer_server = peers::start_server(&shared)?;
+        Ok(Self { shared, pool: Pool::new(threads), _peer_server: peer_server })
     }
 
     /// Confines every read beneath `roots` (a service's allowed roots): each file is opened
@@ -214,7 +238,7 @@ impl Loader {
     /// for a symlink after the job's paths were checked is refused, not read. Call it
     /// before iterating.
     pub fn confine_reads(self, roots: &[PathBuf]) -> Result<Self, PipelineError> {
-        let storage = open_storage_in(&self.shared.spec.storage, Some(Arc::new(Roots::open(roots)?)));
+        let storage = open_storage_in(&self.shared.spec.storage, Some(Arc::new(Roots::open(roots)?)))?;
         self.replace_storage(storage)
     }
 
@@ -230,6 +254,17 @@ impl Loader {
     /// ([`Loader::with_shared_cache`]); `None` without a cache section.
     pub fn cache(&self) -> Option<Arc<Cache>> {
         self.shared.cache.clone()
+    }
+
+    /// This learner's view of a multi-learner job (placement and assignment), with a
+    /// `locality` section.
+    pub fn locality(&self) -> Option<&Locality> {
+        self.shared.locality.as_ref()
+    }
+
+    /// Where this learner's samples came from (peers, storage), with a `locality` section.
+    pub fn locality_stats(&self) -> Option<LocalityStats> {
+        self.shared.locality.as_ref().map(|_| self.shared.counters.snapshot())
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -350,6 +385,7 @@ impl Loader {
             shuffle: shared.spec.shuffle,
             sampling: shared.spec.sampling,
             shard: shared.shard,
+            locality: shared.locality.as_ref(),
         };
         let mut store = shared.importance.lock();
         let draw = store.draw(epoch, hot, &inputs);

@@ -44,7 +44,8 @@ impl ChunkJob {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
             }
-            let entry = &shared.manifest.entries[self.order[self.first + slot] as usize];
+            let pos = self.order[self.first + slot];
+            let entry = &shared.manifest.entries[pos as usize];
             let mut stage = Stage::Read;
             sample_times.fill(Duration::ZERO);
             let start_ns = if trace.is_some() { now_ns() } else { 0 };
@@ -52,7 +53,7 @@ impl ChunkJob {
             // A panic here is a bug, but it must fail this sample (by key), not leave the
             // consumer waiting forever for a chunk that never reports.
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_sample(slot, entry, local, &mut sample_times, &mut stage, &mut cache_use)
+                self.run_sample(slot, pos, entry, local, &mut sample_times, &mut stage, &mut cache_use)
             }));
             for (total, t) in times.iter_mut().zip(&sample_times) {
                 *total += *t;
@@ -92,6 +93,7 @@ impl ChunkJob {
     fn run_sample(
         &self,
         slot: usize,
+        pos: u32,
         entry: &sluice_core::Entry,
         local: &mut WorkerLocal,
         times: &mut [Duration],
@@ -105,7 +107,7 @@ impl ChunkJob {
         if let Some(cache) = &shared.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
             *stage = Stage::Decode;
-            let (read, used) = shared.run_cached(cache, entry, local, &mut rng, out, times)?;
+            let (read, used) = shared.run_cached(cache, pos, local, &mut rng, out, times)?;
             *cache_use = used;
             return Ok(read);
         }
@@ -140,7 +142,7 @@ fn decode_err(e: CodecError) -> SampleFailure {
 }
 
 /// Shrinks a cached-path image so its shorter side is `size`.
-fn resize_image(image: &Image, size: u32, scratch: &mut Scratch) -> Result<Image, CodecError> {
+pub(super) fn resize_image(image: &Image, size: u32, scratch: &mut Scratch) -> Result<Image, CodecError> {
     let Pixels::U8(px) = &image.pixels else {
         return Err(CodecError::Shape("the cache resize takes u8 pixels".into()));
     };
@@ -156,17 +158,20 @@ impl Shared {
     fn run_cached(
         &self,
         cache: &Cache,
-        entry: &sluice_core::Entry,
+        pos: u32,
         local: &mut WorkerLocal,
         rng: &mut SampleRng,
         out: &mut [u8],
         times: &mut [Duration],
     ) -> Result<(u64, CacheUse), SampleFailure> {
+        let entry = &self.manifest.entries[pos as usize];
         let key = entry.key.0;
         let resize = self.spec.cache.as_ref().and_then(|c| c.resize);
         let steps = &self.steps;
-        if let Some(hit) = cache.get(key) {
-            match &*hit {
+        let hit = cache.get(key);
+        let peer = if hit.is_none() { self.fetch_from_peer(pos) } else { None };
+        if let Some(data) = hit.as_deref().or(peer.as_ref()) {
+            match data {
                 CachedData::Raw(bytes) => {
                     self.compute(bytes, local, rng, out, times, resize).map(|_| ())?;
                 }
@@ -191,6 +196,9 @@ impl Shared {
                 }
             }
             return Ok((0, CacheUse::Hit));
+        }
+        if self.locality.is_some() {
+            self.counters.storage_read();
         }
         let t0 = Instant::now();
         self.storage
@@ -221,6 +229,8 @@ impl Shared {
                 .or(computed.decoded.as_ref())
                 .map_or(0, |i| i.as_bytes().len() as u64),
         });
+        // With several learners, each caches only the samples placed on it.
+        let level = level.filter(|_| self.locality.as_ref().is_none_or(|l| l.caches(pos)));
         let fill = Instant::now();
         match level {
             Some(CacheLevel::Raw) => {

@@ -15,7 +15,7 @@ use sluice_core::{Location, SampleErrorKind, StorageSpec};
 
 pub use confine::Roots;
 pub use local::LocalStorage;
-pub use throttled::ThrottledStorage;
+pub use throttled::{LinkError, ThrottledStorage};
 
 /// Reads whole samples into caller-owned buffers. Shared by all worker threads.
 pub trait Storage: Send + Sync {
@@ -29,23 +29,30 @@ pub trait Storage: Send + Sync {
 }
 
 /// The storage a spec asks for.
-pub fn open_storage(spec: &StorageSpec) -> Arc<dyn Storage> {
+pub fn open_storage(spec: &StorageSpec) -> Result<Arc<dyn Storage>, LinkError> {
     open_storage_in(spec, None)
 }
 
 /// The storage a spec asks for, reading only beneath `roots` when given.
-pub fn open_storage_in(spec: &StorageSpec, roots: Option<Arc<Roots>>) -> Arc<dyn Storage> {
+pub fn open_storage_in(spec: &StorageSpec, roots: Option<Arc<Roots>>) -> Result<Arc<dyn Storage>, LinkError> {
     let local = match roots {
         Some(roots) => LocalStorage::confined(roots),
         None => LocalStorage::new(),
     };
-    match *spec {
+    Ok(match spec {
         StorageSpec::Local => Arc::new(local),
-        StorageSpec::Throttled { latency_ms, bandwidth_mb_s } => {
+        StorageSpec::Throttled { latency_ms, bandwidth_mb_s, shared_link } => {
             let latency = Duration::try_from_secs_f64(latency_ms / 1e3).unwrap_or(Duration::ZERO);
-            Arc::new(ThrottledStorage::new(Arc::new(local), latency, bandwidth_mb_s * 1e6))
+            let bandwidth = bandwidth_mb_s * 1e6;
+            match shared_link {
+                Some(name) => {
+                    let path = throttled::link_path(name);
+                    Arc::new(ThrottledStorage::shared(Arc::new(local), latency, bandwidth, &path)?)
+                }
+                None => Arc::new(ThrottledStorage::new(Arc::new(local), latency, bandwidth)),
+            }
         }
-    }
+    })
 }
 
 /// Rejects a sample by its size alone: empty, or over the configured limit.

@@ -1,0 +1,106 @@
+//! The collaborative cache between learners on loopback TCP: with the caches together
+//! holding the dataset, no learner reads storage after the first epoch, and a learner
+//! whose peer is gone still finishes its epoch, from storage, without waiting on it.
+
+#![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sluice_core::{
+    Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, PipelineSpec, SourceSpec,
+};
+use sluice_pipeline::{Loader, Shard};
+use sluice_synth::{write_dataset, DatasetOptions};
+
+fn dataset(dir: &Path, images: usize) -> PathBuf {
+    let root = dir.join("train");
+    let o = DatasetOptions { images, classes: 3, texture: 4, ..Default::default() };
+    write_dataset(&root, &o, &|_| {}).unwrap();
+    root
+}
+
+/// Loopback addresses nobody listens on yet.
+fn free_addrs(k: usize) -> Vec<String> {
+    let ls: Vec<TcpListener> = (0..k).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().to_string()).collect()
+}
+
+fn learners(root: &Path, p: usize, cache_samples: u64, peers: &[String]) -> Vec<Loader> {
+    (0..p)
+        .map(|rank| {
+            let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 16, 4);
+            s.threads = 2;
+            s.seed = 3;
+            s.prefetch = 2;
+            s.cache = Some(CacheSpec {
+                budget: ByteBudget::Bytes(1 << 30),
+                level: CacheLevel::Decoded,
+                resize: None,
+                policy: CachePolicyKind::Lru,
+            });
+            s.locality = Some(LocalitySpec {
+                assignment: Assignment::Aware,
+                cache_samples: vec![cache_samples],
+                peers: peers.to_vec(),
+                peer_timeout_ms: 300,
+            });
+            Loader::new(s, Shard { rank, world_size: p }).unwrap()
+        })
+        .collect()
+}
+
+/// One epoch on every learner at once, as DDP runs them; fails the test past 60 s.
+fn epoch(loaders: &[Loader]) {
+    let t = Instant::now();
+    std::thread::scope(|scope| {
+        for l in loaders {
+            scope.spawn(move || {
+                for b in l.iter() {
+                    b.unwrap();
+                }
+            });
+        }
+    });
+    assert!(t.elapsed() < Duration::from_secs(60), "an epoch took {:?}", t.elapsed());
+}
+
+#[test]
+fn after_the_first_epoch_no_learner_reads_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 48);
+    let p = 3;
+    let ls = learners(&root, p, 16, &free_addrs(p));
+    epoch(&ls);
+    let reads = |ls: &[Loader]| ls.iter().map(|l| l.locality_stats().unwrap().storage_reads).sum::<u64>();
+    let first = reads(&ls);
+    assert_eq!(first, 48, "each sample read once, by its owner");
+    for _ in 0..2 {
+        epoch(&ls);
+    }
+    assert_eq!(reads(&ls), first, "storage was read after the first epoch");
+    let from_peers: u64 = ls.iter().map(|l| l.locality_stats().unwrap().from_peers).sum();
+    let served: u64 = ls.iter().map(|l| l.locality_stats().unwrap().served_to_peers).sum();
+    assert!(from_peers > 0 && from_peers == served, "from peers {from_peers}, served {served}");
+    assert!(ls.iter().all(|l| l.locality_stats().unwrap().peer_fallbacks == 0));
+}
+
+#[test]
+fn a_learner_whose_peer_is_gone_falls_back_to_storage_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 48);
+    let p = 3;
+    let mut ls = learners(&root, p, 16, &free_addrs(p));
+    epoch(&ls);
+    // Learner 2 goes away with its cache and its server.
+    drop(ls.pop());
+    let before: u64 = ls.iter().map(|l| l.locality_stats().unwrap().storage_reads).sum();
+    let t = Instant::now();
+    epoch(&ls);
+    assert!(t.elapsed() < Duration::from_secs(20), "the survivors waited on the dead peer: {:?}", t.elapsed());
+    let stats: Vec<_> = ls.iter().map(|l| l.locality_stats().unwrap()).collect();
+    let after: u64 = stats.iter().map(|s| s.storage_reads).sum();
+    assert!(after > before, "samples placed on the dead learner must come from storage");
+    assert!(stats.iter().any(|s| s.peer_fallbacks > 0), "{stats:?}");
+}
