@@ -166,10 +166,16 @@ impl StreamLoader {
         self.fill(Duration::ZERO)?;
         loop {
             self.sample_rates()?;
-            if self.ahead.len() >= r || self.ended {
+            if self.ahead.len() >= r {
                 break;
             }
-            if self.spec.rate.underflow == Underflow::Rehearsal
+            // Pending entries still to re-read may hold new samples: read them all first.
+            let recovered = self.recovering.is_none();
+            if self.ended && recovered {
+                break;
+            }
+            if recovered
+                && self.spec.rate.underflow == Underflow::Rehearsal
                 && self.rehearsal.as_ref().is_some_and(|b| !b.is_empty())
                 && started.elapsed() >= Duration::from_millis(self.spec.rate.fill_after_ms)
             {

@@ -135,3 +135,31 @@ fn a_broker_restart_mid_stream_loses_no_entry() {
     assert_eq!(report.pushed, ENTRIES as u64);
     assert_exactly_once(trained, ENTRIES, "trained across the broker restart");
 }
+
+#[test]
+fn a_resume_rereads_every_pending_entry_before_trusting_the_end_marker() {
+    let _w = watchdog("resume after the end marker", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), false);
+    // More entries than one re-read of the pending list returns (256).
+    let n = 300;
+    let manifest = dataset(dir.path(), n, 2);
+    push_dataset(&manifest, &push_options(&redis.url(), "s", 0.0)).unwrap();
+    let spec = stream_spec(&redis.url(), "s", "job", 4, 0, None);
+    let mut first = StreamLoader::new(spec.clone()).unwrap();
+    let mut trained = Vec::new();
+    // The trainer reads the end marker early (read-ahead) and checkpoints only once, late:
+    // nothing is acknowledged, the first 256 pending entries are all in its ledger.
+    while trained.len() < 260 {
+        trained.extend(first.next_batch().unwrap().unwrap().batch.keys);
+    }
+    let state = first.state().unwrap();
+    assert!(state.ended, "the end marker was read ahead");
+    std::mem::forget(first); // killed: no acknowledgement on the way out
+    let mut second = StreamLoader::new(spec).unwrap();
+    second.restore(&state).unwrap();
+    while let Some(b) = second.next_batch().unwrap() {
+        trained.extend(b.batch.keys);
+    }
+    assert_exactly_once(trained, n, "resumed after the end marker");
+}
