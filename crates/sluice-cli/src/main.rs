@@ -13,6 +13,7 @@ mod pack;
 mod progress;
 mod run;
 mod service;
+mod stream_push;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -50,6 +51,8 @@ enum Command {
     RemoteRun(service::RemoteRunArgs),
     /// The service against local mode, raw loopback TCP, and many clients.
     BenchService(bench_service::Args),
+    /// Stream a dataset into a Redis stream (continual learning's producer).
+    StreamPush(stream_push::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -70,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Up(a) => service::up(a),
         Command::BenchService(a) => bench_service::main(a),
         Command::RemoteRun(a) => service::remote_run(a),
+        Command::StreamPush(a) => stream_push::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
