@@ -11,6 +11,8 @@ command -v nasm >/dev/null || need+=(nasm)
 # The dashboard test (headless browser) and the Prometheus integration test.
 command -v chromium >/dev/null || need+=(chromium)
 command -v prometheus >/dev/null || need+=(prometheus)
+# The streaming tests start their own Redis.
+command -v redis-server >/dev/null || need+=(redis-server)
 if [ ${#need[@]} -gt 0 ]; then
   echo "==> installing system packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

@@ -14,6 +14,7 @@ mod pack;
 mod progress;
 mod run;
 mod service;
+mod stream_push;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -53,6 +54,8 @@ enum Command {
     BenchService(bench_service::Args),
     /// Predicted epoch loading time of a multi-learner job vs learners (locality model).
     Model(model::Args),
+    /// Stream a dataset into a Redis stream (continual learning's producer).
+    StreamPush(stream_push::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -74,6 +77,7 @@ fn main() -> std::process::ExitCode {
         Command::BenchService(a) => bench_service::main(a),
         Command::RemoteRun(a) => service::remote_run(a),
         Command::Model(a) => model::main(a),
+        Command::StreamPush(a) => stream_push::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

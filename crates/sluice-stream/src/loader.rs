@@ -1,0 +1,557 @@
+//! The streaming loader: reads entries through the job's consumer group into a bounded
+//! read-ahead buffer, decodes and augments them with the job's op plan, and hands out
+//! batches of new samples mixed with rehearsal samples.
+//!
+//! Acknowledgements follow checkpoints: an entry is acknowledged (XACK) only once the
+//! trainer has taken its batch, taken a state (`state()`) that covers it and asked for the
+//! next batch, i.e. once a checkpoint that lists its id in the ledger exists. Whatever was
+//! not acknowledged is still pending in the broker; a restarted trainer resuming from its
+//! last state reads its pending entries back and skips those its ledger already holds,
+//! so every entry is trained on exactly once across the restart.
+
+use std::collections::{HashSet, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sluice_codec::{Plan, Scratch};
+use sluice_core::{Batch, ErrorPolicy, SampleKey, SampleRng, Tensor};
+
+use crate::broker::Broker;
+use crate::entry::{Entry, Sample};
+use crate::error::StreamError;
+use crate::ledger::{Ledger, LedgerState};
+use crate::rate::{Counters, RateMeter, StreamStats};
+use crate::rehearsal::{Rehearsal, RehearsalState};
+use crate::spec::{Overflow, StreamSpec, Underflow};
+
+/// How long one blocking read waits, so a waiting trainer still answers interrupts.
+const POLL: Duration = Duration::from_millis(50);
+/// How often the arrival rate and backlog are sampled from the broker.
+const RATE_EVERY: Duration = Duration::from_millis(200);
+/// Entries read per recovery or claim round trip.
+const RECOVER_COUNT: usize = 256;
+/// Rehearsal files kept: the newest, and the one the previous checkpoint names.
+const KEEP_FILES: usize = 2;
+
+/// A batch, and which of its samples came from the rehearsal buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamBatch {
+    pub batch: Batch,
+    /// Per sample: true for a rehearsal sample, false for a new one. New ones come first.
+    pub rehearsal: Vec<bool>,
+}
+
+/// Where a streaming job stands: enough to resume it exactly once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamState {
+    pub stream: String,
+    pub group: String,
+    pub consumer: String,
+    pub batches: u64,
+    /// The end marker was read.
+    pub ended: bool,
+    pub ledger: LedgerState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rehearsal: Option<RehearsalState>,
+    pub counters: Counters,
+}
+
+pub struct StreamLoader {
+    spec: StreamSpec,
+    broker: Broker,
+    plan: Plan,
+    threads: usize,
+    scratch: Vec<Scratch>,
+    ahead: VecDeque<Sample>,
+    ahead_ids: HashSet<u64>,
+    ledger: Ledger,
+    rehearsal: Option<Rehearsal>,
+    ended: bool,
+    /// While re-reading this consumer's own pending entries: the last entry id read.
+    recovering: Option<String>,
+    last_claim: Option<Instant>,
+    /// Entries handled without being trained on (duplicates, drops, markers...) since the
+    /// last batch: acknowledged with that batch.
+    handled: Vec<String>,
+    /// Entry ids of each batch handed out, by batch number, until acknowledged.
+    unacked: VecDeque<(u64, Vec<String>)>,
+    /// The batch count the last `state()` covered.
+    checkpointed: Option<u64>,
+    counters: Counters,
+    rates: RateMeter,
+    backlog_in_broker: u64,
+    files: VecDeque<PathBuf>,
+}
+
+impl StreamLoader {
+    /// Connects, creates the job's consumer group if needed, and prepares the op plan.
+    pub fn new(spec: StreamSpec) -> Result<Self, StreamError> {
+        spec.validate()?;
+        let mut broker = Broker::open(&spec.url, Duration::from_millis(spec.reconnect_ms))?;
+        broker.ensure_group(&spec.stream, &spec.group)?;
+        let plan = Plan::compile(&spec.ops, spec.limits);
+        let threads = match spec.threads {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        };
+        let rehearsal = spec.rehearsal.as_ref().map(|r| Rehearsal::new(r.policy, r.capacity, spec.seed));
+        if let Some(r) = &spec.rehearsal {
+            std::fs::create_dir_all(&r.dir)
+                .map_err(|source| StreamError::RehearsalFile { path: r.dir.clone(), source })?;
+        }
+        Ok(Self {
+            broker,
+            plan,
+            threads,
+            scratch: (0..threads).map(|_| Scratch::new()).collect(),
+            ahead: VecDeque::new(),
+            ahead_ids: HashSet::new(),
+            ledger: Ledger::default(),
+            rehearsal,
+            ended: false,
+            // A reader that starts under a name the group knows first takes back what it
+            // left unacknowledged.
+            recovering: Some("0".into()),
+            last_claim: None,
+            handled: Vec::new(),
+            unacked: VecDeque::new(),
+            checkpointed: None,
+            counters: Counters::default(),
+            rates: RateMeter::default(),
+            backlog_in_broker: 0,
+            files: VecDeque::new(),
+            spec,
+        })
+    }
+
+    pub fn spec(&self) -> &StreamSpec {
+        &self.spec
+    }
+
+    /// The samples in the rehearsal buffer, by id.
+    pub fn rehearsal_ids(&self) -> Vec<u64> {
+        self.rehearsal.as_ref().map(|r| r.items().iter().map(|s| s.id).collect()).unwrap_or_default()
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        let (arrival_rate, consumption_rate) = self.rates.rates();
+        StreamStats {
+            arrival_rate,
+            consumption_rate,
+            backlog: self.backlog_in_broker + self.ahead.len() as u64,
+            read_ahead: self.ahead.len() as u64,
+            rehearsal_len: self.rehearsal.as_ref().map_or(0, |r| r.len() as u64),
+            ledger_len: self.ledger.len() as u64,
+            counters: self.counters,
+        }
+    }
+
+    /// The next batch; `None` once the stream's end marker was read and every sample
+    /// before it was handed out.
+    pub fn next_batch(&mut self) -> Result<Option<StreamBatch>, StreamError> {
+        self.next_batch_interruptible(&mut || false)
+    }
+
+    /// As [`StreamLoader::next_batch`], asking `interrupted` every 50 ms while it waits
+    /// for the stream; an interrupt returns `Ok(None)` with nothing lost.
+    pub fn next_batch_interruptible(
+        &mut self,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<StreamBatch>, StreamError> {
+        self.ack_committed()?;
+        let r = self.spec.new_per_batch;
+        let started = Instant::now();
+        // Read what has arrived (the overflow policy applies), then wait for what is missing.
+        self.fill(Duration::ZERO)?;
+        loop {
+            self.sample_rates()?;
+            if self.ahead.len() >= r {
+                break;
+            }
+            // Pending entries still to re-read may hold new samples: read them all first.
+            let recovered = self.recovering.is_none();
+            if self.ended && recovered {
+                break;
+            }
+            if recovered
+                && self.spec.rate.underflow == Underflow::Rehearsal
+                && self.rehearsal.as_ref().is_some_and(|b| !b.is_empty())
+                && started.elapsed() >= Duration::from_millis(self.spec.rate.fill_after_ms)
+            {
+                break;
+            }
+            if interrupted() {
+                return Ok(None);
+            }
+            let block = match self.spec.rate.underflow {
+                Underflow::Wait => POLL,
+                Underflow::Rehearsal => {
+                    Duration::from_millis(self.spec.rate.fill_after_ms).saturating_sub(started.elapsed()).min(POLL)
+                }
+            };
+            self.fill(block.max(Duration::from_millis(1)))?;
+        }
+        let take = r.min(self.ahead.len());
+        if take == 0 && self.ended {
+            return Ok(None);
+        }
+        let new: Vec<Sample> = self.ahead.drain(..take).collect();
+        let fill = if self.ended { 0 } else { r - take };
+        let n_rehearsal = self.spec.rehearsal_per_batch + fill;
+        let draws = self.rehearsal.as_ref().map(|b| b.draw(n_rehearsal, self.counters.batches)).unwrap_or_default();
+        self.counters.filled += fill.min(draws.len()) as u64;
+        let batch = self.build(&new, &draws)?;
+        let mut entries = std::mem::take(&mut self.handled);
+        for s in &new {
+            self.ahead_ids.remove(&s.id);
+            self.ledger.insert(s.id);
+            if let Some(b) = &mut self.rehearsal {
+                b.offer(s);
+            }
+            entries.push(s.entry.clone());
+        }
+        self.counters.trained += new.len() as u64;
+        self.counters.rehearsed += draws.len() as u64;
+        self.counters.batches += 1;
+        self.unacked.push_back((self.counters.batches, entries));
+        Ok(Some(batch))
+    }
+
+    /// Decodes and augments the new samples and the drawn rehearsal ones into one batch.
+    fn build(&mut self, new: &[Sample], draws: &[usize]) -> Result<StreamBatch, StreamError> {
+        let seed = self.spec.seed;
+        let draw_round = self.counters.batches + 1;
+        let mut jobs: Vec<Job<'_>> = new
+            .iter()
+            .map(|s| Job {
+                id: s.id,
+                label: s.label,
+                entry: &s.entry,
+                image: &s.image,
+                rehearsal: false,
+                rng: SampleRng::new(seed, 0, SampleKey(s.id), 0),
+            })
+            .collect();
+        if let Some(buffer) = &self.rehearsal {
+            for &i in draws {
+                let s = &buffer.items()[i];
+                // A fresh generator per draw: a rehearsal sample is augmented anew each time.
+                jobs.push(Job {
+                    id: s.id,
+                    label: s.label,
+                    entry: "rehearsal",
+                    image: &s.image,
+                    rehearsal: true,
+                    rng: SampleRng::new(seed, draw_round, SampleKey(s.id), 1),
+                });
+            }
+        }
+        let shape = self.plan.output_shape();
+        let mut images = Tensor::zeros(self.plan.output_dtype(), vec![jobs.len(), shape[0], shape[1], shape[2]]);
+        let slot = self.plan.output_bytes();
+        let results = decode_all(&self.plan, &mut self.scratch, self.threads, &mut jobs, images.as_bytes_mut(), slot);
+        let mut failed = Vec::new();
+        for (i, result) in results.into_iter().enumerate() {
+            if let Err(source) = result {
+                let job = &jobs[i];
+                let err = StreamError::Decode {
+                    stream: self.spec.stream.clone(),
+                    entry: job.entry.to_string(),
+                    id: job.id,
+                    source,
+                };
+                if self.spec.on_error == ErrorPolicy::Fail {
+                    return Err(err);
+                }
+                tracing::warn!(error = %err, "skipping a sample that does not decode");
+                self.counters.malformed += 1;
+                failed.push(i);
+            }
+        }
+        let kept: Vec<usize> = (0..jobs.len()).filter(|i| !failed.contains(i)).collect();
+        if !failed.is_empty() {
+            let bytes = images.as_bytes_mut();
+            for (to, &from) in kept.iter().enumerate() {
+                if to != from {
+                    bytes.copy_within(from * slot..(from + 1) * slot, to * slot);
+                }
+            }
+            images.truncate_rows(kept.len());
+        }
+        let batch = Batch {
+            epoch: 0,
+            index: self.counters.batches,
+            keys: kept.iter().map(|&i| jobs[i].id).collect(),
+            labels: kept.iter().map(|&i| jobs[i].label).collect(),
+            images,
+            layout: self.plan.output_layout(),
+            weights: None,
+        };
+        Ok(StreamBatch { batch, rehearsal: kept.iter().map(|&i| jobs[i].rehearsal).collect() })
+    }
+
+    /// Reads from the broker: first this consumer's own pending entries (after a start or
+    /// a lost connection), then a dead reader's (XAUTOCLAIM), then new ones, as many as
+    /// the overflow policy lets in, waiting up to `block` for them.
+    fn fill(&mut self, block: Duration) -> Result<(), StreamError> {
+        if self.broker.take_lost_connection() {
+            self.recovering = Some("0".into());
+        }
+        let (stream, group, consumer) = (self.spec.stream.clone(), self.spec.group.clone(), self.spec.consumer.clone());
+        if let Some(after) = self.recovering.clone() {
+            let got =
+                self.broker.read_group(&stream, &group, &consumer, Some(&after), RECOVER_COUNT, Duration::ZERO)?;
+            match got.last() {
+                None => self.recovering = None,
+                Some(last) => self.recovering = Some(last.id.clone()),
+            }
+            for raw in &got {
+                self.admit(raw)?;
+            }
+            if self.recovering.is_some() {
+                return Ok(());
+            }
+        }
+        let claim_every = Duration::from_millis(self.spec.claim_idle_ms / 2);
+        if self.last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
+            self.last_claim = Some(Instant::now());
+            let idle = Duration::from_millis(self.spec.claim_idle_ms);
+            let got = self.broker.autoclaim(&stream, &group, &consumer, idle, RECOVER_COUNT)?;
+            if !got.is_empty() {
+                tracing::info!(entries = got.len(), "claimed entries a dead reader left unacknowledged");
+            }
+            self.counters.claimed += got.len() as u64;
+            for raw in &got {
+                self.admit(raw)?;
+            }
+        }
+        let room = match self.spec.rate.overflow {
+            Overflow::Backpressure => self.spec.rate.buffer.saturating_sub(self.ahead.len()),
+            Overflow::DropOldest | Overflow::Spill => self.spec.rate.buffer,
+        };
+        if room == 0 || self.ended {
+            return Ok(());
+        }
+        let got = self.broker.read_group(&stream, &group, &consumer, None, room, block)?;
+        for raw in &got {
+            self.admit(raw)?;
+        }
+        Ok(())
+    }
+
+    /// Takes one entry in: a new sample joins the read-ahead buffer (the overflow policy
+    /// makes room), anything else is noted to be acknowledged with the next batch.
+    fn admit(&mut self, raw: &redis::streams::StreamId) -> Result<(), StreamError> {
+        let entry = match Entry::parse(&self.spec.stream, raw) {
+            Ok(e) => e,
+            Err(e) if self.spec.on_error == ErrorPolicy::Skip => {
+                tracing::warn!(error = %e, "skipping a malformed stream entry");
+                self.counters.malformed += 1;
+                self.handled.push(raw.id.clone());
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let s = match entry {
+            Entry::End { entry } => {
+                self.ended = true;
+                self.handled.push(entry);
+                return Ok(());
+            }
+            Entry::Deleted { entry } => {
+                self.handled.push(entry);
+                return Ok(());
+            }
+            Entry::Sample(s) => s,
+        };
+        if self.ledger.contains(s.id) {
+            self.counters.duplicates += 1;
+            self.handled.push(s.entry);
+            return Ok(());
+        }
+        if !self.ahead_ids.insert(s.id) {
+            // Already read ahead (a re-read of our own pending entry): it is acknowledged
+            // with the batch it goes into.
+            return Ok(());
+        }
+        self.ahead.push_back(s);
+        while self.ahead.len() > self.spec.rate.buffer && self.spec.rate.overflow != Overflow::Backpressure {
+            let Some(old) = self.ahead.pop_front() else { break };
+            self.ahead_ids.remove(&old.id);
+            self.ledger.insert(old.id);
+            match self.spec.rate.overflow {
+                Overflow::Spill => {
+                    self.counters.spilled += 1;
+                    if let Some(b) = &mut self.rehearsal {
+                        b.offer(&old);
+                    }
+                }
+                _ => self.counters.dropped += 1,
+            }
+            self.handled.push(old.entry);
+        }
+        Ok(())
+    }
+
+    fn sample_rates(&mut self) -> Result<(), StreamError> {
+        if !self.rates.due(RATE_EVERY) {
+            return Ok(());
+        }
+        let len = self.broker.len(&self.spec.stream)?;
+        self.backlog_in_broker = self.broker.lag(&self.spec.stream, &self.spec.group)?.unwrap_or(0);
+        self.rates.record(len, self.counters.trained);
+        Ok(())
+    }
+
+    /// Acknowledges the entries of batches a taken state covers.
+    fn ack_committed(&mut self) -> Result<(), StreamError> {
+        let Some(upto) = self.checkpointed else { return Ok(()) };
+        let mut ids = Vec::new();
+        while self.unacked.front().is_some_and(|(b, _)| *b <= upto) {
+            if let Some((_, e)) = self.unacked.pop_front() {
+                ids.extend(e);
+            }
+        }
+        self.broker.ack(&self.spec.stream, &self.spec.group, &ids)
+    }
+
+    /// Where the job stands, with the rehearsal buffer's contents written to a file the
+    /// state names. Take it after training on a batch and save it with the model: the
+    /// batch's entries are acknowledged at the next [`StreamLoader::next_batch`].
+    pub fn state(&mut self) -> Result<StreamState, StreamError> {
+        let rehearsal = match (&self.rehearsal, &self.spec.rehearsal) {
+            (Some(buffer), Some(spec)) => {
+                let name = format!(
+                    "{}-{}-{}-{:08}.rehearsal",
+                    file_safe(&self.spec.stream),
+                    file_safe(&self.spec.group),
+                    file_safe(&self.spec.consumer),
+                    self.counters.batches
+                );
+                let path = spec.dir.join(name);
+                let state = buffer.save(&path)?;
+                if self.files.back() != Some(&path) {
+                    self.files.push_back(path);
+                }
+                while self.files.len() > KEEP_FILES {
+                    if let Some(old) = self.files.pop_front() {
+                        let _ = std::fs::remove_file(old);
+                    }
+                }
+                Some(state)
+            }
+            _ => None,
+        };
+        self.checkpointed = Some(self.counters.batches);
+        Ok(StreamState {
+            stream: self.spec.stream.clone(),
+            group: self.spec.group.clone(),
+            consumer: self.spec.consumer.clone(),
+            batches: self.counters.batches,
+            ended: self.ended,
+            ledger: LedgerState { ranges: self.ledger.ranges() },
+            rehearsal,
+            counters: self.counters,
+        })
+    }
+
+    /// Resumes from `state` (call it before the first batch): the ledger, the counters and
+    /// the rehearsal buffer come back, the consumer name is the state's, and the entries
+    /// that consumer left unacknowledged are read again (those in the ledger are skipped).
+    pub fn restore(&mut self, state: &StreamState) -> Result<(), StreamError> {
+        let check = |what, theirs: &str, ours: &str| {
+            (theirs != ours).then(|| StreamError::StateMismatch {
+                what,
+                theirs: theirs.to_string(),
+                ours: ours.to_string(),
+            })
+        };
+        if let Some(e) =
+            check("stream", &state.stream, &self.spec.stream).or(check("group", &state.group, &self.spec.group))
+        {
+            return Err(e);
+        }
+        if self.counters.batches > 0 {
+            return Err(StreamError::Config {
+                field: "state",
+                problem: "restore a state before the first batch".into(),
+            });
+        }
+        self.rehearsal = match (&state.rehearsal, &self.spec.rehearsal) {
+            (Some(saved), Some(_)) => Some(Rehearsal::load(saved, self.spec.seed)?),
+            (None, Some(r)) => Some(Rehearsal::new(r.policy, r.capacity, self.spec.seed)),
+            (_, None) => None,
+        };
+        if let Some(saved) = &state.rehearsal {
+            self.files.push_back(saved.file.clone());
+        }
+        // What this loader read ahead under its own name stays pending for that name and
+        // is claimed once idle; it is read back under the state's name from now on.
+        self.ahead.clear();
+        self.ahead_ids.clear();
+        self.spec.consumer = state.consumer.clone();
+        self.ledger = Ledger::from_ranges(&state.ledger.ranges);
+        self.counters = state.counters;
+        self.ended = state.ended;
+        self.checkpointed = Some(state.batches);
+        self.recovering = Some("0".into());
+        Ok(())
+    }
+
+    /// Acknowledges what the last state covers; what it does not stays pending.
+    pub fn close(mut self) -> Result<(), StreamError> {
+        self.ack_committed()
+    }
+}
+
+impl Drop for StreamLoader {
+    fn drop(&mut self) {
+        if let Err(e) = self.ack_committed() {
+            tracing::warn!(error = %e, "could not acknowledge the last checkpointed entries");
+        }
+    }
+}
+
+fn file_safe(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
+}
+
+/// One sample to decode into its slot.
+struct Job<'a> {
+    id: u64,
+    label: i64,
+    entry: &'a str,
+    image: &'a [u8],
+    rehearsal: bool,
+    rng: SampleRng,
+}
+
+/// Runs the plan on every job, slot by slot, spread over `threads` scoped threads.
+fn decode_all(
+    plan: &Plan,
+    scratch: &mut [Scratch],
+    threads: usize,
+    jobs: &mut [Job<'_>],
+    out: &mut [u8],
+    slot: usize,
+) -> Vec<Result<(), sluice_codec::CodecError>> {
+    let n = jobs.len();
+    if n == 0 || slot == 0 {
+        return Vec::new();
+    }
+    let per = n.div_ceil(threads.clamp(1, n));
+    let mut results: Vec<Result<(), sluice_codec::CodecError>> = (0..n).map(|_| Ok(())).collect();
+    std::thread::scope(|scope| {
+        for (((jobs, out), results), scratch) in
+            jobs.chunks_mut(per).zip(out.chunks_mut(per * slot)).zip(results.chunks_mut(per)).zip(scratch.iter_mut())
+        {
+            scope.spawn(move || {
+                for ((job, out), result) in jobs.iter_mut().zip(out.chunks_mut(slot)).zip(results.iter_mut()) {
+                    *result = plan.run(job.image, &mut job.rng, scratch, out, &mut []);
+                }
+            });
+        }
+    });
+    results
+}

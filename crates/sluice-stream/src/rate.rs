@@ -1,0 +1,81 @@
+//! Rates and counts of a streaming job: how fast samples arrive at the broker and how fast
+//! the trainer takes them, the backlog, and what each rate policy did.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// How far back the rates look.
+const WINDOW: Duration = Duration::from_secs(5);
+
+/// What the rate policies and the ledger did, over the whole job (carried in the state).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// New samples handed to the trainer.
+    pub trained: u64,
+    /// Rehearsal samples mixed into batches (including fills).
+    pub rehearsed: u64,
+    /// Rehearsal samples that stood in for new ones the stream had not delivered yet.
+    pub filled: u64,
+    /// Samples dropped (oldest first) because the read-ahead buffer was full.
+    pub dropped: u64,
+    /// Samples moved into the rehearsal buffer instead of being trained on as new.
+    pub spilled: u64,
+    /// Deliveries of a sample id already handled (at-least-once redeliveries).
+    pub duplicates: u64,
+    /// Entries or images skipped as malformed (`on_error = "skip"`).
+    pub malformed: u64,
+    /// Entries claimed from dead readers (XAUTOCLAIM).
+    pub claimed: u64,
+    /// Batches handed out.
+    pub batches: u64,
+}
+
+/// A point-in-time view for `stats()`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamStats {
+    /// Entries appended to the stream per second (last few seconds).
+    pub arrival_rate: f64,
+    /// New samples the trainer took per second (last few seconds).
+    pub consumption_rate: f64,
+    /// Entries not yet trained on: undelivered in the broker plus read ahead here.
+    pub backlog: u64,
+    /// Of the backlog, read ahead into this loader.
+    pub read_ahead: u64,
+    pub rehearsal_len: u64,
+    pub ledger_len: u64,
+    #[serde(flatten)]
+    pub counters: Counters,
+}
+
+/// Samples (time, stream length, trained) over a sliding window.
+#[derive(Debug, Default)]
+pub struct RateMeter {
+    points: VecDeque<(Instant, u64, u64)>,
+}
+
+impl RateMeter {
+    pub fn record(&mut self, stream_len: u64, trained: u64) {
+        let now = Instant::now();
+        self.points.push_back((now, stream_len, trained));
+        while self.points.len() > 2 && self.points.front().is_some_and(|p| now.duration_since(p.0) > WINDOW) {
+            self.points.pop_front();
+        }
+    }
+
+    /// Whether the last point is older than `every`.
+    pub fn due(&self, every: Duration) -> bool {
+        self.points.back().is_none_or(|p| p.0.elapsed() >= every)
+    }
+
+    /// (arrival, consumption) per second over the window.
+    pub fn rates(&self) -> (f64, f64) {
+        let (Some(a), Some(b)) = (self.points.front(), self.points.back()) else { return (0.0, 0.0) };
+        let dt = b.0.duration_since(a.0).as_secs_f64();
+        if dt <= 0.0 {
+            return (0.0, 0.0);
+        }
+        (b.1.saturating_sub(a.1) as f64 / dt, b.2.saturating_sub(a.2) as f64 / dt)
+    }
+}

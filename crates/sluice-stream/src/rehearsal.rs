@@ -1,0 +1,290 @@
+//! The rehearsal buffer: a fixed number of past samples (their encoded bytes, so each
+//! draw is augmented afresh), kept by reservoir sampling, uniform over the stream so far,
+//! or class-balanced reservoir sampling (Chrysakis & Moens, ICML 2020), which gives every
+//! class seen an equal share. Its contents go to a file the checkpoint names.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sluice_core::{SampleKey, SampleRng};
+
+use crate::entry::Sample;
+use crate::error::StreamError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RehearsalPolicy {
+    /// Every sample seen so far is in the buffer with the same probability.
+    #[default]
+    Reservoir,
+    /// Each class seen gets an equal share of the buffer; within a class, reservoir.
+    ClassBalanced,
+}
+
+/// A sample kept for rehearsal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub id: u64,
+    pub label: i64,
+    pub image: Vec<u8>,
+}
+
+/// What the buffer is, besides its contents: saved inside the state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RehearsalState {
+    pub policy: RehearsalPolicy,
+    pub capacity: usize,
+    /// Samples offered so far.
+    pub seen: u64,
+    /// Samples offered so far, per class.
+    pub seen_per_class: BTreeMap<i64, u64>,
+    /// The file holding the contents.
+    pub file: PathBuf,
+    /// Samples in the file, to check it against.
+    pub len: usize,
+}
+
+pub struct Rehearsal {
+    policy: RehearsalPolicy,
+    capacity: usize,
+    seed: u64,
+    items: Vec<Stored>,
+    seen: u64,
+    seen_per_class: BTreeMap<i64, u64>,
+}
+
+impl Rehearsal {
+    pub fn new(policy: RehearsalPolicy, capacity: usize, seed: u64) -> Self {
+        Self { policy, capacity, seed, items: Vec::with_capacity(capacity), seen: 0, seen_per_class: BTreeMap::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn items(&self) -> &[Stored] {
+        &self.items
+    }
+
+    /// The draw for the `n`th offer: depends only on the seed, the count and the id.
+    fn rng(&self, id: u64) -> SampleRng {
+        SampleRng::new(self.seed, self.seen, SampleKey(id), 0x7265_6865)
+    }
+
+    /// Offers a sample just trained on (or spilled); returns whether it was kept.
+    pub fn offer(&mut self, s: &Sample) -> bool {
+        if self.capacity == 0 {
+            return false;
+        }
+        self.seen += 1;
+        *self.seen_per_class.entry(s.label).or_default() += 1;
+        let stored = || Stored { id: s.id, label: s.label, image: s.image.clone() };
+        if self.items.len() < self.capacity {
+            self.items.push(stored());
+            return true;
+        }
+        let mut rng = self.rng(s.id);
+        let slot = match self.policy {
+            RehearsalPolicy::Reservoir => {
+                let j = (rng.next_u64() % self.seen) as usize;
+                (j < self.capacity).then_some(j)
+            }
+            RehearsalPolicy::ClassBalanced => self.class_balanced_slot(s.label, &mut rng),
+        };
+        match slot {
+            Some(j) => {
+                self.items[j] = stored();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// CBRS: a sample of a class that is not among the largest in the buffer replaces a
+    /// random member of a largest class; otherwise it replaces a random member of its own
+    /// class with probability (its class's share) / (its class's count seen).
+    fn class_balanced_slot(&self, label: i64, rng: &mut SampleRng) -> Option<usize> {
+        let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
+        for it in &self.items {
+            *counts.entry(it.label).or_default() += 1;
+        }
+        let largest = counts.values().copied().max().unwrap_or(0);
+        let mine = counts.get(&label).copied().unwrap_or(0);
+        let pick_of = |class: i64, rng: &mut SampleRng| {
+            let members: Vec<usize> = (0..self.items.len()).filter(|&i| self.items[i].label == class).collect();
+            members.get((rng.next_u64() % members.len().max(1) as u64) as usize).copied()
+        };
+        if mine < largest {
+            let biggest: Vec<i64> = counts.iter().filter(|(_, &n)| n == largest).map(|(&c, _)| c).collect();
+            let class = biggest[(rng.next_u64() % biggest.len() as u64) as usize];
+            return pick_of(class, rng);
+        }
+        let seen = self.seen_per_class.get(&label).copied().unwrap_or(1);
+        let keep = rng.next_f64() < mine as f64 / seen as f64;
+        if keep {
+            pick_of(label, rng)
+        } else {
+            None
+        }
+    }
+
+    /// `n` indices into the buffer for batch `batch`, uniform, without repeats when the
+    /// buffer holds enough.
+    pub fn draw(&self, n: usize, batch: u64) -> Vec<usize> {
+        let len = self.items.len();
+        if len == 0 || n == 0 {
+            return Vec::new();
+        }
+        let mut rng = SampleRng::new(self.seed, batch, SampleKey(u64::MAX), 0x6472_6177);
+        if n >= len {
+            return (0..n).map(|i| i % len).collect();
+        }
+        // Floyd's algorithm: n distinct indices without shuffling the whole buffer.
+        let mut picked: Vec<usize> = Vec::with_capacity(n);
+        for j in len - n..len {
+            let t = (rng.next_u64() % (j as u64 + 1)) as usize;
+            picked.push(if picked.contains(&t) { j } else { t });
+        }
+        picked
+    }
+
+    /// Writes the contents to `file` (through a temporary file and a rename, so a crash
+    /// leaves either the old file or the new one) and returns the state naming it.
+    pub fn save(&self, file: &Path) -> Result<RehearsalState, StreamError> {
+        let io = |source| StreamError::RehearsalFile { path: file.to_path_buf(), source };
+        let tmp = file.with_extension("tmp");
+        let mut w = BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+        w.write_all(MAGIC).map_err(io)?;
+        w.write_all(&(self.items.len() as u64).to_le_bytes()).map_err(io)?;
+        for it in &self.items {
+            w.write_all(&it.id.to_le_bytes()).map_err(io)?;
+            w.write_all(&it.label.to_le_bytes()).map_err(io)?;
+            w.write_all(&(it.image.len() as u64).to_le_bytes()).map_err(io)?;
+            w.write_all(&it.image).map_err(io)?;
+        }
+        let f = w.into_inner().map_err(|e| io(e.into_error()))?;
+        f.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, file).map_err(io)?;
+        Ok(RehearsalState {
+            policy: self.policy,
+            capacity: self.capacity,
+            seen: self.seen,
+            seen_per_class: self.seen_per_class.clone(),
+            file: file.to_path_buf(),
+            len: self.items.len(),
+        })
+    }
+
+    /// The buffer a state names, its contents read back from the state's file.
+    pub fn load(state: &RehearsalState, seed: u64) -> Result<Self, StreamError> {
+        let path = &state.file;
+        let io = |source| StreamError::RehearsalFile { path: path.clone(), source };
+        let corrupt = |problem: String| StreamError::RehearsalCorrupt { path: path.clone(), problem };
+        let mut r = BufReader::new(std::fs::File::open(path).map_err(io)?);
+        let mut magic = [0u8; 8];
+        r.read_exact(&mut magic).map_err(io)?;
+        if &magic != MAGIC {
+            return Err(corrupt("not a sluice rehearsal buffer file".into()));
+        }
+        let mut word = [0u8; 8];
+        let mut next = |r: &mut BufReader<std::fs::File>| -> Result<u64, StreamError> {
+            r.read_exact(&mut word).map_err(|e| corrupt(format!("truncated: {e}")))?;
+            Ok(u64::from_le_bytes(word))
+        };
+        let n = next(&mut r)? as usize;
+        if n != state.len || n > state.capacity {
+            return Err(corrupt(format!(
+                "holds {n} samples; the checkpoint says {} (capacity {})",
+                state.len, state.capacity
+            )));
+        }
+        let mut items = Vec::with_capacity(state.capacity);
+        for _ in 0..n {
+            let id = next(&mut r)?;
+            let label = next(&mut r)? as i64;
+            let len = next(&mut r)?;
+            let mut image = Vec::new();
+            let got = r.by_ref().take(len).read_to_end(&mut image).map_err(io)?;
+            if got as u64 != len {
+                return Err(corrupt(format!("sample {id} is truncated ({got} of {len} bytes)")));
+            }
+            items.push(Stored { id, label, image });
+        }
+        Ok(Self {
+            policy: state.policy,
+            capacity: state.capacity,
+            seed,
+            items,
+            seen: state.seen,
+            seen_per_class: state.seen_per_class.clone(),
+        })
+    }
+}
+
+const MAGIC: &[u8; 8] = b"SLRB\x00\x00\x00\x01";
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn sample(id: u64, label: i64) -> Sample {
+        Sample { entry: format!("{id}-0"), id, label, image: vec![id as u8; 3] }
+    }
+
+    #[test]
+    fn reservoir_keeps_a_uniform_sample_of_the_whole_stream() {
+        // 10 classes of 1000 in order; a uniform reservoir of 200 holds ~20 of each.
+        let mut r = Rehearsal::new(RehearsalPolicy::Reservoir, 200, 3);
+        for id in 0..10_000u64 {
+            r.offer(&sample(id, (id / 1000) as i64));
+        }
+        assert_eq!(r.len(), 200);
+        let first_half = r.items().iter().filter(|s| s.id < 5000).count();
+        assert!((70..=130).contains(&first_half), "{first_half} of 200 from the first half");
+    }
+
+    #[test]
+    fn class_balanced_gives_each_class_an_equal_share_despite_imbalance() {
+        // Class 0 floods the stream (9000), then classes 1..=4 with 250 each.
+        let mut r = Rehearsal::new(RehearsalPolicy::ClassBalanced, 100, 1);
+        let mut id = 0;
+        for (class, n) in [(0, 9000), (1, 250), (2, 250), (3, 250), (4, 250)] {
+            for _ in 0..n {
+                r.offer(&sample(id, class));
+                id += 1;
+            }
+        }
+        for class in 0..5 {
+            let n = r.items().iter().filter(|s| s.label == class).count();
+            assert_eq!(n, 20, "class {class} holds {n} of 100");
+        }
+    }
+
+    #[test]
+    fn contents_round_trip_through_the_file_and_draws_are_distinct() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Rehearsal::new(RehearsalPolicy::ClassBalanced, 8, 5);
+        for id in 0..30 {
+            r.offer(&sample(id, (id % 3) as i64));
+        }
+        let state = r.save(&dir.path().join("buf.bin")).unwrap();
+        let back = Rehearsal::load(&state, 5).unwrap();
+        assert_eq!(back.items(), r.items());
+        assert_eq!(back.seen, 30);
+        let mut d = r.draw(5, 7);
+        d.sort_unstable();
+        d.dedup();
+        assert_eq!(d.len(), 5);
+        std::fs::write(&state.file, b"garbage!").unwrap();
+        let err = Rehearsal::load(&state, 5).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("not a sluice rehearsal buffer file"), "{err}");
+    }
+}

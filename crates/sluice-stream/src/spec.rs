@@ -1,0 +1,162 @@
+//! How a streaming job is configured (serde; JSON from Python, TOML or flags from the CLI).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use sluice_core::{ErrorPolicy, Limits, OpSpec, PipelineSpec, SourceSpec};
+
+use crate::error::StreamError;
+use crate::rehearsal::RehearsalPolicy;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamSpec {
+    /// `redis://127.0.0.1:6379`
+    pub url: String,
+    /// The stream's key.
+    pub stream: String,
+    /// The consumer group: one per job. Every job reads the whole stream.
+    pub group: String,
+    /// This reader's name in the group (one per learner). A restarted trainer keeps its
+    /// name (the checkpoint carries it) so it reads back its own unacknowledged entries.
+    #[serde(default = "default_consumer")]
+    pub consumer: String,
+    /// The same op list as a file pipeline's (decode, crops, flips, normalize...).
+    pub ops: Vec<OpSpec>,
+    /// New samples per batch (r).
+    pub new_per_batch: usize,
+    /// Rehearsal samples per batch (b); needs a `rehearsal` section.
+    #[serde(default)]
+    pub rehearsal_per_batch: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rehearsal: Option<RehearsalSpec>,
+    #[serde(default)]
+    pub rate: RateSpec,
+    #[serde(default)]
+    pub seed: u64,
+    /// Decoding threads; 0 means one per core.
+    #[serde(default)]
+    pub threads: usize,
+    #[serde(default)]
+    pub on_error: ErrorPolicy,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Entries another reader of the group has held unacknowledged this long are claimed
+    /// (XAUTOCLAIM): that reader is taken for dead.
+    #[serde(default = "default_claim_idle_ms")]
+    pub claim_idle_ms: u64,
+    /// How long to wait out a broker that is down or restarting before failing.
+    #[serde(default = "default_reconnect_ms")]
+    pub reconnect_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RehearsalSpec {
+    pub capacity: usize,
+    #[serde(default)]
+    pub policy: RehearsalPolicy,
+    /// Where checkpoints write the buffer's contents.
+    pub dir: PathBuf,
+}
+
+/// What to do when the stream and the trainer run at different rates.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateSpec {
+    /// Samples read ahead of the trainer, at most.
+    #[serde(default = "default_buffer")]
+    pub buffer: usize,
+    #[serde(default)]
+    pub overflow: Overflow,
+    #[serde(default)]
+    pub underflow: Underflow,
+    /// Under `underflow = "rehearsal"`: how long a batch waits for new samples before
+    /// the rest is filled from the rehearsal buffer.
+    #[serde(default = "default_fill_after_ms")]
+    pub fill_after_ms: u64,
+}
+
+impl Default for RateSpec {
+    fn default() -> Self {
+        Self {
+            buffer: default_buffer(),
+            overflow: Overflow::default(),
+            underflow: Underflow::default(),
+            fill_after_ms: default_fill_after_ms(),
+        }
+    }
+}
+
+/// The stream is faster than the trainer and the read-ahead buffer is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Overflow {
+    /// Stop reading: the broker keeps the backlog.
+    #[default]
+    Backpressure,
+    /// Drop the oldest sample read ahead (counted, never trained on).
+    DropOldest,
+    /// Move the oldest sample read ahead into the rehearsal buffer (counted).
+    Spill,
+}
+
+/// The stream is slower than the trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Underflow {
+    /// Wait for `new_per_batch` new samples.
+    #[default]
+    Wait,
+    /// Fill what is missing with rehearsal samples (counted), after `fill_after_ms`.
+    Rehearsal,
+}
+
+fn default_consumer() -> String {
+    "learner-0".into()
+}
+fn default_claim_idle_ms() -> u64 {
+    30_000
+}
+fn default_reconnect_ms() -> u64 {
+    30_000
+}
+fn default_buffer() -> usize {
+    1024
+}
+fn default_fill_after_ms() -> u64 {
+    5
+}
+
+impl StreamSpec {
+    pub fn validate(&self) -> Result<(), StreamError> {
+        let bad = |field, problem: &str| Err(StreamError::Config { field, problem: problem.to_string() });
+        if self.new_per_batch == 0 {
+            return bad("new_per_batch", "must be at least 1");
+        }
+        if self.rate.buffer < self.new_per_batch {
+            return bad("rate.buffer", "must hold at least one batch of new samples (new_per_batch)");
+        }
+        if self.stream.is_empty() || self.group.is_empty() || self.consumer.is_empty() {
+            return bad("stream/group/consumer", "must not be empty");
+        }
+        let capacity = self.rehearsal.as_ref().map_or(0, |r| r.capacity);
+        if self.rehearsal_per_batch > 0 && capacity == 0 {
+            return bad("rehearsal_per_batch", "needs a rehearsal buffer (`rehearsal.capacity` > 0)");
+        }
+        if self.rate.underflow == Underflow::Rehearsal && capacity == 0 {
+            return bad("rate.underflow", "`rehearsal` needs a rehearsal buffer");
+        }
+        if self.rate.overflow == Overflow::Spill && capacity == 0 {
+            return bad("rate.overflow", "`spill` needs a rehearsal buffer");
+        }
+        // The ops, limits and threads are checked as a file pipeline's would be.
+        let source = SourceSpec::FileList { path: PathBuf::from(&self.stream), root: None };
+        let mut pipeline = PipelineSpec::train_default(source, 1, self.new_per_batch + self.rehearsal_per_batch);
+        pipeline.ops = self.ops.clone();
+        pipeline.limits = self.limits;
+        pipeline.threads = self.threads;
+        pipeline.validate()?;
+        Ok(())
+    }
+}
