@@ -16,5 +16,5 @@ pub use manifest::{Entry, Location, Manifest, SampleKey};
 pub use rng::SampleRng;
 pub use spec::{
     BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, ImportanceSpec, Limits, OpSpec,
-    PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec,
+    PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
 };

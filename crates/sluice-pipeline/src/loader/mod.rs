@@ -18,11 +18,13 @@
 //! `iter`: prefetch and batch assembly. `sample`: one chunk of samples on a worker.
 //! `slab`: the batch buffer the workers write into.
 
+mod autoscale;
 mod checkpoint;
 mod iter;
 mod sample;
 mod slab;
 
+pub use autoscale::{auto_threads_config, Perturb};
 pub use checkpoint::{LoaderState, OrderSpec};
 pub use iter::{BufferSource, EpochIter};
 
@@ -30,8 +32,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
-use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor, TensorData};
+use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor, TensorData, Threads};
 
 use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
@@ -75,6 +78,8 @@ struct Shared {
     /// Where the split path's step timings go in the stats' op list.
     steps: StepSlots,
     importance: Mutex<ImportanceStore>,
+    /// Sizes the pool to the consumer, when autoscaling is on.
+    autoscale: autoscale::LocalAutoscale,
 }
 
 /// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
@@ -177,10 +182,8 @@ impl Loader {
             names.extend(plan.step_names().iter().map(|s| s.to_string()));
             StepSlots { prefix: 1..names.len(), resize: None, suffix: 1..names.len() }
         };
-        let threads = match spec.threads {
-            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            n => n,
-        };
+        let threads = spec.threads.initial();
+        let auto = spec.threads == Threads::Auto;
         let shared = Arc::new(Shared {
             storage: open_storage(&spec.storage),
             sample_shape: plan.output_shape(),
@@ -191,6 +194,7 @@ impl Loader {
             spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
             importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
+            autoscale: autoscale::LocalAutoscale::new(spec.batch.size),
             cache,
             split,
             steps,
@@ -199,7 +203,11 @@ impl Loader {
             shard,
             spec,
         });
-        Ok(Self { shared, pool: Pool::new(threads) })
+        let loader = Self { shared, pool: Pool::new(threads) };
+        if auto {
+            loader.autoscale(auto_threads_config())?;
+        }
+        Ok(loader)
     }
 
     /// Confines every read beneath `roots` (a service's allowed roots): each file is opened
@@ -274,6 +282,19 @@ impl Loader {
         self.pool.set_threads(threads);
     }
 
+    /// Lets `config`'s policy size the worker pool from here on, deciding on the batches
+    /// this loader hands out (what `threads = "auto"` turns on, with
+    /// [`auto_threads_config`]). Each decision is logged and listed in [`Loader::stats`].
+    pub fn autoscale(&self, config: AutoscaleConfig) -> Result<(), PipelineError> {
+        Ok(self.shared.autoscale.enable(config, &self.pool, None)?)
+    }
+
+    /// As [`Loader::autoscale`], with each window's readings passed through `perturb`
+    /// before the policy sees them: how `sluice bench-autoscale` injects noise.
+    pub fn autoscale_perturbed(&self, config: AutoscaleConfig, perturb: Perturb) -> Result<(), PipelineError> {
+        Ok(self.shared.autoscale.enable(config, &self.pool, Some(perturb))?)
+    }
+
     /// Starts `epoch` from its first batch at the next [`Loader::iter`].
     pub fn set_epoch(&self, epoch: u64) {
         let mut p = self.shared.progress.lock();
@@ -285,6 +306,7 @@ impl Loader {
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = self.shared.stats.lock().snapshot();
         s.cache = self.shared.cache.as_deref().map(Cache::stats);
+        s.autoscale = self.shared.autoscale.stats();
         s
     }
 

@@ -32,14 +32,17 @@ pub(super) struct ChunkJob {
 
 impl ChunkJob {
     pub(super) fn run(self, local: &mut WorkerLocal) {
+        let started = Instant::now();
         let shared = &self.shared;
         let mut times = vec![Duration::ZERO; 1 + shared.steps.suffix.end.max(shared.steps.prefix.end)];
+        let mut samples = 0;
         let mut failures = Vec::new();
         let mut bytes = 0u64;
         for slot in self.slots.clone() {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
             }
+            samples += 1;
             let entry = &shared.manifest.entries[self.order[self.first + slot] as usize];
             let mut stage = Stage::Read;
             // A panic here is a bug, but it must fail this sample (by key), not leave the
@@ -66,7 +69,8 @@ impl ChunkJob {
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
-        let _ = reply.send(ChunkDone { batch, failures, times, bytes });
+        let busy = started.elapsed();
+        let _ = reply.send(ChunkDone { batch, failures, times, bytes, samples, busy });
     }
 
     /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
@@ -273,6 +277,10 @@ pub(super) struct ChunkDone {
     pub(super) failures: Vec<(usize, SampleError)>,
     pub(super) times: Vec<Duration>,
     pub(super) bytes: u64,
+    /// Samples the chunk ran (all of them unless cancelled) and the wall time it took:
+    /// the autoscaler's production signal.
+    pub(super) samples: usize,
+    pub(super) busy: Duration,
 }
 
 #[cfg(test)]
@@ -315,7 +323,7 @@ mod tests {
         let root = dir.path().join("train");
         write_dataset(&root, &DatasetOptions { images: 8, classes: 2, ..Default::default() }, &|_| {}).unwrap();
         let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 16, 4);
-        spec.threads = 1;
+        spec.threads = 1.into();
         spec.shuffle = ShuffleSpec::None;
         let bad = "img_0000002.jpg";
         let loader = Loader::new(spec, Shard::default())
