@@ -201,6 +201,12 @@ class Pipeline:
         """Flips left-right with probability ``p``. Seeded per sample."""
         return self._op("random_horizontal_flip", p=p)
 
+    def sleep(self, us: int) -> "Pipeline":
+        """Emulated per-sample cost: sleeps ``us`` microseconds per sample (at most one
+        second). For benchmarks that need more preprocessing units than the machine has
+        cores; it changes no pixel."""
+        return self._op("sleep", us=us)
+
     def normalize(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> "Pipeline":
         """``(x / 255 - mean) / std`` per channel, as float32 (mean/std in [0, 1] units).
         Usually cheaper on the GPU: see :func:`sluice.torch.to_device`."""

@@ -151,6 +151,10 @@ enum Step {
     Flip {
         p: f64,
     },
+    /// The `sleep` op's emulated cost.
+    Sleep {
+        us: u32,
+    },
     /// normalize / dtype / layout and any pending flip, into the output slot.
     Write,
 }
@@ -204,7 +208,7 @@ impl Plan {
                 OpSpec::Normalize { mean, std } => normalize = Some((*mean, *std)),
                 OpSpec::Dtype { dtype: d } => dtype = *d,
                 OpSpec::Layout { order } => layout = *order,
-                OpSpec::Decode | OpSpec::RandomHorizontalFlip { .. } => {}
+                OpSpec::Decode | OpSpec::RandomHorizontalFlip { .. } | OpSpec::Sleep { .. } => {}
             }
         }
         if normalize.is_some() {
@@ -294,6 +298,9 @@ impl Plan {
             } else if let OpSpec::RandomHorizontalFlip { p } = *op {
                 steps.push(Step::Flip { p });
                 names.push("random_horizontal_flip");
+            } else if let OpSpec::Sleep { us } = *op {
+                steps.push(Step::Sleep { us });
+                names.push("sleep");
             }
             // normalize / dtype / layout are the final write; a stray decode is a no-op.
         }
@@ -484,6 +491,7 @@ impl Plan {
                         flip = !flip;
                     }
                 }
+                Step::Sleep { us } => std::thread::sleep(Duration::from_micros(u64::from(us))),
                 Step::Write => {
                     if (w, h) != (self.out_w, self.out_h) {
                         return Err(CodecError::Shape(format!(
@@ -745,6 +753,25 @@ mod tests {
         fn send<T: Send + Default>() {}
         send_sync::<Plan>();
         send::<Scratch>();
+    }
+
+    #[test]
+    fn a_sleep_op_costs_its_time_per_sample_after_the_cache_seam_and_changes_no_pixel() {
+        let (w, h) = (96, 64);
+        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 92).unwrap();
+        let crop = OpSpec::CenterCrop { size: Size::square(32) };
+        let plain = Plan::compile(&[OpSpec::Decode, crop.clone()], Limits::default());
+        let slow = Plan::compile(&[OpSpec::Decode, crop, OpSpec::Sleep { us: 20_000 }], Limits::default());
+        assert_eq!(slow.step_names(), ["decode+center_crop", "sleep", "write"]);
+        assert_eq!(slow.prefix_step_names(), ["decode+center_crop"], "the cached prefix stops before the sleep");
+        let mut scratch = Scratch::new();
+        let mut times = vec![Duration::ZERO; 3];
+        let mut out = vec![0u8; slow.output_bytes()];
+        for _ in 0..3 {
+            slow.run(&jpg, &mut rng(1), &mut scratch, &mut out, &mut times).unwrap();
+        }
+        assert!(times[1] >= Duration::from_millis(60), "3 samples slept only {:?}", times[1]);
+        assert_eq!(out, run(&plain, &jpg, 1, &mut scratch).unwrap());
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub const MAX_CACHE_BYTES: u64 = 1 << 50;
 pub const MAX_OPS: usize = 64;
 /// Largest emulated storage latency (ms): a minute.
 pub const MAX_LATENCY_MS: f64 = 60_000.0;
+/// Largest emulated per-sample cost of a `sleep` op (µs): a second.
+pub const MAX_SLEEP_US: u32 = 1_000_000;
 /// Smallest emulated storage bandwidth (MB/s): 1 kB/s.
 pub const MIN_BANDWIDTH_MB_S: f64 = 0.001;
 
@@ -207,6 +209,13 @@ pub enum OpSpec {
     Layout {
         order: Layout,
     },
+    /// Emulated per-sample cost: the thread sleeps `us` microseconds. For benchmarks that
+    /// need more preprocessing units than the machine has cores (autoscaling, many
+    /// learners): a sleeping unit costs wall time, not CPU. Runs after the cache seam, so a
+    /// cache hit pays it too, like any augmentation.
+    Sleep {
+        us: u32,
+    },
 }
 
 fn default_scale() -> [f64; 2] {
@@ -230,6 +239,7 @@ impl OpSpec {
             OpSpec::Normalize { .. } => "normalize",
             OpSpec::Dtype { .. } => "dtype",
             OpSpec::Layout { .. } => "layout",
+            OpSpec::Sleep { .. } => "sleep",
         }
     }
 
@@ -245,7 +255,8 @@ impl OpSpec {
             OpSpec::Resize { .. }
             | OpSpec::CenterCrop { .. }
             | OpSpec::RandomResizedCrop { .. }
-            | OpSpec::RandomHorizontalFlip { .. } => 1,
+            | OpSpec::RandomHorizontalFlip { .. }
+            | OpSpec::Sleep { .. } => 1,
             OpSpec::Normalize { .. } | OpSpec::Dtype { .. } => 2,
             OpSpec::Layout { .. } => 3,
         }
@@ -514,6 +525,7 @@ impl PipelineSpec {
                         return Err(SpecError::new(field("std"), "every std must be > 0"));
                     }
                 }
+                OpSpec::Sleep { us } => check_count(&field("us"), u64::from(*us), 0, u64::from(MAX_SLEEP_US))?,
             }
         }
         if !fixed_size {
@@ -730,6 +742,19 @@ size = 32
         let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: "/d".into() }, 224, batch);
         spec.ops[1] = OpSpec::CenterCrop { size };
         spec
+    }
+
+    #[test]
+    fn a_sleep_op_parses_and_its_cost_is_bounded() {
+        let mut spec = cropped(Size::square(32), 4);
+        spec.ops.push(serde_json::from_str(r#"{"op": "sleep", "us": 250}"#).unwrap());
+        let last = spec.ops.len() - 1;
+        assert_eq!(spec.ops[last], OpSpec::Sleep { us: 250 });
+        assert!(spec.validate().is_ok());
+        spec.ops[last] = OpSpec::Sleep { us: MAX_SLEEP_US + 1 };
+        let e = spec.validate().unwrap_err();
+        assert_eq!(e.field, format!("ops[{last}].us"), "{e}");
+        assert!(!spec.ops[last].is_random(), "a sleep does not stop the cache seam's determinism");
     }
 
     #[test]
