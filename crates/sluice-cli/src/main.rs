@@ -5,6 +5,7 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
+mod bench_autoscale;
 mod bench_cache;
 mod bench_service;
 mod demo;
@@ -50,6 +51,8 @@ enum Command {
     RemoteRun(service::RemoteRunArgs),
     /// The service against local mode, raw loopback TCP, and many clients.
     BenchService(bench_service::Args),
+    /// Autoscaling policies side by side on a changing demand (emulated per-sample cost).
+    BenchAutoscale(bench_autoscale::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -70,6 +73,7 @@ fn main() -> std::process::ExitCode {
         Command::Up(a) => service::up(a),
         Command::BenchService(a) => bench_service::main(a),
         Command::RemoteRun(a) => service::remote_run(a),
+        Command::BenchAutoscale(a) => bench_autoscale::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
