@@ -244,6 +244,9 @@ class Loader:
             needs a cache), e.g. ``{"cache_samples": [n], "assignment": "aware"}``: each
             learner caches the samples the seed places on it and loads mostly those,
             while every step's global batch stays the same (``docs/locality.md``).
+        threads: overrides the pipeline's ``threads``: a count (0: one per core) or
+            ``"auto"``, where sluice sizes its thread pool to what the training loop
+            consumes (FastMatch's matching; each decision is in ``stats()["autoscale"]``).
 
     Epochs work like a torch DataLoader with a DistributedSampler: each ``iter(loader)``
     runs the next epoch (an epoch left unfinished is abandoned), ``set_epoch(e)`` picks
@@ -263,9 +266,12 @@ class Loader:
         output: str = "numpy",
         trace: Optional[PathLike] = None,
         locality: Optional[Mapping[str, Any]] = None,
+        threads: Union[int, str, None] = None,
     ) -> None:
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
+        if threads is not None and threads != "auto" and not (isinstance(threads, int) and threads >= 0):
+            raise ValueError(f"threads must be a count >= 0 or 'auto', not {threads!r}")
         self._torch = _import_torch() if output == "torch" else None
         self._output = output
         spec_json = _spec_json(pipeline)
@@ -273,6 +279,8 @@ class Loader:
             spec = json.loads(spec_json)
             spec["locality"] = dict(locality)
             spec_json = json.dumps(spec)
+        if threads is not None:
+            spec_json = json.dumps({**json.loads(spec_json), "threads": threads})
         self._rank, self._world_size = _default_shard(rank, world_size)
         if self._world_size < 1 or not 0 <= self._rank < self._world_size:
             raise ValueError(f"rank {self._rank} is not in 0..world_size ({self._world_size})")
@@ -363,6 +371,9 @@ class Loader:
         ``skipped`` (a list of ``{"key", "path", "error"}`` for samples left out under
         ``on_error("skip")``), ``threads`` and ``buffers_reused`` (batches built in the
         buffer of an earlier batch that Python had freed, rather than in fresh memory).
+        With ``threads="auto"``, ``autoscale``: ``policy``, ``units`` (threads now),
+        ``windows``, ``ups``, ``downs`` and the latest ``decisions`` (each with ``t_ms``,
+        ``from``, ``to``, ``production``, ``consumption``, ``stall`` and ``reason``).
         """
         stats: Dict[str, Any] = json.loads(self._native.stats_json())
         stats["op_seconds"] = {name: seconds for name, seconds in stats["op_seconds"]}

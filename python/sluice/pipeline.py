@@ -244,8 +244,9 @@ class Pipeline:
         ``(prefetch + threads) x batch bytes``."""
         return self._with(prefetch=batches)
 
-    def threads(self, threads: int) -> "Pipeline":
-        """Worker threads; 0 (the default) means one per core."""
+    def threads(self, threads: Union[int, str]) -> "Pipeline":
+        """Worker threads; 0 (the default) means one per core, ``"auto"`` as many as the
+        training loop needs (the autoscaler resizes the pool while it runs)."""
         return self._with(threads=threads)
 
     def seed(self, seed: int) -> "Pipeline":

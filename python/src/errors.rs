@@ -101,7 +101,9 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         PipelineError::Source(e) => source_error(py, e),
         PipelineError::Sample(e) => sample_error(py, e),
         PipelineError::State(_) => state_error(py, e.to_string()),
-        PipelineError::BadRank { .. } | PipelineError::ReportLengths { .. } => PyValueError::new_err(e.to_string()),
+        PipelineError::BadRank { .. } | PipelineError::ReportLengths { .. } | PipelineError::Autoscale(_) => {
+            PyValueError::new_err(e.to_string())
+        }
         PipelineError::RamUnknown
         | PipelineError::SharedCache(_)
         | PipelineError::Root { .. }

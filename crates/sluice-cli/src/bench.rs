@@ -210,7 +210,7 @@ fn plain_decode(files: &[PathBuf], threads: usize) -> anyhow::Result<f64> {
 /// One epoch of the standard training pipeline through the loader.
 fn pipeline(manifest: &Manifest, root: &Path, threads: usize, batch: usize, epoch: u64) -> anyhow::Result<f64> {
     let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 224, batch);
-    spec.threads = threads;
+    spec.threads = threads.into();
     let loader = Loader::with_manifest(spec, manifest.clone(), Shard::default())?;
     loader.set_epoch(epoch);
     let start = Instant::now();

@@ -99,7 +99,7 @@ fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
     let base = |cache: Option<CacheSpec>, sampling: SamplingSpec| {
         let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.clone() }, 224, 32);
         s.storage = StorageSpec::Throttled { latency_ms: 2.0, bandwidth_mb_s: 200.0, shared_link: None };
-        s.threads = a.threads;
+        s.threads = a.threads.into();
         s.seed = a.seed;
         s.cache = cache;
         s.sampling = sampling;

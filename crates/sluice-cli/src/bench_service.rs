@@ -146,7 +146,7 @@ fn service(dir: &Path, root: &Path, workers: usize, threads: usize) -> Result<(S
 
 fn spec(root: &Path, batch: usize, threads: usize, seed: u64) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 224, batch);
-    s.threads = threads;
+    s.threads = threads.into();
     s.seed = seed;
     s
 }

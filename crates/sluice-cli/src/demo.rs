@@ -27,7 +27,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let root = std::fs::canonicalize(&train).with_context(|| format!("resolving {}", train.display()))?;
     let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 224, 64);
     spec.on_error = ErrorPolicy::Skip;
-    spec.threads = a.threads;
+    spec.threads = a.threads.into();
     let spec_path = a.dir.join("train.toml");
     std::fs::write(&spec_path, spec.to_toml_string()?).with_context(|| format!("writing {}", spec_path.display()))?;
     eprintln!("spec written to {} (edit it and run `sluice run {}`)", spec_path.display(), spec_path.display());

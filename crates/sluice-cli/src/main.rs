@@ -5,6 +5,7 @@
 #![allow(clippy::print_stdout)]
 
 mod bench;
+mod bench_autoscale;
 mod bench_cache;
 mod bench_service;
 mod demo;
@@ -56,6 +57,8 @@ enum Command {
     Model(model::Args),
     /// Stream a dataset into a Redis stream (continual learning's producer).
     StreamPush(stream_push::Args),
+    /// Autoscaling policies side by side on a changing demand (emulated per-sample cost).
+    BenchAutoscale(bench_autoscale::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -78,6 +81,7 @@ fn main() -> std::process::ExitCode {
         Command::RemoteRun(a) => service::remote_run(a),
         Command::Model(a) => model::main(a),
         Command::StreamPush(a) => stream_push::main(a),
+        Command::BenchAutoscale(a) => bench_autoscale::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -30,7 +30,7 @@ pub struct Args {
 pub fn main(a: Args) -> anyhow::Result<()> {
     let mut spec = PipelineSpec::from_path(&a.spec)?;
     if let Some(t) = a.threads {
-        spec.threads = t;
+        spec.threads = t.into();
     }
     run_spec(spec, a.epochs, a.json, a.trace.as_deref())
 }

@@ -157,7 +157,7 @@ async fn absurd_jobs(d: &mut DispatcherClient<Channel>, root: &std::path::Path) 
     let base = spec(root, 3);
     let mut specs: Vec<(&str, PipelineSpec)> = Vec::new();
     let mut s = base.clone();
-    s.threads = 1_000_000_000;
+    s.threads = 1_000_000_000.into();
     specs.push(("threads", s));
     let mut s = base.clone();
     s.prefetch = 1_000_000_000;

@@ -45,6 +45,9 @@ pub enum PipelineError {
     /// The loader's storage was to be changed after it had started handing out work.
     #[error("a loader's reads can only be confined before it starts")]
     AlreadyStarted,
+    /// Autoscaling settings that cannot work (bounds, window).
+    #[error(transparent)]
+    Autoscale(#[from] sluice_autoscale::ConfigError),
     /// A batch's buffer was still held by a worker when the batch was complete: a bug.
     #[error("internal error: batch {batch}'s buffer is still shared after all its samples finished")]
     BufferStillShared { batch: u64 },

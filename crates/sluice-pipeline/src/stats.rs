@@ -88,6 +88,7 @@ impl Stats {
             op_seconds: self.op_names.iter().cloned().zip(self.op_times.iter().map(Duration::as_secs_f64)).collect(),
             skipped: self.skipped.clone(),
             cache: None,
+            autoscale: None,
         }
     }
 }
@@ -109,6 +110,10 @@ pub struct StatsSnapshot {
     /// decision, when the pipeline has a cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<crate::cache::CacheStats>,
+    /// Threads now, decisions counted up and down, and the latest decisions with their
+    /// inputs, when the loader autoscales (`threads = "auto"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<sluice_autoscale::AutoscaleStats>,
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ fn dataset(dir: &Path, images: usize) -> PathBuf {
 
 fn spec(root: &Path, batch: usize, threads: usize, cache: Option<CacheSpec>) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 32, batch);
-    s.threads = threads;
+    s.threads = threads.into();
     s.seed = 5;
     s.prefetch = 2;
     s.cache = cache;

@@ -15,7 +15,7 @@ use sluice_synth::{write_dataset, DatasetOptions};
 
 fn spec(root: &Path) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 16, 5);
-    s.threads = 1;
+    s.threads = 1.into();
     s.seed = 9;
     s.prefetch = 2;
     s.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 3, miss_discount: 0.5, max_draws: 4.0 };

@@ -15,7 +15,7 @@ fn a_spec_whose_batch_size_overflowed_is_refused_not_run() {
     let o = DatasetOptions { images: 4, classes: 2, texture: 4, ..Default::default() };
     write_dataset(&root, &o, &|_| {}).unwrap();
     let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 32, 2);
-    spec.threads = 1;
+    spec.threads = 1.into();
     // 2 × 4294967295 × 715827883 × 3 = 2^64 + 2^32 - 2: wrapped, a 4 GiB buffer for two
     // slots of 2^63 bytes each.
     spec.ops[1] = OpSpec::CenterCrop { size: Size { height: 4_294_967_295, width: 715_827_883 } };

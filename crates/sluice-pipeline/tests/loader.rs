@@ -18,7 +18,7 @@ fn dataset(dir: &Path, images: usize, corrupt: usize) -> PathBuf {
 
 fn spec(root: &Path, batch: usize, threads: usize) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 32, batch);
-    s.threads = threads;
+    s.threads = threads.into();
     s.seed = 11;
     s.prefetch = 2;
     s

@@ -21,7 +21,7 @@ fn dataset(dir: &Path, images: usize) -> PathBuf {
 
 fn spec(root: &Path, assignment: Assignment, cache_samples: Vec<u64>) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 16, 4);
-    s.threads = 1;
+    s.threads = 1.into();
     s.seed = 21;
     s.prefetch = 2;
     s.cache = Some(CacheSpec {

@@ -31,7 +31,7 @@ fn learners(root: &Path, p: usize, cache_samples: u64, peers: &[String]) -> Vec<
     (0..p)
         .map(|rank| {
             let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 16, 4);
-            s.threads = 2;
+            s.threads = 2.into();
             s.seed = 3;
             s.prefetch = 2;
             s.cache = Some(CacheSpec {

@@ -20,7 +20,7 @@ fn dataset(dir: &Path, images: usize) -> PathBuf {
 
 fn spec(root: &Path, threads: usize) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 32, 8);
-    s.threads = threads;
+    s.threads = threads.into();
     s.prefetch = 2;
     s
 }

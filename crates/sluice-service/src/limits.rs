@@ -45,7 +45,7 @@ impl WorkerLimits {
         let over = |field: &'static str, asked: String, limit: String, flag: &'static str| {
             Err(ServiceError::OverLimit { field, asked, limit, flag })
         };
-        if spec.threads > self.max_threads {
+        if spec.threads.count().is_some_and(|n| n > self.max_threads) {
             return over("threads", spec.threads.to_string(), self.max_threads.to_string(), "--max-threads");
         }
         if spec.prefetch > self.max_prefetch {
@@ -84,13 +84,13 @@ mod tests {
             ..WorkerLimits::default()
         };
         let mut ok = PipelineSpec::train_default(SourceSpec::ImageFolder { root: "/data".into() }, 32, 4);
-        (ok.threads, ok.prefetch, ok.limits.max_pixels) = (2, 3, 5000);
+        (ok.threads, ok.prefetch, ok.limits.max_pixels) = (2.into(), 3, 5000);
         ok.cache = serde_json::from_value(serde_json::json!({ "budget": 1000 })).unwrap();
         limits.check(&ok, 1 << 30).unwrap();
 
         let refused = |s: PipelineSpec| limits.check(&s, 1 << 30).unwrap_err().to_string();
         let mut s = ok.clone();
-        s.threads = 1_000_000_000;
+        s.threads = 1_000_000_000.into();
         assert_eq!(
             refused(s),
             "spec field `threads` asks for 1000000000, over this worker's limit of 2 (--max-threads)"

@@ -241,7 +241,7 @@ mod tests {
         let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: allowed.clone() }, 16, 4);
         spec.on_error = ErrorPolicy::Skip;
         spec.shuffle = ShuffleSpec::None;
-        spec.threads = 1;
+        spec.threads = 1.into();
         roots.check_source(&spec.source).unwrap();
         let manifest = build_manifest(&spec.source).unwrap();
         roots.check_manifest(&manifest).unwrap();

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use sluice_core::{Manifest, SampleKey, SampleRng, StorageSpec};
-use sluice_pipeline::storage::open_storage;
+use sluice_core::{Manifest, SampleKey, SampleRng};
+use sluice_pipeline::storage::{LocalStorage, Storage};
 
 use crate::broker::Broker;
 use crate::entry::{FIELD_END, FIELD_ID, FIELD_IMAGE, FIELD_LABEL};
@@ -67,7 +67,7 @@ pub fn push_order(manifest: &Manifest, order: PushOrder, classes_per_task: usize
 /// Pushes `manifest`'s samples (read from its storage) as stream entries.
 pub fn push_dataset(manifest: &Manifest, opts: &PushOptions) -> Result<PushReport, StreamError> {
     let mut broker = Broker::open(&opts.url, Duration::from_millis(opts.reconnect_ms))?;
-    let storage = open_storage(&StorageSpec::Local);
+    let storage = LocalStorage::new();
     let mut order = push_order(manifest, opts.order, opts.classes_per_task, opts.seed);
     if let Some(limit) = opts.limit {
         order.truncate(limit);

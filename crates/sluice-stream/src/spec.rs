@@ -155,7 +155,7 @@ impl StreamSpec {
         let mut pipeline = PipelineSpec::train_default(source, 1, self.new_per_batch + self.rehearsal_per_batch);
         pipeline.ops = self.ops.clone();
         pipeline.limits = self.limits;
-        pipeline.threads = self.threads;
+        pipeline.threads = self.threads.into();
         pipeline.validate()?;
         Ok(())
     }

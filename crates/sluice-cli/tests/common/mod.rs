@@ -93,7 +93,7 @@ pub fn dataset(dir: &Path) -> PathBuf {
 pub fn spec(root: &Path, seed: u64) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 32, BATCH);
     s.seed = seed;
-    s.threads = 1;
+    s.threads = 1.into();
     s
 }
 

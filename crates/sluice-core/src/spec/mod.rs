@@ -15,9 +15,11 @@ use crate::image::{DType, Layout};
 
 mod cache;
 mod locality;
+mod threads;
 
 pub use cache::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ImportanceSpec, SamplingSpec};
 pub use locality::{Assignment, LocalitySpec, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
+pub use threads::Threads;
 
 // Absolute bounds on what a spec may ask for: far beyond any real training pipeline, they
 // keep size arithmetic from overflowing and stop a spec from asking a worker for unbounded
@@ -65,9 +67,10 @@ pub struct PipelineSpec {
     /// write into those buffers, they hold none of their own).
     #[serde(default = "default_prefetch")]
     pub prefetch: usize,
-    /// Worker threads; 0 means one per available core.
+    /// Worker threads; 0 means one per available core, `"auto"` as many as the trainer
+    /// needs (the autoscaler moves the count while it runs).
     #[serde(default)]
-    pub threads: usize,
+    pub threads: Threads,
     /// Seed of every random choice (epoch order and augmentations).
     #[serde(default)]
     pub seed: u64,
@@ -346,7 +349,7 @@ impl PipelineSpec {
             shuffle: ShuffleSpec::Global,
             batch: BatchSpec { size: batch, drop_last: false },
             prefetch: default_prefetch(),
-            threads: 0,
+            threads: Threads::Count(0),
             seed: 0,
             on_error: ErrorPolicy::Fail,
             limits: Limits::default(),
@@ -432,7 +435,7 @@ impl PipelineSpec {
     pub fn validate(&self) -> Result<(), SpecError> {
         check_count("batch.size", self.batch.size as u64, 1, MAX_BATCH_SIZE as u64)?;
         check_count("prefetch", self.prefetch as u64, 1, MAX_PREFETCH as u64)?;
-        if self.threads > MAX_THREADS {
+        if self.threads.count().is_some_and(|n| n > MAX_THREADS) {
             return Err(SpecError::new("threads", format!("must be at most {MAX_THREADS} (0: one per core)")));
         }
         if let ShuffleSpec::Buffer { size } = self.shuffle {
@@ -833,9 +836,9 @@ size = 32
             spec.validate().map(|()| String::new()).unwrap_or_else(|e| e.field)
         };
         assert_eq!(field_of(&|_| {}), "");
-        assert_eq!(field_of(&|s| s.threads = 1024), "");
-        assert_eq!(field_of(&|s| s.threads = 1025), "threads");
-        assert_eq!(field_of(&|s| s.threads = usize::MAX), "threads");
+        assert_eq!(field_of(&|s| s.threads = 1024.into()), "");
+        assert_eq!(field_of(&|s| s.threads = 1025.into()), "threads");
+        assert_eq!(field_of(&|s| s.threads = usize::MAX.into()), "threads");
         assert_eq!(field_of(&|s| s.prefetch = 1024), "");
         assert_eq!(field_of(&|s| s.prefetch = usize::MAX), "prefetch");
         assert_eq!(field_of(&|s| s.batch.size = usize::MAX), "batch.size");

@@ -192,17 +192,20 @@ impl EpochIter {
         self.generation.is_none_or(|g| self.shared.progress.lock().generation == g)
     }
 
-    /// Blocks until batch `b` is complete, folding in whatever other chunks finish first.
-    /// Asks `interrupted` every [`POLL`] while waiting and gives up if it says so.
-    fn wait_for(&mut self, b: u64, interrupted: &mut dyn FnMut() -> bool) -> Result<(), PipelineError> {
+    /// Blocks until batch `b` is complete, folding in whatever other chunks finish first;
+    /// returns how long it waited. Asks `interrupted` every [`POLL`] while waiting and
+    /// gives up if it says so.
+    fn wait_for(&mut self, b: u64, interrupted: &mut dyn FnMut() -> bool) -> Result<Duration, PipelineError> {
+        let mut total = Duration::ZERO;
         loop {
             if self.pending.get(&b).is_none_or(|a| a.chunks_left == 0) {
-                return Ok(());
+                return Ok(total);
             }
             let t0 = Instant::now();
             let done = match self.done_rx.recv_timeout(POLL) {
                 Ok(done) => done,
                 Err(_) => {
+                    total += t0.elapsed();
                     self.shared.stats.lock().add_wait(t0.elapsed());
                     if interrupted() {
                         return Err(PipelineError::Interrupted);
@@ -211,6 +214,8 @@ impl EpochIter {
                 }
             };
             let waited = t0.elapsed();
+            total += waited;
+            self.shared.autoscale.on_work(done.busy, done.samples);
             let mut stats = self.shared.stats.lock();
             stats.add_wait(waited);
             stats.add_work(&done.times, done.bytes);
@@ -335,9 +340,10 @@ impl EpochIter {
             }
             self.submit_ahead();
             let b = self.next_emit;
-            if let Err(e) = self.wait_for(b, interrupted) {
-                return Some(Err(e));
-            }
+            let waited = match self.wait_for(b, interrupted) {
+                Ok(waited) => waited,
+                Err(e) => return Some(Err(e)),
+            };
             let result = self.assemble(b);
             self.next_emit += 1;
             match result {
@@ -354,6 +360,8 @@ impl EpochIter {
                         recorder.record(self.batch_event(b, now, now, What::BatchHandedOver));
                         self.handed = Some((b, now));
                     }
+                    let ready = self.pending.values().filter(|a| a.chunks_left == 0).count();
+                    self.shared.autoscale.on_batch(waited, ready, &self.pool);
                     return Some(Ok(batch));
                 }
                 Some(Err(e)) => {

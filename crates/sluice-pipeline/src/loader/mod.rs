@@ -18,12 +18,14 @@
 //! `iter`: prefetch and batch assembly. `sample`: one chunk of samples on a worker.
 //! `slab`: the batch buffer the workers write into.
 
+mod autoscale;
 mod checkpoint;
 mod iter;
 mod peers;
 mod sample;
 mod slab;
 
+pub use autoscale::{auto_threads_config, Perturb};
 pub use checkpoint::{LoaderState, OrderSpec};
 pub use iter::{BufferSource, EpochIter};
 pub use peers::LocalityStats;
@@ -33,8 +35,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
-use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor, TensorData};
+use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor, TensorData, Threads};
 
 use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
@@ -90,6 +93,8 @@ struct Shared {
     /// Connections to the other learners' peer servers (collaborative cache).
     peers: Option<PeerClient>,
     counters: peers::Counters,
+    /// Sizes the pool to the consumer, when autoscaling is on.
+    autoscale: autoscale::LocalAutoscale,
 }
 
 /// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
@@ -198,10 +203,8 @@ impl Loader {
             Some(l) => Some(Locality::new(l, manifest.len(), spec.seed, shard, spec.batch.size)?),
             None => None,
         };
-        let threads = match spec.threads {
-            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            n => n,
-        };
+        let threads = spec.threads.initial();
+        let auto = spec.threads == Threads::Auto;
         let shared = Arc::new(Shared {
             storage: open_storage(&spec.storage)?,
             sample_shape: plan.output_shape(),
@@ -221,6 +224,7 @@ impl Loader {
                 .map(|l| PeerClient::new(l.peers.clone(), Duration::from_millis(l.peer_timeout_ms))),
             counters: peers::Counters::default(),
             locality,
+            autoscale: autoscale::LocalAutoscale::new(spec.batch.size),
             cache,
             split,
             steps,
@@ -230,7 +234,11 @@ impl Loader {
             spec,
         });
         let peer_server = peers::start_server(&shared)?;
-        Ok(Self { shared, pool: Pool::new(threads), _peer_server: peer_server })
+        let loader = Self { shared, pool: Pool::new(threads), _peer_server: peer_server };
+        if auto {
+            loader.autoscale(auto_threads_config())?;
+        }
+        Ok(loader)
     }
 
     /// Confines every read beneath `roots` (a service's allowed roots): each file is opened
@@ -316,6 +324,19 @@ impl Loader {
         self.pool.set_threads(threads);
     }
 
+    /// Lets `config`'s policy size the worker pool from here on, deciding on the batches
+    /// this loader hands out (what `threads = "auto"` turns on, with
+    /// [`auto_threads_config`]). Each decision is logged and listed in [`Loader::stats`].
+    pub fn autoscale(&self, config: AutoscaleConfig) -> Result<(), PipelineError> {
+        Ok(self.shared.autoscale.enable(config, &self.pool, None)?)
+    }
+
+    /// As [`Loader::autoscale`], with each window's readings passed through `perturb`
+    /// before the policy sees them: how `sluice bench-autoscale` injects noise.
+    pub fn autoscale_perturbed(&self, config: AutoscaleConfig, perturb: Perturb) -> Result<(), PipelineError> {
+        Ok(self.shared.autoscale.enable(config, &self.pool, Some(perturb))?)
+    }
+
     /// Starts `epoch` from its first batch at the next [`Loader::iter`].
     pub fn set_epoch(&self, epoch: u64) {
         let mut p = self.shared.progress.lock();
@@ -339,6 +360,7 @@ impl Loader {
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = self.shared.stats.lock().snapshot();
         s.cache = self.shared.cache.as_deref().map(Cache::stats);
+        s.autoscale = self.shared.autoscale.stats();
         s
     }
 

@@ -33,17 +33,20 @@ pub(super) struct ChunkJob {
 
 impl ChunkJob {
     pub(super) fn run(self, local: &mut WorkerLocal) {
+        let started = Instant::now();
         let shared = &self.shared;
         let mut times = vec![Duration::ZERO; 1 + shared.steps.suffix.end.max(shared.steps.prefix.end)];
         // One sample's op times, added into `times` and, when tracing, into its events.
         let mut sample_times = times.clone();
         let trace = shared.trace.current();
+        let mut samples = 0;
         let mut failures = Vec::new();
         let mut bytes = 0u64;
         for slot in self.slots.clone() {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
             }
+            samples += 1;
             let pos = self.order[self.first + slot];
             let entry = &shared.manifest.entries[pos as usize];
             let mut stage = Stage::Read;
@@ -53,7 +56,7 @@ impl ChunkJob {
             // A panic here is a bug, but it must fail this sample (by key), not leave the
             // consumer waiting forever for a chunk that never reports.
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_sample(slot, pos, entry, local, &mut sample_times, &mut stage, &mut cache_use)
+                self.run_sample(slot, pos, local, &mut sample_times, &mut stage, &mut cache_use)
             }));
             for (total, t) in times.iter_mut().zip(&sample_times) {
                 *total += *t;
@@ -85,7 +88,8 @@ impl ChunkJob {
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
-        let _ = reply.send(ChunkDone { batch, failures, times, bytes });
+        let busy = started.elapsed();
+        let _ = reply.send(ChunkDone { batch, failures, times, bytes, samples, busy });
     }
 
     /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
@@ -94,13 +98,13 @@ impl ChunkJob {
         &self,
         slot: usize,
         pos: u32,
-        entry: &sluice_core::Entry,
         local: &mut WorkerLocal,
         times: &mut [Duration],
         stage: &mut Stage,
         cache_use: &mut CacheUse,
     ) -> Result<u64, SampleFailure> {
         let shared = &self.shared;
+        let entry = &shared.manifest.entries[pos as usize];
         let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
         // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
         let out = unsafe { self.slab.slot(slot) };
@@ -306,6 +310,10 @@ pub(super) struct ChunkDone {
     pub(super) failures: Vec<(usize, SampleError)>,
     pub(super) times: Vec<Duration>,
     pub(super) bytes: u64,
+    /// Samples the chunk ran (all of them unless cancelled) and the wall time it took:
+    /// the autoscaler's production signal.
+    pub(super) samples: usize,
+    pub(super) busy: Duration,
 }
 
 #[cfg(test)]
@@ -348,7 +356,7 @@ mod tests {
         let root = dir.path().join("train");
         write_dataset(&root, &DatasetOptions { images: 8, classes: 2, ..Default::default() }, &|_| {}).unwrap();
         let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 16, 4);
-        spec.threads = 1;
+        spec.threads = 1.into();
         spec.shuffle = ShuffleSpec::None;
         let bad = "img_0000002.jpg";
         let loader = Loader::new(spec, Shard::default())

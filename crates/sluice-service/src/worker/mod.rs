@@ -171,7 +171,7 @@ impl WorkerService {
         let passes = def.passes.max(1);
         let mut spec = PipelineSpec::from_json_str(&def.spec_json)?;
         if self.inner.threads > 0 {
-            spec.threads = self.inner.threads;
+            spec.threads = self.inner.threads.into();
         }
         let ram = sluice_pipeline::cache::total_ram_bytes().unwrap_or(u64::MAX);
         self.inner.limits.check(&spec, ram)?;

@@ -109,6 +109,7 @@ impl JobImportance {
             shuffle: self.spec.shuffle,
             sampling: self.spec.sampling,
             shard: Shard::default(),
+            locality: None,
         };
         let draw = Arc::new(self.store.draw(epoch, None, &inputs));
         if self.draws.len() == DRAWS_KEPT {

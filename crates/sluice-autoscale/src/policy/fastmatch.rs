@@ -1,0 +1,140 @@
+//! FastMatch's Algorithm 2 made concrete. Each window gives production P and consumption
+//! Q; the units the trainer needs are Q ÷ (P per unit). When the imbalance is beyond the
+//! tolerance, the step δ is the whole gap in units (not ±1), so one decision closes it.
+//!
+//! The noise guard: a reading only counts when it clears a tolerance band around the
+//! current count (more to scale down, where overshooting stalls the trainer, than up), and
+//! `persist` readings in a row must agree; the step is sized from their mean. With ±10%
+//! noise on P and Q a lone reading crosses the band now and then, two in a row seldom.
+
+use super::{Policy, Verdict};
+use crate::signals::Window;
+
+#[derive(Debug, Clone)]
+pub struct FastMatch {
+    /// Scale up when the trainer needs more than `units × (1 + up_tolerance)`.
+    pub up_tolerance: f64,
+    /// Scale down when `needed × (1 + down_tolerance)` fits in fewer units.
+    pub down_tolerance: f64,
+    /// Spare production kept above the measured need, so the trainer does not stall.
+    pub headroom: f64,
+    /// Readings in a row that must agree before acting.
+    pub persist: usize,
+    /// Units needed, per recent reading since the last change.
+    needed: Vec<f64>,
+}
+
+impl Default for FastMatch {
+    fn default() -> Self {
+        Self { up_tolerance: 0.05, down_tolerance: 0.15, headroom: 0.02, persist: 2, needed: Vec::new() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Lean {
+    Up,
+    Down,
+    Stay,
+}
+
+impl FastMatch {
+    fn lean(&self, needed: f64, units: usize) -> Lean {
+        if needed > units as f64 * (1.0 + self.up_tolerance) {
+            Lean::Up
+        } else if ((needed * (1.0 + self.down_tolerance)).ceil() as usize) < units {
+            Lean::Down
+        } else {
+            Lean::Stay
+        }
+    }
+}
+
+impl Policy for FastMatch {
+    fn decide(&mut self, w: &Window, units: usize) -> Option<Verdict> {
+        if !w.is_complete() {
+            return None;
+        }
+        let needed = w.consumption() / w.per_unit_rate();
+        self.needed.push(needed);
+        let persist = self.persist.max(1);
+        if self.needed.len() > persist {
+            self.needed.remove(0);
+        }
+        if self.needed.len() < persist {
+            return None;
+        }
+        let lean = self.lean(self.needed[0], units);
+        if lean == Lean::Stay || self.needed.iter().any(|&n| self.lean(n, units) != lean) {
+            return None;
+        }
+        let mean = self.needed.iter().sum::<f64>() / self.needed.len() as f64;
+        let to = ((mean * (1.0 + self.headroom)).ceil() as usize).max(1);
+        if to == units {
+            return None;
+        }
+        self.needed.clear();
+        let (p, q) = (w.production(), w.consumption());
+        Some(Verdict {
+            to,
+            reason: format!(
+                "P {p:.2} vs Q {q:.2} batches/s; one unit makes {:.2}/s, so {mean:.2} units match \
+                 ({persist} readings agree); δ = {:+}",
+                w.per_unit_rate(),
+                to as i64 - units as i64
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::{window, Noise};
+
+    #[test]
+    fn closes_the_whole_gap_in_one_step_sized_by_the_per_unit_rate() {
+        let mut p = FastMatch::default();
+        // One unit makes 2 batches/s; the trainer takes 15/s: 7.5 units match, 8 with headroom.
+        assert_eq!(p.decide(&window(2, 2.0, 15.0), 2), None, "one reading is not enough");
+        let v = p.decide(&window(2, 2.0, 15.0), 2);
+        assert_eq!(v.as_ref().map(|v| v.to), Some(8), "{v:?}");
+        // Demand falls to 5/s: 2.5 units, 3 with headroom.
+        assert_eq!(p.decide(&window(8, 2.0, 5.0), 8), None);
+        assert_eq!(p.decide(&window(8, 2.0, 5.0), 8).map(|v| v.to), Some(3));
+    }
+
+    #[test]
+    fn readings_that_disagree_do_not_act() {
+        let mut p = FastMatch::default();
+        assert_eq!(p.decide(&window(4, 1.0, 9.0), 4), None);
+        assert_eq!(p.decide(&window(4, 1.0, 4.2), 4), None, "a spike then a normal reading");
+        assert_eq!(p.decide(&window(4, 1.0, 1.0), 4), None, "a normal reading then a dip");
+    }
+
+    #[test]
+    fn stays_put_at_the_matching_count() {
+        let mut p = FastMatch::default();
+        for _ in 0..10 {
+            // 4.5 units needed, 5 running: within tolerance both ways.
+            assert_eq!(p.decide(&window(5, 1.0, 4.5), 5), None);
+        }
+    }
+
+    #[test]
+    fn ten_percent_noise_on_both_signals_costs_at_most_one_action_per_ten_windows() {
+        for (rate, demand) in [(1.0, 10.0), (2.0, 7.0), (0.5, 3.3), (1.0, 20.0)] {
+            let mut noise = Noise::new(17);
+            let mut p = FastMatch::default();
+            let mut units = ((demand / rate) * 1.02_f64).ceil() as usize;
+            let mut actions = 0;
+            for _ in 0..200 {
+                let w = window(units, rate * noise.factor(0.1), demand * noise.factor(0.1));
+                if let Some(v) = p.decide(&w, units) {
+                    actions += 1;
+                    units = v.to;
+                }
+            }
+            assert!(actions <= 20, "{actions} actions in 200 windows at demand {demand}, rate {rate}");
+        }
+    }
+}

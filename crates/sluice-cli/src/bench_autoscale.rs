@@ -1,0 +1,312 @@
+//! `sluice bench-autoscale`: the autoscaling policies side by side on one demand schedule.
+//!
+//! A synthetic trainer takes batches from a local loader and "trains" for a step time set
+//! by a schedule of phases (demand changes between them). Each sample costs an emulated
+//! `cost_us` (the spec's `sleep` op) after a cached decode, so a thread is one unit of a
+//! known rate and a dozen units fit on two cores. Per policy, on the same schedule: how
+//! many decisions and windows it takes to come within one unit of the oracle (the
+//! fewest units whose production covers the demand) after each change, unit-seconds
+//! against the oracle's, stall fractions; then, at stable demand with ±10% noise on the
+//! signals, actions per 10 windows.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use sluice_autoscale::{AutoscaleConfig, PolicyKind, Window, WindowBy};
+use sluice_core::PipelineSpec;
+use sluice_pipeline::{Loader, Shard};
+
+use crate::gen;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Emulated cost per sample, µs (the `sleep` op).
+    #[arg(long, default_value_t = 10_000)]
+    pub cost_us: u32,
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// The trainer's demand per phase, in units' worth (one unit: one thread).
+    #[arg(long, value_delimiter = ',', default_values_t = [3.5, 9.5, 2.5, 6.5])]
+    pub demand: Vec<f64>,
+    /// Seconds per phase.
+    #[arg(long, default_value_t = 10.0)]
+    pub phase_s: f64,
+    /// Decision window, ms.
+    #[arg(long, default_value_t = 500)]
+    pub window_ms: u64,
+    #[arg(long, default_value_t = 16)]
+    pub max_units: usize,
+    #[arg(long, value_delimiter = ',', default_values_t = ["fastmatch".to_string(), "cachew".to_string(), "tfdata".to_string(), "fixed".to_string()])]
+    pub policies: Vec<String>,
+    /// Seconds of the noise run (stable demand, ±10% on P and Q); 0 skips it.
+    #[arg(long, default_value_t = 20.0)]
+    pub noise_s: f64,
+    /// Images generated in data/bench-autoscale.
+    #[arg(long, default_value_t = 2000)]
+    pub images: usize,
+    /// Print the results as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct PhaseResult {
+    demand: f64,
+    oracle: usize,
+    /// Decisions and windows after the change until units were within ±1 of the oracle.
+    decisions_to_reach: Option<usize>,
+    windows_to_reach: Option<f64>,
+    /// Mean units over the phase's second half.
+    settled_units: f64,
+    /// Stall over the phase's second half, epoch starts excluded.
+    steady_stall: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct PolicyResult {
+    policy: String,
+    phases: Vec<PhaseResult>,
+    unit_seconds: f64,
+    oracle_unit_seconds: f64,
+    stall: f64,
+    decisions: u64,
+    noise_actions_per_10_windows: Option<f64>,
+}
+
+/// One batch as the trainer saw it.
+struct Tick {
+    t: f64,
+    units: usize,
+    wait: f64,
+    step: f64,
+    epoch_start: bool,
+}
+
+fn spec(root: &Path, a: &Args, threads: usize) -> anyhow::Result<PipelineSpec> {
+    let json = serde_json::json!({
+        "source": { "kind": "image_folder", "root": root },
+        "ops": [
+            { "op": "decode" },
+            { "op": "random_resized_crop", "size": 32 },
+            { "op": "sleep", "us": a.cost_us },
+        ],
+        "cache": { "budget": 1_000_000_000u64, "level": "resized", "resize": 40 },
+        "batch": { "size": a.batch },
+        "prefetch": 2 * a.max_units,
+        "threads": threads,
+        "seed": 1,
+    });
+    Ok(PipelineSpec::from_json_str(&json.to_string())?)
+}
+
+/// Runs the trainer for `phases` (demand in batches/s, seconds each) and records each batch.
+fn drive(loader: &Loader, phases: &[(f64, f64)]) -> anyhow::Result<Vec<Tick>> {
+    let total: f64 = phases.iter().map(|p| p.1).sum();
+    let start = Instant::now();
+    let mut ticks = Vec::new();
+    'run: loop {
+        let mut it = loader.iter();
+        let mut first = true;
+        loop {
+            let t0 = Instant::now();
+            let Some(b) = it.next() else { break };
+            b?;
+            let wait = t0.elapsed().as_secs_f64();
+            let t = start.elapsed().as_secs_f64();
+            if t >= total {
+                break 'run;
+            }
+            let mut end = 0.0;
+            let rate = phases.iter().find(|p| {
+                end += p.1;
+                t < end
+            });
+            let step = 1.0 / rate.map_or(1.0, |p| p.0);
+            ticks.push(Tick { t, units: loader.threads(), wait, step, epoch_start: first });
+            first = false;
+            std::thread::sleep(Duration::from_secs_f64(step));
+        }
+    }
+    Ok(ticks)
+}
+
+/// Batches per second one thread makes: 4 threads against a trainer that never waits.
+fn calibrate(root: &Path, a: &Args) -> anyhow::Result<f64> {
+    let loader = Loader::new(spec(root, a, 4)?, Shard::default())?;
+    // The first epoch fills the cache (decodes); measure on the second.
+    for b in loader.iter() {
+        b?;
+    }
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    for b in loader.iter() {
+        b?;
+        n += 1;
+    }
+    Ok(n as f64 / t0.elapsed().as_secs_f64() / 4.0)
+}
+
+fn noise(seed: &mut u64) -> f64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    1.0 + 0.1 * (2.0 * ((*seed >> 11) as f64 / (1u64 << 53) as f64) - 1.0)
+}
+
+fn config(a: &Args, policy: PolicyKind) -> AutoscaleConfig {
+    AutoscaleConfig {
+        window: WindowBy::Millis(a.window_ms),
+        settle_batches: 2,
+        ..AutoscaleConfig::new(policy, 1, a.max_units)
+    }
+}
+
+fn warm_loader(root: &Path, a: &Args, threads: usize) -> anyhow::Result<Loader> {
+    let loader = Loader::new(spec(root, a, threads)?, Shard::default())?;
+    // The first epoch decodes into the cache; the schedule runs on cached samples.
+    for b in loader.iter() {
+        b?;
+    }
+    Ok(loader)
+}
+
+fn run_policy(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::Result<PolicyResult> {
+    let oracle: Vec<usize> = a.demand.iter().map(|d| d.ceil() as usize).collect();
+    let peak = oracle.iter().copied().max().unwrap_or(1);
+    let loader = warm_loader(root, a, if policy == PolicyKind::Fixed { peak } else { 1 })?;
+    loader.set_threads(if policy == PolicyKind::Fixed { peak } else { 1 });
+    if policy != PolicyKind::Fixed {
+        loader.autoscale(config(a, policy))?;
+    }
+    let phases: Vec<(f64, f64)> = a.demand.iter().map(|d| (d * rate, a.phase_s)).collect();
+    let ticks = drive(&loader, &phases)?;
+    let decisions = loader.stats().autoscale.map_or(0, |s| s.ups + s.downs);
+
+    let mut unit_seconds = 0.0;
+    for w in ticks.windows(2) {
+        unit_seconds += w[0].units as f64 * (w[1].t - w[0].t);
+    }
+    let elapsed = ticks.last().map_or(0.0, |t| t.t);
+    let waited: f64 = ticks.iter().map(|t| t.wait).sum();
+    let mut results = Vec::new();
+    for (i, (&demand, &o)) in a.demand.iter().zip(&oracle).enumerate() {
+        let (start, end) = (i as f64 * a.phase_s, (i + 1) as f64 * a.phase_s);
+        let phase: Vec<&Tick> = ticks.iter().filter(|t| t.t >= start && t.t < end).collect();
+        let mut changes = 0;
+        let mut last = phase.first().map_or(0, |t| t.units);
+        let mut reached = None;
+        for t in &phase {
+            if t.units != last {
+                changes += 1;
+                last = t.units;
+            }
+            if t.units.abs_diff(o) <= 1 {
+                reached = Some((changes, t.t - start));
+                break;
+            }
+        }
+        let half: Vec<&&Tick> = phase.iter().filter(|t| t.t >= (start + end) / 2.0).collect();
+        let settled = half.iter().map(|t| t.units as f64).sum::<f64>() / half.len().max(1) as f64;
+        let steady: Vec<&&&Tick> = half.iter().filter(|t| !t.epoch_start).collect();
+        let (w, s): (f64, f64) = steady.iter().fold((0.0, 0.0), |(w, s), t| (w + t.wait, s + t.step));
+        results.push(PhaseResult {
+            demand,
+            oracle: o,
+            decisions_to_reach: reached.map(|r| r.0),
+            windows_to_reach: reached.map(|r| (r.1 * 1000.0 / a.window_ms as f64).ceil()),
+            settled_units: settled,
+            steady_stall: if w + s > 0.0 { w / (w + s) } else { 0.0 },
+        });
+    }
+    let noise_actions =
+        if a.noise_s > 0.0 && policy != PolicyKind::Fixed { Some(noise_run(root, a, policy, rate)?) } else { None };
+    Ok(PolicyResult {
+        policy: policy.name().to_string(),
+        phases: results,
+        unit_seconds,
+        oracle_unit_seconds: oracle.iter().map(|&o| o as f64 * a.phase_s).sum(),
+        stall: if elapsed > 0.0 { waited / elapsed } else { 0.0 },
+        decisions,
+        noise_actions_per_10_windows: noise_actions,
+    })
+}
+
+/// Stable demand (the first phase's), started at the oracle's count, ±10% noise on P and Q.
+fn noise_run(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::Result<f64> {
+    let demand = a.demand.first().copied().unwrap_or(1.0);
+    let start = (demand * 1.02).ceil() as usize;
+    let loader = warm_loader(root, a, start)?;
+    loader.set_threads(start);
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let perturb = Box::new(move |w: &mut Window| {
+        w.produced *= noise(&mut seed);
+        let q = noise(&mut seed);
+        let working = (w.elapsed_s - w.wait_s) / q;
+        w.elapsed_s = w.wait_s + working;
+    });
+    let mut c = config(a, policy);
+    if policy == PolicyKind::Cachew {
+        // Cachew always starts at its lower bound; start it converged at the oracle instead.
+        c.min_units = start;
+    }
+    loader.autoscale_perturbed(c, perturb)?;
+    drive(&loader, &[(demand * rate, a.noise_s)])?;
+    let s = loader.stats().autoscale.context("the loader lost its autoscaler")?;
+    Ok((s.ups + s.downs) as f64 * 10.0 / s.windows.max(1) as f64)
+}
+
+pub fn main(a: Args) -> anyhow::Result<()> {
+    anyhow::ensure!(!a.demand.is_empty() && a.demand.iter().all(|&d| d > 0.0), "--demand needs positive values");
+    anyhow::ensure!(
+        a.batch > 0 && a.phase_s > 0.0 && a.window_ms > 0,
+        "--batch, --phase-s and --window-ms must be > 0"
+    );
+    let policies: Vec<PolicyKind> = a.policies.iter().map(|p| p.parse()).collect::<Result<_, _>>()?;
+    let root = PathBuf::from("data/bench-autoscale");
+    gen::ensure_dataset(&root, a.images, 0)?;
+    let rate = calibrate(&root, &a)?;
+    eprintln!("one unit makes {rate:.2} batches/s ({} µs per sample, batches of {})", a.cost_us, a.batch);
+    let mut all = Vec::new();
+    for &p in &policies {
+        let r = run_policy(&root, &a, p, rate)?;
+        eprintln!("{}", render(&r));
+        all.push(r);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "unit_rate": rate, "policies": all }))?);
+    }
+    Ok(())
+}
+
+fn render(r: &PolicyResult) -> String {
+    let phases: Vec<String> = r
+        .phases
+        .iter()
+        .map(|p| {
+            let reach = match (p.decisions_to_reach, p.windows_to_reach) {
+                (Some(d), Some(w)) => format!("{d} decisions/{w:.0} windows"),
+                _ => "never".into(),
+            };
+            format!(
+                "demand {:.1} (oracle {}): within ±1 after {reach}, settled at {:.1}, steady stall {:.1}%",
+                p.demand,
+                p.oracle,
+                p.settled_units,
+                p.steady_stall * 100.0
+            )
+        })
+        .collect();
+    format!(
+        "{}: unit-seconds {:.1} vs oracle {:.1} (×{:.2}), stall {:.1}%, {} decisions, noise: {}\n  {}",
+        r.policy,
+        r.unit_seconds,
+        r.oracle_unit_seconds,
+        r.unit_seconds / r.oracle_unit_seconds,
+        r.stall * 100.0,
+        r.decisions,
+        r.noise_actions_per_10_windows.map_or("-".into(), |n| format!("{n:.2} actions/10 windows")),
+        phases.join("\n  ")
+    )
+}
