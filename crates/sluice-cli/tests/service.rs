@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec};
+use sluice_core::{Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, StorageSpec};
 use sluice_service::{Compression, DataPlane, RemoteLoader, ServiceError};
 use sluice_synth::DatasetOptions;
 
@@ -259,6 +259,47 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
     let mut loader = RemoteLoader::connect(&spec(&root, 0), with_token("good")).unwrap();
     let keys: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
     assert_exactly_once(keys, "a good job after the bad requests");
+}
+
+#[test]
+fn a_job_spec_cannot_make_workers_dial_peers_or_create_link_files() {
+    // Before: both were accepted, so any client could have every worker open TCP
+    // connections to the addresses in `locality.peers` and create /dev/shm link files.
+    let _watchdog = watchdog("a_job_spec_cannot_make_workers_dial_peers_or_create_link_files", 60);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &[]);
+    let refused = |s: sluice_core::PipelineSpec, job: &str| match RemoteLoader::connect(&s, options(&addr, job)) {
+        Err(ServiceError::Rpc { status, .. }) => (status.code(), status.message().to_string()),
+        Err(e) => panic!("{job}: unexpected error {e}"),
+        Ok(_) => panic!("{job}: accepted"),
+    };
+    let mut peers = spec(&root, 0);
+    peers.cache = Some(CacheSpec {
+        budget: ByteBudget::Bytes(1 << 20),
+        level: CacheLevel::Auto,
+        resize: None,
+        policy: CachePolicyKind::Lru,
+    });
+    peers.locality = Some(LocalitySpec {
+        assignment: Assignment::Aware,
+        cache_samples: vec![8],
+        peers: vec!["127.0.0.1:9".into()],
+        peer_timeout_ms: 500,
+    });
+    let (c, m) = refused(peers, "peers");
+    assert_eq!(c, tonic::Code::InvalidArgument, "{m}");
+    assert!(m.contains("locality"), "{m}");
+    let mut link = spec(&root, 0);
+    link.storage = StorageSpec::Throttled { latency_ms: 1.0, bandwidth_mb_s: 100.0, shared_link: Some("nfs".into()) };
+    let (c, m) = refused(link, "link");
+    assert_eq!(c, tonic::Code::InvalidArgument, "{m}");
+    assert!(m.contains("storage.shared_link"), "{m}");
+    // The service still serves a plain job.
+    let mut ok = RemoteLoader::connect(&spec(&root, 0), options(&addr, "ok")).unwrap();
+    assert!(ok.iter().next().unwrap().is_ok());
 }
 
 #[test]
