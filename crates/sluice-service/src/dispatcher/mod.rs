@@ -74,6 +74,20 @@ pub struct DispatcherService {
     inner: Arc<Inner>,
 }
 
+/// Refuses what only multi-learner local loaders may ask for. In the service, workers would
+/// act on it for any client: dial every address in `locality.peers`, create the
+/// `storage.shared_link` file; and the dispatcher assigns samples to workers itself.
+fn refuse_learner_only(spec: &PipelineSpec) -> Result<(), ServiceError> {
+    let refuse = |field: &str, why: &str| Err(ServiceError::Spec(sluice_core::SpecError::new(field, why)));
+    if spec.locality.is_some() {
+        return refuse("locality", "is for learners loading locally (Loader with rank/world_size), not service jobs");
+    }
+    if matches!(spec.storage, sluice_core::StorageSpec::Throttled { shared_link: Some(_), .. }) {
+        return refuse("storage.shared_link", "is for learner processes on one machine, not service jobs");
+    }
+    Ok(())
+}
+
 /// Gives a replayed importance-sampled job its store again, from its dataset enumerated
 /// afresh. A dataset that cannot be read or changed leaves the job without one (its reports
 /// and draws are then refused) rather than keep the dispatcher from starting.
@@ -191,6 +205,7 @@ impl DispatcherService {
                 "importance sampling runs distributed epochs only (parallel_epochs 0 or 1)",
             )));
         }
+        refuse_learner_only(&spec)?;
         self.inner.roots.check_source(&spec.source)?;
         let source = spec.source.clone();
         let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
