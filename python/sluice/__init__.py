@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional
 
 from . import _sluice
 from .errors import (
+    BrokerError,
     JobConflictError,
     JobFailedError,
     NotSupportedError,
@@ -46,6 +47,7 @@ from .errors import (
     SourceNotFoundError,
     SpecError,
     StateError,
+    StreamEntryError,
 )
 from .loader import Batch, BatchIterator, Loader
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
@@ -73,6 +75,8 @@ __all__ = [
     "SourceNotFoundError",
     "SampleError",
     "StateError",
+    "StreamEntryError",
+    "BrokerError",
     "ServiceError",
     "ServiceRequestError",
     "ServicePermissionError",

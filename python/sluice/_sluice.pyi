@@ -23,6 +23,8 @@ __all__ = [
     "spec_json_to_toml",
     "spec_load_file",
     "spec_toml_to_json",
+    "StreamLoader",
+    "stream_push",
 ]
 __version__: str
 
@@ -164,3 +166,18 @@ class RemoteLoader:
         ``"grad_norm"``. Returns the (accepted, invalid, unknown) counts."""
     def set_epoch(self, epoch: int) -> None:
         """Restarts the job at the first batch of ``epoch``."""
+
+@final
+class StreamLoader:
+    """Batches from a Redis stream (see :class:`sluice.stream.StreamLoader`)."""
+
+    def __new__(cls, spec_json: str) -> "StreamLoader": ...
+    def next(self) -> Optional[Tuple[RawBatch, npt.NDArray[np.bool_]]]:
+        """The next batch and its rehearsal flags, or None at the end of the stream."""
+    def state_json(self) -> str: ...
+    def load_state_json(self, state: str) -> None: ...
+    def stats_json(self) -> str: ...
+    def rehearsal_ids(self) -> List[int]: ...
+
+def stream_push(dataset: str, options_json: str) -> str:
+    """Pushes a dataset into a stream; returns the report as JSON."""

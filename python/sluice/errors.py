@@ -17,6 +17,8 @@ __all__ = [
     "SourceNotFoundError",
     "SampleError",
     "StateError",
+    "StreamEntryError",
+    "BrokerError",
     "ServiceError",
     "ServiceRequestError",
     "ServicePermissionError",
@@ -95,6 +97,32 @@ class SampleError(SluiceError, RuntimeError):
 class StateError(SluiceError, ValueError):
     """A loader state (checkpoint) that does not belong to this loader: another dataset,
     seed or rank layout, or not a sluice state at all."""
+
+
+class StreamEntryError(SluiceError, ValueError):
+    """A stream entry that is malformed (a missing or bad ``id``, ``label`` or ``image``
+    field) or whose image does not decode, under ``on_error="fail"``.
+
+    Attributes:
+        entry: the broker's entry id (``<ms>-<seq>``).
+    """
+
+    def __init__(self, message: str, entry: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.entry = entry
+
+
+class BrokerError(SluiceError, ConnectionError):
+    """The stream's broker (Redis) failed a command, or stayed unreachable longer than
+    the loader's ``reconnect_ms``.
+
+    Attributes:
+        url: the broker's address.
+    """
+
+    def __init__(self, message: str, url: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.url = url
 
 
 class ServiceError(SluiceError):

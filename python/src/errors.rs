@@ -160,3 +160,28 @@ pub fn service_error(py: Python<'_>, e: ServiceError) -> PyErr {
     };
     raise(py, class, e.to_string(), |_| Ok(()))
 }
+
+/// Maps a streaming error: a bad config is a `SpecError`, a state for another stream a
+/// `StateError`, a malformed entry or undecodable image a `StreamEntryError` naming the
+/// entry, a broker failure a `BrokerError`.
+pub fn stream_error(py: Python<'_>, e: sluice_stream::StreamError) -> PyErr {
+    use sluice_stream::StreamError as E;
+    let message = e.to_string();
+    match e {
+        E::Spec(e) => spec_error(py, e),
+        E::Config { field, problem } => raise(py, "SpecError", message, |kw| {
+            kw.set_item("field", field)?;
+            kw.set_item("reason", problem)
+        }),
+        E::StateMismatch { .. } => state_error(py, message),
+        E::Dataset(e) => source_error(py, e),
+        E::MalformedEntry { entry, .. } | E::Decode { entry, .. } => {
+            raise(py, "StreamEntryError", message, |kw| kw.set_item("entry", entry))
+        }
+        E::Broker { url, .. } | E::Unreachable { url, .. } => {
+            raise(py, "BrokerError", message, |kw| kw.set_item("url", url))
+        }
+        E::RehearsalFile { .. } | E::RehearsalCorrupt { .. } => state_error(py, message),
+        E::ReadSample { .. } => raise(py, "SluiceError", message, |_| Ok(())),
+    }
+}

@@ -8,6 +8,7 @@ mod loader;
 mod pack;
 mod remote;
 mod spec;
+mod stream;
 mod synth;
 
 use pyo3::exceptions::PyValueError;
@@ -29,6 +30,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::PyEpochIterator>()?;
     m.add_class::<loader::RawBatch>()?;
     m.add_class::<remote::PyRemoteLoader>()?;
+    m.add_class::<stream::PyStreamLoader>()?;
+    m.add_function(wrap_pyfunction!(stream::stream_push, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_canonical_json, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_json_to_toml, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_toml_to_json, m)?)?;

@@ -1,0 +1,171 @@
+"""Streaming for continual learning: samples arrive as entries of a Redis stream.
+
+A producer pushes a dataset (``push``, or ``sluice stream-push`` from the shell); a
+``StreamLoader`` reads the stream through the job's consumer group, decodes and augments
+each sample with the same ops as a file pipeline, and yields batches of ``new_per_batch``
+new samples plus ``rehearsal_per_batch`` samples drawn from a rehearsal buffer of past
+ones (field ``rehearsal``: a bool per sample)::
+
+    import sluice, sluice.stream
+
+    sluice.stream.push("data/mnist", url="redis://127.0.0.1:6379/", stream="mnist",
+                       order="class-incremental", classes_per_task=2)
+    pipe = sluice.Pipeline.image_folder("unused").decode().center_crop(28)
+    loader = sluice.stream.StreamLoader(
+        "redis://127.0.0.1:6379/", "mnist", group="job-1", ops=pipe.ops,
+        new_per_batch=10, rehearsal_per_batch=10,
+        rehearsal={"capacity": 500, "policy": "class_balanced", "dir": "ckpt/rehearsal"},
+    )
+    for batch in loader:
+        train(batch.image, batch.label)
+        torch.save({"model": model.state_dict(), "loader": loader.state_dict()}, "ckpt.pt")
+
+Each entry is trained on exactly once per job, across restarts, when the trainer saves
+``state_dict()`` after each step (or every few) and resumes with ``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+from . import _sluice
+from .loader import Batch, _import_torch
+
+__all__ = ["StreamLoader", "push"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def push(
+    dataset: PathLike,
+    url: str = "redis://127.0.0.1:6379/",
+    stream: str = "sluice",
+    rate: float = 0.0,
+    order: str = "as-listed",
+    classes_per_task: int = 2,
+    seed: int = 0,
+    limit: Optional[int] = None,
+    end: bool = True,
+    reconnect_ms: int = 10_000,
+) -> Dict[str, Any]:
+    """Pushes ``dataset`` (an ImageFolder root, a file list or a ``.tar`` shard) into
+    ``stream``: one entry per sample (``id``, ``label``, ``image`` bytes) at ``rate``
+    samples/s (0: as fast as possible), in ``order`` (``"as-listed"``, ``"shuffled"`` or
+    ``"class-incremental"``: tasks of ``classes_per_task`` classes, each shuffled), then an
+    end marker unless ``end=False``. Returns ``{"pushed", "bytes", "seconds"}``."""
+    if order not in ("as-listed", "shuffled", "class-incremental"):
+        raise ValueError(f"order must be 'as-listed', 'shuffled' or 'class-incremental', not {order!r}")
+    options = {
+        "url": url,
+        "stream": stream,
+        "rate": float(rate),
+        "order": order,
+        "classes_per_task": classes_per_task,
+        "seed": seed,
+        "limit": limit,
+        "end": end,
+        "reconnect_ms": reconnect_ms,
+    }
+    report: Dict[str, Any] = json.loads(_sluice.stream_push(os.fspath(dataset), json.dumps(options)))
+    return report
+
+
+class StreamLoader:
+    """Batches from a Redis stream: ``new_per_batch`` new samples plus
+    ``rehearsal_per_batch`` rehearsal samples each.
+
+    Args:
+        url: the broker, ``redis://host:port/``.
+        stream: the stream's key.
+        group: the job's consumer group (each job reads the whole stream once).
+        ops: the op list, as dicts (e.g. ``Pipeline(...).ops``); must start with decode.
+        rehearsal: ``{"capacity": N, "policy": "reservoir" | "class_balanced", "dir": path}``.
+        rate: ``{"buffer": N, "overflow": "backpressure" | "drop_oldest" | "spill",
+            "underflow": "wait" | "rehearsal", "fill_after_ms": ms}``.
+        consumer: this learner's name in the group.
+        output: ``"numpy"`` or ``"torch"``.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        group: str,
+        ops: Sequence[Mapping[str, Any]],
+        new_per_batch: int,
+        rehearsal_per_batch: int = 0,
+        rehearsal: Optional[Mapping[str, Any]] = None,
+        rate: Optional[Mapping[str, Any]] = None,
+        consumer: str = "learner-0",
+        seed: int = 0,
+        threads: int = 0,
+        on_error: str = "fail",
+        claim_idle_ms: int = 30_000,
+        reconnect_ms: int = 30_000,
+        output: str = "numpy",
+    ) -> None:
+        spec: Dict[str, Any] = {
+            "url": url,
+            "stream": stream,
+            "group": group,
+            "consumer": consumer,
+            "ops": [dict(op) for op in ops],
+            "new_per_batch": new_per_batch,
+            "rehearsal_per_batch": rehearsal_per_batch,
+            "seed": seed,
+            "threads": threads,
+            "on_error": on_error,
+            "claim_idle_ms": claim_idle_ms,
+            "reconnect_ms": reconnect_ms,
+        }
+        if rehearsal is not None:
+            r = dict(rehearsal)
+            if "dir" in r:
+                r["dir"] = os.fspath(r["dir"])
+            spec["rehearsal"] = r
+        if rate is not None:
+            spec["rate"] = dict(rate)
+        if output not in ("numpy", "torch"):
+            raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
+        self._torch = _import_torch() if output == "torch" else None
+        self._native = _sluice.StreamLoader(json.dumps(spec))
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        got = self._native.next()
+        if got is None:
+            raise StopIteration
+        raw, rehearsal = got
+        fields: Dict[str, Any] = {"image": raw.image, "label": raw.label, "key": raw.key, "rehearsal": rehearsal}
+        if self._torch is not None:
+            fields = {name: self._torch.from_numpy(arr) for name, arr in fields.items()}
+        return Batch(fields, epoch=raw.epoch, index=raw.index, layout=raw.layout, buffer_address=raw.buffer_address)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the job stands: the ledger of sample ids handled, counters, and the
+        rehearsal buffer (its contents written to a file the state names). Save it with
+        the model after a step; entries are acknowledged to the broker once a state
+        covering them was taken and the next batch is asked for."""
+        state: Dict[str, Any] = json.loads(self._native.state_json())
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resumes from ``state`` (before the first batch): entries this learner left
+        unacknowledged are read again, those already in the ledger skipped."""
+        self._native.load_state_json(json.dumps(dict(state)))
+
+    def stats(self) -> Dict[str, Any]:
+        """``arrival_rate`` and ``consumption_rate`` (samples/s, last few seconds),
+        ``backlog``, ``read_ahead``, and the counts: ``trained``, ``rehearsed``, ``filled``,
+        ``dropped``, ``spilled``, ``duplicates``, ``malformed``, ``claimed``, ``batches``."""
+        stats: Dict[str, Any] = json.loads(self._native.stats_json())
+        return stats
+
+    def rehearsal_ids(self) -> List[int]:
+        """Ids of the samples now in the rehearsal buffer."""
+        ids: List[int] = self._native.rehearsal_ids()
+        return ids

@@ -1,0 +1,116 @@
+"""sluice.stream against a real redis-server on a free loopback port: push, batches with
+rehearsal flags, state_dict round trip, stats, and malformed entries."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, List, Tuple
+
+import numpy as np
+import pytest
+
+import sluice
+import sluice.stream
+from conftest import N_IMAGES
+
+OPS = [
+    {"op": "decode"},
+    {"op": "resize", "size": 20},
+    {"op": "center_crop", "size": 16},
+    {"op": "random_horizontal_flip"},
+]
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[Tuple[str, int]]:
+    """A redis-server of its own: (url, port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(500):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/", port
+    finally:
+        p.kill()
+        p.wait()
+
+
+def loader(url: str, tmp: Path, group: str = "job") -> sluice.stream.StreamLoader:
+    return sluice.stream.StreamLoader(
+        url,
+        "s",
+        group=group,
+        ops=OPS,
+        new_per_batch=4,
+        rehearsal_per_batch=2,
+        rehearsal={"capacity": 8, "policy": "class_balanced", "dir": tmp / "rehearsal"},
+        threads=1,
+    )
+
+
+def test_pushed_samples_come_back_once_with_rehearsal_mixed_in(
+    redis: Tuple[str, int], dataset: Path, tmp_path: Path
+) -> None:
+    url, _ = redis
+    report = sluice.stream.push(dataset, url=url, stream="s", order="class-incremental", classes_per_task=2)
+    assert report["pushed"] == N_IMAGES
+    first = loader(url, tmp_path)
+    new: List[int] = []
+    for i, batch in enumerate(first):
+        flags = batch["rehearsal"]
+        assert flags.dtype == np.bool_ and batch["image"].shape[1:] == (16, 16, 3)
+        new += [int(k) for k, r in zip(batch["key"], flags) if not r]
+        if i > 0:
+            assert int(flags.sum()) == 2, "each batch after the first carries 2 rehearsal samples"
+        if i == 3:
+            state = first.state_dict()
+            saved_buffer = first.rehearsal_ids()
+            break
+    assert Path(state["rehearsal"]["file"]).is_file()
+    # A new loader of the same job resumes from the state: the rest, nothing twice.
+    second = loader(url, tmp_path)
+    second.load_state_dict(state)
+    assert second.rehearsal_ids() == saved_buffer
+    new += [int(k) for b in second for k, r in zip(b["key"], b["rehearsal"]) if not r]
+    assert sorted(new) == list(range(N_IMAGES))
+    stats = second.stats()
+    assert stats["trained"] == N_IMAGES and stats["rehearsed"] > 0 and stats["backlog"] == 0
+
+
+def test_a_malformed_entry_raises_stream_entry_error_naming_the_entry(redis: Tuple[str, int], tmp_path: Path) -> None:
+    url, port = redis
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "XADD", "s", "*", "id", "x1", "label", "1", "image", "a"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    entry = out.stdout.strip()
+    with pytest.raises(sluice.StreamEntryError) as e:
+        next(loader(url, tmp_path))
+    assert e.value.entry == entry and "field `id`" in str(e.value)
+
+
+def test_bad_config_and_unreachable_broker_raise_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(sluice.SpecError):
+        sluice.stream.StreamLoader("redis://127.0.0.1:1/", "s", group="g", ops=OPS, new_per_batch=0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(sluice.BrokerError) as e:
+        sluice.stream.StreamLoader(
+            f"redis://127.0.0.1:{port}/", "s", group="g", ops=OPS, new_per_batch=4, reconnect_ms=200
+        )
+    assert str(port) in str(e.value)
