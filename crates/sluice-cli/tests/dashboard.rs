@@ -68,24 +68,6 @@ fn assert_shows(dom: &str, marker: &str, metric: f64) {
     assert!((page - metric).abs() <= 0.5e-4, "the page shows {page} for {marker}, the metrics {metric}");
 }
 
-/// Waits until the dispatcher's metrics at `metrics` count `batches` consumed by the
-/// client: a heartbeat reported them all (a dropped client sends no last one).
-fn wait_for_heartbeat(metrics: &str, batches: usize) {
-    let t0 = std::time::Instant::now();
-    loop {
-        let text = http_get(metrics);
-        let reported = text
-            .lines()
-            .find_map(|l| l.strip_prefix("sluice_client_batches_total"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-        if reported == Some(batches as f64) {
-            return;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "no heartbeat reported {batches} batches: {reported:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn dashboard_in_headless_chromium_shows_the_metrics_numbers() {
     let Some(browser) = chromium() else {

@@ -49,24 +49,6 @@ fn promql(addr: &str, query: &str, deadline: Instant) -> f64 {
     }
 }
 
-/// Waits until the dispatcher's metrics at `metrics` count `batches` consumed by the
-/// client: a heartbeat reported them all (a dropped client sends no last one).
-fn wait_for_heartbeat(metrics: &str, batches: usize) {
-    let t0 = std::time::Instant::now();
-    loop {
-        let text = http_get(metrics);
-        let reported = text
-            .lines()
-            .find_map(|l| l.strip_prefix("sluice_client_batches_total"))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
-        if reported == Some(batches as f64) {
-            return;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "no heartbeat reported {batches} batches: {reported:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn prometheus_scrapes_sluice_up_and_promql_reads_the_stall_fraction() {
     let Some(prometheus) = prometheus() else {

@@ -18,18 +18,6 @@ use sluice_synth::DatasetOptions;
 mod common;
 use common::*;
 
-/// Runs `f` on a thread and fails the test (instead of hanging it) if it takes over `secs`.
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: still not done after {secs} s"),
-    }
-}
-
 fn sorted(mut v: Vec<u64>) -> Vec<u64> {
     v.sort_unstable();
     v

@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::mpsc;
 use std::time::Duration;
 
 use sluice_core::{PipelineSpec, SamplingSpec};
@@ -14,18 +13,6 @@ use sluice_service::{RemoteLoader, ReportKind, ServiceErrorKind};
 
 mod common;
 use common::*;
-
-/// Runs `f` on a thread and fails the test (instead of hanging it) if it takes over `secs`.
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: still not done after {secs} s"),
-    }
-}
 
 fn importance_spec(root: &std::path::Path) -> PipelineSpec {
     let mut s = spec(root, 11);

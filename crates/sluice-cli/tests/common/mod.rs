@@ -172,3 +172,33 @@ pub fn metric_value(text: &str, name: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
+
+/// Waits until the dispatcher's metrics at `metrics` count `batches` consumed by the
+/// client: a heartbeat reported them all (a dropped client sends no last one).
+pub fn wait_for_heartbeat(metrics: &str, batches: usize) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let text = http_get(metrics);
+        let reported = text
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_client_batches_total"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+        if reported == Some(batches as f64) {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no heartbeat reported {batches} batches: {reported:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `f` on a thread and fails the test (instead of hanging it) if it takes over `secs`.
+pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: still not done after {secs} s"),
+    }
+}
