@@ -34,8 +34,11 @@ struct Assembly {
     weights: Option<Vec<f32>>,
     chunks_left: usize,
     failures: Vec<(usize, SampleError)>,
-    /// When its first job was submitted, if a trace was being recorded then.
+    /// When its first job was submitted, if a trace was being recorded then (or build
+    /// spans were asked for).
     submitted_ns: Option<u64>,
+    /// When its last sample was done, with `submitted_ns`.
+    built_ns: Option<u64>,
 }
 
 /// The batches of one epoch, in order. Dropping it mid-epoch cancels the work in flight.
@@ -61,6 +64,10 @@ pub struct EpochIter {
     skipped: Vec<(u64, SkippedSample)>,
     /// The last batch handed out and when, for its `batch_consumed` trace event.
     handed: Option<(u64, u64)>,
+    /// Stamp each batch's build span even while no trace is recorded ([`Self::with_build_spans`]).
+    spans: bool,
+    /// The build span of the last batch handed out, when stamped.
+    built: Option<(u64, u64)>,
 }
 
 /// Memory to build a batch's images in, asked for each batch with its dtype and element
@@ -99,6 +106,8 @@ impl EpochIter {
             buffers: None,
             skipped: Vec::new(),
             handed: None,
+            spans: false,
+            built: None,
         }
     }
 
@@ -116,6 +125,20 @@ impl EpochIter {
 
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// Stamps each batch's build span (first job submitted to last sample done), read
+    /// with [`Self::built_span`]: two clock reads per batch. A service worker asks for it
+    /// when its client traces.
+    pub fn with_build_spans(mut self) -> Self {
+        self.spans = true;
+        self
+    }
+
+    /// The build span of the batch last handed out, `CLOCK_MONOTONIC` ns (start, end), when
+    /// stamped: with [`Self::with_build_spans`] or while a trace is being recorded.
+    pub fn built_span(&self) -> Option<(u64, u64)> {
+        self.built
     }
 
     /// The samples skipped (`on_error = "skip"`) in the batches this task iterator has
@@ -160,7 +183,7 @@ impl EpochIter {
         let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
         let weights = self.weights.as_ref().map(|w| w[start..end].to_vec());
         let chunks = indices.len().div_ceil(CHUNK);
-        let submitted_ns = self.shared.trace.is_on().then(now_ns);
+        let submitted_ns = (self.spans || self.shared.trace.is_on()).then(now_ns);
         for c in 0..chunks {
             let slots = c * CHUNK..((c + 1) * CHUNK).min(indices.len());
             let job = ChunkJob {
@@ -178,7 +201,16 @@ impl EpochIter {
         }
         self.pending.insert(
             b,
-            Assembly { slab, keys, labels, weights, chunks_left: chunks, failures: Vec::new(), submitted_ns },
+            Assembly {
+                slab,
+                keys,
+                labels,
+                weights,
+                chunks_left: chunks,
+                failures: Vec::new(),
+                submitted_ns,
+                built_ns: None,
+            },
         );
     }
 
@@ -223,10 +255,12 @@ impl EpochIter {
             if let Some(a) = self.pending.get_mut(&done.batch) {
                 a.chunks_left -= 1;
                 a.failures.extend(done.failures);
-                if let (0, Some(start_ns), Some(recorder)) =
-                    (a.chunks_left, a.submitted_ns, self.shared.trace.current())
-                {
-                    recorder.record(self.batch_event(done.batch, start_ns, now_ns(), What::BatchPreprocessed));
+                if let (0, Some(start_ns)) = (a.chunks_left, a.submitted_ns) {
+                    let end_ns = now_ns();
+                    a.built_ns = Some(end_ns);
+                    if let Some(recorder) = self.shared.trace.current() {
+                        recorder.record(self.batch_event(done.batch, start_ns, end_ns, What::BatchPreprocessed));
+                    }
                 }
             }
         }
@@ -234,6 +268,7 @@ impl EpochIter {
 
     fn assemble(&mut self, b: u64) -> Option<Result<Batch, PipelineError>> {
         let mut a = self.pending.remove(&b)?;
+        self.built = a.submitted_ns.zip(a.built_ns);
         a.failures.sort_by_key(|f| f.0);
         if let Some((_, first)) = a.failures.first() {
             if self.shared.spec.on_error == ErrorPolicy::Fail {

@@ -357,6 +357,13 @@ impl Loader {
         self.shared.trace.stop()
     }
 
+    /// The events recorded since the trace started or was last drained, leaving it
+    /// recording: a long-running loader (a service worker's) writes its trace in parts.
+    /// `None` if no trace is being recorded.
+    pub fn drain_trace(&self) -> Option<TraceData> {
+        self.shared.trace.drain()
+    }
+
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = self.shared.stats.lock().snapshot();
         s.cache = self.shared.cache.as_deref().map(Cache::stats);

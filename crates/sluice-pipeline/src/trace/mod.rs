@@ -16,6 +16,9 @@ mod recorder;
 
 use std::path::{Path, PathBuf};
 
+/// Perfetto's trace messages (generated from the vendored `perfetto_trace.proto`): for
+/// writers of other traces (the service client's) and for readers.
+pub use perfetto::pb;
 pub use recorder::{CacheUse, Recorder, SampleId, ThreadBuf, TraceData, TraceSwitch};
 
 /// What an event measures.
@@ -141,7 +144,7 @@ impl TraceData {
 
 /// Assigns each batch span to the first lane free at its start, so the spans of batches in
 /// flight together (prefetch) sit side by side instead of overlapping on one track.
-pub(crate) fn lanes(spans: &[(u64, u64)]) -> Vec<usize> {
+pub fn lanes(spans: &[(u64, u64)]) -> Vec<usize> {
     let mut lane_ends: Vec<u64> = Vec::new();
     spans
         .iter()
@@ -163,8 +166,8 @@ pub(crate) fn flow_id(pid: u32, epoch: u64, batch: u64) -> u64 {
     xor_mix(u64::from(pid) << 40 ^ epoch << 32 ^ batch)
 }
 
-/// A track's id, from what names it.
-pub(crate) fn track_uuid(parts: &[u64]) -> u64 {
+/// A track's (or flow's) id, from what names it.
+pub fn track_uuid(parts: &[u64]) -> u64 {
     parts.iter().fold(0x5171_ce00_0000_0001u64, |h, &p| xor_mix(h ^ p))
 }
 

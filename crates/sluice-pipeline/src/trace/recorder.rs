@@ -213,6 +213,13 @@ impl TraceSwitch {
         Some(recorder.take())
     }
 
+    /// The events recorded since the start or the last drain, leaving recording on (a
+    /// long-running process writes its trace in parts); `None` if nothing is being recorded.
+    pub fn drain(&self) -> Option<TraceData> {
+        let recorder = self.recorder.lock().clone()?;
+        Some(recorder.take())
+    }
+
     pub fn is_on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
     }
@@ -255,10 +262,17 @@ mod tests {
         rec.flush(&mut buf);
         assert!(buf.is_empty());
         assert_eq!(buf.events.capacity(), cap, "the buffer was reallocated");
+        let drained = switch.drain().unwrap();
+        assert_eq!(drained.events.len(), 1);
+        assert!(switch.is_on(), "a drain leaves recording on");
+        buf.sample(20, &[Duration::from_nanos(4)], CacheUse::None, SampleId { key: 2, batch: 0, epoch: 0 });
+        rec.flush(&mut buf);
         let data = switch.stop().unwrap();
-        assert_eq!(data.events.len(), 1);
-        assert_eq!(data.op_totals(), vec![("read".to_string(), Duration::from_nanos(3))]);
-        assert!(data.threads.contains_key(&current_tid()));
+        assert_eq!(data.events.len(), 1, "the drained events are not recorded twice");
+        assert_eq!(drained.op_totals(), vec![("read".to_string(), Duration::from_nanos(3))]);
+        assert!(drained.threads.contains_key(&current_tid()) && data.threads.contains_key(&current_tid()));
+        let whole = TraceData { events: [drained.events, data.events].concat(), ..data };
+        assert_eq!(whole.op_totals(), vec![("read".to_string(), Duration::from_nanos(7))]);
         assert!(switch.current().is_none() && switch.stop().is_none());
     }
 }
