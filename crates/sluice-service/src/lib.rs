@@ -46,7 +46,9 @@ mod tls;
 mod wire;
 mod worker;
 
-pub use client::{DataPlane, RemoteEpoch, RemoteLoader, RemoteOptions, RemoteState};
+pub use client::{
+    ClockOffset, DataPlane, RemoteEpoch, RemoteLoader, RemoteOptions, RemoteState, RemoteTrace, WorkerBuild,
+};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::{ServiceError, ServiceErrorKind};
 pub use limits::WorkerLimits;

@@ -7,7 +7,7 @@
 use sluice_core::{Batch, Layout, Tensor, TensorData};
 
 use crate::error::ServiceError;
-use crate::proto::{self, BatchMessage, SkippedSample};
+use crate::proto::{self, BatchMessage, BatchTrace, SkippedSample};
 use crate::MAX_MESSAGE_BYTES;
 
 /// How pixels travel from workers to a client.
@@ -58,6 +58,9 @@ pub struct Outgoing {
     batch: Batch,
     packed: Option<Vec<u8>>,
     skipped: Vec<SkippedSample>,
+    /// Its times on the worker, when the client traces; `sent_ns` is stamped as the header
+    /// is made, just before the batch goes out.
+    trace: Option<BatchTrace>,
 }
 
 impl Outgoing {
@@ -75,13 +78,24 @@ impl Outgoing {
                     .ok()
             }
         };
-        Self { batch, packed, skipped: Vec::new() }
+        Self { batch, packed, skipped: Vec::new(), trace: None }
     }
 
     /// With the samples of the batch the worker skipped (`on_error = "skip"`).
     pub fn with_skipped(mut self, skipped: Vec<SkippedSample>) -> Self {
         self.skipped = skipped;
         self
+    }
+
+    /// With the batch's times on the worker (the client traces).
+    pub fn with_trace(mut self, trace: BatchTrace) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
+    /// The trace times as they go out: sent now.
+    fn trace_now(&self) -> Option<BatchTrace> {
+        self.trace.map(|t| BatchTrace { sent_ns: sluice_pipeline::trace::now_ns(), ..t })
     }
 
     /// The bytes that travel for the pixels.
@@ -92,7 +106,7 @@ impl Outgoing {
     /// The batch's columns without its pixels.
     pub fn header(&self) -> BatchMessage {
         let compression = if self.packed.is_some() { Compression::Zstd } else { Compression::None };
-        BatchMessage { skipped: self.skipped.clone(), ..header(&self.batch, compression) }
+        BatchMessage { skipped: self.skipped.clone(), trace: self.trace_now(), ..header(&self.batch, compression) }
     }
 
     pub fn batch(&self) -> &Batch {
@@ -106,10 +120,11 @@ impl Outgoing {
 
     /// The whole message, for gRPC.
     pub fn into_message(self) -> BatchMessage {
+        let trace = self.trace_now();
         let skipped = self.skipped;
         match self.packed {
-            None => BatchMessage { skipped, ..batch_to_message(self.batch) },
-            Some(packed) => BatchMessage { data: packed, skipped, ..header(&self.batch, Compression::Zstd) },
+            None => BatchMessage { skipped, trace, ..batch_to_message(self.batch) },
+            Some(packed) => BatchMessage { data: packed, skipped, trace, ..header(&self.batch, Compression::Zstd) },
         }
     }
 }
@@ -167,6 +182,7 @@ fn header(b: &Batch, compression: Compression) -> BatchMessage {
         weights: b.weights.clone().unwrap_or_default(),
         compression: compression.to_wire(),
         skipped: Vec::new(),
+        trace: None,
     }
 }
 
@@ -185,12 +201,18 @@ pub fn batch_to_message(batch: Batch) -> BatchMessage {
 pub struct Received {
     pub batch: Batch,
     pub skipped: Vec<SkippedSample>,
+    /// Its times on the worker, when the client asked for them.
+    pub trace: Option<BatchTrace>,
 }
 
 /// [`message_to_batch`], keeping the batch's skipped samples (no more than it had slots).
 pub fn message_to_received(mut m: BatchMessage) -> Result<Received, ServiceError> {
     let skipped = std::mem::take(&mut m.skipped);
+    let trace = m.trace.take();
     let batch = message_to_batch(m)?;
+    if let Some(t) = &trace {
+        check_trace(t, &batch)?;
+    }
     if skipped.len() > MAX_SKIPPED_PER_BATCH {
         return Err(ServiceError::BadBatch(format!(
             "batch {} of epoch {}: {} skipped samples",
@@ -199,7 +221,22 @@ pub fn message_to_received(mut m: BatchMessage) -> Result<Received, ServiceError
             skipped.len()
         )));
     }
-    Ok(Received { batch, skipped })
+    Ok(Received { batch, skipped, trace })
+}
+
+/// A batch's worker times must come in order: request received and batch built before it
+/// was sent (a build span of 0..0 is unknown).
+fn check_trace(t: &BatchTrace, batch: &Batch) -> Result<(), ServiceError> {
+    let built_known = (t.built_start_ns, t.built_end_ns) != (0, 0);
+    if t.request_received_ns > t.sent_ns
+        || (built_known && (t.built_start_ns > t.built_end_ns || t.built_end_ns > t.sent_ns))
+    {
+        return Err(ServiceError::BadBatch(format!(
+            "batch {} of epoch {}: trace times out of order (request received {}, built {}..{}, sent {} ns)",
+            batch.index, batch.epoch, t.request_received_ns, t.built_start_ns, t.built_end_ns, t.sent_ns
+        )));
+    }
+    Ok(())
 }
 
 /// More skipped samples than any batch could hold is a broken worker.

@@ -2,7 +2,7 @@
 //! gRPC endpoints and local data planes, and the heartbeat that keeps this client's leases.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,8 @@ pub(super) struct Conn {
     pub(super) stall_ns: AtomicU64,
     pub(super) started: Instant,
     pub(super) next_request: AtomicU64,
+    /// The loader traces: tasks opened now ask their workers for batch times.
+    pub(super) tracing: AtomicBool,
 }
 
 impl Conn {
@@ -86,6 +88,7 @@ impl Conn {
             stall_ns: AtomicU64::new(0),
             started: Instant::now(),
             next_request: AtomicU64::new(1),
+            tracing: AtomicBool::new(false),
         })
     }
 

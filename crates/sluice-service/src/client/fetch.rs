@@ -9,12 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::Batch;
+use sluice_pipeline::trace::now_ns;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tonic::{Code, Status};
 
+use super::clock::ConnClock;
 use super::conn::{retryable, with_retry, Conn};
 use super::options::DataPlane;
+use super::trace::Built;
 use crate::dataplane::TaskStream;
 use crate::error::ServiceError;
 use crate::proto::*;
@@ -45,6 +48,8 @@ pub(super) enum Item {
         /// Samples of this batch the worker skipped (`on_error = "skip"`).
         skipped: Vec<crate::proto::SkippedSample>,
         local: bool,
+        /// Where and when it was built, when the loader traces.
+        built: Option<Box<Built>>,
     },
     /// The dispatcher says every batch of this epoch was delivered (to some client).
     EpochEnd(u64),
@@ -166,6 +171,7 @@ async fn run_task(
 ) -> Result<bool, ServiceError> {
     let mut received = 0u64;
     let outcome: Result<(), Status> = async {
+        let trace = conn.tracing.load(Ordering::Relaxed);
         let req = RunTaskRequest {
             job_id: task.job_id,
             epoch: task.epoch,
@@ -173,7 +179,11 @@ async fn run_task(
             end: task.end,
             compression: conn.compression.to_wire(),
             fingerprint: conn.fingerprint.clone(),
+            trace,
         };
+        // Tracing: when the request went, and this connection's clock offset.
+        let sent_ns = trace.then(now_ns);
+        let mut clock = ConnClock::default();
         let mut source = if let Some(stream) = open_local(conn, task, &req).await? {
             Source::Tcp(stream)
         } else if conn.data_plane != DataPlane::Grpc && !task.worker_data_addr.is_empty() {
@@ -189,12 +199,28 @@ async fn run_task(
         // runs only two tasks of a job at a time, so leaving it blocked on a full socket
         // would stall that job's current-epoch tasks queued behind it (and the epoch with
         // them). Memory: at most `tasks_in_flight - 1` such tasks.
-        let mut held: Vec<Received> = Vec::new();
+        let mut held: Vec<(Batch, Vec<SkippedSample>, Option<Box<Built>>)> = Vec::new();
         loop {
             let next = tokio::time::timeout(Duration::from_secs(60), source.next())
                 .await
                 .map_err(|_| Status::unavailable("worker sent nothing for 60 s"))??;
-            let Some(Received { batch, skipped }) = next else { break };
+            let received_ns = sent_ns.map(|_| now_ns());
+            let Some(Received { batch, skipped, trace }) = next else { break };
+            let built = match (sent_ns, received_ns, trace) {
+                (Some(t0), Some(t3), Some(t)) => {
+                    let offset = clock.observe(t0, t.request_received_ns, t.sent_ns, t3);
+                    let span = (t.built_end_ns > 0).then_some((t.built_start_ns, t.built_end_ns));
+                    Some(Box::new(Built {
+                        worker_id: task.worker_id,
+                        worker_addr: task.worker_addr.clone(),
+                        worker_pid: t.pid,
+                        span,
+                        received_ns: t3,
+                        clock: offset,
+                    }))
+                }
+                _ => None,
+            };
             let expected = task.start + received + held.len() as u64;
             if batch.epoch != task.epoch || batch.index != expected {
                 return Err(Status::invalid_argument(format!(
@@ -203,10 +229,10 @@ async fn run_task(
                 )));
             }
             if gate.is_some() {
-                held.push(Received { batch, skipped });
+                held.push((batch, skipped, built));
                 continue;
             }
-            let item = Item::Batch { task: TaskKey::of(task), end: task.end, batch, skipped, local };
+            let item = Item::Batch { task: TaskKey::of(task), end: task.end, batch, skipped, local, built };
             if tx.send(item).await.is_err() {
                 return Err(Status::cancelled("consumer gone"));
             }
@@ -228,8 +254,8 @@ async fn run_task(
                     return;
                 }
                 drop(permit);
-                for Received { batch, skipped } in held {
-                    let item = Item::Batch { task: TaskKey::of(&task), end: task.end, batch, skipped, local };
+                for (batch, skipped, built) in held {
+                    let item = Item::Batch { task: TaskKey::of(&task), end: task.end, batch, skipped, local, built };
                     if tx.send(item).await.is_err() {
                         return;
                     }

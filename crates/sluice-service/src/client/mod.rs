@@ -7,9 +7,11 @@
 //! the dispatcher queues only the rest. Batches are also deduplicated by index, so a batch
 //! can never reach the trainer twice in an epoch.
 
+mod clock;
 mod conn;
 mod fetch;
 mod options;
+mod trace;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sluice_core::{Batch, PipelineSpec};
-use sluice_pipeline::SkippedSample;
+use sluice_pipeline::{PipelineError, SkippedSample, TraceError};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch, Semaphore};
 
@@ -27,6 +29,7 @@ use crate::proto::*;
 use conn::{heartbeat, retry, with_retry, Conn};
 use fetch::{drive, Flow, Item, TaskKey};
 pub use options::{DataPlane, RemoteOptions};
+pub use trace::{ClockOffset, RemoteTrace, WorkerBuild};
 
 /// Where a remote loader stands: the job, its epoch and the batches of that epoch already
 /// handed to the trainer.
@@ -58,6 +61,8 @@ pub struct RemoteLoader {
     /// once every report of it is in. These wait for that call.
     deferred_acks: Option<Vec<TaskKey>>,
     current: Option<EpochStream>,
+    /// Recording a trace ([`RemoteLoader::start_trace`]).
+    trace: Option<trace::Recording>,
 }
 
 /// The stream of batches, from the epoch it was started at on.
@@ -111,6 +116,7 @@ impl RemoteLoader {
             abandoned: false,
             deferred_acks: (spec.sampling != sluice_core::SamplingSpec::Uniform).then(Vec::new),
             current: None,
+            trace: None,
         })
     }
 
@@ -142,6 +148,26 @@ impl RemoteLoader {
     /// Batches that arrived twice and were dropped (after worker failures).
     pub fn duplicates_dropped(&self) -> u64 {
         self.duplicates
+    }
+
+    /// Starts recording a trace: for every batch, how long the trainer waited for it, when
+    /// it got it and how long it kept it, and where and when a worker built it (tasks
+    /// started from now on bring their batches' times; see [`RemoteTrace`]). Fails if a
+    /// trace is already being recorded.
+    pub fn start_trace(&mut self) -> Result<(), ServiceError> {
+        if self.trace.is_some() {
+            return Err(PipelineError::from(TraceError::AlreadyTracing).into());
+        }
+        self.trace = Some(trace::Recording::default());
+        self.conn.tracing.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Stops recording and returns the trace, to write with [`RemoteTrace::write`]; `None`
+    /// if no trace was being recorded.
+    pub fn stop_trace(&mut self) -> Option<RemoteTrace> {
+        self.conn.tracing.store(false, Ordering::Relaxed);
+        self.trace.take().map(trace::Recording::finish)
     }
 
     pub fn state(&self) -> RemoteState {
@@ -281,6 +307,7 @@ impl RemoteLoader {
         for task in self.deferred_acks.as_mut().map(std::mem::take).unwrap_or_default() {
             self.ack(task);
         }
+        let asked_ns = self.trace.as_mut().map(trace::Recording::asked);
         loop {
             let stream = self.current.as_mut()?;
             if stream.failed {
@@ -325,7 +352,7 @@ impl RemoteLoader {
                         batch.epoch, self.epoch
                     ))));
                 }
-                Some(Item::Batch { task, end, batch, skipped, local }) => {
+                Some(Item::Batch { task, end, batch, skipped, local, built }) => {
                     let entry = self.open.entry(task).or_insert((end, 0));
                     entry.1 += 1;
                     if entry.1 == end - task.start {
@@ -348,6 +375,9 @@ impl RemoteLoader {
                         self.conn.batches.fetch_add(1, Ordering::Relaxed);
                         if local {
                             self.shared_memory_batches += 1;
+                        }
+                        if let (Some(rec), Some(asked_ns)) = (self.trace.as_mut(), asked_ns) {
+                            rec.handed(batch.epoch, batch.index, asked_ns, built);
                         }
                         return Some(Ok(batch));
                     }

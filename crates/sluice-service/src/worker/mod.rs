@@ -8,6 +8,7 @@
 
 mod draw;
 mod task;
+mod trace;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -60,6 +61,9 @@ pub struct WorkerConfig {
     pub shared_memory: bool,
     /// What a job's spec may ask of this worker, and how many job loaders it keeps.
     pub limits: WorkerLimits,
+    /// Record each job's pipeline events (per sample and op, per batch) and write them
+    /// here, one Perfetto trace per job and worker, extended after every task.
+    pub trace_dir: Option<PathBuf>,
 }
 
 struct JobRunner {
@@ -79,6 +83,8 @@ struct JobRunner {
     /// Importance sampling: the dispatcher draws the epochs; these are the ones fetched.
     /// `None` for a uniformly sampled job (every worker computes its order itself).
     draws: Option<draw::Draws>,
+    /// The job's trace file, with `--trace-dir` (see [`trace`]).
+    trace: Option<trace::JobTrace>,
 }
 
 /// See [`JobRunner::running`].
@@ -107,6 +113,9 @@ struct Inner {
     caches: Mutex<HashMap<String, Arc<Cache>>>,
     counters: Counters,
     started: Instant,
+    trace_dir: Option<PathBuf>,
+    /// The id the dispatcher gave this worker (0 until registered): names trace files.
+    worker_id: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -116,6 +125,9 @@ pub struct WorkerService {
 
 impl WorkerService {
     pub fn new(config: &WorkerConfig) -> Result<Self, ServiceError> {
+        if let Some(dir) = &config.trace_dir {
+            trace::create_dir(dir)?;
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 dispatcher: {
@@ -129,6 +141,8 @@ impl WorkerService {
                 caches: Mutex::new(HashMap::new()),
                 counters: Counters::default(),
                 started: Instant::now(),
+                trace_dir: config.trace_dir.clone(),
+                worker_id: AtomicU64::new(0),
             }),
         })
     }
@@ -204,7 +218,15 @@ impl WorkerService {
         .await
         .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
+        let trace = match &self.inner.trace_dir {
+            Some(dir) => {
+                let worker_id = self.inner.worker_id.load(Ordering::Relaxed);
+                Some(trace::JobTrace::start(&loader, dir, job_id, worker_id)?)
+            }
+            None => None,
+        };
         let runner = Arc::new(JobRunner {
+            trace,
             fingerprint: job_fingerprint,
             passes,
             running: Arc::new(tokio::sync::Semaphore::new(TASKS_AT_ONCE)),
@@ -302,6 +324,7 @@ async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest)
             None => client.register_worker(register.clone()).await.map(|r| {
                 let wid = r.into_inner().worker_id;
                 tracing::info!(worker_id = wid, addr = %register.addr, "registered with the dispatcher");
+                service.inner.worker_id.store(wid, Ordering::Relaxed);
                 id = Some(wid);
             }),
             Some(wid) => client

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use sluice_core::{Batch, DType, Layout, Tensor};
+use sluice_pipeline::trace::now_ns;
 use sluice_pipeline::PipelineError;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -32,6 +33,8 @@ impl WorkerService {
     /// Starts one task: checks it, then runs the job's loader over the task's batch range on
     /// a blocking thread. Batches arrive on the returned channel, in order; an error ends it.
     pub(crate) async fn start_task(&self, req: RunTaskRequest) -> Result<TaskBatches, Status> {
+        // The client traces: when its request arrived, in this machine's clock.
+        let received_ns = req.trace.then(now_ns);
         let compression = Compression::from_wire(req.compression).map_err(|e| {
             self.inner.counters.refused.fetch_add(1, Ordering::Relaxed);
             Status::from(e)
@@ -81,7 +84,10 @@ impl WorkerService {
             // The semaphore is never closed; without a permit the task simply does not run.
             let Ok(permit) = runner.running.clone().acquire_owned().await else { return };
             tokio::task::spawn_blocking(move || {
-                run_task(&inner, &runner, &req, draw, compression, memory, &tx);
+                run_task(&inner, &runner, &req, draw, compression, memory, received_ns, &tx);
+                if let Some(trace) = &runner.trace {
+                    trace.write_part(&runner.loader);
+                }
                 drop(permit);
             });
         });
@@ -90,6 +96,9 @@ impl WorkerService {
 }
 
 /// Runs one task's batches through the job's loader into `tx` (on a blocking thread).
+/// `received_ns`: the client traces, and its request arrived then; each batch goes with
+/// its [`BatchTrace`].
+#[allow(clippy::too_many_arguments)]
 fn run_task(
     inner: &Inner,
     runner: &JobRunner,
@@ -97,6 +106,7 @@ fn run_task(
     draw: Option<super::draw::Draw>,
     compression: Compression,
     memory: Option<sluice_pipeline::BufferSource>,
+    received_ns: Option<u64>,
     tx: &mpsc::Sender<Result<Outgoing, Status>>,
 ) {
     let c = &inner.counters;
@@ -122,10 +132,24 @@ fn run_task(
     if let Some(memory) = memory {
         batches = batches.with_buffers(memory);
     }
-    let send = |batch: Batch, skipped: Vec<SkippedSample>| -> bool {
+    if received_ns.is_some() {
+        batches = batches.with_build_spans();
+    }
+    let pid = std::process::id();
+    // The batch's times here, when the client traces (`sent_ns` is stamped as it goes out).
+    let trace = |built: Option<(u64, u64)>| {
+        received_ns.map(|request_received_ns| {
+            let (built_start_ns, built_end_ns) = built.unwrap_or((0, 0));
+            BatchTrace { pid, request_received_ns, built_start_ns, built_end_ns, sent_ns: 0 }
+        })
+    };
+    let send = |batch: Batch, skipped: Vec<SkippedSample>, trace: Option<BatchTrace>| -> bool {
         let n = batch.len() as u64;
         let pixel_bytes = batch.images.as_bytes().len() as u64;
-        let out = Outgoing::new(batch, compression).with_skipped(skipped);
+        let mut out = Outgoing::new(batch, compression).with_skipped(skipped);
+        if let Some(t) = trace {
+            out = out.with_trace(t);
+        }
         let bytes = out.payload().len() as u64;
         if tx.blocking_send(Ok(out)).is_err() {
             return false;
@@ -164,7 +188,7 @@ fn run_task(
                 layout: Layout::Hwc,
                 weights: None,
             };
-            if !send(empty, of(index)) {
+            if !send(empty, of(index), trace(None)) {
                 complete = false;
                 break;
             }
@@ -179,7 +203,7 @@ fn run_task(
                 // Back to the job's numbering: epoch `req.epoch`, index in all passes.
                 batch.epoch = req.epoch;
                 batch.index += offset;
-                if !send(batch, mine) {
+                if !send(batch, mine, trace(batches.built_span())) {
                     // The client went away; stop working for it.
                     complete = false;
                     break;

@@ -1,0 +1,57 @@
+//! `sluice worker --trace-dir DIR`: each job's loader records its events (per sample and
+//! op, per batch, as `sluice run --trace` does), and after every task the worker appends
+//! what was recorded to `DIR/job-<job id>-worker-<worker id>.pftrace`. Perfetto traces are
+//! sequences of packets, so the parts appended one after another are one trace that grows
+//! as the job runs, readable at any time.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use parking_lot::Mutex;
+use sluice_pipeline::{Loader, PipelineError, TraceError, TraceFormat};
+
+/// Creates the trace directory when the worker starts, so a bad `--trace-dir` stops it
+/// at once rather than failing every job.
+pub(super) fn create_dir(dir: &Path) -> Result<(), ServiceError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|source| PipelineError::from(TraceError::Write { path: dir.to_path_buf(), source }).into())
+}
+
+use crate::error::ServiceError;
+
+/// One job's trace file on this worker.
+pub(super) struct JobTrace {
+    path: PathBuf,
+    /// Held while a part is appended, so parts of tasks ending together do not interleave.
+    file: Mutex<()>,
+}
+
+impl JobTrace {
+    /// Starts recording `loader`'s events, for the file of `job_id` in `dir` (an existing
+    /// file is appended to).
+    pub(super) fn start(loader: &Loader, dir: &Path, job_id: u64, worker_id: u64) -> Result<Self, ServiceError> {
+        let path = dir.join(format!("job-{job_id}-worker-{worker_id}.pftrace"));
+        loader.start_trace()?;
+        tracing::info!(job_id, path = %path.display(), "tracing the job");
+        Ok(Self { path, file: Mutex::new(()) })
+    }
+
+    /// Appends the events recorded since the last part. A trace that cannot be written is
+    /// logged, never a reason to fail the task.
+    pub(super) fn write_part(&self, loader: &Loader) {
+        let Some(part) = loader.drain_trace() else { return };
+        if part.events.is_empty() {
+            return;
+        }
+        let bytes = part.encode(TraceFormat::Perfetto);
+        let _held = self.file.lock();
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut f| f.write_all(&bytes));
+        if let Err(e) = written {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot write the job's trace");
+        }
+    }
+}
