@@ -185,6 +185,10 @@ pub struct WorkerArgs {
     /// Serve clients on this machine over TCP only, not through shared memory.
     #[arg(long)]
     no_shared_memory: bool,
+    /// Record each job's pipeline events (per sample and op, per batch) into
+    /// DIR/job-<job id>-worker-<worker id>.pftrace (Perfetto), extended after every task.
+    #[arg(long, value_name = "DIR")]
+    trace_dir: Option<PathBuf>,
     #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
@@ -206,6 +210,7 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
         shared_memory: !a.no_shared_memory,
         threads: a.threads,
         limits: a.limits.limits(),
+        trace_dir: a.trace_dir,
     };
     sluice_service::serve_worker(config, |addr| announce("worker", addr))?;
     Ok(())
