@@ -145,6 +145,9 @@ class RemoteLoader:
         tls_ca: Optional[str] = None,
         connect_timeout: float = 60.0,
     ) -> "RemoteLoader": ...
+    def start_trace(self) -> None: ...
+    def stop_trace(self, path: str) -> Optional[int]:
+        """Writes the trace to ``path``; the events and builds written, or None if not tracing."""
     def start_epoch(self) -> None: ...
     def next_batch(self) -> Optional["RawBatch"]:
         """Waits with the GIL released; Ctrl-C raises ``KeyboardInterrupt``, nothing lost."""

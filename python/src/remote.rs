@@ -78,6 +78,21 @@ impl PyRemoteLoader {
         Ok(Self { inner: Mutex::new(loader), received: Mutex::default(), started: Instant::now(), buffers })
     }
 
+    /// Starts recording a trace: each batch's wait, hand-over and time with the trainer,
+    /// and where and when a worker built it (see `sluice_service::RemoteTrace`).
+    fn start_trace(&self, py: Python<'_>) -> PyResult<()> {
+        self.inner.lock().start_trace().map_err(|e| service_error(py, e))
+    }
+
+    /// Stops recording and writes the trace to `path` (Chrome JSON for `.json`, else
+    /// Perfetto protobuf); the number of trainer events and worker builds written, or None
+    /// if no trace was being recorded.
+    fn stop_trace(&self, py: Python<'_>, path: PathBuf) -> PyResult<Option<usize>> {
+        let Some(trace) = self.inner.lock().stop_trace() else { return Ok(None) };
+        py.detach(|| trace.write(&path)).map_err(|e| service_error(py, ServiceError::Pipeline(e.into())))?;
+        Ok(Some(trace.events.len() + trace.builds.len()))
+    }
+
     /// Starts streaming the rest of the current epoch (restarting it exactly if an earlier
     /// iteration stopped midway).
     fn start_epoch(&self, py: Python<'_>) {

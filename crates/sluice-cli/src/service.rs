@@ -402,6 +402,10 @@ pub struct RemoteRunArgs {
     /// rest), tcp, or grpc.
     #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "grpc"])]
     data_plane: String,
+    /// Record a trace of the run to this file: the trainer's events and every worker's
+    /// batch builds in one timeline (Perfetto protobuf, or Chrome trace JSON for `.json`).
+    #[arg(long)]
+    trace: Option<PathBuf>,
 }
 
 /// Reads epochs of a job through the service and reports throughput, checking that every
@@ -415,6 +419,9 @@ pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
     options.compression = sluice_service::Compression::parse(&a.compression)?;
     options.data_plane = sluice_service::DataPlane::parse(&a.data_plane)?;
     let mut loader = sluice_service::RemoteLoader::connect(&spec, options)?;
+    if a.trace.is_some() {
+        loader.start_trace()?;
+    }
     let info = loader.job().clone();
     println!(
         "job {} (id {}, fingerprint {}): {} samples, {} batches per epoch, starting at epoch {}",
@@ -438,6 +445,15 @@ pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
             keys.len(),
             loader.duplicates_dropped(),
             loader.shared_memory_batches()
+        );
+    }
+    if let (Some(path), Some(trace)) = (&a.trace, loader.stop_trace()) {
+        trace.write(path)?;
+        eprintln!(
+            "trace: {} trainer events and {} worker builds written to {}",
+            trace.events.len(),
+            trace.builds.len(),
+            path.display()
         );
     }
     Ok(())

@@ -363,6 +363,37 @@ mod tests {
     }
 
     #[test]
+    fn a_batchs_trace_times_travel_stamped_when_sent_and_out_of_order_ones_are_refused() {
+        let b = Batch {
+            epoch: 2,
+            index: 5,
+            keys: vec![1],
+            labels: vec![0],
+            images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
+            layout: Layout::Hwc,
+            weights: None,
+        };
+        let t = BatchTrace { pid: 9, request_received_ns: 10, built_start_ns: 20, built_end_ns: 30, sent_ns: 0 };
+        let before = sluice_pipeline::trace::now_ns();
+        let out = Outgoing::new(b.clone(), Compression::None).with_trace(t);
+        let head = out.header();
+        let got = message_to_received(out.into_message()).unwrap().trace.unwrap();
+        assert!(got.sent_ns >= before && head.trace.unwrap().sent_ns >= before, "stamped as it goes out");
+        assert_eq!(BatchTrace { sent_ns: 0, ..got }, t);
+        assert!(message_to_received(batch_to_message(b.clone())).unwrap().trace.is_none());
+
+        for bad in [
+            BatchTrace { built_end_ns: 40, sent_ns: 35, ..t },
+            BatchTrace { built_start_ns: 31, sent_ns: 35, ..t },
+            BatchTrace { request_received_ns: 36, sent_ns: 35, ..t },
+        ] {
+            let m = BatchMessage { trace: Some(bad), ..batch_to_message(b.clone()) };
+            let e = message_to_received(m).unwrap_err().to_string();
+            assert!(e.contains("batch 5 of epoch 2: trace times out of order"), "{e}");
+        }
+    }
+
+    #[test]
     fn compressed_pixels_shrink_and_corrupt_or_oversized_payloads_are_refused() {
         let mut images = Tensor::zeros(DType::U8, vec![4, 32, 32, 3]);
         for (i, px) in images.as_bytes_mut().iter_mut().enumerate() {
