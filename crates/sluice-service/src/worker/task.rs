@@ -85,10 +85,11 @@ impl WorkerService {
             let Ok(permit) = runner.running.clone().acquire_owned().await else { return };
             tokio::task::spawn_blocking(move || {
                 run_task(&inner, &runner, &req, draw, compression, memory, received_ns, &tx);
+                // The next task need not wait for the trace to be written.
+                drop(permit);
                 if let Some(trace) = &runner.trace {
                     trace.write_part(&runner.loader);
                 }
-                drop(permit);
             });
         });
         Ok(TaskBatches { rx, max_batch_bytes, in_flight, buffers: Some(buffers), recycle: Some(recycle) })
