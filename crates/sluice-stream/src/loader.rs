@@ -11,6 +11,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -22,7 +23,8 @@ use crate::entry::{Entry, Sample};
 use crate::error::StreamError;
 use crate::ledger::{Ledger, LedgerState};
 use crate::rate::{Counters, RateMeter, StreamStats};
-use crate::rehearsal::{Rehearsal, RehearsalState};
+use crate::rehearsal::{Rehearsal, RehearsalState, Stored};
+use crate::shards::{PeerFetcher, Shard, ShardServer};
 use crate::spec::{Overflow, StreamSpec, Underflow};
 
 /// How long one blocking read waits, so a waiting trainer still answers interrupts.
@@ -66,7 +68,12 @@ pub struct StreamLoader {
     ahead: VecDeque<Sample>,
     ahead_ids: HashSet<u64>,
     ledger: Ledger,
-    rehearsal: Option<Rehearsal>,
+    /// This learner's rehearsal buffer (its shard of the global one when distributed).
+    rehearsal: Option<Shard>,
+    /// Serves the shard to the peers (distributed buffer only).
+    _server: Option<ShardServer>,
+    /// Prefetches the peers' samples (distributed buffer only).
+    fetcher: Option<PeerFetcher>,
     ended: bool,
     /// While re-reading this consumer's own pending entries: the last entry id read.
     recovering: Option<String>,
@@ -95,10 +102,19 @@ impl StreamLoader {
             0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             n => n,
         };
-        let rehearsal = spec.rehearsal.as_ref().map(|r| Rehearsal::new(r.policy, r.capacity, spec.seed));
-        if let Some(r) = &spec.rehearsal {
+        let rehearsal: Option<Shard> = spec
+            .rehearsal
+            .as_ref()
+            .map(|r| Arc::new(parking_lot::Mutex::new(Rehearsal::new(r.policy, r.capacity, spec.seed))));
+        let (mut server, mut fetcher) = (None, None);
+        if let (Some(r), Some(shard)) = (&spec.rehearsal, &rehearsal) {
             std::fs::create_dir_all(&r.dir)
                 .map_err(|source| StreamError::RehearsalFile { path: r.dir.clone(), source })?;
+            if let Some(addr) = r.peers.get(r.rank) {
+                server = Some(ShardServer::start(addr, Arc::clone(shard), spec.seed ^ r.rank as u64)?);
+                let want = 2 * (spec.rehearsal_per_batch + spec.new_per_batch);
+                fetcher = Some(PeerFetcher::start(&r.peers, r.rank, want, spec.limits.max_file_bytes)?);
+            }
         }
         Ok(Self {
             broker,
@@ -109,6 +125,8 @@ impl StreamLoader {
             ahead_ids: HashSet::new(),
             ledger: Ledger::default(),
             rehearsal,
+            _server: server,
+            fetcher,
             ended: false,
             // A reader that starts under a name the group knows first takes back what it
             // left unacknowledged.
@@ -131,7 +149,7 @@ impl StreamLoader {
 
     /// The samples in the rehearsal buffer, by id.
     pub fn rehearsal_ids(&self) -> Vec<u64> {
-        self.rehearsal.as_ref().map(|r| r.items().iter().map(|s| s.id).collect()).unwrap_or_default()
+        self.rehearsal.as_ref().map(|r| r.lock().items().iter().map(|s| s.id).collect()).unwrap_or_default()
     }
 
     pub fn stats(&self) -> StreamStats {
@@ -141,7 +159,9 @@ impl StreamLoader {
             consumption_rate,
             backlog: self.backlog_in_broker + self.ahead.len() as u64,
             read_ahead: self.ahead.len() as u64,
-            rehearsal_len: self.rehearsal.as_ref().map_or(0, |r| r.len() as u64),
+            rehearsal_len: self.rehearsal.as_ref().map_or(0, |r| r.lock().len() as u64),
+            peer_ready: self.fetcher.as_ref().map_or(0, PeerFetcher::ready),
+            peer_errors: self.fetcher.as_ref().map_or(0, PeerFetcher::errors),
             ledger_len: self.ledger.len() as u64,
             counters: self.counters,
         }
@@ -176,7 +196,7 @@ impl StreamLoader {
             }
             if recovered
                 && self.spec.rate.underflow == Underflow::Rehearsal
-                && self.rehearsal.as_ref().is_some_and(|b| !b.is_empty())
+                && self.rehearsal.as_ref().is_some_and(|b| !b.lock().is_empty())
                 && started.elapsed() >= Duration::from_millis(self.spec.rate.fill_after_ms)
             {
                 break;
@@ -199,15 +219,15 @@ impl StreamLoader {
         let new: Vec<Sample> = self.ahead.drain(..take).collect();
         let fill = if self.ended { 0 } else { r - take };
         let n_rehearsal = self.spec.rehearsal_per_batch + fill;
-        let draws = self.rehearsal.as_ref().map(|b| b.draw(n_rehearsal, self.counters.batches)).unwrap_or_default();
+        let draws = self.draw_rehearsal(n_rehearsal);
         self.counters.filled += fill.min(draws.len()) as u64;
         let batch = self.build(&new, &draws)?;
         let mut entries = std::mem::take(&mut self.handled);
         for s in &new {
             self.ahead_ids.remove(&s.id);
             self.ledger.insert(s.id);
-            if let Some(b) = &mut self.rehearsal {
-                b.offer(s);
+            if let Some(b) = &self.rehearsal {
+                b.lock().offer(s);
             }
             entries.push(s.entry.clone());
         }
@@ -218,8 +238,55 @@ impl StreamLoader {
         Ok(Some(batch))
     }
 
+    /// `n` rehearsal samples, uniform over the buffer; over the global buffer when it is
+    /// distributed: each draw falls on a shard in proportion to its length, a peer's draws
+    /// are taken from what was prefetched from it, and those that find nothing there yet
+    /// are drawn locally instead (`remote_missed`).
+    fn draw_rehearsal(&mut self, n: usize) -> Vec<Arc<Stored>> {
+        let Some(shard) = &self.rehearsal else { return Vec::new() };
+        let round = self.counters.batches;
+        let mut local_n = n;
+        let mut remote: Vec<Arc<Stored>> = Vec::new();
+        if let Some(fetcher) = &self.fetcher {
+            let lens = fetcher.lens();
+            let local_len = shard.lock().len() as u64;
+            let total = local_len + lens.iter().sum::<u64>();
+            let mut per_peer = vec![0usize; lens.len()];
+            let mut rng = SampleRng::new(self.spec.seed, round, SampleKey(u64::MAX), 0x676c_6f62);
+            local_n = 0;
+            for _ in 0..n {
+                let mut x = if total == 0 { 0 } else { rng.next_u64() % total };
+                if x < local_len {
+                    local_n += 1;
+                    continue;
+                }
+                x -= local_len;
+                for (i, &len) in lens.iter().enumerate() {
+                    if x < len {
+                        per_peer[i] += 1;
+                        break;
+                    }
+                    x -= len;
+                }
+            }
+            for (i, k) in per_peer.into_iter().enumerate().filter(|(_, k)| *k > 0) {
+                let got = fetcher.take(i, k);
+                let missed = k - got.len();
+                self.counters.remote_missed += missed as u64;
+                local_n += missed;
+                remote.extend(got.into_iter().map(Arc::new));
+            }
+        }
+        let shard = shard.lock();
+        let mut out: Vec<Arc<Stored>> =
+            shard.draw(local_n, round).into_iter().map(|i| Arc::clone(&shard.items()[i])).collect();
+        self.counters.rehearsed_remote += remote.len() as u64;
+        out.extend(remote);
+        out
+    }
+
     /// Decodes and augments the new samples and the drawn rehearsal ones into one batch.
-    fn build(&mut self, new: &[Sample], draws: &[usize]) -> Result<StreamBatch, StreamError> {
+    fn build(&mut self, new: &[Sample], draws: &[Arc<Stored>]) -> Result<StreamBatch, StreamError> {
         let seed = self.spec.seed;
         let draw_round = self.counters.batches + 1;
         let mut jobs: Vec<Job<'_>> = new
@@ -233,19 +300,16 @@ impl StreamLoader {
                 rng: SampleRng::new(seed, 0, SampleKey(s.id), 0),
             })
             .collect();
-        if let Some(buffer) = &self.rehearsal {
-            for &i in draws {
-                let s = &buffer.items()[i];
-                // A fresh generator per draw: a rehearsal sample is augmented anew each time.
-                jobs.push(Job {
-                    id: s.id,
-                    label: s.label,
-                    entry: "rehearsal",
-                    image: &s.image,
-                    rehearsal: true,
-                    rng: SampleRng::new(seed, draw_round, SampleKey(s.id), 1),
-                });
-            }
+        for s in draws {
+            // A fresh generator per draw: a rehearsal sample is augmented anew each time.
+            jobs.push(Job {
+                id: s.id,
+                label: s.label,
+                entry: "rehearsal",
+                image: &s.image,
+                rehearsal: true,
+                rng: SampleRng::new(seed, draw_round, SampleKey(s.id), 1),
+            });
         }
         let shape = self.plan.output_shape();
         let mut images = Tensor::zeros(self.plan.output_dtype(), vec![jobs.len(), shape[0], shape[1], shape[2]]);
@@ -383,8 +447,8 @@ impl StreamLoader {
             match self.spec.rate.overflow {
                 Overflow::Spill => {
                     self.counters.spilled += 1;
-                    if let Some(b) = &mut self.rehearsal {
-                        b.offer(&old);
+                    if let Some(b) = &self.rehearsal {
+                        b.lock().offer(&old);
                     }
                 }
                 _ => self.counters.dropped += 1,
@@ -430,7 +494,7 @@ impl StreamLoader {
                     self.counters.batches
                 );
                 let path = spec.dir.join(name);
-                let state = buffer.save(&path)?;
+                let state = buffer.lock().save(&path)?;
                 if self.files.back() != Some(&path) {
                     self.files.push_back(path);
                 }
@@ -478,11 +542,13 @@ impl StreamLoader {
                 problem: "restore a state before the first batch".into(),
             });
         }
-        self.rehearsal = match (&state.rehearsal, &self.spec.rehearsal) {
-            (Some(saved), Some(_)) => Some(Rehearsal::load(saved, self.spec.seed)?),
-            (None, Some(r)) => Some(Rehearsal::new(r.policy, r.capacity, self.spec.seed)),
-            (_, None) => None,
-        };
+        if let (Some(shard), Some(r)) = (&self.rehearsal, &self.spec.rehearsal) {
+            let restored = match &state.rehearsal {
+                Some(saved) => Rehearsal::load(saved, self.spec.seed)?,
+                None => Rehearsal::new(r.policy, r.capacity, self.spec.seed),
+            };
+            *shard.lock() = restored;
+        }
         if let Some(saved) = &state.rehearsal {
             self.files.push_back(saved.file.clone());
         }

@@ -125,6 +125,8 @@ pub fn stream_spec(url: &str, stream: &str, group: &str, r: usize, b: usize, dir
             capacity: 16,
             policy: RehearsalPolicy::Reservoir,
             dir: d.to_path_buf(),
+            peers: Vec::new(),
+            rank: 0,
         }),
         rate: RateSpec::default(),
         seed: 7,
