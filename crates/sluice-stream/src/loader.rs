@@ -62,7 +62,7 @@ pub struct StreamState {
 pub struct StreamLoader {
     spec: StreamSpec,
     broker: Broker,
-    plan: Plan,
+    plan: Arc<Plan>,
     threads: usize,
     scratch: Vec<Scratch>,
     ahead: VecDeque<Sample>,
@@ -74,6 +74,11 @@ pub struct StreamLoader {
     _server: Option<ShardServer>,
     /// Prefetches the peers' samples (distributed buffer only).
     fetcher: Option<PeerFetcher>,
+    /// The next batch's `rehearsal_per_batch` rehearsal samples, drawn and decoded in the
+    /// background while the trainer trains on the current batch.
+    next_rehearsal: Option<std::thread::JoinHandle<Prepared>>,
+    /// The background preparation's scratch space, between batches.
+    prepare_scratch: Option<Scratch>,
     ended: bool,
     /// While re-reading this consumer's own pending entries: the last entry id read.
     recovering: Option<String>,
@@ -97,7 +102,7 @@ impl StreamLoader {
         spec.validate()?;
         let mut broker = Broker::open(&spec.url, Duration::from_millis(spec.reconnect_ms))?;
         broker.ensure_group(&spec.stream, &spec.group)?;
-        let plan = Plan::compile(&spec.ops, spec.limits);
+        let plan = Arc::new(Plan::compile(&spec.ops, spec.limits));
         let threads = match spec.threads {
             0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             n => n,
@@ -127,6 +132,8 @@ impl StreamLoader {
             rehearsal,
             _server: server,
             fetcher,
+            next_rehearsal: None,
+            prepare_scratch: Some(Scratch::new()),
             ended: false,
             // A reader that starts under a name the group knows first takes back what it
             // left unacknowledged.
@@ -218,10 +225,20 @@ impl StreamLoader {
         }
         let new: Vec<Sample> = self.ahead.drain(..take).collect();
         let fill = if self.ended { 0 } else { r - take };
-        let n_rehearsal = self.spec.rehearsal_per_batch + fill;
-        let draws = self.draw_rehearsal(n_rehearsal);
-        self.counters.filled += fill.min(draws.len()) as u64;
-        let batch = self.build(&new, &draws)?;
+        // The `rehearsal_per_batch` samples were prepared while the trainer trained on the
+        // last batch; fills (and the first batch's samples) are drawn now.
+        let mut prepared = self.next_rehearsal.take().and_then(|t| t.join().ok());
+        if let Some(p) = &mut prepared {
+            self.prepare_scratch = p.scratch.take();
+        }
+        let now = match &prepared {
+            Some(_) => fill,
+            None => self.spec.rehearsal_per_batch + fill,
+        };
+        let draws = self.draw_rehearsal(now, u64::from(prepared.is_some()));
+        self.counters.filled += fill.min(draws.samples.len()) as u64;
+        let batch = self.build(&new, &draws.samples, prepared.as_mut())?;
+        let prepared_draws = prepared.map(|p| p.draws).unwrap_or_default();
         let mut entries = std::mem::take(&mut self.handled);
         for s in &new {
             self.ahead_ids.remove(&s.id);
@@ -232,19 +249,60 @@ impl StreamLoader {
             entries.push(s.entry.clone());
         }
         self.counters.trained += new.len() as u64;
-        self.counters.rehearsed += draws.len() as u64;
+        for d in [&draws, &prepared_draws] {
+            self.counters.rehearsed += d.samples.len() as u64;
+            self.counters.rehearsed_remote += d.remote;
+            self.counters.remote_missed += d.missed;
+        }
         self.counters.batches += 1;
         self.unacked.push_back((self.counters.batches, entries));
+        self.prepare_next_rehearsal();
         Ok(Some(batch))
+    }
+
+    /// Draws the next batch's `rehearsal_per_batch` samples now and decodes them on a
+    /// background thread, so that work overlaps the trainer's step.
+    fn prepare_next_rehearsal(&mut self) {
+        let b = self.spec.rehearsal_per_batch;
+        if b == 0 || self.ended || self.rehearsal.is_none() {
+            return;
+        }
+        let draws = self.draw_rehearsal(b, 0);
+        let (plan, seed, round) = (Arc::clone(&self.plan), self.spec.seed, self.counters.batches + 1);
+        let mut scratch = self.prepare_scratch.take().unwrap_or_default();
+        let spawned = std::thread::Builder::new().name("rehearsal-prepare".into()).spawn(move || {
+            let shape = plan.output_shape();
+            let mut images =
+                Tensor::zeros(plan.output_dtype(), vec![draws.samples.len(), shape[0], shape[1], shape[2]]);
+            let mut jobs: Vec<Job<'_>> = draws.samples.iter().map(|s| Job::rehearsal(s, seed, round)).collect();
+            let results = decode_all(
+                &plan,
+                std::slice::from_mut(&mut scratch),
+                1,
+                &mut jobs,
+                images.as_bytes_mut(),
+                plan.output_bytes(),
+            );
+            drop(jobs);
+            Prepared { draws, images, results, scratch: Some(scratch) }
+        });
+        match spawned {
+            Ok(t) => self.next_rehearsal = Some(t),
+            // No thread: the next batch draws its samples itself.
+            Err(e) => tracing::warn!(error = %e, "cannot start a thread to prepare rehearsal samples"),
+        }
     }
 
     /// `n` rehearsal samples, uniform over the buffer; over the global buffer when it is
     /// distributed: each draw falls on a shard in proportion to its length, a peer's draws
     /// are taken from what was prefetched from it, and those that find nothing there yet
     /// are drawn locally instead (`remote_missed`).
-    fn draw_rehearsal(&mut self, n: usize) -> Vec<Arc<Stored>> {
-        let Some(shard) = &self.rehearsal else { return Vec::new() };
-        let round = self.counters.batches;
+    /// `part` separates the draws of one round (prepared ahead, and fills) so they differ.
+    /// Counted by the caller when the samples are handed out.
+    fn draw_rehearsal(&mut self, n: usize, part: u64) -> Draws {
+        let Some(shard) = &self.rehearsal else { return Draws::default() };
+        let round = self.counters.batches | (part << 63);
+        let mut missed_all = 0;
         let mut local_n = n;
         let mut remote: Vec<Arc<Stored>> = Vec::new();
         if let Some(fetcher) = &self.fetcher {
@@ -272,7 +330,7 @@ impl StreamLoader {
             for (i, k) in per_peer.into_iter().enumerate().filter(|(_, k)| *k > 0) {
                 let got = fetcher.take(i, k);
                 let missed = k - got.len();
-                self.counters.remote_missed += missed as u64;
+                missed_all += missed as u64;
                 local_n += missed;
                 remote.extend(got.into_iter().map(Arc::new));
             }
@@ -280,13 +338,20 @@ impl StreamLoader {
         let shard = shard.lock();
         let mut out: Vec<Arc<Stored>> =
             shard.draw(local_n, round).into_iter().map(|i| Arc::clone(&shard.items()[i])).collect();
-        self.counters.rehearsed_remote += remote.len() as u64;
+        let remote_n = remote.len() as u64;
         out.extend(remote);
-        out
+        Draws { samples: out, remote: remote_n, missed: missed_all }
     }
 
     /// Decodes and augments the new samples and the drawn rehearsal ones into one batch.
-    fn build(&mut self, new: &[Sample], draws: &[Arc<Stored>]) -> Result<StreamBatch, StreamError> {
+    /// Decodes and augments the new samples and the rehearsal samples drawn now into one
+    /// batch, with the prepared rehearsal samples (already decoded) at the end.
+    fn build(
+        &mut self,
+        new: &[Sample],
+        draws: &[Arc<Stored>],
+        prepared: Option<&mut Prepared>,
+    ) -> Result<StreamBatch, StreamError> {
         let seed = self.spec.seed;
         let draw_round = self.counters.batches + 1;
         let mut jobs: Vec<Job<'_>> = new
@@ -300,21 +365,26 @@ impl StreamLoader {
                 rng: SampleRng::new(seed, 0, SampleKey(s.id), 0),
             })
             .collect();
-        for s in draws {
-            // A fresh generator per draw: a rehearsal sample is augmented anew each time.
-            jobs.push(Job {
-                id: s.id,
-                label: s.label,
-                entry: "rehearsal",
-                image: &s.image,
-                rehearsal: true,
-                rng: SampleRng::new(seed, draw_round, SampleKey(s.id), 1),
-            });
-        }
+        jobs.extend(draws.iter().map(|s| Job::rehearsal(s, seed, draw_round)));
+        let now = jobs.len();
+        let later: Vec<Arc<Stored>> = prepared.as_ref().map(|p| p.draws.samples.clone()).unwrap_or_default();
         let shape = self.plan.output_shape();
-        let mut images = Tensor::zeros(self.plan.output_dtype(), vec![jobs.len(), shape[0], shape[1], shape[2]]);
+        let rows = now + later.len();
+        let mut images = Tensor::zeros(self.plan.output_dtype(), vec![rows, shape[0], shape[1], shape[2]]);
         let slot = self.plan.output_bytes();
-        let results = decode_all(&self.plan, &mut self.scratch, self.threads, &mut jobs, images.as_bytes_mut(), slot);
+        let mut results = decode_all(
+            &self.plan,
+            &mut self.scratch,
+            self.threads,
+            &mut jobs,
+            &mut images.as_bytes_mut()[..now * slot],
+            slot,
+        );
+        if let Some(p) = prepared {
+            images.as_bytes_mut()[now * slot..].copy_from_slice(p.images.as_bytes());
+            results.append(&mut p.results);
+            jobs.extend(later.iter().map(|s| Job::rehearsal(s, seed, draw_round)));
+        }
         let mut failed = Vec::new();
         for (i, result) in results.into_iter().enumerate() {
             if let Err(source) = result {
@@ -591,6 +661,37 @@ struct Job<'a> {
     image: &'a [u8],
     rehearsal: bool,
     rng: SampleRng,
+}
+
+impl<'a> Job<'a> {
+    /// A rehearsal sample drawn for batch `round`: a fresh generator per draw, so it is
+    /// augmented anew each time.
+    fn rehearsal(s: &'a Stored, seed: u64, round: u64) -> Self {
+        Job {
+            id: s.id,
+            label: s.label,
+            entry: "rehearsal",
+            image: &s.image,
+            rehearsal: true,
+            rng: SampleRng::new(seed, round, SampleKey(s.id), 1),
+        }
+    }
+}
+
+/// Rehearsal samples drawn for a batch, and how many came from peers or missed them.
+#[derive(Default)]
+struct Draws {
+    samples: Vec<Arc<Stored>>,
+    remote: u64,
+    missed: u64,
+}
+
+/// The next batch's rehearsal samples, decoded in the background.
+struct Prepared {
+    draws: Draws,
+    images: Tensor,
+    results: Vec<Result<(), sluice_codec::CodecError>>,
+    scratch: Option<Scratch>,
 }
 
 /// Runs the plan on every job, slot by slot, spread over `threads` scoped threads.
