@@ -199,3 +199,21 @@ fn a_killed_or_silent_peer_never_holds_up_a_step_and_draws_fall_back_to_local_sa
     assert_eq!(stats.counters.rehearsed, stats.counters.batches * 8, "every batch is full");
     drop(silent);
 }
+
+#[test]
+fn a_taken_address_or_a_rank_outside_the_peer_list_is_a_clear_error() {
+    let _w = watchdog("bad peer config", 60);
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), false);
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let peers = [addr.clone(), free_addr()];
+    let err = StreamLoader::new(learner(&redis.url(), "a", dir.path(), 8, &peers, 0)).err().unwrap();
+    assert!(matches!(err, sluice_stream::StreamError::RehearsalListen { .. }), "{err}");
+    assert!(
+        err.to_string().starts_with(&format!("rehearsal buffer: cannot serve this learner's shard on {addr}")),
+        "{err}"
+    );
+    let err = StreamLoader::new(learner(&redis.url(), "a", dir.path(), 8, &peers, 2)).err().unwrap();
+    assert_eq!(err.to_string(), "stream config: `rehearsal.rank` 2 is not below the 2 peers listed");
+}
