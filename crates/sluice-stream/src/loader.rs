@@ -264,7 +264,8 @@ impl StreamLoader {
     /// background thread, so that work overlaps the trainer's step.
     fn prepare_next_rehearsal(&mut self) {
         let b = self.spec.rehearsal_per_batch;
-        if b == 0 || self.ended || self.rehearsal.is_none() {
+        // Once the end marker was read, a batch follows only while samples are read ahead.
+        if b == 0 || (self.ended && self.ahead.is_empty()) || self.rehearsal.is_none() {
             return;
         }
         let draws = self.draw_rehearsal(b, 0);
