@@ -710,6 +710,15 @@ fn decode_all(
     }
     let per = n.div_ceil(threads.clamp(1, n));
     let mut results: Vec<Result<(), sluice_codec::CodecError>> = (0..n).map(|_| Ok(())).collect();
+    if per == n {
+        // One chunk: decode here rather than start (and wait for) a thread.
+        if let Some(scratch) = scratch.first_mut() {
+            for ((job, out), result) in jobs.iter_mut().zip(out.chunks_mut(slot)).zip(results.iter_mut()) {
+                *result = plan.run(job.image, &mut job.rng, scratch, out, &mut []);
+            }
+            return results;
+        }
+    }
     std::thread::scope(|scope| {
         for (((jobs, out), results), scratch) in
             jobs.chunks_mut(per).zip(out.chunks_mut(per * slot)).zip(results.chunks_mut(per)).zip(scratch.iter_mut())
