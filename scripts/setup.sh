@@ -31,8 +31,8 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 # Python packages the package, its tests and CI need (pip names; py_mods: what they import as).
-py_pkgs=(maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate protobuf grpcio-tools)
-py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, google.protobuf, grpc_tools"
+py_pkgs=(maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate protobuf grpcio-tools mlxtend)
+py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, google.protobuf, grpc_tools, mlxtend"
 if ! .venv/bin/python -c "import $py_mods" 2>/dev/null \
   || [ ! -x .venv/bin/maturin ] || [ ! -x .venv/bin/ruff ]; then
   echo "==> installing Python packages into .venv (${py_pkgs[*]})"

@@ -81,7 +81,11 @@ class StreamLoader:
         stream: the stream's key.
         group: the job's consumer group (each job reads the whole stream once).
         ops: the op list, as dicts (e.g. ``Pipeline(...).ops``); must start with decode.
-        rehearsal: ``{"capacity": N, "policy": "reservoir" | "class_balanced", "dir": path}``.
+        rehearsal: ``{"capacity": N, "policy": "reservoir" | "class_balanced", "dir": path}``;
+            for a buffer distributed over the learners add ``"peers": ["host:port", ...]``
+            (every learner's, by rank) and ``"rank": i``: this learner serves its shard on
+            ``peers[rank]`` and draws uniformly from all shards, the peers' samples fetched
+            in the background.
         rate: ``{"buffer": N, "overflow": "backpressure" | "drop_oldest" | "spill",
             "underflow": "wait" | "rehearsal", "fill_after_ms": ms}``.
         consumer: this learner's name in the group.
@@ -161,7 +165,9 @@ class StreamLoader:
     def stats(self) -> Dict[str, Any]:
         """``arrival_rate`` and ``consumption_rate`` (samples/s, last few seconds),
         ``backlog``, ``read_ahead``, and the counts: ``trained``, ``rehearsed``, ``filled``,
-        ``dropped``, ``spilled``, ``duplicates``, ``malformed``, ``claimed``, ``batches``."""
+        ``dropped``, ``spilled``, ``duplicates``, ``malformed``, ``claimed``, ``batches``;
+        with a distributed buffer ``rehearsed_remote`` (drawn from peers), ``remote_missed``
+        (meant for a peer, drawn locally: nothing had arrived), ``peer_ready``, ``peer_errors``."""
         stats: Dict[str, Any] = json.loads(self._native.stats_json())
         return stats
 

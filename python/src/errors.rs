@@ -182,6 +182,7 @@ pub fn stream_error(py: Python<'_>, e: sluice_stream::StreamError) -> PyErr {
             raise(py, "BrokerError", message, |kw| kw.set_item("url", url))
         }
         E::RehearsalFile { .. } | E::RehearsalCorrupt { .. } => state_error(py, message),
+        E::RehearsalListen { .. } => raise(py, "SluiceError", message, |_| Ok(())),
         E::ReadSample { .. } => raise(py, "SluiceError", message, |_| Ok(())),
     }
 }

@@ -114,3 +114,39 @@ def test_bad_config_and_unreachable_broker_raise_clear_errors(tmp_path: Path) ->
             f"redis://127.0.0.1:{port}/", "s", group="g", ops=OPS, new_per_batch=4, reconnect_ms=200
         )
     assert str(port) in str(e.value)
+
+
+def free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_distributed_buffer_draws_from_the_peers_shard_in_the_background(
+    redis: Tuple[str, int], dataset: Path, tmp_path: Path
+) -> None:
+    url, _ = redis
+    for stream in ("s", "peer"):
+        sluice.stream.push(dataset, url=url, stream=stream)
+    peers = [free_addr(), free_addr()]
+
+    def learner(stream: str, rank: int) -> sluice.stream.StreamLoader:
+        rehearsal = {"capacity": 8, "dir": tmp_path / f"rehearsal-{rank}", "peers": peers, "rank": rank}
+        return sluice.stream.StreamLoader(
+            url, stream, group="job", ops=OPS, new_per_batch=4, rehearsal_per_batch=4, rehearsal=rehearsal, threads=1
+        )
+
+    peer = learner("peer", 1)
+    for _ in peer:  # fills its shard, which it serves from now on
+        pass
+    me = learner("s", 0)
+    deadline = time.monotonic() + 30
+    while me.stats()["peer_ready"] < 16:  # the peer's samples prefetched: 2 x (4 + 4)
+        assert time.monotonic() < deadline, me.stats()
+        time.sleep(0.01)
+    batches = list(me)
+    stats = me.stats()
+    # The first batch, with an empty local shard, draws from the peer's alone; every batch is full.
+    assert all(int(b["rehearsal"].sum()) == 4 for b in batches)
+    assert stats["rehearsed"] == 4 * len(batches)
+    assert stats["rehearsed_remote"] >= 4 and stats["peer_errors"] == 0

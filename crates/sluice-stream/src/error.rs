@@ -46,6 +46,12 @@ pub enum StreamError {
         #[source]
         source: std::io::Error,
     },
+    #[error("rehearsal buffer: cannot serve this learner's shard on {addr}: {source}")]
+    RehearsalListen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("rehearsal buffer file {}: {problem}", path.display())]
     RehearsalCorrupt { path: PathBuf, problem: String },
     #[error("cannot enumerate the dataset to push: {0}")]

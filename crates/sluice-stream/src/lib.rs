@@ -5,7 +5,7 @@
 //! carried in the checkpoint, makes training exactly-once per job.
 //!
 //! `entry`: the entry layout. `broker`: the Redis commands, reconnecting. `ledger`: the
-//! ids handled. `rehearsal`: the buffer and its policies. `rate`: rates and counters.
+//! ids handled. `rehearsal`: the buffer and its policies. `shards`: the distributed buffer's peers. `rate`: rates and counters.
 //! `loader`: the batches. `push`: the producer.
 
 pub mod broker;
@@ -16,6 +16,7 @@ pub mod loader;
 pub mod push;
 pub mod rate;
 pub mod rehearsal;
+pub mod shards;
 pub mod spec;
 
 pub use error::StreamError;

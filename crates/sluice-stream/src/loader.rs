@@ -11,6 +11,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -22,7 +23,8 @@ use crate::entry::{Entry, Sample};
 use crate::error::StreamError;
 use crate::ledger::{Ledger, LedgerState};
 use crate::rate::{Counters, RateMeter, StreamStats};
-use crate::rehearsal::{Rehearsal, RehearsalState};
+use crate::rehearsal::{Rehearsal, RehearsalState, Stored};
+use crate::shards::{PeerFetcher, Shard, ShardServer};
 use crate::spec::{Overflow, StreamSpec, Underflow};
 
 /// How long one blocking read waits, so a waiting trainer still answers interrupts.
@@ -60,13 +62,23 @@ pub struct StreamState {
 pub struct StreamLoader {
     spec: StreamSpec,
     broker: Broker,
-    plan: Plan,
+    plan: Arc<Plan>,
     threads: usize,
     scratch: Vec<Scratch>,
     ahead: VecDeque<Sample>,
     ahead_ids: HashSet<u64>,
     ledger: Ledger,
-    rehearsal: Option<Rehearsal>,
+    /// This learner's rehearsal buffer (its shard of the global one when distributed).
+    rehearsal: Option<Shard>,
+    /// Serves the shard to the peers (distributed buffer only).
+    _server: Option<ShardServer>,
+    /// Prefetches the peers' samples (distributed buffer only).
+    fetcher: Option<PeerFetcher>,
+    /// The next batch's `rehearsal_per_batch` rehearsal samples, drawn and decoded in the
+    /// background while the trainer trains on the current batch.
+    next_rehearsal: Option<std::thread::JoinHandle<Prepared>>,
+    /// The background preparation's scratch space, between batches.
+    prepare_scratch: Option<Scratch>,
     ended: bool,
     /// While re-reading this consumer's own pending entries: the last entry id read.
     recovering: Option<String>,
@@ -90,15 +102,24 @@ impl StreamLoader {
         spec.validate()?;
         let mut broker = Broker::open(&spec.url, Duration::from_millis(spec.reconnect_ms))?;
         broker.ensure_group(&spec.stream, &spec.group)?;
-        let plan = Plan::compile(&spec.ops, spec.limits);
+        let plan = Arc::new(Plan::compile(&spec.ops, spec.limits));
         let threads = match spec.threads {
             0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             n => n,
         };
-        let rehearsal = spec.rehearsal.as_ref().map(|r| Rehearsal::new(r.policy, r.capacity, spec.seed));
-        if let Some(r) = &spec.rehearsal {
+        let rehearsal: Option<Shard> = spec
+            .rehearsal
+            .as_ref()
+            .map(|r| Arc::new(parking_lot::Mutex::new(Rehearsal::new(r.policy, r.capacity, spec.seed))));
+        let (mut server, mut fetcher) = (None, None);
+        if let (Some(r), Some(shard)) = (&spec.rehearsal, &rehearsal) {
             std::fs::create_dir_all(&r.dir)
                 .map_err(|source| StreamError::RehearsalFile { path: r.dir.clone(), source })?;
+            if let Some(addr) = r.peers.get(r.rank) {
+                server = Some(ShardServer::start(addr, Arc::clone(shard), spec.seed ^ r.rank as u64)?);
+                let want = 2 * (spec.rehearsal_per_batch + spec.new_per_batch);
+                fetcher = Some(PeerFetcher::start(&r.peers, r.rank, want, spec.limits.max_file_bytes)?);
+            }
         }
         Ok(Self {
             broker,
@@ -109,6 +130,10 @@ impl StreamLoader {
             ahead_ids: HashSet::new(),
             ledger: Ledger::default(),
             rehearsal,
+            _server: server,
+            fetcher,
+            next_rehearsal: None,
+            prepare_scratch: Some(Scratch::new()),
             ended: false,
             // A reader that starts under a name the group knows first takes back what it
             // left unacknowledged.
@@ -131,7 +156,7 @@ impl StreamLoader {
 
     /// The samples in the rehearsal buffer, by id.
     pub fn rehearsal_ids(&self) -> Vec<u64> {
-        self.rehearsal.as_ref().map(|r| r.items().iter().map(|s| s.id).collect()).unwrap_or_default()
+        self.rehearsal.as_ref().map(|r| r.lock().items().iter().map(|s| s.id).collect()).unwrap_or_default()
     }
 
     pub fn stats(&self) -> StreamStats {
@@ -141,7 +166,9 @@ impl StreamLoader {
             consumption_rate,
             backlog: self.backlog_in_broker + self.ahead.len() as u64,
             read_ahead: self.ahead.len() as u64,
-            rehearsal_len: self.rehearsal.as_ref().map_or(0, |r| r.len() as u64),
+            rehearsal_len: self.rehearsal.as_ref().map_or(0, |r| r.lock().len() as u64),
+            peer_ready: self.fetcher.as_ref().map_or(0, PeerFetcher::ready),
+            peer_errors: self.fetcher.as_ref().map_or(0, PeerFetcher::errors),
             ledger_len: self.ledger.len() as u64,
             counters: self.counters,
         }
@@ -176,7 +203,7 @@ impl StreamLoader {
             }
             if recovered
                 && self.spec.rate.underflow == Underflow::Rehearsal
-                && self.rehearsal.as_ref().is_some_and(|b| !b.is_empty())
+                && self.rehearsal.as_ref().is_some_and(|b| !b.lock().is_empty())
                 && started.elapsed() >= Duration::from_millis(self.spec.rate.fill_after_ms)
             {
                 break;
@@ -198,28 +225,134 @@ impl StreamLoader {
         }
         let new: Vec<Sample> = self.ahead.drain(..take).collect();
         let fill = if self.ended { 0 } else { r - take };
-        let n_rehearsal = self.spec.rehearsal_per_batch + fill;
-        let draws = self.rehearsal.as_ref().map(|b| b.draw(n_rehearsal, self.counters.batches)).unwrap_or_default();
-        self.counters.filled += fill.min(draws.len()) as u64;
-        let batch = self.build(&new, &draws)?;
+        // The `rehearsal_per_batch` samples were prepared while the trainer trained on the
+        // last batch; fills (and the first batch's samples) are drawn now.
+        let mut prepared = self.next_rehearsal.take().and_then(|t| t.join().ok());
+        if let Some(p) = &mut prepared {
+            self.prepare_scratch = p.scratch.take();
+        }
+        let now = match &prepared {
+            Some(_) => fill,
+            None => self.spec.rehearsal_per_batch + fill,
+        };
+        let draws = self.draw_rehearsal(now, u64::from(prepared.is_some()));
+        self.counters.filled += fill.min(draws.samples.len()) as u64;
+        let batch = self.build(&new, &draws.samples, prepared.as_mut())?;
+        let prepared_draws = prepared.map(|p| p.draws).unwrap_or_default();
         let mut entries = std::mem::take(&mut self.handled);
         for s in &new {
             self.ahead_ids.remove(&s.id);
             self.ledger.insert(s.id);
-            if let Some(b) = &mut self.rehearsal {
-                b.offer(s);
+            if let Some(b) = &self.rehearsal {
+                b.lock().offer(s);
             }
             entries.push(s.entry.clone());
         }
         self.counters.trained += new.len() as u64;
-        self.counters.rehearsed += draws.len() as u64;
+        for d in [&draws, &prepared_draws] {
+            self.counters.rehearsed += d.samples.len() as u64;
+            self.counters.rehearsed_remote += d.remote;
+            self.counters.remote_missed += d.missed;
+        }
         self.counters.batches += 1;
         self.unacked.push_back((self.counters.batches, entries));
+        self.prepare_next_rehearsal();
         Ok(Some(batch))
     }
 
+    /// Draws the next batch's `rehearsal_per_batch` samples now and decodes them on a
+    /// background thread, so that work overlaps the trainer's step.
+    fn prepare_next_rehearsal(&mut self) {
+        let b = self.spec.rehearsal_per_batch;
+        // Once the end marker was read, a batch follows only while samples are read ahead.
+        if b == 0 || (self.ended && self.ahead.is_empty()) || self.rehearsal.is_none() {
+            return;
+        }
+        let draws = self.draw_rehearsal(b, 0);
+        let (plan, seed, round) = (Arc::clone(&self.plan), self.spec.seed, self.counters.batches + 1);
+        let mut scratch = self.prepare_scratch.take().unwrap_or_default();
+        let spawned = std::thread::Builder::new().name("rehearsal-prepare".into()).spawn(move || {
+            let shape = plan.output_shape();
+            let mut images =
+                Tensor::zeros(plan.output_dtype(), vec![draws.samples.len(), shape[0], shape[1], shape[2]]);
+            let mut jobs: Vec<Job<'_>> = draws.samples.iter().map(|s| Job::rehearsal(s, seed, round)).collect();
+            let results = decode_all(
+                &plan,
+                std::slice::from_mut(&mut scratch),
+                1,
+                &mut jobs,
+                images.as_bytes_mut(),
+                plan.output_bytes(),
+            );
+            drop(jobs);
+            Prepared { draws, images, results, scratch: Some(scratch) }
+        });
+        match spawned {
+            Ok(t) => self.next_rehearsal = Some(t),
+            // No thread: the next batch draws its samples itself.
+            Err(e) => tracing::warn!(error = %e, "cannot start a thread to prepare rehearsal samples"),
+        }
+    }
+
+    /// `n` rehearsal samples, uniform over the buffer; over the global buffer when it is
+    /// distributed: each draw falls on a shard in proportion to its length, a peer's draws
+    /// are taken from what was prefetched from it, and those that find nothing there yet
+    /// are drawn locally instead (`remote_missed`).
+    /// `part` separates the draws of one round (prepared ahead, and fills) so they differ.
+    /// Counted by the caller when the samples are handed out.
+    fn draw_rehearsal(&mut self, n: usize, part: u64) -> Draws {
+        let Some(shard) = &self.rehearsal else { return Draws::default() };
+        let round = self.counters.batches | (part << 63);
+        let mut missed_all = 0;
+        let mut local_n = n;
+        let mut remote: Vec<Arc<Stored>> = Vec::new();
+        if let Some(fetcher) = &self.fetcher {
+            let lens = fetcher.lens();
+            let local_len = shard.lock().len() as u64;
+            let total = local_len + lens.iter().sum::<u64>();
+            let mut per_peer = vec![0usize; lens.len()];
+            let mut rng = SampleRng::new(self.spec.seed, round, SampleKey(u64::MAX), 0x676c_6f62);
+            local_n = 0;
+            for _ in 0..n {
+                let mut x = if total == 0 { 0 } else { rng.next_u64() % total };
+                if x < local_len {
+                    local_n += 1;
+                    continue;
+                }
+                x -= local_len;
+                for (i, &len) in lens.iter().enumerate() {
+                    if x < len {
+                        per_peer[i] += 1;
+                        break;
+                    }
+                    x -= len;
+                }
+            }
+            for (i, k) in per_peer.into_iter().enumerate().filter(|(_, k)| *k > 0) {
+                let got = fetcher.take(i, k);
+                let missed = k - got.len();
+                missed_all += missed as u64;
+                local_n += missed;
+                remote.extend(got.into_iter().map(Arc::new));
+            }
+        }
+        let shard = shard.lock();
+        let mut out: Vec<Arc<Stored>> =
+            shard.draw(local_n, round).into_iter().map(|i| Arc::clone(&shard.items()[i])).collect();
+        let remote_n = remote.len() as u64;
+        out.extend(remote);
+        Draws { samples: out, remote: remote_n, missed: missed_all }
+    }
+
     /// Decodes and augments the new samples and the drawn rehearsal ones into one batch.
-    fn build(&mut self, new: &[Sample], draws: &[usize]) -> Result<StreamBatch, StreamError> {
+    /// Decodes and augments the new samples and the rehearsal samples drawn now into one
+    /// batch, with the prepared rehearsal samples (already decoded) at the end.
+    fn build(
+        &mut self,
+        new: &[Sample],
+        draws: &[Arc<Stored>],
+        prepared: Option<&mut Prepared>,
+    ) -> Result<StreamBatch, StreamError> {
         let seed = self.spec.seed;
         let draw_round = self.counters.batches + 1;
         let mut jobs: Vec<Job<'_>> = new
@@ -233,24 +366,26 @@ impl StreamLoader {
                 rng: SampleRng::new(seed, 0, SampleKey(s.id), 0),
             })
             .collect();
-        if let Some(buffer) = &self.rehearsal {
-            for &i in draws {
-                let s = &buffer.items()[i];
-                // A fresh generator per draw: a rehearsal sample is augmented anew each time.
-                jobs.push(Job {
-                    id: s.id,
-                    label: s.label,
-                    entry: "rehearsal",
-                    image: &s.image,
-                    rehearsal: true,
-                    rng: SampleRng::new(seed, draw_round, SampleKey(s.id), 1),
-                });
-            }
-        }
+        jobs.extend(draws.iter().map(|s| Job::rehearsal(s, seed, draw_round)));
+        let now = jobs.len();
+        let later: Vec<Arc<Stored>> = prepared.as_ref().map(|p| p.draws.samples.clone()).unwrap_or_default();
         let shape = self.plan.output_shape();
-        let mut images = Tensor::zeros(self.plan.output_dtype(), vec![jobs.len(), shape[0], shape[1], shape[2]]);
+        let rows = now + later.len();
+        let mut images = Tensor::zeros(self.plan.output_dtype(), vec![rows, shape[0], shape[1], shape[2]]);
         let slot = self.plan.output_bytes();
-        let results = decode_all(&self.plan, &mut self.scratch, self.threads, &mut jobs, images.as_bytes_mut(), slot);
+        let mut results = decode_all(
+            &self.plan,
+            &mut self.scratch,
+            self.threads,
+            &mut jobs,
+            &mut images.as_bytes_mut()[..now * slot],
+            slot,
+        );
+        if let Some(p) = prepared {
+            images.as_bytes_mut()[now * slot..].copy_from_slice(p.images.as_bytes());
+            results.append(&mut p.results);
+            jobs.extend(later.iter().map(|s| Job::rehearsal(s, seed, draw_round)));
+        }
         let mut failed = Vec::new();
         for (i, result) in results.into_iter().enumerate() {
             if let Err(source) = result {
@@ -383,8 +518,8 @@ impl StreamLoader {
             match self.spec.rate.overflow {
                 Overflow::Spill => {
                     self.counters.spilled += 1;
-                    if let Some(b) = &mut self.rehearsal {
-                        b.offer(&old);
+                    if let Some(b) = &self.rehearsal {
+                        b.lock().offer(&old);
                     }
                 }
                 _ => self.counters.dropped += 1,
@@ -430,7 +565,7 @@ impl StreamLoader {
                     self.counters.batches
                 );
                 let path = spec.dir.join(name);
-                let state = buffer.save(&path)?;
+                let state = buffer.lock().save(&path)?;
                 if self.files.back() != Some(&path) {
                     self.files.push_back(path);
                 }
@@ -478,11 +613,13 @@ impl StreamLoader {
                 problem: "restore a state before the first batch".into(),
             });
         }
-        self.rehearsal = match (&state.rehearsal, &self.spec.rehearsal) {
-            (Some(saved), Some(_)) => Some(Rehearsal::load(saved, self.spec.seed)?),
-            (None, Some(r)) => Some(Rehearsal::new(r.policy, r.capacity, self.spec.seed)),
-            (_, None) => None,
-        };
+        if let (Some(shard), Some(r)) = (&self.rehearsal, &self.spec.rehearsal) {
+            let restored = match &state.rehearsal {
+                Some(saved) => Rehearsal::load(saved, self.spec.seed)?,
+                None => Rehearsal::new(r.policy, r.capacity, self.spec.seed),
+            };
+            *shard.lock() = restored;
+        }
         if let Some(saved) = &state.rehearsal {
             self.files.push_back(saved.file.clone());
         }
@@ -527,6 +664,37 @@ struct Job<'a> {
     rng: SampleRng,
 }
 
+impl<'a> Job<'a> {
+    /// A rehearsal sample drawn for batch `round`: a fresh generator per draw, so it is
+    /// augmented anew each time.
+    fn rehearsal(s: &'a Stored, seed: u64, round: u64) -> Self {
+        Job {
+            id: s.id,
+            label: s.label,
+            entry: "rehearsal",
+            image: &s.image,
+            rehearsal: true,
+            rng: SampleRng::new(seed, round, SampleKey(s.id), 1),
+        }
+    }
+}
+
+/// Rehearsal samples drawn for a batch, and how many came from peers or missed them.
+#[derive(Default)]
+struct Draws {
+    samples: Vec<Arc<Stored>>,
+    remote: u64,
+    missed: u64,
+}
+
+/// The next batch's rehearsal samples, decoded in the background.
+struct Prepared {
+    draws: Draws,
+    images: Tensor,
+    results: Vec<Result<(), sluice_codec::CodecError>>,
+    scratch: Option<Scratch>,
+}
+
 /// Runs the plan on every job, slot by slot, spread over `threads` scoped threads.
 fn decode_all(
     plan: &Plan,
@@ -542,6 +710,15 @@ fn decode_all(
     }
     let per = n.div_ceil(threads.clamp(1, n));
     let mut results: Vec<Result<(), sluice_codec::CodecError>> = (0..n).map(|_| Ok(())).collect();
+    if per == n {
+        // One chunk: decode here rather than start (and wait for) a thread.
+        if let Some(scratch) = scratch.first_mut() {
+            for ((job, out), result) in jobs.iter_mut().zip(out.chunks_mut(slot)).zip(results.iter_mut()) {
+                *result = plan.run(job.image, &mut job.rng, scratch, out, &mut []);
+            }
+            return results;
+        }
+    }
     std::thread::scope(|scope| {
         for (((jobs, out), results), scratch) in
             jobs.chunks_mut(per).zip(out.chunks_mut(per * slot)).zip(results.chunks_mut(per)).zip(scratch.iter_mut())

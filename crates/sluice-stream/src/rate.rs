@@ -30,6 +30,12 @@ pub struct Counters {
     pub claimed: u64,
     /// Batches handed out.
     pub batches: u64,
+    /// Of the rehearsal samples, those drawn from peers' shards (distributed buffer).
+    #[serde(default)]
+    pub rehearsed_remote: u64,
+    /// Draws that fell on a peer whose samples had not arrived yet: drawn locally instead.
+    #[serde(default)]
+    pub remote_missed: u64,
 }
 
 /// A point-in-time view for `stats()`.
@@ -45,6 +51,10 @@ pub struct StreamStats {
     pub read_ahead: u64,
     pub rehearsal_len: u64,
     pub ledger_len: u64,
+    /// Peers' samples fetched and waiting to be drawn (distributed buffer).
+    pub peer_ready: u64,
+    /// Requests to peers that failed (unreachable, timed out, malformed reply).
+    pub peer_errors: u64,
     #[serde(flatten)]
     pub counters: Counters,
 }

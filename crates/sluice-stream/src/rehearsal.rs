@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sluice_core::{SampleKey, SampleRng};
@@ -50,7 +51,7 @@ pub struct Rehearsal {
     policy: RehearsalPolicy,
     capacity: usize,
     seed: u64,
-    items: Vec<Stored>,
+    items: Vec<Arc<Stored>>,
     seen: u64,
     seen_per_class: BTreeMap<i64, u64>,
 }
@@ -68,7 +69,7 @@ impl Rehearsal {
         self.items.is_empty()
     }
 
-    pub fn items(&self) -> &[Stored] {
+    pub fn items(&self) -> &[Arc<Stored>] {
         &self.items
     }
 
@@ -84,7 +85,7 @@ impl Rehearsal {
         }
         self.seen += 1;
         *self.seen_per_class.entry(s.label).or_default() += 1;
-        let stored = || Stored { id: s.id, label: s.label, image: s.image.clone() };
+        let stored = || Arc::new(Stored { id: s.id, label: s.label, image: s.image.clone() });
         if self.items.len() < self.capacity {
             self.items.push(stored());
             return true;
@@ -141,17 +142,10 @@ impl Rehearsal {
         if len == 0 || n == 0 {
             return Vec::new();
         }
-        let mut rng = SampleRng::new(self.seed, batch, SampleKey(u64::MAX), 0x6472_6177);
         if n >= len {
             return (0..n).map(|i| i % len).collect();
         }
-        // Floyd's algorithm: n distinct indices without shuffling the whole buffer.
-        let mut picked: Vec<usize> = Vec::with_capacity(n);
-        for j in len - n..len {
-            let t = (rng.next_u64() % (j as u64 + 1)) as usize;
-            picked.push(if picked.contains(&t) { j } else { t });
-        }
-        picked
+        distinct(len, n, &mut SampleRng::new(self.seed, batch, SampleKey(u64::MAX), 0x6472_6177))
     }
 
     /// Writes the contents to `file` (through a temporary file and a rename, so a crash
@@ -214,7 +208,7 @@ impl Rehearsal {
             if got as u64 != len {
                 return Err(corrupt(format!("sample {id} is truncated ({got} of {len} bytes)")));
             }
-            items.push(Stored { id, label, image });
+            items.push(Arc::new(Stored { id, label, image }));
         }
         Ok(Self {
             policy: state.policy,
@@ -225,6 +219,20 @@ impl Rehearsal {
             seen_per_class: state.seen_per_class.clone(),
         })
     }
+}
+
+/// `n` distinct indices below `len` (all of them if `n >= len`), uniform: Floyd's
+/// algorithm, without shuffling the whole range.
+pub fn distinct(len: usize, n: usize, rng: &mut SampleRng) -> Vec<usize> {
+    if n >= len {
+        return (0..len).collect();
+    }
+    let mut picked: Vec<usize> = Vec::with_capacity(n);
+    for j in len - n..len {
+        let t = (rng.next_u64() % (j as u64 + 1)) as usize;
+        picked.push(if picked.contains(&t) { j } else { t });
+    }
+    picked
 }
 
 const MAGIC: &[u8; 8] = b"SLRB\x00\x00\x00\x01";

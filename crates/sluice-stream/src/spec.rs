@@ -58,6 +58,13 @@ pub struct RehearsalSpec {
     pub policy: RehearsalPolicy,
     /// Where checkpoints write the buffer's contents.
     pub dir: PathBuf,
+    /// A distributed buffer: every learner's `host:port`, by rank. Each learner serves its
+    /// shard on its own entry and draws from all shards.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<String>,
+    /// This learner's index in `peers`.
+    #[serde(default)]
+    pub rank: usize,
 }
 
 /// What to do when the stream and the trainer run at different rates.
@@ -143,6 +150,11 @@ impl StreamSpec {
         let capacity = self.rehearsal.as_ref().map_or(0, |r| r.capacity);
         if self.rehearsal_per_batch > 0 && capacity == 0 {
             return bad("rehearsal_per_batch", "needs a rehearsal buffer (`rehearsal.capacity` > 0)");
+        }
+        if let Some(r) = self.rehearsal.as_ref().filter(|r| !r.peers.is_empty()) {
+            if r.rank >= r.peers.len() {
+                return bad("rehearsal.rank", &format!("{} is not below the {} peers listed", r.rank, r.peers.len()));
+            }
         }
         if self.rate.underflow == Underflow::Rehearsal && capacity == 0 {
             return bad("rate.underflow", "`rehearsal` needs a rehearsal buffer");

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use redis::Commands;
@@ -13,7 +13,10 @@ use sluice_core::ErrorPolicy;
 use sluice_stream::{push_dataset, Overflow, StreamError, StreamLoader, StreamSpec, StreamStats, Underflow};
 
 const ENTRIES: usize = 48;
-/// The trainer's step: with 4 new samples a batch, about 100 samples/s.
+/// The trainer's step: with 4 new samples a batch, about 100 samples/s. Steps follow a
+/// fixed schedule (step n ends at n × STEP), as the producer's entries do, so a stall on a
+/// loaded machine is caught up and both keep their average rate: the ratio the tests rely
+/// on holds whatever the scheduler does.
 const STEP: Duration = Duration::from_millis(40);
 const TRAINER_RATE: f64 = 100.0;
 
@@ -46,6 +49,7 @@ fn run(rate_factor: f64, configure: impl FnOnce(&mut StreamSpec)) -> Run {
         midway: StreamStats::default(),
         end: StreamStats::default(),
     };
+    let t0 = Instant::now();
     while let Some(b) = loader.next_batch().unwrap() {
         let new = b.batch.keys.iter().zip(&b.rehearsal).filter(|(_, r)| !**r).map(|(k, _)| *k).collect();
         out.new_per_batch.push(new);
@@ -56,7 +60,8 @@ fn run(rate_factor: f64, configure: impl FnOnce(&mut StreamSpec)) -> Run {
         if out.new_per_batch.len() == 5 {
             out.midway = stats;
         }
-        std::thread::sleep(STEP);
+        let due = t0 + STEP * out.new_per_batch.len() as u32;
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
     }
     out.end = loader.stats();
     assert_eq!(producer.join().unwrap().pushed, ENTRIES as u64);

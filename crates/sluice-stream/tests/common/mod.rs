@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use sluice_core::{Manifest, OpSpec, Size, SourceSpec};
 use sluice_stream::{PushOptions, PushOrder, RateSpec, RehearsalPolicy, RehearsalSpec, StreamSpec};
-use sluice_synth::DatasetOptions;
 
 /// A `redis-server` child, killed (SIGKILL) and reaped when dropped.
 pub struct Redis {
@@ -85,11 +84,17 @@ pub fn die_with_parent(cmd: &mut Command) {
     }
 }
 
-/// `images` small JPEGs in `classes` classes, enumerated.
+/// `images` small (32×24) JPEGs in `classes` classes, enumerated. Small, so that a test
+/// spends its time streaming, not making and decoding images (in a debug build).
 pub fn dataset(dir: &Path, images: usize, classes: usize) -> Manifest {
     let root = dir.join("data");
-    let options = DatasetOptions { images, classes, texture: 4, quality: 80, ..Default::default() };
-    sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
+    for i in 0..images {
+        let class_dir = root.join(format!("class_{:03}", i % classes));
+        std::fs::create_dir_all(&class_dir).unwrap();
+        let rgb: Vec<u8> = (0..32 * 24 * 3).map(|p| (p * 7 + i * 13 + (i % classes) * 50) as u8).collect();
+        let jpeg = sluice_codec::encode_jpeg(&rgb, 32, 24, 85).unwrap();
+        std::fs::write(class_dir.join(format!("img_{i:07}.jpg")), jpeg).unwrap();
+    }
     sluice_pipeline::source::build_manifest(&SourceSpec::ImageFolder { root }).unwrap()
 }
 
@@ -125,6 +130,8 @@ pub fn stream_spec(url: &str, stream: &str, group: &str, r: usize, b: usize, dir
             capacity: 16,
             policy: RehearsalPolicy::Reservoir,
             dir: d.to_path_buf(),
+            peers: Vec::new(),
+            rank: 0,
         }),
         rate: RateSpec::default(),
         seed: 7,
