@@ -13,6 +13,8 @@ command -v chromium >/dev/null || need+=(chromium)
 command -v prometheus >/dev/null || need+=(prometheus)
 # The streaming tests start their own Redis.
 command -v redis-server >/dev/null || need+=(redis-server)
+# ip and tc: learners in network namespaces behind shaped links (tests/locality_bench.rs).
+{ command -v ip >/dev/null && command -v tc >/dev/null; } || need+=(iproute2)
 if [ ${#need[@]} -gt 0 ]; then
   echo "==> installing system packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

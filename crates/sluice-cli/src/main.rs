@@ -4,13 +4,16 @@
 // A command-line tool: printing its report is its job.
 #![allow(clippy::print_stdout)]
 
+mod barrier;
 mod bench;
 mod bench_autoscale;
 mod bench_cache;
+mod bench_locality;
 mod bench_service;
 mod demo;
 mod gen;
 mod model;
+mod netns;
 mod pack;
 mod progress;
 mod run;
@@ -59,6 +62,9 @@ enum Command {
     StreamPush(stream_push::Args),
     /// Autoscaling policies side by side on a changing demand (emulated per-sample cost).
     BenchAutoscale(bench_autoscale::Args),
+    /// Epoch times of learner processes on a shared throttled link: locality-aware with the
+    /// collaborative cache vs the baseline, and the model's prediction for each.
+    BenchLocality(bench_locality::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -82,6 +88,7 @@ fn main() -> std::process::ExitCode {
         Command::Model(a) => model::main(a),
         Command::StreamPush(a) => stream_push::main(a),
         Command::BenchAutoscale(a) => bench_autoscale::main(a),
+        Command::BenchLocality(a) => bench_locality::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

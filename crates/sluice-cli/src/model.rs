@@ -12,6 +12,9 @@ pub struct Args {
     /// Mean bytes per sample as read from storage.
     #[arg(long, default_value_t = 110.0)]
     sample_kb: f64,
+    /// Mean bytes per sample as a peer sends it (the cache entry; default: --sample-kb).
+    #[arg(long)]
+    peer_sample_kb: Option<f64>,
     /// Samples each learner caches.
     #[arg(long, default_value_t = 25_000)]
     cache_samples: u64,
@@ -47,6 +50,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let m = ModelInputs {
         samples: a.samples,
         sample_bytes: a.sample_kb * 1e3,
+        peer_sample_bytes: a.peer_sample_kb.unwrap_or(a.sample_kb) * 1e3,
         cache_samples: a.cache_samples,
         local_batch: a.batch.max(1),
         storage_bytes_per_s: a.storage_mb_s * 1e6,

@@ -1,13 +1,29 @@
 //! `sluice run SPEC`.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
+use serde::Serialize;
 use sluice_core::PipelineSpec;
+use sluice_pipeline::loader::LocalityStats;
 use sluice_pipeline::{Loader, Shard, StatsSnapshot};
 
+use crate::barrier::Barrier;
 use crate::progress;
+
+/// A line of `--epoch-log`.
+#[derive(Serialize)]
+struct EpochLine {
+    rank: usize,
+    epoch: u64,
+    samples: usize,
+    seconds: f64,
+    /// Cumulative since the loader started, taken once every learner is done with the
+    /// epoch (with `--barrier`).
+    locality: Option<LocalityStats>,
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -25,6 +41,27 @@ pub struct Args {
     /// Perfetto protobuf (open in ui.perfetto.dev), or Chrome trace JSON for `.json`.
     #[arg(long, value_name = "PATH")]
     pub trace: Option<PathBuf>,
+    #[command(flatten)]
+    pub learner: Learner,
+}
+
+/// One learner (DDP rank) of a multi-learner job (`docs/locality.md`): every learner runs
+/// the same spec with its own `--rank`.
+#[derive(clap::Args, Default)]
+pub struct Learner {
+    /// This learner's rank, 0..world_size.
+    #[arg(long, default_value_t = 0)]
+    pub rank: usize,
+    /// Learners in the job.
+    #[arg(long, default_value_t = 1)]
+    pub world_size: usize,
+    /// Wait for all `world_size` learners at the start and the end of every epoch (as
+    /// DDP's collectives do), through files in this folder.
+    #[arg(long, value_name = "DIR")]
+    pub barrier: Option<PathBuf>,
+    /// Append one JSON line per epoch (samples, seconds, where samples came from) here.
+    #[arg(long, value_name = "PATH")]
+    pub epoch_log: Option<PathBuf>,
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
@@ -32,12 +69,30 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     if let Some(t) = a.threads {
         spec.threads = t.into();
     }
-    run_spec(spec, a.epochs, a.json, a.trace.as_deref())
+    run_spec(spec, a.epochs, a.json, a.trace.as_deref(), &a.learner)
 }
 
-pub fn run_spec(spec: PipelineSpec, epochs: u64, json: bool, trace: Option<&Path>) -> anyhow::Result<()> {
+pub fn run_spec(
+    spec: PipelineSpec,
+    epochs: u64,
+    json: bool,
+    trace: Option<&Path>,
+    learner: &Learner,
+) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let loader = Loader::new(spec, Shard::default()).context("preparing the pipeline")?;
+    let shard = Shard { rank: learner.rank, world_size: learner.world_size };
+    let loader = Loader::new(spec, shard).context("preparing the pipeline")?;
+    let barrier = learner.barrier.as_deref().map(|dir| Barrier::new(dir, shard));
+    let mut epoch_log = match &learner.epoch_log {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("--epoch-log {}", path.display()))?,
+        ),
+        None => None,
+    };
     eprintln!(
         "{} samples ({} classes, fingerprint {}) indexed in {:.2}s; {} threads, {} batches/epoch",
         loader.manifest().len(),
@@ -51,6 +106,9 @@ pub fn run_spec(spec: PipelineSpec, epochs: u64, json: bool, trace: Option<&Path
         loader.start_trace()?;
     }
     for epoch in 0..epochs {
+        if let Some(b) = &barrier {
+            b.wait(&format!("epoch-{epoch}"))?;
+        }
         loader.set_epoch(epoch);
         let pb = progress::bar(loader.samples_per_epoch() as u64, &format!("epoch {epoch}"));
         let start = Instant::now();
@@ -63,6 +121,20 @@ pub fn run_spec(spec: PipelineSpec, epochs: u64, json: bool, trace: Option<&Path
         pb.finish_and_clear();
         let secs = start.elapsed().as_secs_f64();
         eprintln!("epoch {epoch}: {samples} samples in {secs:.2}s = {:.0} samples/s", samples as f64 / secs);
+        if let Some(b) = &barrier {
+            // Until every learner is done with the epoch, peers may still ask this one for
+            // its samples (and it may read them from storage for them): the counters below
+            // then hold all of this epoch's work.
+            b.wait(&format!("done-{epoch}"))?;
+        }
+        if let Some(f) = &mut epoch_log {
+            let line =
+                EpochLine { rank: learner.rank, epoch, samples, seconds: secs, locality: loader.locality_stats() };
+            // One write per line: learners append to the same file at the same moment.
+            let mut text = serde_json::to_string(&line)?;
+            text.push('\n');
+            f.write_all(text.as_bytes())?;
+        }
     }
     let stats = loader.stats();
     if let (Some(path), Some(events)) = (trace, loader.stop_trace()) {

@@ -19,7 +19,7 @@ pub mod trace;
 pub use cache::{CacheStats, CachedData};
 pub use error::PipelineError;
 pub use importance::ImportanceState;
-pub use loader::{BufferSource, EpochIter, Loader, LoaderState, OrderSpec};
+pub use loader::{BufferSource, EpochIter, Loader, LoaderState, LocalityOrder, OrderSpec};
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
 pub use stats::{SkippedSample, StatsSnapshot};
 pub use trace::{TraceData, TraceError, TraceFormat};

@@ -93,3 +93,35 @@ fn a_cache_size_per_rank_must_match_the_learner_count() {
     assert!(matches!(err, PipelineError::Spec(_)), "{err}");
     assert!(err.to_string().contains("locality.cache_samples"), "{err}");
 }
+
+/// A checkpoint names the locality it was taken under: which samples a learner's remaining
+/// batches hold follows from the assignment and the cache budgets, so restoring it under
+/// another one is refused, naming the field; under the same one it resumes exactly.
+#[test]
+fn a_checkpoint_restored_under_another_locality_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 40);
+    let taken = Loader::new(spec(&root, Assignment::Aware, vec![10, 20]), Shard { rank: 0, world_size: 2 }).unwrap();
+    let mut it = taken.iter();
+    it.next().unwrap().unwrap();
+    let state = taken.state();
+    let rest: Vec<Vec<u64>> = it.map(|b| b.unwrap().keys).collect();
+
+    let refused = |s: PipelineSpec, field: &str| {
+        let other = Loader::new(s, Shard { rank: 0, world_size: 2 }).unwrap();
+        let err = other.load_state(&state).err().unwrap_or_else(|| panic!("restored under another {field}"));
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    };
+    refused(spec(&root, Assignment::Partitioned, vec![10, 20]), "locality.assignment");
+    refused(spec(&root, Assignment::Aware, vec![20, 10]), "locality.cache_samples");
+    refused(spec(&root, Assignment::Aware, vec![15]), "locality.cache_samples");
+    let mut none = spec(&root, Assignment::Aware, vec![10, 20]);
+    none.locality = None;
+    refused(none, "locality");
+
+    // Under the same locality it resumes where it was.
+    let same = Loader::new(spec(&root, Assignment::Aware, vec![10, 20]), Shard { rank: 0, world_size: 2 }).unwrap();
+    same.load_state(&state).unwrap();
+    let resumed: Vec<Vec<u64>> = same.iter().map(|b| b.unwrap().keys).collect();
+    assert_eq!(resumed, rest);
+}

@@ -1,9 +1,9 @@
 //! Checkpoints: where a loader stands ([`LoaderState`]: epoch, batch, importance state
-//! and the spec fields that fix the order), and restoring it, refused when the dataset,
-//! seed, shard or order-deciding spec differ from the loader's.
+//! and the spec fields that fix the order, locality included), and restoring it, refused
+//! when the dataset, seed, shard or order-deciding spec differ from the loader's.
 
 use serde::{Deserialize, Serialize};
-use sluice_core::{BatchSpec, ImportanceSpec, PipelineSpec, SamplingSpec, ShuffleSpec};
+use sluice_core::{Assignment, BatchSpec, ImportanceSpec, PipelineSpec, SamplingSpec, ShuffleSpec};
 
 use super::Loader;
 use crate::error::PipelineError;
@@ -32,18 +32,42 @@ pub struct LoaderState {
 
 /// What, besides dataset, seed and shard, fixes the samples behind a batch index: a
 /// checkpoint restored under a different one would repeat or skip samples.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OrderSpec {
     pub batch: BatchSpec,
     pub shuffle: ShuffleSpec,
     pub sampling: SamplingSpec,
     /// The smoothing of reported importance, from which importance-driven orders are drawn.
     pub importance: ImportanceSpec,
+    /// How each global batch was split among the learners; `None` without a `locality`
+    /// section (and in states saved before it was carried).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locality: Option<LocalityOrder>,
+}
+
+/// The parts of a `locality` section that decide which samples of each global batch a
+/// learner loads: the assignment, and the cache budgets the placement follows from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalityOrder {
+    pub assignment: Assignment,
+    /// One budget per rank (a single number in the spec is spelt out for every rank).
+    pub cache_samples: Vec<u64>,
 }
 
 impl OrderSpec {
-    pub(super) fn of(spec: &PipelineSpec) -> Self {
-        Self { batch: spec.batch, shuffle: spec.shuffle, sampling: spec.sampling, importance: spec.importance }
+    pub(super) fn of(spec: &PipelineSpec, world_size: usize) -> Self {
+        let locality = spec.locality.as_ref().map(|l| LocalityOrder {
+            assignment: l.assignment,
+            // The loader checked the budgets against the learner count when it was built.
+            cache_samples: l.cache_samples_for(world_size).unwrap_or_else(|_| l.cache_samples.clone()),
+        });
+        Self {
+            batch: spec.batch,
+            shuffle: spec.shuffle,
+            sampling: spec.sampling,
+            importance: spec.importance,
+            locality,
+        }
     }
 
     /// The first difference between a checkpoint's (`self`) and this loader's, as
@@ -55,6 +79,23 @@ impl OrderSpec {
             .or_else(|| differs("shuffle", format!("{:?}", self.shuffle), format!("{:?}", ours.shuffle)))
             .or_else(|| differs("sampling", format!("{:?}", self.sampling), format!("{:?}", ours.sampling)))
             .or_else(|| differs("importance.ema", self.importance.ema.to_string(), ours.importance.ema.to_string()))
+            .or_else(|| match (&self.locality, &ours.locality) {
+                (Some(t), Some(o)) => {
+                    differs("locality.assignment", format!("{:?}", t.assignment), format!("{:?}", o.assignment))
+                        .or_else(|| {
+                            differs(
+                                "locality.cache_samples",
+                                format!("{:?}", t.cache_samples),
+                                format!("{:?}", o.cache_samples),
+                            )
+                        })
+                }
+                (t, o) => {
+                    let section =
+                        |l: &Option<LocalityOrder>| if l.is_some() { "a section" } else { "none" }.to_string();
+                    differs("locality", section(t), section(o))
+                }
+            })
     }
 }
 
@@ -69,7 +110,7 @@ impl Loader {
             rank: self.shared.shard.rank,
             world_size: self.shared.shard.world_size,
             importance: Some(self.shared.importance.lock().state()),
-            order: Some(OrderSpec::of(&self.shared.spec)),
+            order: Some(OrderSpec::of(&self.shared.spec, self.shared.shard.world_size)),
         }
     }
 

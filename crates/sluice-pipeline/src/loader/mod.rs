@@ -26,7 +26,7 @@ mod sample;
 mod slab;
 
 pub use autoscale::{auto_threads_config, Perturb};
-pub use checkpoint::{LoaderState, OrderSpec};
+pub use checkpoint::{LoaderState, LocalityOrder, OrderSpec};
 pub use iter::{BufferSource, EpochIter};
 pub use peers::LocalityStats;
 

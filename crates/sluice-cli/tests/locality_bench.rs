@@ -1,0 +1,81 @@
+//! `sluice bench-locality` end to end: real `sluice run --rank` learner processes on one
+//! shared throttled link, on loopback and, where network namespaces can be made, across
+//! bandwidth-limited veth links shaped by `tc`.
+
+#![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
+
+mod common;
+use common::*;
+
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+/// Runs the benchmark small; its JSON points and its process id.
+fn bench(dir: &std::path::Path, extra: &[&str]) -> (Vec<Value>, u32) {
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["bench-locality", "--out"])
+        .arg(dir)
+        .args(["--samples", "128", "--side", "64", "--batch", "8", "--compute-us", "2000", "--runs", "1"])
+        .args(["--storage-mb-s", "1", "--cache-fraction", "0.25", "--json"])
+        .args(extra)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "bench-locality failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (v["points"].as_array().unwrap().clone(), pid)
+}
+
+fn point<'a>(points: &'a [Value], mode: &str, throttled: bool) -> &'a Value {
+    points
+        .iter()
+        .find(|p| p["config"]["mode"] == mode && p["config"]["storage_mb_s"].is_null() != throttled)
+        .unwrap_or_else(|| panic!("no {mode} point in {points:?}"))
+}
+
+#[test]
+fn learner_processes_share_the_link_and_the_aware_job_reads_no_storage_after_epoch_one() {
+    let _w = watchdog("learner processes", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let (points, _) = bench(dir.path(), &["--learners", "4", "--baseline", "4"]);
+    let aware = point(&points, "aware", true);
+    let base = point(&points, "baseline", true);
+    assert_eq!(aware["storage_reads"], 0.0, "{aware}");
+    assert!(aware["from_peers"].as_f64().unwrap() > 0.0, "{aware}");
+    // 128 samples of ~4 kB over one 1 MB/s link: the baseline's epoch is storage-bound at
+    // ~0.55 s whatever p is; the aware job's is 32 cached samples per learner (~0.15 s).
+    let (a, b) = (aware["median_s"].as_f64().unwrap(), base["median_s"].as_f64().unwrap());
+    assert!(b > 0.45, "the baseline did not share one throttled link: {b:.3}s");
+    assert!(a * 2.0 < b, "aware {a:.3}s vs baseline {b:.3}s");
+}
+
+#[test]
+fn peers_in_network_namespaces_talk_over_shaped_links() {
+    let _w = watchdog("netns learners", 120);
+    let probe = format!("sluice-probe-{}", std::process::id());
+    let made = Command::new("ip").args(["netns", "add", &probe]).output();
+    if !matches!(&made, Ok(o) if o.status.success()) {
+        eprintln!(
+            "SKIPPED peers_in_network_namespaces_talk_over_shaped_links: cannot create a network namespace \
+             (needs root and iproute2): {made:?}"
+        );
+        return;
+    }
+    let _ = Command::new("ip").args(["netns", "del", &probe]).output();
+    let dir = tempfile::tempdir().unwrap();
+    let (points, pid) = bench(dir.path(), &["--learners", "4", "--baseline", "4", "--netns-mbit", "40"]);
+    let aware = point(&points, "aware", true);
+    assert!(aware["from_peers"].as_f64().unwrap() > 0.0, "{aware}");
+    // Each peer reply is 64×64×3 decoded bytes, and all of it crossed the shaped links.
+    let sent = aware["link_bytes"].as_u64().unwrap();
+    assert!(sent as f64 >= aware["from_peers"].as_f64().unwrap() * 64.0 * 64.0 * 3.0, "{aware}");
+    let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&left.stdout);
+    let mine = format!("sluice-{pid}-");
+    assert!(!listed.lines().any(|l| l.starts_with(&mine)), "namespaces left behind: {listed}");
+}
