@@ -105,7 +105,7 @@ pub fn print_report(s: &StatsSnapshot) {
         );
     }
     let busy: f64 = s.op_seconds.iter().map(|(_, t)| t).sum();
-    println!("worker time per op:                 total  share   mean/sample    p50     p99");
+    println!("worker time per op:{:>25} {:>6}  {:>11}  {:>6} {:>7}", "total", "share", "mean/sample", "p50", "p99");
     for ((name, t), p) in s.op_seconds.iter().zip(&s.op_percentiles) {
         let share = if busy > 0.0 { 100.0 * t / busy } else { 0.0 };
         let per_sample = if s.samples > 0 { 1e6 * t / s.samples as f64 } else { 0.0 };
