@@ -51,6 +51,7 @@ from .errors import (
 )
 from .loader import Batch, BatchIterator, Loader
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
+from .profile import ProfileRow, profile
 from .protocol import LoaderLike
 from .remote import RemoteBatchIterator, RemoteLoader
 
@@ -66,6 +67,8 @@ __all__ = [
     "LoaderLike",
     "generate_dataset",
     "pack",
+    "profile",
+    "ProfileRow",
     "enable_logging",
     "IMAGENET_MEAN",
     "IMAGENET_STD",

@@ -57,6 +57,17 @@ def pack(src: str, out: str, interval: Optional[int] = None, threads: Optional[i
     """Copies ``src`` to ``out`` with every JPEG rewritten losslessly with restart markers;
     returns ``{"packed", "copied", "not_packed", "bytes_in", "bytes_out"}``."""
 
+def profile_threads(
+    spec_json: str,
+    threads: List[int],
+    epochs: int = 1,
+    runs: int = 1,
+    report: Optional[str] = None,
+    title: str = "pipeline",
+) -> Tuple[str, Optional[int]]:
+    """Runs the spec at each thread count; returns the table as JSON and the knee, and
+    writes the HTML report to ``report`` when given."""
+
 def enable_logging(filter: str = "warn") -> bool:
     """Sends Rust logs to stderr; False if logging was already set up."""
 

@@ -368,6 +368,8 @@ class Loader:
         Keys: ``samples``, ``batches``, ``bytes_read``, ``elapsed_s``, ``samples_per_s``
         (throughput), ``wait_s`` (time the consumer waited for batches: input stall),
         ``op_seconds`` (busy seconds per op summed over threads, ``read`` first),
+        ``op_percentiles`` (per op, ``{"samples", "p50_s", "p99_s"}``: one sample's time
+        in the op, median and 99th percentile, over the samples that ran it),
         ``skipped`` (a list of ``{"key", "path", "error"}`` for samples left out under
         ``on_error("skip")``), ``threads`` and ``buffers_reused`` (batches built in the
         buffer of an earlier batch that Python had freed, rather than in fresh memory).
@@ -377,6 +379,10 @@ class Loader:
         """
         stats: Dict[str, Any] = json.loads(self._native.stats_json())
         stats["op_seconds"] = {name: seconds for name, seconds in stats["op_seconds"]}
+        stats["op_percentiles"] = {
+            p["op"]: {"samples": p["samples"], "p50_s": p["p50_s"], "p99_s": p["p99_s"]}
+            for p in stats["op_percentiles"]
+        }
         stats["threads"] = self.threads
         stats["buffers_reused"] = int(self._native.buffers_reused())
         return stats

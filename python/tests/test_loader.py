@@ -103,6 +103,11 @@ def test_stats_report_throughput_op_times_and_wait(dataset: Path) -> None:
     assert list(stats["op_seconds"])[0] == "read"
     assert any("random_resized_crop" in name for name in stats["op_seconds"])
     assert sum(stats["op_seconds"].values()) > 0
+    assert list(stats["op_percentiles"]) == list(stats["op_seconds"])
+    for op, p in stats["op_percentiles"].items():
+        assert p["samples"] == N_IMAGES, op
+        # One sample's time in an op is at most all samples' time in it.
+        assert 0 < p["p50_s"] <= p["p99_s"] <= stats["op_seconds"][op], op
     assert stats["threads"] == 2
 
 

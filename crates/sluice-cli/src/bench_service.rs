@@ -64,7 +64,7 @@ pub struct Args {
     json: bool,
 }
 
-struct Proc(Child);
+pub(crate) struct Proc(pub(crate) Child);
 impl Drop for Proc {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -73,7 +73,7 @@ impl Drop for Proc {
 }
 
 /// CPU seconds (user + system) this process has used.
-fn self_cpu() -> f64 {
+pub(crate) fn self_cpu() -> f64 {
     // SAFETY: getrusage writes into the struct we pass; a zeroed rusage is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: RUSAGE_SELF with a valid pointer.
@@ -96,11 +96,11 @@ fn proc_cpu(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / hz
 }
 
-fn tree_cpu(procs: &[Proc]) -> f64 {
+pub(crate) fn tree_cpu(procs: &[Proc]) -> f64 {
     self_cpu() + procs.iter().map(|p| proc_cpu(p.0.id())).sum::<f64>()
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
@@ -116,7 +116,7 @@ fn spawn(args: &[String]) -> Result<Proc> {
     Ok(Proc(child))
 }
 
-fn service(dir: &Path, root: &Path, workers: usize, threads: usize) -> Result<(String, Vec<Proc>)> {
+pub(crate) fn service(dir: &Path, root: &Path, workers: usize, threads: usize) -> Result<(String, Vec<Proc>)> {
     let addr = free_addr()?;
     let journal = dir.join(format!("journal-{}", std::process::id()));
     let _ = std::fs::remove_file(&journal);

@@ -15,6 +15,7 @@ mod gen;
 mod model;
 mod netns;
 mod pack;
+mod profile;
 mod progress;
 mod run;
 mod service;
@@ -39,6 +40,9 @@ enum Command {
     Pack(pack::Args),
     /// Run a pipeline spec (TOML or JSON) for some epochs and report throughput.
     Run(run::Args),
+    /// Run a spec at several thread or worker counts: throughput, CPU per image, per-op
+    /// time, percentiles and counters, the knee, and an HTML report with plots.
+    Profile(profile::Args),
     /// Images/s per thread of the standard training pipeline vs plain full JPEG decode.
     Bench(bench::Args),
     /// Cache policies compared: hit rate vs cache size, epoch time on throttled storage.
@@ -77,6 +81,7 @@ fn main() -> std::process::ExitCode {
         Command::GenImages(a) => gen::main(a),
         Command::Pack(a) => pack::main(a),
         Command::Run(a) => run::main(a),
+        Command::Profile(a) => profile::main(a),
         Command::Bench(a) => bench::main(a),
         Command::BenchCache(a) => bench_cache::main(a),
         Command::Demo(a) => demo::main(a),

@@ -177,11 +177,15 @@ pub fn print_report(s: &StatsSnapshot) {
         );
     }
     let busy: f64 = s.op_seconds.iter().map(|(_, t)| t).sum();
-    println!("worker time per op:");
-    for (name, t) in &s.op_seconds {
+    println!("worker time per op:{:>25} {:>6}  {:>11}  {:>6} {:>7}", "total", "share", "mean/sample", "p50", "p99");
+    for ((name, t), p) in s.op_seconds.iter().zip(&s.op_percentiles) {
         let share = if busy > 0.0 { 100.0 * t / busy } else { 0.0 };
         let per_sample = if s.samples > 0 { 1e6 * t / s.samples as f64 } else { 0.0 };
-        println!("  {name:<32} {t:>8.2}s {share:>5.1}%  {per_sample:>8.0} us/sample");
+        println!(
+            "  {name:<32} {t:>8.2}s {share:>5.1}%  {per_sample:>8.0} us  {:>6.0} {:>7.0} us",
+            1e6 * p.p50_s,
+            1e6 * p.p99_s
+        );
     }
     if !s.skipped.is_empty() {
         // A bad file is skipped once per epoch; list each one once.

@@ -28,7 +28,7 @@ pub use crop::{center_crop_window, random_resized_crop_params, CenterCropWindow,
 pub use encode::{encode_jpeg, encode_jpeg_progressive, encode_jpeg_with, SourcePixels};
 pub use error::CodecError;
 pub use jpeg::{ColorSpace, JpegDecoder, JpegHeader, RegionDecode, Subsampling};
-pub use plan::{sniff_format, ImageFormat, Plan, Scratch};
+pub use plan::{sniff_format, ImageFormat, Plan, Scratch, StepProbe};
 pub use png::decode_png;
 pub use resize::{Resizer, SubRect};
 pub use transcode::add_restart_markers;

@@ -60,6 +60,18 @@ pub struct Scratch {
     a: Vec<u8>,
     /// Where the next image is written before it becomes the current one.
     b: Vec<u8>,
+    /// Told where each step starts and ends, when profiling counters are on.
+    pub probe: Option<Box<dyn StepProbe>>,
+}
+
+/// Something that measures each step of a run (e.g. CPU counters read at step
+/// boundaries). `begin` comes before the first step, `step_done(i)` after step `i`, `i`
+/// being the index into the `times` slice the run was given.
+pub trait StepProbe: Send + std::fmt::Debug {
+    fn begin(&mut self);
+    fn step_done(&mut self, step: usize);
+    /// The probe itself, for its owner to read what it measured.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
 
 impl Scratch {
@@ -456,6 +468,9 @@ impl Plan {
         };
         let mut flip = false;
         let mut in_out = false;
+        if let Some(p) = scratch.probe.as_mut() {
+            p.begin();
+        }
         for (i, step) in steps.iter().enumerate() {
             let t0 = Instant::now();
             match *step {
@@ -511,6 +526,9 @@ impl Plan {
             if let Some(t) = times.get_mut(i) {
                 *t += t0.elapsed();
             }
+            if let Some(p) = scratch.probe.as_mut() {
+                p.step_done(i);
+            }
         }
         Ok((w, h))
     }
@@ -556,7 +574,7 @@ impl Plan {
         }
 
         // Decode the window into `a`, then resample it into `b` (or `out`).
-        let Scratch { jpeg, a, b, resizer } = scratch;
+        let Scratch { jpeg, a, b, resizer, .. } = scratch;
         let dec = jpeg_in(jpeg, self.limits.max_pixels)?;
         let hdr = dec.header(bytes)?;
         let (fw, fh) = (hdr.width, hdr.height);

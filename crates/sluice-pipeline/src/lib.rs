@@ -4,6 +4,7 @@
 //! checkpoints.
 
 pub mod cache;
+pub mod counters;
 pub mod error;
 pub mod executor;
 pub mod importance;
@@ -17,9 +18,10 @@ pub mod storage;
 pub mod trace;
 
 pub use cache::{CacheStats, CachedData};
+pub use counters::{CounterSource, OpCounters, COUNTER_NAMES};
 pub use error::PipelineError;
 pub use importance::ImportanceState;
 pub use loader::{BufferSource, EpochIter, Loader, LoaderState, LocalityOrder, OrderSpec};
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
-pub use stats::{SkippedSample, StatsSnapshot};
+pub use stats::{OpPercentiles, SkippedSample, StatsSnapshot};
 pub use trace::{TraceData, TraceError, TraceFormat};

@@ -1,9 +1,13 @@
 //! What a loader has done and where its time went: samples, bytes, skipped samples (with
-//! key and path), time per op summed over workers, and how long the consumer waited.
+//! key and path), time per op summed over workers with its per-sample p50/p99, and how
+//! long the consumer waited.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
+
+use crate::counters::{CounterSource, OpCounters};
 use serde::Serialize;
 use sluice_core::SampleError;
 
@@ -34,7 +38,23 @@ pub(crate) struct Stats {
     /// Index 0 is `read`; then one per plan step.
     op_times: Vec<Duration>,
     op_names: Vec<String>,
+    /// Per op, the nanoseconds each sample spent in it (samples that skipped the op, e.g.
+    /// `read` on a cache hit, are not counted).
+    op_hist: Vec<Histogram<u64>>,
+    /// Per op, what the CPU counters moved, once any chunk ran with them on.
+    op_counters: Option<(CounterSource, Vec<[u64; crate::counters::N]>)>,
     wait: Duration,
+}
+
+/// Two significant digits: a percentile is within 1% of the true sample's time.
+const SIGFIG: u8 = 2;
+
+/// 1 ns to an hour: longer samples count as an hour.
+const MAX_NS: u64 = 3_600_000_000_000;
+
+fn op_histogram() -> Histogram<u64> {
+    // Fixed, valid bounds and precision: the only ways `new_with_bounds` fails.
+    Histogram::new_with_bounds(1, MAX_NS, SIGFIG).unwrap_or_else(|_| unreachable!("valid histogram bounds"))
 }
 
 impl Stats {
@@ -47,16 +67,46 @@ impl Stats {
             skipped: Vec::new(),
             warned: HashSet::new(),
             op_times: vec![Duration::ZERO; op_names.len()],
+            op_hist: (0..op_names.len()).map(|_| op_histogram()).collect(),
             op_names,
+            op_counters: None,
             wait: Duration::ZERO,
         }
     }
 
-    pub(crate) fn add_work(&mut self, times: &[Duration], bytes: u64) {
+    /// A chunk's work: its op totals, and `per_sample`, each sample's op times laid end to
+    /// end (`times.len()` per sample; zero where the sample skipped the op).
+    pub(crate) fn add_work(&mut self, times: &[Duration], per_sample: &[Duration], bytes: u64) {
         for (total, t) in self.op_times.iter_mut().zip(times) {
             *total += *t;
         }
+        if !times.is_empty() {
+            for sample in per_sample.chunks(times.len()) {
+                for (hist, t) in self.op_hist.iter_mut().zip(sample) {
+                    if !t.is_zero() {
+                        hist.saturating_record(u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1));
+                    }
+                }
+            }
+        }
         self.bytes_read += bytes;
+    }
+
+    /// A chunk's per-op counter deltas.
+    pub(crate) fn add_counters(&mut self, source: CounterSource, per_op: &[[u64; crate::counters::N]]) {
+        let (src, totals) =
+            self.op_counters.get_or_insert_with(|| (source, vec![[0; crate::counters::N]; self.op_names.len()]));
+        // Threads agree on the source but for a racing fallback: the weakest one names it.
+        if source == CounterSource::Rusage
+            || (source == CounterSource::PerfSoftware && *src == CounterSource::PerfHardware)
+        {
+            *src = source;
+        }
+        for (t, c) in totals.iter_mut().zip(per_op) {
+            for (a, b) in t.iter_mut().zip(c) {
+                *a += b;
+            }
+        }
     }
 
     pub(crate) fn add_batch(&mut self, samples: usize) {
@@ -86,6 +136,20 @@ impl Stats {
             samples_per_s: if elapsed > 0.0 { self.samples as f64 / elapsed } else { 0.0 },
             wait_s: self.wait.as_secs_f64(),
             op_seconds: self.op_names.iter().cloned().zip(self.op_times.iter().map(Duration::as_secs_f64)).collect(),
+            op_percentiles: self
+                .op_names
+                .iter()
+                .zip(&self.op_hist)
+                .map(|(op, h)| OpPercentiles {
+                    op: op.clone(),
+                    samples: h.len(),
+                    p50_s: h.value_at_quantile(0.5) as f64 / 1e9,
+                    p99_s: h.value_at_quantile(0.99) as f64 / 1e9,
+                })
+                .collect(),
+            op_counters: self.op_counters.as_ref().map(|(source, totals)| {
+                self.op_names.iter().zip(totals).map(|(op, c)| OpCounters::new(op.clone(), *source, c)).collect()
+            }),
             skipped: self.skipped.clone(),
             cache: None,
             autoscale: None,
@@ -105,6 +169,13 @@ pub struct StatsSnapshot {
     pub wait_s: f64,
     /// Busy time per op, summed over worker threads: `read`, then the plan's steps.
     pub op_seconds: Vec<(String, f64)>,
+    /// Per op, in `op_seconds`' order: how long one sample spent in it, median and 99th
+    /// percentile, over the samples that ran it.
+    pub op_percentiles: Vec<OpPercentiles>,
+    /// Per op, CPU counters summed over threads, when [`crate::Loader::set_op_counters`]
+    /// turned them on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op_counters: Option<Vec<OpCounters>>,
     pub skipped: Vec<SkippedSample>,
     /// Cache hits, misses, hit rate, bytes, evictions, estimated time saved and the level
     /// decision, when the pipeline has a cache.
@@ -114,6 +185,16 @@ pub struct StatsSnapshot {
     /// inputs, when the loader autoscales (`threads = "auto"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<sluice_autoscale::AutoscaleStats>,
+}
+
+/// One op's per-sample time distribution.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpPercentiles {
+    pub op: String,
+    /// Samples that ran the op.
+    pub samples: u64,
+    pub p50_s: f64,
+    pub p99_s: f64,
 }
 
 #[cfg(test)]
@@ -140,6 +221,33 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[test]
+    fn percentiles_per_op_follow_a_known_distribution_within_one_percent() {
+        let mut stats = Stats::new(vec!["read".into(), "decode".into()]);
+        // Chunks of 8 samples: read takes 1..=1000 µs uniformly, decode a constant 5 ms,
+        // and every 4th sample is a cache hit that skips the read.
+        let mut per_sample = Vec::new();
+        for i in 1..=1000u64 {
+            per_sample.push(Duration::from_micros(i));
+            per_sample.push(Duration::from_millis(5));
+            per_sample.push(Duration::ZERO);
+            per_sample.push(Duration::from_millis(5));
+        }
+        for chunk in per_sample.chunks(2 * 8) {
+            let times = [chunk.iter().step_by(2).sum(), chunk.iter().skip(1).step_by(2).sum()];
+            stats.add_work(&times, chunk, 0);
+        }
+        let s = stats.snapshot();
+        let [read, decode] = &s.op_percentiles[..] else { panic!("{:?}", s.op_percentiles) };
+        assert_eq!((read.op.as_str(), read.samples), ("read", 1000), "hits skip the read: {read:?}");
+        assert_eq!((decode.op.as_str(), decode.samples), ("decode", 2000));
+        let near = |got: f64, want: f64| (got - want).abs() <= 0.01 * want;
+        assert!(near(read.p50_s, 500e-6) && near(read.p99_s, 990e-6), "{read:?}");
+        assert!(near(decode.p50_s, 5e-3) && near(decode.p99_s, 5e-3), "{decode:?}");
+        let total: f64 = s.op_seconds.iter().map(|(_, t)| t).sum();
+        assert!((total - (0.5005 + 10.0)).abs() < 1e-9, "the sums still add up: {total}");
     }
 
     #[test]

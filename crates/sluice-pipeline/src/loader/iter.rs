@@ -250,7 +250,10 @@ impl EpochIter {
             self.shared.autoscale.on_work(done.busy, done.samples);
             let mut stats = self.shared.stats.lock();
             stats.add_wait(waited);
-            stats.add_work(&done.times, done.bytes);
+            stats.add_work(&done.times, &done.per_sample, done.bytes);
+            if let Some((source, per_op)) = &done.counters {
+                stats.add_counters(*source, per_op);
+            }
             drop(stats);
             if let Some(a) = self.pending.get_mut(&done.batch) {
                 a.chunks_left -= 1;

@@ -86,6 +86,8 @@ struct Shared {
     importance: Mutex<ImportanceStore>,
     /// Profiling events, off unless [`Loader::start_trace`].
     trace: TraceSwitch,
+    /// CPU counters read at op boundaries, off unless [`Loader::set_op_counters`].
+    op_counters: std::sync::atomic::AtomicBool,
     /// The stats' op names, which name the trace's ops too.
     op_names: Vec<String>,
     /// How this rank's share of each global batch is chosen, with a `locality` section.
@@ -213,6 +215,7 @@ impl Loader {
             stats: Mutex::new(Stats::new(names.clone())),
             op_names: names,
             trace: TraceSwitch::default(),
+            op_counters: std::sync::atomic::AtomicBool::new(false),
             progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
             spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
@@ -362,6 +365,13 @@ impl Loader {
     /// `None` if no trace is being recorded.
     pub fn drain_trace(&self) -> Option<TraceData> {
         self.shared.trace.drain()
+    }
+
+    /// Turns per-op CPU counters on or off (see [`crate::counters`]): each worker thread
+    /// opens its counters on its next chunk and reads them at every op boundary; the
+    /// totals appear in [`StatsSnapshot::op_counters`]. Off (the default) costs nothing.
+    pub fn set_op_counters(&self, on: bool) {
+        self.shared.op_counters.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> StatsSnapshot {

@@ -14,6 +14,7 @@ use sluice_core::{CacheLevel, Image, Pixels, SampleError, SampleErrorKind, Sampl
 use super::slab::Slab;
 use super::Shared;
 use crate::cache::{Cache, CachedData, SampleCost};
+use crate::counters::{CounterSource, ThreadCounters};
 use crate::executor::WorkerLocal;
 use crate::trace::{now_ns, CacheUse, SampleId};
 
@@ -38,7 +39,16 @@ impl ChunkJob {
         let mut times = vec![Duration::ZERO; 1 + shared.steps.suffix.end.max(shared.steps.prefix.end)];
         // One sample's op times, added into `times` and, when tracing, into its events.
         let mut sample_times = times.clone();
+        // Every sample's op times, for the stats' per-op percentiles.
+        let mut per_sample = Vec::with_capacity(self.slots.len() * times.len());
         let trace = shared.trace.current();
+        if shared.op_counters.load(Ordering::Relaxed) {
+            if probe(local).is_none() {
+                local.scratch.probe = Some(Box::new(ThreadCounters::open(times.len())));
+            }
+        } else {
+            local.scratch.probe = None;
+        }
         let mut samples = 0;
         let mut failures = Vec::new();
         let mut bytes = 0u64;
@@ -61,6 +71,7 @@ impl ChunkJob {
             for (total, t) in times.iter_mut().zip(&sample_times) {
                 *total += *t;
             }
+            per_sample.extend_from_slice(&sample_times);
             if trace.is_some() {
                 let id = SampleId { key: entry.key.0, batch: self.batch, epoch: self.epoch };
                 local.trace.sample(start_ns, &sample_times, cache_use, id);
@@ -85,11 +96,12 @@ impl ChunkJob {
             // Before reporting: a batch the consumer holds has all its events recorded.
             recorder.flush(&mut local.trace);
         }
+        let counters = probe(local).map(|c| (c.source(), c.take()));
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
         let busy = started.elapsed();
-        let _ = reply.send(ChunkDone { batch, failures, times, bytes, samples, busy });
+        let _ = reply.send(ChunkDone { batch, failures, times, per_sample, counters, bytes, samples, busy });
     }
 
     /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
@@ -115,6 +127,9 @@ impl ChunkJob {
             *cache_use = used;
             return Ok(read);
         }
+        if let Some(c) = probe(local) {
+            c.mark();
+        }
         let t0 = Instant::now();
         let read = shared.storage.read(
             &shared.manifest.root,
@@ -123,10 +138,27 @@ impl ChunkJob {
             &mut local.read_buf,
         );
         times[0] += t0.elapsed();
+        if let Some(c) = probe(local) {
+            c.done(0);
+            c.base = 1;
+        }
         read.map_err(|kind| (Stage::Read, kind))?;
         *stage = Stage::Decode;
         shared.plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]).map_err(decode_err)?;
         Ok(local.read_buf.len() as u64)
+    }
+}
+
+/// This worker's CPU counters, when they are on.
+fn probe(local: &mut WorkerLocal) -> Option<&mut ThreadCounters> {
+    local.scratch.probe.as_mut()?.as_any_mut().downcast_mut()
+}
+
+/// Points the counters at the op list's slot for the plan's step 0 (the cached paths run
+/// parts of the plan whose steps start further along).
+fn counters_base(local: &mut WorkerLocal, base: usize) {
+    if let Some(c) = probe(local) {
+        c.base = base;
     }
 }
 
@@ -189,11 +221,13 @@ impl Shared {
                         times[slot] += t.elapsed();
                     }
                     let img = resized.as_ref().unwrap_or(img);
+                    counters_base(local, steps.suffix.start);
                     self.plan
                         .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
                         .map_err(decode_err)?;
                 }
                 CachedData::Resized(img) => {
+                    counters_base(local, steps.suffix.start);
                     self.plan
                         .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
                         .map_err(decode_err)?;
@@ -204,11 +238,17 @@ impl Shared {
         if self.locality.is_some() {
             self.counters.storage_read();
         }
+        if let Some(c) = probe(local) {
+            c.mark();
+        }
         let t0 = Instant::now();
         self.storage
             .read(&self.manifest.root, &entry.location, self.spec.limits.max_file_bytes, &mut local.read_buf)
             .map_err(|k| (Stage::Read, k))?;
         let read_time = t0.elapsed();
+        if let Some(c) = probe(local) {
+            c.done(0);
+        }
         times[0] += read_time;
         let raw = std::mem::take(&mut local.read_buf);
         let result = self.compute(&raw, local, rng, out, times, resize);
@@ -269,6 +309,7 @@ impl Shared {
         resize: Option<u32>,
     ) -> Result<Computed, SampleFailure> {
         let steps = &self.steps;
+        counters_base(local, steps.prefix.start);
         let t = Instant::now();
         if !self.split {
             self.plan.run(bytes, rng, &mut local.scratch, out, &mut times[steps.prefix.clone()]).map_err(decode_err)?;
@@ -289,6 +330,7 @@ impl Shared {
             times[slot] += resize_time;
         }
         let img = resized.as_ref().unwrap_or(&decoded);
+        counters_base(local, steps.suffix.start);
         self.plan
             .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
             .map_err(decode_err)?;
@@ -309,6 +351,10 @@ pub(super) struct ChunkDone {
     pub(super) batch: u64,
     pub(super) failures: Vec<(usize, SampleError)>,
     pub(super) times: Vec<Duration>,
+    /// Each sample's op times, `times.len()` per sample.
+    pub(super) per_sample: Vec<Duration>,
+    /// What the CPU counters moved per op, when they are on.
+    pub(super) counters: Option<(CounterSource, Vec<[u64; crate::counters::N]>)>,
     pub(super) bytes: u64,
     /// Samples the chunk ran (all of them unless cancelled) and the wall time it took:
     /// the autoscaler's production signal.

@@ -1,0 +1,146 @@
+//! `sluice profile --sweep`: a real sweep over thread counts and worker processes; the
+//! table's numbers hang together, and the HTML report's plots render in headless Chromium.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// Debian's `chromium` (or another Chromium on PATH).
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| ["chromium", "chromium-browser", "google-chrome"].map(|name| dir.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// `sluice profile spec.json --sweep SWEEP --json`: the table, and what it said on stderr.
+fn profile(dir: &Path, sweep: &str, report: &str) -> (Vec<serde_json::Value>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["profile", "spec.json", "--sweep", sweep, "--report", report, "--json"])
+        .current_dir(dir)
+        .env("SLUICE_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    (rows, stderr)
+}
+
+/// Pixels of the screenshot exactly `rgb`.
+fn count_color(rgb: &[u8], color: [u8; 3]) -> usize {
+    rgb.chunks_exact(3).filter(|p| *p == color).count()
+}
+
+/// Drawn SVG elements (`<rect`, `<circle`, `<polyline`, `<path`, `<line`) inside the figure
+/// with id `id` of a DOM dump.
+fn drawn_in(dom: &str, id: &str) -> usize {
+    let start = dom.find(&format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no figure {id}"));
+    let end = start + dom[start..].find("</figure>").unwrap();
+    let fig = &dom[start..end];
+    assert!(fig.contains("<svg"), "figure {id} holds no svg");
+    ["<rect", "<circle", "<polyline", "<path", "<line"].iter().map(|t| fig.matches(t).count()).sum()
+}
+
+#[test]
+fn profile_sweeps_threads_and_its_html_report_renders_in_chromium() {
+    let _watchdog = watchdog("sluice profile --sweep threads", 180);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    std::fs::write(dir.path().join("spec.json"), spec(&root, 3).to_json_string().unwrap()).unwrap();
+
+    let (rows, stderr) = profile(dir.path(), "threads=1,2", "report.html");
+    assert!(stderr.contains("[1/2] run 0: 1 threads") && stderr.contains("[2/2] run 0: 2 threads"), "{stderr}");
+    assert_eq!(rows.len(), 2);
+    for (r, units) in rows.iter().zip([1, 2]) {
+        assert_eq!(r["units"], units);
+        assert_eq!(r["images"], IMAGES, "one measured epoch");
+        assert!(r["images_per_s"].as_f64().unwrap() > 0.0 && r["cpu_s_per_image"].as_f64().unwrap() > 0.0);
+        let ops = r["ops"].as_array().unwrap();
+        assert_eq!(ops[0]["op"], "read");
+        assert!(ops.len() >= 3, "read, decode+crop and more: {ops:?}");
+        for o in ops {
+            let (p50, p99) = (o["p50_us"].as_f64().unwrap(), o["p99_us"].as_f64().unwrap());
+            assert!(p50 > 0.0 && p50 <= p99, "{o}");
+            let c = &o["counters"];
+            // Counters run on the worker threads, at op boundaries: an op's CPU time can
+            // not exceed its wall time (plus one counter read, a few µs, more on a loaded machine).
+            let cpu_ns = c["task_clock_ns"].as_u64().unwrap() as f64 / IMAGES as f64;
+            let wall_ns = 1e3 * o["busy_us_per_image"].as_f64().unwrap();
+            assert!(cpu_ns <= 1.05 * wall_ns + 100_000.0, "{o}");
+            assert!(c["source"] != "perf_hardware" || c["cycles"].as_u64().unwrap() > 0, "{o}");
+        }
+        let decode = &ops[1]["counters"];
+        assert!(decode["task_clock_ns"].as_u64().unwrap() > 0, "decoding takes CPU: {decode}");
+    }
+    assert!(rows[1]["gain_pct"].is_number() && rows[0]["gain_pct"].is_null());
+
+    let report = dir.path().join("report.html");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(!html.contains("<script src") && !html.contains("<link"), "self-contained: nothing fetched");
+    let Some(browser) = chromium() else {
+        eprintln!("SKIPPED the Chromium half of this test: no chromium on PATH");
+        return;
+    };
+    let url = format!("file://{}", report.display());
+    let headless = |what: &[&str]| {
+        let out = Command::new(&browser)
+            .args(["--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--hide-scrollbars"])
+            .arg(format!("--user-data-dir={}", dir.path().join("chromium-profile").display()))
+            .args(what)
+            .arg(&url)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "chromium failed: {:?}", out.status);
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let dom = headless(&["--dump-dom"]);
+    assert!(dom.contains("id=\"knee\""), "{dom}");
+    for fig in ["throughput", "op-cpu", "counter"] {
+        let n = drawn_in(&dom, fig);
+        assert!(n >= 10, "figure {fig}: only {n} drawn elements");
+    }
+    let png = dir.path().join("report.png");
+    headless(&[&format!("--screenshot={}", png.display()), "--window-size=1280,3200"]);
+    let mut rgb = Vec::new();
+    let (w, h) = sluice_codec::decode_png(&std::fs::read(&png).unwrap(), 1 << 24, &mut rgb).unwrap();
+    assert_eq!((w, h), (1280, 3200));
+    // The throughput line and its two points (filled, radius 5: ~75 pixels each) are pure
+    // blue; the first op's counter points (radius 4) and line are plotters' Palette99
+    // colour 0 (230, 25, 75). A page without the plots has none of either.
+    let blue = count_color(&rgb, [0, 0, 255]);
+    assert!(blue > 150, "the throughput plot drew {blue} blue pixels");
+    let first_op = count_color(&rgb, [230, 25, 75]);
+    assert!(first_op > 60, "the counter plot drew {first_op} pixels of the first op's colour");
+    eprintln!("plot pixels: {blue} blue, {first_op} of the first op's colour");
+    let white = count_color(&rgb, [255, 255, 255]);
+    assert!(white < rgb.len() / 3 * 98 / 100, "the page is blank");
+}
+
+#[test]
+fn profile_sweeps_service_workers() {
+    let _watchdog = watchdog("sluice profile --sweep workers", 180);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let mut s = spec(&root, 4);
+    s.threads = 2.into();
+    std::fs::write(dir.path().join("spec.json"), s.to_json_string().unwrap()).unwrap();
+    let (rows, stderr) = profile(dir.path(), "workers=1,2", "workers.html");
+    assert!(stderr.contains("[2/2] run 0: 2 workers"), "{stderr}");
+    assert_eq!(rows.len(), 2);
+    for (r, units) in rows.iter().zip([1, 2]) {
+        assert_eq!((r["unit"].as_str(), r["units"].as_u64()), (Some("workers"), Some(units)));
+        assert_eq!(r["images"], IMAGES, "every image of the measured epoch came back");
+        // Worker processes and the dispatcher count too: more than this process alone.
+        assert!(r["images_per_s"].as_f64().unwrap() > 0.0 && r["cpu_s_per_image"].as_f64().unwrap() > 0.0);
+    }
+    let html = std::fs::read_to_string(dir.path().join("workers.html")).unwrap();
+    assert!(html.contains("<svg") && html.contains("Throughput vs workers"));
+}
