@@ -5,38 +5,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec};
 use sluice_service::RemoteLoader;
-
-/// Debian's `chromium` (or another Chromium on PATH).
-fn chromium() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .flat_map(|dir| ["chromium", "chromium-browser", "google-chrome"].map(|name| dir.join(name)))
-        .find(|p| p.is_file())
-}
-
-/// Runs headless Chromium on `url` with a profile of its own under `dir`, letting the
-/// page run for `budget_ms` of virtual time first; returns its stdout.
-fn headless(browser: &Path, dir: &Path, url: &str, budget_ms: u64, what: &[&str]) -> String {
-    let out = Command::new(browser)
-        .args(["--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--hide-scrollbars"])
-        .arg(format!("--user-data-dir={}", dir.join("chromium-profile").display()))
-        .arg(format!("--virtual-time-budget={budget_ms}"))
-        .args(what)
-        .arg(url)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "chromium failed: {:?}", out.status);
-    String::from_utf8(out.stdout).unwrap()
-}
 
 /// The text of the first element after `marker` (an `id="…"` or `class="…"` attribute).
 fn shown<'a>(dom: &'a str, marker: &str) -> &'a str {

@@ -5,18 +5,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 
 use common::*;
-
-/// Debian's `chromium` (or another Chromium on PATH).
-fn chromium() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .flat_map(|dir| ["chromium", "chromium-browser", "google-chrome"].map(|name| dir.join(name)))
-        .find(|p| p.is_file())
-}
 
 /// `sluice profile spec.json --sweep SWEEP --json`: the table, and what it said on stderr.
 fn profile(dir: &Path, sweep: &str, report: &str) -> (Vec<serde_json::Value>, String) {
@@ -88,19 +80,7 @@ fn profile_sweeps_threads_and_its_html_report_renders_in_chromium() {
         return;
     };
     let url = format!("file://{}", report.display());
-    let headless = |what: &[&str]| {
-        let out = Command::new(&browser)
-            .args(["--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--hide-scrollbars"])
-            .arg(format!("--user-data-dir={}", dir.path().join("chromium-profile").display()))
-            .args(what)
-            .arg(&url)
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "chromium failed: {:?}", out.status);
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let headless = |what: &[&str]| headless(&browser, dir.path(), &url, 1000, what);
     let dom = headless(&["--dump-dom"]);
     assert!(dom.contains("id=\"knee\""), "{dom}");
     for fig in ["throughput", "op-cpu", "counter"] {

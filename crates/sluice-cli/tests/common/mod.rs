@@ -202,3 +202,28 @@ pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + 
         Err(_) => panic!("{what}: still not done after {secs} s"),
     }
 }
+
+/// Debian's `chromium` (or another Chromium on PATH).
+pub fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| ["chromium", "chromium-browser", "google-chrome"].map(|name| dir.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// Runs headless Chromium on `url` with a profile of its own under `dir`, letting the
+/// page run for `budget_ms` of virtual time first; returns its stdout.
+pub fn headless(browser: &Path, dir: &Path, url: &str, budget_ms: u64, what: &[&str]) -> String {
+    let out = Command::new(browser)
+        .args(["--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--hide-scrollbars"])
+        .arg(format!("--user-data-dir={}", dir.join("chromium-profile").display()))
+        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .args(what)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "chromium failed: {:?}", out.status);
+    String::from_utf8(out.stdout).unwrap()
+}
