@@ -246,6 +246,10 @@ pub struct UpArgs {
     tls_key: Option<PathBuf>,
     #[arg(long, requires = "tls_cert")]
     tls_ca: Option<PathBuf>,
+    /// Every worker records each job's pipeline events into
+    /// DIR/job-<job id>-worker-<worker id>.pftrace (as `sluice worker --trace-dir`).
+    #[arg(long, value_name = "DIR")]
+    trace_dir: Option<PathBuf>,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -306,6 +310,9 @@ pub fn up(a: UpArgs) -> Result<()> {
         }
         if let Some(p) = a.metrics_port {
             w.extend(["--metrics-port".into(), (p as usize + 1 + i).to_string()]);
+        }
+        if let Some(dir) = &a.trace_dir {
+            w.extend(["--trace-dir".to_string(), dir.display().to_string()]);
         }
         specs.push((format!("worker {i}"), w));
     }

@@ -1,4 +1,5 @@
-//! `sluice up` keeps its runtime state out of the folder it runs in.
+//! `sluice up` keeps its runtime state out of the folder it runs in, and hands its
+//! workers what they need (here: where to write their traces).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,11 +13,12 @@ use std::sync::mpsc;
 use common::*;
 use sluice_service::RemoteLoader;
 
-/// `sluice up` with one worker, started in `cwd`; its stdout lines arrive on the channel
+/// `sluice up` with one worker and the `extra` flags, started in `cwd`; its stdout lines arrive on the channel
 /// (drained to the end, so its children never write into a closed pipe).
-fn up_in(cwd: &Path, addr: &str, root: &Path) -> (Proc, mpsc::Receiver<String>) {
+fn up_in(cwd: &Path, addr: &str, root: &Path, extra: &[&str]) -> (Proc, mpsc::Receiver<String>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.args(["up", "--workers", "1", "--threads", "1", "--listen", addr, "--allow-root", root.to_str().unwrap()])
+        .args(extra)
         .current_dir(cwd)
         .env("SLUICE_LOG", "warn")
         .env_remove("SLUICE_TOKEN")
@@ -51,7 +53,7 @@ fn sluice_up_starts_fresh_and_writes_nothing_into_its_folder() {
     std::fs::create_dir(&cwd).unwrap();
 
     let addr = free_addr();
-    let (up, lines) = up_in(&cwd, &addr, &root);
+    let (up, lines) = up_in(&cwd, &addr, &root, &[]);
     let mut loader = RemoteLoader::connect(&spec(&root, 1), options(&addr, "first")).unwrap();
     assert_eq!(loader.job().job_id, 1);
     assert_exactly_once(loader.iter().flat_map(|b| b.unwrap().keys).collect(), "the first `up`");
@@ -68,10 +70,37 @@ fn sluice_up_starts_fresh_and_writes_nothing_into_its_folder() {
 
     // A second `up` in the same folder knows nothing of the first one's job.
     let addr = free_addr();
-    let (up, _lines) = up_in(&cwd, &addr, &root);
+    let (up, _lines) = up_in(&cwd, &addr, &root, &[]);
     let loader = RemoteLoader::connect(&spec(&root, 2), options(&addr, "second")).unwrap();
     assert_eq!(loader.job().job_id, 1, "the second `up` replayed a job of the first");
     assert_eq!(loader.job().epoch, 0);
     drop(loader);
+    sigterm_and_wait(up, "sluice up");
+}
+
+#[test]
+fn sluice_up_hands_trace_dir_to_its_workers() {
+    let _watchdog = watchdog("sluice_up_hands_trace_dir_to_its_workers", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let traces = dir.path().join("traces");
+    std::fs::create_dir(&traces).unwrap();
+
+    let addr = free_addr();
+    let (up, _lines) = up_in(dir.path(), &addr, &root, &["--trace-dir", traces.to_str().unwrap()]);
+    let mut loader = RemoteLoader::connect(&spec(&root, 1), options(&addr, "traced")).unwrap();
+    assert_exactly_once(loader.iter().flat_map(|b| b.unwrap().keys).collect(), "a traced job");
+    let job = loader.job().job_id;
+    drop(loader);
+    // The worker appends a task's events once the task is done: poll for the file.
+    let written = within(30, "the worker's trace file", move || loop {
+        let files: Vec<_> = std::fs::read_dir(&traces).unwrap().map(|e| e.unwrap().path()).collect();
+        let named = |p: &PathBuf| p.file_name().unwrap().to_str().unwrap().starts_with(&format!("job-{job}-worker-"));
+        if let Some(f) = files.iter().find(|p| named(p) && p.metadata().unwrap().len() > 0) {
+            break f.clone();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    });
+    assert_eq!(written.extension().unwrap(), "pftrace");
     sigterm_and_wait(up, "sluice up");
 }
