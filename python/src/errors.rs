@@ -112,8 +112,10 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         | PipelineError::AlreadyStarted
         | PipelineError::BufferStillShared { .. } => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
         PipelineError::Interrupted => PyKeyboardInterrupt::new_err(e.to_string()),
-        PipelineError::Trace(TraceError::Write { .. }) => PyOSError::new_err(e.to_string()),
-        PipelineError::Trace(TraceError::AlreadyTracing) => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
+        PipelineError::Trace(TraceError::Write { .. } | TraceError::Read { .. }) => PyOSError::new_err(e.to_string()),
+        PipelineError::Trace(
+            TraceError::AlreadyTracing | TraceError::Malformed { .. } | TraceError::Unaligned { .. },
+        ) => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
     }
 }
 

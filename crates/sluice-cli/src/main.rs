@@ -20,6 +20,7 @@ mod progress;
 mod run;
 mod service;
 mod stream_push;
+mod trace_merge;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -69,6 +70,8 @@ enum Command {
     /// Epoch times of learner processes on a shared throttled link: locality-aware with the
     /// collaborative cache vs the baseline, and the model's prediction for each.
     BenchLocality(bench_locality::Args),
+    /// Merge a client's trace and its workers' `--trace-dir` files into one timeline.
+    TraceMerge(trace_merge::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -94,6 +97,7 @@ fn main() -> std::process::ExitCode {
         Command::StreamPush(a) => stream_push::main(a),
         Command::BenchAutoscale(a) => bench_autoscale::main(a),
         Command::BenchLocality(a) => bench_locality::main(a),
+        Command::TraceMerge(a) => trace_merge::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

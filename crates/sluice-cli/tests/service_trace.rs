@@ -1,7 +1,8 @@
 //! Service tracing end to end, with a real dispatcher, two worker processes and a client:
 //! the client's trace holds both workers' batch builds and the trainer's events in one
 //! timeline, each batch the trainer took flowing from exactly one build, forward in time
-//! once the clocks are aligned; each worker's `--trace-dir` file holds its per-op events.
+//! once the clocks are aligned; each worker's `--trace-dir` file holds its per-op events,
+//! and `sluice trace-merge` puts those into the client's timeline.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -230,9 +231,52 @@ fn a_service_trace_puts_both_workers_and_the_client_in_one_timeline_with_aligned
                 assert!(!decodes.is_empty(), "{f:?}: no decode events");
                 assert!(decodes.iter().all(|s| s.args.contains_key("key") && s.end > s.start));
             }
+            merged_into_one_timeline(&path, &files, &t, &decoded, &dir.path().join("merged.pftrace"));
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(10), "workers wrote {built} of {} batches", consumed.len());
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `sluice trace-merge` of the client's trace and the workers' files: every worker event
+/// lands in one timeline, each worker's `batch_preprocessed` where the client saw that
+/// batch built (the same span, moved by offsets each within their bound of the truth).
+fn merged_into_one_timeline(client: &Path, files: &[std::path::PathBuf], t: &Decoded, own: &[Decoded], out: &Path) {
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("trace-merge")
+        .arg(client)
+        .args(files)
+        .arg("--out")
+        .arg(out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "sluice trace-merge: {status}");
+    let m = decode(out);
+    let pids: BTreeSet<i32> = m.processes.values().copied().collect();
+    assert_eq!(pids, t.processes.values().copied().collect(), "the same processes: the client and both workers");
+    // The workers may still be appending (tasks prefetched past the trainer's last batch):
+    // what the merge took lies between the file before and the file after.
+    for (before, f) in own.iter().zip(files) {
+        let pid = *before.processes.values().next().unwrap();
+        let ops =
+            |x: &Decoded| x.slices.iter().filter(|s| s.name.starts_with("decode") && x.pid_of(s.track) == pid).count();
+        let (merged, after) = (ops(&m), ops(&decode(f)));
+        assert!(
+            ops(before) <= merged && merged <= after,
+            "worker {pid}: {merged} per-op slices merged, its file had {} then {after}",
+            ops(before)
+        );
+    }
+    let preprocessed: Vec<&Slice> = m.named("batch_preprocessed").collect();
+    for b in t.named("batch_built") {
+        let (pid, slack) = (t.pid_of(b.track), 2 * b.args["clock_error_ns"] as u64 + 2);
+        let near = |x: u64, y: u64| x.abs_diff(y) <= slack;
+        assert!(
+            preprocessed.iter().any(|s| m.pid_of(s.track) == pid && near(s.start, b.start) && near(s.end, b.end)),
+            "batch {:?}: no batch_preprocessed of worker {pid} within {slack} ns of {b:?}",
+            (b.args["epoch"], b.args["batch"])
+        );
     }
 }

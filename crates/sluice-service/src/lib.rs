@@ -43,6 +43,7 @@ mod security;
 #[cfg(target_os = "linux")]
 pub mod shm;
 mod tls;
+mod trace_merge;
 mod wire;
 mod worker;
 
@@ -56,6 +57,7 @@ pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use proto::{ReportKind, ReportReply};
 pub use security::TokenAttach;
 pub use tls::TlsFiles;
+pub use trace_merge::{merge_traces, MergedWorker};
 pub use wire::Compression;
 pub use worker::{run_worker, WorkerConfig};
 

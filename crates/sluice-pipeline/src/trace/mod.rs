@@ -107,6 +107,16 @@ pub enum TraceError {
     /// The trace file could not be written.
     #[error("cannot write the trace to {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
+    /// A trace file to merge could not be read.
+    #[error("cannot read the trace {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// A file to merge is not a Perfetto trace sluice wrote.
+    #[error("{path} is not a sluice Perfetto trace: {reason}")]
+    Malformed { path: PathBuf, reason: String },
+    /// A worker's trace whose worker built none of the batches in the client's trace: its
+    /// clock offset is unknown.
+    #[error("{path}: its worker (pid {pid}) built none of the batches in the client's trace, so its clock cannot be aligned")]
+    Unaligned { path: PathBuf, pid: i32 },
 }
 
 /// The file format a trace path asks for: Chrome trace JSON for `.json`, Perfetto
