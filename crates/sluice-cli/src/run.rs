@@ -47,7 +47,7 @@ pub struct Args {
 
 /// One learner (DDP rank) of a multi-learner job (`docs/locality.md`): every learner runs
 /// the same spec with its own `--rank`.
-#[derive(clap::Args, Default)]
+#[derive(clap::Args)]
 pub struct Learner {
     /// This learner's rank, 0..world_size.
     #[arg(long, default_value_t = 0)]
@@ -62,6 +62,13 @@ pub struct Learner {
     /// Append one JSON line per epoch (samples, seconds, where samples came from) here.
     #[arg(long, value_name = "PATH")]
     pub epoch_log: Option<PathBuf>,
+}
+
+/// A job of one learner, as `sluice run` without `--rank`/`--world-size`.
+impl Default for Learner {
+    fn default() -> Self {
+        Learner { rank: 0, world_size: 1, barrier: None, epoch_log: None }
+    }
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {

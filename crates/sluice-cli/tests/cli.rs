@@ -126,3 +126,13 @@ fn pack_rewrites_jpegs_keeps_everything_else_and_lists_what_it_could_not_rewrite
         .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--interval"));
 }
+
+#[test]
+fn demo_generates_its_dataset_and_runs_the_training_spec_on_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sluice(&["demo", "--dir", "demo", "--images", "24", "--epochs", "1", "--threads", "1"], dir.path());
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(dir.path().join("demo/train.toml").is_file(), "{said}");
+    assert!(said.contains("epoch 0: 24 samples"), "the 24 good images, one epoch: {said}");
+    assert!(said.contains("skipped 5 bad samples"), "the demo's 5 bad files, skipped by name: {said}");
+}
