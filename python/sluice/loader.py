@@ -224,7 +224,46 @@ class ImportanceRecorder:
             self._loader.report(self._keys, self._values)
 
 
-class Loader:
+class _Traced:
+    """``close_trace()`` and ``trace(path)``, the same on :class:`Loader` and
+    :class:`sluice.RemoteLoader` (what a trace holds: their ``trace`` argument)."""
+
+    _native: Any
+    _trace_writer: Optional[weakref.finalize[[str], "_Traced"]] = None
+
+    def _record_trace(self, trace: Optional[PathLike]) -> None:
+        """Starts the whole-life trace of ``trace=``, written at :meth:`close_trace`,
+        garbage collection or interpreter exit."""
+        if trace is not None:
+            self._native.start_trace()
+            self._trace_writer = weakref.finalize(self, self._native.stop_trace, os.fspath(trace))
+
+    def close_trace(self) -> Optional[int]:
+        """Writes the trace asked for with ``trace=path`` now and stops recording; the
+        number of events written (None if there was no such trace)."""
+        if self._trace_writer is None:
+            return None
+        written: Optional[int] = self._trace_writer()
+        return written
+
+    @contextlib.contextmanager
+    def trace(self, path: PathLike) -> Iterator[None]:
+        """Records a profiling trace of the block to ``path`` (Perfetto protobuf, or
+        Chrome JSON for ``.json``; open it in https://ui.perfetto.dev). What it holds is
+        described under the loader's ``trace`` argument.
+
+        Raises:
+            SluiceError: a trace is already being recorded.
+            OSError: the file cannot be written.
+        """
+        self._native.start_trace()
+        try:
+            yield
+        finally:
+            self._native.stop_trace(os.fspath(path))
+
+
+class Loader(_Traced):
     """Iterates the batches of a pipeline, one epoch per ``iter(loader)``.
 
     Args:
@@ -236,10 +275,13 @@ class Loader:
             ``WORLD_SIZE`` environment variables, else 0 and 1.
         output: ``"numpy"`` (numpy arrays) or ``"torch"`` (CPU torch tensors). Either way
             the arrays share memory with sluice's buffers: nothing is copied.
-        trace: a path to record a profiling trace of the loader's whole life to (per
-            sample and op, per batch; Perfetto protobuf, or Chrome JSON for ``.json``),
-            written when the loader is closed (:meth:`close_trace`, garbage collection or
-            interpreter exit). For one block only, use :meth:`trace`.
+        trace: a path to record a profiling trace of the loader's whole life to
+            (Perfetto protobuf, or Chrome JSON for ``.json``): every sample's ops (read,
+            decode+crop, resize, flip, normalize, write) and cache lookups on its worker
+            thread, and each batch's preprocessing, the wait for it, its hand-over and
+            the trainer's time with it; written when the loader is closed
+            (:meth:`close_trace`, garbage collection or interpreter exit). For one block
+            only, use :meth:`trace`.
         locality: the spec's ``locality`` section for a multi-learner job (the pipeline
             needs a cache), e.g. ``{"cache_samples": [n], "assignment": "aware"}``: each
             learner caches the samples the seed places on it and loads mostly those,
@@ -285,10 +327,7 @@ class Loader:
         if self._world_size < 1 or not 0 <= self._rank < self._world_size:
             raise ValueError(f"rank {self._rank} is not in 0..world_size ({self._world_size})")
         self._native = _sluice.Loader(spec_json, self._rank, self._world_size)
-        self._trace_writer: Optional[weakref.finalize[[str], "Loader"]] = None
-        if trace is not None:
-            self._native.start_trace()
-            self._trace_writer = weakref.finalize(self, self._native.stop_trace, os.fspath(trace))
+        self._record_trace(trace)
         # True after set_epoch / load_state_dict: the next iter() starts exactly there.
         self._positioned = False
 
@@ -335,32 +374,6 @@ class Loader:
             raise TypeError(f"state must be a mapping (from Loader.state_dict()), not {type(state).__name__}")
         self._native.load_state_json(json.dumps(dict(state)))
         self._positioned = True
-
-    def close_trace(self) -> Optional[int]:
-        """Writes the trace asked for with ``Loader(..., trace=path)`` now and stops
-        recording; the number of events written (None if there was no such trace)."""
-        if self._trace_writer is None:
-            return None
-        written: Optional[int] = self._trace_writer()
-        return written
-
-    @contextlib.contextmanager
-    def trace(self, path: PathLike) -> Iterator[None]:
-        """Records a profiling trace of the block to ``path`` (Perfetto protobuf, or
-        Chrome JSON for ``.json``): every sample's ops (read, decode+crop, resize, flip,
-        normalize, write) and cache lookups on its worker thread, and each batch's
-        preprocessing, the wait for it, its hand-over and the trainer's time with it.
-        Open the file in https://ui.perfetto.dev.
-
-        Raises:
-            SluiceError: a trace is already being recorded.
-            OSError: the file cannot be written.
-        """
-        self._native.start_trace()
-        try:
-            yield
-        finally:
-            self._native.stop_trace(os.fspath(path))
 
     def stats(self) -> Dict[str, Any]:
         """What the loader has done since it was built and where the time went.

@@ -10,14 +10,21 @@ disjoint batches.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import weakref
 from typing import Any, Dict, Iterator, Mapping, Optional, Union
 
 from . import _sluice
-from .loader import Batch, ImportanceRecorder, _as_list, _default_shard, _gradient_norms, _import_torch, _spec_json
+from .loader import (
+    Batch,
+    ImportanceRecorder,
+    _as_list,
+    _default_shard,
+    _gradient_norms,
+    _import_torch,
+    _spec_json,
+    _Traced,
+)
 from .pipeline import PathLike, Pipeline
 
 __all__ = ["RemoteLoader", "RemoteBatchIterator"]
@@ -59,7 +66,7 @@ class RemoteBatchIterator(Iterator[Batch]):
         return self._epoch
 
 
-class RemoteLoader:
+class RemoteLoader(_Traced):
     """Iterates a pipeline's batches as produced by a sluice service.
 
     Args:
@@ -84,7 +91,13 @@ class RemoteLoader:
         connect_timeout: seconds to keep retrying a dispatcher that cannot be reached
             before giving up.
         trace: a path to record a profiling trace of the loader's whole life to (Perfetto
-            protobuf, or Chrome JSON for ``.json``), as :class:`sluice.Loader` does;
+            protobuf, or Chrome JSON for ``.json``), in one timeline: for each batch, the
+            worker's build (on a track per worker process, moved into this machine's
+            clock with the connection's measured offset), its arrival here, the trainer's
+            wait for it, its hand-over (with a flow arrow from the build) and the
+            trainer's time with it. Tasks already running when a :meth:`trace` block
+            starts bring no build times. The workers' per-op events are in their own
+            files (``sluice worker --trace-dir``; ``sluice trace-merge`` adds them);
             written when the loader is closed (:meth:`close_trace`, garbage collection or
             interpreter exit). For one block only, use :meth:`trace`.
 
@@ -130,38 +143,7 @@ class RemoteLoader:
             None if tls_ca is None else os.fspath(tls_ca),
             connect_timeout,
         )
-        self._trace_writer: Optional[weakref.finalize[[str], "RemoteLoader"]] = None
-        if trace is not None:
-            self._native.start_trace()
-            self._trace_writer = weakref.finalize(self, self._native.stop_trace, os.fspath(trace))
-
-    def close_trace(self) -> Optional[int]:
-        """Writes the trace asked for with ``RemoteLoader(..., trace=path)`` now and stops
-        recording; the number of events written (None if there was no such trace)."""
-        if self._trace_writer is None:
-            return None
-        written: Optional[int] = self._trace_writer()
-        return written
-
-    @contextlib.contextmanager
-    def trace(self, path: PathLike) -> Iterator[None]:
-        """Records a profiling trace of the block to ``path`` (Perfetto protobuf, or
-        Chrome JSON for ``.json``), in one timeline: for each batch, the worker's build
-        (on a track per worker process, moved into this machine's clock with the
-        connection's measured offset), its arrival here, the trainer's wait for it, its
-        hand-over (with a flow arrow from the build) and the trainer's time with it. Tasks
-        already running when the block starts bring no build times. The workers' per-op
-        events are in their own files (``sluice worker --trace-dir``).
-
-        Raises:
-            SluiceError: a trace is already being recorded.
-            OSError: the file cannot be written.
-        """
-        self._native.start_trace()
-        try:
-            yield
-        finally:
-            self._native.stop_trace(os.fspath(path))
+        self._record_trace(trace)
 
     def __iter__(self) -> RemoteBatchIterator:
         """Runs the rest of the current epoch; an epoch left unfinished is resumed exactly
