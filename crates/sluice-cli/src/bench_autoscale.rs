@@ -7,9 +7,12 @@
 //! many decisions and windows it takes to come within one unit of the oracle (the
 //! fewest units whose production covers the demand) after each change, unit-seconds
 //! against the oracle's, stall fractions; then, at stable demand with ±10% noise on the
-//! signals, actions per 10 windows.
+//! signals, actions per 10 windows. `--runs N` repeats the whole comparison (the policies'
+//! order rotating run by run) and reports medians with their spread; `--out DIR` gets the
+//! table, the JSON and one SVG per policy (units and P/Q over time, from the last run).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -19,6 +22,7 @@ use sluice_core::PipelineSpec;
 use sluice_pipeline::{Loader, Shard};
 
 use crate::gen;
+use crate::plot::{self, Panel, Series};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -49,6 +53,18 @@ pub struct Args {
     /// Print the results as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Repeats of the whole comparison; the table shows medians and spreads.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Where the table (autoscale.md), the JSON and the plots (autoscale-POLICY.svg) go.
+    #[arg(long, default_value = "data/bench-autoscale/out")]
+    pub out: PathBuf,
+    /// Instead: `threads = "auto"` on the real JPEG pipeline vs every fixed thread count.
+    #[arg(long)]
+    pub real: bool,
+    /// Seconds per setting in the `--real` runs.
+    #[arg(long, default_value_t = 10.0)]
+    pub real_seconds: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -73,6 +89,18 @@ struct PolicyResult {
     stall: f64,
     decisions: u64,
     noise_actions_per_10_windows: Option<f64>,
+}
+
+/// What one policy did over time in one run, for the plots.
+struct Timeline {
+    /// (seconds, units) at each batch.
+    units: Vec<(f64, f64)>,
+    /// (seconds, P, Q) of each window the policy read, batches/s.
+    windows: Vec<(f64, f64, f64)>,
+    /// (seconds, the trainer's demand in batches/s) at each phase start.
+    demand: Vec<(f64, f64)>,
+    oracle: Vec<(f64, f64)>,
+    unit_rate: f64,
 }
 
 /// One batch as the trainer saw it.
@@ -102,9 +130,8 @@ fn spec(root: &Path, a: &Args, threads: usize) -> anyhow::Result<PipelineSpec> {
 }
 
 /// Runs the trainer for `phases` (demand in batches/s, seconds each) and records each batch.
-fn drive(loader: &Loader, phases: &[(f64, f64)]) -> anyhow::Result<Vec<Tick>> {
+fn drive(loader: &Loader, phases: &[(f64, f64)], start: Instant) -> anyhow::Result<Vec<Tick>> {
     let total: f64 = phases.iter().map(|p| p.1).sum();
-    let start = Instant::now();
     let mut ticks = Vec::new();
     'run: loop {
         let mut it = loader.iter();
@@ -172,16 +199,23 @@ fn warm_loader(root: &Path, a: &Args, threads: usize) -> anyhow::Result<Loader> 
     Ok(loader)
 }
 
-fn run_policy(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::Result<PolicyResult> {
+fn run_policy(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::Result<(PolicyResult, Timeline)> {
     let oracle: Vec<usize> = a.demand.iter().map(|d| d.ceil() as usize).collect();
     let peak = oracle.iter().copied().max().unwrap_or(1);
     let loader = warm_loader(root, a, if policy == PolicyKind::Fixed { peak } else { 1 })?;
     loader.set_threads(if policy == PolicyKind::Fixed { peak } else { 1 });
-    if policy != PolicyKind::Fixed {
-        loader.autoscale(config(a, policy))?;
-    }
+    // `fixed` runs under the autoscaler too (it never moves), so its windows are recorded.
+    let windows = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let record = Arc::clone(&windows);
+    let perturb = Box::new(move |w: &mut Window| {
+        if let Ok(mut v) = record.lock() {
+            v.push((start.elapsed().as_secs_f64(), w.production(), w.consumption()));
+        }
+    });
+    loader.autoscale_perturbed(config(a, policy), perturb)?;
     let phases: Vec<(f64, f64)> = a.demand.iter().map(|d| (d * rate, a.phase_s)).collect();
-    let ticks = drive(&loader, &phases)?;
+    let ticks = drive(&loader, &phases, start)?;
     let decisions = loader.stats().autoscale.map_or(0, |s| s.ups + s.downs);
 
     let mut unit_seconds = 0.0;
@@ -222,7 +256,25 @@ fn run_policy(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::R
     }
     let noise_actions =
         if a.noise_s > 0.0 && policy != PolicyKind::Fixed { Some(noise_run(root, a, policy, rate)?) } else { None };
-    Ok(PolicyResult {
+    let at_phase = |i: usize| i as f64 * a.phase_s;
+    let timeline = Timeline {
+        units: ticks.iter().map(|t| (t.t, t.units as f64)).collect(),
+        windows: windows.lock().map(|v| v.clone()).unwrap_or_default(),
+        demand: phases
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (at_phase(i), p.0))
+            .chain([(elapsed, phases[phases.len() - 1].0)])
+            .collect(),
+        oracle: oracle
+            .iter()
+            .enumerate()
+            .map(|(i, &o)| (at_phase(i), o as f64))
+            .chain([(elapsed, peak_last(&oracle))])
+            .collect(),
+        unit_rate: rate,
+    };
+    let result = PolicyResult {
         policy: policy.name().to_string(),
         phases: results,
         unit_seconds,
@@ -230,7 +282,12 @@ fn run_policy(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::R
         stall: if elapsed > 0.0 { waited / elapsed } else { 0.0 },
         decisions,
         noise_actions_per_10_windows: noise_actions,
-    })
+    };
+    Ok((result, timeline))
+}
+
+fn peak_last(oracle: &[usize]) -> f64 {
+    oracle.last().copied().unwrap_or(0) as f64
 }
 
 /// Stable demand (the first phase's), started at the oracle's count, ±10% noise on P and Q.
@@ -252,7 +309,7 @@ fn noise_run(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::Re
         c.min_units = start;
     }
     loader.autoscale_perturbed(c, perturb)?;
-    drive(&loader, &[(demand * rate, a.noise_s)])?;
+    drive(&loader, &[(demand * rate, a.noise_s)], Instant::now())?;
     let s = loader.stats().autoscale.context("the loader lost its autoscaler")?;
     Ok((s.ups + s.downs) as f64 * 10.0 / s.windows.max(1) as f64)
 }
@@ -260,24 +317,222 @@ fn noise_run(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::Re
 pub fn main(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(!a.demand.is_empty() && a.demand.iter().all(|&d| d > 0.0), "--demand needs positive values");
     anyhow::ensure!(
-        a.batch > 0 && a.phase_s > 0.0 && a.window_ms > 0,
-        "--batch, --phase-s and --window-ms must be > 0"
+        a.batch > 0 && a.phase_s > 0.0 && a.window_ms > 0 && a.runs > 0,
+        "--batch, --phase-s, --window-ms and --runs must be > 0"
     );
+    if a.real {
+        return crate::bench_autoscale_real::main(&a);
+    }
     let policies: Vec<PolicyKind> = a.policies.iter().map(|p| p.parse()).collect::<Result<_, _>>()?;
     let root = PathBuf::from("data/bench-autoscale");
     gen::ensure_dataset(&root, a.images, 0)?;
-    let rate = calibrate(&root, &a)?;
-    eprintln!("one unit makes {rate:.2} batches/s ({} µs per sample, batches of {})", a.cost_us, a.batch);
-    let mut all = Vec::new();
-    for &p in &policies {
-        let r = run_policy(&root, &a, p, rate)?;
-        eprintln!("{}", render(&r));
-        all.push(r);
+    let mut results: Vec<Vec<PolicyResult>> = policies.iter().map(|_| Vec::new()).collect();
+    let mut timelines: Vec<Option<Timeline>> = policies.iter().map(|_| None).collect();
+    let mut rates = Vec::new();
+    for run in 0..a.runs {
+        let rate = calibrate(&root, &a)?;
+        rates.push(rate);
+        eprintln!(
+            "run {}/{}: one unit makes {rate:.2} batches/s ({} µs per sample, batches of {})",
+            run + 1,
+            a.runs,
+            a.cost_us,
+            a.batch
+        );
+        // Each run starts with a different policy, so drift in the machine's load is shared.
+        for k in (0..policies.len()).map(|i| (i + run) % policies.len()) {
+            let (r, t) = run_policy(&root, &a, policies[k], rate)?;
+            eprintln!("{}", render(&r));
+            results[k].push(r);
+            timelines[k] = Some(t);
+        }
     }
+    let summaries: Vec<Summary> = results.iter().map(|r| summarize(r)).collect();
+    let table = table(&summaries, a.runs, &rates);
+    // With --json, stdout carries only the JSON.
+    let report = |line: &str| if a.json { eprintln!("{line}") } else { println!("{line}") };
+    report(&table);
+    for s in summaries.iter().filter(|s| s.policy == "fastmatch") {
+        report(&done_when(s));
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    std::fs::write(a.out.join("autoscale.md"), &table)?;
+    let json = serde_json::to_string_pretty(
+        &serde_json::json!({ "unit_rates": rates, "summaries": summaries, "runs": results }),
+    )?;
+    std::fs::write(a.out.join("autoscale.json"), &json)?;
+    for (p, t) in policies.iter().zip(&timelines) {
+        if let Some(t) = t {
+            let path = a.out.join(format!("autoscale-{}.svg", p.name()));
+            plot::write_svg(&path, &panels(p.name(), t))?;
+        }
+    }
+    eprintln!("wrote the table, JSON and plots to {}", a.out.display());
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "unit_rate": rate, "policies": all }))?);
+        println!("{json}");
     }
     Ok(())
+}
+
+/// Median, lowest and highest over the runs.
+#[derive(Debug, Serialize, Clone, Copy)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(values: impl IntoIterator<Item = f64>) -> Option<Self> {
+        let mut v: Vec<f64> = values.into_iter().collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+        Some(Self { median, min: v[0], max: v[n - 1] })
+    }
+
+    fn show(s: Option<Self>, scale: f64, digits: usize) -> String {
+        match s {
+            None => "never".into(),
+            Some(s) if s.min == s.max => format!("{:.digits$}", s.median * scale),
+            Some(s) => format!("{:.digits$} ({:.digits$}–{:.digits$})", s.median * scale, s.min * scale, s.max * scale),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct PhaseSummary {
+    demand: f64,
+    oracle: usize,
+    /// Runs in which the policy came within ±1 of the oracle during the phase.
+    reached_in: usize,
+    decisions_to_reach: Option<Spread>,
+    windows_to_reach: Option<Spread>,
+    settled_units: Option<Spread>,
+    steady_stall: Option<Spread>,
+}
+
+#[derive(Debug, Serialize)]
+struct Summary {
+    policy: String,
+    runs: usize,
+    unit_seconds_vs_oracle: Option<Spread>,
+    stall: Option<Spread>,
+    decisions: Option<Spread>,
+    noise_actions_per_10_windows: Option<Spread>,
+    phases: Vec<PhaseSummary>,
+}
+
+fn summarize(runs: &[PolicyResult]) -> Summary {
+    let phases = runs.first().map_or(0, |r| r.phases.len());
+    Summary {
+        policy: runs.first().map_or_else(String::new, |r| r.policy.clone()),
+        runs: runs.len(),
+        unit_seconds_vs_oracle: Spread::of(runs.iter().map(|r| r.unit_seconds / r.oracle_unit_seconds)),
+        stall: Spread::of(runs.iter().map(|r| r.stall)),
+        decisions: Spread::of(runs.iter().map(|r| r.decisions as f64)),
+        noise_actions_per_10_windows: Spread::of(runs.iter().filter_map(|r| r.noise_actions_per_10_windows)),
+        phases: (0..phases)
+            .map(|i| {
+                let ps: Vec<&PhaseResult> = runs.iter().filter_map(|r| r.phases.get(i)).collect();
+                PhaseSummary {
+                    demand: ps[0].demand,
+                    oracle: ps[0].oracle,
+                    reached_in: ps.iter().filter(|p| p.decisions_to_reach.is_some()).count(),
+                    decisions_to_reach: Spread::of(ps.iter().filter_map(|p| p.decisions_to_reach.map(|d| d as f64))),
+                    windows_to_reach: Spread::of(ps.iter().filter_map(|p| p.windows_to_reach)),
+                    settled_units: Spread::of(ps.iter().map(|p| p.settled_units)),
+                    steady_stall: Spread::of(ps.iter().map(|p| p.steady_stall)),
+                }
+            })
+            .collect(),
+    }
+}
+
+/// The markdown table: medians, (lowest–highest) where runs differ.
+fn table(summaries: &[Summary], runs: usize, rates: &[f64]) -> String {
+    let mut out = format!(
+        "Median of {runs} run(s), (lowest–highest) where they differ; one unit made {} batches/s.\n\n",
+        Spread::show(Spread::of(rates.iter().copied()), 1.0, 2)
+    );
+    out += "| policy | reach per phase: decisions / windows (runs reached) | settled units | steady stall per phase | unit-s vs oracle | overall stall | decisions | noise: actions / 10 windows |\n";
+    out += "|---|---|---|---|---|---|---|---|\n";
+    for s in summaries {
+        let per = |f: &dyn Fn(&PhaseSummary) -> String| s.phases.iter().map(f).collect::<Vec<_>>().join("; ");
+        out += &format!(
+            "| {} | {} | {} | {} | ×{} | {}% | {} | {} |\n",
+            s.policy,
+            per(&|p| format!(
+                "{} / {} ({}/{})",
+                Spread::show(p.decisions_to_reach, 1.0, 0),
+                Spread::show(p.windows_to_reach, 1.0, 0),
+                p.reached_in,
+                s.runs
+            )),
+            per(&|p| format!("{} (oracle {})", Spread::show(p.settled_units, 1.0, 1), p.oracle)),
+            per(&|p| format!("{}%", Spread::show(p.steady_stall, 100.0, 1))),
+            Spread::show(s.unit_seconds_vs_oracle, 1.0, 2),
+            Spread::show(s.stall, 100.0, 1),
+            Spread::show(s.decisions, 1.0, 0),
+            s.noise_actions_per_10_windows.map_or("–".into(), |n| Spread::show(Some(n), 1.0, 2)),
+        );
+    }
+    out
+}
+
+/// Issue 14's targets for fastmatch, worst run for reach, medians for the rest.
+fn done_when(s: &Summary) -> String {
+    let worst_reach =
+        s.phases
+            .iter()
+            .map(|p| {
+                if p.reached_in < s.runs {
+                    f64::INFINITY
+                } else {
+                    p.decisions_to_reach.map_or(f64::INFINITY, |d| d.max)
+                }
+            })
+            .fold(0.0, f64::max);
+    let units = s.unit_seconds_vs_oracle.map_or(f64::INFINITY, |u| u.median);
+    let stall = s.phases.iter().filter_map(|p| p.steady_stall.map(|x| x.median)).fold(0.0, f64::max);
+    let noise = s.noise_actions_per_10_windows.map_or(f64::INFINITY, |n| n.median);
+    let ok = |b: bool| if b { "yes" } else { "NO" };
+    format!(
+        "fastmatch vs issue 14: within ±1 in ≤ 3 decisions after every change (worst run: {worst_reach}): {}; \
+         unit-s ≤ 1.1× oracle ({units:.2}): {}; steady stall ≤ 2% (worst phase's median {:.1}%): {}; \
+         ≤ 1 action / 10 windows with noise ({noise:.2}): {}",
+        ok(worst_reach <= 3.0),
+        ok(units <= 1.1),
+        stall * 100.0,
+        ok(stall <= 0.02),
+        ok(noise <= 1.0)
+    )
+}
+
+/// Units with the oracle's, and P and Q per window with the demand.
+fn panels(policy: &str, t: &Timeline) -> [Panel; 2] {
+    let units = Panel {
+        title: format!("{policy}: units (threads) over time"),
+        x: "seconds".into(),
+        y: "units".into(),
+        series: vec![Series::steps(policy, t.units.clone()), Series::steps("oracle", t.oracle.clone())],
+        log_x: false,
+    };
+    let pq = Panel {
+        title: format!("{policy}: production P and consumption Q per window (1 unit = {:.1} batches/s)", t.unit_rate),
+        x: "seconds".into(),
+        y: "batches/s".into(),
+        series: vec![
+            Series::marked("P (measured)", t.windows.iter().map(|w| (w.0, w.1)).collect()),
+            Series::marked("Q (measured)", t.windows.iter().map(|w| (w.0, w.2)).collect()),
+            Series::steps("demand", t.demand.clone()),
+        ],
+        log_x: false,
+    };
+    [units, pq]
 }
 
 fn render(r: &PolicyResult) -> String {

@@ -85,7 +85,7 @@ pub(crate) fn self_cpu() -> f64 {
 }
 
 /// CPU seconds (user + system) child `pid` has used, from /proc.
-fn proc_cpu(pid: u32) -> f64 {
+pub(crate) fn proc_cpu(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
     // Fields after the command name (which may hold spaces) start at state (field 3).
     let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };

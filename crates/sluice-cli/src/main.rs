@@ -7,14 +7,17 @@
 mod barrier;
 mod bench;
 mod bench_autoscale;
+mod bench_autoscale_real;
 mod bench_cache;
 mod bench_locality;
 mod bench_service;
+mod bench_workers;
 mod demo;
 mod gen;
 mod model;
 mod netns;
 mod pack;
+mod plot;
 mod profile;
 mod progress;
 mod run;
@@ -70,6 +73,8 @@ enum Command {
     /// Epoch times of learner processes on a shared throttled link: locality-aware with the
     /// collaborative cache vs the baseline, and the model's prediction for each.
     BenchLocality(bench_locality::Args),
+    /// Service throughput from 1 to 64 worker processes (emulated per-sample cost) vs linear.
+    BenchWorkers(bench_workers::Args),
     /// Merge a client's trace and its workers' `--trace-dir` files into one timeline.
     TraceMerge(trace_merge::Args),
 }
@@ -97,6 +102,7 @@ fn main() -> std::process::ExitCode {
         Command::StreamPush(a) => stream_push::main(a),
         Command::BenchAutoscale(a) => bench_autoscale::main(a),
         Command::BenchLocality(a) => bench_locality::main(a),
+        Command::BenchWorkers(a) => bench_workers::main(a),
         Command::TraceMerge(a) => trace_merge::main(a),
     };
     match result {
