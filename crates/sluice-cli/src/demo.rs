@@ -31,5 +31,5 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let spec_path = a.dir.join("train.toml");
     std::fs::write(&spec_path, spec.to_toml_string()?).with_context(|| format!("writing {}", spec_path.display()))?;
     eprintln!("spec written to {} (edit it and run `sluice run {}`)", spec_path.display(), spec_path.display());
-    run::run_spec(spec, a.epochs, false, None, &run::Learner::default())
+    run::run_spec(spec, a.epochs, false, None, &run::Learner::default(), &run::Dashboard::default())
 }

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -43,6 +44,20 @@ pub struct Args {
     pub trace: Option<PathBuf>,
     #[command(flatten)]
     pub learner: Learner,
+    #[command(flatten)]
+    pub dashboard: Dashboard,
+}
+
+/// The live dashboard of this run's loader, on request.
+#[derive(clap::Args, Default)]
+pub struct Dashboard {
+    /// Serve the dashboard (`/`), its JSON (`/api/state`, `/api/autoscale`) and `/metrics`
+    /// at this address while the run lasts, e.g. 127.0.0.1:9100.
+    #[arg(long, value_name = "ADDR")]
+    pub dashboard: Option<String>,
+    /// Seconds to keep serving the dashboard after the last epoch.
+    #[arg(long, default_value_t = 0.0, requires = "dashboard")]
+    pub dashboard_hold_s: f64,
 }
 
 /// One learner (DDP rank) of a multi-learner job (`docs/locality.md`): every learner runs
@@ -76,7 +91,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     if let Some(t) = a.threads {
         spec.threads = t.into();
     }
-    run_spec(spec, a.epochs, a.json, a.trace.as_deref(), &a.learner)
+    run_spec(spec, a.epochs, a.json, a.trace.as_deref(), &a.learner, &a.dashboard)
 }
 
 pub fn run_spec(
@@ -85,10 +100,20 @@ pub fn run_spec(
     json: bool,
     trace: Option<&Path>,
     learner: &Learner,
+    dashboard: &Dashboard,
 ) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let shard = Shard { rank: learner.rank, world_size: learner.world_size };
-    let loader = Loader::new(spec, shard).context("preparing the pipeline")?;
+    let loader = Arc::new(Loader::new(spec, shard).context("preparing the pipeline")?);
+    let served = match &dashboard.dashboard {
+        Some(addr) => {
+            let d = sluice_service::dashboard::serve_loader(addr, Arc::clone(&loader))
+                .with_context(|| format!("--dashboard {addr}"))?;
+            eprintln!("dashboard: http://{}/", d.addr());
+            Some(d)
+        }
+        None => None,
+    };
     let barrier = learner.barrier.as_deref().map(|dir| Barrier::new(dir, shard));
     let mut epoch_log = match &learner.epoch_log {
         Some(path) => Some(
@@ -143,6 +168,10 @@ pub fn run_spec(
             f.write_all(text.as_bytes())?;
         }
     }
+    if let Some(d) = &served {
+        // The run is over: the page shows its final numbers, not a stall diluted by idling.
+        d.freeze();
+    }
     let stats = loader.stats();
     if let (Some(path), Some(events)) = (trace, loader.stop_trace()) {
         events.write(path)?;
@@ -155,6 +184,10 @@ pub fn run_spec(
         println!("{}", serde_json::to_string_pretty(&stats)?);
     } else {
         print_report(&stats);
+    }
+    if served.is_some() && dashboard.dashboard_hold_s > 0.0 {
+        eprintln!("dashboard: serving for {:.0} s more", dashboard.dashboard_hold_s);
+        std::thread::sleep(std::time::Duration::from_secs_f64(dashboard.dashboard_hold_s));
     }
     Ok(())
 }

@@ -4,7 +4,10 @@
 //! local loader. The page also asks `/api/autoscale` for scaling decisions and shows
 //! "autoscaling off" where that answers 404.
 
+mod local;
 pub(crate) mod view;
+
+pub use local::{serve_loader, LoaderDashboard};
 
 use std::sync::Arc;
 
