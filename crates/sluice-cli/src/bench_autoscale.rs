@@ -57,7 +57,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1)]
     pub runs: usize,
     /// Where the table (autoscale.md), the JSON and the plots (autoscale-POLICY.svg) go.
-    #[arg(long, default_value = "data/bench-autoscale/out")]
+    #[arg(long, default_value = "data/bench-autoscale-out")]
     pub out: PathBuf,
     /// Instead: `threads = "auto"` on the real JPEG pipeline vs every fixed thread count.
     #[arg(long)]
