@@ -66,6 +66,9 @@ pub enum ServiceError {
     /// A draw that is not (or no longer) kept: an epoch not begun, or long over.
     #[error("job {job_id} has no draw for epoch {epoch} (it is in epoch {current})")]
     NoDraw { job_id: u64, epoch: u64, current: u64 },
+    /// The Kubernetes API refused or could not be reached (the autoscaler's actuator).
+    #[error("Kubernetes, StatefulSet {statefulset}: {what}: {message}")]
+    Kubernetes { statefulset: String, what: String, message: String },
     #[error("{0}")]
     Internal(String),
 }
@@ -130,7 +133,8 @@ impl ServiceError {
             ServiceError::Listen { .. }
             | ServiceError::Connect { .. }
             | ServiceError::Unavailable { .. }
-            | ServiceError::TooManyJobs { .. } => K::Unavailable,
+            | ServiceError::TooManyJobs { .. }
+            | ServiceError::Kubernetes { .. } => K::Unavailable,
             ServiceError::Tls(_) => K::Tls,
             ServiceError::Interrupted => K::Interrupted,
             ServiceError::Rpc { status, .. } => match status.code() {
@@ -168,7 +172,9 @@ impl From<ServiceError> for Status {
             ServiceError::NotFound { .. } => Code::NotFound,
             ServiceError::JobConflict { .. } => Code::AlreadyExists,
             ServiceError::Rpc { status, .. } => status.code(),
-            ServiceError::Unavailable { .. } | ServiceError::Connect { .. } => Code::Unavailable,
+            ServiceError::Unavailable { .. } | ServiceError::Connect { .. } | ServiceError::Kubernetes { .. } => {
+                Code::Unavailable
+            }
             ServiceError::Interrupted => Code::Cancelled,
             ServiceError::TooManyJobs { .. } => Code::ResourceExhausted,
             ServiceError::Tls(_) => Code::FailedPrecondition,

@@ -42,6 +42,8 @@ pub mod proto;
 mod security;
 #[cfg(target_os = "linux")]
 pub mod shm;
+#[cfg(feature = "kube")]
+mod statefulset;
 mod tls;
 mod trace_merge;
 mod wire;
