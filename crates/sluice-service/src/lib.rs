@@ -39,6 +39,7 @@ mod limits;
 pub mod metrics;
 mod process;
 pub mod proto;
+mod scale_client;
 mod security;
 #[cfg(target_os = "linux")]
 pub mod shm;
@@ -57,6 +58,7 @@ pub use error::{ServiceError, ServiceErrorKind};
 pub use limits::WorkerLimits;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use proto::{ReportKind, ReportReply};
+pub use scale_client::ScaleClient;
 pub use security::TokenAttach;
 pub use tls::TlsFiles;
 pub use trace_merge::{merge_traces, MergedWorker};
