@@ -2,6 +2,7 @@
 //! `sluice remote-run`, its client from the shell. A worker's `--max-*` flags are the
 //! operator's limits on what a job's spec may ask of it; `up` passes them to every worker.
 
+mod kube_scaler;
 mod up;
 
 use std::io::Write;
@@ -9,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+pub use kube_scaler::{kube_scaler, KubeScalerArgs};
 use sluice_core::ByteBudget;
 use sluice_service::{DispatcherConfig, WorkerConfig, WorkerLimits};
 pub use up::{up, UpArgs};

@@ -60,6 +60,8 @@ pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use proto::{ReportKind, ReportReply};
 pub use scale_client::ScaleClient;
 pub use security::TokenAttach;
+#[cfg(feature = "kube")]
+pub use statefulset::StatefulSetScaler;
 pub use tls::TlsFiles;
 pub use trace_merge::{merge_traces, MergedWorker};
 pub use wire::Compression;

@@ -445,6 +445,7 @@ pub async fn run_worker(
             }
         })
     };
+    let dispatcher = service.inner.dispatcher.clone();
     // Requests are small; only the batches going out are large.
     let server = WorkerServer::new(service)
         .max_decoding_message_size(MAX_CONTROL_MESSAGE_BYTES)
@@ -459,7 +460,7 @@ pub async fn run_worker(
         .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
         .serve_with_incoming_shutdown(incoming, async {
             tokio::select! {
-                () = shutdown => {}
+                () = shutdown => drain_on_stop(dispatcher, &config.name, &mut hb).await,
                 // The heartbeat loop ends only when the dispatcher drained this worker.
                 _ = &mut hb => {}
             }
@@ -473,6 +474,36 @@ pub async fn run_worker(
         task.abort();
     }
     result
+}
+
+/// Longest a stopped worker waits to finish the tasks it holds (Kubernetes' default
+/// grace period before SIGKILL is 30 s; deploy/worker.yaml gives it 60).
+const DRAIN_ON_STOP: Duration = Duration::from_secs(50);
+
+/// Stopped (SIGTERM: Kubernetes scaling the worker StatefulSet down, or any supervisor), a
+/// named worker drains first, as one that `sluice up` scales down does: it asks the
+/// dispatcher for no new task and serves the ones it holds until the heartbeat says it is
+/// drained. An unnamed worker, or one whose dispatcher does not answer, stops at once (the
+/// dispatcher hands its tasks to others when their leases run out).
+async fn drain_on_stop(mut dispatcher: DispatcherConn, name: &str, hb: &mut tokio::task::JoinHandle<()>) {
+    if name.is_empty() {
+        return;
+    }
+    let asked = tokio::time::timeout(
+        Duration::from_secs(2),
+        dispatcher.drain_worker(DrainWorkerRequest { name: name.to_string() }),
+    )
+    .await;
+    match asked {
+        Ok(Ok(_)) => {
+            tracing::info!(name, "stopping: draining first (no new tasks; finishing the ones held)");
+            if tokio::time::timeout(DRAIN_ON_STOP, hb).await.is_err() {
+                tracing::warn!(name, seconds = DRAIN_ON_STOP.as_secs(), "not drained in time; stopping anyway");
+            }
+        }
+        Ok(Err(status)) => tracing::warn!(name, %status, "stopping without draining: the dispatcher refused"),
+        Err(_) => tracing::warn!(name, "stopping without draining: the dispatcher did not answer"),
+    }
 }
 
 /// Listens for clients on this machine on a fresh abstract socket name; `None` (and TCP
