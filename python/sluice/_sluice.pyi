@@ -155,6 +155,7 @@ class RemoteLoader:
         data_plane: str = "auto",
         tls_ca: Optional[str] = None,
         connect_timeout: float = 60.0,
+        autoscale: bool = False,
     ) -> "RemoteLoader": ...
     def start_trace(self) -> None: ...
     def stop_trace(self, path: str) -> Optional[int]:

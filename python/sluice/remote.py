@@ -101,6 +101,14 @@ class RemoteLoader(_Traced):
             written when the loader is closed (:meth:`close_trace`, garbage collection or
             interpreter exit). For one block only, use :meth:`trace`.
 
+        autoscale: ``True`` when the trainer relies on the service scaling its workers to
+            what it consumes (``sluice up --autoscale fastmatch --min-workers A
+            --max-workers B``): a dispatcher started without ``--autoscale`` is refused
+            with an error naming this option. Either way, the loader's heartbeats carry
+            what the autoscaler reads: batches taken and time spent waiting for them
+            (consumption = batches over the time between ``next()`` calls minus waits).
+            See docs/autoscaling.md.
+
     Every failure is a :class:`sluice.ServiceError` (a :class:`sluice.SluiceError`) and
     also the builtin a caller would catch.
 
@@ -125,6 +133,7 @@ class RemoteLoader(_Traced):
         tls_ca: Optional[PathLike] = None,
         connect_timeout: float = 60.0,
         trace: Optional[PathLike] = None,
+        autoscale: bool = False,
     ) -> None:
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
@@ -142,6 +151,7 @@ class RemoteLoader(_Traced):
             data_plane,
             None if tls_ca is None else os.fspath(tls_ca),
             connect_timeout,
+            autoscale,
         )
         self._record_trace(trace)
 

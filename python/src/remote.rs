@@ -43,7 +43,7 @@ impl PyRemoteLoader {
     /// `tls_ca` and `token` default to `$SLUICE_TLS_CA` and `$SLUICE_TOKEN`;
     /// `connect_timeout` is how long an unreachable dispatcher is retried, in seconds.
     #[new]
-    #[pyo3(signature = (spec_json, dispatcher, job_name, token = None, tasks_in_flight = 4, parallel_epochs = 0, compression = "none", data_plane = "auto", tls_ca = None, connect_timeout = 60.0))]
+    #[pyo3(signature = (spec_json, dispatcher, job_name, token = None, tasks_in_flight = 4, parallel_epochs = 0, compression = "none", data_plane = "auto", tls_ca = None, connect_timeout = 60.0, autoscale = false))]
     #[allow(clippy::too_many_arguments)] // the Python signature
     fn new(
         py: Python<'_>,
@@ -57,6 +57,7 @@ impl PyRemoteLoader {
         data_plane: &str,
         tls_ca: Option<PathBuf>,
         connect_timeout: f64,
+        autoscale: bool,
     ) -> PyResult<Self> {
         let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
         let mut options = RemoteOptions::new(dispatcher, job_name);
@@ -73,6 +74,7 @@ impl PyRemoteLoader {
         options.parallel_epochs = parallel_epochs;
         options.compression = Compression::parse(compression).map_err(|e| service_error(py, e))?;
         options.data_plane = DataPlane::parse(data_plane).map_err(|e| service_error(py, e))?;
+        options.autoscale = autoscale;
         let loader = py.detach(|| RemoteLoader::connect(&spec, options)).map_err(|e| service_error(py, e))?;
         let buffers = BufferPool::new(tasks_in_flight.max(1) + 2);
         Ok(Self { inner: Mutex::new(loader), received: Mutex::default(), started: Instant::now(), buffers })

@@ -151,6 +151,32 @@ impl Autoscaler {
             stall: w.stall(),
             reason: verdict.reason,
         };
+        self.record(d, now_s)
+    }
+
+    /// An operator's order: go to `to` units (clamped) at `now_s`, recorded as a decision
+    /// with `w`'s readings (the latest window, if any); the policy goes on from there.
+    pub fn set_units(&mut self, to: usize, w: Option<&Window>, now_s: f64) -> Option<Decision> {
+        let to = to.clamp(self.config.min_units, self.config.max_units);
+        if to == self.units {
+            return None;
+        }
+        let w = w.cloned().unwrap_or_default();
+        let d = Decision {
+            t_ms: ((now_s - self.started_s).max(0.0) * 1000.0) as u64,
+            from: self.units,
+            to,
+            production: w.production(),
+            consumption: w.consumption(),
+            stall: w.stall(),
+            reason: format!("set to {to} by an operator"),
+        };
+        self.record(d, now_s)
+    }
+
+    /// Logs, counts and keeps `d`, moves to its unit count and restarts the meter.
+    fn record(&mut self, d: Decision, now_s: f64) -> Option<Decision> {
+        let to = d.to;
         tracing::info!(
             policy = %self.config.policy,
             from = d.from,
@@ -223,6 +249,18 @@ mod tests {
         let s = a.stats();
         assert_eq!((s.policy.as_str(), s.units, s.ups, s.downs, s.windows), ("fastmatch", 6, 1, 0, 2));
         assert_eq!(s.decisions, vec![d]);
+    }
+
+    #[test]
+    fn an_operator_order_is_clamped_and_recorded_like_a_decision() {
+        let mut a = Autoscaler::new(config(PolicyKind::Fixed), 2, 0.0).unwrap_or_else(|e| panic!("{e}"));
+        let d = a.set_units(9, None, 1.5).unwrap_or_else(|| panic!("no decision"));
+        assert_eq!((d.from, d.to, d.t_ms), (2, 6, 1500));
+        assert_eq!(d.reason, "set to 6 by an operator");
+        assert_eq!(a.set_units(6, None, 2.0), None, "no change, no decision");
+        assert_eq!(a.set_units(1, None, 2.0).map(|d| d.to), Some(1));
+        let s = a.stats();
+        assert_eq!((s.units, s.ups, s.downs, s.decisions.len()), (1, 1, 1, 2));
     }
 
     #[test]

@@ -60,6 +60,9 @@ enum Command {
     Worker(service::WorkerArgs),
     /// Start a dispatcher and N worker processes on this machine.
     Up(service::UpArgs),
+    /// Follow the dispatcher's autoscaler on Kubernetes: set the worker StatefulSet's
+    /// replicas to its target (beside the dispatcher; see deploy/).
+    KubeScaler(service::KubeScalerArgs),
     /// Read epochs of a job from a running dispatcher (the service's client, from the shell).
     RemoteRun(service::RemoteRunArgs),
     /// The service against local mode, raw loopback TCP, and many clients.
@@ -96,6 +99,7 @@ fn main() -> std::process::ExitCode {
         Command::Dispatcher(a) => service::dispatcher(a),
         Command::Worker(a) => service::worker(a),
         Command::Up(a) => service::up(a),
+        Command::KubeScaler(a) => service::kube_scaler(a),
         Command::BenchService(a) => bench_service::main(a),
         Command::RemoteRun(a) => service::remote_run(a),
         Command::Model(a) => model::main(a),

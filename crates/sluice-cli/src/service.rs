@@ -2,15 +2,18 @@
 //! `sluice remote-run`, its client from the shell. A worker's `--max-*` flags are the
 //! operator's limits on what a job's spec may ask of it; `up` passes them to every worker.
 
+mod kube_scaler;
+mod up;
+
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, Command};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+pub use kube_scaler::{kube_scaler, KubeScalerArgs};
 use sluice_core::ByteBudget;
 use sluice_service::{DispatcherConfig, WorkerConfig, WorkerLimits};
+pub use up::{up, UpArgs};
 
 /// The token from `--token`, else `SLUICE_TOKEN`.
 fn token(flag: Option<String>) -> Option<String> {
@@ -83,7 +86,49 @@ pub struct DispatcherArgs {
     #[arg(long)]
     journal: Option<PathBuf>,
     #[command(flatten)]
+    autoscale: AutoscaleArgs,
+    #[command(flatten)]
     serve: ServeArgs,
+}
+
+/// The dispatcher's autoscaler; `sluice up` passes these on and follows its target.
+#[derive(clap::Args, Clone)]
+struct AutoscaleArgs {
+    /// Scale the workers to what the trainers consume: fastmatch, cachew, tfdata or fixed.
+    #[arg(long, value_name = "POLICY")]
+    autoscale: Option<sluice_autoscale::PolicyKind>,
+    /// Fewest workers the autoscaler keeps (`sluice up` starts this many).
+    #[arg(long, default_value_t = 1, requires = "autoscale")]
+    min_workers: usize,
+    /// Most workers the autoscaler asks for.
+    #[arg(long, default_value_t = 8, requires = "autoscale")]
+    max_workers: usize,
+    /// The autoscaler reads the signals and decides once per this many milliseconds.
+    #[arg(long, default_value_t = 1000, requires = "autoscale")]
+    autoscale_window_ms: u64,
+}
+
+impl AutoscaleArgs {
+    fn config(&self) -> Option<sluice_autoscale::AutoscaleConfig> {
+        self.autoscale.map(|policy| sluice_autoscale::AutoscaleConfig {
+            window: sluice_autoscale::WindowBy::Millis(self.autoscale_window_ms),
+            ..sluice_autoscale::AutoscaleConfig::new(policy, self.min_workers, self.max_workers)
+        })
+    }
+
+    /// The same settings as `sluice dispatcher` flags.
+    fn to_args(&self) -> Vec<String> {
+        let Some(policy) = self.autoscale else { return Vec::new() };
+        [
+            ("--autoscale", policy.name().to_string()),
+            ("--min-workers", self.min_workers.to_string()),
+            ("--max-workers", self.max_workers.to_string()),
+            ("--autoscale-window-ms", self.autoscale_window_ms.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, v)| [flag.to_string(), v])
+        .collect()
+    }
 }
 
 pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
@@ -97,6 +142,7 @@ pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
         tls: a.serve.tls(),
         allow_roots: roots(a.serve.allow_root)?,
         token: token(a.serve.token),
+        autoscale: a.autoscale.config(),
     };
     sluice_service::serve_dispatcher(config, |addr| announce("dispatcher", addr))?;
     Ok(())
@@ -189,6 +235,9 @@ pub struct WorkerArgs {
     /// DIR/job-<job id>-worker-<worker id>.pftrace (Perfetto), extended after every task.
     #[arg(long, value_name = "DIR")]
     trace_dir: Option<PathBuf>,
+    /// A name to drain this worker by (`DrainWorker`); `sluice up` names its workers.
+    #[arg(long)]
+    name: Option<String>,
     #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
@@ -211,175 +260,10 @@ pub fn worker(a: WorkerArgs) -> Result<()> {
         threads: a.threads,
         limits: a.limits.limits(),
         trace_dir: a.trace_dir,
+        name: a.name.unwrap_or_default(),
     };
     sluice_service::serve_worker(config, |addr| announce("worker", addr))?;
     Ok(())
-}
-
-#[derive(clap::Args)]
-pub struct UpArgs {
-    /// Worker processes to start.
-    #[arg(long, default_value_t = 2)]
-    workers: usize,
-    /// The dispatcher's gRPC address.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: String,
-    /// The dispatcher's journal, kept across restarts of `up`. Without it, a temporary
-    /// one (removed when `up` stops) still lets a crashed dispatcher resume its jobs.
-    #[arg(long)]
-    journal: Option<PathBuf>,
-    /// Decode threads per worker (default: cores / workers).
-    #[arg(long)]
-    threads: Option<usize>,
-    #[arg(long = "allow-root")]
-    allow_root: Vec<PathBuf>,
-    #[arg(long)]
-    token: Option<String>,
-    /// Metrics: the dispatcher on PORT, worker i on PORT+1+i.
-    #[arg(long)]
-    metrics_port: Option<u16>,
-    /// TLS for the dispatcher and every worker: certificate chain (PEM; valid for the
-    /// listen addresses), its key, and the CA workers check the dispatcher's against.
-    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
-    tls_cert: Option<PathBuf>,
-    #[arg(long, requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    #[arg(long, requires = "tls_cert")]
-    tls_ca: Option<PathBuf>,
-    /// Every worker records each job's pipeline events into
-    /// DIR/job-<job id>-worker-<worker id>.pftrace (as `sluice worker --trace-dir`).
-    #[arg(long, value_name = "DIR")]
-    trace_dir: Option<PathBuf>,
-    #[command(flatten)]
-    limits: LimitArgs,
-}
-
-struct Supervised {
-    name: String,
-    args: Vec<String>,
-    child: Child,
-}
-
-/// Starts a dispatcher and N workers as child processes of this one, restarts any that
-/// dies, and stops them all on Ctrl-C/SIGTERM.
-pub fn up(a: UpArgs) -> Result<()> {
-    let exe = std::env::current_exe().context("cannot find the sluice binary")?;
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let threads = a.threads.unwrap_or((cores / a.workers.max(1)).max(1));
-    let roots = roots(a.allow_root)?;
-    let token = token(a.token);
-    let mut root_args = Vec::new();
-    for r in &roots {
-        root_args.push("--allow-root".to_string());
-        root_args.push(r.display().to_string());
-    }
-    let mut tls_args = Vec::new();
-    for (flag, v) in [("--tls-cert", &a.tls_cert), ("--tls-key", &a.tls_key)] {
-        if let Some(p) = v {
-            tls_args.extend([flag.to_string(), p.display().to_string()]);
-        }
-    }
-    // Declared before the children: removed only after they have stopped.
-    let (journal, temp_dir) = match a.journal {
-        Some(path) => (path, None),
-        None => {
-            let dir = tempfile::Builder::new()
-                .prefix("sluice-up-")
-                .tempdir()
-                .context("cannot create a temporary folder for the dispatcher's journal")?;
-            (dir.path().join("dispatcher.journal"), Some(dir))
-        }
-    };
-    let mut specs: Vec<(String, Vec<String>)> = Vec::new();
-    let mut d = vec!["dispatcher".into(), "--listen".into(), a.listen.clone(), "--journal".into()];
-    d.push(journal.display().to_string());
-    d.extend(root_args.iter().cloned());
-    d.extend(tls_args.iter().cloned());
-    if let Some(p) = a.metrics_port {
-        d.extend(["--metrics-port".into(), p.to_string()]);
-    }
-    specs.push(("dispatcher".into(), d));
-    for i in 0..a.workers {
-        let mut w = vec!["worker".into(), "--dispatcher".into(), a.listen.clone(), "--threads".into()];
-        w.push(threads.to_string());
-        w.extend(root_args.iter().cloned());
-        w.extend(tls_args.iter().cloned());
-        w.extend(a.limits.to_args());
-        if let Some(ca) = &a.tls_ca {
-            w.extend(["--tls-ca".to_string(), ca.display().to_string()]);
-        }
-        if let Some(p) = a.metrics_port {
-            w.extend(["--metrics-port".into(), (p as usize + 1 + i).to_string()]);
-        }
-        if let Some(dir) = &a.trace_dir {
-            w.extend(["--trace-dir".to_string(), dir.display().to_string()]);
-        }
-        specs.push((format!("worker {i}"), w));
-    }
-    let spawn = |args: &[String]| -> Result<Child> {
-        let mut cmd = Command::new(&exe);
-        cmd.args(args);
-        if let Some(t) = &token {
-            // Through the environment, not argv, so `ps` does not show it.
-            cmd.env("SLUICE_TOKEN", t);
-        }
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: prctl is async-signal-safe; the closure touches no memory of ours.
-            // Children get SIGTERM if `up` itself dies, even by SIGKILL.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-                    Ok(())
-                });
-            }
-        }
-        cmd.spawn().with_context(|| format!("cannot start `sluice {}`", args.join(" ")))
-    };
-    let stop = sluice_service::signal_flag()?;
-    let mut children = Vec::new();
-    for (name, args) in specs {
-        let child = spawn(&args)?;
-        children.push(Supervised { name, args, child });
-    }
-    println!("sluice up: dispatcher on {} with {} workers ({threads} threads each); Ctrl-C stops", a.listen, a.workers);
-    match &temp_dir {
-        Some(_) => println!("journal: {} (temporary; pass --journal to keep state across restarts)", journal.display()),
-        None => println!("journal: {}", journal.display()),
-    }
-    while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(200));
-        for s in &mut children {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                tracing::warn!(process = %s.name, %status, "exited; restarting it");
-                s.child = spawn(&s.args)?;
-            }
-        }
-    }
-    for s in &mut children {
-        let _ = terminate(&mut s.child);
-    }
-    Ok(())
-}
-
-/// SIGTERM (a clean stop), then SIGKILL if it lingers.
-fn terminate(child: &mut Child) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        // SAFETY: kill(2) on our own child's pid; no memory is involved.
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        for _ in 0..50 {
-            if child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    child.kill()?;
-    child.wait().map(|_| ())
 }
 
 #[derive(clap::Args)]

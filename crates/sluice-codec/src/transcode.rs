@@ -12,7 +12,7 @@ use crate::jpeg::Subsampling;
 /// The restart interval (in MCUs) actually used for an image `mcus_per_row` MCUs wide: the
 /// largest divisor of the row that is at most `wanted`, so intervals never straddle rows.
 pub fn restart_interval_for(mcus_per_row: u32, wanted: u32) -> u32 {
-    (1..=wanted.clamp(1, mcus_per_row.max(1))).rev().find(|d| mcus_per_row % d == 0).unwrap_or(1)
+    (1..=wanted.clamp(1, mcus_per_row.max(1))).rev().find(|d| mcus_per_row.is_multiple_of(*d)).unwrap_or(1)
 }
 
 /// Rewrites a JPEG losslessly with a restart marker every `interval` MCUs (adjusted down to

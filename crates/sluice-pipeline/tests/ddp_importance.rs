@@ -24,7 +24,7 @@ fn spec(root: &Path) -> PipelineSpec {
 
 /// A fake trainer's per-sample loss: a few hard samples.
 fn loss(key: u64) -> f64 {
-    if key % 5 == 0 {
+    if key.is_multiple_of(5) {
         5.0
     } else {
         0.1 + (key % 3) as f64 * 0.05

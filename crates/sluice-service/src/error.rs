@@ -66,6 +66,16 @@ pub enum ServiceError {
     /// A draw that is not (or no longer) kept: an epoch not begun, or long over.
     #[error("job {job_id} has no draw for epoch {epoch} (it is in epoch {current})")]
     NoDraw { job_id: u64, epoch: u64, current: u64 },
+    /// Autoscaling bounds or window that make no sense (`--min-workers`, `--max-workers`).
+    #[error("autoscaling: {0}")]
+    AutoscaleConfig(#[from] sluice_autoscale::ConfigError),
+    /// An autoscaling request (`SetScale`, a client's `autoscale` option) to a dispatcher
+    /// started without `--autoscale`.
+    #[error("{what}: the dispatcher runs without autoscaling; start it with --autoscale POLICY (`sluice up --autoscale fastmatch --min-workers A --max-workers B`)")]
+    AutoscaleOff { what: &'static str },
+    /// The Kubernetes API refused or could not be reached (the autoscaler's actuator).
+    #[error("Kubernetes, StatefulSet {statefulset}: {what}: {message}")]
+    Kubernetes { statefulset: String, what: String, message: String },
     #[error("{0}")]
     Internal(String),
 }
@@ -115,9 +125,11 @@ impl ServiceError {
             | ServiceError::OverLimit { .. }
             | ServiceError::ReportLengths { .. }
             | ServiceError::ReportKind { .. } => K::InvalidRequest,
+            ServiceError::AutoscaleConfig(_) => K::InvalidRequest,
             ServiceError::ReportEpoch { .. }
             | ServiceError::NotImportanceSampled { .. }
-            | ServiceError::NoDraw { .. } => K::FailedPrecondition,
+            | ServiceError::NoDraw { .. }
+            | ServiceError::AutoscaleOff { .. } => K::FailedPrecondition,
             ServiceError::PathNotAllowed { .. } => K::PermissionDenied,
             ServiceError::NotFound { .. } => K::NotFound,
             ServiceError::JobConflict { .. } => K::Conflict,
@@ -130,7 +142,8 @@ impl ServiceError {
             ServiceError::Listen { .. }
             | ServiceError::Connect { .. }
             | ServiceError::Unavailable { .. }
-            | ServiceError::TooManyJobs { .. } => K::Unavailable,
+            | ServiceError::TooManyJobs { .. }
+            | ServiceError::Kubernetes { .. } => K::Unavailable,
             ServiceError::Tls(_) => K::Tls,
             ServiceError::Interrupted => K::Interrupted,
             ServiceError::Rpc { status, .. } => match status.code() {
@@ -159,16 +172,20 @@ impl From<ServiceError> for Status {
             | ServiceError::OverLimit { .. }
             | ServiceError::ReportLengths { .. }
             | ServiceError::ReportKind { .. } => Code::InvalidArgument,
+            ServiceError::AutoscaleConfig(_) => Code::InvalidArgument,
             ServiceError::ReportEpoch { .. }
             | ServiceError::NotImportanceSampled { .. }
-            | ServiceError::NoDraw { .. } => Code::FailedPrecondition,
+            | ServiceError::NoDraw { .. }
+            | ServiceError::AutoscaleOff { .. } => Code::FailedPrecondition,
             ServiceError::Pipeline(PipelineError::Spec(_)) => Code::InvalidArgument,
             ServiceError::Pipeline(PipelineError::Source(_)) => Code::FailedPrecondition,
             ServiceError::PathNotAllowed { .. } => Code::PermissionDenied,
             ServiceError::NotFound { .. } => Code::NotFound,
             ServiceError::JobConflict { .. } => Code::AlreadyExists,
             ServiceError::Rpc { status, .. } => status.code(),
-            ServiceError::Unavailable { .. } | ServiceError::Connect { .. } => Code::Unavailable,
+            ServiceError::Unavailable { .. } | ServiceError::Connect { .. } | ServiceError::Kubernetes { .. } => {
+                Code::Unavailable
+            }
             ServiceError::Interrupted => Code::Cancelled,
             ServiceError::TooManyJobs { .. } => Code::ResourceExhausted,
             ServiceError::Tls(_) => Code::FailedPrecondition,
@@ -193,6 +210,7 @@ mod tests {
             ServiceError::Journal { path: "/j".into(), message: "full".into() },
             ServiceError::ReportLengths { job_id: 1, keys: 2, values: 1 },
             ServiceError::ReportEpoch { job_id: 1, epoch: 0, current: 5 },
+            ServiceError::AutoscaleOff { what: "SetScale" },
         ];
         for e in errors {
             let kind = e.kind();

@@ -39,9 +39,12 @@ mod limits;
 pub mod metrics;
 mod process;
 pub mod proto;
+mod scale_client;
 mod security;
 #[cfg(target_os = "linux")]
 pub mod shm;
+#[cfg(feature = "kube")]
+mod statefulset;
 mod tls;
 mod trace_merge;
 mod wire;
@@ -55,7 +58,10 @@ pub use error::{ServiceError, ServiceErrorKind};
 pub use limits::WorkerLimits;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use proto::{ReportKind, ReportReply};
+pub use scale_client::ScaleClient;
 pub use security::TokenAttach;
+#[cfg(feature = "kube")]
+pub use statefulset::StatefulSetScaler;
 pub use tls::TlsFiles;
 pub use trace_merge::{merge_traces, MergedWorker};
 pub use wire::Compression;

@@ -144,7 +144,7 @@ pub fn image_pixels(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>) {
         let col = class_colors[s % 3];
         let (cx, cy) = (rng.below(w as u64) as f32, rng.below(h as u64) as f32);
         let (rx, ry) = (rng.uniform(20.0, 120.0) as f32, rng.uniform(20.0, 120.0) as f32);
-        let ellipse = (class + s) % 2 == 0;
+        let ellipse = (class + s).is_multiple_of(2);
         let (x0, x1) = ((cx - rx).max(0.0) as usize, ((cx + rx) as usize).min(wu));
         let (y0, y1) = ((cy - ry).max(0.0) as usize, ((cy + ry) as usize).min(hu));
         for y in y0..y1 {

@@ -87,6 +87,15 @@ impl RemoteLoader {
             .build()
             .map_err(|e| ServiceError::Internal(format!("cannot start the client runtime: {e}")))?;
         let mut conn = Conn::new(&options, &rt)?;
+        if options.autoscale {
+            let scale = rt.block_on(with_retry(&conn, "GetScale", |mut d| async move {
+                d.get_scale(crate::proto::GetScaleRequest {}).await
+            }))?;
+            if !scale.enabled {
+                return Err(ServiceError::AutoscaleOff { what: "RemoteLoader option `autoscale`" });
+            }
+            tracing::info!(policy = %scale.policy, workers = scale.target, "the service autoscales its workers");
+        }
         let req = CreateJobRequest {
             job_name: options.job_name.clone(),
             spec_json,

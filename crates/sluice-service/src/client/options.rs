@@ -31,6 +31,10 @@ pub struct RemoteOptions {
     /// The CA (PEM) of the service's certificates: talk TLS to the dispatcher and workers
     /// (default: $SLUICE_TLS_CA; none: plain TCP).
     pub tls_ca: Option<PathBuf>,
+    /// The trainer relies on the service scaling its workers to what it consumes: refuse
+    /// to start against a dispatcher without `--autoscale`. Either way the client's
+    /// heartbeats carry the signals the autoscaler reads (batches taken, time waited).
+    pub autoscale: bool,
 }
 
 /// The transport for batches; control always uses gRPC.
@@ -73,6 +77,7 @@ impl RemoteOptions {
             data_plane: DataPlane::Auto,
             compression: Compression::None,
             tls_ca: std::env::var_os("SLUICE_TLS_CA").filter(|v| !v.is_empty()).map(PathBuf::from),
+            autoscale: false,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The dispatcher: owns jobs, epochs and task assignment; journals every decision before
 //! answering, so a restarted dispatcher resumes every job where it stood.
 
+mod autoscale;
 pub mod state;
 
 use std::future::Future;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
+use sluice_autoscale::AutoscaleConfig;
 use sluice_core::PipelineSpec;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
@@ -24,6 +26,7 @@ use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenCheck};
 use crate::MAX_CONTROL_MESSAGE_BYTES;
+use autoscale::ServiceAutoscale;
 use state::{ClientReport, JobImportance, State};
 
 /// Batches per task when the client does not say: small enough to balance a short epoch
@@ -44,6 +47,8 @@ pub struct DispatcherConfig {
     pub metrics_listen: Option<String>,
     /// Serve gRPC over TLS with this certificate and key.
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Run the autoscaler: a policy, worker bounds and a window (by time).
+    pub autoscale: Option<AutoscaleConfig>,
 }
 
 #[derive(Default)]
@@ -67,6 +72,8 @@ struct Inner {
     journal: Journal,
     roots: AllowedRoots,
     counters: Counters,
+    /// The autoscaler, with `--autoscale` (its lock is taken after `state`'s, never before).
+    autoscale: Option<Mutex<ServiceAutoscale>>,
 }
 
 #[derive(Clone)]
@@ -157,6 +164,12 @@ impl DispatcherService {
                 journal,
                 roots,
                 counters: Counters::default(),
+                autoscale: config
+                    .autoscale
+                    .clone()
+                    .map(|c| ServiceAutoscale::new(c, Instant::now()))
+                    .transpose()?
+                    .map(Mutex::new),
             }),
         })
     }
@@ -305,14 +318,19 @@ impl Dispatcher for DispatcherService {
         request: Request<WorkerHeartbeatRequest>,
     ) -> Result<Response<WorkerHeartbeatReply>, Status> {
         let r = request.into_inner();
-        let known = {
+        let (known, drained) = {
             let mut state = self.inner.state.lock();
             state.worker_cache(r.worker_id, r.cache_hits, r.cache_lookups);
-            state.worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now())
+            state.worker_busy(r.worker_id, r.busy_s);
+            let known = state.worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now());
+            (known, state.is_drained(r.worker_id))
         };
+        if drained {
+            tracing::info!(worker_id = r.worker_id, "worker drained: it holds no task; telling it to exit");
+        }
         // A worker back from suspicion can take tasks again.
         self.inner.changed.notify_waiters();
-        self.counted(Ok(WorkerHeartbeatReply { known }))
+        self.counted(Ok(WorkerHeartbeatReply { known, drained }))
     }
 
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<JobInfo>, Status> {
@@ -546,9 +564,70 @@ impl Dispatcher for DispatcherService {
         .await;
         self.counted(r)
     }
+
+    async fn get_scale(&self, _request: Request<GetScaleRequest>) -> Result<Response<ScaleReply>, Status> {
+        self.counted(Ok(self.scale_reply()))
+    }
+
+    async fn set_scale(&self, request: Request<SetScaleRequest>) -> Result<Response<ScaleReply>, Status> {
+        let workers = request.into_inner().workers;
+        let r = match &self.inner.autoscale {
+            None => Err(ServiceError::AutoscaleOff { what: "SetScale" }),
+            Some(a) => {
+                a.lock().set_target(usize::try_from(workers).unwrap_or(usize::MAX), Instant::now());
+                Ok(())
+            }
+        };
+        let r = r.map(|()| self.scale_reply());
+        self.counted(r)
+    }
+
+    async fn drain_worker(&self, request: Request<DrainWorkerRequest>) -> Result<Response<DrainWorkerReply>, Status> {
+        let name = request.into_inner().name;
+        let r = valid_name("name", &name).map(|()| {
+            let drained = self.inner.state.lock().drain_worker(&name);
+            // Long-polling GetTask calls pick among the others now.
+            self.inner.changed.notify_waiters();
+            DrainWorkerReply { known: drained.is_some(), idle: drained.unwrap_or(false) }
+        });
+        self.counted(r)
+    }
 }
 
 impl DispatcherService {
+    fn scale_reply(&self) -> ScaleReply {
+        match &self.inner.autoscale {
+            None => ScaleReply::default(),
+            Some(a) => {
+                let a = a.lock();
+                let c = a.config();
+                ScaleReply {
+                    enabled: true,
+                    target: a.target() as u64,
+                    policy: c.policy.name().to_string(),
+                    min_workers: c.min_units as u64,
+                    max_workers: c.max_units as u64,
+                }
+            }
+        }
+    }
+
+    /// Closes the autoscaler's window (called every window by [`run_dispatcher`]).
+    fn autoscale_tick(&self) {
+        if let Some(a) = &self.inner.autoscale {
+            let state = self.inner.state.lock();
+            a.lock().tick(&state, Instant::now());
+        }
+    }
+
+    /// `/api/autoscale`: the policy, the target and the latest decisions with their
+    /// inputs; `None` without `--autoscale`.
+    pub fn autoscale_json(&self) -> Option<String> {
+        let stats = self.inner.autoscale.as_ref()?.lock().stats();
+        // Numbers and strings only: serializing cannot fail.
+        Some(serde_json::to_string(&stats).unwrap_or_default())
+    }
+
     /// What the dashboard draws, as JSON.
     pub fn dashboard_state(&self) -> String {
         let acked = self.inner.counters.batches_acked.load(Ordering::Relaxed);
@@ -587,6 +666,16 @@ impl DispatcherService {
             "time to answer GetTask, journal fsync included",
             &c.get_task,
         );
+        if let Some(a) = &self.inner.autoscale {
+            let s = a.lock().stats();
+            m.gauge("sluice_autoscale_target_workers", "workers the autoscaler wants running", s.units as i64);
+            m.counter("sluice_autoscale_windows", "windows the autoscaler read", s.windows);
+            m.counters(
+                "sluice_autoscale_decisions",
+                "scaling decisions by direction",
+                [("up", s.ups), ("down", s.downs)].map(|(d, n)| (vec![("direction", d.to_string())], n)),
+            );
+        }
         let state = self.inner.state.lock();
         m.gauge(
             "sluice_dispatcher_workers_live",
@@ -641,11 +730,43 @@ pub async fn run_dispatcher(
     let service = DispatcherService::new(&config)?;
     let journal = service.inner.journal.clone();
     if let Some(addr) = &config.metrics_listen {
-        let (s, d) = (service.clone(), service.clone());
-        let dashboard = dashboard::routes(Arc::new(move || d.dashboard_state()));
+        let (s, d, a) = (service.clone(), service.clone(), service.clone());
+        let dashboard = dashboard::routes(Arc::new(move || d.dashboard_state())).route(
+            "/api/autoscale",
+            axum::routing::get(move || {
+                let body = a.autoscale_json();
+                async move {
+                    use axum::http::{header, StatusCode};
+                    match body {
+                        Some(json) => (
+                            StatusCode::OK,
+                            [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")],
+                            json,
+                        ),
+                        None => (
+                            StatusCode::NOT_FOUND,
+                            [(header::CONTENT_TYPE, "text/plain"), (header::CACHE_CONTROL, "no-store")],
+                            "autoscaling off (start the dispatcher with --autoscale POLICY)\n".to_string(),
+                        ),
+                    }
+                }
+            }),
+        );
         let bound = metrics::serve_with(addr, Arc::new(move || s.render_metrics()), dashboard).await?;
         tracing::info!(%bound, "dispatcher metrics at /metrics, dashboard at /");
     }
+    let ticker = service.inner.autoscale.as_ref().map(|a| {
+        let every = Duration::from_millis(a.lock().window_ms().max(1));
+        let service = service.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                service.autoscale_tick();
+            }
+        })
+    });
     let tls = config.tls.as_ref().map(crate::tls::ServerTls::load).transpose()?;
     let listen_err = |e: String| ServiceError::Listen { addr: config.listen.clone(), message: e };
     let listener = tokio::net::TcpListener::bind(&config.listen).await.map_err(|e| listen_err(e.to_string()))?;
@@ -672,11 +793,15 @@ pub async fn run_dispatcher(
             }
         }
     };
-    builder
+    let served = builder
         .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
         .serve_with_incoming_shutdown(incoming, stop)
         .await
-        .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")))?;
+        .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")));
+    if let Some(t) = ticker {
+        t.abort();
+    }
+    served?;
     match (journal.failure(), &config.journal) {
         (Some(message), Some(path)) => Err(ServiceError::Journal { path: path.clone(), message }),
         _ => Ok(()),

@@ -64,6 +64,9 @@ pub struct WorkerConfig {
     /// Record each job's pipeline events (per sample and op, per batch) and write them
     /// here, one Perfetto trace per job and worker, extended after every task.
     pub trace_dir: Option<PathBuf>,
+    /// The name its supervisor knows it by (`sluice up`'s `worker-3`), for draining: a
+    /// drained worker finishes its tasks and exits. Empty: none.
+    pub name: String,
 }
 
 struct JobRunner {
@@ -253,6 +256,20 @@ impl WorkerService {
         caches.retain(|_, cache| Arc::strong_count(cache) > 1);
     }
 
+    /// Seconds spent producing: each job's thread-busy time over its threads, summed.
+    /// `None` while the job table is busy (the heartbeat sends its last reading again).
+    fn busy_seconds(&self) -> Option<f64> {
+        let jobs = self.inner.jobs.try_lock().ok()?;
+        Some(
+            jobs.iter()
+                .map(|(_, r)| {
+                    let busy: f64 = r.loader.stats().op_seconds.iter().map(|(_, s)| s).sum();
+                    busy / r.loader.threads().max(1) as f64
+                })
+                .sum(),
+        )
+    }
+
     /// Hits and lookups of the caches held now, for the heartbeat.
     fn cache_lookups(&self) -> WorkerHeartbeatRequest {
         let caches = self.inner.caches.lock();
@@ -313,36 +330,48 @@ impl WorkerService {
 }
 
 /// Registers with the dispatcher and heartbeats every 250 ms, registering again whenever
-/// the dispatcher does not know us (it restarted) and retrying while it is away.
+/// the dispatcher does not know us (it restarted) and retrying while it is away. Returns
+/// when the dispatcher says this worker was drained: it holds no task and should exit.
 async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest) {
     let mut client = service.inner.dispatcher.clone();
     let mut id: Option<u64> = None;
     let mut backoff = Duration::from_millis(50);
+    let mut busy_s = 0.0;
     loop {
         let c = &service.inner.counters;
+        busy_s = service.busy_seconds().unwrap_or(busy_s);
         let result = match id {
             None => client.register_worker(register.clone()).await.map(|r| {
                 let wid = r.into_inner().worker_id;
                 tracing::info!(worker_id = wid, addr = %register.addr, "registered with the dispatcher");
                 service.inner.worker_id.store(wid, Ordering::Relaxed);
                 id = Some(wid);
+                // Not drained: just registered.
+                false
             }),
             Some(wid) => client
                 .worker_heartbeat(WorkerHeartbeatRequest {
                     worker_id: wid,
                     tasks_running: c.tasks_running.load(Ordering::Relaxed),
                     batches_produced: c.batches.load(Ordering::Relaxed),
+                    busy_s,
                     ..service.cache_lookups()
                 })
                 .await
                 .map(|r| {
-                    if !r.into_inner().known {
+                    let r = r.into_inner();
+                    if !r.known {
                         id = None;
                     }
+                    r.drained
                 }),
         };
         match result {
-            Ok(()) => {
+            Ok(true) => {
+                tracing::info!(name = %register.name, "drained: every task is done; exiting");
+                return;
+            }
+            Ok(false) => {
                 backoff = Duration::from_millis(50);
                 if id.is_some() {
                     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -403,8 +432,9 @@ pub async fn run_worker(
         addr: advertise,
         data_addr: advertise_data,
         local_data_addr: local_data.as_ref().map(|(name, _)| name.clone()).unwrap_or_default(),
+        name: config.name.clone(),
     };
-    let hb = tokio::spawn(heartbeat_loop(service.clone(), register));
+    let mut hb = tokio::spawn(heartbeat_loop(service.clone(), register));
     let sweep = {
         let service = service.clone();
         let every = (config.limits.job_idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
@@ -415,6 +445,7 @@ pub async fn run_worker(
             }
         })
     };
+    let dispatcher = service.inner.dispatcher.clone();
     // Requests are small; only the batches going out are large.
     let server = WorkerServer::new(service)
         .max_decoding_message_size(MAX_CONTROL_MESSAGE_BYTES)
@@ -427,7 +458,13 @@ pub async fn run_worker(
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(32 << 20))
         .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming, async {
+            tokio::select! {
+                () = shutdown => drain_on_stop(dispatcher, &config.name, &mut hb).await,
+                // The heartbeat loop ends only when the dispatcher drained this worker.
+                _ = &mut hb => {}
+            }
+        })
         .await
         .map_err(|e| ServiceError::Internal(format!("worker server: {e}")));
     hb.abort();
@@ -437,6 +474,36 @@ pub async fn run_worker(
         task.abort();
     }
     result
+}
+
+/// Longest a stopped worker waits to finish the tasks it holds (Kubernetes' default
+/// grace period before SIGKILL is 30 s; deploy/worker.yaml gives it 60).
+const DRAIN_ON_STOP: Duration = Duration::from_secs(50);
+
+/// Stopped (SIGTERM: Kubernetes scaling the worker StatefulSet down, or any supervisor), a
+/// named worker drains first, as one that `sluice up` scales down does: it asks the
+/// dispatcher for no new task and serves the ones it holds until the heartbeat says it is
+/// drained. An unnamed worker, or one whose dispatcher does not answer, stops at once (the
+/// dispatcher hands its tasks to others when their leases run out).
+async fn drain_on_stop(mut dispatcher: DispatcherConn, name: &str, hb: &mut tokio::task::JoinHandle<()>) {
+    if name.is_empty() {
+        return;
+    }
+    let asked = tokio::time::timeout(
+        Duration::from_secs(2),
+        dispatcher.drain_worker(DrainWorkerRequest { name: name.to_string() }),
+    )
+    .await;
+    match asked {
+        Ok(Ok(_)) => {
+            tracing::info!(name, "stopping: draining first (no new tasks; finishing the ones held)");
+            if tokio::time::timeout(DRAIN_ON_STOP, hb).await.is_err() {
+                tracing::warn!(name, seconds = DRAIN_ON_STOP.as_secs(), "not drained in time; stopping anyway");
+            }
+        }
+        Ok(Err(status)) => tracing::warn!(name, %status, "stopping without draining: the dispatcher refused"),
+        Err(_) => tracing::warn!(name, "stopping without draining: the dispatcher did not answer"),
+    }
 }
 
 /// Listens for clients on this machine on a fresh abstract socket name; `None` (and TCP

@@ -26,6 +26,12 @@ pub struct WorkerEntry {
     /// The worker's cache hits and lookups, as its last heartbeat told.
     pub cache_hits: u64,
     pub cache_lookups: u64,
+    /// What its supervisor calls it (`RegisterWorkerRequest.name`), for draining.
+    pub name: String,
+    /// Seconds it spent producing since it started, as its last heartbeat told.
+    pub busy_s: f64,
+    /// Being drained: it gets no new task and exits once it holds none.
+    pub draining: bool,
 }
 
 /// What a client last told about its consumption.
@@ -41,6 +47,11 @@ impl WorkerEntry {
     /// Heard from lately and not suspected: it may get tasks.
     pub fn is_live(&self, now: Instant) -> bool {
         now.duration_since(self.last_seen) < WORKER_TIMEOUT && !self.suspect
+    }
+
+    /// Live and not being drained: it may get new tasks.
+    pub fn takes_tasks(&self, now: Instant) -> bool {
+        self.is_live(now) && !self.draining
     }
 }
 
@@ -80,6 +91,9 @@ impl State {
             batches_produced: 0,
             cache_hits: 0,
             cache_lookups: 0,
+            name: req.name.clone(),
+            busy_s: 0.0,
+            draining: false,
         };
         self.workers.insert(id, entry);
         id
@@ -96,6 +110,38 @@ impl State {
             }
             None => false,
         }
+    }
+
+    /// What a heartbeat says of the worker's busy time (the autoscaler's production).
+    pub fn worker_busy(&mut self, id: u64, busy_s: f64) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.busy_s = if busy_s.is_finite() { busy_s.max(0.0) } else { 0.0 };
+        }
+    }
+
+    /// Marks the workers named `name` as draining: they get no new task. `None` when no
+    /// registered worker has that name; else whether they all hold no task any more.
+    pub fn drain_worker(&mut self, name: &str) -> Option<bool> {
+        let ids: Vec<u64> = self.workers.iter().filter(|(_, w)| w.name == name).map(|(id, _)| *id).collect();
+        if ids.is_empty() {
+            return None;
+        }
+        for id in &ids {
+            if let Some(w) = self.workers.get_mut(id) {
+                if !w.draining {
+                    tracing::info!(worker_id = id, name, "draining: no new tasks for this worker");
+                }
+                w.draining = true;
+            }
+        }
+        Some(ids.iter().all(|id| self.is_drained(*id)))
+    }
+
+    /// Drained: marked draining, running no task, and no client holds an assignment to it
+    /// that it has not streamed yet (a task a client is about to ask it for).
+    pub fn is_drained(&self, id: u64) -> bool {
+        let Some(w) = self.workers.get(&id) else { return false };
+        w.draining && w.tasks_running == 0 && self.jobs.values().all(|j| j.load.get(&id).copied().unwrap_or(0) == 0)
     }
 
     /// What a heartbeat says of the worker's caches (shown by the dashboard).
@@ -115,7 +161,7 @@ impl State {
         let load = self.jobs.get(&job_id).map(|j| &j.load);
         self.workers
             .iter()
-            .filter(|(_, w)| now.duration_since(w.last_seen) < WORKER_TIMEOUT && !w.suspect)
+            .filter(|(_, w)| w.takes_tasks(now))
             .min_by_key(|(id, _)| (load.and_then(|l| l.get(id)).copied().unwrap_or(0), **id))
             .map(|(id, w)| (*id, w))
     }
@@ -177,5 +223,23 @@ mod tests {
         known.sort();
         assert_eq!(known, vec!["alive".to_string()], "silent clients are still remembered");
         assert_eq!(s.client_seen.len(), 1);
+    }
+
+    #[test]
+    fn a_draining_worker_gets_no_task_and_is_drained_once_it_holds_none() {
+        let mut s = State::new(1);
+        let now = Instant::now();
+        let reg = |name: &str| RegisterWorkerRequest { addr: name.into(), name: name.into(), ..Default::default() };
+        let a = s.register_worker(&reg("a"), now);
+        let b = s.register_worker(&reg("b"), now);
+        assert_eq!(s.drain_worker("nobody"), None);
+        s.worker_heartbeat(a, 1, 0, now);
+        assert_eq!(s.drain_worker("a"), Some(false), "a runs a task");
+        for _ in 0..4 {
+            assert_eq!(s.pick_worker(1, now).map(|(id, _)| id), Some(b), "a drains: only b gets tasks");
+        }
+        s.worker_heartbeat(a, 0, 0, now);
+        assert_eq!(s.drain_worker("a"), Some(true));
+        assert!(s.is_drained(a) && !s.is_drained(b));
     }
 }

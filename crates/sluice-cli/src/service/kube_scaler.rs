@@ -1,0 +1,73 @@
+//! `sluice kube-scaler`: the autoscaler's Kubernetes actuator. It follows the dispatcher's
+//! target worker count (as `sluice up` does for processes) by setting the worker
+//! StatefulSet's replicas through the `scale` subresource. Kubernetes starts the new pods;
+//! the pods it removes get SIGTERM, and each worker drains (finishes the tasks it holds)
+//! before it exits. Runs beside the dispatcher (deploy/dispatcher.yaml).
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use sluice_service::{ScaleClient, StatefulSetScaler};
+
+use super::{tls_ca, token};
+
+#[derive(clap::Args)]
+pub struct KubeScalerArgs {
+    /// The dispatcher's gRPC address (started with --autoscale).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    dispatcher: String,
+    /// The worker StatefulSet, in the namespace of the Kubernetes configuration
+    /// ($KUBECONFIG, ~/.kube/config, else the pod's service account).
+    #[arg(long, default_value = "sluice-worker")]
+    statefulset: String,
+    /// How often to compare the target with the replica count, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    every_ms: u64,
+    #[arg(long)]
+    token: Option<String>,
+    /// CA of the dispatcher's certificate (TLS); else `SLUICE_TLS_CA`.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+}
+
+pub fn kube_scaler(a: KubeScalerArgs) -> Result<()> {
+    let token = token(a.token);
+    let ca = tls_ca(a.tls_ca);
+    let mut dispatcher = ScaleClient::new(&a.dispatcher, token.as_deref(), ca.as_deref())
+        .with_context(|| format!("cannot reach the dispatcher at {}", a.dispatcher))?;
+    let statefulset = StatefulSetScaler::from_env(&a.statefulset)?;
+    let stop = sluice_service::signal_flag()?;
+    println!("sluice kube-scaler: StatefulSet {} follows the dispatcher at {}", a.statefulset, a.dispatcher);
+    let mut said_off = false;
+    while !stop.load(Ordering::SeqCst) {
+        match dispatcher.scale() {
+            Ok(r) if r.enabled => {
+                said_off = false;
+                if let Err(e) = follow(&statefulset, r.target) {
+                    tracing::warn!(error = %e, "the StatefulSet's scale was not changed; trying again");
+                }
+            }
+            Ok(_) if !said_off => {
+                said_off = true;
+                tracing::warn!("the dispatcher runs without --autoscale; nothing to follow");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "no target from the dispatcher yet"),
+        }
+        std::thread::sleep(Duration::from_millis(a.every_ms.max(10)));
+    }
+    Ok(())
+}
+
+/// One step: the replica count becomes the target, if it is not already.
+fn follow(statefulset: &StatefulSetScaler, target: u64) -> Result<(), sluice_service::ServiceError> {
+    let target = u32::try_from(target).unwrap_or(u32::MAX);
+    let now = statefulset.replicas()?;
+    if now != target {
+        statefulset.set_replicas(target)?;
+        tracing::info!(from = now, to = target, "scaled the worker StatefulSet");
+    }
+    Ok(())
+}

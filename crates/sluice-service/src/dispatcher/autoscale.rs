@@ -1,0 +1,246 @@
+//! The dispatcher's autoscaler (`--autoscale POLICY`): every window it turns the clients'
+//! heartbeats (batches taken, time waited) and the workers' (batches made, busy time) into
+//! one [`Window`], lets the policy decide, and holds the worker count that `sluice up`
+//! follows (`GetScale`). The clients' consumption rates add up (every job's trainers are
+//! fed by the same workers); production is per busy worker-second, as in local mode.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use sluice_autoscale::{AutoscaleConfig, AutoscaleStats, Autoscaler, ConfigError, Decision, Window};
+
+use super::state::State;
+
+/// Windows waited at most for the workers to reach a new target before reading again
+/// (a worker that cannot start must not stop the scaling for good).
+const MAX_WAIT_WINDOWS: u32 = 10;
+
+/// A client's cumulative counters, as its last heartbeat told.
+#[derive(Debug, Clone, Copy)]
+struct ClientMark {
+    batches: u64,
+    stall_s: f64,
+    elapsed_s: f64,
+}
+
+/// A worker's cumulative counters.
+#[derive(Debug, Clone, Copy)]
+struct WorkerMark {
+    busy_s: f64,
+    produced: u64,
+}
+
+pub struct ServiceAutoscale {
+    autoscaler: Autoscaler,
+    clock: Instant,
+    last_s: f64,
+    clients: HashMap<String, ClientMark>,
+    workers: HashMap<u64, WorkerMark>,
+    /// The latest window read, for an operator's decision.
+    latest: Option<Window>,
+    /// Windows read since the last change while the workers did not match the target.
+    waited: u32,
+    /// The next window straddles a change: read it only to set the baselines.
+    skip_next: bool,
+}
+
+impl ServiceAutoscale {
+    /// Starts at the lower bound: `sluice up` starts `--min-workers` workers.
+    pub fn new(config: AutoscaleConfig, now: Instant) -> Result<Self, ConfigError> {
+        let min = config.min_units;
+        Ok(Self {
+            autoscaler: Autoscaler::new(config, min, 0.0)?,
+            clock: now,
+            last_s: 0.0,
+            clients: HashMap::new(),
+            workers: HashMap::new(),
+            latest: None,
+            waited: 0,
+            skip_next: false,
+        })
+    }
+
+    pub fn target(&self) -> usize {
+        self.autoscaler.units()
+    }
+
+    pub fn config(&self) -> &AutoscaleConfig {
+        self.autoscaler.config()
+    }
+
+    pub fn stats(&self) -> AutoscaleStats {
+        self.autoscaler.stats()
+    }
+
+    fn now_s(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.clock).as_secs_f64()
+    }
+
+    /// An operator's order (`SetScale`).
+    pub fn set_target(&mut self, workers: usize, now: Instant) -> Option<Decision> {
+        let d = self.autoscaler.set_units(workers, self.latest.as_ref(), self.now_s(now))?;
+        self.changed();
+        Some(d)
+    }
+
+    fn changed(&mut self) {
+        self.waited = 0;
+        self.skip_next = true;
+    }
+
+    /// Closes the window that ends `now` and lets the policy decide on it. No window is
+    /// read while no trainer took a batch, nor while the workers taking tasks do not match
+    /// the target yet (they start or drain), nor the one straddling a change.
+    pub fn tick(&mut self, state: &State, now: Instant) -> Option<Decision> {
+        let now_s = self.now_s(now);
+        let w = self.read(state, now, now_s);
+        self.last_s = now_s;
+        let w = w?;
+        if std::mem::take(&mut self.skip_next) {
+            return None;
+        }
+        let serving = state.workers.values().filter(|e| e.takes_tasks(now)).count();
+        if serving != self.target() && self.waited < MAX_WAIT_WINDOWS {
+            self.waited += 1;
+            return None;
+        }
+        self.latest = Some(w.clone());
+        let d = self.autoscaler.observe(&w, now_s)?;
+        self.changed();
+        Some(d)
+    }
+
+    /// The window since the last tick, from the counters' growth; the baselines move on.
+    /// `None` when no trainer took a batch in it.
+    fn read(&mut self, state: &State, now: Instant, now_s: f64) -> Option<Window> {
+        // Consumption: each client's batches over its time not waiting, summed.
+        let (mut batches, mut consumption, mut waited, mut elapsed) = (0u64, 0.0, 0.0, 0.0);
+        let mut clients = HashMap::with_capacity(state.clients.len());
+        for (id, r) in &state.clients {
+            let mark = ClientMark { batches: r.batches, stall_s: r.stall_s, elapsed_s: r.elapsed_s };
+            if let Some(prev) = self.clients.get(id) {
+                let (db, de) = (mark.batches.saturating_sub(prev.batches), mark.elapsed_s - prev.elapsed_s);
+                let dw = (mark.stall_s - prev.stall_s).clamp(0.0, de.max(0.0));
+                if db > 0 && de > 0.0 {
+                    batches += db;
+                    // A trainer that waited all along takes batches as fast as they come.
+                    consumption += db as f64 / (de - dw).max(de * 0.01);
+                    waited += dw;
+                    elapsed += de;
+                }
+            }
+            clients.insert(id.clone(), mark);
+        }
+        self.clients = clients;
+        // Production: batches per busy worker-second, each worker apart.
+        let (mut busy_s, mut produced, mut unit_rates) = (0.0, 0.0, Vec::new());
+        let mut workers = HashMap::with_capacity(state.workers.len());
+        for (id, w) in &state.workers {
+            let mark = WorkerMark { busy_s: w.busy_s, produced: w.batches_produced };
+            if let Some(prev) = self.workers.get(id) {
+                let (db, dp) = (mark.busy_s - prev.busy_s, mark.produced.saturating_sub(prev.produced));
+                // Busy time goes back when a worker drops an idle job's loader: skip it.
+                if db > 1e-3 && w.is_live(now) {
+                    busy_s += db;
+                    produced += dp as f64;
+                    unit_rates.push(dp as f64 / db);
+                }
+            }
+            workers.insert(*id, mark);
+        }
+        self.workers = workers;
+        if batches == 0 || consumption <= 0.0 {
+            return None;
+        }
+        // One window whose consumption is the clients' summed rate and whose stall is
+        // their overall share of time waited.
+        let stall = (waited / elapsed).clamp(0.0, 0.99);
+        let span = batches as f64 / (consumption * (1.0 - stall));
+        Some(Window {
+            t_ms: (now_s * 1000.0) as u64,
+            units: state.workers.values().filter(|e| e.takes_tasks(now)).count(),
+            batches,
+            elapsed_s: span,
+            wait_s: stall * span,
+            busy_s,
+            produced,
+            queue: 0.0,
+            unit_rates,
+        })
+    }
+
+    /// Seconds the window spans (the tick period).
+    pub fn window_ms(&self) -> u64 {
+        match self.config().window {
+            sluice_autoscale::WindowBy::Millis(ms) => ms,
+            // Batches make no sense for a dispatcher serving several trainers; the CLI
+            // only builds windows by time, but a library caller might not.
+            sluice_autoscale::WindowBy::Batches(_) => 1000,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_autoscale::{PolicyKind, WindowBy};
+
+    use super::*;
+    use crate::dispatcher::state::ClientReport;
+    use crate::proto::RegisterWorkerRequest;
+
+    /// Second `t`: the trainer took `batches` and waited `wait` s of it; every worker was
+    /// busy `busy` s making `made` batches.
+    fn second(s: &mut State, t: u64, batches: u64, wait: f64, busy: f64, made: u64) -> Instant {
+        let now = Instant::now();
+        let prev = s.clients.get("c").cloned().unwrap_or_default();
+        let report = ClientReport {
+            job_id: 1,
+            batches: prev.batches + batches,
+            stall_s: prev.stall_s + wait,
+            elapsed_s: t as f64,
+        };
+        s.client_heartbeat(1, "c", report, now);
+        let ids: Vec<u64> = s.workers.keys().copied().collect();
+        for id in ids {
+            let (b, p) = s.workers.get(&id).map(|w| (w.busy_s, w.batches_produced)).unwrap_or_default();
+            s.worker_heartbeat(id, 0, p + made, now);
+            s.worker_busy(id, b + busy);
+        }
+        now
+    }
+
+    #[test]
+    fn windows_read_the_heartbeats_growth_and_the_policy_scales_on_them() {
+        let mut s = State::new(1);
+        let start = Instant::now();
+        s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, start);
+        let config =
+            AutoscaleConfig { window: WindowBy::Millis(1000), ..AutoscaleConfig::new(PolicyKind::Fastmatch, 1, 8) };
+        let mut a = ServiceAutoscale::new(config, start).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.target(), 1);
+        let now = second(&mut s, 1, 10, 0.5, 1.0, 5);
+        assert_eq!(a.tick(&s, now), None, "the first heartbeats set the baselines");
+        // The trainer takes 10 batches in 0.5 s of work (20/s) and waits 0.5 s; the
+        // worker makes 5 batches per busy second. FastMatch wants two readings.
+        let now = second(&mut s, 2, 10, 0.5, 1.0, 5);
+        assert_eq!(a.tick(&s, now), None);
+        let w = a.latest.clone().unwrap_or_default();
+        assert!((w.consumption() - 20.0).abs() < 1e-9 && (w.stall() - 0.5).abs() < 1e-9, "{w:?}");
+        assert!((w.production() - 5.0).abs() < 1e-9 && w.unit_rates == vec![5.0], "{w:?}");
+        let now = second(&mut s, 3, 10, 0.5, 1.0, 5);
+        let d = a.tick(&s, now).unwrap_or_else(|| panic!("no decision: {:?}", a.stats()));
+        assert_eq!((d.from, d.to), (1, 5), "20 batches/s at 5 per worker, 2% headroom: {d:?}");
+        assert!((d.consumption - 20.0).abs() < 1e-9 && (d.stall - 0.5).abs() < 1e-9, "{d:?}");
+        // Until 5 workers take tasks, windows are not read.
+        let now = second(&mut s, 4, 10, 0.5, 1.0, 5);
+        assert_eq!(a.tick(&s, now), None);
+        assert_eq!((a.target(), a.waited), (5, 0), "the window after a change is skipped, not waited");
+        let now = second(&mut s, 5, 10, 0.5, 1.0, 5);
+        assert_eq!(a.tick(&s, now), None);
+        assert_eq!(a.waited, 1, "one worker of five: waiting for the rest");
+        // An operator's order goes through the same record.
+        let d = a.set_target(2, now).unwrap_or_else(|| panic!("no decision"));
+        assert_eq!((d.from, d.to), (5, 2));
+        assert_eq!(a.stats().decisions.len(), 2);
+    }
+}
