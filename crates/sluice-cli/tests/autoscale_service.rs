@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use sluice_core::OpSpec;
 use sluice_service::{RemoteLoader, ScaleClient};
-use sluice_synth::DatasetOptions;
 
 /// GET `path` from the HTTP server at `addr`: (status code, body).
 fn get(addr: &str, path: &str) -> (u16, String) {
@@ -90,11 +89,9 @@ fn port_of(addr: &str) -> u16 {
 #[test]
 fn an_epoch_through_a_dozen_scale_events_and_sigkills_delivers_every_key_exactly_once() {
     let _watchdog = watchdog("an_epoch_through_a_dozen_scale_events_and_sigkills_delivers_every_key_exactly_once", 120);
-    const IMAGES: usize = 200;
+    let t_test = Instant::now();
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("data");
-    let data = DatasetOptions { images: IMAGES, classes: 4, texture: 8, ..Default::default() };
-    sluice_synth::write_dataset(&root, &data, &|_| {}).unwrap();
+    let root = dataset(dir.path());
     let addr = free_addr();
     let metrics = free_addr();
     // `fixed`: only the test's orders move the target, so every event is the test's own.
@@ -102,10 +99,14 @@ fn an_epoch_through_a_dozen_scale_events_and_sigkills_delivers_every_key_exactly
     let up_pid = up.0.id();
     let mut o = options(&addr, "scaled");
     o.task_batches = 1;
-    let spec = spec(&root, 7);
+    // A batch per sample: the epoch's 48 batches take the trainer 7 s.
+    let mut spec = spec(&root, 7);
+    spec.batch.size = 1;
     let mut loader = within(30, "connect", move || RemoteLoader::connect(&spec, o).unwrap());
 
-    // The events, 600 ms apart while the trainer reads: up and down between 1 and 4
+    eprintln!("connected after {:.1} s", t_test.elapsed().as_secs_f64());
+    let t_start = Instant::now();
+    // The events, 400 ms apart while the trainer reads: up and down between 1 and 4
     // workers; after the 4th (4 → 2: two drain) the highest-numbered worker is SIGKILLed,
     // likely mid-drain; after the 7th a serving one is (a crash: `up` restarts it).
     let targets = [3u64, 1, 4, 2, 4, 1, 3, 2, 4, 1, 3, 1];
@@ -126,7 +127,7 @@ fn an_epoch_through_a_dozen_scale_events_and_sigkills_delivers_every_key_exactly
                 }
             };
             for (k, &target) in targets.iter().enumerate() {
-                watch(&mut pids, 600);
+                watch(&mut pids, 400);
                 let t0 = Instant::now();
                 while client.set_workers(target).is_err() {
                     assert!(t0.elapsed() < Duration::from_secs(10), "the dispatcher does not take SetScale");
@@ -152,12 +153,13 @@ fn an_epoch_through_a_dozen_scale_events_and_sigkills_delivers_every_key_exactly
     let mut keys = Vec::new();
     for b in loader.iter() {
         keys.extend(b.unwrap().keys);
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(150));
     }
+    eprintln!("epoch read in {:.1} s", t_start.elapsed().as_secs_f64());
     done.store(true, std::sync::atomic::Ordering::SeqCst);
     let (pids, in_epoch, killed) = driver.join().unwrap();
-    keys.sort_unstable();
-    assert_eq!(keys, (0..IMAGES as u64).collect::<Vec<_>>(), "not every sample exactly once");
+    eprintln!("{in_epoch} events in the epoch; {} worker processes; killed {killed:?}", pids.len());
+    assert_exactly_once(keys, "an epoch through scale events");
     assert!(in_epoch >= 10, "only {in_epoch} scale events happened within the epoch");
     assert_eq!(killed.len(), 2, "a worker to kill was found each time: {killed:?}");
     assert!(pids.len() >= 8, "only {} worker processes ever ran: {pids:?}", pids.len());
@@ -175,6 +177,11 @@ fn an_epoch_through_a_dozen_scale_events_and_sigkills_delivers_every_key_exactly
         assert!(t0.elapsed() < Duration::from_secs(15), "still {running:?} after scaling to 1");
         std::thread::sleep(Duration::from_millis(100));
     }
+    eprintln!(
+        "one worker left {:.1} s after the events; test {:.1} s",
+        t0.elapsed().as_secs_f64(),
+        t_test.elapsed().as_secs_f64()
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@ use sluice_service::ScaleClient;
 use super::{roots, token, AutoscaleArgs, LimitArgs};
 
 /// How often `up` asks the dispatcher for its target (and repeats its drain requests).
-const SCALE_POLL: Duration = Duration::from_millis(500);
+const SCALE_POLL: Duration = Duration::from_millis(250);
 
 #[derive(clap::Args)]
 pub struct UpArgs {
