@@ -918,6 +918,42 @@ mod tests {
     }
 
     #[test]
+    fn cache_aware_assignment_sends_each_task_to_the_worker_owning_its_samples() {
+        let now = Instant::now();
+        for aware in [true, false] {
+            let mut s = State::new(1);
+            s.cache_aware = aware;
+            s.apply(&job_record(8, 1), now, 0).unwrap();
+            s.attach_importance(1, importance::test_job(32)).unwrap();
+            for addr in ["127.0.0.1:1", "127.0.0.1:2"] {
+                s.register_worker(&RegisterWorkerRequest { addr: addr.into(), ..Default::default() }, now);
+            }
+            let Err(record) = s.draw(1, 0, now).unwrap() else { panic!("not drawn yet") };
+            let Record::Draw { members, .. } = &record else { panic!("{record:?}") };
+            assert_eq!(members.len(), if aware { 2 } else { 0 }, "blind: no placement");
+            s.apply(&record, now, 0).unwrap();
+            let drawn = s.draw(1, 0, now).unwrap().unwrap();
+            if !aware {
+                assert!(drawn.owners.is_empty() && drawn.batch_owners.is_empty());
+                continue;
+            }
+            // Every batch that is one owner's goes to that owner while loads stay within the
+            // slack; the loads stay balanced.
+            let mut to_owner = 0;
+            for _ in 0..8 {
+                let t = step(&mut s, "c", 0, now).task.unwrap();
+                let owner = &drawn.members[drawn.batch_owners[t.start as usize] as usize].addr;
+                to_owner += usize::from(*owner == t.worker_addr);
+            }
+            assert!(to_owner >= 6, "{to_owner} of 8 tasks went to their owner");
+            let load = &s.job(1).unwrap().load;
+            let loads: Vec<u64> = load.values().copied().collect();
+            assert_eq!(loads.iter().sum::<u64>(), 8);
+            assert!(loads.iter().max().unwrap() - loads.iter().min().unwrap() <= 3, "{loads:?}");
+        }
+    }
+
+    #[test]
     fn an_importance_job_takes_reports_for_recent_epochs_and_draws_only_its_current_one() {
         let now = Instant::now();
         let mut s = State::new(1);
