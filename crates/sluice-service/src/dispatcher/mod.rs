@@ -574,10 +574,17 @@ impl DispatcherService {
     /// drawn yet: its tasks are then assigned knowing where their samples are cached.
     fn draw_current(&self, state: &mut State, job_id: u64, epoch: u64) -> Result<(), ServiceError> {
         let job = state.job(job_id)?;
-        if job.importance.is_none() || epoch != job.current.epoch || job.current.is_done() {
+        let now = Instant::now();
+        // With no worker yet (e.g. a restarted dispatcher they have not found again) the
+        // placement would be empty: the draw waits for one (the task would too).
+        if job.importance.is_none()
+            || epoch != job.current.epoch
+            || job.current.is_done()
+            || state.live_workers(now) == 0
+        {
             return Ok(());
         }
-        if let Ok(Err(record)) = state.draw(job_id, epoch, Instant::now()) {
+        if let Ok(Err(record)) = state.draw(job_id, epoch, now) {
             self.commit(state, &record, 0)?;
         }
         Ok(())
