@@ -85,6 +85,11 @@ pub struct DispatcherArgs {
     /// Append-only journal that lets a restarted dispatcher resume every job.
     #[arg(long)]
     journal: Option<PathBuf>,
+    /// How importance-sampled jobs' tasks go to workers: `aware` places the hot set on the
+    /// workers' caches and sends each task to the worker caching its samples; `blind` sends
+    /// it to the least loaded worker (for comparison).
+    #[arg(long, value_enum, default_value_t = CacheAssignment::Aware)]
+    cache_assignment: CacheAssignment,
     #[command(flatten)]
     autoscale: AutoscaleArgs,
     #[command(flatten)]
@@ -131,6 +136,12 @@ impl AutoscaleArgs {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheAssignment {
+    Aware,
+    Blind,
+}
+
 pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
     if a.journal.is_none() {
         tracing::warn!("no --journal: a restarted dispatcher will not remember its jobs");
@@ -143,6 +154,7 @@ pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
         allow_roots: roots(a.serve.allow_root)?,
         token: token(a.serve.token),
         autoscale: a.autoscale.config(),
+        cache_aware: a.cache_assignment == CacheAssignment::Aware,
     };
     sluice_service::serve_dispatcher(config, |addr| announce("dispatcher", addr))?;
     Ok(())

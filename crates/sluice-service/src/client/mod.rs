@@ -247,6 +247,22 @@ impl RemoteLoader {
         }))
     }
 
+    /// The job's cache on every worker, as their last heartbeats told the dispatcher:
+    /// hits, misses and hit rate (named as the local loader's `CacheStats`), the entries
+    /// held, the hot set's size and how much of it is held. Retried for a second at most:
+    /// the numbers are informational, and `stats()` must not hang on a dispatcher that is
+    /// gone.
+    pub fn cache_stats(&self) -> Result<JobCacheStats, ServiceError> {
+        let req = GetJobRequest { job_id: self.job.job_id };
+        let give_up = Some(Duration::from_secs(1));
+        self.rt.block_on(retry(
+            &self.conn,
+            "GetCacheStats",
+            give_up,
+            |mut d| async move { d.get_cache_stats(req).await },
+        ))
+    }
+
     fn reset(&self, req: ResetJobRequest) -> Result<JobInfo, ServiceError> {
         self.rt.block_on(with_retry(&self.conn, "ResetJob", |mut d| {
             let req = req.clone();
