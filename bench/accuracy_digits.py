@@ -9,9 +9,10 @@ Each policy runs with the sampler it was designed with: ``lru`` under uniform ep
 ``shade`` and ``fastmatch`` under their own samplers (unweighted loss, as published),
 ``importance`` under sluice's importance sampler with the batch ``weight`` applied to the
 per-sample loss (``(w * loss).mean()``). Per-sample losses are reported to the loader
-every step through ``loader.record_importance``.
+every step through ``loader.record_importance`` (not under uniform sampling, which takes
+no reports).
 
-``--modes local,remote`` runs every variant and seed both through a local ``Loader`` and
+``--modes local remote`` runs every variant and seed both through a local ``Loader`` and
 through the service: a fresh ``sluice up`` per run (a dispatcher and 2 workers with one
 decode thread each, on free loopback ports) and a ``RemoteLoader`` with the same spec, the
 same model and the same loss reports. The remote hit rate is the workers' caches together
@@ -308,7 +309,8 @@ def train(
             x, y = b["image"], b["label"]
             with loader.record_importance(b["key"]) as rec:
                 losses = ce(model(x), y)
-                rec.losses(losses)
+                if variant != "uniform":  # a uniform job takes no reports (the service refuses them)
+                    rec.losses(losses)
                 w = b.get("weight")
                 loss = (losses * w).mean() if (variant == "importance" and w is not None) else losses.mean()
                 opt.zero_grad()
