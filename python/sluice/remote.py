@@ -186,8 +186,10 @@ class RemoteLoader(_Traced):
         spent waiting for batches: input stall), as in :meth:`sluice.Loader.stats`;
         ``skipped`` (samples the workers left out under ``on_error("skip")``: a list of
         ``{"key", "path", "error"}``, as the local loader's); ``bytes`` (image bytes
-        received), ``shared_memory_batches`` and ``duplicates_dropped``. Op times are in
-        the workers' metrics.
+        received), ``shared_memory_batches`` and ``duplicates_dropped``; ``cache``: the job's
+        caches on all workers (``hits``, ``misses``, ``hit_rate`` as in the local loader's
+        ``stats()["cache"]``, and ``entries``, ``hot``, ``hot_held``), or ``None``. Op
+        times are in the workers' metrics.
         """
         stats: Dict[str, Any] = dict(self._native.stats())
         elapsed = stats["elapsed_s"]

@@ -169,7 +169,9 @@ impl PyRemoteLoader {
     /// What this client received since it connected: `batches`, `samples`, `bytes` (of
     /// images), `wait_s` (time spent waiting for batches), `elapsed_s`,
     /// `shared_memory_batches`, `duplicates_dropped`, `skipped` (samples the workers left
-    /// out under `on_error = "skip"`: `{key, path, error}`, once per epoch met).
+    /// out under `on_error = "skip"`: `{key, path, error}`, once per epoch met), and
+    /// `cache` (the job's caches on all workers: `hits`, `misses`, `hit_rate`, `entries`,
+    /// `hot`, `hot_held`; `None` when the dispatcher cannot say).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let skipped = PyList::empty(py);
         let (shared, duplicates) = {
@@ -183,6 +185,7 @@ impl PyRemoteLoader {
             }
             (inner.shared_memory_batches(), inner.duplicates_dropped())
         };
+        let cache = self.inner.lock().cache_stats().ok();
         let r = self.received.lock();
         let out = PyDict::new(py);
         out.set_item("batches", r.batches)?;
@@ -193,6 +196,19 @@ impl PyRemoteLoader {
         out.set_item("shared_memory_batches", shared)?;
         out.set_item("duplicates_dropped", duplicates)?;
         out.set_item("skipped", skipped)?;
+        match cache {
+            Some(c) => {
+                let d = PyDict::new(py);
+                d.set_item("hits", c.hits)?;
+                d.set_item("misses", c.misses)?;
+                d.set_item("hit_rate", c.hit_rate)?;
+                d.set_item("entries", c.entries)?;
+                d.set_item("hot", c.hot)?;
+                d.set_item("hot_held", c.hot_held)?;
+                out.set_item("cache", d)?;
+            }
+            None => out.set_item("cache", py.None())?,
+        }
         Ok(out)
     }
 

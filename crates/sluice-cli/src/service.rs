@@ -82,8 +82,19 @@ pub struct DispatcherArgs {
     /// Append-only journal that lets a restarted dispatcher resume every job.
     #[arg(long)]
     journal: Option<PathBuf>,
+    /// How importance-sampled jobs' tasks go to workers: `aware` places the hot set on the
+    /// workers' caches and sends each task to the worker caching its samples; `blind` sends
+    /// it to the least loaded worker (for comparison).
+    #[arg(long, value_enum, default_value_t = CacheAssignment::Aware)]
+    cache_assignment: CacheAssignment,
     #[command(flatten)]
     serve: ServeArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheAssignment {
+    Aware,
+    Blind,
 }
 
 pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
@@ -97,6 +108,7 @@ pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
         tls: a.serve.tls(),
         allow_roots: roots(a.serve.allow_root)?,
         token: token(a.serve.token),
+        cache_aware: a.cache_assignment == CacheAssignment::Aware,
     };
     sluice_service::serve_dispatcher(config, |addr| announce("dispatcher", addr))?;
     Ok(())

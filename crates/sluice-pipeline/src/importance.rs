@@ -128,6 +128,11 @@ impl ImportanceStore {
         ignored
     }
 
+    /// The keys of the cache's hot set the last epoch was drawn with (empty before there is one).
+    pub fn hot_keys(&self) -> &HashSet<u64> {
+        &self.hot_set
+    }
+
     pub fn has_scores(&self) -> bool {
         !self.scores.is_empty()
     }

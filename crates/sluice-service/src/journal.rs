@@ -78,10 +78,16 @@ pub enum Record {
         #[serde(default)]
         kind: i32,
     },
-    /// The importance-sampled epoch was drawn from the store as the records before it left it.
+    /// The importance-sampled epoch was drawn from the store as the records before it left
+    /// it, with the service's cache capacity in entries `hot` (if known) and its samples
+    /// placed on `members` (none: cache-blind; see `dispatcher::state::placement`).
     Draw {
         job_id: u64,
         epoch: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hot: Option<u64>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        members: Vec<crate::dispatcher::state::Member>,
     },
 }
 

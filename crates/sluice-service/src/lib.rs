@@ -54,7 +54,7 @@ pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::{ServiceError, ServiceErrorKind};
 pub use limits::WorkerLimits;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
-pub use proto::{ReportKind, ReportReply};
+pub use proto::{JobCacheStats, ReportKind, ReportReply};
 pub use security::TokenAttach;
 pub use tls::TlsFiles;
 pub use trace_merge::{merge_traces, MergedWorker};

@@ -13,7 +13,7 @@ pub mod ram;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -56,6 +56,25 @@ impl CachedData {
     }
 }
 
+/// The per-position priorities a policy ranks entries by in the epoch `draw` starts, from
+/// the same state the draw came from: `importance` keeps the samples drawn most often this
+/// epoch, `fastmatch` (once there are scores) the highest-scoring ones; `None` for the
+/// other policies (they rank entries by what they see themselves).
+pub fn epoch_priorities(
+    policy: CachePolicyKind,
+    draw: &EpochDraw,
+    store: &ImportanceStore,
+    manifest: &Manifest,
+) -> Option<Vec<f64>> {
+    match policy {
+        CachePolicyKind::Importance => Some(draw.expected.clone()),
+        CachePolicyKind::Fastmatch if store.has_scores() => {
+            Some(fastmatch_normalise(&store.scores_by_position(manifest)))
+        }
+        _ => None,
+    }
+}
+
 /// Maps an `f64` to an integer with the same order (total order, NaN last).
 fn ordered(p: f64) -> i64 {
     let b = p.to_bits() as i64;
@@ -86,6 +105,9 @@ struct Inner {
     evictions: u64,
     rejected: u64,
     saved_s: f64,
+    /// The keys this cache may hold, when it is one part of a partitioned cache (a service
+    /// worker's share of the job's hot set); `None`: any key.
+    share: Option<HashSet<u64>>,
 }
 
 /// Counters and decisions, in [`crate::StatsSnapshot`].
@@ -139,6 +161,7 @@ impl Cache {
                 evictions: 0,
                 rejected: 0,
                 saved_s: 0.0,
+                share: None,
             }),
             budget,
             has_resize: spec.resize.is_some(),
@@ -212,6 +235,10 @@ impl Cache {
         if inner.entries.contains_key(&key) || bytes > self.budget {
             return false;
         }
+        if inner.share.as_ref().is_some_and(|s| !s.contains(&key)) {
+            inner.rejected += 1;
+            return false;
+        }
         let prio = ordered(inner.policy.priority(key));
         // Decide first, evict after: a refused offer must not cost an entry.
         let mut victims = Vec::new();
@@ -277,20 +304,43 @@ impl Cache {
         }
     }
 
-    /// Hands the policy its priorities for the epoch `draw` starts, from the same state the
-    /// draw came from: `importance` keeps the samples drawn most often this epoch,
-    /// `fastmatch` (once there are scores) the highest-scoring ones; the other policies
-    /// rank entries by what they see themselves.
-    pub(crate) fn set_priorities_for(&self, draw: &EpochDraw, store: &ImportanceStore, manifest: &Manifest) {
-        let keyed =
-            |v: &[f64]| -> HashMap<u64, f64> { manifest.entries.iter().zip(v).map(|(e, &p)| (e.key.0, p)).collect() };
-        match self.policy_kind() {
-            CachePolicyKind::Importance => self.set_epoch_priorities(keyed(&draw.expected)),
-            CachePolicyKind::Fastmatch if store.has_scores() => {
-                self.set_epoch_priorities(keyed(&fastmatch_normalise(&store.scores_by_position(manifest))))
+    /// Makes this cache one part of a partitioned one: from now on it holds only keys of
+    /// `share` (entries outside it are dropped, offers of other keys refused), ranked by
+    /// `priorities` as [`Cache::set_epoch_priorities`] ranks them (none: as before). A service worker's cache
+    /// holds its share of the job's hot set this way, and no key another worker holds.
+    pub fn set_epoch_share(&self, priorities: HashMap<u64, f64>, share: HashSet<u64>) {
+        {
+            let mut g = self.inner.lock();
+            let inner = &mut *g;
+            let gone: Vec<u64> = inner.entries.keys().filter(|k| !share.contains(k)).copied().collect();
+            for k in gone {
+                if let Some(e) = inner.entries.remove(&k) {
+                    inner.order.remove(&(e.prio, k));
+                    inner.used -= e.bytes;
+                    inner.policy.on_evict(k);
+                    inner.evictions += 1;
+                }
             }
-            _ => {}
+            inner.share = Some(share);
         }
+        if !priorities.is_empty() {
+            self.set_epoch_priorities(priorities);
+        }
+    }
+
+    /// Hands the policy its priorities for the epoch `draw` starts, from the same state the
+    /// draw came from (see [`epoch_priorities`]).
+    pub(crate) fn set_priorities_for(&self, draw: &EpochDraw, store: &ImportanceStore, manifest: &Manifest) {
+        if let Some(p) = epoch_priorities(self.policy_kind(), draw, store, manifest) {
+            let keyed = manifest.entries.iter().zip(p).map(|(e, p)| (e.key.0, p)).collect();
+            self.set_epoch_priorities(keyed);
+        }
+    }
+
+    /// How many of `keys` are held now.
+    pub fn held(&self, keys: &[u64]) -> u64 {
+        let g = self.inner.lock();
+        keys.iter().filter(|k| g.entries.contains_key(k)).count() as u64
     }
 
     /// How many entries the budget holds, from the sizes of every sample offered so far.
@@ -399,6 +449,21 @@ mod tests {
             assert_eq!(held(&c, 0..10), vec![0, 5], "{kind:?}");
             assert_eq!(c.stats().rejected, 1);
         }
+    }
+
+    #[test]
+    fn a_cache_given_a_share_holds_only_keys_of_it() {
+        let c = cache(CachePolicyKind::Importance, 4);
+        assert!(put(&c, 1) && put(&c, 2));
+        let share: HashSet<u64> = [2, 3, 4].into_iter().collect();
+        c.set_epoch_share((2..5).map(|k| (k, 1.0)).collect(), share);
+        assert_eq!(held(&c, 0..10), vec![2], "key 1 is another worker's: dropped");
+        assert!(!put(&c, 7), "a key outside the share is refused, even with room");
+        assert!(put(&c, 3) && put(&c, 4));
+        assert_eq!(held(&c, 0..10), vec![2, 3, 4]);
+        assert_eq!(c.held(&[1, 2, 3, 9]), 2);
+        let s = c.stats();
+        assert_eq!((s.entries, s.used_bytes, s.rejected), (3, 30, 1));
     }
 
     #[test]

@@ -238,6 +238,14 @@ impl RemoteLoader {
         }))
     }
 
+    /// The job's cache on every worker, as their last heartbeats told the dispatcher:
+    /// hits, misses and hit rate (named as the local loader's `CacheStats`), the entries
+    /// held, the hot set's size and how much of it is held.
+    pub fn cache_stats(&self) -> Result<JobCacheStats, ServiceError> {
+        let req = GetJobRequest { job_id: self.job.job_id };
+        self.rt.block_on(with_retry(&self.conn, "GetCacheStats", |mut d| async move { d.get_cache_stats(req).await }))
+    }
+
     fn reset(&self, req: ResetJobRequest) -> Result<JobInfo, ServiceError> {
         self.rt.block_on(with_retry(&self.conn, "ResetJob", |mut d| {
             let req = req.clone();

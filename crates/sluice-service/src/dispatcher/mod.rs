@@ -19,7 +19,7 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::dashboard::{self, view::DispatcherView};
 use crate::error::ServiceError;
 use crate::journal::{Journal, Record};
-use crate::metrics::{self, LatencyHistogram, Scrape};
+use crate::metrics::{self, Labels, LatencyHistogram, Scrape};
 use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
 use crate::security::{AllowedRoots, TokenCheck};
@@ -44,6 +44,9 @@ pub struct DispatcherConfig {
     pub metrics_listen: Option<String>,
     /// Serve gRPC over TLS with this certificate and key.
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Cache-aware assignment of importance-sampled jobs (see `state::placement`); off:
+    /// cache-blind, tasks go to the least loaded worker whatever it caches.
+    pub cache_aware: bool,
 }
 
 #[derive(Default)]
@@ -124,6 +127,7 @@ impl DispatcherService {
         let roots = AllowedRoots::new(&config.allow_roots)?;
         let base = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(1);
         let mut state = State::new(base);
+        state.cache_aware = config.cache_aware;
         let journal = match &config.journal {
             None => Journal::disabled(),
             Some(path) => {
@@ -308,6 +312,7 @@ impl Dispatcher for DispatcherService {
         let known = {
             let mut state = self.inner.state.lock();
             state.worker_cache(r.worker_id, r.cache_hits, r.cache_lookups);
+            state.worker_caches(r.worker_id, r.caches);
             state.worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now())
         };
         // A worker back from suspicion can take tasks again.
@@ -358,6 +363,7 @@ impl Dispatcher for DispatcherService {
                 changed.as_mut().enable();
                 let decided = {
                     let mut state = self.inner.state.lock();
+                    self.draw_current(&mut state, req.job_id, req.epoch)?;
                     let (reply, record, worker) = state.get_task(
                         req.job_id,
                         &req.client_id,
@@ -518,16 +524,27 @@ impl Dispatcher for DispatcherService {
         self.counted(r)
     }
 
+    async fn get_cache_stats(&self, request: Request<GetJobRequest>) -> Result<Response<JobCacheStats>, Status> {
+        let id = request.into_inner().job_id;
+        let r = self
+            .inner
+            .state
+            .lock()
+            .job_cache(id)
+            .ok_or_else(|| ServiceError::NotFound { what: "job", id: id.to_string() });
+        self.counted(r)
+    }
+
     async fn get_draw(&self, request: Request<GetDrawRequest>) -> Result<Response<EpochDrawReply>, Status> {
         let req = request.into_inner();
         let r = async {
             let (draw, seq) = {
                 let mut state = self.inner.state.lock();
-                let draw = match state.draw(req.job_id, req.epoch)? {
+                let draw = match state.draw(req.job_id, req.epoch, Instant::now())? {
                     Ok(d) => d,
                     Err(record) => {
                         self.commit(&mut state, &record, 0)?;
-                        state.draw(req.job_id, req.epoch)?.map_err(|_| {
+                        state.draw(req.job_id, req.epoch, Instant::now())?.map_err(|_| {
                             ServiceError::Internal(format!("job {}: epoch {} not drawn", req.job_id, req.epoch))
                         })?
                     }
@@ -539,8 +556,12 @@ impl Dispatcher for DispatcherService {
             self.durable(seq).await?;
             Ok(EpochDrawReply {
                 epoch: req.epoch,
-                order: draw.order.clone(),
-                weights: draw.weights.clone().unwrap_or_default(),
+                order: draw.draw.order.clone(),
+                weights: draw.draw.weights.clone().unwrap_or_default(),
+                hot: draw.hot.clone(),
+                members: draw.members.iter().map(|m| m.addr.clone()).collect(),
+                owners: draw.owners.clone(),
+                priorities: draw.priorities.iter().flatten().map(|&p| p as f32).collect(),
             })
         }
         .await;
@@ -549,6 +570,19 @@ impl Dispatcher for DispatcherService {
 }
 
 impl DispatcherService {
+    /// Draws an importance-sampled job's current epoch, if `epoch` is it and it is not
+    /// drawn yet: its tasks are then assigned knowing where their samples are cached.
+    fn draw_current(&self, state: &mut State, job_id: u64, epoch: u64) -> Result<(), ServiceError> {
+        let job = state.job(job_id)?;
+        if job.importance.is_none() || epoch != job.current.epoch || job.current.is_done() {
+            return Ok(());
+        }
+        if let Ok(Err(record)) = state.draw(job_id, epoch, Instant::now()) {
+            self.commit(state, &record, 0)?;
+        }
+        Ok(())
+    }
+
     /// What the dashboard draws, as JSON.
     pub fn dashboard_state(&self) -> String {
         let acked = self.inner.counters.batches_acked.load(Ordering::Relaxed);
@@ -611,6 +645,48 @@ impl DispatcherService {
             "sluice_job_epoch",
             "the epoch each job is in",
             state.jobs.values().map(|j| (job(&j.name), j.current.epoch as i64)),
+        );
+        let caches: Vec<(Labels, JobCacheStats)> =
+            state.jobs.values().filter_map(|j| Some((job(&j.name), state.job_cache(j.id)?))).collect();
+        let each = |value: fn(&JobCacheStats) -> u64| caches.iter().map(move |(l, c)| (l.clone(), value(c)));
+        m.counters(
+            "sluice_cache_hits",
+            "the job's cache hits on all workers (its fingerprint's caches)",
+            each(|c| c.hits),
+        );
+        m.counters("sluice_cache_misses", "the job's cache misses on all workers", each(|c| c.misses));
+        m.gauges(
+            "sluice_cache_hit_rate",
+            "the job's cache hits / lookups on all workers since they started",
+            caches.iter().map(|(l, c)| (l.clone(), c.hit_rate)),
+        );
+        m.gauges("sluice_cache_entries", "entries the job's caches hold on all workers", each(|c| c.entries));
+        m.gauges("sluice_cache_hot", "samples in the job's hot set", each(|c| c.hot));
+        m.gauges("sluice_cache_hot_held", "samples of the hot set held in their owner's cache", each(|c| c.hot_held));
+        let worker_caches: Vec<(Labels, &crate::proto::CacheReport)> = state
+            .jobs
+            .values()
+            .flat_map(|j| {
+                state.workers.values().filter_map(move |w| {
+                    let c = w.caches.get(&j.fingerprint)?;
+                    Some((vec![("job", j.name.clone()), ("worker", w.addr.clone())], c))
+                })
+            })
+            .collect();
+        m.gauges(
+            "sluice_worker_cache_entries",
+            "entries a worker's cache for the job holds",
+            worker_caches.iter().map(|(l, c)| (l.clone(), c.entries)),
+        );
+        m.gauges(
+            "sluice_worker_cache_share",
+            "samples of the job's hot set placed on the worker",
+            worker_caches.iter().map(|(l, c)| (l.clone(), c.share)),
+        );
+        m.gauges(
+            "sluice_worker_cache_share_held",
+            "samples of its share of the hot set the worker's cache holds",
+            worker_caches.iter().map(|(l, c)| (l.clone(), c.share_held)),
         );
         let client = |id: &str, r: &ClientReport| vec![("client", id.to_string()), ("job_id", r.job_id.to_string())];
         m.counters(

@@ -2,12 +2,12 @@
 //! importance store), and a worker fetches each epoch's draw once, checks it against its
 //! dataset and keeps the last few for the epoch's tasks.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use super::{JobRunner, WorkerService};
 use crate::error::ServiceError;
-use crate::proto::GetDrawRequest;
+use crate::proto::{EpochDrawReply, GetDrawRequest};
 
 /// Manifest positions in epoch order, and their weights.
 pub(super) type Draw = (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>);
@@ -67,6 +67,19 @@ impl WorkerService {
         if let Some(p) = reply.order.iter().find(|&&p| p as usize >= n) {
             return Err(bad(format!("names position {p}, past the dataset's {n} samples")));
         }
+        if let Some(p) = reply.hot.iter().find(|&&p| p as usize >= n) {
+            return Err(bad(format!("has position {p} in the hot set, past the dataset's {n} samples")));
+        }
+        if !reply.members.is_empty() && reply.owners.len() != n {
+            return Err(bad(format!("places {} positions, the dataset has {n}", reply.owners.len())));
+        }
+        if let Some(o) = reply.owners.iter().find(|&&o| o as usize >= reply.members.len()) {
+            return Err(bad(format!("names owner {o} of {} workers", reply.members.len())));
+        }
+        if !reply.priorities.is_empty() && reply.priorities.len() != n {
+            return Err(bad(format!("has {} cache priorities for {n} positions", reply.priorities.len())));
+        }
+        self.follow(runner, &reply);
         let weights = match reply.weights.len() {
             0 => None,
             w if w == n => Some(Arc::new(reply.weights)),
@@ -75,5 +88,42 @@ impl WorkerService {
         let draw = (Arc::new(reply.order), weights);
         draws.keep(epoch, draw.clone());
         Ok(draw)
+    }
+}
+
+impl WorkerService {
+    /// Points the job's cache at the epoch's draw (checked): with a placement, at this
+    /// worker's share of the hot set (every sample it owns, before there is a hot set) and
+    /// nothing else; without one, at the policy's priorities over the whole dataset.
+    fn follow(&self, runner: &JobRunner, reply: &EpochDrawReply) {
+        let Some(cache) = runner.loader.cache() else { return };
+        let entries = &runner.loader.manifest().entries;
+        let priority = |p: usize| reply.priorities.get(p).map_or(1.0, |&x| f64::from(x));
+        if reply.members.is_empty() {
+            if !reply.priorities.is_empty() {
+                cache.set_epoch_priorities(entries.iter().enumerate().map(|(p, e)| (e.key.0, priority(p))).collect());
+            }
+            self.inner.shares.lock().remove(&runner.fingerprint);
+            return;
+        }
+        // A worker that joined after the draw owns nothing in it (its tasks are steals).
+        let me = self.inner.addr.get().and_then(|a| reply.members.iter().position(|m| m == a));
+        let mine = |p: usize| me.is_some_and(|me| reply.owners.get(p).is_some_and(|&o| o as usize == me));
+        let positions: Vec<usize> = if reply.hot.is_empty() {
+            (0..entries.len()).filter(|&p| mine(p)).collect()
+        } else {
+            reply.hot.iter().map(|&p| p as usize).filter(|&p| mine(p)).collect()
+        };
+        let keys: Vec<u64> = positions.iter().filter_map(|&p| entries.get(p)).map(|e| e.key.0).collect();
+        let priorities: HashMap<u64, f64> = positions.iter().zip(&keys).map(|(&p, &k)| (k, priority(p))).collect();
+        let share: HashSet<u64> = keys.iter().copied().collect();
+        cache.set_epoch_share(if reply.priorities.is_empty() { HashMap::new() } else { priorities }, share);
+        tracing::debug!(
+            epoch = reply.epoch,
+            share = keys.len(),
+            hot = reply.hot.len(),
+            "cache follows the draw's placement"
+        );
+        self.inner.shares.lock().insert(runner.fingerprint.clone(), keys);
     }
 }

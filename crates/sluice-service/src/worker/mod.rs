@@ -116,6 +116,11 @@ struct Inner {
     trace_dir: Option<PathBuf>,
     /// The id the dispatcher gave this worker (0 until registered): names trace files.
     worker_id: AtomicU64,
+    /// The address this worker registers with: its name in a draw's placement.
+    addr: std::sync::OnceLock<String>,
+    /// Per cache (job fingerprint), the keys of the hot set placed on this worker by the
+    /// latest draw: what its cache holds (see [`draw`]).
+    shares: Mutex<HashMap<String, Vec<u64>>>,
 }
 
 #[derive(Clone)]
@@ -143,6 +148,8 @@ impl WorkerService {
                 started: Instant::now(),
                 trace_dir: config.trace_dir.clone(),
                 worker_id: AtomicU64::new(0),
+                addr: std::sync::OnceLock::new(),
+                shares: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -253,12 +260,27 @@ impl WorkerService {
         caches.retain(|_, cache| Arc::strong_count(cache) > 1);
     }
 
-    /// Hits and lookups of the caches held now, for the heartbeat.
+    /// Hits and lookups of the caches held now, for the heartbeat: all together, and each.
     fn cache_lookups(&self) -> WorkerHeartbeatRequest {
         let caches = self.inner.caches.lock();
-        let (cache_hits, cache_lookups) =
-            caches.values().map(|c| c.stats()).fold((0, 0), |(h, n), s| (h + s.hits, n + s.hits + s.misses));
-        WorkerHeartbeatRequest { cache_hits, cache_lookups, ..Default::default() }
+        let shares = self.inner.shares.lock();
+        let mut out = WorkerHeartbeatRequest::default();
+        for (fingerprint, cache) in caches.iter() {
+            let s = cache.stats();
+            out.cache_hits += s.hits;
+            out.cache_lookups += s.hits + s.misses;
+            let share = shares.get(fingerprint).map_or(&[][..], Vec::as_slice);
+            out.caches.push(CacheReport {
+                fingerprint: fingerprint.clone(),
+                hits: s.hits,
+                misses: s.misses,
+                capacity_entries: cache.capacity_entries().unwrap_or(0),
+                entries: s.entries,
+                share: share.len() as u64,
+                share_held: cache.held(share),
+            });
+        }
+        out
     }
 
     pub fn render_metrics(&self) -> String {
@@ -399,6 +421,7 @@ pub async fn run_worker(
         tls.as_ref().map(|t| t.data.clone()),
         crate::dataplane::ConnectionLimits::default(),
     ));
+    let _ = service.inner.addr.set(advertise.clone());
     let register = RegisterWorkerRequest {
         addr: advertise,
         data_addr: advertise_data,

@@ -7,9 +7,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use sluice_core::{Manifest, PipelineSpec, SamplingSpec};
+use sluice_pipeline::cache::epoch_priorities;
 use sluice_pipeline::importance::{DrawInputs, ImportanceStore};
 use sluice_pipeline::{EpochDraw, Shard};
 
+use super::placement::{batch_owners, owners, regroup, Member};
 use crate::error::ServiceError;
 use crate::proto::{ReportKind, ReportReply};
 
@@ -36,7 +38,25 @@ pub struct JobImportance {
     /// What the job's reports are (set by the first one; a job mixing losses and gradient
     /// norms would rank samples by incomparable numbers).
     kind: Option<ReportKind>,
-    draws: VecDeque<(u64, Arc<EpochDraw>)>,
+    draws: VecDeque<(u64, Arc<Drawn>)>,
+}
+
+/// An epoch as drawn, with what the workers' caches follow in it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drawn {
+    /// The draw, regrouped by owner when there is a placement (see [`super::placement`]).
+    pub draw: EpochDraw,
+    /// Manifest positions in the cache's hot set (empty before there is one).
+    pub hot: Vec<u32>,
+    /// The workers the samples are placed on (empty: no placement, cache-blind).
+    pub members: Vec<Member>,
+    /// The owner (index into `members`) of every manifest position; empty without members.
+    pub owners: Vec<u32>,
+    /// The owner of each batch of the epoch; empty without members.
+    pub batch_owners: Vec<u32>,
+    /// Per position, what the job's cache policy ranks entries by this epoch (`None` for
+    /// policies that rank by what they see).
+    pub priorities: Option<Vec<f64>>,
 }
 
 impl JobImportance {
@@ -98,8 +118,10 @@ impl JobImportance {
     }
 
     /// Draws `epoch` (a `Draw` record): the reports so far shape it, and the ones after it
-    /// shape the next. Drawing an epoch already drawn gives the same draw.
-    pub fn apply_draw(&mut self, epoch: u64) -> Arc<EpochDraw> {
+    /// shape the next. `hot`: the service's cache capacity in entries, if known (fixed the
+    /// first time it is); `members`: the workers to place samples on (none: cache-blind);
+    /// `task_batches`: batches per task. Drawing an epoch already drawn gives the same draw.
+    pub fn apply_draw(&mut self, epoch: u64, hot: Option<u64>, members: &[Member], task_batches: u64) -> Arc<Drawn> {
         if let Some(d) = self.drawn(epoch) {
             return d;
         }
@@ -111,16 +133,35 @@ impl JobImportance {
             shard: Shard::default(),
             locality: None,
         };
-        let draw = Arc::new(self.store.draw(epoch, None, &inputs));
+        let mut draw = self.store.draw(epoch, hot, &inputs);
+        let priorities =
+            self.spec.cache.as_ref().and_then(|c| epoch_priorities(c.policy, &draw, &self.store, &self.manifest));
+        let hot_keys = self.store.hot_keys();
+        let hot_mask: Vec<bool> = self.manifest.entries.iter().map(|e| hot_keys.contains(&e.key.0)).collect();
+        let hot: Vec<u32> = (0..hot_mask.len() as u32).filter(|&i| hot_mask[i as usize]).collect();
+        let (owners, batch_owners) = if members.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            let keys: Vec<u64> = self.manifest.entries.iter().map(|e| e.key.0).collect();
+            let owners = owners(&keys, &hot_mask, members);
+            let b = self.spec.batch.size.max(1);
+            let n = draw.order.len();
+            let used = if self.spec.batch.drop_last { n - n % b } else { n };
+            let chunk = usize::try_from(task_batches).unwrap_or(usize::MAX).saturating_mul(b);
+            regroup(&mut draw.order, draw.weights.as_deref_mut(), &owners, used, chunk);
+            let by_batch = batch_owners(&draw.order, &owners, b, members.len());
+            (owners, by_batch)
+        };
+        let drawn = Arc::new(Drawn { draw, hot, members: members.to_vec(), owners, batch_owners, priorities });
         if self.draws.len() == DRAWS_KEPT {
             self.draws.pop_front();
         }
-        self.draws.push_back((epoch, draw.clone()));
-        draw
+        self.draws.push_back((epoch, drawn.clone()));
+        drawn
     }
 
     /// The draw of `epoch`, if it was made and is still kept.
-    pub fn drawn(&self, epoch: u64) -> Option<Arc<EpochDraw>> {
+    pub fn drawn(&self, epoch: u64) -> Option<Arc<Drawn>> {
         self.draws.iter().find(|d| d.0 == epoch).map(|d| d.1.clone())
     }
 
@@ -168,10 +209,10 @@ mod tests {
         let run = || {
             let mut j = test_job(64);
             let keys: Vec<u64> = j.manifest.entries.iter().map(|e| e.key.0).collect();
-            let first = j.apply_draw(0);
+            let first = j.apply_draw(0, None, &[], 8).draw.clone();
             let losses: Vec<f64> = (0..64).map(|i| if i < 8 { 10.0 } else { 0.1 }).collect();
             j.apply_report(&keys, &losses, ReportKind::Loss);
-            let second = j.apply_draw(1);
+            let second = j.apply_draw(1, None, &[], 8).draw.clone();
             (first, second)
         };
         let (a0, a1) = run();

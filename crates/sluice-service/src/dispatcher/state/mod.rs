@@ -6,18 +6,18 @@
 
 mod importance;
 mod job;
+mod placement;
 mod registry;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use importance::JobImportance;
+pub use importance::{Drawn, JobImportance};
 use job::LEASE_SCAN;
 pub use job::{cut_tasks, EpochState, Job, Task, TaskStatus};
+pub use placement::Member;
 pub use registry::{ClientReport, WorkerEntry};
-
-use sluice_pipeline::EpochDraw;
 
 use crate::error::ServiceError;
 use crate::journal::Record;
@@ -44,6 +44,9 @@ pub struct State {
     /// The next assignment's lease id: counted by `Assign` records, so replay gives every
     /// lease the id it had.
     next_lease: u64,
+    /// Cache-aware assignment: importance-sampled epochs are placed on the workers and
+    /// their tasks go to the workers caching them (see [`placement`]). Off: cache-blind.
+    pub cache_aware: bool,
 }
 
 impl State {
@@ -60,6 +63,7 @@ impl State {
             next_job_id: 1,
             next_worker_id: worker_id_base.max(1),
             next_lease: 1,
+            cache_aware: true,
         }
     }
 
@@ -175,8 +179,9 @@ impl State {
                 let kind = ReportKind::try_from(*kind).unwrap_or(ReportKind::Loss);
                 self.importance_mut(*job_id)?.apply_report(keys, values, kind);
             }
-            Record::Draw { job_id, epoch } => {
-                self.importance_mut(*job_id)?.apply_draw(*epoch);
+            Record::Draw { job_id, epoch, hot, members } => {
+                let task_batches = self.job(*job_id)?.task_batches;
+                self.importance_mut(*job_id)?.apply_draw(*epoch, *hot, members, task_batches);
             }
             Record::Ack { job_id, epoch, task } => {
                 self.release(*job_id, *epoch, *task)?;
@@ -271,8 +276,13 @@ impl State {
     /// Decides a `GetDraw`: the draw if made, else the `Draw` record that makes it. Only
     /// the current epoch and drawn ones still kept have a draw: an epoch is drawn once the
     /// one before is done (every task acked, so every report of it is in).
-    pub fn draw(&self, job_id: u64, epoch: u64) -> Result<Result<Arc<EpochDraw>, Record>, ServiceError> {
-        let current = self.job(job_id)?.current.epoch;
+    ///
+    /// The draw takes the service's cache capacity (the sum of the live workers', once
+    /// every one has told it) and, with cache-aware assignment, places the samples on the
+    /// live workers (see [`placement`]).
+    pub fn draw(&self, job_id: u64, epoch: u64, now: Instant) -> Result<Result<Arc<Drawn>, Record>, ServiceError> {
+        let job = self.job(job_id)?;
+        let current = job.current.epoch;
         let importance = self.importance(job_id)?;
         if let Some(d) = importance.drawn(epoch) {
             return Ok(Ok(d));
@@ -281,7 +291,23 @@ impl State {
         if newer_drawn || epoch != current {
             return Err(ServiceError::NoDraw { job_id, epoch, current });
         }
-        Ok(Err(Record::Draw { job_id, epoch }))
+        let mut members: Vec<Member> = self
+            .workers
+            .values()
+            .filter(|w| w.is_live(now))
+            .map(|w| Member {
+                addr: w.addr.clone(),
+                capacity: w.caches.get(&job.fingerprint).map_or(0, |c| c.capacity_entries),
+            })
+            .collect();
+        members.sort_by(|a, b| a.addr.cmp(&b.addr));
+        members.dedup_by(|a, b| a.addr == b.addr);
+        let hot = (!members.is_empty() && members.iter().all(|m| m.capacity > 0))
+            .then(|| members.iter().map(|m| m.capacity).sum());
+        if !self.cache_aware {
+            members.clear();
+        }
+        Ok(Err(Record::Draw { job_id, epoch, hot, members }))
     }
 
     pub fn job(&self, job_id: u64) -> Result<&Job, ServiceError> {
@@ -384,11 +410,15 @@ impl State {
         }
         // The current epoch's tasks first; the next epoch's only when asked to look ahead.
         let span = |e: &EpochState, task: u64| e.tasks.get(task as usize).map(|t| (t.start, t.end));
+        let preferred = self.owned_task(job_id, now);
         let (epoch, task, (start, end), generation) = match job.current.queue.front() {
-            Some(&task) => match span(&job.current, task) {
-                Some(s) => (epoch, task, s, job.current.generation),
-                None => return Ok((wait, None, 0)),
-            },
+            Some(&front) => {
+                let task = preferred.map_or(front, |p| p.0);
+                match span(&job.current, task) {
+                    Some(s) => (epoch, task, s, job.current.generation),
+                    None => return Ok((wait, None, 0)),
+                }
+            }
             // An importance-sampled epoch is drawn from every report of the one before:
             // nothing of it is leased before that one is done.
             None if lookahead && job.importance.is_none() => match &job.next {
@@ -405,7 +435,11 @@ impl State {
             },
             None => return Ok((wait, None, 0)),
         };
-        let Some((worker_id, worker)) = self.pick_worker(job_id, now) else {
+        let picked = match preferred {
+            Some((_, id)) if epoch == current => self.workers.get(&id).map(|w| (id, w)),
+            _ => self.pick_worker(job_id, now),
+        };
+        let Some((worker_id, worker)) = picked else {
             return Ok((wait, None, 0));
         };
         let assignment = TaskAssignment {
@@ -895,10 +929,10 @@ mod tests {
         s.attach_importance(1, importance::test_job(16)).unwrap();
         s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, now);
         // Epoch 0 drawn on a worker's first ask, then kept.
-        let Err(record) = s.draw(1, 0).unwrap() else { panic!("not drawn yet") };
+        let Err(record) = s.draw(1, 0, now).unwrap() else { panic!("not drawn yet") };
         s.apply(&record, now, 0).unwrap();
-        let first = s.draw(1, 0).unwrap().unwrap();
-        assert_eq!(first.order.len(), 16);
+        let first = s.draw(1, 0, now).unwrap().unwrap();
+        assert_eq!(first.draw.order.len(), 16);
         // Nothing of epoch 1 is leased ahead or drawn while epoch 0 runs.
         for _ in 0..4 {
             let (reply, record, w) = s.get_task(1, "c", 0, 0, true, now).unwrap();
@@ -907,7 +941,7 @@ mod tests {
         }
         let (reply, record, _) = s.get_task(1, "c", 0, 0, true, now).unwrap();
         assert_eq!((reply.status(), record), (get_task_reply::Status::Wait, None));
-        assert!(matches!(s.draw(1, 1), Err(ServiceError::NoDraw { epoch: 1, current: 0, .. })));
+        assert!(matches!(s.draw(1, 1, now), Err(ServiceError::NoDraw { epoch: 1, current: 0, .. })));
         // Reports: the current epoch, the one before and the next are taken; older refused.
         s.apply(&Record::Epoch { job_id: 1, epoch: 3, skip: vec![] }, now, 0).unwrap();
         for epoch in [2, 3, 4] {

@@ -1,15 +1,20 @@
 //! The workers and clients the dispatcher knows: registration, heartbeats, which workers
 //! are live, and forgetting clients that went silent.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::State;
-use crate::proto::RegisterWorkerRequest;
+use crate::proto::{CacheReport, RegisterWorkerRequest};
 
 /// A client silent this long is forgotten (its leases ran out long before).
 pub const CLIENT_FORGET: Duration = Duration::from_secs(300);
 /// Clients remembered at most; past this the longest silent are forgotten first.
 const MAX_CLIENTS: usize = 10_000;
+/// Cache-aware assignment sends a task to the worker caching it while that worker has at
+/// most this many more of the job's tasks than the least loaded one (a worker runs two at
+/// once); past it, the least loaded worker takes another's task.
+const AWARE_SLACK: u64 = 2;
 /// A worker that has not sent a heartbeat for this long gets no new tasks.
 pub const WORKER_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -26,6 +31,8 @@ pub struct WorkerEntry {
     /// The worker's cache hits and lookups, as its last heartbeat told.
     pub cache_hits: u64,
     pub cache_lookups: u64,
+    /// Each of its caches by fingerprint, as its last heartbeat told.
+    pub caches: HashMap<String, CacheReport>,
 }
 
 /// What a client last told about its consumption.
@@ -80,6 +87,7 @@ impl State {
             batches_produced: 0,
             cache_hits: 0,
             cache_lookups: 0,
+            caches: HashMap::new(),
         };
         self.workers.insert(id, entry);
         id
@@ -106,8 +114,58 @@ impl State {
         }
     }
 
+    /// What a heartbeat says of each of the worker's caches (what draws and metrics use).
+    pub fn worker_caches(&mut self, id: u64, caches: Vec<CacheReport>) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.caches = caches.into_iter().map(|c| (c.fingerprint.clone(), c)).collect();
+        }
+    }
+
+    /// A job's caches on every known worker: the job's fingerprint's, summed.
+    pub fn job_cache(&self, job_id: u64) -> Option<crate::proto::JobCacheStats> {
+        let job = self.jobs.get(&job_id)?;
+        let mut out = crate::proto::JobCacheStats::default();
+        for c in self.workers.values().filter_map(|w| w.caches.get(&job.fingerprint)) {
+            out.hits += c.hits;
+            out.misses += c.misses;
+            out.entries += c.entries;
+            out.hot_held += c.share_held;
+        }
+        let lookups = out.hits + out.misses;
+        out.hit_rate = if lookups > 0 { out.hits as f64 / lookups as f64 } else { 0.0 };
+        let last = job.importance.as_ref().and_then(|i| i.drawn(i.last_drawn()?));
+        out.hot = last.map_or(0, |d| d.hot.len() as u64);
+        Some(out)
+    }
+
     pub fn live_workers(&self, now: Instant) -> usize {
         self.workers.values().filter(|w| w.is_live(now)).count()
+    }
+
+    /// Cache-aware assignment: a queued task of the job's current epoch and the worker
+    /// caching its samples (see `placement`), the least loaded worker that has one queued
+    /// and is at most [`AWARE_SLACK`] tasks above the least loaded; `None` when none is
+    /// (the least loaded worker then takes the queue's front: it steals), or there is no
+    /// placement.
+    pub(super) fn owned_task(&self, job_id: u64, now: Instant) -> Option<(u64, u64)> {
+        let job = self.jobs.get(&job_id)?;
+        let drawn = job.importance.as_ref()?.drawn(job.current.epoch)?;
+        if drawn.members.is_empty() {
+            return None;
+        }
+        let load = |id: &u64| job.load.get(id).copied().unwrap_or(0);
+        let mut live: Vec<(u64, u64, &WorkerEntry)> =
+            self.workers.iter().filter(|(_, w)| w.is_live(now)).map(|(id, w)| (load(id), *id, w)).collect();
+        live.sort_by_key(|&(l, id, _)| (l, id));
+        let least = live.first()?.0;
+        let e = &job.current;
+        live.iter().take_while(|(l, _, _)| *l <= least + AWARE_SLACK).find_map(|&(_, id, w)| {
+            let me = drawn.members.iter().position(|m| m.addr == w.addr)? as u32;
+            let task = e.queue.iter().copied().find(|&t| {
+                e.tasks.get(t as usize).and_then(|t| drawn.batch_owners.get(t.start as usize)) == Some(&me)
+            })?;
+            Some((task, id))
+        })
     }
 
     /// The live worker with the fewest of the job's tasks left to stream.
