@@ -14,9 +14,11 @@ no reports).
 
 ``--modes local remote`` runs every variant and seed both through a local ``Loader`` and
 through the service: a fresh ``sluice up`` per run (a dispatcher and 2 workers with one
-decode thread each, on free loopback ports) and a ``RemoteLoader`` with the same spec, the
-same model and the same loss reports. The remote hit rate is the workers' caches together
-(their metrics endpoints), over the same epochs. Evaluation is local in both modes. The
+decode thread each, on free loopback ports) and a ``RemoteLoader`` with the same spec
+(but ``cache.budget`` is per worker there: each worker gets half the local budget, so the
+caches together hold half the dataset), the same model and the same loss reports. The
+remote hit rate is the workers' caches together (their metrics endpoints), over the same
+epochs. Evaluation is local in both modes. The
 ``sluice`` binary is ``$SLUICE_BIN``, else target/release/sluice, target/debug/sluice, else
 the one on ``PATH``.
 
@@ -97,12 +99,14 @@ def base_spec(root: Path, seed: int, train: bool) -> Dict[str, Any]:
     }
 
 
-def variant_spec(root: Path, seed: int, variant: str, n_train: int) -> Dict[str, Any]:
+def variant_spec(root: Path, seed: int, variant: str, n_train: int, caches: int = 1) -> Dict[str, Any]:
+    """The training spec of `variant`; its cache holds half the dataset split over `caches`
+    caches (the service's `cache.budget` is per worker)."""
     spec = base_spec(root, seed, train=True)
     if variant == "uniform":
         return spec
-    # Half the dataset's decoded entries (32x32 RGB8 each).
-    spec["cache"] = {"budget": n_train * 32 * 32 * 3 // 2, "level": "decoded", "policy": variant}
+    # Half the dataset's decoded entries (32x32 RGB8 each), over all caches together.
+    spec["cache"] = {"budget": n_train * 32 * 32 * 3 // 2 // caches, "level": "decoded", "policy": variant}
     spec["sampling"] = {"kind": {"lru": "uniform"}.get(variant, variant)}
     if variant == "importance":
         spec["sampling"].update(IMPORTANCE_OVERRIDES)
@@ -329,7 +333,7 @@ def train(
 def run(
     torch: Any, sluice: Any, data: Path, variant: str, seed: int, epochs: int, n_train: int, mode: str
 ) -> Dict[str, Any]:
-    spec = variant_spec(data / "train", seed, variant, n_train)
+    spec = variant_spec(data / "train", seed, variant, n_train, caches=1 if mode == "local" else WORKERS)
     if mode == "local":
         loader = sluice.Loader(spec, output="torch")
         model, secs, hit_rate = train(torch, loader, variant, seed, epochs, lambda: local_cache_counts(loader))
