@@ -954,6 +954,30 @@ mod tests {
     }
 
     #[test]
+    fn cache_aware_assignment_gives_a_draining_worker_none_of_its_own_tasks() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.cache_aware = true;
+        s.apply(&job_record(8, 1), now, 0).unwrap();
+        s.attach_importance(1, importance::test_job(32)).unwrap();
+        for (addr, name) in [("127.0.0.1:1", "w0"), ("127.0.0.1:2", "w1")] {
+            s.register_worker(
+                &RegisterWorkerRequest { addr: addr.into(), name: name.into(), ..Default::default() },
+                now,
+            );
+        }
+        let Err(record) = s.draw(1, 0, now).unwrap() else { panic!("not drawn yet") };
+        s.apply(&record, now, 0).unwrap();
+        // w1 is scaled down after the draw placed half the hot set on it: its share's tasks
+        // go to w0 (misses, but w1 can drain).
+        assert_eq!(s.drain_worker("w1"), Some(true));
+        for _ in 0..8 {
+            let t = step(&mut s, "c", 0, now).task.unwrap();
+            assert_eq!(t.worker_addr, "127.0.0.1:1", "task {} went to the draining worker", t.task_index);
+        }
+    }
+
+    #[test]
     fn an_importance_job_takes_reports_for_recent_epochs_and_draws_only_its_current_one() {
         let now = Instant::now();
         let mut s = State::new(1);

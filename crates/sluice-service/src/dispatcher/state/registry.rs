@@ -189,7 +189,8 @@ impl State {
     }
 
     /// Cache-aware assignment: a queued task of the job's current epoch and the worker
-    /// caching its samples (see `placement`), the least loaded worker that has one queued
+    /// caching its samples (see `placement`), the least loaded worker taking tasks (live,
+    /// not draining) that has one queued
     /// and is at most [`AWARE_SLACK`] tasks above the least loaded; `None` when none is
     /// (the least loaded worker then takes the queue's front: it steals), or there is no
     /// placement.
@@ -201,7 +202,7 @@ impl State {
         }
         let load = |id: &u64| job.load.get(id).copied().unwrap_or(0);
         let mut live: Vec<(u64, u64, &WorkerEntry)> =
-            self.workers.iter().filter(|(_, w)| w.is_live(now)).map(|(id, w)| (load(id), *id, w)).collect();
+            self.workers.iter().filter(|(_, w)| w.takes_tasks(now)).map(|(id, w)| (load(id), *id, w)).collect();
         live.sort_by_key(|&(l, id, _)| (l, id));
         let least = live.first()?.0;
         let e = &job.current;
