@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
@@ -98,3 +99,25 @@ def test_skipped_samples_are_listed_by_stats_as_the_local_loader_lists_them(
     assert sorted(by_key) == sorted(s["key"] for s in local.stats()["skipped"])
     assert sorted(s["path"] for s in skipped) == sorted(bad_dataset["bad_files"])
     assert all(s["error"] for s in skipped)
+
+
+def test_stats_tell_the_jobs_cache_hits_by_the_local_loaders_names(service: Tuple[str, Path]) -> None:
+    addr, root = service
+    pipeline = _pipeline(root).cache(1 << 30, level="raw").sampling("importance")
+    loader = sluice.RemoteLoader(pipeline, dispatcher=addr, job="cached")
+    for _ in range(2):
+        for batch in loader:
+            loader.report(batch.key, [1.0] * len(batch.key))
+    # The workers' heartbeats (every 250 ms) bring the counts to the dispatcher.
+    deadline = time.monotonic() + 10
+    cache = loader.stats()["cache"]
+    while cache["hits"] + cache["misses"] < 2 * N_IMAGES and time.monotonic() < deadline:
+        time.sleep(0.1)
+        cache = loader.stats()["cache"]
+    local = sluice.Loader(pipeline)
+    next(iter(local))
+    assert {"hits", "misses", "hit_rate"} <= set(local.stats()["cache"]) & set(cache)
+    # Epoch 0 fills the cache (it holds the whole dataset), epoch 1 hits.
+    assert cache["hits"] >= N_IMAGES and cache["misses"] >= N_IMAGES, cache
+    assert cache["hit_rate"] == pytest.approx(cache["hits"] / (cache["hits"] + cache["misses"]))
+    assert cache["entries"] == N_IMAGES, cache

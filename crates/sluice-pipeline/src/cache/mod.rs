@@ -328,6 +328,11 @@ impl Cache {
         }
     }
 
+    /// Ends [`Cache::set_epoch_share`]: any key may be cached again.
+    pub fn unshare(&self) {
+        self.inner.lock().share = None;
+    }
+
     /// Hands the policy its priorities for the epoch `draw` starts, from the same state the
     /// draw came from (see [`epoch_priorities`]).
     pub(crate) fn set_priorities_for(&self, draw: &EpochDraw, store: &ImportanceStore, manifest: &Manifest) {

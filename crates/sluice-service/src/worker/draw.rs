@@ -100,6 +100,7 @@ impl WorkerService {
         let entries = &runner.loader.manifest().entries;
         let priority = |p: usize| reply.priorities.get(p).map_or(1.0, |&x| f64::from(x));
         if reply.members.is_empty() {
+            cache.unshare();
             if !reply.priorities.is_empty() {
                 cache.set_epoch_priorities(entries.iter().enumerate().map(|(p, e)| (e.key.0, priority(p))).collect());
             }

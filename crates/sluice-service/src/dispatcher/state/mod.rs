@@ -294,7 +294,8 @@ impl State {
         let mut members: Vec<Member> = self
             .workers
             .values()
-            .filter(|w| w.is_live(now))
+            // A suspect worker (a client saw a task fail on it) still holds its cache.
+            .filter(|w| now.duration_since(w.last_seen) < registry::WORKER_TIMEOUT)
             .map(|w| Member {
                 addr: w.addr.clone(),
                 capacity: w.caches.get(&job.fingerprint).map_or(0, |c| c.capacity_entries),
