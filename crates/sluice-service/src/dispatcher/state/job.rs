@@ -50,6 +50,30 @@ impl EpochState {
         Self { epoch, tasks, queue, acked: 0, generation, next_scan: None }
     }
 
+    /// Cuts the tasks again where the batches' owner changes (`owners`: each batch's, from
+    /// a cache-aware draw), so that no task mixes two workers' cached samples: the epoch's
+    /// last tasks hold the owners' shorter remainders side by side. Only while none of the
+    /// epoch's tasks was handed out (a drawn importance epoch, before its first lease).
+    pub(super) fn split_at_owners(&mut self, owners: &[u32]) {
+        if owners.is_empty() || self.acked > 0 || self.queue.len() != self.tasks.len() {
+            return;
+        }
+        let owner = |b: u64| owners.get(b as usize);
+        let mut tasks = Vec::with_capacity(self.tasks.len() + 2);
+        for t in &self.tasks {
+            let mut start = t.start;
+            for b in t.start + 1..t.end {
+                if owner(b) != owner(b - 1) {
+                    tasks.push(Task { start, end: b, status: TaskStatus::Pending, lease: 0 });
+                    start = b;
+                }
+            }
+            tasks.push(Task { start, end: t.end, status: TaskStatus::Pending, lease: 0 });
+        }
+        self.queue = (0..tasks.len() as u64).collect();
+        self.tasks = tasks;
+    }
+
     pub fn is_done(&self) -> bool {
         self.acked == self.tasks.len()
     }

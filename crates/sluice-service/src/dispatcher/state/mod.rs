@@ -181,7 +181,10 @@ impl State {
             }
             Record::Draw { job_id, epoch, hot, members } => {
                 let task_batches = self.job(*job_id)?.task_batches;
-                self.importance_mut(*job_id)?.apply_draw(*epoch, *hot, members, task_batches);
+                let drawn = self.importance_mut(*job_id)?.apply_draw(*epoch, *hot, members, task_batches);
+                if let Some(e) = self.job_mut(*job_id)?.epoch_mut(*epoch) {
+                    e.split_at_owners(&drawn.batch_owners);
+                }
             }
             Record::Ack { job_id, epoch, task } => {
                 self.release(*job_id, *epoch, *task)?;
@@ -952,6 +955,33 @@ mod tests {
             assert_eq!(loads.iter().sum::<u64>(), 8);
             assert!(loads.iter().max().unwrap() - loads.iter().min().unwrap() <= 3, "{loads:?}");
         }
+    }
+
+    #[test]
+    fn a_cache_aware_draw_cuts_the_epochs_tasks_so_none_mixes_two_owners() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.cache_aware = true;
+        // 8 batches of 4 (32 samples) in tasks of 3 batches: the owners' runs of 12 draws
+        // leave remainders that a task boundary does not separate.
+        s.apply(&job_record(8, 3), now, 0).unwrap();
+        s.attach_importance(1, importance::test_job(32)).unwrap();
+        for addr in ["127.0.0.1:1", "127.0.0.1:2"] {
+            s.register_worker(&RegisterWorkerRequest { addr: addr.into(), ..Default::default() }, now);
+        }
+        let Err(record) = s.draw(1, 0, now).unwrap() else { panic!("not drawn yet") };
+        s.apply(&record, now, 0).unwrap();
+        let drawn = s.draw(1, 0, now).unwrap().unwrap();
+        let e = &s.job(1).unwrap().current;
+        let mut covered = Vec::new();
+        for t in &e.tasks {
+            let owners: Vec<u32> = (t.start..t.end).map(|b| drawn.batch_owners[b as usize]).collect();
+            assert!(owners.windows(2).all(|w| w[0] == w[1]), "task {}..{} mixes owners {owners:?}", t.start, t.end);
+            assert!(t.end - t.start <= 3);
+            covered.extend(t.start..t.end);
+        }
+        assert_eq!(covered, (0..8).collect::<Vec<u64>>(), "every batch in one task");
+        assert_eq!(e.queue.len(), e.tasks.len());
     }
 
     #[test]
