@@ -9,6 +9,8 @@
 //!    through the real loader, no cache vs the `importance` cache at 50% of the dataset's
 //!    decoded bytes, the simulated trainer reporting losses per batch. Medians over the
 //!    epochs after the cache has warmed.
+//! 3. With `--service`, the same timing through a dispatcher and 2 worker processes, with
+//!    cache-aware and cache-blind assignment (`bench_cache_service`).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -21,7 +23,7 @@ use sluice_core::{
 use sluice_pipeline::cache::sim::{sampler_for, simulate, SimConfig, SimResult, SimTrainer};
 use sluice_pipeline::{Loader, Shard};
 
-use crate::gen;
+use crate::{bench_cache_service, gen};
 
 const POLICIES: [CachePolicyKind; 4] =
     [CachePolicyKind::Lru, CachePolicyKind::Shade, CachePolicyKind::Fastmatch, CachePolicyKind::Importance];
@@ -45,12 +47,28 @@ pub struct Args {
     /// Worker threads for the timing (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Time the throttled epochs through the service instead (a dispatcher and 2 worker
+    /// processes with `--threads` threads each): no cache vs importance at 50%, cache-aware
+    /// vs cache-blind assignment. Skips the simulated sweep and the local timing.
+    #[arg(long)]
+    pub service: bool,
+    /// Repetitions of the service timing (configurations interleaved; medians reported).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
     /// Print results as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
+    if a.service {
+        anyhow::ensure!(a.images > 0, "--images must be >= 1 with --service");
+        let service = bench_cache_service::main(&a)?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&json!({ "service": service }))?);
+        }
+        return Ok(());
+    }
     anyhow::ensure!(a.samples > 0 && a.epochs > 1, "--samples must be >= 1 and --epochs >= 2");
     let sweep = hit_rate_sweep(&a);
     let timing = if a.images > 0 { Some(throttled_timing(&a)?) } else { None };
@@ -84,7 +102,7 @@ fn hit_rate_sweep(a: &Args) -> Vec<SimResult> {
     all
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => 0.0,

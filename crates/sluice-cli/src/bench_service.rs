@@ -117,11 +117,24 @@ fn spawn(args: &[String]) -> Result<Proc> {
 }
 
 pub(crate) fn service(dir: &Path, root: &Path, workers: usize, threads: usize) -> Result<(String, Vec<Proc>)> {
+    service_with(dir, root, workers, threads, &[])
+}
+
+/// As [`service`], the dispatcher started with `dispatcher_args` besides.
+pub(crate) fn service_with(
+    dir: &Path,
+    root: &Path,
+    workers: usize,
+    threads: usize,
+    dispatcher_args: &[&str],
+) -> Result<(String, Vec<Proc>)> {
     let addr = free_addr()?;
-    let journal = dir.join(format!("journal-{}", std::process::id()));
+    // One journal per dispatcher: a run may start several.
+    let port = addr.rsplit(':').next().unwrap_or_default();
+    let journal = dir.join(format!("journal-{}-{port}", std::process::id()));
     let _ = std::fs::remove_file(&journal);
     let r = root.display().to_string();
-    let mut procs = vec![spawn(&[
+    let mut args: Vec<String> = vec![
         "dispatcher".into(),
         "--listen".into(),
         addr.clone(),
@@ -129,7 +142,9 @@ pub(crate) fn service(dir: &Path, root: &Path, workers: usize, threads: usize) -
         journal.display().to_string(),
         "--allow-root".into(),
         r.clone(),
-    ])?];
+    ];
+    args.extend(dispatcher_args.iter().map(|a| a.to_string()));
+    let mut procs = vec![spawn(&args)?];
     for _ in 0..workers {
         procs.push(spawn(&[
             "worker".into(),

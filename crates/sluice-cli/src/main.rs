@@ -9,6 +9,7 @@ mod bench;
 mod bench_autoscale;
 mod bench_autoscale_real;
 mod bench_cache;
+mod bench_cache_service;
 mod bench_locality;
 mod bench_service;
 mod bench_workers;
