@@ -438,6 +438,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     summary = summarize(results, a.variants, a.modes)
     if a.json:
         out = {"epochs": a.epochs, "seeds": a.seeds, "modes": a.modes, "runs": results, "summary": summary}
+        a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(out, indent=2))
     return 0
 

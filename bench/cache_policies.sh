@@ -7,7 +7,8 @@
 # Usage: bench/cache_policies.sh [out.json]   (extra flags: SLUICE_BENCH_CACHE_ARGS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-bench/cache_policies.json}"
+out="${1:-data/bench/cache_policies.json}"
+mkdir -p "$(dirname "$out")"
 cargo build --release --quiet -p sluice-cli
 # shellcheck disable=SC2086
 ./target/release/sluice bench-cache --json ${SLUICE_BENCH_CACHE_ARGS:-} > "$out"
