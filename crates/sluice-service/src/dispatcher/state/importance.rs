@@ -11,7 +11,7 @@ use sluice_pipeline::cache::epoch_priorities;
 use sluice_pipeline::importance::{DrawInputs, ImportanceStore};
 use sluice_pipeline::{EpochDraw, Shard};
 
-use super::placement::{batch_owners, owners, regroup, Member};
+use super::placement::{batch_owners, owners, regroup, routes, Member, Previous};
 use crate::error::ServiceError;
 use crate::proto::{ReportKind, ReportReply};
 
@@ -143,13 +143,28 @@ impl JobImportance {
             (Vec::new(), Vec::new())
         } else {
             let keys: Vec<u64> = self.manifest.entries.iter().map(|e| e.key.0).collect();
-            let owners = owners(&keys, &hot_mask, members);
+            // The draw before, if it was placed: the caches hold its placement.
+            let before = epoch.checked_sub(1).and_then(|e| self.drawn(e)).filter(|d| !d.members.is_empty());
+            let mut before_hot = vec![false; if before.is_some() { keys.len() } else { 0 }];
+            for &p in before.as_ref().map_or(&[][..], |d| d.hot.as_slice()) {
+                if let Some(x) = before_hot.get_mut(p as usize) {
+                    *x = true;
+                }
+            }
+            let previous = before.as_ref().map(|d| Previous {
+                members: &d.members,
+                owners: &d.owners,
+                hot: &before_hot,
+                order: &d.draw.order,
+            });
+            let owners = owners(&keys, &hot_mask, members, previous);
             let b = self.spec.batch.size.max(1);
             let n = draw.order.len();
             let used = if self.spec.batch.drop_last { n - n % b } else { n };
             let chunk = usize::try_from(task_batches).unwrap_or(usize::MAX).saturating_mul(b);
-            regroup(&mut draw.order, draw.weights.as_deref_mut(), &owners, used, chunk);
-            let by_batch = batch_owners(&draw.order, &owners, b, members.len());
+            let routes = routes(&owners, &hot_mask);
+            regroup(&mut draw.order, draw.weights.as_deref_mut(), &routes, used, b, chunk);
+            let by_batch = batch_owners(&draw.order, &routes, b, members.len());
             (owners, by_batch)
         };
         let drawn = Arc::new(Drawn { draw, hot, members: members.to_vec(), owners, batch_owners, priorities });

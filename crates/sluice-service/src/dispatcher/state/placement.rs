@@ -7,10 +7,12 @@
 //! bound per worker (its part of the hot set, in proportion to its capacity), so the
 //! shares fit the caches; the rest go to their first choice.
 //!
-//! With cache-aware assignment the epoch's draw is then regrouped: each owner's samples
-//! (in drawn order) are cut into task-sized runs, and the runs of the owners interleaved,
-//! so each task is one owner's and goes to it. The multiset of draws and each draw's
-//! weight are unchanged; only which samples share a batch is.
+//! With cache-aware assignment the epoch's draw is then regrouped: each owner's hot
+//! samples (in drawn order) are cut into task-sized runs, and the runs of the owners
+//! interleaved, so each task is one owner's and goes to it. Draws of samples outside the
+//! hot set, which no worker caches, fill the batches the owners' last runs leave short. The
+//! multiset of draws and each draw's weight are unchanged; only which samples share a batch
+//! is.
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -23,8 +25,22 @@ pub struct Member {
     pub capacity: u64,
 }
 
-/// The owner (index into `members`) of every manifest position.
-pub fn owners(keys: &[u64], hot: &[bool], members: &[Member]) -> Vec<u32> {
+/// The draw before the one being placed: where the workers' caches are.
+#[derive(Debug, Clone, Copy)]
+pub struct Previous<'a> {
+    pub members: &'a [Member],
+    /// Its owner of every manifest position (index into its `members`).
+    pub owners: &'a [u32],
+    /// Its hot set, per position (all false: it had none).
+    pub hot: &'a [bool],
+    /// Its order: the manifest positions in the order the workers met them.
+    pub order: &'a [u32],
+}
+
+/// The owner (index into `members`) of every manifest position. With the draw before
+/// (`previous`), the hot set is dealt so that what the caches hold stays put: see the
+/// comments below.
+pub fn owners(keys: &[u64], hot: &[bool], members: &[Member], previous: Option<Previous<'_>>) -> Vec<u32> {
     let m = members.len();
     if m == 0 {
         return vec![0; keys.len()];
@@ -50,6 +66,34 @@ pub fn owners(keys: &[u64], hot: &[bool], members: &[Member]) -> Vec<u32> {
     // are favoured by where they lie in the dataset.
     let mut order = hot_positions;
     order.sort_by_key(|&i| (xxh3_64_with_seed(&keys[i].to_le_bytes(), 0x0de7), i));
+    if let Some(p) = previous {
+        // A sample the draw before placed in a member's share of its hot set is in that
+        // member's cache: it stays there while the member has room.
+        let now: Vec<Option<usize>> =
+            p.members.iter().map(|pm| members.iter().position(|w| w.addr == pm.addr)).collect();
+        order.retain(|&i| {
+            let was = p.hot.get(i).copied().unwrap_or(false);
+            let at = p.owners.get(i).and_then(|&o| now.get(o as usize).copied().flatten());
+            match at {
+                Some(j) if was && quota[j] > 0 => {
+                    quota[j] -= 1;
+                    out[i] = j as u32;
+                    false
+                }
+                _ => true,
+            }
+        });
+        // The rest are dealt in the order the draw before met them: before there is a hot
+        // set a member's cache holds the first samples of its share that it met, so where
+        // a member's first choices overflow its quota, the ones it met last move.
+        let mut met = vec![u32::MAX; keys.len()];
+        for (at, &pos) in p.order.iter().enumerate() {
+            if let Some(x) = met.get_mut(pos as usize) {
+                *x = (*x).min(at as u32);
+            }
+        }
+        order.sort_by_key(|&i| met[i]);
+    }
     for i in order {
         let mut ranked: Vec<usize> = (0..m).collect();
         ranked.sort_by_key(|&j| std::cmp::Reverse((score(keys[i], j), j)));
@@ -62,19 +106,68 @@ pub fn owners(keys: &[u64], hot: &[bool], members: &[Member]) -> Vec<u32> {
     out
 }
 
-/// Regroups `order[..used]` (and its weights) so that each run of `chunk` draws belongs to
-/// one owner where it can: every owner's draws in drawn order, cut into runs of `chunk`,
-/// the owners' runs interleaved, then the shorter remainders. Draws past `used` (left out
-/// by `drop_last`) stay where they are, so the epoch's multiset is unchanged.
-pub fn regroup(order: &mut [u32], weights: Option<&mut [f32]>, owners: &[u32], used: usize, chunk: usize) {
+/// In [`routes`]: a draw any worker may take (a sample outside the hot set, which no
+/// worker caches).
+pub const ANY: u32 = u32::MAX;
+
+/// Where each position's draws should go: its owner while it is in the hot set (every
+/// position while there is no hot set: then every owner caches what it owns), else [`ANY`].
+pub fn routes(owners: &[u32], hot: &[bool]) -> Vec<u32> {
+    if !hot.iter().any(|&h| h) {
+        return owners.to_vec();
+    }
+    owners.iter().zip(hot).map(|(&o, &h)| if h { o } else { ANY }).collect()
+}
+
+/// Regroups `order[..used]` (and its weights) by where its draws go (`routes`, see
+/// [`routes`]) so that each run of `chunk` draws (a task) belongs to one owner where it
+/// can, and each `batch` where that can't be: every owner's draws in drawn order, cut into
+/// runs of `chunk`, the owners' runs interleaved; then what is left of each owner in whole
+/// batches; then the tails shorter than a batch, longest first, each filled up to a whole
+/// batch with draws any worker may take while there are some, so that as few draws as can
+/// be share a batch with another owner's. The other draws any worker may take ride in the
+/// owners' runs, in drawn order. Draws past `used` (left out by `drop_last`) stay where
+/// they are, so the epoch's multiset is unchanged.
+pub fn regroup(
+    order: &mut [u32],
+    weights: Option<&mut [f32]>,
+    routes: &[u32],
+    used: usize,
+    batch: usize,
+    chunk: usize,
+) {
     let used = used.min(order.len());
+    let batch = batch.max(1);
     let chunk = chunk.max(1);
-    let members = owners.iter().copied().max().map_or(0, |m| m as usize + 1);
+    let members = routes.iter().copied().filter(|&r| r != ANY).max().map_or(0, |m| m as usize + 1);
     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); members];
+    let mut anyone: Vec<usize> = Vec::new();
     for (slot, &p) in order[..used].iter().enumerate() {
-        if let Some(g) = owners.get(p as usize).and_then(|&o| groups.get_mut(o as usize)) {
-            g.push(slot);
+        match routes.get(p as usize) {
+            Some(&r) if r != ANY => groups[r as usize].push(slot),
+            _ => anyone.push(slot),
         }
+    }
+    // Of the draws any worker may take (the least likely samples, with the largest
+    // weights), as many as the owners' tails need to make whole batches (the longest tails
+    // first) are kept back to fill them. The rest join the owners' runs in drawn order, a
+    // whole batch's worth to each owner in turn (so the tails stay as they are), and so
+    // stay spread over the epoch as they were drawn; what is left of them goes last.
+    let mut short: Vec<usize> = groups.iter().map(|g| g.len() % batch).filter(|&t| t > 0).collect();
+    short.sort_unstable_by(|a, b| b.cmp(a));
+    let mut left = anyone.len();
+    for t in short {
+        if batch - t <= left {
+            left -= batch - t;
+        }
+    }
+    let fill_from = left;
+    let spread = if members == 0 { 0 } else { left / batch * batch };
+    for (k, block) in anyone[..spread].chunks(batch).enumerate() {
+        groups[k % members].extend_from_slice(block);
+    }
+    for g in &mut groups {
+        g.sort_unstable();
     }
     let mut layout: Vec<usize> = Vec::with_capacity(used);
     let mut next = vec![0usize; members];
@@ -91,9 +184,31 @@ pub fn regroup(order: &mut [u32], weights: Option<&mut [f32]>, owners: &[u32], u
             break;
         }
     }
-    for (g, at) in groups.iter().zip(&next) {
-        layout.extend_from_slice(&g[*at..]);
+    for (g, at) in groups.iter().zip(next.iter_mut()) {
+        let whole = (g.len() - *at) / batch * batch;
+        layout.extend_from_slice(&g[*at..*at + whole]);
+        *at += whole;
     }
+    let mut tails: Vec<&[usize]> =
+        groups.iter().zip(&next).map(|(g, &at)| &g[at..]).filter(|t| !t.is_empty()).collect();
+    tails.sort_by_key(|t| std::cmp::Reverse(t.len()));
+    let mut fill = &anyone[fill_from..];
+    let mut unfilled: Vec<&[usize]> = Vec::new();
+    for t in tails {
+        let need = batch - t.len();
+        if need <= fill.len() {
+            layout.extend_from_slice(t);
+            layout.extend_from_slice(&fill[..need]);
+            fill = &fill[need..];
+        } else {
+            unfilled.push(t);
+        }
+    }
+    for t in unfilled {
+        layout.extend_from_slice(t);
+    }
+    layout.extend_from_slice(&anyone[spread..fill_from]);
+    layout.extend_from_slice(fill);
     let original: Vec<u32> = order[..used].to_vec();
     for (slot, &from) in layout.iter().enumerate() {
         order[slot] = original[from];
@@ -108,19 +223,25 @@ pub fn regroup(order: &mut [u32], weights: Option<&mut [f32]>, owners: &[u32], u
     }
 }
 
-/// The owner of each batch of `order` (`batch` draws each): the one owning most of its
-/// draws (the lowest index on a tie).
-pub fn batch_owners(order: &[u32], owners: &[u32], batch: usize, members: usize) -> Vec<u32> {
+/// The owner of each batch of `order` (`batch` draws each): the one most of its draws go
+/// to by `routes` (the lowest index on a tie); a batch of draws any worker may take goes
+/// round the members by its index.
+pub fn batch_owners(order: &[u32], routes: &[u32], batch: usize, members: usize) -> Vec<u32> {
+    let members = members.max(1);
     order
         .chunks(batch.max(1))
-        .map(|b| {
-            let mut count = vec![0usize; members.max(1)];
+        .enumerate()
+        .map(|(i, b)| {
+            let mut count = vec![0usize; members];
             for &p in b {
-                if let Some(c) = owners.get(p as usize).and_then(|&o| count.get_mut(o as usize)) {
+                if let Some(c) = routes.get(p as usize).and_then(|&o| count.get_mut(o as usize)) {
                     *c += 1;
                 }
             }
-            (0..count.len()).max_by_key(|&j| (count[j], std::cmp::Reverse(j))).unwrap_or(0) as u32
+            if count.iter().all(|&c| c == 0) {
+                return (i % members) as u32;
+            }
+            (0..members).max_by_key(|&j| (count[j], std::cmp::Reverse(j))).unwrap_or(0) as u32
         })
         .collect()
 }
@@ -137,7 +258,7 @@ mod tests {
     fn the_hot_set_is_dealt_to_fit_the_caches_and_moves_little_when_a_worker_goes() {
         let keys: Vec<u64> = (0..1000).map(|i| i * 7919).collect();
         let hot: Vec<bool> = (0..1000).map(|i| i % 10 == 0).collect();
-        let three = owners(&keys, &hot, &members(3));
+        let three = owners(&keys, &hot, &members(3), None);
         let per = |o: &[u32], j: u32| (0..1000).filter(|&i| hot[i] && o[i] == j).count();
         // 100 hot samples over 3 equal caches: quotas of 34, and every hot sample placed.
         assert!((0..3).all(|j| per(&three, j) <= 34), "{:?}", (0..3).map(|j| per(&three, j)).collect::<Vec<_>>());
@@ -146,11 +267,131 @@ mod tests {
         let cold = |j: u32| (0..1000).filter(|&i| !hot[i] && three[i] == j).count();
         assert!((0..3).all(|j| (200..400).contains(&cold(j))));
         // The same inputs give the same placement.
-        assert_eq!(owners(&keys, &hot, &members(3)), three);
+        assert_eq!(owners(&keys, &hot, &members(3), None), three);
         // Worker 2 goes: the cold samples of workers 0 and 1 stay where they were.
-        let two = owners(&keys, &hot, &members(2));
+        let two = owners(&keys, &hot, &members(2), None);
         assert!((0..1000).filter(|&i| !hot[i] && three[i] != 2).all(|i| two[i] == three[i]));
         assert_eq!((0..2).map(|j| per(&two, j)).collect::<Vec<_>>(), vec![50, 50]);
+    }
+
+    #[test]
+    fn a_hot_sample_stays_where_the_draw_before_placed_it_while_its_worker_has_room() {
+        let keys: Vec<u64> = (0..1000).map(|i| i * 7919).collect();
+        let m = members(2);
+        let hot1: Vec<bool> = (0..1000).map(|i| i % 10 == 0).collect();
+        let order: Vec<u32> = (0..1000).collect();
+        let first = owners(&keys, &hot1, &m, None);
+        // The hot set moves a little: 10 samples leave it, 10 others join.
+        let hot2: Vec<bool> = (0..1000).map(|i| (i % 10 == 0 && i >= 100) || (i % 10 == 5 && i < 100)).collect();
+        let before = Previous { members: &m, owners: &first, hot: &hot1, order: &order };
+        let second = owners(&keys, &hot2, &m, Some(before));
+        let moved = (0..1000).filter(|&i| hot1[i] && hot2[i] && first[i] != second[i]).count();
+        assert_eq!(moved, 0, "a hot sample that stays hot stays on its worker");
+        for j in 0..2 {
+            assert_eq!((0..1000).filter(|&i| hot2[i] && second[i] == j).count(), 50, "worker {j}'s quota");
+        }
+    }
+
+    #[test]
+    fn the_first_hot_set_keeps_on_each_worker_the_samples_it_met_first() {
+        // The draw before had no hot set: each worker cached the first samples of its share
+        // it met. Where a worker's first choices overflow its quota, the ones it met last
+        // are the ones that move.
+        let keys: Vec<u64> = (0..1000).map(|i| i * 104_729).collect();
+        let m = members(2);
+        let none = vec![false; 1000];
+        let first = owners(&keys, &none, &m, None);
+        let order: Vec<u32> = (0..1000).rev().collect();
+        let met = |i: usize| 999 - i;
+        // The hot set: the 100 samples met first, which overflow someone's quota of 50.
+        let hot: Vec<bool> = (0..1000).map(|i| met(i) < 100).collect();
+        let prefer = |j: u32| (0..1000).filter(|&i| hot[i] && first[i] == j).count();
+        assert_ne!(prefer(0), 50, "the test needs a worker whose first choices overflow");
+        let before = Previous { members: &m, owners: &first, hot: &none, order: &order };
+        let placed = owners(&keys, &hot, &m, Some(before));
+        for j in 0..2u32 {
+            let kept = (0..1000).filter(|&i| hot[i] && first[i] == j && placed[i] == j).map(met).max();
+            let moved = (0..1000).filter(|&i| hot[i] && first[i] == j && placed[i] != j).map(met).min();
+            if let (Some(kept), Some(moved)) = (kept, moved) {
+                assert!(kept < moved, "worker {j} kept a sample met at {kept} but gave away one met at {moved}");
+            }
+        }
+    }
+
+    /// Draws that go to a batch another worker owns (and so miss its cache).
+    fn misplaced(order: &[u32], owners: &[u32], batch: usize) -> usize {
+        let bo = batch_owners(order, owners, batch, 2);
+        order.chunks(batch).zip(&bo).map(|(b, &o)| b.iter().filter(|&&p| owners[p as usize] != o).count()).sum()
+    }
+
+    #[test]
+    fn what_is_left_after_whole_tasks_and_batches_is_laid_out_to_mix_as_few_draws_as_can_be() {
+        // Owner 0 draws 14 times, owner 1 11 times; tasks of 2 batches of 4. After one whole
+        // task each, owner 0 has 6 left (a whole batch and 2) and owner 1 has 3: the 5 draws
+        // of the tails fill a batch and 1, and the fewest that must share a batch with the
+        // other owner's is 1 (3 of one owner's and 1 of the other's, then 1 alone).
+        let owners: Vec<u32> = (0..40).map(|p| p % 2).collect();
+        let zeros = (0..14).map(|i| 2 * i);
+        let ones = (0..11).map(|i| 2 * i + 1);
+        let mut order: Vec<u32> = zeros
+            .zip(ones.chain(std::iter::repeat(u32::MAX)))
+            .flat_map(|(a, b)| [a, b])
+            .filter(|&p| p != u32::MAX)
+            .collect();
+        assert_eq!(order.len(), 25);
+        regroup(&mut order, None, &owners, 25, 4, 8);
+        assert_eq!(misplaced(&order, &owners, 4), 1, "{order:?}");
+    }
+
+    #[test]
+    fn draws_outside_the_hot_set_fill_the_batches_the_owners_tails_leave_so_no_hot_draw_misses() {
+        // As above, but positions 30.. are outside the hot set (cached by no one): 5 of
+        // their draws go anywhere. The 2 hot tails (2 and 3 draws after whole batches) are
+        // filled up to whole batches with them, and no hot draw lands in a batch another
+        // worker owns; the weights stay with their draws.
+        let placed: Vec<u32> = (0..40).map(|p| p % 2).collect();
+        let hot: Vec<bool> = (0..40).map(|p| p < 30).collect();
+        let route = routes(&placed, &hot);
+        assert!(route[30..].iter().all(|&r| r == ANY) && route[..30] == placed[..30]);
+        let zeros = (0..7).flat_map(|i| [2 * i, 2 * i]);
+        let ones = (0..5).map(|i| 2 * i + 1).chain([1]);
+        let cold = 30..35;
+        let mut order: Vec<u32> = zeros.chain(ones).chain(cold).collect();
+        assert_eq!(order.len(), 25);
+        let mut weights: Vec<f32> = order.iter().map(|&p| p as f32).collect();
+        let mut before = order.clone();
+        regroup(&mut order, Some(&mut weights), &route, 25, 4, 8);
+        let bo = batch_owners(&order, &route, 4, 2);
+        for (i, b) in order.chunks(4).enumerate() {
+            assert!(
+                b.iter().all(|&p| route[p as usize] == ANY || route[p as usize] == bo[i]),
+                "batch {i} {b:?} of {order:?}"
+            );
+        }
+        assert!(order.iter().zip(&weights).all(|(&p, &w)| w == p as f32), "each weight stays with its draw");
+        let mut after = order.clone();
+        before.sort_unstable();
+        after.sort_unstable();
+        assert_eq!(before, after, "the same draws");
+    }
+
+    #[test]
+    fn draws_outside_the_hot_set_not_needed_to_fill_tails_stay_spread_over_the_epoch() {
+        // 32 hot draws (16 per owner: whole tasks, no tails) and 16 of cold samples, drawn
+        // among them: none is needed to fill a tail, so they ride in the owners' runs instead
+        // of making the epoch's last batches all cold (and all heavily weighted).
+        let placed: Vec<u32> = (0..64).map(|p| p % 2).collect();
+        let hot: Vec<bool> = (0..64).map(|p| p < 32).collect();
+        let route = routes(&placed, &hot);
+        let mut order: Vec<u32> = (0..16).flat_map(|k| [2 * k, 2 * k + 1, 32 + k]).collect();
+        regroup(&mut order, None, &route, 48, 4, 8);
+        let last_hot = order.iter().rposition(|&p| p < 32).unwrap();
+        let cold_before = order[..last_hot].iter().filter(|&&p| p >= 32).count();
+        assert!(cold_before >= 8, "{cold_before} of 16 cold draws among the hot ones: {order:?}");
+        let bo = batch_owners(&order, &route, 4, 2);
+        for (i, b) in order.chunks(4).enumerate() {
+            assert!(b.iter().all(|&p| route[p as usize] == ANY || route[p as usize] == bo[i]), "batch {i} {b:?}");
+        }
     }
 
     #[test]
@@ -160,7 +401,7 @@ mod tests {
         let mut weights: Vec<f32> = order.iter().map(|&p| p as f32 / 10.0).collect();
         let before = order.clone();
         // The last 2 draws are dropped by `drop_last`: they stay put.
-        regroup(&mut order, Some(&mut weights), &owners, 18, 4);
+        regroup(&mut order, Some(&mut weights), &owners, 18, 4, 4);
         assert_eq!(&order[18..], &before[18..]);
         let mut a = order.clone();
         let mut b = before.clone();
