@@ -18,7 +18,10 @@ decode thread each, on free loopback ports) and a ``RemoteLoader`` with the same
 (but ``cache.budget`` is per worker there: each worker gets half the local budget, so the
 caches together hold half the dataset), the same model and the same loss reports. The
 remote hit rate is the workers' caches together (their metrics endpoints), over the same
-epochs. Evaluation is local in both modes. The
+epochs; but a ``RemoteLoader`` reads up to ``tasks_in_flight - 1`` tasks ahead into the next
+epoch, so with the default 4 the window starts a few tasks into epoch 1 and ends a few
+into the epoch after the last (a slightly higher rate than the exact window);
+``--tasks-in-flight 1`` makes it exact. Evaluation is local in both modes. The
 ``sluice`` binary is ``$SLUICE_BIN``, else target/release/sluice, target/debug/sluice, else
 the one on ``PATH``.
 
@@ -57,6 +60,8 @@ UP_TIMEOUT_S = 60.0
 REPO = Path(__file__).resolve().parents[1]
 #: Loader threads (the results do not depend on it: pixels and orders are thread-independent).
 THREADS = [1]
+#: Tasks a `RemoteLoader` fetches at once (--tasks-in-flight; its default is 4).
+TASKS_IN_FLIGHT = [4]
 #: Extra `sampling` fields for the importance variant (--importance '{"floor": 0.05}').
 IMPORTANCE_OVERRIDES: Dict[str, Any] = {}
 
@@ -339,7 +344,13 @@ def run(
         model, secs, hit_rate = train(torch, loader, variant, seed, epochs, lambda: local_cache_counts(loader))
     else:
         with SluiceUp(sluice_binary(), data, data / f"sluice-up-{variant}-{seed}.log") as up:
-            remote = sluice.RemoteLoader(spec, dispatcher=up.addr, job=f"digits-{variant}-{seed}", output="torch")
+            remote = sluice.RemoteLoader(
+                spec,
+                dispatcher=up.addr,
+                job=f"digits-{variant}-{seed}",
+                output="torch",
+                tasks_in_flight=TASKS_IN_FLIGHT[0],
+            )
             fingerprint = remote.fingerprint
             model, secs, hit_rate = train(torch, remote, variant, seed, epochs, lambda: up.cache_counts(fingerprint))
             del remote
@@ -406,11 +417,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--modes", nargs="+", default=["local"], choices=MODES, help="local Loader and/or sluice up + RemoteLoader"
     )
     ap.add_argument("--threads", type=int, default=1, help="loader threads (results do not depend on it)")
+    ap.add_argument(
+        "--tasks-in-flight",
+        type=int,
+        default=4,
+        help="remote mode: tasks the RemoteLoader fetches at once; 1 stops it reading ahead into the next "
+        "epoch, so the hit rate's window (epochs 1..) is exact, as it is locally",
+    )
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--importance", default="{}", help="JSON of sampling fields for the importance variant")
     a = ap.parse_args(argv)
     IMPORTANCE_OVERRIDES.update(json.loads(a.importance))
     THREADS[0] = a.threads
+    TASKS_IN_FLIGHT[0] = a.tasks_in_flight
     # SIGTERM unwinds like Ctrl-C, so that a running `sluice up` is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
