@@ -4,7 +4,7 @@
 //!
 //! The noise guard: a reading only counts when it clears a tolerance band around the
 //! current count (more to scale down, where overshooting stalls the trainer, than up), and
-//! `persist` readings in a row must agree; the step is sized from their mean. With ±10%
+//! `persist` readings in a row must agree; the step is sized from the latest. With ±10%
 //! noise on P and Q a lone reading crosses the band now and then, two in a row seldom.
 
 use super::{Policy, Verdict};
@@ -67,8 +67,10 @@ impl Policy for FastMatch {
         if lean == Lean::Stay || self.needed.iter().any(|&n| self.lean(n, units) != lean) {
             return None;
         }
-        let mean = self.needed.iter().sum::<f64>() / self.needed.len() as f64;
-        let to = ((mean * (1.0 + self.headroom)).ceil() as usize).max(1);
+        // Sized from the latest reading: the earlier ones only confirm the direction, and
+        // one that straddles a change of demand would size the step short of it.
+        let latest = self.needed[self.needed.len() - 1];
+        let to = ((latest * (1.0 + self.headroom)).ceil() as usize).max(1);
         if to == units {
             return None;
         }
@@ -77,7 +79,7 @@ impl Policy for FastMatch {
         Some(Verdict {
             to,
             reason: format!(
-                "P {p:.2} vs Q {q:.2} batches/s; one unit makes {:.2}/s, so {mean:.2} units match \
+                "P {p:.2} vs Q {q:.2} batches/s; one unit makes {:.2}/s, so {latest:.2} units match \
                  ({persist} readings agree); δ = {:+}",
                 w.per_unit_rate(),
                 to as i64 - units as i64
@@ -101,6 +103,16 @@ mod tests {
         // Demand falls to 5/s: 2.5 units, 3 with headroom.
         assert_eq!(p.decide(&window(8, 2.0, 5.0), 8), None);
         assert_eq!(p.decide(&window(8, 2.0, 5.0), 8).map(|v| v.to), Some(3));
+    }
+
+    #[test]
+    fn a_reading_that_straddles_a_change_of_demand_does_not_size_the_step_short() {
+        let mut p = FastMatch::default();
+        // Demand rises from 3.5 to 9.5 units' worth (one unit: 12 batches/s) during the
+        // first window, which reads a mix; the second reads the new demand.
+        assert_eq!(p.decide(&window(4, 12.0, 78.0), 4), None);
+        let v = p.decide(&window(4, 12.0, 114.0), 4);
+        assert_eq!(v.as_ref().map(|v| v.to), Some(10), "9.5 units match, 10 with headroom: {v:?}");
     }
 
     #[test]
