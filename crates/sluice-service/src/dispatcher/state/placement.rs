@@ -153,15 +153,18 @@ pub fn regroup(
     // first) are kept back to fill them. The rest join the owners' runs in drawn order, a
     // whole batch's worth to each owner in turn (so the tails stay as they are), and so
     // stay spread over the epoch as they were drawn; what is left of them goes last.
-    let mut short: Vec<usize> = groups.iter().map(|g| g.len() % batch).filter(|&t| t > 0).collect();
-    short.sort_unstable_by(|a, b| b.cmp(a));
+    let tail = |g: &Vec<usize>| g.len() % batch;
+    let mut by_tail: Vec<usize> = (0..members).filter(|&j| tail(&groups[j]) > 0).collect();
+    by_tail.sort_by_key(|&j| std::cmp::Reverse(tail(&groups[j])));
+    let mut filled = vec![false; members];
     let mut left = anyone.len();
-    for t in short {
-        if batch - t <= left {
-            left -= batch - t;
+    for &j in &by_tail {
+        let need = batch - tail(&groups[j]);
+        if need <= left {
+            left -= need;
+            filled[j] = true;
         }
     }
-    let fill_from = left;
     let spread = if members == 0 { 0 } else { left / batch * batch };
     for (k, block) in anyone[..spread].chunks(batch).enumerate() {
         groups[k % members].extend_from_slice(block);
@@ -189,14 +192,13 @@ pub fn regroup(
         layout.extend_from_slice(&g[*at..*at + whole]);
         *at += whole;
     }
-    let mut tails: Vec<&[usize]> =
-        groups.iter().zip(&next).map(|(g, &at)| &g[at..]).filter(|t| !t.is_empty()).collect();
-    tails.sort_by_key(|t| std::cmp::Reverse(t.len()));
-    let mut fill = &anyone[fill_from..];
+    // The tails, longest first (adding whole batches above left their lengths as they were).
+    let mut fill = &anyone[left..];
     let mut unfilled: Vec<&[usize]> = Vec::new();
-    for t in tails {
-        let need = batch - t.len();
-        if need <= fill.len() {
+    for &j in &by_tail {
+        let t = &groups[j][next[j]..];
+        if filled[j] {
+            let need = batch - t.len();
             layout.extend_from_slice(t);
             layout.extend_from_slice(&fill[..need]);
             fill = &fill[need..];
@@ -207,8 +209,7 @@ pub fn regroup(
     for t in unfilled {
         layout.extend_from_slice(t);
     }
-    layout.extend_from_slice(&anyone[spread..fill_from]);
-    layout.extend_from_slice(fill);
+    layout.extend_from_slice(&anyone[spread..left]);
     let original: Vec<u32> = order[..used].to_vec();
     for (slot, &from) in layout.iter().enumerate() {
         order[slot] = original[from];
