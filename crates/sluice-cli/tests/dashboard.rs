@@ -11,15 +11,6 @@ use common::*;
 use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec};
 use sluice_service::RemoteLoader;
 
-/// The text of the first element after `marker` (an `id="…"` or `class="…"` attribute).
-fn shown<'a>(dom: &'a str, marker: &str) -> &'a str {
-    let at = dom.find(marker).unwrap_or_else(|| panic!("no {marker} in the page:\n{dom}"));
-    let rest = &dom[at..];
-    let start = rest.find('>').unwrap() + 1;
-    let end = rest[start..].find('<').unwrap();
-    rest[start..start + end].trim()
-}
-
 /// The value of attribute `name` of the element at `marker`.
 fn attribute<'a>(dom: &'a str, marker: &str, name: &str) -> &'a str {
     let at = dom.find(marker).unwrap_or_else(|| panic!("no {marker} in the page:\n{dom}"));
@@ -28,11 +19,6 @@ fn attribute<'a>(dom: &'a str, marker: &str, name: &str) -> &'a str {
     let key = format!(" {name}=\"");
     let start = element.find(&key).unwrap_or_else(|| panic!("{marker} has no {name}: {element}")) + key.len();
     &element[start..start + element[start..].find('"').unwrap()]
-}
-
-fn shown_number(dom: &str, marker: &str) -> f64 {
-    let text = shown(dom, marker);
-    text.parse().unwrap_or_else(|_| panic!("{marker} shows {text:?}, not a number"))
 }
 
 /// The page rounds fractions to 4 decimals.

@@ -11,20 +11,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, Threads};
 
-/// The text of the first element after `marker` (an `id="…"` or `class="…"` attribute).
-fn shown<'a>(dom: &'a str, marker: &str) -> &'a str {
-    let at = dom.find(marker).unwrap_or_else(|| panic!("no {marker} in the page:\n{dom}"));
-    let rest = &dom[at..];
-    let start = rest.find('>').unwrap() + 1;
-    let end = rest[start..].find('<').unwrap();
-    rest[start..start + end].trim()
-}
-
-fn shown_number(dom: &str, marker: &str) -> f64 {
-    let text = shown(dom, marker);
-    text.parse().unwrap_or_else(|_| panic!("{marker} shows {text:?}, not a number"))
-}
-
 #[test]
 fn local_loader_dashboard_in_headless_chromium_shows_its_metrics() {
     let Some(browser) = chromium() else {

@@ -41,24 +41,6 @@ fn cached_spec(root: &std::path::Path, budget: u64) -> PipelineSpec {
     s
 }
 
-fn dataset_bytes(root: &std::path::Path) -> u64 {
-    walk(root).iter().map(|p| std::fs::metadata(p).unwrap().len()).sum()
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
-
-/// Hits / lookups between two readings.
 fn rate(before: (u64, u64), after: (u64, u64)) -> f64 {
     let (h, m) = (after.0 - before.0, after.1 - before.1);
     h as f64 / (h + m).max(1) as f64
@@ -174,8 +156,7 @@ fn per_worker(text: &str, name: &str) -> Vec<(String, f64)> {
 fn workers_cache_disjoint_shares_of_the_hot_set_and_aware_assignment_hits_more_than_blind() {
     let _watchdog = watchdog("workers_cache_disjoint_shares_of_the_hot_set_and_aware_assignment_hits", 400);
     let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let total = dataset_bytes(&root);
+    let (root, total) = dataset_and_bytes(dir.path());
     // Half the dataset in cache: locally in one, through the service a quarter per worker.
     let local = local_hit_rate(&cached_spec(&root, total / 2));
     let aware = service_run(&root, total / 4, "aware");

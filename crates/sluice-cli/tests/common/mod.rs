@@ -84,10 +84,15 @@ pub fn worker(dispatcher: &str, root: &Path, extra: &[&str]) -> Proc {
 }
 
 pub fn dataset(dir: &Path) -> PathBuf {
+    dataset_and_bytes(dir).0
+}
+
+/// [`dataset`], and the bytes of its files.
+pub fn dataset_and_bytes(dir: &Path) -> (PathBuf, u64) {
     let root = dir.join("data");
     let options = DatasetOptions { images: IMAGES, classes: 4, texture: 8, ..Default::default() };
-    sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
-    root
+    let written = sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
+    (root, written.bytes)
 }
 
 pub fn spec(root: &Path, seed: u64) -> PipelineSpec {
@@ -201,6 +206,21 @@ pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + 
         Ok(v) => v,
         Err(_) => panic!("{what}: still not done after {secs} s"),
     }
+}
+
+/// The text of the first element after `marker` (an `id="…"` or `class="…"` attribute).
+pub fn shown<'a>(dom: &'a str, marker: &str) -> &'a str {
+    let at = dom.find(marker).unwrap_or_else(|| panic!("no {marker} in the page:\n{dom}"));
+    let rest = &dom[at..];
+    let start = rest.find('>').unwrap() + 1;
+    let end = rest[start..].find('<').unwrap();
+    rest[start..start + end].trim()
+}
+
+/// The number [`shown`] at `marker`.
+pub fn shown_number(dom: &str, marker: &str) -> f64 {
+    let text = shown(dom, marker);
+    text.parse().unwrap_or_else(|_| panic!("{marker} shows {text:?}, not a number"))
 }
 
 /// Debian's `chromium` (or another Chromium on PATH).
