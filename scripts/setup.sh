@@ -38,8 +38,9 @@ py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, goog
 if ! .venv/bin/python -c "import $py_mods" 2>/dev/null \
   || [ ! -x .venv/bin/maturin ] || [ ! -x .venv/bin/ruff ]; then
   echo "==> installing Python packages into .venv (${py_pkgs[*]})"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q "${py_pkgs[@]}"
+  # --no-cache-dir: torch's wheels (~4 GB with its CUDA libraries) would be kept twice.
+  .venv/bin/python -m pip install -q --no-cache-dir --upgrade pip
+  .venv/bin/python -m pip install -q --no-cache-dir "${py_pkgs[@]}"
 fi
 so=$(ls python/sluice/_sluice*.so 2>/dev/null | head -n 1 || true)
 stale=""
