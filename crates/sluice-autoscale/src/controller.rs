@@ -171,7 +171,15 @@ impl Autoscaler {
             stall: w.stall(),
             reason: format!("set to {to} by an operator"),
         };
+        self.policy.moved(to);
         self.record(d, now_s)
+    }
+
+    /// Resumes at `units` (clamped), the count a restarted caller had reached before:
+    /// not a decision, so nothing is recorded; the policy goes on from there.
+    pub fn resume(&mut self, units: usize) {
+        self.units = units.clamp(self.config.min_units, self.config.max_units);
+        self.policy.moved(self.units);
     }
 
     /// Logs, counts and keeps `d`, moves to its unit count and restarts the meter.
@@ -261,6 +269,38 @@ mod tests {
         assert_eq!(a.set_units(1, None, 2.0).map(|d| d.to), Some(1));
         let s = a.stats();
         assert_eq!((s.units, s.ups, s.downs, s.decisions.len()), (1, 1, 1, 2));
+    }
+
+    #[test]
+    fn cachew_goes_on_from_an_operators_order() {
+        let mut a = Autoscaler::new(config(PolicyKind::Cachew), 1, 0.0).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.set_units(4, None, 0.0).map(|d| d.to), Some(4));
+        // Held at 4, with 2 batches waiting in the result queue; then the queue grows ×4.
+        // After 20 stable windows Cachew removes a unit. Before, it waited for its own last
+        // target (1) for good and never decided again.
+        let mut now = 0.0;
+        let mut decided = None;
+        for i in 0..40 {
+            let queue = if i < 5 { 2.0 } else { 8.0 };
+            for _ in 0..10 {
+                now += 0.1;
+                a.record_batch(now, 0.0);
+                a.record_work(0.4, 4.0);
+            }
+            decided = decided.or(a.tick(now, queue));
+        }
+        let d = decided.unwrap_or_else(|| panic!("no decision after the order: {:?}", a.stats()));
+        assert_eq!((d.from, d.to), (4, 3), "{d:?}");
+    }
+
+    #[test]
+    fn a_resumed_count_is_clamped_and_not_a_decision() {
+        let mut a = Autoscaler::new(config(PolicyKind::Cachew), 1, 0.0).unwrap_or_else(|e| panic!("{e}"));
+        a.resume(5);
+        assert_eq!(a.units(), 5, "Cachew too resumes where it was, not at the lower bound");
+        a.resume(9);
+        let s = a.stats();
+        assert_eq!((s.units, s.ups, s.downs, s.decisions.len()), (6, 0, 0, 0));
     }
 
     #[test]

@@ -88,12 +88,12 @@ impl Cachew {
     }
 
     fn while_stable(&mut self, last: Reading) -> Option<Verdict> {
+        let converged = *self.converged.get_or_insert(last);
         self.stable_windows += 1;
         if self.stable_windows <= STABLE_WINDOWS_BEFORE_RESCALING {
             return None;
         }
         self.stable_windows = 0;
-        let converged = self.converged.unwrap_or(last);
         let queue_growth = last.queue / converged.queue;
         let batch_time_growth = last.batch_time_ms / converged.batch_time_ms;
         if queue_growth.is_finite() && queue_growth > MIN_QUEUE_GROWTH && converged.units > self.min {
@@ -130,6 +130,16 @@ impl Policy for Cachew {
         } else {
             self.while_stable(last)
         }
+    }
+
+    /// Holds the new count as converged, measured from its first window there: without
+    /// this the policy waited for its own last target for good.
+    fn moved(&mut self, units: usize) {
+        self.target = units;
+        self.history.clear();
+        self.converged = None;
+        self.scaling = false;
+        self.stable_windows = 0;
     }
 }
 

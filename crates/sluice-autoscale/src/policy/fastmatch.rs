@@ -86,6 +86,10 @@ impl Policy for FastMatch {
             ),
         })
     }
+
+    fn moved(&mut self, _units: usize) {
+        self.needed.clear();
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,11 @@ pub struct Verdict {
 /// wants a change. The caller clamps it to its bounds and actuates it.
 pub trait Policy: Send {
     fn decide(&mut self, w: &Window, units: usize) -> Option<Verdict>;
+
+    /// The count became `units` from outside the policy: an operator's order, or a
+    /// restarted dispatcher resuming the count it had journaled. The policy goes on from
+    /// there; readings taken before no longer apply.
+    fn moved(&mut self, units: usize);
 }
 
 /// The policies by name.
@@ -91,6 +96,8 @@ impl Policy for Fixed {
     fn decide(&mut self, _w: &Window, _units: usize) -> Option<Verdict> {
         None
     }
+
+    fn moved(&mut self, _units: usize) {}
 }
 
 #[cfg(test)]

@@ -52,6 +52,9 @@ impl Policy for TfData {
             reason: format!("Σ consumer rates {q:.2} ÷ mean unit throughput {mean:.2} = {optimal} units"),
         })
     }
+
+    /// Each window is read on its own: nothing to forget.
+    fn moved(&mut self, _units: usize) {}
 }
 
 #[cfg(test)]
