@@ -28,6 +28,23 @@ fn get(addr: &str, path: &str) -> (u16, String) {
 
 /// The worker processes `up` (pid `up`) runs now: (pid, `--name`), zombies left out.
 fn workers_of(up: u32) -> Vec<(u32, String)> {
+    children_of(up)
+        .into_iter()
+        .filter(|(_, args)| args.get(1).map(String::as_str) == Some("worker"))
+        .filter_map(|(pid, args)| {
+            let i = args.iter().position(|a| a == "--name")?;
+            Some((pid, args.get(i + 1).cloned().unwrap_or_default()))
+        })
+        .collect()
+}
+
+/// The dispatcher process `up` runs now.
+fn dispatcher_of(up: u32) -> Option<u32> {
+    children_of(up).into_iter().find(|(_, args)| args.get(1).map(String::as_str) == Some("dispatcher")).map(|c| c.0)
+}
+
+/// The live child processes of `up`: (pid, command line).
+fn children_of(up: u32) -> Vec<(u32, Vec<String>)> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
@@ -39,12 +56,8 @@ fn workers_of(up: u32) -> Vec<(u32, String)> {
             continue;
         }
         let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
-        let args: Vec<String> = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        if args.get(1).map(String::as_str) == Some("worker") {
-            if let Some(i) = args.iter().position(|a| a == "--name") {
-                found.push((pid, args.get(i + 1).cloned().unwrap_or_default()));
-            }
-        }
+        let args = cmdline.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        found.push((pid, args));
     }
     found
 }
@@ -233,6 +246,48 @@ fn api_autoscale_serves_each_decision_with_its_inputs_and_up_follows_it() {
             break;
         }
         assert!(t0.elapsed() < Duration::from_secs(15), "the workers never reached the target:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_restarted_dispatcher_resumes_its_target_and_up_keeps_its_workers() {
+    let _watchdog = watchdog("a_restarted_dispatcher_resumes_its_target_and_up_keeps_its_workers", 90);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let (addr, metrics) = (free_addr(), free_addr());
+    let up = up_autoscaled(&addr, port_of(&metrics), &root, "fixed", "4", "1000");
+    let up_pid = up.0.id();
+    let mut client = ScaleClient::new(&addr, None, None).unwrap();
+    let t0 = Instant::now();
+    while client.set_workers(3).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the dispatcher does not take SetScale");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let t0 = Instant::now();
+    while workers_of(up_pid).len() != 3 {
+        assert!(t0.elapsed() < Duration::from_secs(15), "up did not start 3 workers: {:?}", workers_of(up_pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed = dispatcher_of(up_pid).expect("up runs no dispatcher");
+    sigkill(killed);
+    // `up` restarts the dispatcher on the same journal; the target it tells is the one
+    // before the kill, not --min-workers.
+    let t0 = Instant::now();
+    let target = loop {
+        let restarted = dispatcher_of(up_pid).is_some_and(|pid| pid != killed);
+        if let (true, Ok(reply)) = (restarted, client.scale()) {
+            break reply.target;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "the dispatcher was not restarted");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(target, 3, "the restarted dispatcher's target");
+    // `up` polls the target every 250 ms: over 3 s its 3 workers stay (none drains).
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) {
+        let running = workers_of(up_pid);
+        assert_eq!(running.len(), 3, "up's workers after the restart: {running:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -89,6 +89,11 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         members: Vec<crate::dispatcher::state::Member>,
     },
+    /// The autoscaler's target became `workers` (its decision or an operator's order). A
+    /// restarted dispatcher resumes the last one, so `sluice up` keeps its workers.
+    Scale {
+        workers: u64,
+    },
 }
 
 fn is_zero(v: &u64) -> bool {

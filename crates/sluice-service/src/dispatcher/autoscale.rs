@@ -60,6 +60,11 @@ impl ServiceAutoscale {
         })
     }
 
+    /// Resumes the target a dispatcher had before it restarted (its journal's last).
+    pub fn resume(&mut self, workers: usize) {
+        self.autoscaler.resume(workers);
+    }
+
     pub fn target(&self) -> usize {
         self.autoscaler.units()
     }

@@ -135,10 +135,16 @@ impl DispatcherService {
         let base = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(1);
         let mut state = State::new(base);
         state.cache_aware = config.cache_aware;
+        // The autoscaler's last target before a restart.
+        let mut scaled = None;
         let journal = match &config.journal {
             None => Journal::disabled(),
             Some(path) => {
                 let (journal, records) = Journal::open(path)?;
+                scaled = records.iter().rev().find_map(|r| match r {
+                    Record::Scale { workers } => Some(usize::try_from(*workers).unwrap_or(usize::MAX)),
+                    _ => None,
+                });
                 let now = Instant::now();
                 for r in &records {
                     match r {
@@ -171,9 +177,15 @@ impl DispatcherService {
                 autoscale: config
                     .autoscale
                     .clone()
-                    .map(|c| ServiceAutoscale::new(c, Instant::now()))
-                    .transpose()?
-                    .map(Mutex::new),
+                    .map(|c| {
+                        let mut a = ServiceAutoscale::new(c, Instant::now())?;
+                        if let Some(workers) = scaled {
+                            a.resume(workers);
+                            tracing::info!(target = a.target(), "autoscale: resumed the journal's target");
+                        }
+                        Ok::<_, ServiceError>(Mutex::new(a))
+                    })
+                    .transpose()?,
             }),
         })
     }
@@ -587,19 +599,27 @@ impl Dispatcher for DispatcherService {
     }
 
     async fn get_scale(&self, _request: Request<GetScaleRequest>) -> Result<Response<ScaleReply>, Status> {
-        self.counted(Ok(self.scale_reply()))
+        // The target told is on disk: a restarted dispatcher tells the same.
+        let reply = self.scale_reply();
+        let r = self.durable(self.barrier()).await.map(|()| reply);
+        self.counted(r)
     }
 
     async fn set_scale(&self, request: Request<SetScaleRequest>) -> Result<Response<ScaleReply>, Status> {
-        let workers = request.into_inner().workers;
-        let r = match &self.inner.autoscale {
-            None => Err(ServiceError::AutoscaleOff { what: "SetScale" }),
-            Some(a) => {
-                a.lock().set_target(usize::try_from(workers).unwrap_or(usize::MAX), Instant::now());
-                Ok(())
-            }
-        };
-        let r = r.map(|()| self.scale_reply());
+        let workers = usize::try_from(request.into_inner().workers).unwrap_or(usize::MAX);
+        let r = async {
+            let seq = {
+                let a = self.inner.autoscale.as_ref().ok_or(ServiceError::AutoscaleOff { what: "SetScale" })?;
+                let mut a = a.lock();
+                if let Some(d) = a.set_target(workers, Instant::now()) {
+                    self.inner.journal.append(&Record::Scale { workers: d.to as u64 })?;
+                }
+                self.barrier()
+            };
+            self.durable(seq).await?;
+            Ok(self.scale_reply())
+        }
+        .await;
         self.counted(r)
     }
 
@@ -637,7 +657,13 @@ impl DispatcherService {
     fn autoscale_tick(&self) {
         if let Some(a) = &self.inner.autoscale {
             let state = self.inner.state.lock();
-            a.lock().tick(&state, Instant::now());
+            let mut a = a.lock();
+            let Some(d) = a.tick(&state, Instant::now()) else { return };
+            // Journaled under the autoscaler's lock, so the last record is the last target.
+            // A failed journal stops the dispatcher (see `journal`), so this only logs.
+            if let Err(e) = self.inner.journal.append(&Record::Scale { workers: d.to as u64 }) {
+                tracing::error!(error = %e, "autoscale: the target is not journaled");
+            }
         }
     }
 

@@ -200,6 +200,8 @@ impl State {
                     }
                 }
             }
+            // The autoscaler's, resumed by the dispatcher: no job's state.
+            Record::Scale { .. } => {}
         }
         Ok(())
     }
