@@ -121,6 +121,13 @@ fn replay_importance(state: &mut State, job_id: u64, spec_json: &str, manifest_f
     }
 }
 
+/// The most samples an importance-sampled job may have: each epoch's draw goes to every
+/// worker in one `EpochDrawReply` of at most [`MAX_CONTROL_MESSAGE_BYTES`]. Below 2^21
+/// samples each takes at most 16 bytes there (its position in the order, ≤ 3; its weight,
+/// 4; its place in the hot set, ≤ 3; its owner, ≤ 2; its cache priority, 4); an eighth of
+/// the message is left for the workers' addresses.
+pub const MAX_DRAWN_SAMPLES: u64 = (MAX_CONTROL_MESSAGE_BYTES as u64 / 8 * 7) / 16;
+
 fn valid_name(what: &str, s: &str) -> Result<(), ServiceError> {
     if s.is_empty() || s.len() > 256 || s.chars().any(|c| c.is_control()) {
         return Err(ServiceError::InvalidArgument(format!("{what} must be 1 to 256 printable characters")));
@@ -246,6 +253,15 @@ impl DispatcherService {
         let manifest_fingerprint = manifest.fingerprint_hex();
         let manifest_hash = manifest.fingerprint;
         let importance = JobImportance::for_job(&spec, manifest);
+        if importance.is_some() && samples > MAX_DRAWN_SAMPLES {
+            return Err(ServiceError::Spec(sluice_core::SpecError::new(
+                "sampling",
+                format!(
+                    "importance sampling through the service draws each epoch into one control message, \
+                     which fits {MAX_DRAWN_SAMPLES} samples; this dataset has {samples}"
+                ),
+            )));
+        }
         let b = spec.batch.size as u64;
         let batches = if spec.batch.drop_last { samples / b } else { samples.div_ceil(b) };
         let canonical = serde_json::to_string(&spec).map_err(|e| ServiceError::Internal(e.to_string()))?;
@@ -914,5 +930,32 @@ pub async fn run_dispatcher(
     match (journal.failure(), &config.journal) {
         (Some(message), Some(path)) => Err(ServiceError::Journal { path: path.clone(), message }),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+
+    #[test]
+    fn the_largest_draw_allowed_fits_one_control_message() {
+        // Every field at its widest: the last position everywhere, every sample hot, 1,024
+        // workers with 256-character addresses, the last of them owning every sample.
+        let n = MAX_DRAWN_SAMPLES as usize;
+        let last = (n - 1) as u32;
+        let reply = EpochDrawReply {
+            epoch: u64::MAX,
+            order: vec![last; n],
+            weights: vec![1.5; n],
+            hot: vec![last; n],
+            members: vec!["w".repeat(256); 1024],
+            owners: vec![1023; n],
+            priorities: vec![0.5; n],
+        };
+        let len = reply.encoded_len();
+        assert!(len <= MAX_CONTROL_MESSAGE_BYTES, "{len} bytes for {n} samples");
+        assert!(len > MAX_CONTROL_MESSAGE_BYTES * 3 / 4, "{len} bytes: the bound wastes a quarter of the message");
     }
 }
