@@ -45,11 +45,17 @@ pub struct ServiceAutoscale {
 }
 
 impl ServiceAutoscale {
-    /// Starts at the lower bound: `sluice up` starts `--min-workers` workers.
-    pub fn new(config: AutoscaleConfig, now: Instant) -> Result<Self, ConfigError> {
+    /// Starts at the lower bound (`sluice up` starts `--min-workers` workers), or at
+    /// `resumed`, the target a restarted dispatcher's journal held last.
+    pub fn new(config: AutoscaleConfig, now: Instant, resumed: Option<usize>) -> Result<Self, ConfigError> {
         let min = config.min_units;
+        let mut autoscaler = Autoscaler::new(config, min, 0.0)?;
+        if let Some(workers) = resumed {
+            autoscaler.resume(workers);
+            tracing::info!(target = autoscaler.units(), "autoscale: resumed the journal's target");
+        }
         Ok(Self {
-            autoscaler: Autoscaler::new(config, min, 0.0)?,
+            autoscaler,
             clock: now,
             last_s: 0.0,
             clients: HashMap::new(),
@@ -58,11 +64,6 @@ impl ServiceAutoscale {
             waited: 0,
             skip_next: false,
         })
-    }
-
-    /// Resumes the target a dispatcher had before it restarted (its journal's last).
-    pub fn resume(&mut self, workers: usize) {
-        self.autoscaler.resume(workers);
     }
 
     pub fn target(&self) -> usize {
@@ -221,7 +222,7 @@ mod tests {
         s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, start);
         let config =
             AutoscaleConfig { window: WindowBy::Millis(1000), ..AutoscaleConfig::new(PolicyKind::Fastmatch, 1, 8) };
-        let mut a = ServiceAutoscale::new(config, start).unwrap_or_else(|e| panic!("{e}"));
+        let mut a = ServiceAutoscale::new(config, start, None).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(a.target(), 1);
         let now = second(&mut s, 1, 10, 0.5, 1.0, 5);
         assert_eq!(a.tick(&s, now), None, "the first heartbeats set the baselines");

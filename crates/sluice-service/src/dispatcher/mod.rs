@@ -184,15 +184,9 @@ impl DispatcherService {
                 autoscale: config
                     .autoscale
                     .clone()
-                    .map(|c| {
-                        let mut a = ServiceAutoscale::new(c, Instant::now())?;
-                        if let Some(workers) = scaled {
-                            a.resume(workers);
-                            tracing::info!(target = a.target(), "autoscale: resumed the journal's target");
-                        }
-                        Ok::<_, ServiceError>(Mutex::new(a))
-                    })
-                    .transpose()?,
+                    .map(|c| ServiceAutoscale::new(c, Instant::now(), scaled))
+                    .transpose()?
+                    .map(Mutex::new),
             }),
         })
     }
