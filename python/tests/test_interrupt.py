@@ -12,8 +12,13 @@ from pathlib import Path
 
 # Throttled storage: every read waits 200 ms and there is one thread, so the first batch
 # of 16 takes over 3 s: the SIGINT always lands while Python waits inside sluice.
+# Python installs its KeyboardInterrupt handler only if SIGINT was not ignored when it
+# started, and a shell ignores SIGINT in what it runs in the background (`cmd &` without
+# job control), so a test run started that way would never see the interrupt: the child
+# installs the handler itself, as an interactive Python has it.
 SLOW = """
-import sys, sluice
+import signal, sys, sluice
+signal.signal(signal.SIGINT, signal.default_int_handler)
 pipe = (sluice.Pipeline.image_folder(sys.argv[1]).decode().center_crop(16).batch(16)
         .threads(1).throttled(latency_ms=200, bandwidth_mb_s=1000))
 loader = sluice.Loader(pipe)
