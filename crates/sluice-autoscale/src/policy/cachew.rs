@@ -11,7 +11,7 @@
 //!   again; batch time grown by more than 50% → one unit up and scale again.
 //!
 //! Their pause in metric collection after each change (150 batches) and their window
-//! (500 batches; the paper says 100) are the controller's `settle` and window settings.
+//! (500 batches in the code) are the controller's `settle` and window settings.
 
 use super::{Policy, Verdict};
 use crate::signals::Window;

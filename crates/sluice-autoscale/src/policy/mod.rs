@@ -37,7 +37,8 @@ pub trait Policy: Send {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
-    /// FastMatch's Algorithm 2: close the P−Q gap in one step sized by the per-unit rate.
+    /// sluice's one-step reading of FastMatch's Algorithm 2: close the P−Q gap in one step
+    /// sized by the per-unit rate (the paper leaves the step δ open).
     Fastmatch,
     /// Cachew's incremental policy, as in its `scaling_utils.cc`.
     Cachew,

@@ -1,5 +1,6 @@
-//! The loading-time model of a multi-learner epoch (Yang & Cong: epoch time ≈
-//! max(D/(pV), D/R + D/(pU))), refined NoPFS-style per tier: each sample a learner loads
+//! The loading-time model of a multi-learner epoch (Yang & Cong's full paper, not the
+//! abstract in seeds/: epoch time ≈ max(D/(pV), D/R + D/(pU))), refined per tier in
+//! sluice's NoPFS-style extension: each sample a learner loads
 //! comes from its own cache (free), a peer (network latency + size / link bandwidth) or
 //! the shared storage (latency + size / bandwidth shared by all learners). A loader
 //! thread fetches a sample and then preprocesses it, so fetch waits add to compute per

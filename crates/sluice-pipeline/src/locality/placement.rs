@@ -1,6 +1,6 @@
 //! Which learner caches which sample: a pure function of (seed, per-learner cache sizes,
 //! dataset size), so every learner knows every other learner's cache contents without a
-//! message (Liu, Nicolae et al. §4.1). A seeded permutation of the dataset is cut into
+//! message (Liu, Nicolae et al. §4.3). A seeded permutation of the dataset is cut into
 //! consecutive runs, one per learner, as long as its cache; samples past the last run are
 //! cached nowhere.
 

@@ -3,7 +3,7 @@
 //!
 //! * [`importance_draw`], sluice's own: draws ∝ smoothed score with a uniform floor, a
 //!   hard coverage guarantee and exact unbiasing weights (design: docs/importance-sampling.md);
-//! * [`fastmatch_draw`], FastMatch's Algorithm 1 exactly as published (a baseline);
+//! * [`fastmatch_draw`], FastMatch's Algorithm 1 as published (a baseline);
 //! * [`shade_draw`], SHADE's sampler as published: n draws with replacement ∝ rank score.
 
 use sluice_core::{SampleKey, SampleRng};
@@ -201,7 +201,8 @@ fn water_fill(q: &mut [f64], members: &[usize], target: f64, cap: f64) {
 
 /// FastMatch's Algorithm 1, faithfully: scores normalised `(g − median)/IQR`, a Gaussian
 /// centred on `max(V)` with σ the RMS distance to it, normalised, then a softmax over
-/// those probabilities, then n draws with replacement. No weights (the paper has none).
+/// those probabilities, then n draws with replacement (sluice's reading of line 7, which
+/// gives neither the count nor the replacement). No weights (the paper has none).
 ///
 /// Two guards keep it defined where the paper is not: an IQR of 0 normalises by 1, and
 /// σ = 0 (all scores equal) draws uniformly. Uniform permutation until scores exist.
