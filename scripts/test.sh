@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: Rust unit and integration tests, clippy with warnings as errors, and the
 # Python package's lints (ruff), types (mypy --strict, config in python/pyproject.toml)
-# and pytest suite; the Kubernetes manifests validated offline against the API schema.
+# and pytest suite; the Kubernetes manifests validated offline against the API schema; the
+# manylinux wheel installed into a fresh venv with no Rust toolchain, running the README's example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,5 +18,7 @@ echo "==> ruff and mypy (python/)"
 (cd python && ../.venv/bin/mypy)
 echo "==> kubernetes-validate (deploy/)"
 scripts/validate-manifests.sh
+echo "==> the wheel, installed without Rust (scripts/wheel-test.sh)"
+scripts/wheel-test.sh
 echo "==> pytest (python/tests)"
 .venv/bin/python -m pytest -q python/tests
