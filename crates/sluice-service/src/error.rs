@@ -76,6 +76,9 @@ pub enum ServiceError {
     /// The Kubernetes API refused or could not be reached (the autoscaler's actuator).
     #[error("Kubernetes, StatefulSet {statefulset}: {what}: {message}")]
     Kubernetes { statefulset: String, what: String, message: String },
+    /// The dispatcher remembers as many live clients as it may (`MAX_CLIENTS`).
+    #[error("the dispatcher already serves {max} live clients; try again when some stop")]
+    TooManyClients { max: usize },
     #[error("{0}")]
     Internal(String),
 }
@@ -143,6 +146,7 @@ impl ServiceError {
             | ServiceError::Connect { .. }
             | ServiceError::Unavailable { .. }
             | ServiceError::TooManyJobs { .. }
+            | ServiceError::TooManyClients { .. }
             | ServiceError::Kubernetes { .. } => K::Unavailable,
             ServiceError::Tls(_) => K::Tls,
             ServiceError::Interrupted => K::Interrupted,
@@ -187,7 +191,7 @@ impl From<ServiceError> for Status {
                 Code::Unavailable
             }
             ServiceError::Interrupted => Code::Cancelled,
-            ServiceError::TooManyJobs { .. } => Code::ResourceExhausted,
+            ServiceError::TooManyJobs { .. } | ServiceError::TooManyClients { .. } => Code::ResourceExhausted,
             ServiceError::Tls(_) => Code::FailedPrecondition,
             _ => Code::Internal,
         };
@@ -211,6 +215,7 @@ mod tests {
             ServiceError::ReportLengths { job_id: 1, keys: 2, values: 1 },
             ServiceError::ReportEpoch { job_id: 1, epoch: 0, current: 5 },
             ServiceError::AutoscaleOff { what: "SetScale" },
+            ServiceError::TooManyClients { max: 10 },
         ];
         for e in errors {
             let kind = e.kind();

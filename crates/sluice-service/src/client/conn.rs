@@ -179,8 +179,12 @@ pub(super) async fn heartbeat(conn: Arc<Conn>) {
             stall_s: conn.stall_ns.load(Ordering::Relaxed) as f64 / 1e9,
             elapsed_s: conn.started.elapsed().as_secs_f64(),
         };
-        if let Err(e) = conn.dispatcher.clone().client_heartbeat(req).await {
-            tracing::debug!(error = %e, "client heartbeat failed");
+        match conn.dispatcher.clone().client_heartbeat(req).await {
+            Ok(_) => {}
+            // Refused (the dispatcher has as many clients as it may): the leases of this
+            // client run out while it is refused.
+            Err(e) if !retryable(e.code()) => tracing::warn!(error = %e, "the dispatcher refused a heartbeat"),
+            Err(e) => tracing::debug!(error = %e, "client heartbeat failed"),
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -493,16 +493,17 @@ impl Dispatcher for DispatcherService {
 
     async fn client_heartbeat(&self, request: Request<ClientHeartbeatRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
-        let r = valid_name("client_id", &req.client_id).map(|()| {
+        let r = (|| {
+            valid_name("client_id", &req.client_id)?;
             let report = ClientReport {
                 job_id: req.job_id,
                 batches: req.batches,
                 stall_s: req.stall_s,
                 elapsed_s: req.elapsed_s,
             };
-            self.inner.state.lock().client_heartbeat(req.job_id, &req.client_id, report, Instant::now());
-            Empty {}
-        });
+            self.inner.state.lock().client_heartbeat(req.job_id, &req.client_id, report, Instant::now())?;
+            Ok(Empty {})
+        })();
         self.counted(r)
     }
 

@@ -39,6 +39,8 @@ pub struct State {
     client_seen: HashMap<String, Instant>,
     /// When to look for clients to forget next.
     next_client_sweep: Option<Instant>,
+    /// When a new client last made a full registry look for clients to forget.
+    last_full_sweep: Option<Instant>,
     next_job_id: u64,
     next_worker_id: u64,
     /// The next assignment's lease id: counted by `Assign` records, so replay gives every
@@ -60,6 +62,7 @@ impl State {
             assigned_by_request: HashMap::new(),
             client_seen: HashMap::new(),
             next_client_sweep: None,
+            last_full_sweep: None,
             next_job_id: 1,
             next_worker_id: worker_id_base.max(1),
             next_lease: 1,
@@ -731,7 +734,7 @@ mod tests {
         s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, now);
         let t = step(&mut s, "a", 0, now).task.unwrap();
         let later = now + CLIENT_LEASE / 2;
-        s.client_heartbeat(1, "a", ClientReport::default(), later);
+        s.client_heartbeat(1, "a", ClientReport::default(), later).unwrap();
         // Still leased at the original deadline thanks to the heartbeat.
         s.worker_heartbeat(t.worker_id, 0, 0, now + CLIENT_LEASE + Duration::from_millis(1));
         let next = step(&mut s, "b", 0, now + CLIENT_LEASE + Duration::from_millis(1)).task.unwrap();
