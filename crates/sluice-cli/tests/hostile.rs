@@ -16,7 +16,7 @@ use prost::Message;
 use sluice_core::{OpSpec, PipelineSpec, Size};
 use sluice_service::proto::dispatcher_client::DispatcherClient;
 use sluice_service::proto::{CreateJobRequest, GetTaskRequest, RunTaskRequest};
-use sluice_service::RemoteLoader;
+use sluice_service::{RemoteLoader, ScaleClient, ServiceErrorKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -299,3 +299,59 @@ fn a_hostile_client_does_not_disturb_a_good_job_or_kill_a_worker() {
     }
     assert_eq!(local_sockets(&pids).len(), 2, "both workers still serve shared memory");
 }
+
+/// Waits until the dispatcher answers `GetScale` (it is up).
+fn scale_client(addr: &str, token: &str) -> ScaleClient {
+    let mut c = ScaleClient::new(addr, Some(token), None).unwrap();
+    let t0 = Instant::now();
+    while c.scale().is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the dispatcher at {addr} does not answer");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c
+}
+
+#[test]
+fn a_client_token_cannot_drain_workers_or_set_the_scale() {
+    let _w = watchdog("operator calls", 90);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let journal = dir.path().join("j");
+    let autoscale = ["--autoscale", "fixed", "--min-workers", "1", "--max-workers", "4"];
+    let mut flags = vec!["--token", TOKEN];
+    flags.extend(autoscale);
+    let mut d = dispatcher(&addr, &journal, &root, &flags);
+    let _worker = worker(&addr, &root, &["--token", TOKEN, "--name", "worker-0"]);
+    let mut client = scale_client(&addr, TOKEN);
+
+    // The clients' token and no operator token: operator calls are refused.
+    let drained = client.drain("worker-0");
+    assert!(drained.is_err(), "a client with the clients' token drained worker-0: {drained:?}");
+    let e = drained.unwrap_err();
+    assert_eq!(e.kind(), ServiceErrorKind::PermissionDenied, "{e}");
+    assert!(e.to_string().contains("--operator-token"), "the refusal does not say what to do: {e}");
+    let scaled = client.set_workers(4);
+    assert!(scaled.is_err(), "a client with the clients' token set the scale: {scaled:?}");
+    assert_eq!(client.scale().unwrap().target, 1, "the target moved");
+
+    // With an operator token: the operator's calls pass, the clients' still do not.
+    d.kill();
+    let mut flags = vec!["--token", TOKEN, "--operator-token", OPERATOR];
+    flags.extend(autoscale);
+    let _d = dispatcher(&addr, &journal, &root, &flags);
+    let mut operator = scale_client(&addr, OPERATOR);
+    let mut client = scale_client(&addr, TOKEN);
+    let e = client.set_workers(3).unwrap_err();
+    assert_eq!(e.kind(), ServiceErrorKind::PermissionDenied, "{e}");
+    assert_eq!(operator.set_workers(3).unwrap().target, 3);
+    let e = client.drain("worker-0").unwrap_err();
+    assert_eq!(e.kind(), ServiceErrorKind::PermissionDenied, "{e}");
+    let t0 = Instant::now();
+    while !operator.drain("worker-0").unwrap().known {
+        assert!(t0.elapsed() < Duration::from_secs(10), "worker-0 never registered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const OPERATOR: &str = "hostile-operator-token";

@@ -79,6 +79,9 @@ pub enum ServiceError {
     /// The dispatcher remembers as many live clients as it may (`MAX_CLIENTS`).
     #[error("the dispatcher already serves {max} live clients; try again when some stop")]
     TooManyClients { max: usize },
+    /// An operator call (`SetScale`, `DrainWorker`) made without the operator token.
+    #[error("{what} is an operator call: start the dispatcher with --operator-token (or $SLUICE_OPERATOR_TOKEN) and make the call with that token, not the clients' one")]
+    OperatorOnly { what: &'static str },
     #[error("{0}")]
     Internal(String),
 }
@@ -133,7 +136,7 @@ impl ServiceError {
             | ServiceError::NotImportanceSampled { .. }
             | ServiceError::NoDraw { .. }
             | ServiceError::AutoscaleOff { .. } => K::FailedPrecondition,
-            ServiceError::PathNotAllowed { .. } => K::PermissionDenied,
+            ServiceError::PathNotAllowed { .. } | ServiceError::OperatorOnly { .. } => K::PermissionDenied,
             ServiceError::NotFound { .. } => K::NotFound,
             ServiceError::JobConflict { .. } => K::Conflict,
             ServiceError::Pipeline(PipelineError::Spec(_)) => K::InvalidRequest,
@@ -183,7 +186,7 @@ impl From<ServiceError> for Status {
             | ServiceError::AutoscaleOff { .. } => Code::FailedPrecondition,
             ServiceError::Pipeline(PipelineError::Spec(_)) => Code::InvalidArgument,
             ServiceError::Pipeline(PipelineError::Source(_)) => Code::FailedPrecondition,
-            ServiceError::PathNotAllowed { .. } => Code::PermissionDenied,
+            ServiceError::PathNotAllowed { .. } | ServiceError::OperatorOnly { .. } => Code::PermissionDenied,
             ServiceError::NotFound { .. } => Code::NotFound,
             ServiceError::JobConflict { .. } => Code::AlreadyExists,
             ServiceError::Rpc { status, .. } => status.code(),
@@ -216,6 +219,7 @@ mod tests {
             ServiceError::ReportEpoch { job_id: 1, epoch: 0, current: 5 },
             ServiceError::AutoscaleOff { what: "SetScale" },
             ServiceError::TooManyClients { max: 10 },
+            ServiceError::OperatorOnly { what: "SetScale" },
         ];
         for e in errors {
             let kind = e.kind();

@@ -24,7 +24,7 @@ use crate::journal::{Journal, Record};
 use crate::metrics::{self, Labels, LatencyHistogram, Scrape};
 use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
-use crate::security::{AllowedRoots, TokenCheck};
+use crate::security::{require_operator, AllowedRoots, TokenCheck};
 use crate::MAX_CONTROL_MESSAGE_BYTES;
 use autoscale::ServiceAutoscale;
 use state::{ClientReport, JobImportance, State};
@@ -43,6 +43,10 @@ pub struct DispatcherConfig {
     pub journal: Option<PathBuf>,
     pub allow_roots: Vec<PathBuf>,
     pub token: Option<String>,
+    /// What operator calls (`SetScale`, `DrainWorker`) must carry. `None`: they are
+    /// refused where `token` is set (a client's token is not enough), and open to anyone
+    /// where neither is.
+    pub operator_token: Option<String>,
     /// `host:port` for `/metrics`; `None` serves none.
     pub metrics_listen: Option<String>,
     /// Serve gRPC over TLS with this certificate and key.
@@ -344,20 +348,23 @@ impl Dispatcher for DispatcherService {
         request: Request<WorkerHeartbeatRequest>,
     ) -> Result<Response<WorkerHeartbeatReply>, Status> {
         let r = request.into_inner();
-        let (known, drained) = {
+        let (known, drained, draining) = {
             let mut state = self.inner.state.lock();
             state.worker_cache(r.worker_id, r.cache_hits, r.cache_lookups);
             state.worker_caches(r.worker_id, r.caches);
             state.worker_busy(r.worker_id, r.busy_s);
+            if r.drain {
+                state.drain_worker_id(r.worker_id);
+            }
             let known = state.worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now());
-            (known, state.is_drained(r.worker_id))
+            (known, state.is_drained(r.worker_id), state.workers.get(&r.worker_id).is_some_and(|w| w.draining))
         };
         if drained {
             tracing::info!(worker_id = r.worker_id, "worker drained: it holds no task; telling it to exit");
         }
         // A worker back from suspicion can take tasks again.
         self.inner.changed.notify_waiters();
-        self.counted(Ok(WorkerHeartbeatReply { known, drained }))
+        self.counted(Ok(WorkerHeartbeatReply { known, drained, draining }))
     }
 
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<JobInfo>, Status> {
@@ -617,8 +624,10 @@ impl Dispatcher for DispatcherService {
     }
 
     async fn set_scale(&self, request: Request<SetScaleRequest>) -> Result<Response<ScaleReply>, Status> {
+        let operator = require_operator(&request, "SetScale");
         let workers = usize::try_from(request.into_inner().workers).unwrap_or(usize::MAX);
         let r = async {
+            operator?;
             let seq = {
                 let a = self.inner.autoscale.as_ref().ok_or(ServiceError::AutoscaleOff { what: "SetScale" })?;
                 let mut a = a.lock();
@@ -635,8 +644,9 @@ impl Dispatcher for DispatcherService {
     }
 
     async fn drain_worker(&self, request: Request<DrainWorkerRequest>) -> Result<Response<DrainWorkerReply>, Status> {
+        let operator = require_operator(&request, "DrainWorker");
         let name = request.into_inner().name;
-        let r = valid_name("name", &name).map(|()| {
+        let r = operator.and_then(|()| valid_name("name", &name)).map(|()| {
             let drained = self.inner.state.lock().drain_worker(&name);
             // Long-polling GetTask calls pick among the others now.
             self.inner.changed.notify_waiters();
@@ -914,7 +924,10 @@ pub async fn run_dispatcher(
         }
     };
     let served = builder
-        .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
+        .add_service(InterceptedService::new(
+            server,
+            TokenCheck::new(config.token.as_deref()).with_operator(config.operator_token.as_deref()),
+        ))
         .serve_with_incoming_shutdown(incoming, stop)
         .await
         .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")));

@@ -150,6 +150,16 @@ impl State {
         Some(ids.iter().all(|id| self.is_drained(*id)))
     }
 
+    /// Marks the worker `id` draining (it asked, stopping); false if it is not known.
+    pub fn drain_worker_id(&mut self, id: u64) -> bool {
+        let Some(w) = self.workers.get_mut(&id) else { return false };
+        if !w.draining {
+            tracing::info!(worker_id = id, name = %w.name, "the worker is stopping: draining it (no new tasks)");
+        }
+        w.draining = true;
+        true
+    }
+
     /// Drained: marked draining, running no task, and no client holds an assignment to it
     /// that it has not streamed yet (a task a client is about to ask it for).
     pub fn is_drained(&self, id: u64) -> bool {
