@@ -82,6 +82,9 @@ pub enum ServiceError {
     /// An operator call (`SetScale`, `DrainWorker`) made without the operator token.
     #[error("{what} is an operator call: start the dispatcher with --operator-token (or $SLUICE_OPERATOR_TOKEN) and make the call with that token, not the clients' one")]
     OperatorOnly { what: &'static str },
+    /// A call in a client's name without the secret that client alone holds.
+    #[error("client {client}: {why}")]
+    ClientSecret { client: String, why: &'static str },
     #[error("{0}")]
     Internal(String),
 }
@@ -136,7 +139,9 @@ impl ServiceError {
             | ServiceError::NotImportanceSampled { .. }
             | ServiceError::NoDraw { .. }
             | ServiceError::AutoscaleOff { .. } => K::FailedPrecondition,
-            ServiceError::PathNotAllowed { .. } | ServiceError::OperatorOnly { .. } => K::PermissionDenied,
+            ServiceError::PathNotAllowed { .. }
+            | ServiceError::OperatorOnly { .. }
+            | ServiceError::ClientSecret { .. } => K::PermissionDenied,
             ServiceError::NotFound { .. } => K::NotFound,
             ServiceError::JobConflict { .. } => K::Conflict,
             ServiceError::Pipeline(PipelineError::Spec(_)) => K::InvalidRequest,
@@ -186,7 +191,9 @@ impl From<ServiceError> for Status {
             | ServiceError::AutoscaleOff { .. } => Code::FailedPrecondition,
             ServiceError::Pipeline(PipelineError::Spec(_)) => Code::InvalidArgument,
             ServiceError::Pipeline(PipelineError::Source(_)) => Code::FailedPrecondition,
-            ServiceError::PathNotAllowed { .. } | ServiceError::OperatorOnly { .. } => Code::PermissionDenied,
+            ServiceError::PathNotAllowed { .. }
+            | ServiceError::OperatorOnly { .. }
+            | ServiceError::ClientSecret { .. } => Code::PermissionDenied,
             ServiceError::NotFound { .. } => Code::NotFound,
             ServiceError::JobConflict { .. } => Code::AlreadyExists,
             ServiceError::Rpc { status, .. } => status.code(),
@@ -220,6 +227,7 @@ mod tests {
             ServiceError::AutoscaleOff { what: "SetScale" },
             ServiceError::TooManyClients { max: 10 },
             ServiceError::OperatorOnly { what: "SetScale" },
+            ServiceError::ClientSecret { client: "c#00".into(), why: "no secret" },
         ];
         for e in errors {
             let kind = e.kind();

@@ -9,6 +9,8 @@
 //!   every RPC, checked by an interceptor before any handler runs; the operator token, a
 //!   second one, is what operator calls (`SetScale`, `DrainWorker`) need
 //!   ([`require_operator`]).
+//! * [`ClientSecret`]: what proves a client is the one its (public) id names, for the calls
+//!   on its leases.
 
 use std::path::{Path, PathBuf};
 
@@ -209,8 +211,39 @@ pub fn require_operator<T>(req: &Request<T>, what: &'static str) -> Result<(), S
     }
 }
 
-/// 32 random bytes from the operating system, in hex: the operator token `sluice up`
-/// makes when given none.
+/// A client's secret and the public id derived from it. The id (shown on `/metrics`,
+/// `/api/state` and in logs) is `LABEL#` and the first 16 bytes of the secret's SHA-256 in
+/// hex: anyone may read it, only the holder of the secret can make a call in its name
+/// (take or renew its leases, acknowledge or hand back its tasks). The dispatcher keeps
+/// nothing: it checks each call's secret against the id ([`check_client`]), the same after
+/// a restart.
+#[derive(Clone)]
+pub struct ClientSecret {
+    secret: String,
+    id: String,
+}
+
+impl ClientSecret {
+    /// A fresh random secret (32 bytes from the operating system), its id starting with `label`.
+    pub fn generate(label: &str) -> Result<Self, ServiceError> {
+        let secret = random_token()?;
+        let id = format!("{label}#{}", digest_hex(&secret));
+        Ok(Self { secret, id })
+    }
+
+    /// The public id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// What the client sends with every call in its name (`client_secret`).
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+}
+
+/// 32 random bytes from the operating system, in hex: a client's secret, or the operator
+/// token `sluice up` makes when given none.
 pub fn random_token() -> Result<String, ServiceError> {
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 32];
@@ -222,6 +255,34 @@ pub fn random_token() -> Result<String, ServiceError> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn digest_hex(secret: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    hex(&d.as_ref()[..16])
+}
+
+/// Checks a call made in `client`'s name with `secret`. An id that carries a digest
+/// (`LABEL#` and 32 hex digits, what [`ClientSecret`] makes) needs the secret it came from.
+/// An id without one (a client older than lease secrets) needs none, and has no
+/// protection: anyone who reads it can act in its name.
+pub fn check_client(client: &str, secret: &str) -> Result<(), ServiceError> {
+    let refuse = |why| Err(ServiceError::ClientSecret { client: client.to_string(), why });
+    let digest = client
+        .rsplit_once('#')
+        .map(|(_, d)| d)
+        .filter(|d| d.len() == 32 && d.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    match digest {
+        Some(_) if secret.is_empty() => refuse("the call does not carry the client's secret (`client_secret`)"),
+        Some(d) if !constant_time_eq(digest_hex(secret).as_bytes(), d.as_bytes()) => {
+            refuse("the secret the call carries is not this client's")
+        }
+        Some(_) => Ok(()),
+        None if !secret.is_empty() => {
+            refuse("a secret was given, but the id does not end in its digest (`#` and 32 hex digits)")
+        }
+        None => Ok(()),
+    }
 }
 
 /// Compares in constant time (`subtle`), so timing does not reveal how much of a token matched.
@@ -332,6 +393,20 @@ mod tests {
         assert_eq!(with(Some("Bearer s3creT")), Err(tonic::Code::Unauthenticated));
         assert_eq!(with(None), Err(tonic::Code::Unauthenticated));
         assert!(TokenCheck::new(None).call(Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn only_the_holder_of_a_clients_secret_acts_in_its_name() {
+        let a = ClientSecret::generate("host-1").unwrap();
+        let b = ClientSecret::generate("host-1").unwrap();
+        assert!(a.id().starts_with("host-1#") && a.id() != b.id());
+        assert!(!a.id().contains(a.secret()));
+        assert!(check_client(a.id(), a.secret()).is_ok());
+        assert!(check_client(a.id(), "").is_err(), "the public id alone");
+        assert!(check_client(a.id(), b.secret()).is_err(), "another client's secret");
+        // Older clients: an id without a digest, and no secret.
+        assert!(check_client("host-1-2-3f", "").is_ok());
+        assert!(check_client("host-1-2-3f", a.secret()).is_err());
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::journal::{Journal, Record};
 use crate::metrics::{self, Labels, LatencyHistogram, Scrape};
 use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
-use crate::security::{require_operator, AllowedRoots, TokenCheck};
+use crate::security::{check_client, require_operator, AllowedRoots, TokenCheck};
 use crate::MAX_CONTROL_MESSAGE_BYTES;
 use autoscale::ServiceAutoscale;
 use state::{ClientReport, JobImportance, State};
@@ -398,6 +398,7 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             valid_name("client_id", &req.client_id)?;
+            check_client(&req.client_id, &req.client_secret)?;
             if let Some(r) = &req.streamed {
                 self.inner.state.lock().streamed(req.job_id, &req.client_id, r);
             }
@@ -445,9 +446,17 @@ impl Dispatcher for DispatcherService {
     async fn ack_task(&self, request: Request<AckTaskRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
         let r = async {
+            check_client(&req.client_id, &req.client_secret)?;
             let (acked, seq) = {
                 let mut state = self.inner.state.lock();
-                let acked = match state.ack_task(req.job_id, req.epoch, req.task_index, req.generation, req.lease)? {
+                let acked = match state.ack_task(
+                    req.job_id,
+                    &req.client_id,
+                    req.epoch,
+                    req.task_index,
+                    req.generation,
+                    req.lease,
+                )? {
                     Some(record) => {
                         let batches = state
                             .job(req.job_id)
@@ -476,6 +485,7 @@ impl Dispatcher for DispatcherService {
     async fn fail_task(&self, request: Request<FailTaskRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
         let r = async {
+            check_client(&req.client_id, &req.client_secret)?;
             let seq = {
                 let mut state = self.inner.state.lock();
                 if let Some(record) = state.fail_task(&req)? {
@@ -502,6 +512,7 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = (|| {
             valid_name("client_id", &req.client_id)?;
+            check_client(&req.client_id, &req.client_secret)?;
             let report = ClientReport {
                 job_id: req.job_id,
                 batches: req.batches,
@@ -531,6 +542,7 @@ impl Dispatcher for DispatcherService {
                     self.commit(&mut state, &record, 0)?;
                 } else {
                     valid_name("release_client", &req.release_client)?;
+                    check_client(&req.release_client, &req.client_secret)?;
                     let records = state.release_client(req.job_id, req.epoch, &req.release_client, &req.delivered)?;
                     for record in &records {
                         self.commit(&mut state, record, 0)?;
@@ -550,6 +562,7 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             valid_name("client_id", &req.client_id)?;
+            check_client(&req.client_id, &req.client_secret)?;
             let kind = ReportKind::try_from(req.kind)
                 .map_err(|_| ServiceError::InvalidArgument(format!("report kind {} is not known", req.kind)))?;
             let (reply, seq) = {

@@ -159,6 +159,7 @@ impl State {
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.status = TaskStatus::Leased { client: client.clone(), worker, deadline: now + CLIENT_LEASE };
                 t.lease = lease;
+                t.holder = client.clone();
                 let queue = &mut self.epoch_state_mut(*job_id, *epoch)?.queue;
                 if queue.front() == Some(task) {
                     queue.pop_front();
@@ -173,6 +174,7 @@ impl State {
                 t.start = (*start).clamp(t.start, t.end);
                 t.status = TaskStatus::Pending;
                 t.lease = 0;
+                t.holder.clear();
                 let queue = &mut self.epoch_state_mut(*job_id, *epoch)?.queue;
                 if released && !queue.contains(task) {
                     queue.push_front(*task);
@@ -532,12 +534,14 @@ impl State {
 
     /// Whether a report on a task comes from the holder of its latest lease; one from an
     /// older lease (it ran out and the task went to another client, or its holder already
-    /// reported a failure) would skip or repeat batches the new holder streams.
-    fn fenced(t: &Task, job_id: u64, epoch: u64, task: u64, lease: u64, what: &str) -> bool {
-        if t.lease == lease && lease != 0 {
+    /// reported a failure) would skip or repeat batches the new holder streams, and one
+    /// from another client (naming a lease it never held) would end or cut a task whose
+    /// batches it never got.
+    fn fenced(t: &Task, job_id: u64, epoch: u64, task: u64, lease: u64, client: &str, what: &str) -> bool {
+        if t.lease == lease && lease != 0 && t.holder == client {
             return false;
         }
-        tracing::warn!(job_id, epoch, task, lease, current = t.lease, "ignoring {what} for a lease that is over");
+        tracing::warn!(job_id, epoch, task, lease, current = t.lease, client, holder = %t.holder, "ignoring {what} for a lease that is over or not the client's");
         true
     }
 
@@ -546,6 +550,7 @@ impl State {
     pub fn ack_task(
         &mut self,
         job_id: u64,
+        client: &str,
         epoch: u64,
         task: u64,
         generation: u64,
@@ -555,7 +560,7 @@ impl State {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
-        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, "an ack") {
+        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, client, "an ack") {
             return Ok(None);
         }
         Ok(Some(Record::Ack { job_id, epoch, task }))
@@ -564,9 +569,17 @@ impl State {
     /// Decides a `FailTask`: the batches the client got stay delivered; the rest is
     /// queued again, and the worker gets no new task until it proves alive.
     pub fn fail_task(&mut self, req: &FailTaskRequest) -> Result<Option<Record>, ServiceError> {
-        let &FailTaskRequest {
-            job_id, epoch, task_index: task, received, worker_id: worker, generation, lease, ..
-        } = req;
+        let FailTaskRequest {
+            job_id,
+            ref client_id,
+            epoch,
+            task_index: task,
+            received,
+            worker_id: worker,
+            generation,
+            lease,
+            ..
+        } = *req;
         if let Some(w) = self.workers.get_mut(&worker) {
             w.suspect = true;
         }
@@ -574,7 +587,7 @@ impl State {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
-        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, "a failure report") {
+        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, client_id, "a failure report") {
             return Ok(None);
         }
         let start = t.start.saturating_add(received).min(t.end);
@@ -641,9 +654,10 @@ mod tests {
     }
 
     /// The failure report of assignment `t` after `received` of its batches.
-    fn failed(t: &TaskAssignment, received: u64) -> FailTaskRequest {
+    fn failed(t: &TaskAssignment, received: u64, client: &str) -> FailTaskRequest {
         FailTaskRequest {
             job_id: t.job_id,
+            client_id: client.into(),
             epoch: t.epoch,
             task_index: t.task_index,
             received,
@@ -708,18 +722,18 @@ mod tests {
         assert_eq!((t0.start, t0.end, t1.start, t2.end, t0.worker_id), (0, 4, 4, 10, w));
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait);
         // Task 1 failed after 3 of its 4 batches: only batch 7 runs again.
-        let r = s.fail_task(&failed(&t1, 3)).unwrap().unwrap();
+        let r = s.fail_task(&failed(&t1, 3, "b")).unwrap().unwrap();
         s.apply(&r, now, 0).unwrap();
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait, "suspect worker gets nothing");
         assert!(s.worker_heartbeat(w, 0, 0, now));
         let again = step(&mut s, "a", 0, now).task.unwrap();
         assert_eq!((again.task_index, again.start, again.end), (1, 7, 8));
         for t in [&t0, &again, &t2] {
-            if let Some(r) = s.ack_task(1, 0, t.task_index, 0, t.lease).unwrap() {
+            if let Some(r) = s.ack_task(1, "a", 0, t.task_index, 0, t.lease).unwrap() {
                 s.apply(&r, now, 0).unwrap();
             }
         }
-        assert_eq!(s.ack_task(1, 0, 0, 0, t0.lease).unwrap(), None, "acks are idempotent");
+        assert_eq!(s.ack_task(1, "a", 0, 0, 0, t0.lease).unwrap(), None, "acks are idempotent");
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::EpochDone);
         assert_eq!(s.job(1).unwrap().current.epoch, 1);
         assert_eq!(step(&mut s, "b", 0, now).status(), get_task_reply::Status::EpochDone);
@@ -770,13 +784,13 @@ mod tests {
         // A checkpoint rebuilds the task list; acks for the old list no longer count.
         r.apply(&Record::Epoch { job_id: 1, epoch: 0, skip: vec![0] }, now, 0).unwrap();
         assert_eq!(r.job(1).unwrap().current.generation, 1);
-        assert_eq!(r.ack_task(1, 0, 0, 0, 1).unwrap(), None, "stale ack ignored");
+        assert_eq!(r.ack_task(1, "a", 0, 0, 0, 1).unwrap(), None, "stale ack ignored");
         let t = r.get_task(1, "a", 0, 9, false, now).unwrap();
         if let (_, Some(rec), w) = &t {
             r.apply(rec, now, *w).unwrap();
         }
         let lease = t.0.task.unwrap().lease;
-        assert!(r.ack_task(1, 0, 0, 1, lease).unwrap().is_some());
+        assert!(r.ack_task(1, "a", 0, 0, 1, lease).unwrap().is_some());
     }
 
     #[test]
@@ -809,6 +823,7 @@ mod tests {
         let r = s
             .fail_task(&FailTaskRequest {
                 job_id: 1,
+                client_id: "a".into(),
                 epoch: 1,
                 task_index: 0,
                 received: 1,
@@ -826,7 +841,7 @@ mod tests {
         assert_eq!((n0b.epoch, n0b.start, n0b.end), (1, 1, 2));
         // Epoch 0 done: the next request advances to epoch 1, keeping its lease.
         for t in [&t0, &t1] {
-            let r = s.ack_task(1, 0, t.task_index, 0, t.lease).unwrap().unwrap();
+            let r = s.ack_task(1, "a", 0, t.task_index, 0, t.lease).unwrap().unwrap();
             s.apply(&r, now, 0).unwrap();
             journal.push(r);
         }
@@ -865,26 +880,29 @@ mod tests {
         // `a` comes back and reports: neither its failure report (which would move the
         // task's start past batches `b` has not delivered) nor its ack (which would end the
         // task under `b`) counts.
-        assert_eq!(s.fail_task(&failed(&old, 2)).unwrap(), None);
+        assert_eq!(s.fail_task(&failed(&old, 2, "a")).unwrap(), None);
         s.worker_heartbeat(w, 0, 0, later);
-        assert_eq!(s.ack_task(1, 0, old.task_index, old.generation, old.lease).unwrap(), None);
+        assert_eq!(s.ack_task(1, "a", 0, old.task_index, old.generation, old.lease).unwrap(), None);
         // `b`'s own reports count, once: a failure report retried after it was applied
         // (its reply lost) does not move the start twice.
-        let r = s.fail_task(&failed(&new, 1)).unwrap().unwrap();
+        let r = s.fail_task(&failed(&new, 1, "b")).unwrap().unwrap();
         assert_eq!(r, Record::Requeue { job_id: 1, epoch: 0, task: new.task_index, start: 1 });
         s.apply(&r, later, 0).unwrap();
-        assert_eq!(s.fail_task(&failed(&new, 1)).unwrap(), None);
+        assert_eq!(s.fail_task(&failed(&new, 1, "b")).unwrap(), None);
         s.worker_heartbeat(w, 0, 0, later);
         let again = step(&mut s, "b", 0, later).task.unwrap();
         assert_eq!((again.task_index, again.start, again.end), (0, 1, 4));
-        let ack = s.ack_task(1, 0, again.task_index, again.generation, again.lease).unwrap();
+        let ack = s.ack_task(1, "b", 0, again.task_index, again.generation, again.lease).unwrap();
         assert_eq!(ack, Some(Record::Ack { job_id: 1, epoch: 0, task: 0 }));
         // A lease that ran out with nobody else taking the task still counts: its holder
         // is the only one with those batches.
         let t1 = step(&mut s, "a", 0, later).task.unwrap();
+        // Another client naming `a`'s lease (its number is easy to guess) changes nothing.
+        assert_eq!(s.ack_task(1, "b", 0, t1.task_index, t1.generation, t1.lease).unwrap(), None);
+        assert_eq!(s.fail_task(&failed(&t1, 1, "b")).unwrap(), None);
         let much_later = later + CLIENT_LEASE + Duration::from_millis(1);
         s.expire_leases(1, much_later);
-        assert!(s.ack_task(1, 0, t1.task_index, t1.generation, t1.lease).unwrap().is_some());
+        assert!(s.ack_task(1, "a", 0, t1.task_index, t1.generation, t1.lease).unwrap().is_some());
         // Replay gives every lease the id it had.
         let mut r = State::new(1);
         for rec in [
