@@ -85,6 +85,9 @@ pub enum ServiceError {
     /// A call in a client's name without the secret that client alone holds.
     #[error("client {client}: {why}")]
     ClientSecret { client: String, why: &'static str },
+    /// An importance-sampled job got more report values this epoch than its bound.
+    #[error("importance report for job {job_id}: the job took {limit} values in epoch {epoch} already ({per_sample} per sample of the epoch); more are refused until the next epoch")]
+    ReportBudget { job_id: u64, epoch: u64, limit: u64, per_sample: u64 },
     #[error("{0}")]
     Internal(String),
 }
@@ -155,6 +158,7 @@ impl ServiceError {
             | ServiceError::Unavailable { .. }
             | ServiceError::TooManyJobs { .. }
             | ServiceError::TooManyClients { .. }
+            | ServiceError::ReportBudget { .. }
             | ServiceError::Kubernetes { .. } => K::Unavailable,
             ServiceError::Tls(_) => K::Tls,
             ServiceError::Interrupted => K::Interrupted,
@@ -201,7 +205,9 @@ impl From<ServiceError> for Status {
                 Code::Unavailable
             }
             ServiceError::Interrupted => Code::Cancelled,
-            ServiceError::TooManyJobs { .. } | ServiceError::TooManyClients { .. } => Code::ResourceExhausted,
+            ServiceError::TooManyJobs { .. }
+            | ServiceError::TooManyClients { .. }
+            | ServiceError::ReportBudget { .. } => Code::ResourceExhausted,
             ServiceError::Tls(_) => Code::FailedPrecondition,
             _ => Code::Internal,
         };
@@ -228,6 +234,7 @@ mod tests {
             ServiceError::TooManyClients { max: 10 },
             ServiceError::OperatorOnly { what: "SetScale" },
             ServiceError::ClientSecret { client: "c#00".into(), why: "no secret" },
+            ServiceError::ReportBudget { job_id: 1, epoch: 0, limit: 64, per_sample: 4 },
         ];
         for e in errors {
             let kind = e.kind();

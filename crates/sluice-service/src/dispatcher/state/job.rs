@@ -138,6 +138,9 @@ pub struct Job {
     pub load: HashMap<u64, u64>,
     /// The importance store and draws of an importance-sampled job.
     pub importance: Option<super::importance::JobImportance>,
+    /// Report values taken while the job was in an epoch: (that epoch, how many); see
+    /// `REPORT_VALUES_PER_SAMPLE`. Counted anew after a restart.
+    pub reported: Option<(u64, u64)>,
 }
 
 impl Job {

@@ -25,6 +25,11 @@ use crate::proto::{get_task_reply, FailTaskRequest, GetTaskReply, ReportKind, Re
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
+/// Importance values a job takes per sample of an epoch, all its clients together, while
+/// the dispatcher is in that epoch: a trainer reports each sample once (a retried report
+/// twice), and one epoch's reports come while the next one starts. Past it reports are
+/// refused, so a flood cannot grow the journal faster than the job runs.
+pub const REPORT_VALUES_PER_SAMPLE: u64 = 4;
 
 #[derive(Debug)]
 pub struct State {
@@ -102,6 +107,7 @@ impl State {
                     next: None,
                     load: HashMap::new(),
                     importance: None,
+                    reported: None,
                 };
                 self.names.insert(name.clone(), *job_id);
                 self.jobs.insert(*job_id, job);
@@ -183,6 +189,10 @@ impl State {
             Record::Report { job_id, keys, values, kind } => {
                 let kind = ReportKind::try_from(*kind).unwrap_or(ReportKind::Loss);
                 self.importance_mut(*job_id)?.apply_report(keys, values, kind);
+                let job = self.job_mut(*job_id)?;
+                let current = job.current.epoch;
+                let taken = job.reported.filter(|&(e, _)| e == current).map_or(0, |(_, n)| n);
+                job.reported = Some((current, taken + keys.len() as u64));
             }
             Record::Draw { job_id, epoch, hot, members } => {
                 let task_batches = self.job(*job_id)?.task_batches;
@@ -269,10 +279,21 @@ impl State {
         values: &[f64],
         kind: ReportKind,
     ) -> Result<(Option<Record>, ReportReply), ServiceError> {
-        let current = self.job(job_id)?.current.epoch;
+        let job = self.job(job_id)?;
+        let current = job.current.epoch;
         let checked = self.importance(job_id)?.check_report(job_id, keys, values, kind)?;
         if epoch + 1 < current || epoch > current + 1 {
             return Err(ServiceError::ReportEpoch { job_id, epoch, current });
+        }
+        let limit = REPORT_VALUES_PER_SAMPLE.saturating_mul(job.samples_per_epoch);
+        let taken = job.reported.filter(|&(e, _)| e == current).map_or(0, |(_, n)| n);
+        if taken.saturating_add(checked.keys.len() as u64) > limit {
+            return Err(ServiceError::ReportBudget {
+                job_id,
+                epoch: current,
+                limit,
+                per_sample: REPORT_VALUES_PER_SAMPLE,
+            });
         }
         let record = (!checked.keys.is_empty()).then(|| Record::Report {
             job_id,
@@ -1029,6 +1050,35 @@ mod tests {
             let t = step(&mut s, "c", 0, now).task.unwrap();
             assert_eq!(t.worker_addr, "127.0.0.1:1", "task {} went to the draining worker", t.task_index);
         }
+    }
+
+    #[test]
+    fn a_job_takes_a_bounded_number_of_report_values_per_epoch() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.apply(&job_record(4, 1), now, 0).unwrap();
+        s.attach_importance(1, importance::test_job(16)).unwrap();
+        // A flood of reports in one epoch: past its bound, each is refused and journals nothing.
+        let mut taken = 0u64;
+        let mut refused = None;
+        for i in 0..1000u64 {
+            match s.report(1, 0, &[i % 16], &[1.0], ReportKind::Loss) {
+                Ok((record, _)) => {
+                    s.apply(&record.unwrap(), now, 0).unwrap();
+                    taken += 1;
+                }
+                Err(e) => {
+                    refused = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let Some(why) = refused else { panic!("1000 reports of a 16-sample job in one epoch were all journaled") };
+        assert_eq!(taken, REPORT_VALUES_PER_SAMPLE * 16, "{why}");
+        assert!(why.contains("epoch 0"), "{why}");
+        // The next epoch takes reports again.
+        s.apply(&Record::Epoch { job_id: 1, epoch: 1, skip: vec![] }, now, 0).unwrap();
+        assert!(s.report(1, 1, &[1], &[1.0], ReportKind::Loss).is_ok());
     }
 
     #[test]
