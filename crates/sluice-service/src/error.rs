@@ -88,6 +88,10 @@ pub enum ServiceError {
     /// An importance-sampled job got more report values this epoch than its bound.
     #[error("importance report for job {job_id}: the job took {limit} values in epoch {epoch} already ({per_sample} per sample of the epoch); more are refused until the next epoch")]
     ReportBudget { job_id: u64, epoch: u64, limit: u64, per_sample: u64 },
+    /// The journal cannot write now (the disk is full, say): nothing that depends on the
+    /// record is answered; the journal writes it again until the disk takes it.
+    #[error("journal {}: {message}; retrying, and refusing changes until it is written", path.display())]
+    JournalStalled { path: PathBuf, message: String },
     #[error("{0}")]
     Internal(String),
 }
@@ -159,6 +163,7 @@ impl ServiceError {
             | ServiceError::TooManyJobs { .. }
             | ServiceError::TooManyClients { .. }
             | ServiceError::ReportBudget { .. }
+            | ServiceError::JournalStalled { .. }
             | ServiceError::Kubernetes { .. } => K::Unavailable,
             ServiceError::Tls(_) => K::Tls,
             ServiceError::Interrupted => K::Interrupted,
@@ -208,6 +213,8 @@ impl From<ServiceError> for Status {
             ServiceError::TooManyJobs { .. }
             | ServiceError::TooManyClients { .. }
             | ServiceError::ReportBudget { .. } => Code::ResourceExhausted,
+            // Clients retry it: the journal writes again until the disk takes it.
+            ServiceError::JournalStalled { .. } => Code::Unavailable,
             ServiceError::Tls(_) => Code::FailedPrecondition,
             _ => Code::Internal,
         };
@@ -235,6 +242,7 @@ mod tests {
             ServiceError::OperatorOnly { what: "SetScale" },
             ServiceError::ClientSecret { client: "c#00".into(), why: "no secret" },
             ServiceError::ReportBudget { job_id: 1, epoch: 0, limit: 64, per_sample: 4 },
+            ServiceError::JournalStalled { path: "/j".into(), message: "full".into() },
         ];
         for e in errors {
             let kind = e.kind();

@@ -8,6 +8,7 @@ mod importance;
 mod job;
 mod placement;
 mod registry;
+mod snapshot;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -217,6 +218,10 @@ impl State {
             }
             // The autoscaler's, resumed by the dispatcher: no job's state.
             Record::Scale { .. } => {}
+            Record::EpochTasks { job_id, epoch, generation, ahead, tasks, queue, requests } => {
+                self.restore_epoch(*job_id, *epoch, *generation, *ahead, tasks, queue, requests, now)?;
+            }
+            Record::Leases { next } => self.next_lease = self.next_lease.max(*next),
         }
         Ok(())
     }
