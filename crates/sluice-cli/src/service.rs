@@ -20,6 +20,11 @@ fn token(flag: Option<String>) -> Option<String> {
     flag.or_else(|| std::env::var("SLUICE_TOKEN").ok()).filter(|t| !t.is_empty())
 }
 
+/// The operator token from `--operator-token`, else `SLUICE_OPERATOR_TOKEN`.
+fn operator_token(flag: Option<String>) -> Option<String> {
+    flag.or_else(|| std::env::var("SLUICE_OPERATOR_TOKEN").ok()).filter(|t| !t.is_empty())
+}
+
 /// `--allow-root` as given, or the current folder when none is.
 fn roots(given: Vec<PathBuf>) -> Result<Vec<PathBuf>> {
     if !given.is_empty() {
@@ -90,6 +95,11 @@ pub struct DispatcherArgs {
     /// it to the least loaded worker (for comparison).
     #[arg(long, value_enum, default_value_t = CacheAssignment::Aware)]
     cache_assignment: CacheAssignment,
+    /// A second secret, for operator calls only (`SetScale`, `DrainWorker`); the clients'
+    /// token does not make them (default: $SLUICE_OPERATOR_TOKEN; none: with --token set,
+    /// operator calls are refused).
+    #[arg(long)]
+    operator_token: Option<String>,
     #[command(flatten)]
     autoscale: AutoscaleArgs,
     #[command(flatten)]
@@ -153,6 +163,7 @@ pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
         tls: a.serve.tls(),
         allow_roots: roots(a.serve.allow_root)?,
         token: token(a.serve.token),
+        operator_token: operator_token(a.operator_token),
         autoscale: a.autoscale.config(),
         cache_aware: a.cache_assignment == CacheAssignment::Aware,
     };

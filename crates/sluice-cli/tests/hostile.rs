@@ -15,8 +15,10 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use sluice_core::{OpSpec, PipelineSpec, Size};
 use sluice_service::proto::dispatcher_client::DispatcherClient;
-use sluice_service::proto::{CreateJobRequest, GetTaskRequest, RunTaskRequest};
-use sluice_service::RemoteLoader;
+use sluice_service::proto::{
+    AckTaskRequest, CreateJobRequest, FailTaskRequest, GetTaskRequest, ResetJobRequest, RunTaskRequest,
+};
+use sluice_service::{RemoteLoader, ScaleClient, ServiceErrorKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -298,4 +300,158 @@ fn a_hostile_client_does_not_disturb_a_good_job_or_kill_a_worker() {
         assert!(w.0.try_wait().unwrap().is_none(), "worker {i} died");
     }
     assert_eq!(local_sockets(&pids).len(), 2, "both workers still serve shared memory");
+}
+
+/// Waits until the dispatcher answers `GetScale` (it is up).
+fn scale_client(addr: &str, token: &str) -> ScaleClient {
+    let mut c = ScaleClient::new(addr, Some(token), None).unwrap();
+    let t0 = Instant::now();
+    while c.scale().is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the dispatcher at {addr} does not answer");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c
+}
+
+#[test]
+fn a_client_token_cannot_drain_workers_or_set_the_scale() {
+    let _w = watchdog("operator calls", 90);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let journal = dir.path().join("j");
+    let autoscale = ["--autoscale", "fixed", "--min-workers", "1", "--max-workers", "4"];
+    let mut flags = vec!["--token", TOKEN];
+    flags.extend(autoscale);
+    let mut d = dispatcher(&addr, &journal, &root, &flags);
+    let _worker = worker(&addr, &root, &["--token", TOKEN, "--name", "worker-0"]);
+    let mut client = scale_client(&addr, TOKEN);
+
+    // The clients' token and no operator token: operator calls are refused.
+    let drained = client.drain("worker-0");
+    assert!(drained.is_err(), "a client with the clients' token drained worker-0: {drained:?}");
+    let e = drained.unwrap_err();
+    assert_eq!(e.kind(), ServiceErrorKind::PermissionDenied, "{e}");
+    assert!(e.to_string().contains("--operator-token"), "the refusal does not say what to do: {e}");
+    let scaled = client.set_workers(4);
+    assert!(scaled.is_err(), "a client with the clients' token set the scale: {scaled:?}");
+    assert_eq!(client.scale().unwrap().target, 1, "the target moved");
+
+    // With an operator token: the operator's calls pass, the clients' still do not.
+    d.kill();
+    let mut flags = vec!["--token", TOKEN, "--operator-token", OPERATOR];
+    flags.extend(autoscale);
+    let _d = dispatcher(&addr, &journal, &root, &flags);
+    let mut operator = scale_client(&addr, OPERATOR);
+    let mut client = scale_client(&addr, TOKEN);
+    let e = client.set_workers(3).unwrap_err();
+    assert_eq!(e.kind(), ServiceErrorKind::PermissionDenied, "{e}");
+    assert_eq!(operator.set_workers(3).unwrap().target, 3);
+    let e = client.drain("worker-0").unwrap_err();
+    assert_eq!(e.kind(), ServiceErrorKind::PermissionDenied, "{e}");
+    let t0 = Instant::now();
+    while !operator.drain("worker-0").unwrap().known {
+        assert!(t0.elapsed() < Duration::from_secs(10), "worker-0 never registered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const OPERATOR: &str = "hostile-operator-token";
+
+/// The `client` label of the dispatcher's per-client metrics (what a co-tenant can read).
+fn published_client_ids(metrics: &str) -> Vec<String> {
+    http_get(metrics)
+        .lines()
+        .filter(|l| l.starts_with("sluice_client_batches_total{"))
+        .filter_map(|l| Some(l.split("client=\"").nth(1)?.split('"').next()?.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_co_tenant_cannot_release_or_ack_another_clients_leases() {
+    let _w = watchdog("co-tenant", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let metrics = free_addr();
+    let port = metrics.rsplit(':').next().unwrap().to_string();
+    let _d = dispatcher(&addr, &dir.path().join("j"), &root, &["--token", TOKEN, "--metrics-port", &port]);
+    let _worker = worker(&addr, &root, &["--token", TOKEN]);
+    let job_options = || {
+        let mut o = options(&addr, "shared");
+        o.token = Some(TOKEN.into());
+        o
+    };
+
+    // The victim takes one batch; its fetchers hold leases on the tasks after it.
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let victim_options = job_options();
+    let root_v = root.clone();
+    let victim = std::thread::spawn(move || {
+        let mut loader = RemoteLoader::connect(&spec(&root_v, 7), victim_options).unwrap();
+        let mut keys = Vec::new();
+        let mut it = loader.iter();
+        keys.extend(it.next().unwrap().unwrap().keys);
+        held_tx.send(()).unwrap();
+        go_rx.recv().unwrap();
+        for b in it {
+            keys.extend(b.unwrap().keys);
+        }
+        keys
+    });
+    held_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let t0 = Instant::now();
+    let victim_id = loop {
+        if let Some(id) = published_client_ids(&metrics).pop() {
+            break id;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the victim's client id is not published");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    // The co-tenant, with the clients' token and the victim's public id, hands the
+    // victim's leases back, asks for its assignments again, and reports on its tasks.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let codes = rt.block_on(async {
+        let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+        let mut d = DispatcherClient::new(channel);
+        let mut codes = Vec::new();
+        let mut record = |r: Result<(), tonic::Status>| codes.push(r.map_or_else(|s| s.code(), |()| Code::Ok));
+        // The victim's first request holds a task: its assignment comes back to whoever asks.
+        let get = GetTaskRequest { job_id: 1, client_id: victim_id.clone(), request_id: 1, ..Default::default() };
+        record(d.get_task(with_token(get, TOKEN)).await.map(drop));
+        let release = ResetJobRequest { job_id: 1, epoch: 0, release_client: victim_id.clone(), ..Default::default() };
+        record(d.reset_job(with_token(release, TOKEN)).await.map(drop));
+        for task_index in 0..2 {
+            let lease = task_index + 1;
+            let ack =
+                AckTaskRequest { job_id: 1, client_id: victim_id.clone(), task_index, lease, ..Default::default() };
+            record(d.ack_task(with_token(ack, TOKEN)).await.map(drop));
+            let fail = FailTaskRequest {
+                job_id: 1,
+                client_id: victim_id.clone(),
+                task_index,
+                lease,
+                received: 1,
+                ..Default::default()
+            };
+            record(d.fail_task(with_token(fail, TOKEN)).await.map(drop));
+        }
+        codes
+    });
+    go_tx.send(()).unwrap();
+
+    // The co-tenant's own loader reads its share of the shared epoch beside the victim.
+    let mut co_tenant = RemoteLoader::connect(&spec(&root, 7), job_options()).unwrap();
+    let mut keys: Vec<u64> = Vec::new();
+    for b in co_tenant.iter() {
+        keys.extend(b.unwrap().keys);
+    }
+    keys.extend(victim.join().expect("the victim failed"));
+    assert_exactly_once(keys, "a shared job whose client's leases a co-tenant released");
+    assert!(
+        codes.iter().all(|&c| c == Code::PermissionDenied),
+        "a co-tenant's calls in the victim's name were not refused: {codes:?}"
+    );
 }

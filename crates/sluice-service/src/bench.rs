@@ -346,6 +346,7 @@ pub fn dispatcher_load(
                             request_id: req_id,
                             lookahead: false,
                             streamed: None,
+                            client_secret: String::new(),
                         })
                         .await?
                         .into_inner();
@@ -361,6 +362,7 @@ pub fn dispatcher_load(
                                 task_index: t.task_index,
                                 generation: t.generation,
                                 lease: t.lease,
+                                client_secret: String::new(),
                             })
                             .await?;
                             rpcs += 1;

@@ -76,6 +76,22 @@ pub enum ServiceError {
     /// The Kubernetes API refused or could not be reached (the autoscaler's actuator).
     #[error("Kubernetes, StatefulSet {statefulset}: {what}: {message}")]
     Kubernetes { statefulset: String, what: String, message: String },
+    /// The dispatcher remembers as many live clients as it may (`MAX_CLIENTS`).
+    #[error("the dispatcher already serves {max} live clients; try again when some stop")]
+    TooManyClients { max: usize },
+    /// An operator call (`SetScale`, `DrainWorker`) made without the operator token.
+    #[error("{what} is an operator call: start the dispatcher with --operator-token (or $SLUICE_OPERATOR_TOKEN) and make the call with that token, not the clients' one")]
+    OperatorOnly { what: &'static str },
+    /// A call in a client's name without the secret that client alone holds.
+    #[error("client {client}: {why}")]
+    ClientSecret { client: String, why: &'static str },
+    /// An importance-sampled job got more report values this epoch than its bound.
+    #[error("importance report for job {job_id}: the job took {limit} values in epoch {epoch} already ({per_sample} per sample of the epoch); more are refused until the next epoch")]
+    ReportBudget { job_id: u64, epoch: u64, limit: u64, per_sample: u64 },
+    /// The journal cannot write now (the disk is full, say): nothing that depends on the
+    /// record is answered; the journal writes it again until the disk takes it.
+    #[error("journal {}: {message}; retrying, and refusing changes until it is written", path.display())]
+    JournalStalled { path: PathBuf, message: String },
     #[error("{0}")]
     Internal(String),
 }
@@ -130,7 +146,9 @@ impl ServiceError {
             | ServiceError::NotImportanceSampled { .. }
             | ServiceError::NoDraw { .. }
             | ServiceError::AutoscaleOff { .. } => K::FailedPrecondition,
-            ServiceError::PathNotAllowed { .. } => K::PermissionDenied,
+            ServiceError::PathNotAllowed { .. }
+            | ServiceError::OperatorOnly { .. }
+            | ServiceError::ClientSecret { .. } => K::PermissionDenied,
             ServiceError::NotFound { .. } => K::NotFound,
             ServiceError::JobConflict { .. } => K::Conflict,
             ServiceError::Pipeline(PipelineError::Spec(_)) => K::InvalidRequest,
@@ -143,6 +161,9 @@ impl ServiceError {
             | ServiceError::Connect { .. }
             | ServiceError::Unavailable { .. }
             | ServiceError::TooManyJobs { .. }
+            | ServiceError::TooManyClients { .. }
+            | ServiceError::ReportBudget { .. }
+            | ServiceError::JournalStalled { .. }
             | ServiceError::Kubernetes { .. } => K::Unavailable,
             ServiceError::Tls(_) => K::Tls,
             ServiceError::Interrupted => K::Interrupted,
@@ -179,7 +200,9 @@ impl From<ServiceError> for Status {
             | ServiceError::AutoscaleOff { .. } => Code::FailedPrecondition,
             ServiceError::Pipeline(PipelineError::Spec(_)) => Code::InvalidArgument,
             ServiceError::Pipeline(PipelineError::Source(_)) => Code::FailedPrecondition,
-            ServiceError::PathNotAllowed { .. } => Code::PermissionDenied,
+            ServiceError::PathNotAllowed { .. }
+            | ServiceError::OperatorOnly { .. }
+            | ServiceError::ClientSecret { .. } => Code::PermissionDenied,
             ServiceError::NotFound { .. } => Code::NotFound,
             ServiceError::JobConflict { .. } => Code::AlreadyExists,
             ServiceError::Rpc { status, .. } => status.code(),
@@ -187,7 +210,11 @@ impl From<ServiceError> for Status {
                 Code::Unavailable
             }
             ServiceError::Interrupted => Code::Cancelled,
-            ServiceError::TooManyJobs { .. } => Code::ResourceExhausted,
+            ServiceError::TooManyJobs { .. }
+            | ServiceError::TooManyClients { .. }
+            | ServiceError::ReportBudget { .. } => Code::ResourceExhausted,
+            // Clients retry it: the journal writes again until the disk takes it.
+            ServiceError::JournalStalled { .. } => Code::Unavailable,
             ServiceError::Tls(_) => Code::FailedPrecondition,
             _ => Code::Internal,
         };
@@ -211,6 +238,11 @@ mod tests {
             ServiceError::ReportLengths { job_id: 1, keys: 2, values: 1 },
             ServiceError::ReportEpoch { job_id: 1, epoch: 0, current: 5 },
             ServiceError::AutoscaleOff { what: "SetScale" },
+            ServiceError::TooManyClients { max: 10 },
+            ServiceError::OperatorOnly { what: "SetScale" },
+            ServiceError::ClientSecret { client: "c#00".into(), why: "no secret" },
+            ServiceError::ReportBudget { job_id: 1, epoch: 0, limit: 64, per_sample: 4 },
+            ServiceError::JournalStalled { path: "/j".into(), message: "full".into() },
         ];
         for e in errors {
             let kind = e.kind();

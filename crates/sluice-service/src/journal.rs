@@ -4,8 +4,21 @@
 //!
 //! Writes go through one thread that commits in groups: it takes every record queued
 //! while the previous fsync ran and makes them durable with one more, so many concurrent
-//! requests cost one fsync, not one each. A failed write stops the journal for good (the
-//! torn append cut back) and the dispatcher with it: memory is then ahead of the disk.
+//! requests cost one fsync, not one each.
+//!
+//! A failed write (a full disk) is cut back and written again, with back-off, until the
+//! disk takes it: meanwhile the requests waiting on it fail with
+//! [`ServiceError::JournalStalled`] (clients retry it) and the dispatcher refuses new
+//! changes ([`Journal::ready`]), so it goes on, in order, once the disk has room. Only a
+//! torn write that cannot be cut back stops the journal for good, and the dispatcher with
+//! it: the file would no longer replay.
+//!
+//! Compaction: once the records appended since the last compaction pass
+//! [`COMPACT_MIN_BYTES`] and four times the last snapshot, the dispatcher hands the writer
+//! a snapshot of its state ([`Journal::compact`]), which replaces the file (written aside,
+//! then renamed over it): every job, the importance reports and draws of importance-sampled
+//! jobs as they were, and each job's epochs as they stand now. Its size follows the state,
+//! not the history, and each byte appended is rewritten a bounded number of times.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
@@ -94,22 +107,74 @@ pub enum Record {
     Scale {
         workers: u64,
     },
+    /// A compacted journal's picture of one epoch of a job, its current one (or, `ahead`,
+    /// the next one, some of whose tasks were leased ahead): it stands for every record that
+    /// built it.
+    EpochTasks {
+        job_id: u64,
+        epoch: u64,
+        generation: u64,
+        #[serde(default, skip_serializing_if = "is_false")]
+        ahead: bool,
+        tasks: Vec<TaskRecord>,
+        /// Pending tasks in the order they are handed out.
+        queue: Vec<u64>,
+        /// The client requests that got a task (client, request id, task): a retried
+        /// request gets the same task back.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        requests: Vec<(String, u64, u64)>,
+    },
+    /// The next lease id (a compacted journal no longer has every `Assign` that counted it).
+    Leases {
+        next: u64,
+    },
 }
+
+/// One task in [`Record::EpochTasks`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub start: u64,
+    pub end: u64,
+    /// 0 pending, 1 leased (to `holder`), 2 acknowledged.
+    pub status: u8,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lease: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub holder: String,
+}
+
+/// Compaction waits for at least this many bytes appended since the last one.
+pub const COMPACT_MIN_BYTES: u64 = 64 << 10;
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
-struct Pending {
-    line: Vec<u8>,
-    seq: u64,
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
-/// Where the writer stands: the last record on disk, and why it stopped if it did.
+enum Pending {
+    Record {
+        line: Vec<u8>,
+        seq: u64,
+    },
+    /// Replace the file: `head`, the importance records of the file as it is, then `tail`.
+    Compact {
+        head: Vec<u8>,
+        tail: Vec<u8>,
+    },
+    /// Everything queued before it is done (written, or compacted).
+    Settled(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Where the writer stands: the last record on disk, why it stopped if it did, and why
+/// its last write failed while it writes it again.
 #[derive(Debug, Clone, Default)]
 struct Progress {
     durable: u64,
     failed: Option<String>,
+    stalled: Option<String>,
 }
 
 /// A handle that appends records; cheap to clone.
@@ -119,6 +184,9 @@ pub struct Journal {
     path: PathBuf,
     /// Sequence number of the last record appended (records are numbered from 1).
     appended: Arc<AtomicU64>,
+    /// Bytes appended since the last compaction, and the size of the last snapshot.
+    since_compaction: Arc<AtomicU64>,
+    snapshot_bytes: Arc<AtomicU64>,
     progress: watch::Receiver<Progress>,
 }
 
@@ -128,6 +196,9 @@ trait JournalFile: Send + 'static {
     fn append(&mut self, bytes: &[u8]) -> std::io::Result<()>;
     /// Cuts the file back to `len` bytes, durably.
     fn truncate(&mut self, len: u64) -> std::io::Result<()>;
+    /// Replaces the file at `path` (this one) with `bytes`, durably, and appends to the new
+    /// file from then on.
+    fn replace(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()>;
 }
 
 impl JournalFile for File {
@@ -139,6 +210,24 @@ impl JournalFile for File {
     fn truncate(&mut self, len: u64) -> std::io::Result<()> {
         self.set_len(len)?;
         self.sync_all()
+    }
+
+    fn replace(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        let mut aside = path.as_os_str().to_owned();
+        aside.push(".compact");
+        let aside = PathBuf::from(aside);
+        let mut f = File::create(&aside)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&aside, path)?;
+        // The new file is the journal now: appends go on at its end.
+        *self = f;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+                tracing::warn!(path = %path.display(), error = %e, "journal compaction: the folder was not synced");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -188,6 +277,8 @@ impl Journal {
             file.set_len(valid_len).map_err(|e| jerr(format!("cannot truncate a torn tail: {e}")))?;
         }
         let journal = Self::start(file, len.min(valid_len), path)?;
+        // What the file holds counts towards the next compaction.
+        journal.since_compaction.store(len.min(valid_len), Ordering::Relaxed);
         Ok((journal, records))
     }
 
@@ -203,17 +294,72 @@ impl Journal {
                 path: path.to_path_buf(),
                 message: format!("cannot start the writer thread: {e}"),
             })?;
-        Ok(Self { tx: Some(tx), path: path.to_path_buf(), appended: Arc::new(AtomicU64::new(0)), progress })
+        Ok(Self {
+            tx: Some(tx),
+            path: path.to_path_buf(),
+            appended: Arc::new(AtomicU64::new(0)),
+            since_compaction: Arc::new(AtomicU64::new(0)),
+            snapshot_bytes: Arc::new(AtomicU64::new(0)),
+            progress,
+        })
     }
 
     /// A journal that keeps nothing (for tests and `--journal` left out).
     pub fn disabled() -> Self {
         let (_, progress) = watch::channel(Progress::default());
-        Self { tx: None, path: PathBuf::from("<none>"), appended: Arc::new(AtomicU64::new(0)), progress }
+        Self {
+            tx: None,
+            path: PathBuf::from("<none>"),
+            appended: Arc::new(AtomicU64::new(0)),
+            since_compaction: Arc::new(AtomicU64::new(0)),
+            snapshot_bytes: Arc::new(AtomicU64::new(0)),
+            progress,
+        }
     }
 
     fn error(&self, message: String) -> ServiceError {
         ServiceError::Journal { path: self.path.clone(), message }
+    }
+
+    /// Whether a change may be made now (call it before applying one): not while a write
+    /// that failed is being written again ([`ServiceError::JournalStalled`]), nor once the
+    /// journal has stopped.
+    pub fn ready(&self) -> Result<(), ServiceError> {
+        let p = self.progress.borrow();
+        if let Some(why) = &p.failed {
+            return Err(self.error(why.clone()));
+        }
+        if let Some(why) = &p.stalled {
+            return Err(ServiceError::JournalStalled { path: self.path.clone(), message: why.clone() });
+        }
+        Ok(())
+    }
+
+    /// Whether the records appended since the last compaction call for another: past
+    /// [`COMPACT_MIN_BYTES`] and four times the last snapshot's size.
+    pub fn wants_compaction(&self) -> bool {
+        let since = self.since_compaction.load(Ordering::Relaxed);
+        self.tx.is_some() && since > COMPACT_MIN_BYTES.max(4 * self.snapshot_bytes.load(Ordering::Relaxed))
+    }
+
+    /// Replaces the journal with a snapshot of the state as every record appended so far
+    /// left it (call it under the state's lock, like [`Journal::append`]): `head` (every
+    /// job) comes first, then the `Report` and `Draw` records the file holds, then `tail`
+    /// (each job's epochs, the lease counter, the scale).
+    pub fn compact(&self, head: &[Record], tail: &[Record]) -> Result<(), ServiceError> {
+        let Some(tx) = &self.tx else { return Ok(()) };
+        let lines = |records: &[Record]| -> Result<Vec<u8>, ServiceError> {
+            let mut out = Vec::new();
+            for r in records {
+                serde_json::to_writer(&mut out, r).map_err(|e| self.error(format!("cannot encode record: {e}")))?;
+                out.push(b'\n');
+            }
+            Ok(out)
+        };
+        let (head, tail) = (lines(head)?, lines(tail)?);
+        self.since_compaction.store(0, Ordering::Relaxed);
+        self.snapshot_bytes.store((head.len() + tail.len()) as u64, Ordering::Relaxed);
+        tx.send(Pending::Compact { head, tail }).map_err(|_| self.error("journal writer stopped".into()))
     }
 
     /// Queues `record` (call it in the order of decisions, under the state's lock); nothing
@@ -226,8 +372,18 @@ impl Journal {
         }
         let mut line = serde_json::to_vec(record).map_err(|e| self.error(format!("cannot encode record: {e}")))?;
         line.push(b'\n');
+        self.since_compaction.fetch_add(line.len() as u64, Ordering::Relaxed);
         let seq = self.appended.fetch_add(1, Ordering::SeqCst) + 1;
-        tx.send(Pending { line, seq }).map_err(|_| self.error("journal writer stopped".into()))
+        tx.send(Pending::Record { line, seq }).map_err(|_| self.error("journal writer stopped".into()))
+    }
+
+    /// Waits until the writer has done everything queued so far, compactions included.
+    pub async fn settle(&self) {
+        let Some(tx) = &self.tx else { return };
+        let (done, wait) = tokio::sync::oneshot::channel();
+        if tx.send(Pending::Settled(done)).is_ok() {
+            let _ = wait.await;
+        }
     }
 
     /// The sequence number of the last record appended: a reply decided now waits for it.
@@ -235,20 +391,25 @@ impl Journal {
         self.appended.load(Ordering::SeqCst)
     }
 
-    /// Waits until every record up to `seq` is on disk; an error if the journal failed first.
+    /// Waits until every record up to `seq` is on disk; an error if a write failed first
+    /// ([`ServiceError::JournalStalled`] while it is written again).
     pub async fn durable(&self, seq: u64) -> Result<(), ServiceError> {
         if self.tx.is_none() || seq == 0 {
             return Ok(());
         }
         let mut rx = self.progress.clone();
         let p = rx
-            .wait_for(|p| p.durable >= seq || p.failed.is_some())
+            .wait_for(|p| p.durable >= seq || p.failed.is_some() || p.stalled.is_some())
             .await
             .map_err(|_| self.error("journal writer stopped".into()))?
             .clone();
-        match p.failed {
-            Some(why) if p.durable < seq => Err(self.error(why)),
-            _ => Ok(()),
+        if p.durable >= seq {
+            return Ok(());
+        }
+        match (p.failed, p.stalled) {
+            (Some(why), _) => Err(self.error(why)),
+            (None, Some(why)) => Err(ServiceError::JournalStalled { path: self.path.clone(), message: why }),
+            (None, None) => Ok(()),
         }
     }
 
@@ -270,9 +431,9 @@ impl Journal {
     }
 }
 
-/// Writes queued records in groups, one fsync each. The first failure stops it for good:
-/// the torn append is cut back (so the file stays replayable) and every waiter, now and
-/// later, gets the error.
+/// Writes queued records in groups, one fsync each. A failed write is cut back and written
+/// again (with back-off) until it succeeds, meanwhile reported as `stalled`; one that cannot
+/// be cut back stops the writer for good, and every waiter, now and later, gets the error.
 fn writer(
     mut file: impl JournalFile,
     mut len: u64,
@@ -281,30 +442,83 @@ fn writer(
     path: PathBuf,
 ) {
     let mut buf = Vec::new();
+    let mut compact = None;
+    let mut settled = None;
     while let Ok(first) = rx.recv() {
-        let mut last = first.seq;
+        let mut last = None;
         buf.clear();
-        buf.extend_from_slice(&first.line);
-        while let Ok(more) = rx.try_recv() {
-            buf.extend_from_slice(&more.line);
-            last = more.seq;
-        }
-        match file.append(&buf) {
-            Ok(()) => {
-                len += buf.len() as u64;
-                progress.send_modify(|p| p.durable = last);
-            }
-            Err(e) => {
-                let mut why = format!("write failed: {e}");
-                if let Err(t) = file.truncate(len) {
-                    why.push_str(&format!("; cutting back to the last good record failed too: {t}"));
+        let mut next = Some(first);
+        while let Some(p) = next.take() {
+            match p {
+                Pending::Record { line, seq } => {
+                    buf.extend_from_slice(&line);
+                    last = Some(seq);
+                    next = rx.try_recv().ok();
                 }
-                tracing::error!(path = %path.display(), error = %why, "journal write failed; the dispatcher stops");
-                progress.send_modify(|p| p.failed = Some(why));
-                return;
+                // Written after the records before it, before any after it.
+                Pending::Compact { head, tail } => compact = Some((head, tail)),
+                Pending::Settled(done) => settled = Some(done),
             }
+        }
+        if let Some(last) = last {
+            let mut backoff = std::time::Duration::from_millis(50);
+            loop {
+                match file.append(&buf) {
+                    Ok(()) => {
+                        len += buf.len() as u64;
+                        progress.send_modify(|p| {
+                            p.durable = last;
+                            p.stalled = None;
+                        });
+                        break;
+                    }
+                    Err(e) => {
+                        let why = format!("write failed: {e}");
+                        if let Err(t) = file.truncate(len) {
+                            let why = format!("{why}; cutting back to the last good record failed too: {t}");
+                            tracing::error!(path = %path.display(), error = %why, "journal write failed; the dispatcher stops");
+                            progress.send_modify(|p| p.failed = Some(why));
+                            return;
+                        }
+                        tracing::error!(path = %path.display(), error = %why, "journal write failed; writing it again, refusing changes meanwhile");
+                        progress.send_modify(|p| p.stalled = Some(why));
+                        std::thread::sleep(backoff);
+                        backoff = (backoff * 2).min(std::time::Duration::from_secs(2));
+                    }
+                }
+            }
+        }
+        if let Some((head, tail)) = compact.take() {
+            match compacted(&path, &head, &tail).and_then(|bytes| file.replace(&path, &bytes).map(|()| bytes.len())) {
+                Ok(n) => {
+                    tracing::info!(path = %path.display(), from = len, to = n, "journal compacted");
+                    len = n as u64;
+                }
+                // The old file is whole: appends go on there.
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "journal compaction failed; appending to the old file")
+                }
+            }
+        }
+        if let Some(done) = settled.take() {
+            let _ = done.send(());
         }
     }
+}
+
+/// A compacted journal: `head`, the `Report` and `Draw` lines of the file at `path` in
+/// their order, then `tail`.
+fn compacted(path: &Path, head: &[u8], tail: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut out = head.to_vec();
+    for line in BufReader::new(File::open(path)?).split(b'\n') {
+        let line = line?;
+        if let Ok(Record::Report { .. } | Record::Draw { .. }) = serde_json::from_slice::<Record>(&line) {
+            out.extend_from_slice(&line);
+            out.push(b'\n');
+        }
+    }
+    out.extend_from_slice(tail);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -339,11 +553,13 @@ mod tests {
         assert_eq!(again.len(), 4);
     }
 
-    /// A file whose `fail_at`-th append writes half its bytes and fails (a full disk).
+    /// A file whose `fail_at`-th append writes half its bytes and fails (a full disk), and
+    /// whose truncation then fails too with `cannot_cut`.
     struct Flaky {
         file: File,
         appends: usize,
         fail_at: usize,
+        cannot_cut: bool,
     }
 
     impl JournalFile for Flaky {
@@ -357,31 +573,95 @@ mod tests {
         }
 
         fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+            if self.cannot_cut {
+                return Err(std::io::Error::other("input/output error"));
+            }
             self.file.truncate(len)
+        }
+
+        fn replace(&mut self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+            self.file.replace(path, bytes)
         }
     }
 
     #[tokio::test]
-    async fn a_failed_write_stops_the_journal_and_leaves_it_replayable() {
+    async fn a_failed_write_fails_its_request_and_the_journal_goes_on_once_the_disk_takes_writes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal.jsonl");
         let file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
-        let j = Journal::start(Flaky { file, appends: 0, fail_at: 2 }, 0, &path).unwrap();
+        let j = Journal::start(Flaky { file, appends: 0, fail_at: 2, cannot_cut: false }, 0, &path).unwrap();
         let rec = |task| Record::Ack { job_id: 1, epoch: 0, task };
         j.append(&rec(0)).unwrap();
         j.durable(j.appended()).await.unwrap();
-        // The second write tears: its waiter hears of it, and so does the dispatcher.
+        // The second write tears (a full disk): the request waiting for it hears why.
         j.append(&rec(1)).unwrap();
-        let torn = j.appended();
-        let e = j.durable(torn).await.unwrap_err().to_string();
+        let e = j.durable(j.appended()).await.unwrap_err().to_string();
+        assert!(e.contains("no space left on device"), "{e}");
+        assert!(matches!(j.ready(), Err(ServiceError::JournalStalled { .. })), "changes are taken while it stalls");
+        // The disk takes writes again: the journal goes on, the torn record written again
+        // in its place, and takes new records.
+        let t0 = std::time::Instant::now();
+        while let Err(e) = j.ready() {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the journal takes no more records: {e}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        j.append(&rec(2)).unwrap();
+        j.durable(j.appended()).await.unwrap();
+        assert!(j.failure().is_none());
+        drop(j);
+        let (_, back) = Journal::open(&path).unwrap();
+        assert_eq!(back, vec![rec(0), rec(1), rec(2)]);
+    }
+
+    #[tokio::test]
+    async fn a_torn_write_that_cannot_be_cut_back_stops_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        let j = Journal::start(Flaky { file, appends: 0, fail_at: 2, cannot_cut: true }, 0, &path).unwrap();
+        let rec = |task| Record::Ack { job_id: 1, epoch: 0, task };
+        j.append(&rec(0)).unwrap();
+        j.durable(j.appended()).await.unwrap();
+        // The second write tears and stays torn: its waiter hears of it, and so does the
+        // dispatcher, which stops.
+        j.append(&rec(1)).unwrap();
+        let e = j.durable(j.appended()).await.unwrap_err().to_string();
         assert!(e.contains("no space left on device"), "{e}");
         let why = tokio::time::timeout(std::time::Duration::from_secs(5), j.failed()).await.unwrap();
-        assert!(why.contains("no space left on device"), "{why}");
-        // Nothing more is taken, so nothing lands after the torn line.
+        assert!(why.contains("input/output error"), "{why}");
+        // Nothing more is taken.
         assert!(j.append(&rec(2)).is_err(), "a failed journal takes no more records");
+        assert!(j.ready().is_err());
+    }
+
+    #[tokio::test]
+    async fn a_compacted_journal_keeps_the_importance_records_between_its_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.jsonl");
+        let (j, _) = Journal::open(&path).unwrap();
+        let job = Record::Job {
+            job_id: 1,
+            name: "j".into(),
+            spec_json: "{}".into(),
+            fingerprint: "f".into(),
+            manifest_fingerprint: "m".into(),
+            batches_per_epoch: 4,
+            samples_per_epoch: 16,
+            task_batches: 1,
+            passes: 0,
+        };
+        let report = Record::Report { job_id: 1, keys: vec![1], values: vec![0.5], kind: 0 };
+        let draw = Record::Draw { job_id: 1, epoch: 0, hot: None, members: vec![] };
+        for r in [&job, &report, &Record::Ack { job_id: 1, epoch: 0, task: 0 }, &draw] {
+            j.append(r).unwrap();
+        }
+        let leases = Record::Leases { next: 7 };
+        j.compact(std::slice::from_ref(&job), std::slice::from_ref(&leases)).unwrap();
+        let after = Record::Ack { job_id: 1, epoch: 0, task: 1 };
+        j.append(&after).unwrap();
+        j.durable(j.appended()).await.unwrap();
         drop(j);
-        // A restart replays exactly what was durable.
         let (_, back) = Journal::open(&path).unwrap();
-        assert_eq!(back, vec![rec(0)]);
+        assert_eq!(back, vec![job, report, draw, leases, after]);
     }
 }

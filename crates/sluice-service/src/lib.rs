@@ -59,7 +59,7 @@ pub use limits::WorkerLimits;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};
 pub use proto::{JobCacheStats, ReportKind, ReportReply};
 pub use scale_client::ScaleClient;
-pub use security::TokenAttach;
+pub use security::{random_token, ClientSecret, TokenAttach};
 #[cfg(feature = "kube")]
 pub use statefulset::StatefulSetScaler;
 pub use tls::TlsFiles;

@@ -6,7 +6,11 @@
 //!   [`AllowedRoots::confine`], which opens every file beneath its root, so a file swapped
 //!   for a symlink later is refused when it is read.
 //! * [`TokenCheck`]: a shared secret in the `authorization: Bearer <token>` header of
-//!   every RPC, checked by an interceptor before any handler runs.
+//!   every RPC, checked by an interceptor before any handler runs; the operator token, a
+//!   second one, is what operator calls (`SetScale`, `DrainWorker`) need
+//!   ([`require_operator`]).
+//! * [`ClientSecret`]: what proves a client is the one its (public) id names, for the calls
+//!   on its leases.
 
 use std::path::{Path, PathBuf};
 
@@ -138,30 +142,146 @@ fn fold(path: &Path) -> PathBuf {
     out
 }
 
-/// The server side of the shared token: refuses any RPC whose `authorization` header is
-/// not `Bearer <token>`. With no token configured every call passes.
+/// Who made a call, as [`TokenCheck`] found it (in the request's extensions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// The clients' (and workers') token, or no token where none is asked.
+    Client,
+    /// The operator token; or any call where the service asks for no token at all.
+    Operator,
+}
+
+/// The server side of the tokens: refuses any RPC whose `authorization` header is not
+/// `Bearer <token>` or `Bearer <operator token>`, and tells the handler which it was
+/// ([`Caller`]). With no token configured every call passes; with neither token
+/// configured, every caller is the operator (an open service has nothing to tell apart).
 #[derive(Clone)]
 pub struct TokenCheck {
     expected: Option<Vec<u8>>,
+    operator: Option<Vec<u8>>,
 }
 
 impl TokenCheck {
     pub fn new(token: Option<&str>) -> Self {
-        Self { expected: token.filter(|t| !t.is_empty()).map(|t| format!("Bearer {t}").into_bytes()) }
+        Self { expected: bearer(token), operator: None }
+    }
+
+    /// Also takes `operator` (when given), for the operator's calls.
+    pub fn with_operator(mut self, operator: Option<&str>) -> Self {
+        self.operator = bearer(operator);
+        self
+    }
+
+    fn caller(&self, given: &[u8]) -> Option<Caller> {
+        if self.operator.as_deref().is_some_and(|op| constant_time_eq(given, op)) {
+            return Some(Caller::Operator);
+        }
+        match (&self.expected, &self.operator) {
+            (None, None) => Some(Caller::Operator),
+            (None, Some(_)) => Some(Caller::Client),
+            (Some(expected), _) => constant_time_eq(given, expected).then_some(Caller::Client),
+        }
     }
 }
 
+fn bearer(token: Option<&str>) -> Option<Vec<u8>> {
+    token.filter(|t| !t.is_empty()).map(|t| format!("Bearer {t}").into_bytes())
+}
+
 impl Interceptor for TokenCheck {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(expected) = &self.expected else {
-            return Ok(req);
-        };
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let given = req.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
-        if constant_time_eq(given, expected) {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated("missing or wrong token (set --token or SLUICE_TOKEN to the service's token)"))
+        match self.caller(given) {
+            Some(caller) => {
+                req.extensions_mut().insert(caller);
+                Ok(req)
+            }
+            None => Err(Status::unauthenticated(
+                "missing or wrong token (set --token or SLUICE_TOKEN to the service's token)",
+            )),
         }
+    }
+}
+
+/// Refuses an operator call (`what`) unless [`TokenCheck`] found the operator token on it.
+pub fn require_operator<T>(req: &Request<T>, what: &'static str) -> Result<(), ServiceError> {
+    match req.extensions().get::<Caller>() {
+        Some(Caller::Operator) => Ok(()),
+        _ => Err(ServiceError::OperatorOnly { what }),
+    }
+}
+
+/// A client's secret and the public id derived from it. The id (shown on `/metrics`,
+/// `/api/state` and in logs) is `LABEL#` and the first 16 bytes of the secret's SHA-256 in
+/// hex: anyone may read it, only the holder of the secret can make a call in its name
+/// (take or renew its leases, acknowledge or hand back its tasks). The dispatcher keeps
+/// nothing: it checks each call's secret against the id ([`check_client`]), the same after
+/// a restart.
+#[derive(Clone)]
+pub struct ClientSecret {
+    secret: String,
+    id: String,
+}
+
+impl ClientSecret {
+    /// A fresh random secret (32 bytes from the operating system), its id starting with `label`.
+    pub fn generate(label: &str) -> Result<Self, ServiceError> {
+        let secret = random_token()?;
+        let id = format!("{label}#{}", digest_hex(&secret));
+        Ok(Self { secret, id })
+    }
+
+    /// The public id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// What the client sends with every call in its name (`client_secret`).
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+}
+
+/// 32 random bytes from the operating system, in hex: a client's secret, or the operator
+/// token `sluice up` makes when given none.
+pub fn random_token() -> Result<String, ServiceError> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| ServiceError::Internal("the operating system gave no random bytes for a secret".into()))?;
+    Ok(hex(&bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn digest_hex(secret: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    hex(&d.as_ref()[..16])
+}
+
+/// Checks a call made in `client`'s name with `secret`. An id that carries a digest
+/// (`LABEL#` and 32 hex digits, what [`ClientSecret`] makes) needs the secret it came from.
+/// An id without one (a client older than lease secrets) needs none, and has no
+/// protection: anyone who reads it can act in its name.
+pub fn check_client(client: &str, secret: &str) -> Result<(), ServiceError> {
+    let refuse = |why| Err(ServiceError::ClientSecret { client: client.to_string(), why });
+    let digest = client
+        .rsplit_once('#')
+        .map(|(_, d)| d)
+        .filter(|d| d.len() == 32 && d.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    match digest {
+        Some(_) if secret.is_empty() => refuse("the call does not carry the client's secret (`client_secret`)"),
+        Some(d) if !constant_time_eq(digest_hex(secret).as_bytes(), d.as_bytes()) => {
+            refuse("the secret the call carries is not this client's")
+        }
+        Some(_) => Ok(()),
+        None if !secret.is_empty() => {
+            refuse("a secret was given, but the id does not end in its digest (`#` and 32 hex digits)")
+        }
+        None => Ok(()),
     }
 }
 
@@ -273,5 +393,42 @@ mod tests {
         assert_eq!(with(Some("Bearer s3creT")), Err(tonic::Code::Unauthenticated));
         assert_eq!(with(None), Err(tonic::Code::Unauthenticated));
         assert!(TokenCheck::new(None).call(Request::new(())).is_ok());
+    }
+
+    #[test]
+    fn only_the_holder_of_a_clients_secret_acts_in_its_name() {
+        let a = ClientSecret::generate("host-1").unwrap();
+        let b = ClientSecret::generate("host-1").unwrap();
+        assert!(a.id().starts_with("host-1#") && a.id() != b.id());
+        assert!(!a.id().contains(a.secret()));
+        assert!(check_client(a.id(), a.secret()).is_ok());
+        assert!(check_client(a.id(), "").is_err(), "the public id alone");
+        assert!(check_client(a.id(), b.secret()).is_err(), "another client's secret");
+        // Older clients: an id without a digest, and no secret.
+        assert!(check_client("host-1-2-3f", "").is_ok());
+        assert!(check_client("host-1-2-3f", a.secret()).is_err());
+    }
+
+    #[test]
+    fn only_the_operator_token_makes_an_operator() {
+        let caller = |check: &mut TokenCheck, v: Option<&str>| {
+            let mut r = Request::new(());
+            if let Some(v) = v {
+                r.metadata_mut().insert("authorization", v.parse().unwrap());
+            }
+            check.call(r).map(|r| r.extensions().get::<Caller>().copied()).map_err(|s| s.code())
+        };
+        let mut both = TokenCheck::new(Some("client")).with_operator(Some("op"));
+        assert_eq!(caller(&mut both, Some("Bearer op")), Ok(Some(Caller::Operator)));
+        assert_eq!(caller(&mut both, Some("Bearer client")), Ok(Some(Caller::Client)));
+        assert_eq!(caller(&mut both, Some("Bearer nope")), Err(tonic::Code::Unauthenticated));
+        let mut clients_only = TokenCheck::new(Some("client"));
+        assert_eq!(caller(&mut clients_only, Some("Bearer client")), Ok(Some(Caller::Client)));
+        let mut operator_only = TokenCheck::new(None).with_operator(Some("op"));
+        assert_eq!(caller(&mut operator_only, None), Ok(Some(Caller::Client)));
+        assert_eq!(caller(&mut operator_only, Some("Bearer op")), Ok(Some(Caller::Operator)));
+        assert_eq!(caller(&mut TokenCheck::new(None), None), Ok(Some(Caller::Operator)));
+        let refused = require_operator(&Request::new(()), "SetScale").unwrap_err().to_string();
+        assert!(refused.contains("--operator-token"), "{refused}");
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use sluice_service::ScaleClient;
 
-use super::{roots, token, AutoscaleArgs, LimitArgs};
+use super::{operator_token, roots, token, AutoscaleArgs, LimitArgs};
 
 /// How often `up` asks the dispatcher for its target (and repeats its drain requests).
 const SCALE_POLL: Duration = Duration::from_millis(250);
@@ -38,6 +38,11 @@ pub struct UpArgs {
     allow_root: Vec<PathBuf>,
     #[arg(long)]
     token: Option<String>,
+    /// The dispatcher's operator token (scaling, draining), which `up` itself uses
+    /// (default: $SLUICE_OPERATOR_TOKEN, else a random one when --token is set). Workers do
+    /// not get it.
+    #[arg(long)]
+    operator_token: Option<String>,
     /// Metrics: the dispatcher on PORT, worker i on PORT+1+i.
     #[arg(long)]
     metrics_port: Option<u16>,
@@ -71,6 +76,8 @@ struct Supervised {
 struct Spawner {
     exe: PathBuf,
     token: Option<String>,
+    /// Given to the dispatcher only.
+    operator_token: Option<String>,
     /// What every worker gets; its number adds `--name worker-I` and its metrics port.
     worker_args: Vec<String>,
     metrics_port: Option<u16>,
@@ -83,6 +90,14 @@ impl Spawner {
         if let Some(t) = &self.token {
             // Through the environment, not argv, so `ps` does not show it.
             cmd.env("SLUICE_TOKEN", t);
+        }
+        match &self.operator_token {
+            Some(t) if args.first().map(String::as_str) == Some("dispatcher") => {
+                cmd.env("SLUICE_OPERATOR_TOKEN", t);
+            }
+            _ => {
+                cmd.env_remove("SLUICE_OPERATOR_TOKEN");
+            }
         }
         #[cfg(target_os = "linux")]
         {
@@ -125,6 +140,12 @@ pub fn up(a: UpArgs) -> Result<()> {
     let threads = a.threads.unwrap_or((cores / unit_of.max(1)).max(1));
     let roots = roots(a.allow_root)?;
     let token = token(a.token);
+    // With a clients' token, operator calls need their own (an open service takes them).
+    let operator = match (operator_token(a.operator_token), &token) {
+        (Some(t), _) => Some(t),
+        (None, Some(_)) => Some(sluice_service::random_token()?),
+        (None, None) => None,
+    };
     let mut root_args = Vec::new();
     for r in &roots {
         root_args.push("--allow-root".to_string());
@@ -166,7 +187,8 @@ pub fn up(a: UpArgs) -> Result<()> {
     if let Some(dir) = &a.trace_dir {
         w.extend(["--trace-dir".to_string(), dir.display().to_string()]);
     }
-    let spawner = Spawner { exe, token: token.clone(), worker_args: w, metrics_port: a.metrics_port };
+    let spawner =
+        Spawner { exe, token, operator_token: operator.clone(), worker_args: w, metrics_port: a.metrics_port };
 
     let stop = sluice_service::signal_flag()?;
     let child = spawner.spawn(&d)?;
@@ -190,7 +212,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         None => println!("journal: {}", journal.display()),
     }
     let mut scale = match autoscale {
-        Some(_) => Some(ScaleClient::new(&a.listen, token.as_deref(), a.tls_ca.as_deref())?),
+        Some(_) => Some(ScaleClient::new(&a.listen, operator.as_deref(), a.tls_ca.as_deref())?),
         None => None,
     };
     let mut next_poll = Instant::now();

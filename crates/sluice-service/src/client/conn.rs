@@ -16,7 +16,7 @@ use crate::dispatcher_client::{dispatcher_client, DispatcherConn};
 use crate::error::ServiceError;
 use crate::proto::worker_client::WorkerClient;
 use crate::proto::ClientHeartbeatRequest;
-use crate::security::TokenAttach;
+use crate::security::{ClientSecret, TokenAttach};
 use crate::tls::ClientTls;
 use crate::wire::Compression;
 use crate::MAX_MESSAGE_BYTES;
@@ -42,7 +42,10 @@ pub(super) struct Conn {
     /// The job's fingerprint, sent with every task so a worker never serves another job
     /// that had this id.
     pub(super) fingerprint: String,
+    /// This client's public id and the secret that proves it (every call in its name
+    /// carries the secret).
     pub(super) client_id: String,
+    pub(super) client_secret: String,
     /// Trainer-side counters, reported in heartbeats (per-client metrics).
     pub(super) batches: AtomicU64,
     pub(super) stall_ns: AtomicU64,
@@ -62,12 +65,7 @@ impl Conn {
             let _g = rt.enter();
             dispatcher_client(&options.dispatcher, options.token.as_deref(), tls.as_ref())?
         };
-        let client_id = format!(
-            "{}-{}-{:x}",
-            hostname(),
-            std::process::id(),
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
-        );
+        let identity = ClientSecret::generate(&format!("{}-{}", hostname(), std::process::id()))?;
         Ok(Self {
             dispatcher,
             token,
@@ -83,7 +81,8 @@ impl Conn {
             give_up_after: options.give_up_after,
             job_id: 0,
             fingerprint: String::new(),
-            client_id,
+            client_id: identity.id().to_string(),
+            client_secret: identity.secret().to_string(),
             batches: AtomicU64::new(0),
             stall_ns: AtomicU64::new(0),
             started: Instant::now(),
@@ -178,9 +177,14 @@ pub(super) async fn heartbeat(conn: Arc<Conn>) {
             batches: conn.batches.load(Ordering::Relaxed),
             stall_s: conn.stall_ns.load(Ordering::Relaxed) as f64 / 1e9,
             elapsed_s: conn.started.elapsed().as_secs_f64(),
+            client_secret: conn.client_secret.clone(),
         };
-        if let Err(e) = conn.dispatcher.clone().client_heartbeat(req).await {
-            tracing::debug!(error = %e, "client heartbeat failed");
+        match conn.dispatcher.clone().client_heartbeat(req).await {
+            Ok(_) => {}
+            // Refused (the dispatcher has as many clients as it may): the leases of this
+            // client run out while it is refused.
+            Err(e) if !retryable(e.code()) => tracing::warn!(error = %e, "the dispatcher refused a heartbeat"),
+            Err(e) => tracing::debug!(error = %e, "client heartbeat failed"),
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -121,6 +121,7 @@ async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Re
             request_id,
             lookahead,
             streamed,
+            client_secret: conn.client_secret.clone(),
         };
         let reply = with_retry(&conn, "GetTask", |mut d| {
             let req = req.clone();
@@ -279,6 +280,7 @@ async fn run_task(
                 worker_id: task.worker_id,
                 generation: task.generation,
                 lease: task.lease,
+                client_secret: conn.client_secret.clone(),
             };
             with_retry(conn, "FailTask", |mut d| {
                 let req = req.clone();

@@ -210,6 +210,7 @@ impl RemoteLoader {
             epoch: state.epoch,
             delivered: state.delivered.clone(),
             release_client: String::new(),
+            client_secret: String::new(),
         };
         self.job = self.reset(req)?;
         self.epoch = state.epoch;
@@ -240,6 +241,7 @@ impl RemoteLoader {
             keys: keys.to_vec(),
             values: values.to_vec(),
             kind: kind.into(),
+            client_secret: self.conn.client_secret.clone(),
         };
         self.rt.block_on(with_retry(&self.conn, "Report", |mut d| {
             let req = req.clone();
@@ -276,8 +278,13 @@ impl RemoteLoader {
     /// again).
     fn release(&mut self) -> Result<(), ServiceError> {
         let RemoteState { epoch, delivered, .. } = self.state();
-        let req =
-            ResetJobRequest { job_id: self.job.job_id, epoch, delivered, release_client: self.conn.client_id.clone() };
+        let req = ResetJobRequest {
+            job_id: self.job.job_id,
+            epoch,
+            delivered,
+            release_client: self.conn.client_id.clone(),
+            client_secret: self.conn.client_secret.clone(),
+        };
         self.job = self.reset(req)?;
         self.open.clear();
         self.deferred_acks.iter_mut().for_each(Vec::clear);
@@ -425,6 +432,7 @@ impl RemoteLoader {
             task_index: task.task,
             generation: task.generation,
             lease: task.lease,
+            client_secret: conn.client_secret.clone(),
         };
         self.rt.spawn(async move {
             let r = retry(&conn, "AckTask", None, |mut d| {

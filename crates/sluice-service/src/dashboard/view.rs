@@ -146,8 +146,8 @@ mod tests {
         state.worker_cache(a, 30, 40);
         state.worker_cache(b, 0, 10);
         let report = |batches, stall_s, elapsed_s| ClientReport { job_id: 1, batches, stall_s, elapsed_s };
-        state.client_heartbeat(1, "c2", report(20, 1.0, 4.0), now);
-        state.client_heartbeat(1, "c1", report(10, 3.0, 6.0), now);
+        state.client_heartbeat(1, "c2", report(20, 1.0, 4.0), now).unwrap();
+        state.client_heartbeat(1, "c1", report(10, 3.0, 6.0), now).unwrap();
 
         let view = DispatcherView::new(&state, 25, now);
         let t = &view.totals;

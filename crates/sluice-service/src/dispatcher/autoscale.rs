@@ -205,7 +205,7 @@ mod tests {
             stall_s: prev.stall_s + wait,
             elapsed_s: t as f64,
         };
-        s.client_heartbeat(1, "c", report, now);
+        s.client_heartbeat(1, "c", report, now).unwrap();
         let ids: Vec<u64> = s.workers.keys().copied().collect();
         for id in ids {
             let (b, p) = s.workers.get(&id).map(|w| (w.busy_s, w.batches_produced)).unwrap_or_default();

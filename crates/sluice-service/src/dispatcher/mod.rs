@@ -24,7 +24,7 @@ use crate::journal::{Journal, Record};
 use crate::metrics::{self, Labels, LatencyHistogram, Scrape};
 use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
 use crate::proto::*;
-use crate::security::{AllowedRoots, TokenCheck};
+use crate::security::{check_client, require_operator, AllowedRoots, TokenCheck};
 use crate::MAX_CONTROL_MESSAGE_BYTES;
 use autoscale::ServiceAutoscale;
 use state::{ClientReport, JobImportance, State};
@@ -43,6 +43,10 @@ pub struct DispatcherConfig {
     pub journal: Option<PathBuf>,
     pub allow_roots: Vec<PathBuf>,
     pub token: Option<String>,
+    /// What operator calls (`SetScale`, `DrainWorker`) must carry. `None`: they are
+    /// refused where `token` is set (a client's token is not enough), and open to anyone
+    /// where neither is.
+    pub operator_token: Option<String>,
     /// `host:port` for `/metrics`; `None` serves none.
     pub metrics_listen: Option<String>,
     /// Serve gRPC over TLS with this certificate and key.
@@ -192,12 +196,30 @@ impl DispatcherService {
     }
 
     /// Applies `record` and queues it for the journal under one lock, so the journal's order
-    /// is the order of decisions.
+    /// is the order of decisions. Refused before anything changes while the journal cannot
+    /// write (see `journal`): the request fails, the dispatcher goes on. Compacts the
+    /// journal when it has grown enough.
     fn commit(&self, state: &mut State, record: &Record, worker: u64) -> Result<(), ServiceError> {
+        self.inner.journal.ready()?;
         state.apply(record, Instant::now(), worker)?;
         self.inner.journal.append(record)?;
+        if self.inner.journal.wants_compaction() {
+            self.compact(state);
+        }
         self.inner.changed.notify_waiters();
         Ok(())
+    }
+
+    /// Hands the journal a snapshot of `state` to replace it with (under the state's lock;
+    /// the autoscaler's lock is taken after it, as everywhere).
+    fn compact(&self, state: &State) {
+        // Held until the snapshot is queued: a `Scale` appended meanwhile would come before
+        // it in the journal, its target missing from it.
+        let autoscale = self.inner.autoscale.as_ref().map(|a| a.lock());
+        let (head, tail) = state.snapshot(autoscale.as_ref().map(|a| a.target() as u64));
+        if let Err(e) = self.inner.journal.compact(&head, &tail) {
+            tracing::warn!(error = %e, "journal compaction not started");
+        }
     }
 
     /// What a reply decided now must wait for (call it under the state's lock): every
@@ -344,20 +366,23 @@ impl Dispatcher for DispatcherService {
         request: Request<WorkerHeartbeatRequest>,
     ) -> Result<Response<WorkerHeartbeatReply>, Status> {
         let r = request.into_inner();
-        let (known, drained) = {
+        let (known, drained, draining) = {
             let mut state = self.inner.state.lock();
             state.worker_cache(r.worker_id, r.cache_hits, r.cache_lookups);
             state.worker_caches(r.worker_id, r.caches);
             state.worker_busy(r.worker_id, r.busy_s);
+            if r.drain {
+                state.drain_worker_id(r.worker_id);
+            }
             let known = state.worker_heartbeat(r.worker_id, r.tasks_running, r.batches_produced, Instant::now());
-            (known, state.is_drained(r.worker_id))
+            (known, state.is_drained(r.worker_id), state.workers.get(&r.worker_id).is_some_and(|w| w.draining))
         };
         if drained {
             tracing::info!(worker_id = r.worker_id, "worker drained: it holds no task; telling it to exit");
         }
         // A worker back from suspicion can take tasks again.
         self.inner.changed.notify_waiters();
-        self.counted(Ok(WorkerHeartbeatReply { known, drained }))
+        self.counted(Ok(WorkerHeartbeatReply { known, drained, draining }))
     }
 
     async fn create_job(&self, request: Request<CreateJobRequest>) -> Result<Response<JobInfo>, Status> {
@@ -391,6 +416,7 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             valid_name("client_id", &req.client_id)?;
+            check_client(&req.client_id, &req.client_secret)?;
             if let Some(r) = &req.streamed {
                 self.inner.state.lock().streamed(req.job_id, &req.client_id, r);
             }
@@ -438,9 +464,17 @@ impl Dispatcher for DispatcherService {
     async fn ack_task(&self, request: Request<AckTaskRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
         let r = async {
+            check_client(&req.client_id, &req.client_secret)?;
             let (acked, seq) = {
                 let mut state = self.inner.state.lock();
-                let acked = match state.ack_task(req.job_id, req.epoch, req.task_index, req.generation, req.lease)? {
+                let acked = match state.ack_task(
+                    req.job_id,
+                    &req.client_id,
+                    req.epoch,
+                    req.task_index,
+                    req.generation,
+                    req.lease,
+                )? {
                     Some(record) => {
                         let batches = state
                             .job(req.job_id)
@@ -469,6 +503,7 @@ impl Dispatcher for DispatcherService {
     async fn fail_task(&self, request: Request<FailTaskRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
         let r = async {
+            check_client(&req.client_id, &req.client_secret)?;
             let seq = {
                 let mut state = self.inner.state.lock();
                 if let Some(record) = state.fail_task(&req)? {
@@ -493,16 +528,18 @@ impl Dispatcher for DispatcherService {
 
     async fn client_heartbeat(&self, request: Request<ClientHeartbeatRequest>) -> Result<Response<Empty>, Status> {
         let req = request.into_inner();
-        let r = valid_name("client_id", &req.client_id).map(|()| {
+        let r = (|| {
+            valid_name("client_id", &req.client_id)?;
+            check_client(&req.client_id, &req.client_secret)?;
             let report = ClientReport {
                 job_id: req.job_id,
                 batches: req.batches,
                 stall_s: req.stall_s,
                 elapsed_s: req.elapsed_s,
             };
-            self.inner.state.lock().client_heartbeat(req.job_id, &req.client_id, report, Instant::now());
-            Empty {}
-        });
+            self.inner.state.lock().client_heartbeat(req.job_id, &req.client_id, report, Instant::now())?;
+            Ok(Empty {})
+        })();
         self.counted(r)
     }
 
@@ -523,6 +560,7 @@ impl Dispatcher for DispatcherService {
                     self.commit(&mut state, &record, 0)?;
                 } else {
                     valid_name("release_client", &req.release_client)?;
+                    check_client(&req.release_client, &req.client_secret)?;
                     let records = state.release_client(req.job_id, req.epoch, &req.release_client, &req.delivered)?;
                     for record in &records {
                         self.commit(&mut state, record, 0)?;
@@ -542,6 +580,7 @@ impl Dispatcher for DispatcherService {
         let req = request.into_inner();
         let r = async {
             valid_name("client_id", &req.client_id)?;
+            check_client(&req.client_id, &req.client_secret)?;
             let kind = ReportKind::try_from(req.kind)
                 .map_err(|_| ServiceError::InvalidArgument(format!("report kind {} is not known", req.kind)))?;
             let (reply, seq) = {
@@ -616,10 +655,13 @@ impl Dispatcher for DispatcherService {
     }
 
     async fn set_scale(&self, request: Request<SetScaleRequest>) -> Result<Response<ScaleReply>, Status> {
+        let operator = require_operator(&request, "SetScale");
         let workers = usize::try_from(request.into_inner().workers).unwrap_or(usize::MAX);
         let r = async {
+            operator?;
             let seq = {
                 let a = self.inner.autoscale.as_ref().ok_or(ServiceError::AutoscaleOff { what: "SetScale" })?;
+                self.inner.journal.ready()?;
                 let mut a = a.lock();
                 if let Some(d) = a.set_target(workers, Instant::now()) {
                     self.inner.journal.append(&Record::Scale { workers: d.to as u64 })?;
@@ -634,8 +676,9 @@ impl Dispatcher for DispatcherService {
     }
 
     async fn drain_worker(&self, request: Request<DrainWorkerRequest>) -> Result<Response<DrainWorkerReply>, Status> {
+        let operator = require_operator(&request, "DrainWorker");
         let name = request.into_inner().name;
-        let r = valid_name("name", &name).map(|()| {
+        let r = operator.and_then(|()| valid_name("name", &name)).map(|()| {
             let drained = self.inner.state.lock().drain_worker(&name);
             // Long-polling GetTask calls pick among the others now.
             self.inner.changed.notify_waiters();
@@ -667,10 +710,14 @@ impl DispatcherService {
     fn autoscale_tick(&self) {
         if let Some(a) = &self.inner.autoscale {
             let state = self.inner.state.lock();
+            // No decision while the journal cannot write it (see `journal`).
+            if self.inner.journal.ready().is_err() {
+                return;
+            }
             let mut a = a.lock();
             let Some(d) = a.tick(&state, Instant::now()) else { return };
             // Journaled under the autoscaler's lock, so the last record is the last target.
-            // A failed journal stops the dispatcher (see `journal`), so this only logs.
+            // A journal that stopped stops the dispatcher (see `journal`), so this only logs.
             if let Err(e) = self.inner.journal.append(&Record::Scale { workers: d.to as u64 }) {
                 tracing::error!(error = %e, "autoscale: the target is not journaled");
             }
@@ -901,8 +948,9 @@ pub async fn run_dispatcher(
     if let Some(tls) = tls {
         builder = builder.tls_config(tls.grpc).map_err(|e| ServiceError::Tls(e.to_string()))?;
     }
-    // A journal that cannot write stops the dispatcher: what it holds in memory is then
-    // ahead of what a restart replays, and no reply may claim otherwise.
+    // A journal that stopped (a torn write it could not cut back) stops the dispatcher:
+    // what it holds in memory is then ahead of what a restart replays, and no reply may
+    // claim otherwise. A write that merely fails is written again (see `journal`).
     let stop = {
         let journal = journal.clone();
         async move {
@@ -913,13 +961,18 @@ pub async fn run_dispatcher(
         }
     };
     let served = builder
-        .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
+        .add_service(InterceptedService::new(
+            server,
+            TokenCheck::new(config.token.as_deref()).with_operator(config.operator_token.as_deref()),
+        ))
         .serve_with_incoming_shutdown(incoming, stop)
         .await
         .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")));
     if let Some(t) = ticker {
         t.abort();
     }
+    // Whatever was queued (a compaction included) is done before the dispatcher returns.
+    journal.settle().await;
     served?;
     match (journal.failure(), &config.journal) {
         (Some(message), Some(path)) => Err(ServiceError::Journal { path: path.clone(), message }),
@@ -932,6 +985,86 @@ mod tests {
     use prost::Message;
 
     use super::*;
+
+    use crate::journal::COMPACT_MIN_BYTES;
+
+    /// Runs epochs of a job on a dispatcher with a journal, one client, by its RPCs.
+    async fn run_epochs(service: &DispatcherService, job_id: u64, epochs: std::ops::Range<u64>) {
+        let worker = RegisterWorkerRequest { addr: "127.0.0.1:1".into(), ..Default::default() };
+        let worker_id = service.register_worker(Request::new(worker)).await.unwrap().into_inner().worker_id;
+        let mut request_id = epochs.start * 1000;
+        for epoch in epochs {
+            let beat = WorkerHeartbeatRequest { worker_id, ..Default::default() };
+            service.worker_heartbeat(Request::new(beat)).await.unwrap();
+            loop {
+                request_id += 1;
+                let get = GetTaskRequest { job_id, client_id: "c".into(), epoch, request_id, ..Default::default() };
+                let reply = service.get_task(Request::new(get)).await.unwrap().into_inner();
+                match reply.status() {
+                    get_task_reply::Status::Task => {
+                        let t = reply.task.unwrap();
+                        let ack = AckTaskRequest {
+                            job_id,
+                            client_id: "c".into(),
+                            epoch: t.epoch,
+                            task_index: t.task_index,
+                            generation: t.generation,
+                            lease: t.lease,
+                            ..Default::default()
+                        };
+                        service.ack_task(Request::new(ack)).await.unwrap();
+                    }
+                    get_task_reply::Status::EpochDone => break,
+                    get_task_reply::Status::Wait => panic!("epoch {epoch}: told to wait with one client"),
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_long_run_keeps_its_journal_bounded_and_a_restart_resumes_it() {
+        // In memory where there is a tmpfs: 2,400 fsyncs take seconds on a disk.
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = if shm.is_dir() { tempfile::tempdir_in(shm) } else { tempfile::tempdir() }.unwrap();
+        let root = dir.path().join("data");
+        let options = sluice_synth::DatasetOptions { images: 48, classes: 2, ..Default::default() };
+        sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
+        let journal = dir.path().join("journal.jsonl");
+        let config = DispatcherConfig {
+            listen: "127.0.0.1:0".into(),
+            journal: Some(journal.clone()),
+            allow_roots: vec![root.clone()],
+            token: None,
+            operator_token: None,
+            metrics_listen: None,
+            tls: None,
+            autoscale: None,
+            cache_aware: false,
+        };
+        let mut spec = PipelineSpec::train_default(sluice_core::SourceSpec::ImageFolder { root }, 16, 4);
+        spec.shuffle = sluice_core::ShuffleSpec::None;
+        let create = CreateJobRequest {
+            job_name: "long".into(),
+            spec_json: serde_json::to_string(&spec).unwrap(),
+            task_batches: 1,
+            parallel_epochs: 0,
+        };
+        let service = DispatcherService::new(&config).unwrap();
+        let job_id = service.create_job(Request::new(create)).await.unwrap().into_inner().job_id;
+        // 12 tasks an epoch, each an `Assign` and an `Ack`: ~170 KiB of journal in 100
+        // epochs without compaction.
+        run_epochs(&service, job_id, 0..100).await;
+        service.inner.journal.settle().await;
+        let len = std::fs::metadata(&journal).unwrap().len();
+        assert!(len < COMPACT_MIN_BYTES + 4096, "the journal of 100 epochs holds {len} bytes");
+        // A restart (its writer done, as when the process exits) resumes the job where it
+        // stood, and goes on.
+        drop(service);
+        let service = DispatcherService::new(&config).unwrap();
+        let info = service.inner.state.lock().job(job_id).unwrap().info();
+        assert_eq!(info.epoch, 100, "{info:?}");
+        run_epochs(&service, job_id, 100..102).await;
+    }
 
     #[test]
     fn the_largest_draw_allowed_fits_one_control_message() {

@@ -13,7 +13,7 @@ mod trace;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -351,10 +351,19 @@ impl WorkerService {
     }
 }
 
+/// A stopping worker's drain, between [`drain_on_stop`] and [`heartbeat_loop`].
+#[derive(Default)]
+struct Drain {
+    /// The worker is stopping: its heartbeats ask to be drained.
+    asked: AtomicBool,
+    /// A heartbeat reply said the dispatcher drains it.
+    taken: tokio::sync::Notify,
+}
+
 /// Registers with the dispatcher and heartbeats every 250 ms, registering again whenever
 /// the dispatcher does not know us (it restarted) and retrying while it is away. Returns
 /// when the dispatcher says this worker was drained: it holds no task and should exit.
-async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest) {
+async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest, drain: Arc<Drain>) {
     let mut client = service.inner.dispatcher.clone();
     let mut id: Option<u64> = None;
     let mut backoff = Duration::from_millis(50);
@@ -377,6 +386,7 @@ async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest)
                     tasks_running: c.tasks_running.load(Ordering::Relaxed),
                     batches_produced: c.batches.load(Ordering::Relaxed),
                     busy_s,
+                    drain: drain.asked.load(Ordering::Relaxed),
                     ..service.cache_lookups()
                 })
                 .await
@@ -384,6 +394,9 @@ async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest)
                     let r = r.into_inner();
                     if !r.known {
                         id = None;
+                    }
+                    if r.draining {
+                        drain.taken.notify_waiters();
                     }
                     r.drained
                 }),
@@ -457,7 +470,8 @@ pub async fn run_worker(
         local_data_addr: local_data.as_ref().map(|(name, _)| name.clone()).unwrap_or_default(),
         name: config.name.clone(),
     };
-    let mut hb = tokio::spawn(heartbeat_loop(service.clone(), register));
+    let drain = Arc::new(Drain::default());
+    let mut hb = tokio::spawn(heartbeat_loop(service.clone(), register, drain.clone()));
     let sweep = {
         let service = service.clone();
         let every = (config.limits.job_idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(30));
@@ -468,7 +482,6 @@ pub async fn run_worker(
             }
         })
     };
-    let dispatcher = service.inner.dispatcher.clone();
     // Requests are small; only the batches going out are large.
     let server = WorkerServer::new(service)
         .max_decoding_message_size(MAX_CONTROL_MESSAGE_BYTES)
@@ -483,7 +496,7 @@ pub async fn run_worker(
         .add_service(InterceptedService::new(server, TokenCheck::new(config.token.as_deref())))
         .serve_with_incoming_shutdown(incoming, async {
             tokio::select! {
-                () = shutdown => drain_on_stop(dispatcher, &config.name, &mut hb).await,
+                () = shutdown => drain_on_stop(&drain, &config.name, &mut hb).await,
                 // The heartbeat loop ends only when the dispatcher drained this worker.
                 _ = &mut hb => {}
             }
@@ -504,28 +517,31 @@ pub async fn run_worker(
 const DRAIN_ON_STOP: Duration = Duration::from_secs(50);
 
 /// Stopped (SIGTERM: Kubernetes scaling the worker StatefulSet down, or any supervisor), a
-/// named worker drains first, as one that `sluice up` scales down does: it asks the
-/// dispatcher for no new task and serves the ones it holds until the heartbeat says it is
-/// drained. An unnamed worker, or one whose dispatcher does not answer, stops at once (the
-/// dispatcher hands its tasks to others when their leases run out).
-async fn drain_on_stop(mut dispatcher: DispatcherConn, name: &str, hb: &mut tokio::task::JoinHandle<()>) {
+/// named worker drains first, as one that `sluice up` scales down does: its heartbeats ask
+/// the dispatcher for no new task (`WorkerHeartbeatRequest.drain`) and it serves the ones
+/// it holds until the heartbeat says it is drained. An unnamed worker, or one whose
+/// dispatcher does not take the drain, stops at once (the dispatcher hands its tasks to
+/// others when their leases run out).
+async fn drain_on_stop(drain: &Drain, name: &str, hb: &mut tokio::task::JoinHandle<()>) {
     if name.is_empty() {
         return;
     }
-    let asked = tokio::time::timeout(
-        Duration::from_secs(2),
-        dispatcher.drain_worker(DrainWorkerRequest { name: name.to_string() }),
-    )
-    .await;
-    match asked {
-        Ok(Ok(_)) => {
+    let taken = drain.taken.notified();
+    tokio::pin!(taken);
+    taken.as_mut().enable();
+    drain.asked.store(true, Ordering::Relaxed);
+    tokio::select! {
+        () = &mut taken => {
             tracing::info!(name, "stopping: draining first (no new tasks; finishing the ones held)");
             if tokio::time::timeout(DRAIN_ON_STOP, hb).await.is_err() {
                 tracing::warn!(name, seconds = DRAIN_ON_STOP.as_secs(), "not drained in time; stopping anyway");
             }
         }
-        Ok(Err(status)) => tracing::warn!(name, %status, "stopping without draining: the dispatcher refused"),
-        Err(_) => tracing::warn!(name, "stopping without draining: the dispatcher did not answer"),
+        // Drained already (it held nothing): the heartbeat loop ended.
+        _ = &mut *hb => {}
+        () = tokio::time::sleep(Duration::from_secs(2)) => {
+            tracing::warn!(name, "stopping without draining: the dispatcher did not take the drain");
+        }
     }
 }
 

@@ -22,6 +22,8 @@ pub struct Task {
     /// each assignment, kept when the lease runs out (its holder still has the batches it
     /// got, and nobody else has), cleared (0) by a failure report.
     pub lease: u64,
+    /// The client holding `lease` (empty with none): only it may report on the task.
+    pub holder: String,
 }
 
 #[derive(Debug)]
@@ -44,7 +46,7 @@ impl EpochState {
     pub(super) fn new(epoch: u64, generation: u64, batches: u64, pass: u64, task_batches: u64, skip: &[u64]) -> Self {
         let tasks: Vec<Task> = cut_tasks(batches, pass, task_batches, skip)
             .into_iter()
-            .map(|(start, end)| Task { start, end, status: TaskStatus::Pending, lease: 0 })
+            .map(|(start, end)| Task { start, end, status: TaskStatus::Pending, lease: 0, holder: String::new() })
             .collect();
         let queue = (0..tasks.len() as u64).collect();
         Self { epoch, tasks, queue, acked: 0, generation, next_scan: None }
@@ -64,11 +66,11 @@ impl EpochState {
             let mut start = t.start;
             for b in t.start + 1..t.end {
                 if owner(b) != owner(b - 1) {
-                    tasks.push(Task { start, end: b, status: TaskStatus::Pending, lease: 0 });
+                    tasks.push(Task { start, end: b, status: TaskStatus::Pending, lease: 0, holder: String::new() });
                     start = b;
                 }
             }
-            tasks.push(Task { start, end: t.end, status: TaskStatus::Pending, lease: 0 });
+            tasks.push(Task { start, end: t.end, status: TaskStatus::Pending, lease: 0, holder: String::new() });
         }
         self.queue = (0..tasks.len() as u64).collect();
         self.tasks = tasks;
@@ -136,6 +138,9 @@ pub struct Job {
     pub load: HashMap<u64, u64>,
     /// The importance store and draws of an importance-sampled job.
     pub importance: Option<super::importance::JobImportance>,
+    /// Report values taken while the job was in an epoch: (that epoch, how many); see
+    /// `REPORT_VALUES_PER_SAMPLE`. Counted anew after a restart.
+    pub reported: Option<(u64, u64)>,
 }
 
 impl Job {

@@ -8,6 +8,7 @@ mod importance;
 mod job;
 mod placement;
 mod registry;
+mod snapshot;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -25,6 +26,11 @@ use crate::proto::{get_task_reply, FailTaskRequest, GetTaskReply, ReportKind, Re
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
+/// Importance values a job takes per sample of an epoch, all its clients together, while
+/// the dispatcher is in that epoch: a trainer reports each sample once (a retried report
+/// twice), and one epoch's reports come while the next one starts. Past it reports are
+/// refused, so a flood cannot grow the journal faster than the job runs.
+pub const REPORT_VALUES_PER_SAMPLE: u64 = 4;
 
 #[derive(Debug)]
 pub struct State {
@@ -39,6 +45,8 @@ pub struct State {
     client_seen: HashMap<String, Instant>,
     /// When to look for clients to forget next.
     next_client_sweep: Option<Instant>,
+    /// When a new client last made a full registry look for clients to forget.
+    last_full_sweep: Option<Instant>,
     next_job_id: u64,
     next_worker_id: u64,
     /// The next assignment's lease id: counted by `Assign` records, so replay gives every
@@ -60,6 +68,7 @@ impl State {
             assigned_by_request: HashMap::new(),
             client_seen: HashMap::new(),
             next_client_sweep: None,
+            last_full_sweep: None,
             next_job_id: 1,
             next_worker_id: worker_id_base.max(1),
             next_lease: 1,
@@ -99,6 +108,7 @@ impl State {
                     next: None,
                     load: HashMap::new(),
                     importance: None,
+                    reported: None,
                 };
                 self.names.insert(name.clone(), *job_id);
                 self.jobs.insert(*job_id, job);
@@ -156,6 +166,7 @@ impl State {
                 let t = self.task_mut(*job_id, *epoch, *task)?;
                 t.status = TaskStatus::Leased { client: client.clone(), worker, deadline: now + CLIENT_LEASE };
                 t.lease = lease;
+                t.holder = client.clone();
                 let queue = &mut self.epoch_state_mut(*job_id, *epoch)?.queue;
                 if queue.front() == Some(task) {
                     queue.pop_front();
@@ -170,6 +181,7 @@ impl State {
                 t.start = (*start).clamp(t.start, t.end);
                 t.status = TaskStatus::Pending;
                 t.lease = 0;
+                t.holder.clear();
                 let queue = &mut self.epoch_state_mut(*job_id, *epoch)?.queue;
                 if released && !queue.contains(task) {
                     queue.push_front(*task);
@@ -178,6 +190,10 @@ impl State {
             Record::Report { job_id, keys, values, kind } => {
                 let kind = ReportKind::try_from(*kind).unwrap_or(ReportKind::Loss);
                 self.importance_mut(*job_id)?.apply_report(keys, values, kind);
+                let job = self.job_mut(*job_id)?;
+                let current = job.current.epoch;
+                let taken = job.reported.filter(|&(e, _)| e == current).map_or(0, |(_, n)| n);
+                job.reported = Some((current, taken + keys.len() as u64));
             }
             Record::Draw { job_id, epoch, hot, members } => {
                 let task_batches = self.job(*job_id)?.task_batches;
@@ -202,6 +218,10 @@ impl State {
             }
             // The autoscaler's, resumed by the dispatcher: no job's state.
             Record::Scale { .. } => {}
+            Record::EpochTasks { job_id, epoch, generation, ahead, tasks, queue, requests } => {
+                self.restore_epoch(*job_id, *epoch, *generation, *ahead, tasks, queue, requests, now)?;
+            }
+            Record::Leases { next } => self.next_lease = self.next_lease.max(*next),
         }
         Ok(())
     }
@@ -264,10 +284,21 @@ impl State {
         values: &[f64],
         kind: ReportKind,
     ) -> Result<(Option<Record>, ReportReply), ServiceError> {
-        let current = self.job(job_id)?.current.epoch;
+        let job = self.job(job_id)?;
+        let current = job.current.epoch;
         let checked = self.importance(job_id)?.check_report(job_id, keys, values, kind)?;
         if epoch + 1 < current || epoch > current + 1 {
             return Err(ServiceError::ReportEpoch { job_id, epoch, current });
+        }
+        let limit = REPORT_VALUES_PER_SAMPLE.saturating_mul(job.samples_per_epoch);
+        let taken = job.reported.filter(|&(e, _)| e == current).map_or(0, |(_, n)| n);
+        if taken.saturating_add(checked.keys.len() as u64) > limit {
+            return Err(ServiceError::ReportBudget {
+                job_id,
+                epoch: current,
+                limit,
+                per_sample: REPORT_VALUES_PER_SAMPLE,
+            });
         }
         let record = (!checked.keys.is_empty()).then(|| Record::Report {
             job_id,
@@ -529,12 +560,14 @@ impl State {
 
     /// Whether a report on a task comes from the holder of its latest lease; one from an
     /// older lease (it ran out and the task went to another client, or its holder already
-    /// reported a failure) would skip or repeat batches the new holder streams.
-    fn fenced(t: &Task, job_id: u64, epoch: u64, task: u64, lease: u64, what: &str) -> bool {
-        if t.lease == lease && lease != 0 {
+    /// reported a failure) would skip or repeat batches the new holder streams, and one
+    /// from another client (naming a lease it never held) would end or cut a task whose
+    /// batches it never got.
+    fn fenced(t: &Task, job_id: u64, epoch: u64, task: u64, lease: u64, client: &str, what: &str) -> bool {
+        if t.lease == lease && lease != 0 && t.holder == client {
             return false;
         }
-        tracing::warn!(job_id, epoch, task, lease, current = t.lease, "ignoring {what} for a lease that is over");
+        tracing::warn!(job_id, epoch, task, lease, current = t.lease, client, holder = %t.holder, "ignoring {what} for a lease that is over or not the client's");
         true
     }
 
@@ -543,6 +576,7 @@ impl State {
     pub fn ack_task(
         &mut self,
         job_id: u64,
+        client: &str,
         epoch: u64,
         task: u64,
         generation: u64,
@@ -552,7 +586,7 @@ impl State {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
-        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, "an ack") {
+        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, client, "an ack") {
             return Ok(None);
         }
         Ok(Some(Record::Ack { job_id, epoch, task }))
@@ -561,9 +595,17 @@ impl State {
     /// Decides a `FailTask`: the batches the client got stay delivered; the rest is
     /// queued again, and the worker gets no new task until it proves alive.
     pub fn fail_task(&mut self, req: &FailTaskRequest) -> Result<Option<Record>, ServiceError> {
-        let &FailTaskRequest {
-            job_id, epoch, task_index: task, received, worker_id: worker, generation, lease, ..
-        } = req;
+        let FailTaskRequest {
+            job_id,
+            ref client_id,
+            epoch,
+            task_index: task,
+            received,
+            worker_id: worker,
+            generation,
+            lease,
+            ..
+        } = *req;
         if let Some(w) = self.workers.get_mut(&worker) {
             w.suspect = true;
         }
@@ -571,7 +613,7 @@ impl State {
             return Ok(None);
         }
         let t = self.task_mut(job_id, epoch, task)?;
-        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, "a failure report") {
+        if t.status == TaskStatus::Acked || Self::fenced(t, job_id, epoch, task, lease, client_id, "a failure report") {
             return Ok(None);
         }
         let start = t.start.saturating_add(received).min(t.end);
@@ -638,9 +680,10 @@ mod tests {
     }
 
     /// The failure report of assignment `t` after `received` of its batches.
-    fn failed(t: &TaskAssignment, received: u64) -> FailTaskRequest {
+    fn failed(t: &TaskAssignment, received: u64, client: &str) -> FailTaskRequest {
         FailTaskRequest {
             job_id: t.job_id,
+            client_id: client.into(),
             epoch: t.epoch,
             task_index: t.task_index,
             received,
@@ -705,18 +748,18 @@ mod tests {
         assert_eq!((t0.start, t0.end, t1.start, t2.end, t0.worker_id), (0, 4, 4, 10, w));
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait);
         // Task 1 failed after 3 of its 4 batches: only batch 7 runs again.
-        let r = s.fail_task(&failed(&t1, 3)).unwrap().unwrap();
+        let r = s.fail_task(&failed(&t1, 3, "b")).unwrap().unwrap();
         s.apply(&r, now, 0).unwrap();
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::Wait, "suspect worker gets nothing");
         assert!(s.worker_heartbeat(w, 0, 0, now));
         let again = step(&mut s, "a", 0, now).task.unwrap();
         assert_eq!((again.task_index, again.start, again.end), (1, 7, 8));
         for t in [&t0, &again, &t2] {
-            if let Some(r) = s.ack_task(1, 0, t.task_index, 0, t.lease).unwrap() {
+            if let Some(r) = s.ack_task(1, "a", 0, t.task_index, 0, t.lease).unwrap() {
                 s.apply(&r, now, 0).unwrap();
             }
         }
-        assert_eq!(s.ack_task(1, 0, 0, 0, t0.lease).unwrap(), None, "acks are idempotent");
+        assert_eq!(s.ack_task(1, "a", 0, 0, 0, t0.lease).unwrap(), None, "acks are idempotent");
         assert_eq!(step(&mut s, "a", 0, now).status(), get_task_reply::Status::EpochDone);
         assert_eq!(s.job(1).unwrap().current.epoch, 1);
         assert_eq!(step(&mut s, "b", 0, now).status(), get_task_reply::Status::EpochDone);
@@ -731,7 +774,7 @@ mod tests {
         s.register_worker(&RegisterWorkerRequest { addr: "w".into(), ..Default::default() }, now);
         let t = step(&mut s, "a", 0, now).task.unwrap();
         let later = now + CLIENT_LEASE / 2;
-        s.client_heartbeat(1, "a", ClientReport::default(), later);
+        s.client_heartbeat(1, "a", ClientReport::default(), later).unwrap();
         // Still leased at the original deadline thanks to the heartbeat.
         s.worker_heartbeat(t.worker_id, 0, 0, now + CLIENT_LEASE + Duration::from_millis(1));
         let next = step(&mut s, "b", 0, now + CLIENT_LEASE + Duration::from_millis(1)).task.unwrap();
@@ -767,13 +810,13 @@ mod tests {
         // A checkpoint rebuilds the task list; acks for the old list no longer count.
         r.apply(&Record::Epoch { job_id: 1, epoch: 0, skip: vec![0] }, now, 0).unwrap();
         assert_eq!(r.job(1).unwrap().current.generation, 1);
-        assert_eq!(r.ack_task(1, 0, 0, 0, 1).unwrap(), None, "stale ack ignored");
+        assert_eq!(r.ack_task(1, "a", 0, 0, 0, 1).unwrap(), None, "stale ack ignored");
         let t = r.get_task(1, "a", 0, 9, false, now).unwrap();
         if let (_, Some(rec), w) = &t {
             r.apply(rec, now, *w).unwrap();
         }
         let lease = t.0.task.unwrap().lease;
-        assert!(r.ack_task(1, 0, 0, 1, lease).unwrap().is_some());
+        assert!(r.ack_task(1, "a", 0, 0, 1, lease).unwrap().is_some());
     }
 
     #[test]
@@ -806,6 +849,7 @@ mod tests {
         let r = s
             .fail_task(&FailTaskRequest {
                 job_id: 1,
+                client_id: "a".into(),
                 epoch: 1,
                 task_index: 0,
                 received: 1,
@@ -823,7 +867,7 @@ mod tests {
         assert_eq!((n0b.epoch, n0b.start, n0b.end), (1, 1, 2));
         // Epoch 0 done: the next request advances to epoch 1, keeping its lease.
         for t in [&t0, &t1] {
-            let r = s.ack_task(1, 0, t.task_index, 0, t.lease).unwrap().unwrap();
+            let r = s.ack_task(1, "a", 0, t.task_index, 0, t.lease).unwrap().unwrap();
             s.apply(&r, now, 0).unwrap();
             journal.push(r);
         }
@@ -862,26 +906,29 @@ mod tests {
         // `a` comes back and reports: neither its failure report (which would move the
         // task's start past batches `b` has not delivered) nor its ack (which would end the
         // task under `b`) counts.
-        assert_eq!(s.fail_task(&failed(&old, 2)).unwrap(), None);
+        assert_eq!(s.fail_task(&failed(&old, 2, "a")).unwrap(), None);
         s.worker_heartbeat(w, 0, 0, later);
-        assert_eq!(s.ack_task(1, 0, old.task_index, old.generation, old.lease).unwrap(), None);
+        assert_eq!(s.ack_task(1, "a", 0, old.task_index, old.generation, old.lease).unwrap(), None);
         // `b`'s own reports count, once: a failure report retried after it was applied
         // (its reply lost) does not move the start twice.
-        let r = s.fail_task(&failed(&new, 1)).unwrap().unwrap();
+        let r = s.fail_task(&failed(&new, 1, "b")).unwrap().unwrap();
         assert_eq!(r, Record::Requeue { job_id: 1, epoch: 0, task: new.task_index, start: 1 });
         s.apply(&r, later, 0).unwrap();
-        assert_eq!(s.fail_task(&failed(&new, 1)).unwrap(), None);
+        assert_eq!(s.fail_task(&failed(&new, 1, "b")).unwrap(), None);
         s.worker_heartbeat(w, 0, 0, later);
         let again = step(&mut s, "b", 0, later).task.unwrap();
         assert_eq!((again.task_index, again.start, again.end), (0, 1, 4));
-        let ack = s.ack_task(1, 0, again.task_index, again.generation, again.lease).unwrap();
+        let ack = s.ack_task(1, "b", 0, again.task_index, again.generation, again.lease).unwrap();
         assert_eq!(ack, Some(Record::Ack { job_id: 1, epoch: 0, task: 0 }));
         // A lease that ran out with nobody else taking the task still counts: its holder
         // is the only one with those batches.
         let t1 = step(&mut s, "a", 0, later).task.unwrap();
+        // Another client naming `a`'s lease (its number is easy to guess) changes nothing.
+        assert_eq!(s.ack_task(1, "b", 0, t1.task_index, t1.generation, t1.lease).unwrap(), None);
+        assert_eq!(s.fail_task(&failed(&t1, 1, "b")).unwrap(), None);
         let much_later = later + CLIENT_LEASE + Duration::from_millis(1);
         s.expire_leases(1, much_later);
-        assert!(s.ack_task(1, 0, t1.task_index, t1.generation, t1.lease).unwrap().is_some());
+        assert!(s.ack_task(1, "a", 0, t1.task_index, t1.generation, t1.lease).unwrap().is_some());
         // Replay gives every lease the id it had.
         let mut r = State::new(1);
         for rec in [
@@ -1008,6 +1055,35 @@ mod tests {
             let t = step(&mut s, "c", 0, now).task.unwrap();
             assert_eq!(t.worker_addr, "127.0.0.1:1", "task {} went to the draining worker", t.task_index);
         }
+    }
+
+    #[test]
+    fn a_job_takes_a_bounded_number_of_report_values_per_epoch() {
+        let now = Instant::now();
+        let mut s = State::new(1);
+        s.apply(&job_record(4, 1), now, 0).unwrap();
+        s.attach_importance(1, importance::test_job(16)).unwrap();
+        // A flood of reports in one epoch: past its bound, each is refused and journals nothing.
+        let mut taken = 0u64;
+        let mut refused = None;
+        for i in 0..1000u64 {
+            match s.report(1, 0, &[i % 16], &[1.0], ReportKind::Loss) {
+                Ok((record, _)) => {
+                    s.apply(&record.unwrap(), now, 0).unwrap();
+                    taken += 1;
+                }
+                Err(e) => {
+                    refused = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let Some(why) = refused else { panic!("1000 reports of a 16-sample job in one epoch were all journaled") };
+        assert_eq!(taken, REPORT_VALUES_PER_SAMPLE * 16, "{why}");
+        assert!(why.contains("epoch 0"), "{why}");
+        // The next epoch takes reports again.
+        s.apply(&Record::Epoch { job_id: 1, epoch: 1, skip: vec![] }, now, 0).unwrap();
+        assert!(s.report(1, 1, &[1], &[1.0], ReportKind::Loss).is_ok());
     }
 
     #[test]

@@ -5,12 +5,17 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::State;
+use crate::error::ServiceError;
 use crate::proto::{CacheReport, RegisterWorkerRequest};
 
 /// A client silent this long is forgotten (its leases ran out long before).
 pub const CLIENT_FORGET: Duration = Duration::from_secs(300);
-/// Clients remembered at most; past this the longest silent are forgotten first.
-const MAX_CLIENTS: usize = 10_000;
+/// Clients remembered at most. Past it a new client is refused (a live client is never
+/// forgotten to make room for another).
+pub const MAX_CLIENTS: usize = 10_000;
+/// With the registry full, how often a new client may make it look for clients to forget
+/// (each look is O(clients) under the state's lock).
+const FULL_SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Cache-aware assignment sends a task to the worker caching it while that worker has at
 /// most this many more of the job's tasks than the least loaded one (a worker runs two at
 /// once); past it, the least loaded worker takes another's task.
@@ -145,6 +150,16 @@ impl State {
         Some(ids.iter().all(|id| self.is_drained(*id)))
     }
 
+    /// Marks the worker `id` draining (it asked, stopping); false if it is not known.
+    pub fn drain_worker_id(&mut self, id: u64) -> bool {
+        let Some(w) = self.workers.get_mut(&id) else { return false };
+        if !w.draining {
+            tracing::info!(worker_id = id, name = %w.name, "the worker is stopping: draining it (no new tasks)");
+        }
+        w.draining = true;
+        true
+    }
+
     /// Drained: marked draining, running no task, and no client holds an assignment to it
     /// that it has not streamed yet (a task a client is about to ask it for).
     pub fn is_drained(&self, id: u64) -> bool {
@@ -226,41 +241,57 @@ impl State {
     }
 
     /// Renews the leases `client` holds (O(1): expiry checks the client's last heartbeat).
-    pub fn client_heartbeat(&mut self, _job_id: u64, client: &str, report: ClientReport, now: Instant) {
-        self.client_seen.insert(client.to_string(), now);
-        self.clients.insert(client.to_string(), report);
-        if self.next_client_sweep.is_none_or(|t| now >= t) || self.client_seen.len() > MAX_CLIENTS {
+    /// A client not known yet is refused while [`MAX_CLIENTS`] others are remembered and
+    /// none of them has been silent for [`CLIENT_FORGET`]; looking for such a one is
+    /// O(clients), done at most every [`FULL_SWEEP_EVERY`] (and every `CLIENT_FORGET / 10`
+    /// anyway), so a flood of new ids costs O(1) each.
+    pub fn client_heartbeat(
+        &mut self,
+        _job_id: u64,
+        client: &str,
+        report: ClientReport,
+        now: Instant,
+    ) -> Result<(), ServiceError> {
+        if self.next_client_sweep.is_none_or(|t| now >= t) {
             self.next_client_sweep = Some(now + CLIENT_FORGET / 10);
             self.forget_silent_clients(now);
         }
-    }
-
-    /// Forgets clients silent for [`CLIENT_FORGET`], and the longest silent ones past
-    /// [`MAX_CLIENTS`]: their reports and the assignments they could have asked again for.
-    fn forget_silent_clients(&mut self, now: Instant) {
-        let mut silent: Vec<(Instant, String)> = Vec::new();
-        let mut recent: Vec<(Instant, &String)> = Vec::new();
-        for (c, &seen) in &self.client_seen {
-            if now.saturating_duration_since(seen) >= CLIENT_FORGET {
-                silent.push((seen, c.clone()));
-            } else {
-                recent.push((seen, c));
+        if let Some(seen) = self.client_seen.get_mut(client) {
+            *seen = now;
+            self.clients.insert(client.to_string(), report);
+            return Ok(());
+        }
+        if self.client_seen.len() >= MAX_CLIENTS {
+            if self.last_full_sweep.is_none_or(|t| now.saturating_duration_since(t) >= FULL_SWEEP_EVERY) {
+                self.last_full_sweep = Some(now);
+                self.forget_silent_clients(now);
+            }
+            if self.client_seen.len() >= MAX_CLIENTS {
+                return Err(ServiceError::TooManyClients { max: MAX_CLIENTS });
             }
         }
-        if recent.len() > MAX_CLIENTS {
-            recent.sort_unstable();
-            let over = recent.len() - MAX_CLIENTS;
-            silent.extend(recent[..over].iter().map(|(t, c)| (*t, (*c).clone())));
-        }
+        self.client_seen.insert(client.to_string(), now);
+        self.clients.insert(client.to_string(), report);
+        Ok(())
+    }
+
+    /// Forgets clients silent for [`CLIENT_FORGET`]: their reports and the assignments they
+    /// could have asked again for.
+    fn forget_silent_clients(&mut self, now: Instant) {
+        let silent: std::collections::HashSet<String> = self
+            .client_seen
+            .iter()
+            .filter(|(_, &seen)| now.saturating_duration_since(seen) >= CLIENT_FORGET)
+            .map(|(c, _)| c.clone())
+            .collect();
         if silent.is_empty() {
             return;
         }
-        for (_, c) in &silent {
+        for c in &silent {
             self.client_seen.remove(c);
             self.clients.remove(c);
         }
-        let gone: std::collections::HashSet<&String> = silent.iter().map(|(_, c)| c).collect();
-        self.assigned_by_request.retain(|(c, _), _| !gone.contains(c));
+        self.assigned_by_request.retain(|(c, _), _| !silent.contains(c));
         tracing::debug!(clients = silent.len(), "forgot clients that stopped heartbeating");
     }
 }
@@ -274,14 +305,38 @@ mod tests {
         let mut s = State::new(1);
         let now = Instant::now();
         for i in 0..100 {
-            s.client_heartbeat(1, &format!("gone-{i}"), ClientReport::default(), now);
+            s.client_heartbeat(1, &format!("gone-{i}"), ClientReport::default(), now).unwrap();
         }
         let later = now + Duration::from_secs(3600);
-        s.client_heartbeat(1, "alive", ClientReport::default(), later);
+        s.client_heartbeat(1, "alive", ClientReport::default(), later).unwrap();
         let mut known: Vec<_> = s.clients.keys().cloned().collect();
         known.sort();
         assert_eq!(known, vec!["alive".to_string()], "silent clients are still remembered");
         assert_eq!(s.client_seen.len(), 1);
+    }
+
+    #[test]
+    fn a_full_registry_keeps_its_live_clients() {
+        let mut s = State::new(1);
+        let now = Instant::now();
+        for i in 0..MAX_CLIENTS {
+            s.client_heartbeat(1, &format!("live-{i}"), ClientReport::default(), now).unwrap();
+        }
+        // A flood of new ids while every known client is live: each is refused, and none
+        // of the live ones is forgotten.
+        for i in 0..100 {
+            let e = s.client_heartbeat(1, &format!("new-{i}"), ClientReport::default(), now + Duration::from_secs(1));
+            assert!(matches!(e, Err(ServiceError::TooManyClients { max: MAX_CLIENTS })), "{e:?}");
+        }
+        assert!(s.clients.contains_key("live-0"), "a live client's record was evicted by a new id");
+        assert_eq!(s.clients.len(), MAX_CLIENTS);
+        // Known clients go on heartbeating.
+        s.client_heartbeat(1, "live-0", ClientReport::default(), now + Duration::from_secs(2)).unwrap();
+        // Once the others have been silent long enough, a new client takes a free place.
+        let later = now + CLIENT_FORGET + Duration::from_secs(1);
+        s.client_heartbeat(1, "new-0", ClientReport::default(), later).unwrap();
+        assert!(s.clients.contains_key("live-0") && s.clients.contains_key("new-0"));
+        assert_eq!(s.clients.len(), 2);
     }
 
     #[test]
