@@ -90,8 +90,9 @@ class Loader:
     def set_epoch(self, epoch: int) -> None: ...
     def state_json(self) -> str: ...
     def load_state_json(self, state: str) -> None: ...
-    def report(self, keys: Sequence[int], values: Sequence[float]) -> None:
-        """Per-sample importance from the trainer (losses or gradient norms) for ``keys``."""
+    def report(self, keys: Sequence[int], values: Sequence[float]) -> Tuple[int, int, int]:
+        """Per-sample importance from the trainer (losses or gradient norms) for ``keys``.
+        Returns the (accepted, refused, clamped) counts."""
     def start_trace(self) -> None: ...
     def stop_trace(self, path: str) -> Optional[int]:
         """Writes the trace to ``path``; the number of events, or None if not tracing."""
@@ -176,9 +177,9 @@ class RemoteLoader:
         ``shared_memory_batches``, ``duplicates_dropped``."""
     def state_json(self) -> str: ...
     def load_state_json(self, state: str) -> None: ...
-    def report(self, keys: Sequence[int], values: Sequence[float], kind: str) -> Tuple[int, int, int]:
+    def report(self, keys: Sequence[int], values: Sequence[float], kind: str) -> Tuple[int, int, int, int]:
         """Importance into the job's store at the dispatcher; ``kind`` is ``"loss"`` or
-        ``"grad_norm"``. Returns the (accepted, invalid, unknown) counts."""
+        ``"grad_norm"``. Returns the (accepted, invalid, unknown, clamped) counts."""
     def set_epoch(self, epoch: int) -> None:
         """Restarts the job at the first batch of ``epoch``."""
 

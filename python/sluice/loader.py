@@ -386,6 +386,9 @@ class Loader(_Traced):
         ``skipped`` (a list of ``{"key", "path", "error"}`` for samples left out under
         ``on_error("skip")``), ``threads`` and ``buffers_reused`` (batches built in the
         buffer of an earlier batch that Python had freed, rather than in fresh memory).
+        ``importance_reports``: ``{"accepted", "refused", "clamped"}``, what became of the
+        values given to :meth:`report` (refused: NaN, infinite or negative; clamped: finite
+        above 1e30, taken as 1e30; accepted includes the clamped).
         With ``threads="auto"``, ``autoscale``: ``policy``, ``units`` (threads now),
         ``windows``, ``ups``, ``downs`` and the latest ``decisions`` (each with ``t_ms``,
         ``from``, ``to``, ``production``, ``consumption``, ``stall`` and ``reason``).
@@ -400,12 +403,16 @@ class Loader(_Traced):
         stats["buffers_reused"] = int(self._native.buffers_reused())
         return stats
 
-    def report(self, keys: Any, losses: Any) -> None:
+    def report(self, keys: Any, losses: Any) -> Dict[str, int]:
         """Reports per-sample importance (usually the per-sample loss, ``reduction="none"``)
         for the samples ``keys`` (a batch's ``key``). Accepts lists, numpy arrays or torch
         tensors (detached for you). Scores are smoothed across epochs and shape the epochs
         after the current one (``sampling``) and the cache's priorities; they are saved in
-        :meth:`state_dict`. Non-finite or negative values are ignored.
+        :meth:`state_dict`. NaN, infinite or negative values are refused, finite values
+        above 1e30 clamped to it (``docs/importance-sampling.md``). Returns the counts,
+        ``{"accepted", "refused", "clamped"}`` (``accepted`` includes the clamped), over
+        every rank's values reported here; :meth:`stats` adds them up in
+        ``importance_reports``.
 
         With several ranks (DDP) every rank must draw the same epoch order, so every rank
         needs every rank's reports: when ``torch.distributed`` is initialised and
@@ -423,14 +430,20 @@ class Loader(_Traced):
             gathered: List[Any] = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, mine)
             reports = gathered
+        counts = {"accepted": 0, "refused": 0, "clamped": 0}
         for rank_keys, rank_values in reports:
-            self._native.report(rank_keys, rank_values)
+            accepted, refused, clamped = self._native.report(rank_keys, rank_values)
+            counts["accepted"] += accepted
+            counts["refused"] += refused
+            counts["clamped"] += clamped
+        return counts
 
-    def update_gradient_info(self, keys: Any, grads: Any) -> None:
+    def update_gradient_info(self, keys: Any, grads: Any) -> Dict[str, int]:
         """FastMatch's API: reports per-sample gradient information. ``grads`` is either
         one norm per sample (shape ``[n]``) or per-sample gradients (shape ``[n, ...]``,
-        e.g. ``inputs.grad``), reduced here to their L2 norms."""
-        self.report(keys, _gradient_norms(grads))
+        e.g. ``inputs.grad``), reduced here to their L2 norms. Returns the counts, as
+        :meth:`report` does."""
+        return self.report(keys, _gradient_norms(grads))
 
     def record_importance(self, keys: Any) -> "ImportanceRecorder":
         """A context for one training step, after FastMatch's Listing 1::

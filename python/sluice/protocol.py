@@ -57,12 +57,14 @@ class LoaderLike(Protocol):
         ``samples_per_s``, ``wait_s`` and what else the loader knows."""
         ...
 
-    def report(self, keys: Any, losses: Any) -> None:
-        """Reports per-sample importance (losses) for ``keys``."""
+    def report(self, keys: Any, losses: Any) -> Dict[str, int]:
+        """Reports per-sample importance (losses) for ``keys``; returns the counts of values
+        ``accepted``, ``refused`` and ``clamped`` (and more where the loader knows more)."""
         ...
 
-    def update_gradient_info(self, keys: Any, grads: Any) -> None:
-        """Reports per-sample gradient norms (or gradients) for ``keys``."""
+    def update_gradient_info(self, keys: Any, grads: Any) -> Dict[str, int]:
+        """Reports per-sample gradient norms (or gradients) for ``keys``; returns the counts
+        as :meth:`report` does."""
         ...
 
     def record_importance(self, keys: Any) -> ImportanceRecorder:

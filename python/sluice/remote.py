@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from . import _sluice
 from .loader import (
@@ -206,24 +206,31 @@ class RemoteLoader(_Traced):
         stats["samples_per_s"] = stats["samples"] / elapsed if elapsed > 0 else 0.0
         return stats
 
-    def report(self, keys: Any, losses: Any) -> None:
+    def report(self, keys: Any, losses: Any) -> Dict[str, int]:
         """Reports per-sample losses for the samples ``keys`` (a batch's ``key``), as
         :meth:`sluice.Loader.report` does, into the job's importance store at the dispatcher.
         Every client (DDP rank) of the job reports only its own samples: the dispatcher
         holds one store for the job and draws each epoch for all its clients. Values that
-        are NaN, infinite or negative, and keys not in the dataset, are counted and ignored.
+        are NaN, infinite or negative are refused, finite values above 1e30 clamped to it,
+        and keys not in the dataset ignored. Returns the dispatcher's counts,
+        ``{"accepted", "refused", "clamped", "unknown"}`` (``accepted`` includes the
+        clamped); its metrics count the refused and clamped per job.
 
         Raises:
             sluice.ServiceRequestError: ``keys`` and ``losses`` differ in length.
             sluice.JobFailedError: the job samples uniformly, or the epoch is long over.
         """
-        self._native.report(_as_list(keys, int), _as_list(losses, float), "loss")
+        return self._report(_as_list(keys, int), _as_list(losses, float), "loss")
 
-    def update_gradient_info(self, keys: Any, grads: Any) -> None:
+    def update_gradient_info(self, keys: Any, grads: Any) -> Dict[str, int]:
         """FastMatch's API: per-sample gradient norms ``[n]`` or per-sample gradients
         ``[n, ...]`` (reduced to their L2 norms) for ``keys``; see :meth:`report`. A job's
         reports are all losses or all gradient norms."""
-        self._native.report(_as_list(keys, int), _as_list(_gradient_norms(grads), float), "grad_norm")
+        return self._report(_as_list(keys, int), _as_list(_gradient_norms(grads), float), "grad_norm")
+
+    def _report(self, keys: List[int], values: List[float], kind: str) -> Dict[str, int]:
+        accepted, refused, unknown, clamped = self._native.report(keys, values, kind)
+        return {"accepted": accepted, "refused": refused, "clamped": clamped, "unknown": unknown}
 
     def record_importance(self, keys: Any) -> ImportanceRecorder:
         """A context for one training step (see :meth:`sluice.Loader.record_importance`)."""

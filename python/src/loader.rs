@@ -100,8 +100,10 @@ impl PyLoader {
     }
 
     /// Per-sample importance from the trainer (losses or gradient norms) for `keys`.
-    fn report(&self, py: Python<'_>, keys: Vec<u64>, values: Vec<f64>) -> PyResult<()> {
-        py.detach(|| self.loader.report(&keys, &values)).map_err(|e| pipeline_error(py, e))
+    /// Returns the (accepted, refused, clamped) counts.
+    fn report(&self, py: Python<'_>, keys: Vec<u64>, values: Vec<f64>) -> PyResult<(u64, u64, u64)> {
+        let c = py.detach(|| self.loader.report(&keys, &values)).map_err(|e| pipeline_error(py, e))?;
+        Ok((c.accepted, c.refused, c.clamped))
     }
 
     /// Starts recording profiling events (per sample and op, per batch).

@@ -225,8 +225,8 @@ impl PyRemoteLoader {
     }
 
     /// Per-sample importance for `keys` into the job's store at the dispatcher: `kind` is
-    /// "loss" or "grad_norm". Returns (accepted, invalid, unknown) counts. GIL released.
-    fn report(&self, py: Python<'_>, keys: Vec<u64>, values: Vec<f64>, kind: &str) -> PyResult<(u64, u64, u64)> {
+    /// "loss" or "grad_norm". Returns (accepted, invalid, unknown, clamped) counts. GIL released.
+    fn report(&self, py: Python<'_>, keys: Vec<u64>, values: Vec<f64>, kind: &str) -> PyResult<(u64, u64, u64, u64)> {
         let kind = match kind {
             "loss" => ReportKind::Loss,
             "grad_norm" => ReportKind::GradNorm,
@@ -237,7 +237,7 @@ impl PyRemoteLoader {
             }
         };
         let r = py.detach(|| self.inner.lock().report(&keys, &values, kind)).map_err(|e| service_error(py, e))?;
-        Ok((r.accepted, r.invalid, r.unknown))
+        Ok((r.accepted, r.invalid, r.unknown, r.clamped))
     }
 
     /// Restarts the job at the first batch of `epoch` (for every client of the job).

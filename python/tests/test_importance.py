@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pytest
 
 import sluice
-from conftest import N_IMAGES, run_python, small_pipeline
+from conftest import N_IMAGES, run_python, sluice_service, small_pipeline
 
 
 def importance_spec(root: Path) -> Dict[str, Any]:
@@ -64,6 +64,59 @@ def test_a_failed_step_reports_nothing_and_mismatched_lengths_raise(dataset: Pat
     assert loader.state_dict()["importance"]["pending"] == []
     with pytest.raises(ValueError, match="3 keys but 1 values"):
         loader.report([1, 2, 3], [0.5])
+
+
+def plain_importance_spec(root: Path) -> Dict[str, Any]:
+    """Importance sampling without a cache (so no hot set): equal scores draw uniformly."""
+    spec = small_pipeline(root, batch=8, size=24, seed=5).to_dict()
+    spec["sampling"] = {"kind": "importance", "floor": 0.1, "coverage_epochs": 40, "max_draws": 4.0}
+    return spec
+
+
+def test_a_report_of_1e308_leaves_the_weights_those_of_a_sane_report_and_is_counted(dataset: Path) -> None:
+    # Issue 29: after report([a, b], [1e308, 1e308]) every weight of the next epoch was the
+    # ceiling's 0.25 (the sums overflowed, the probabilities became NaN).
+    def next_epoch(values: List[float]) -> Tuple[Dict[str, int], np.ndarray, Dict[str, Any]]:
+        loader = sluice.Loader(plain_importance_spec(dataset))
+        keys = next(iter(loader))["key"][:3]
+        counts = loader.report(keys, values)
+        weights = np.concatenate([b["weight"] for b in loader])
+        return counts, weights, loader.stats()
+
+    counts, absurd, stats = next_epoch([1e308, 1e308, float("nan")])
+    _, sane, _ = next_epoch([100.0, 100.0, float("nan")])
+    assert absurd.mean() == pytest.approx(1.0, rel=1e-6), f"weights after a 1e308 report: {absurd[:8]}"
+    assert np.allclose(absurd, sane, rtol=1e-6)
+    assert counts == {"accepted": 2, "refused": 1, "clamped": 2}
+    assert stats["importance_reports"] == counts
+
+
+def test_through_the_service_a_1e308_report_is_clamped_and_counted_in_the_reply(dataset: Path, tmp_path: Path) -> None:
+    spec = plain_importance_spec(dataset)
+    hard = [0, 1, 2, 3]
+
+    def loss(keys: Any) -> List[float]:
+        return [5.0 if k % 4 == 0 else 0.1 for k in np.asarray(keys).tolist()]
+
+    def weighted(batches: List[Any]) -> List[Tuple[int, float]]:
+        return sorted((int(k), float(w)) for b in batches for k, w in zip(b["key"], b["weight"]))
+
+    # The reference: a local loader fed the same reports, the absurd values at the bound.
+    local = sluice.Loader(spec)
+    for b in local:
+        local.report(b["key"], loss(b["key"]))
+    local.report(hard, [1e30] * len(hard))
+    want = weighted(list(local))
+    with sluice_service([dataset], tmp_path / "journal") as addr:
+        remote = sluice.RemoteLoader(spec, dispatcher=addr, job="absurd", output="numpy")
+        for i, b in enumerate(remote):
+            remote.report(b["key"], loss(b["key"]))
+            if i == 1:
+                counts = remote.report(hard + [9999, 5], [1e308] * len(hard) + [1.0, float("inf")])
+                assert counts == {"accepted": 4, "refused": 1, "clamped": 4, "unknown": 1}
+        got = weighted(list(remote))
+    assert got == want, "the service clamped the 1e308s as the local loader takes 1e30"
+    assert min(w for _, w in got) < 0.3 < 0.9 < max(w for _, w in got), "the four are drawn up to the ceiling"
 
 
 SCRIPT = """

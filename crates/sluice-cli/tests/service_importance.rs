@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use sluice_core::{PipelineSpec, SamplingSpec};
+use sluice_pipeline::importance::MAX_IMPORTANCE;
 use sluice_pipeline::{Loader, Shard};
 use sluice_service::{RemoteLoader, ReportKind, ServiceErrorKind};
 
@@ -164,6 +165,48 @@ fn reports_are_validated_and_bad_values_never_reach_the_store() {
     // None of it changed the store: epoch 1 is the local loader's, fed only good values.
     assert_eq!(drawn(&epochs[0]), want[0]);
     assert_eq!(drawn(&epochs[1]), want[1]);
+}
+
+#[test]
+fn a_1e308_report_is_clamped_at_the_door_counted_in_the_reply_and_metrics_and_weights_stay_correct() {
+    let _watchdog = watchdog("a_1e308_report_is_clamped_at_the_door", 90);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let (addr, metrics) = (free_addr(), free_addr());
+    let port = metrics.rsplit(':').next().unwrap().to_string();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &["--metrics-port", &port]);
+    let _w = worker(&addr, &root, &[]);
+    let s = importance_spec(&root);
+    // Four keys reported at 1e308 on top of the trainer's losses: their sum overflowed,
+    // so every probability was the floor's and epoch 1 came out uniform.
+    let absurd = [0u64, 1, 2, 3];
+    // The reference: a local loader fed the same reports, the absurd values (and key 6's
+    // f64::MAX below) at the bound.
+    let local = Loader::new(s.clone(), Shard::default()).unwrap();
+    let first = local_epoch(&local);
+    local.report(&[0, 1, 2, 3, 6], &[MAX_IMPORTANCE; 5]).unwrap();
+    let want = [first, local_epoch(&local)];
+
+    let mut remote = RemoteLoader::connect(&s, options(&addr, "absurd")).unwrap();
+    let epochs = within(60, "two epochs", move || {
+        let mut first = remote_epoch(&mut remote, Some(2));
+        let r = remote.report(&absurd, &[1e308; 4], ReportKind::Loss).unwrap();
+        assert_eq!((r.accepted, r.clamped, r.invalid, r.unknown), (4, 4, 0, 0));
+        let r = remote.report(&[4, 5, 6], &[f64::NAN, -1.0, f64::MAX], ReportKind::Loss).unwrap();
+        assert_eq!((r.accepted, r.clamped, r.invalid, r.unknown), (1, 1, 2, 0));
+        first.extend(remote_epoch(&mut remote, None));
+        [first, remote_epoch(&mut remote, None)]
+    });
+    assert_eq!(drawn(&epochs[0]), want[0]);
+    assert_eq!(drawn(&epochs[1]), want[1], "epoch 1 is drawn as if the 1e308s were the bound");
+    let weights: Vec<f32> = drawn(&epochs[1]).iter().map(|(_, w)| f32::from_bits(*w)).collect();
+    let outliers = drawn(&epochs[1]).iter().filter(|(k, _)| *k <= 3 || *k == 6).count();
+    assert!(outliers >= 12, "the five outliers take the ceiling's draws: {outliers}");
+    assert!(weights.iter().any(|&w| w > 1.0), "the rest are weighted up: {weights:?}");
+
+    let text = http_get(&metrics);
+    assert_eq!(metric_value(&text, "sluice_job_importance_clamped_total{job=\"absurd\"}"), 5.0, "{text}");
+    assert_eq!(metric_value(&text, "sluice_job_importance_refused_total{job=\"absurd\"}"), 2.0, "{text}");
 }
 
 #[test]

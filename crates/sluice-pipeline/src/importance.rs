@@ -61,6 +61,92 @@ fn sorted<V: Copy>(m: &HashMap<u64, V>) -> Vec<(u64, V)> {
     v
 }
 
+/// The largest importance value a store keeps: a finite report above it is clamped to it.
+/// No loss or gradient norm a trainer means comes near it, and with every score at most
+/// this, every sum the store and the samplers make (over at most 2³² samples, and 2³²
+/// reports of one key) stays finite. The rule: `docs/importance-sampling.md` ("Scores").
+pub const MAX_IMPORTANCE: f64 = 1e30;
+
+/// What one reported value becomes (see [`MAX_IMPORTANCE`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ReportedValue {
+    /// Taken as it is.
+    Accepted(f64),
+    /// Finite but above [`MAX_IMPORTANCE`]: taken as [`MAX_IMPORTANCE`].
+    Clamped(f64),
+    /// NaN, infinite or negative: left out.
+    Refused,
+}
+
+impl ReportedValue {
+    /// The rule every importance report passes, locally and at the dispatcher.
+    pub fn check(v: f64) -> Self {
+        if !(v.is_finite() && v >= 0.0) {
+            Self::Refused
+        } else if v > MAX_IMPORTANCE {
+            Self::Clamped(MAX_IMPORTANCE)
+        } else {
+            // -0.0 is taken as 0.
+            Self::Accepted(v + 0.0)
+        }
+    }
+}
+
+/// What became of a report's values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReportCounts {
+    /// Taken into the store, the clamped ones included.
+    pub accepted: u64,
+    /// Taken as [`MAX_IMPORTANCE`].
+    pub clamped: u64,
+    /// Left out: NaN, infinite or negative.
+    pub refused: u64,
+}
+
+impl ReportCounts {
+    pub fn add(&mut self, other: ReportCounts) {
+        self.accepted += other.accepted;
+        self.clamped += other.clamped;
+        self.refused += other.refused;
+    }
+}
+
+/// A report under the rule of [`ReportedValue::check`]: the keys and values to keep
+/// (clamped values at [`MAX_IMPORTANCE`], refused ones left out), and the counts.
+pub fn checked_report(keys: &[u64], values: &[f64]) -> (Vec<u64>, Vec<f64>, ReportCounts) {
+    let mut counts = ReportCounts::default();
+    let (mut kept_keys, mut kept) = (Vec::with_capacity(keys.len()), Vec::with_capacity(values.len()));
+    for (&k, &v) in keys.iter().zip(values) {
+        let v = match ReportedValue::check(v) {
+            ReportedValue::Accepted(v) => {
+                counts.accepted += 1;
+                v
+            }
+            ReportedValue::Clamped(v) => {
+                counts.accepted += 1;
+                counts.clamped += 1;
+                v
+            }
+            ReportedValue::Refused => {
+                counts.refused += 1;
+                continue;
+            }
+        };
+        kept_keys.push(k);
+        kept.push(v);
+    }
+    (kept_keys, kept, counts)
+}
+
+/// A score carried in a state (a checkpoint, or the store of an older version) under
+/// today's rule: `None` where it would be refused, clamped to [`MAX_IMPORTANCE`] else.
+fn bounded(v: f64) -> Option<f64> {
+    match ReportedValue::check(v) {
+        ReportedValue::Accepted(v) | ReportedValue::Clamped(v) => Some(v),
+        ReportedValue::Refused => None,
+    }
+}
+
 /// SHADE's rank score for position `rank` (1 = lowest loss) within a batch.
 pub fn shade_rank_score(rank: usize) -> f64 {
     (rank as f64 + 10.0).ln()
@@ -105,27 +191,21 @@ impl ImportanceStore {
         Self { ema, ..Default::default() }
     }
 
-    /// Records the trainer's per-sample values (losses or gradient norms) for `keys`.
-    /// Non-finite or negative values are ignored (counted in the return value).
-    pub fn report(&mut self, keys: &[u64], values: &[f64]) -> usize {
-        let mut ignored = 0;
-        for (k, v) in keys.iter().zip(values) {
-            if !(v.is_finite() && *v >= 0.0) {
-                ignored += 1;
-                continue;
-            }
+    /// Records the trainer's per-sample values (losses or gradient norms) for `keys`, under
+    /// the rule of [`ReportedValue::check`]: NaN, infinite or negative values are refused,
+    /// finite ones above [`MAX_IMPORTANCE`] clamped to it. Returns the counts.
+    pub fn report(&mut self, keys: &[u64], values: &[f64]) -> ReportCounts {
+        let (keys, values, counts) = checked_report(keys, values);
+        for (k, v) in keys.iter().zip(&values) {
             let e = self.pending.entry(*k).or_insert((0.0, 0));
             e.0 += v;
-            e.1 += 1;
+            e.1 = e.1.saturating_add(1);
         }
-        let valid: Vec<(u64, f64)> =
-            keys.iter().zip(values).filter(|(_, v)| v.is_finite() && **v >= 0.0).map(|(k, v)| (*k, *v)).collect();
-        let vals: Vec<f64> = valid.iter().map(|e| e.1).collect();
-        for ((k, _), r) in valid.iter().zip(shade_rank_scores(&vals)) {
+        for (k, r) in keys.iter().zip(shade_rank_scores(&values)) {
             self.rank_scores.insert(*k, r);
         }
         self.reports += 1;
-        ignored
+        counts
     }
 
     /// The keys of the cache's hot set the last epoch was drawn with (empty before there is one).
@@ -153,20 +233,23 @@ impl ImportanceStore {
         ratios.sort_by(f64::total_cmp);
         let drift = match ratios.len() {
             0 => 1.0,
-            n if n % 2 == 1 => ratios[n / 2],
-            n => (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0,
+            // Halves: the sum of two huge ratios would overflow.
+            n if n % 2 == 0 => ratios[n / 2 - 1] / 2.0 + ratios[n / 2] / 2.0,
+            n => ratios[n / 2],
         }
         .clamp(1e-3, 1e3);
+        // Every score stays within [0, MAX_IMPORTANCE]: drift applied epoch after epoch to a
+        // stale score could otherwise grow it without bound.
         if drift != 1.0 {
-            self.scores.values_mut().for_each(|s| *s *= drift);
+            self.scores.values_mut().for_each(|s| *s = (*s * drift).min(MAX_IMPORTANCE));
         }
         for (k, (sum, count)) in self.pending.drain() {
-            let v = sum / f64::from(count.max(1));
+            let v = (sum / f64::from(count.max(1))).min(MAX_IMPORTANCE);
             let s = match self.scores.get(&k) {
                 Some(old) => (1.0 - self.ema) * old + self.ema * v,
                 None => v,
             };
-            self.scores.insert(k, s);
+            self.scores.insert(k, s.min(MAX_IMPORTANCE));
         }
     }
 
@@ -287,11 +370,19 @@ impl ImportanceStore {
         }
     }
 
+    /// Takes `s` as the store's state. Values today's rule would not take (a state saved by
+    /// an older version, or edited by hand) are dropped or clamped as a report's would be,
+    /// so no state can bring a NaN into a draw; a state this version saved is unchanged.
     pub fn restore(&mut self, s: &ImportanceState) {
         self.drawn_epoch = s.drawn_epoch;
-        self.scores = s.scores.iter().copied().collect();
-        self.rank_scores = s.rank_scores.iter().copied().collect();
-        self.pending = s.pending.iter().map(|(k, sum, c)| (*k, (*sum, *c))).collect();
+        self.scores = s.scores.iter().filter_map(|&(k, v)| Some((k, bounded(v)?))).collect();
+        self.rank_scores = s.rank_scores.iter().filter_map(|&(k, v)| Some((k, bounded(v)?))).collect();
+        self.pending = s
+            .pending
+            .iter()
+            .filter(|(_, sum, _)| sum.is_finite() && *sum >= 0.0)
+            .map(|&(k, sum, c)| (k, (sum.min(f64::from(c.max(1)) * MAX_IMPORTANCE), c)))
+            .collect();
         self.last_seen = s.last_seen.iter().copied().collect();
         self.hot = s.hot;
         self.hot_set = s.hot_set.iter().copied().collect();
@@ -312,7 +403,7 @@ mod tests {
     #[test]
     fn reports_fold_into_an_ema_only_at_the_next_epoch_and_state_round_trips() {
         let mut s = ImportanceStore::new(0.5);
-        assert_eq!(s.report(&[1, 2, 3], &[4.0, f64::NAN, -1.0]), 2);
+        assert_eq!(s.report(&[1, 2, 3], &[4.0, f64::NAN, -1.0]), ReportCounts { accepted: 1, clamped: 0, refused: 2 });
         s.report(&[1], &[2.0]);
         assert!(!s.has_scores(), "nothing folds mid-epoch");
         s.drawn_epoch = Some(0);
@@ -339,6 +430,99 @@ mod tests {
         let old = json.replace(",\"hot_set\":[1,2]", "");
         assert!(!old.contains("hot_set"));
         assert_eq!(serde_json::from_str::<ImportanceState>(&old).map(|s| s.hot_set).ok(), Some(vec![]));
+    }
+
+    fn manifest(n: u64) -> Manifest {
+        use sluice_core::Location;
+        use std::path::PathBuf;
+        let items = (0..n).map(|i| (Location::File { path: PathBuf::from(format!("{i}")) }, 0, 10)).collect();
+        Manifest::new(PathBuf::from("/t"), items, Vec::new())
+    }
+
+    /// Epoch 1's draw after epoch 0 took `reports` (ema 0.5, no cache).
+    fn next_epoch(manifest: &Manifest, reports: &[(&[u64], &[f64])]) -> EpochDraw {
+        let sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 40, miss_discount: 1.0, max_draws: 4.0 };
+        let d = DrawInputs {
+            manifest,
+            seed: 5,
+            shuffle: ShuffleSpec::Global,
+            sampling,
+            shard: Shard::default(),
+            locality: None,
+        };
+        let mut s = ImportanceStore::new(0.5);
+        s.draw(0, None, &d);
+        for (keys, values) in reports {
+            s.report(keys, values);
+        }
+        s.draw(1, None, &d)
+    }
+
+    #[test]
+    fn a_report_of_1e308_leaves_the_weights_those_of_a_sane_report() {
+        let n = 64;
+        let manifest = manifest(n);
+        let keys: Vec<u64> = manifest.entries.iter().map(|e| e.key.0).collect();
+        // Issue 29's case: two keys at 1e308, every other key at their mean: all alike, so
+        // the epoch is uniform with weights 1, as after the same report of 100.
+        let absurd = next_epoch(&manifest, &[(&keys[..2], &[1e308, 1e308])]);
+        let weights = absurd.weights.clone().unwrap_or_default();
+        assert!(weights.iter().all(|&w| w == 1.0), "weights after a 1e308 report: {:?}", &weights[..8]);
+        let sane = next_epoch(&manifest, &[(&keys[..2], &[100.0, 100.0])]);
+        assert_eq!((&absurd.order, &absurd.weights), (&sane.order, &sane.weights));
+        // One outlier among sane losses, reported twice: it counts as the bound, takes the
+        // ceiling's draws (4), and every other sample keeps a finite, unbiasing weight.
+        let losses: Vec<f64> = (0..n).map(|i| 1.0 + (i % 5) as f64).collect();
+        let (mut huge, mut bound) = (losses.clone(), losses.clone());
+        (huge[3], bound[3]) = (1e308, MAX_IMPORTANCE);
+        let absurd = next_epoch(&manifest, &[(&keys, &huge), (&keys, &huge)]);
+        assert_eq!(absurd, next_epoch(&manifest, &[(&keys, &bound), (&keys, &bound)]));
+        assert!((absurd.expected[3] - 4.0).abs() < 1e-9, "the outlier expects {} draws", absurd.expected[3]);
+        assert!(absurd.expected.iter().all(|e| e.is_finite() && *e > 0.1));
+        assert!((absurd.expected.iter().sum::<f64>() - n as f64).abs() < 1e-6, "an epoch has n slots");
+        assert!(absurd.weights.unwrap_or_default().iter().all(|&w| w.is_finite() && w > 0.0 && w <= 10.0));
+    }
+
+    #[test]
+    fn reports_are_refused_or_clamped_and_scores_stay_within_the_bound() {
+        let mut s = ImportanceStore::new(0.5);
+        let c = s.report(&[1, 2, 3, 4, 5, 6], &[1e308, f64::MAX, f64::NAN, f64::NEG_INFINITY, -1e-9, -0.0]);
+        assert_eq!(c, ReportCounts { accepted: 3, clamped: 2, refused: 3 });
+        // One key reported at the bound many times within an epoch: its mean is the bound.
+        for _ in 0..1000 {
+            s.report(&[1], &[1e300]);
+        }
+        s.drawn_epoch = Some(0);
+        s.fold_pending();
+        let near_bound =
+            |k: u64| s.scores.get(&k).is_some_and(|v| (MAX_IMPORTANCE * 0.999..=MAX_IMPORTANCE).contains(v));
+        assert!(near_bound(1) && near_bound(2), "{:?}", s.scores);
+        assert_eq!(s.scores.get(&6), Some(&0.0));
+        // Drift (×1000 each epoch: key 7's losses grow) never takes a stale score past it.
+        s.report(&[7], &[1e-30]);
+        s.fold_pending();
+        for e in 0..40 {
+            s.report(&[7], &[1e-30 * 1e3f64.powi(e + 1)]);
+            s.fold_pending();
+        }
+        assert!(s.scores.values().all(|&v| (0.0..=MAX_IMPORTANCE).contains(&v)), "{:?}", s.scores);
+        // A state from an older version (or edited by hand) with absurd values is taken
+        // under today's rule; a state this version saved is taken unchanged.
+        let old = ImportanceState {
+            scores: vec![(1, f64::INFINITY), (2, 1e308), (3, -1.0), (4, 2.0)],
+            rank_scores: vec![(1, f64::NAN), (2, 3.0)],
+            pending: vec![(1, f64::INFINITY, 1), (2, 1e308, 2), (4, 3.0, 1)],
+            ..Default::default()
+        };
+        let mut t = ImportanceStore::new(0.5);
+        t.restore(&old);
+        let st = t.state();
+        assert_eq!(st.scores, vec![(2, MAX_IMPORTANCE), (4, 2.0)]);
+        assert_eq!(st.rank_scores, vec![(2, 3.0)]);
+        assert_eq!(st.pending, vec![(2, 2.0 * MAX_IMPORTANCE, 2), (4, 3.0, 1)]);
+        let mut u = ImportanceStore::new(0.5);
+        u.restore(&s.state());
+        assert_eq!(u.state(), s.state());
     }
 
     #[test]

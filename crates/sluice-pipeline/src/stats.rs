@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use crate::counters::{CounterSource, OpCounters};
+use crate::importance::ReportCounts as ImportanceReportCounts;
 use serde::Serialize;
 use sluice_core::SampleError;
 
@@ -44,6 +45,7 @@ pub(crate) struct Stats {
     /// Per op, what the CPU counters moved, once any chunk ran with them on.
     op_counters: Option<(CounterSource, Vec<[u64; crate::counters::N]>)>,
     wait: Duration,
+    importance_reports: ImportanceReportCounts,
 }
 
 /// Two significant digits: a percentile is within 1% of the true sample's time.
@@ -71,6 +73,7 @@ impl Stats {
             op_names,
             op_counters: None,
             wait: Duration::ZERO,
+            importance_reports: ImportanceReportCounts::default(),
         }
     }
 
@@ -126,6 +129,11 @@ impl Stats {
         self.wait += d;
     }
 
+    /// What became of one importance report's values (see [`crate::Loader::report`]).
+    pub(crate) fn add_importance_report(&mut self, counts: ImportanceReportCounts) {
+        self.importance_reports.add(counts);
+    }
+
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let elapsed = self.started.elapsed().as_secs_f64();
         StatsSnapshot {
@@ -151,6 +159,7 @@ impl Stats {
                 self.op_names.iter().zip(totals).map(|(op, c)| OpCounters::new(op.clone(), *source, c)).collect()
             }),
             skipped: self.skipped.clone(),
+            importance_reports: self.importance_reports,
             cache: None,
             autoscale: None,
         }
@@ -177,6 +186,10 @@ pub struct StatsSnapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub op_counters: Option<Vec<OpCounters>>,
     pub skipped: Vec<SkippedSample>,
+    /// Importance values reported through [`crate::Loader::report`]: accepted (the clamped
+    /// included), clamped to [`crate::importance::MAX_IMPORTANCE`], and refused (NaN,
+    /// infinite, negative).
+    pub importance_reports: ImportanceReportCounts,
     /// Cache hits, misses, hit rate, bytes, evictions, estimated time saved and the level
     /// decision, when the pipeline has a cache.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -42,7 +42,7 @@ use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec,
 use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
 use crate::executor::Pool;
-use crate::importance::{DrawInputs, ImportanceState, ImportanceStore};
+use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceStore, ReportCounts};
 use crate::locality::peer::{PeerClient, PeerServer};
 use crate::locality::Locality;
 use crate::sampler::Shard;
@@ -383,24 +383,32 @@ impl Loader {
 
     /// The trainer's per-sample values for `keys`: losses, or per-sample gradient norms
     /// (FastMatch's `update_gradient_info`). They shape the epochs after the current one
-    /// and the cache's priorities. Non-finite or negative values are ignored.
+    /// and the cache's priorities. NaN, infinite or negative values are refused, finite ones
+    /// above [`crate::importance::MAX_IMPORTANCE`] clamped to it; the counts are returned
+    /// and added up in [`StatsSnapshot::importance_reports`].
     ///
     /// With several ranks (DDP), the epoch order is drawn from the reports, and every rank
     /// must draw the same one for the shards to stay disjoint: so every rank reports every
     /// rank's values, in the same order (gather them, e.g. `all_gather`, and report each
     /// rank's in rank order), before the next epoch starts.
-    pub fn report(&self, keys: &[u64], values: &[f64]) -> Result<(), PipelineError> {
+    pub fn report(&self, keys: &[u64], values: &[f64]) -> Result<ReportCounts, PipelineError> {
         if keys.len() != values.len() {
             return Err(PipelineError::ReportLengths { keys: keys.len(), values: values.len() });
         }
-        let ignored = self.shared.importance.lock().report(keys, values);
-        if ignored > 0 {
-            tracing::warn!(ignored, "importance report: ignored non-finite or negative values");
+        let (keys, values, counts) = checked_report(keys, values);
+        if counts.refused + counts.clamped > 0 {
+            tracing::warn!(
+                refused = counts.refused,
+                clamped = counts.clamped,
+                "importance report: refused NaN, infinite or negative values, clamped huge ones"
+            );
         }
+        self.shared.importance.lock().report(&keys, &values);
+        self.shared.stats.lock().add_importance_report(counts);
         if let Some(cache) = &self.shared.cache {
-            cache.report(keys, values);
+            cache.report(&keys, &values);
         }
-        Ok(())
+        Ok(counts)
     }
 
     /// The importance state (smoothed scores, pending reports, coverage bookkeeping).

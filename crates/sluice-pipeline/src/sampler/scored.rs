@@ -55,7 +55,12 @@ pub fn importance_draw(
     }
     let total: f64 = a.iter().sum();
     let floor = floor.clamp(f64::MIN_POSITIVE, 1.0);
-    let mut q: Vec<f64> = a.iter().map(|&x| (1.0 - floor) * x / total + floor / n as f64).collect();
+    let mut q: Vec<f64> = if total > 0.0 {
+        a.iter().map(|&x| (1.0 - floor) * x / total + floor / n as f64).collect()
+    } else {
+        // Every scored sample is outside the hot set and discounted to nothing.
+        vec![1.0 / n as f64; n]
+    };
     cap_probabilities(&mut q, max_draws / n as f64, &in_hot);
 
     finish_draw(n, seed, epoch, coverage_epochs, view, q)
@@ -97,14 +102,38 @@ fn finish_draw(
 /// Every position's score for the samplers: the reported score where there is a valid
 /// one, the mean of the valid ones elsewhere (unseen is not unimportant). `None` while no
 /// sample has a positive score (the samplers are uniform then).
+///
+/// The samplers use the scores only relative to each other, so huge ones are first scaled
+/// down by a power of two (exactly, see [`power_of_two_scale`]): no sum over them overflows.
 fn filled_scores(scores: &[Option<f64>], n: usize) -> Option<Vec<f64>> {
     let valid = |s: Option<f64>| s.filter(|s| s.is_finite() && *s >= 0.0);
+    let scale = power_of_two_scale(scores.iter().copied().filter_map(valid).fold(0.0, f64::max));
+    let valid = |s: Option<f64>| valid(s).map(|s| s * scale);
     let known: Vec<f64> = scores.iter().copied().filter_map(valid).collect();
     let mean = known.iter().sum::<f64>() / known.len().max(1) as f64;
     if known.is_empty() || mean <= 0.0 || n == 0 {
         return None;
     }
     Some((0..n).map(|i| valid(scores.get(i).copied().flatten()).unwrap_or(mean)).collect())
+}
+
+/// Largest value a score may have before the samplers scale the scores down: a sum of up to
+/// 2⁶⁴ such values stays finite.
+const SCALE_ABOVE: f64 = 1e280;
+
+/// A power of two that brings `max` (a finite, non-negative largest score) down to [2, 4)
+/// when it is above [`SCALE_ABOVE`], else 1. Multiplying by a power of two is exact (but
+/// for values so small next to `max` that they count for nothing), so proportions, and so
+/// every draw, are those of the unscaled scores.
+fn power_of_two_scale(max: f64) -> f64 {
+    if max > SCALE_ABOVE && max.is_finite() {
+        // max = m·2^e, m in [1, 2) (it is normal); 2^(1−e) has the biased exponent 1024 − e,
+        // at least 1: a normal number, built exactly.
+        let e = ((max.to_bits() >> 52) & 0x7ff) as i64 - 1023;
+        f64::from_bits(((1024 - e) as u64) << 52)
+    } else {
+        1.0
+    }
 }
 
 /// How many times an outsider's score must exceed an insider's before it takes the
@@ -206,18 +235,24 @@ fn water_fill(q: &mut [f64], members: &[usize], target: f64, cap: f64) {
 ///
 /// Two guards keep it defined where the paper is not: an IQR of 0 normalises by 1, and
 /// σ = 0 (all scores equal) draws uniformly. Uniform permutation until scores exist.
+/// The Gaussian depends only on each distance over σ, so the distances are taken halved and
+/// over the largest one: the same probabilities, and no overflow whatever the scores.
 pub fn fastmatch_draw(n: usize, seed: u64, epoch: u64, scores: &[Option<f64>]) -> EpochDraw {
     if n == 0 || scores.iter().all(Option::is_none) {
         return uniform_draw(n, seed, epoch);
     }
     let v = fastmatch_normalise(scores);
     let mu = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let sigma = (v.iter().map(|x| (x - mu).powi(2)).sum::<f64>() / n as f64).sqrt();
-    let p: Vec<f64> = if sigma > 0.0 && sigma.is_finite() {
-        let g: Vec<f64> = v
-            .iter()
-            .map(|x| (-(x - mu).powi(2) / (2.0 * sigma * sigma)).exp() / (sigma * (2.0 * std::f64::consts::PI).sqrt()))
-            .collect();
+    // Halved distances to the maximum: at most f64::MAX, so finite.
+    let d: Vec<f64> = v.iter().map(|x| mu / 2.0 - x / 2.0).collect();
+    let longest = d.iter().copied().fold(0.0, f64::max);
+    let p: Vec<f64> = if longest > 0.0 {
+        // r in [0, 1] with at least one 1: σ_r ≥ 1/√n, never 0.
+        let r: Vec<f64> = d.iter().map(|x| x / longest).collect();
+        let sigma = (r.iter().map(|x| x * x).sum::<f64>() / n as f64).sqrt();
+        // The Gaussian's constant 1/(σ√2π) cancels in the normalisation just after.
+        let g: Vec<f64> = r.iter().map(|x| (-(x * x) / (2.0 * sigma * sigma)).exp()).collect();
+        // The maximum's own term is exp(0) = 1: the sum is at least 1.
         let sum: f64 = g.iter().sum();
         let normalised: Vec<f64> = g.iter().map(|x| x / sum).collect();
         softmax(&normalised)
@@ -231,9 +266,10 @@ pub fn fastmatch_draw(n: usize, seed: u64, epoch: u64, scores: &[Option<f64>]) -
 }
 
 /// FastMatch's score normalisation `(g − median)/IQR` over the known scores; unknown
-/// positions get 0 (the median). An IQR of 0 divides by 1.
+/// positions get 0 (the median). An IQR of 0 divides by 1. Computed on halves (exact), so
+/// no difference overflows; a quotient past `f64::MAX` (a tiny IQR) is held at ±`f64::MAX`.
 pub fn fastmatch_normalise(scores: &[Option<f64>]) -> Vec<f64> {
-    let mut known: Vec<f64> = scores.iter().flatten().copied().filter(|x| x.is_finite()).collect();
+    let mut known: Vec<f64> = scores.iter().flatten().copied().filter(|x| x.is_finite()).map(|x| x / 2.0).collect();
     known.sort_by(f64::total_cmp);
     let q = |f: f64| -> f64 {
         if known.is_empty() {
@@ -245,8 +281,11 @@ pub fn fastmatch_normalise(scores: &[Option<f64>]) -> Vec<f64> {
     };
     let median = q(0.5);
     let iqr = q(0.75) - q(0.25);
-    let iqr = if iqr > 0.0 { iqr } else { 1.0 };
-    scores.iter().map(|s| s.filter(|x| x.is_finite()).map_or(0.0, |x| (x - median) / iqr)).collect()
+    let iqr = if iqr > 0.0 { iqr } else { 0.5 };
+    scores
+        .iter()
+        .map(|s| s.filter(|x| x.is_finite()).map_or(0.0, |x| ((x / 2.0 - median) / iqr).clamp(-f64::MAX, f64::MAX)))
+        .collect()
 }
 
 fn softmax(p: &[f64]) -> Vec<f64> {
@@ -263,9 +302,12 @@ pub fn shade_draw(n: usize, seed: u64, epoch: u64, rank_scores: &[Option<f64>]) 
     if n == 0 || known.is_empty() {
         return uniform_draw(n, seed, epoch);
     }
-    let mean = known.iter().sum::<f64>() / known.len() as f64;
+    let scale = power_of_two_scale(known.iter().copied().fold(0.0, f64::max));
+    let mean = known.iter().map(|x| x * scale).sum::<f64>() / known.len() as f64;
     let a: Vec<f64> = (0..n)
-        .map(|i| rank_scores.get(i).copied().flatten().filter(|x| x.is_finite() && *x > 0.0).unwrap_or(mean))
+        .map(|i| {
+            rank_scores.get(i).copied().flatten().filter(|x| x.is_finite() && *x > 0.0).map_or(mean, |x| x * scale)
+        })
         .collect();
     let total: f64 = a.iter().sum();
     let p: Vec<f64> = a.iter().map(|x| x / total).collect();
@@ -559,6 +601,49 @@ mod tests {
             fastmatch_normalise(&[Some(1.0), Some(2.0), Some(3.0), Some(4.0), Some(5.0)]),
             vec![-1.0, -0.5, 0.0, 0.5, 1.0]
         );
+    }
+
+    #[test]
+    fn no_finite_scores_however_large_or_small_make_a_nan() {
+        let n = 64;
+        let range = [f64::MAX, 1e308, 1e30, 3.0, 1e-300, 5e-324, 0.0];
+        let cases: Vec<Vec<Option<f64>>> = vec![
+            vec![Some(f64::MAX); n],
+            (0..n).map(|i| Some(range[i % range.len()])).collect(),
+            (0..n).map(|i| (i < 2).then_some(1e308)).collect(),
+            (0..n).map(|i| Some(if i % 2 == 1 { f64::MAX } else { 0.0 })).collect(),
+        ];
+        let seen = vec![Some(0u64); n];
+        let even: Vec<bool> = (0..n).map(|i| i % 2 == 0).collect();
+        for (c, scores) in cases.iter().enumerate() {
+            let finite = |what: &str, d: &EpochDraw| {
+                assert!(d.expected.iter().all(|e| e.is_finite() && *e >= 0.0), "case {c}, {what}: {:?}", d.expected);
+                assert!((d.expected.iter().sum::<f64>() - n as f64).abs() < 1e-6, "case {c}, {what}");
+                assert!(d.weights.iter().flatten().all(|w| w.is_finite()), "case {c}, {what}");
+                assert_eq!(d.order.len(), n);
+            };
+            // With a hot set of the even positions and a miss discount of 0, case 3 has
+            // every scored sample outside the hot set, discounted to nothing.
+            for (hot, disc) in [(None, 0.3), (Some(&even[..]), 0.3), (Some(&even[..]), 0.0)] {
+                let view = ImportanceView { scores, last_seen: &seen, hot };
+                let params = ImportanceParams { floor: 0.1, coverage_epochs: 100, miss_discount: disc, max_draws: 4.0 };
+                let d = importance_draw(n, 1, 1, params, view);
+                finite("importance", &d);
+                assert!(d.expected.iter().all(|&e| e <= 4.0 + 1e-9), "case {c}: {:?}", d.expected);
+            }
+            finite("fastmatch", &fastmatch_draw(n, 1, 1, scores));
+            finite("shade", &shade_draw(n, 1, 1, scores));
+            assert_eq!(hot_set(scores, 8, None, HOT_SET_MARGIN, 0.1).iter().filter(|&&h| h).count(), 8);
+        }
+        // FastMatch's normaliser over the whole finite range, negatives and a tiny IQR included.
+        let wide = [Some(-f64::MAX), Some(f64::MAX), Some(0.0), Some(1.0), Some(1.0), Some(1.0), None];
+        let tiny_iqr = [Some(0.0), Some(5e-324), Some(5e-324), Some(5e-324), Some(f64::MAX)];
+        for scores in [&wide[..], &tiny_iqr[..]] {
+            let v = fastmatch_normalise(scores);
+            assert!(v.iter().all(|x| x.is_finite()), "{v:?}");
+            let d = fastmatch_draw(scores.len(), 1, 1, scores);
+            assert!(d.expected.iter().all(|e| e.is_finite()), "{:?}", d.expected);
+        }
     }
 
     #[test]

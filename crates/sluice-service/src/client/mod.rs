@@ -224,7 +224,8 @@ impl RemoteLoader {
     /// losses, or gradient norms, into the job's importance store at the dispatcher, which
     /// every client of the job feeds. They shape the epochs drawn after this report, as
     /// [`sluice_pipeline::Loader::report`] does locally. The reply counts what was taken
-    /// and what was ignored (unknown keys; NaN, infinite or negative values).
+    /// and what was ignored (unknown keys; NaN, infinite or negative values) or clamped
+    /// (finite values above `sluice_pipeline::importance::MAX_IMPORTANCE`).
     ///
     /// Retried through dispatcher restarts like every call; a retry whose first reply was
     /// lost counts its values twice, which leaves a key's epoch mean as it was when the

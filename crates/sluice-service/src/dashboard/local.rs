@@ -171,6 +171,7 @@ mod tests {
             op_percentiles: Vec::new(),
             op_counters: None,
             skipped: Vec::new(),
+            importance_reports: Default::default(),
             cache: None,
             autoscale: None,
         }

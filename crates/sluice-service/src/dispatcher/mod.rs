@@ -591,8 +591,8 @@ impl Dispatcher for DispatcherService {
                 }
                 (reply, self.barrier())
             };
-            if reply.invalid + reply.unknown > 0 {
-                tracing::warn!(job_id = req.job_id, client = %req.client_id, invalid = reply.invalid, unknown = reply.unknown, "importance report: values ignored");
+            if reply.invalid + reply.unknown + reply.clamped > 0 {
+                tracing::warn!(job_id = req.job_id, client = %req.client_id, invalid = reply.invalid, unknown = reply.unknown, clamped = reply.clamped, "importance report: values ignored or clamped");
             }
             self.inner.counters.reports_ignored.fetch_add(reply.invalid + reply.unknown, Ordering::Relaxed);
             self.inner.counters.reported.fetch_add(reply.accepted, Ordering::Relaxed);
@@ -824,6 +824,18 @@ impl DispatcherService {
             "sluice_job_epoch",
             "the epoch each job is in",
             state.jobs.values().map(|j| (job(&j.name), j.current.epoch as i64)),
+        );
+        let importance: Vec<(Labels, &JobImportance)> =
+            state.jobs.values().filter_map(|j| Some((job(&j.name), j.importance.as_ref()?))).collect();
+        m.counters(
+            "sluice_job_importance_refused",
+            "importance values the job's store refused (NaN, infinite or negative)",
+            importance.iter().map(|(l, i)| (l.clone(), i.refused())),
+        );
+        m.counters(
+            "sluice_job_importance_clamped",
+            "importance values clamped to the largest the job's store keeps (docs/importance-sampling.md)",
+            importance.iter().map(|(l, i)| (l.clone(), i.clamped())),
         );
         let caches: Vec<(Labels, JobCacheStats)> =
             state.jobs.values().filter_map(|j| Some((job(&j.name), state.job_cache(j.id)?))).collect();

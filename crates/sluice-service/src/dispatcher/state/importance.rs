@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use sluice_core::{Manifest, PipelineSpec, SamplingSpec};
 use sluice_pipeline::cache::epoch_priorities;
-use sluice_pipeline::importance::{DrawInputs, ImportanceStore};
+use sluice_pipeline::importance::{DrawInputs, ImportanceStore, ReportedValue};
 use sluice_pipeline::{EpochDraw, Shard};
 
 use super::placement::{batch_owners, owners, regroup, routes, Member, Previous};
@@ -39,6 +39,10 @@ pub struct JobImportance {
     /// norms would rank samples by incomparable numbers).
     kind: Option<ReportKind>,
     draws: VecDeque<(u64, Arc<Drawn>)>,
+    /// Values refused (NaN, infinite, negative) and clamped (above `MAX_IMPORTANCE`), in
+    /// reports answered since the dispatcher started and in journal records replayed.
+    refused: u64,
+    clamped: u64,
 }
 
 /// An epoch as drawn, with what the workers' caches follow in it.
@@ -74,11 +78,16 @@ impl JobImportance {
             spec: spec.clone(),
             kind: None,
             draws: VecDeque::new(),
+            refused: 0,
+            clamped: 0,
         })
     }
 
     /// Checks a report (nothing changes): lengths must match and the kind must be the
-    /// job's; unknown keys and non-finite or negative values are counted and left out.
+    /// job's; unknown keys are counted and left out, and values pass the local loader's
+    /// rule ([`ReportedValue::check`]): NaN, infinite or negative ones are counted in
+    /// `invalid` and left out, finite ones above `MAX_IMPORTANCE` counted in `clamped` and
+    /// taken as `MAX_IMPORTANCE`. So nothing absurd reaches the journal.
     pub(super) fn check_report(
         &self,
         job_id: u64,
@@ -100,21 +109,57 @@ impl JobImportance {
         for (&k, &v) in keys.iter().zip(values) {
             if !self.keys.contains_key(&k) {
                 out.reply.unknown += 1;
-            } else if !(v.is_finite() && v >= 0.0) {
-                out.reply.invalid += 1;
-            } else {
-                out.keys.push(k);
-                out.values.push(v);
+                continue;
             }
+            let v = match ReportedValue::check(v) {
+                ReportedValue::Accepted(v) => v,
+                ReportedValue::Clamped(v) => {
+                    out.reply.clamped += 1;
+                    v
+                }
+                ReportedValue::Refused => {
+                    out.reply.invalid += 1;
+                    continue;
+                }
+            };
+            out.keys.push(k);
+            out.values.push(v);
         }
         out.reply.accepted = out.keys.len() as u64;
         Ok(out)
     }
 
-    /// Folds a checked report into the store (a `Report` record, live or replayed).
+    /// Counts what a report answered with `reply` refused and clamped (for the metrics).
+    pub(super) fn count_report(&mut self, reply: &ReportReply) {
+        self.refused += reply.invalid;
+        self.clamped += reply.clamped;
+    }
+
+    /// Values refused (NaN, infinite, negative) since the dispatcher started.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Values clamped to `MAX_IMPORTANCE` since the dispatcher started.
+    pub fn clamped(&self) -> u64 {
+        self.clamped
+    }
+
+    /// Folds a checked report into the store (a `Report` record, live or replayed). The
+    /// store applies the same rule again: a journal written before the rule held absurd
+    /// values, which are refused or clamped on replay (and counted) as a live report's are.
     pub fn apply_report(&mut self, keys: &[u64], values: &[f64], kind: ReportKind) {
         self.kind = Some(kind);
-        self.store.report(keys, values);
+        let counts = self.store.report(keys, values);
+        if counts.refused + counts.clamped > 0 {
+            tracing::warn!(
+                refused = counts.refused,
+                clamped = counts.clamped,
+                "importance report from the journal: refused NaN, infinite or negative values, clamped huge ones"
+            );
+        }
+        self.refused += counts.refused;
+        self.clamped += counts.clamped;
     }
 
     /// Draws `epoch` (a `Draw` record): the reports so far shape it, and the ones after it
@@ -217,6 +262,34 @@ mod tests {
         j.apply_report(&[keys[0]], &[1.0], ReportKind::Loss);
         let e = j.check_report(1, &keys[..1], &[1.0], ReportKind::GradNorm).unwrap_err();
         assert!(e.to_string().contains("REPORT_KIND_LOSS"), "{e}");
+    }
+
+    #[test]
+    fn huge_values_are_clamped_at_the_door_and_in_an_old_journal_on_replay() {
+        use sluice_pipeline::importance::MAX_IMPORTANCE;
+        let fresh = test_job(64);
+        let keys: Vec<u64> = fresh.manifest.entries.iter().map(|e| e.key.0).collect();
+        let losses: Vec<f64> = (0..64).map(|i| 1.0 + (i % 5) as f64).collect();
+        let mut huge = losses.clone();
+        huge[..4].fill(1e308);
+        let r = fresh.check_report(1, &keys, &huge, ReportKind::Loss).unwrap();
+        assert_eq!((r.reply.accepted, r.reply.clamped, r.reply.invalid), (64, 4, 0));
+        assert_eq!((&r.values[..4], &r.values[4..]), (&[MAX_IMPORTANCE; 4][..], &losses[4..]));
+        // Epoch 1 drawn after `values` went into the store as a `Report` record.
+        let draw = |values: &[f64]| {
+            let mut j = test_job(64);
+            j.apply_draw(0, None, &[], 8);
+            j.apply_report(&keys, values, ReportKind::Loss);
+            (j.apply_draw(1, None, &[], 8).draw.clone(), j.clamped())
+        };
+        // A journal written before the rule holds the 1e308s: replayed, they are the bound's.
+        let (replayed, clamped) = draw(&huge);
+        let (checked, none) = draw(&r.values);
+        assert_eq!((clamped, none), (4, 0));
+        assert_eq!(replayed, checked);
+        let weights = checked.weights.unwrap_or_default();
+        assert!(weights.iter().all(|w| w.is_finite() && *w > 0.0), "{weights:?}");
+        assert!(weights.iter().any(|&w| w != weights[0]), "the 4 outliers are drawn more: {weights:?}");
     }
 
     #[test]

@@ -274,10 +274,11 @@ impl State {
     }
 
     /// Decides a `Report`: the record to journal (none when nothing valid is left), and
-    /// the counts to answer. Reports are taken for the job's current epoch, the one before
-    /// (its last batches are reported while the next epoch starts) and the next one.
+    /// the counts to answer (also added to the job's, for the metrics). Reports are taken
+    /// for the job's current epoch, the one before (its last batches are reported while the
+    /// next epoch starts) and the next one.
     pub fn report(
-        &self,
+        &mut self,
         job_id: u64,
         epoch: u64,
         keys: &[u64],
@@ -300,6 +301,7 @@ impl State {
                 per_sample: REPORT_VALUES_PER_SAMPLE,
             });
         }
+        self.importance_mut(job_id)?.count_report(&checked.reply);
         let record = (!checked.keys.is_empty()).then(|| Record::Report {
             job_id,
             keys: checked.keys,
