@@ -1,5 +1,5 @@
 //! The `sluice` command end to end: generate a dataset with bad files, run a spec over it
-//! under the skip policy, benchmark it; learners lined up by `--barrier`.
+//! under the skip policy, benchmark it; learners lined up by `--barrier`; flags refused.
 
 #![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
 
@@ -203,4 +203,27 @@ fn learners_wait_for_each_other_again_in_a_barrier_folder_an_earlier_run_used() 
     let b = learner(d, 1);
     finishes(a, "rank 0 after a crashed run");
     finishes(b, "rank 1 after a crashed run");
+}
+
+/// A float flag that becomes a `Duration` is refused, naming the flag, when no wait can
+/// last that long; it used to panic in `Duration::from_secs_f64` (after the whole run).
+#[test]
+fn a_wait_no_duration_can_hold_is_refused_naming_its_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    learner_job(dir.path());
+    for hold in ["inf", "1e300", "NaN"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["run", "spec.toml", "--dashboard", "127.0.0.1:0", "--dashboard-hold-s", hold])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--dashboard-hold-s {hold}: a usage error, not {}:\n{stderr}",
+            out.status
+        );
+        assert!(stderr.contains("--dashboard-hold-s") && !stderr.contains("panicked"), "{stderr}");
+    }
 }
