@@ -31,6 +31,8 @@ pub use super::clock::ClockOffset;
 pub struct WorkerBuild {
     pub worker_id: u64,
     pub worker_addr: String,
+    /// The worker's trace id (`BatchTrace.pid`): its process in traces, the pid of its
+    /// own trace files' tracks. Not its OS pid, which is 1 in every container.
     pub worker_pid: u32,
     pub epoch: u64,
     pub batch: u64,
