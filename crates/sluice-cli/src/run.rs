@@ -177,6 +177,14 @@ pub fn run_spec(
     if let (Some(path), Some(events)) = (trace, loader.stop_trace()) {
         events.write(path)?;
         eprintln!("trace: {} events written to {}", events.events.len(), path.display());
+        if events.dropped.events > 0 {
+            eprintln!(
+                "trace: {} more events dropped: a trace holds {} at most (`{}` marks where it filled up)",
+                events.dropped.events,
+                sluice_pipeline::trace::MAX_TRACE_EVENTS,
+                sluice_pipeline::trace::DROPPED_EVENT
+            );
+        }
     }
     if let Some(peak) = peak_rss_bytes() {
         eprintln!("peak resident memory: {:.1} MB", peak as f64 / 1e6);

@@ -19,7 +19,10 @@ use std::path::{Path, PathBuf};
 /// Perfetto's trace messages (generated from the vendored `perfetto_trace.proto`): for
 /// writers of other traces (the service client's) and for readers.
 pub use perfetto::pb;
-pub use recorder::{CacheUse, Recorder, SampleId, ThreadBuf, TraceData, TraceSwitch};
+pub use recorder::{CacheUse, Dropped, Recorder, SampleId, ThreadBuf, TraceData, TraceSwitch, MAX_TRACE_EVENTS};
+
+/// The instant a trace shows where it began to drop events (args: `dropped`, `max_events`).
+pub const DROPPED_EVENT: &str = "trace_events_dropped";
 
 /// What an event measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

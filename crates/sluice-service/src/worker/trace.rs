@@ -59,6 +59,14 @@ impl JobTrace {
         if part.events.is_empty() {
             return;
         }
+        if part.dropped.events > 0 {
+            tracing::warn!(
+                path = %self.path.display(),
+                dropped = part.dropped.events,
+                max = sluice_pipeline::trace::MAX_TRACE_EVENTS,
+                "a task made more trace events than a trace part holds; the rest were dropped"
+            );
+        }
         part.pid = self.pid;
         part.process.clone_from(&self.process);
         let bytes = part.encode(TraceFormat::Perfetto);
