@@ -42,7 +42,7 @@ pub struct Barrier {
     /// The run's folder, once every learner has joined.
     run: OnceLock<PathBuf>,
     /// This learner's join file, locked while the learner lives.
-    _joined: OnceLock<File>,
+    joined: OnceLock<File>,
 }
 
 impl Barrier {
@@ -52,7 +52,7 @@ impl Barrier {
             shard,
             id: format!("{:016x}", random_u64()),
             run: OnceLock::new(),
-            _joined: OnceLock::new(),
+            joined: OnceLock::new(),
         }
     }
 
@@ -83,7 +83,7 @@ impl Barrier {
         file.lock().map_err(io)?;
         file.write_all(self.id.as_bytes()).map_err(io)?;
         std::fs::rename(&tmp, self.join_file(self.shard.rank)).map_err(io)?;
-        let _ = self._joined.set(file);
+        let _ = self.joined.set(file);
         self.poll(point, start, |r| Ok(self.live_id(r).map_err(io)?.is_some()))?;
         let leader = self.live_id(0).map_err(io)?.unwrap_or_default();
         let run = self.dir.join(format!("{RUN_PREFIX}{leader}"));
