@@ -114,7 +114,10 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         PipelineError::Interrupted => PyKeyboardInterrupt::new_err(e.to_string()),
         PipelineError::Trace(TraceError::Write { .. } | TraceError::Read { .. }) => PyOSError::new_err(e.to_string()),
         PipelineError::Trace(
-            TraceError::AlreadyTracing | TraceError::Malformed { .. } | TraceError::Unaligned { .. },
+            TraceError::AlreadyTracing
+            | TraceError::Malformed { .. }
+            | TraceError::Unaligned { .. }
+            | TraceError::SameProcess { .. },
         ) => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
     }
 }

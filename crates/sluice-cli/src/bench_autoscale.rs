@@ -32,7 +32,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
     /// The trainer's demand per phase, in units' worth (one unit: one thread).
-    #[arg(long, value_delimiter = ',', default_values_t = [3.5, 9.5, 2.5, 6.5])]
+    #[arg(long, value_delimiter = ',', default_values_t = [3.5, 9.5, 2.5, 6.5], value_parser = parse_demand)]
     pub demand: Vec<f64>,
     /// Seconds per phase.
     #[arg(long, default_value_t = 10.0)]
@@ -65,6 +65,15 @@ pub struct Args {
     /// Seconds per setting in the `--real` runs.
     #[arg(long, default_value_t = 10.0)]
     pub real_seconds: f64,
+}
+
+/// A phase's demand, in units: a trainer step (its inverse, scaled by a unit's rate)
+/// must be a `Duration`.
+fn parse_demand(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(d) if d.is_finite() && d >= 1e-3 => Ok(d),
+        _ => Err(format!("`{s}` is not a demand: units' worth from 0.001 up, finite")),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -151,9 +160,11 @@ fn drive(loader: &Loader, phases: &[(f64, f64)], start: Instant) -> anyhow::Resu
                 t < end
             });
             let step = 1.0 / rate.map_or(1.0, |p| p.0);
+            let pause = Duration::try_from_secs_f64(step)
+                .with_context(|| format!("a trainer step of {step} s: --demand too small for this machine"))?;
             ticks.push(Tick { t, units: loader.threads(), wait, step, epoch_start: first });
             first = false;
-            std::thread::sleep(Duration::from_secs_f64(step));
+            std::thread::sleep(pause);
         }
     }
     Ok(ticks)

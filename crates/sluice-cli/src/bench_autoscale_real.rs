@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use serde::Serialize;
 use sluice_core::{PipelineSpec, SourceSpec, Threads};
 use sluice_pipeline::{Loader, Shard};
@@ -109,7 +110,9 @@ pub fn main(a: &Args) -> anyhow::Result<()> {
         trainers.iter().map(|_| settings.iter().map(|_| Vec::new()).collect()).collect();
     for run in 0..a.runs {
         for (ti, (trainer, demand)) in trainers.iter().enumerate() {
-            let step = Duration::from_secs_f64(a.batch as f64 / demand);
+            let step = Duration::try_from_secs_f64(a.batch as f64 / demand).with_context(|| {
+                format!("a trainer step of {} s: no thread made any images", a.batch as f64 / demand)
+            })?;
             let mut this_run = vec![0.0; settings.len()];
             // Each run starts at a different setting, so drift in the machine's load is shared.
             for k in (0..settings.len()).map(|i| (i + run) % settings.len()) {

@@ -58,8 +58,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     clients: Vec<usize>,
     /// Seconds per dispatcher load point.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
+    #[arg(long, default_value = "3", value_parser = crate::duration_flags::seconds)]
+    seconds: Duration,
     #[arg(long)]
     json: bool,
 }
@@ -359,7 +359,7 @@ pub fn main(a: Args) -> Result<()> {
         for &c in &a.clients {
             let (addr, _procs) = service(&work, &dir, 0, 1)?;
             let job_id = create_job(&addr, &s)?;
-            let row = bench::dispatcher_load(&addr, None, job_id, c, a.seconds)?;
+            let row = bench::dispatcher_load(&addr, None, job_id, c, a.seconds.as_secs_f64())?;
             eprintln!(
                 "dispatcher, {c:>3} clients: {:>6.0} GetTask/s ({:>6.0} RPC/s), p50 {:.2} ms, p99 {:.2} ms",
                 row.get_task_per_s, row.rpcs_per_s, row.get_task_p50_ms, row.get_task_p99_ms

@@ -14,6 +14,7 @@ mod bench_locality;
 mod bench_service;
 mod bench_workers;
 mod demo;
+mod duration_flags;
 mod gen;
 mod model;
 mod netns;

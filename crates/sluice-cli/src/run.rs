@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
@@ -12,6 +12,7 @@ use sluice_pipeline::loader::LocalityStats;
 use sluice_pipeline::{Loader, Shard, StatsSnapshot};
 
 use crate::barrier::Barrier;
+use crate::duration_flags;
 use crate::progress;
 
 /// A line of `--epoch-log`.
@@ -56,8 +57,8 @@ pub struct Dashboard {
     #[arg(long, value_name = "ADDR")]
     pub dashboard: Option<String>,
     /// Seconds to keep serving the dashboard after the last epoch.
-    #[arg(long, default_value_t = 0.0, requires = "dashboard")]
-    pub dashboard_hold_s: f64,
+    #[arg(long, default_value = "0", value_parser = duration_flags::seconds, requires = "dashboard")]
+    pub dashboard_hold_s: Duration,
 }
 
 /// One learner (DDP rank) of a multi-learner job (`docs/locality.md`): every learner runs
@@ -176,6 +177,14 @@ pub fn run_spec(
     if let (Some(path), Some(events)) = (trace, loader.stop_trace()) {
         events.write(path)?;
         eprintln!("trace: {} events written to {}", events.events.len(), path.display());
+        if events.dropped.events > 0 {
+            eprintln!(
+                "trace: {} more events dropped: a trace holds {} at most (`{}` marks where it filled up)",
+                events.dropped.events,
+                sluice_pipeline::trace::MAX_TRACE_EVENTS,
+                sluice_pipeline::trace::DROPPED_EVENT
+            );
+        }
     }
     if let Some(peak) = peak_rss_bytes() {
         eprintln!("peak resident memory: {:.1} MB", peak as f64 / 1e6);
@@ -185,9 +194,9 @@ pub fn run_spec(
     } else {
         print_report(&stats);
     }
-    if served.is_some() && dashboard.dashboard_hold_s > 0.0 {
-        eprintln!("dashboard: serving for {:.0} s more", dashboard.dashboard_hold_s);
-        std::thread::sleep(std::time::Duration::from_secs_f64(dashboard.dashboard_hold_s));
+    if served.is_some() && !dashboard.dashboard_hold_s.is_zero() {
+        eprintln!("dashboard: serving for {:.0} s more", dashboard.dashboard_hold_s.as_secs_f64());
+        std::thread::sleep(dashboard.dashboard_hold_s);
     }
     Ok(())
 }

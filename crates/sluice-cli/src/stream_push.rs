@@ -41,12 +41,10 @@ pub enum Order {
     ClassIncremental,
 }
 
+/// Samples per second: the time to the n-th sample, `n / rate`, must be a `Duration`.
 fn parse_rate(s: &str) -> Result<f64, String> {
-    let n = s.strip_suffix("/s").unwrap_or(s);
-    match n.parse::<f64>() {
-        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
-        _ => Err(format!("`{s}` is not a rate (samples per second, e.g. 100 or 100/s)")),
-    }
+    crate::duration_flags::rate(s.strip_suffix("/s").unwrap_or(s))
+        .map_err(|e| format!("{e} (samples per second, e.g. 100 or 100/s)"))
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {

@@ -22,7 +22,7 @@ pub struct Args {
 pub fn main(a: Args) -> Result<()> {
     for w in sluice_service::merge_traces(&a.client, &a.workers, &a.out)? {
         println!(
-            "{}: worker pid {}, {} packets moved by {} ns (± {} ns)",
+            "{}: worker (trace id {}), {} packets moved by {} ns (± {} ns)",
             w.path.display(),
             w.pid,
             w.packets,

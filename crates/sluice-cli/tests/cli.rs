@@ -1,10 +1,11 @@
 //! The `sluice` command end to end: generate a dataset with bad files, run a spec over it
-//! under the skip policy, benchmark it.
+//! under the skip policy, benchmark it; learners lined up by `--barrier`; flags refused.
 
 #![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 fn sluice(args: &[&str], cwd: &Path) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).current_dir(cwd).output().unwrap();
@@ -135,4 +136,94 @@ fn demo_generates_its_dataset_and_runs_the_training_spec_on_it() {
     assert!(dir.path().join("demo/train.toml").is_file(), "{said}");
     assert!(said.contains("epoch 0: 24 samples"), "the 24 good images, one epoch: {said}");
     assert!(said.contains("skipped 5 bad samples"), "the demo's 5 bad files, skipped by name: {said}");
+}
+
+/// A small job for `sluice run` learners: 8 images, batches of 2.
+fn learner_job(dir: &Path) {
+    sluice(&["gen-images", "--out", "train", "--images", "8", "--classes", "2"], dir);
+    let spec = "threads = 1\n[source]\nkind = \"image_folder\"\nroot = \"train\"\n\
+                [[ops]]\nop = \"decode\"\n[[ops]]\nop = \"resize\"\nsize = 16\n[[ops]]\nop = \"center_crop\"\nsize = 16\n[batch]\nsize = 2\n";
+    std::fs::write(dir.join("spec.toml"), spec).unwrap();
+}
+
+/// Learner `rank` of 2 of that job, lined up through `barrier/`.
+fn learner(dir: &Path, rank: usize) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", "spec.toml", "--rank", &rank.to_string(), "--world-size", "2", "--barrier", "barrier"])
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn finishes(mut c: Child, what: &str) {
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = c.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{what}: still running after 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{what}: {status}");
+}
+
+/// Asserts that `c` is still running (waiting at the barrier) after a while.
+fn waits(c: &mut Child, what: &str) {
+    std::thread::sleep(Duration::from_secs(2));
+    if let Some(status) = c.try_wait().unwrap() {
+        panic!("{what} passed its barriers alone ({status})");
+    }
+}
+
+#[test]
+fn learners_wait_for_each_other_again_in_a_barrier_folder_an_earlier_run_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    learner_job(d);
+    let (a, b) = (learner(d, 0), learner(d, 1));
+    finishes(a, "rank 0 of the first run");
+    finishes(b, "rank 1 of the first run");
+
+    // The first run's files are still there: rank 0 of a second run must wait for rank 1.
+    let mut a = learner(d, 0);
+    waits(&mut a, "rank 0 of the second run, rank 1 not started,");
+    let b = learner(d, 1);
+    finishes(a, "rank 0 of the second run");
+    finishes(b, "rank 1 of the second run");
+
+    // A run that crashed (rank 1 killed while it waited for rank 0) holds up no later run.
+    let mut crashed = learner(d, 1);
+    std::thread::sleep(Duration::from_millis(500));
+    crashed.kill().unwrap();
+    crashed.wait().unwrap();
+    let mut a = learner(d, 0);
+    waits(&mut a, "rank 0 after a crashed run, rank 1 not started,");
+    let b = learner(d, 1);
+    finishes(a, "rank 0 after a crashed run");
+    finishes(b, "rank 1 after a crashed run");
+}
+
+/// A float flag that becomes a `Duration` is refused, naming the flag, when no wait can
+/// last that long; it used to panic in `Duration::from_secs_f64` (after the whole run).
+#[test]
+fn a_wait_no_duration_can_hold_is_refused_naming_its_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    learner_job(dir.path());
+    for hold in ["inf", "1e300", "NaN"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["run", "spec.toml", "--dashboard", "127.0.0.1:0", "--dashboard-hold-s", hold])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "--dashboard-hold-s {hold}: a usage error, not {}:\n{stderr}",
+            out.status
+        );
+        assert!(stderr.contains("--dashboard-hold-s") && !stderr.contains("panicked"), "{stderr}");
+    }
 }

@@ -55,4 +55,15 @@ fn stream_push_sends_every_sample_once_in_class_incremental_tasks() {
 
     let mut bad = sluice(&["stream-push", root_s, "--url", &url, "--rate", "fast"]);
     assert!(!bad.0.wait().unwrap().success(), "a bad rate is refused");
+    // A rate so small that the time to a sample is no `Duration`: refused, naming the flag,
+    // where it used to panic in `Duration::from_secs_f64` at the second sample.
+    for rate in ["1e-310", "1e-300/s"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["stream-push", root_s, "--url", &url, "--stream", "tiny", "--rate", rate])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--rate {rate}: a usage error, not {}:\n{stderr}", out.status);
+        assert!(stderr.contains("--rate") && !stderr.contains("panicked"), "{stderr}");
+    }
 }

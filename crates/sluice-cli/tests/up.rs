@@ -9,6 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use common::*;
 use sluice_service::RemoteLoader;
@@ -103,4 +104,74 @@ fn sluice_up_hands_trace_dir_to_its_workers() {
     });
     assert_eq!(written.extension().unwrap(), "pftrace");
     sigterm_and_wait(up, "sluice up");
+}
+
+/// `sluice up` with `args`, its stderr lines (time of arrival, text) on the channel.
+fn up_logging(args: &[&str]) -> (Proc, mpsc::Receiver<(Instant, String)>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("up").args(args).env("SLUICE_LOG", "warn").env_remove("SLUICE_TOKEN").stdout(Stdio::null());
+    cmd.stderr(Stdio::piped());
+    die_with_parent(&mut cmd);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send((Instant::now(), line));
+        }
+    });
+    (Proc(child), rx)
+}
+
+#[test]
+fn sluice_up_refuses_metrics_ports_its_workers_cannot_have() {
+    let _watchdog = watchdog("sluice_up_refuses_metrics_ports_its_workers_cannot_have", 60);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    for (port, workers) in [("65535", "1"), ("65534", "2"), ("0", "1")] {
+        let addr = free_addr();
+        let args = ["--workers", workers, "--metrics-port", port, "--listen", &addr, "--allow-root", root];
+        let (mut up, lines) = up_logging(&args);
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(s) = up.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "up --metrics-port {port} --workers {workers}: still running after 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Up to its end: the process is gone, so is the pipe's writer.
+        let stderr: Vec<String> = lines.iter().map(|(_, l)| l).collect();
+        assert!(!status.success(), "up --metrics-port {port} --workers {workers}: {status}");
+        assert!(stderr.iter().any(|l| l.contains(&format!("--metrics-port {port}"))), "{stderr:?}");
+    }
+}
+
+#[test]
+fn sluice_up_restarts_a_failing_worker_ever_more_slowly() {
+    let _watchdog = watchdog("sluice_up_restarts_a_failing_worker_ever_more_slowly", 60);
+    let dir = tempfile::tempdir().unwrap();
+    // A --trace-dir that is a file: the worker exits as it starts, every time.
+    let not_a_dir = dir.path().join("not-a-dir");
+    std::fs::write(&not_a_dir, b"").unwrap();
+    let addr = free_addr();
+    let root = dir.path().to_str().unwrap();
+    let args = ["--workers", "1", "--threads", "1", "--listen", &addr, "--allow-root", root];
+    let (up, lines) = up_logging(&[&args[..], &["--trace-dir", not_a_dir.to_str().unwrap()]].concat());
+    std::thread::sleep(Duration::from_secs(5));
+    drop(up);
+    let restarts: Vec<Instant> = lines
+        .try_iter()
+        .filter(|(_, l)| l.contains("worker-0") && l.contains("restarting it"))
+        .map(|(t, _)| t)
+        .collect();
+    // Delays of 0.1, 0.2, 0.4, 0.8, 1.6 s: 5 restarts in 5 s, plus the worker's own start each
+    // time. Restarted every 100 ms instead, it starts over 20 times.
+    assert!((3..=7).contains(&restarts.len()), "{} restarts of the failing worker in 5 s", restarts.len());
+    let gaps: Vec<Duration> = restarts.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.windows(2).all(|g| g[1] > g[0]), "the delay between restarts grows: {gaps:?}");
 }

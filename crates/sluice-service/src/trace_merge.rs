@@ -4,6 +4,10 @@
 //! knows each worker's clock offset: its `batch_built` slices carry the offset of their
 //! connection and its error bound. Every timestamp of a worker's file is moved into the
 //! client's clock by that worker's offset with the least bound.
+//!
+//! A worker is known by its trace id (the pid of its process tracks, `BatchTrace.pid`), not
+//! its OS pid, which is 1 in every container. Each file's packets get a packet sequence of
+//! their own in the merged trace (Perfetto keeps a sequence's state apart from others').
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +15,7 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 use sluice_pipeline::trace::pb;
 use sluice_pipeline::trace::pb::debug_annotation::{NameField, Value};
-use sluice_pipeline::trace::pb::trace_packet::Data;
+use sluice_pipeline::trace::pb::trace_packet::{Data, OptionalTrustedPacketSequenceId as SeqId};
 use sluice_pipeline::trace::pb::track_event::NameField as EventName;
 use sluice_pipeline::TraceError;
 
@@ -31,15 +35,22 @@ pub struct MergedWorker {
 pub fn merge_traces(client: &Path, workers: &[PathBuf], out: &Path) -> Result<Vec<MergedWorker>, TraceError> {
     let mut trace = read(client)?;
     let offsets = worker_offsets(&trace);
-    let mut merged = Vec::with_capacity(workers.len());
-    for path in workers {
+    for p in &mut trace.packet {
+        p.optional_trusted_packet_sequence_id = Some(SeqId::TrustedPacketSequenceId(1));
+    }
+    let mut merged: Vec<MergedWorker> = Vec::with_capacity(workers.len());
+    for (seq, path) in (2..).zip(workers) {
         let worker = read(path)?;
         let pid = process_pid(&worker)
             .ok_or_else(|| TraceError::Malformed { path: path.clone(), reason: "it has no process track".into() })?;
+        if let Some(other) = merged.iter().find(|m| m.pid == pid) {
+            return Err(TraceError::SameProcess { path: path.clone(), other: other.path.clone(), pid });
+        }
         let clock = *offsets.get(&pid).ok_or_else(|| TraceError::Unaligned { path: path.clone(), pid })?;
         let packets = worker.packet.len();
         trace.packet.extend(worker.packet.into_iter().map(|mut p| {
             p.timestamp = p.timestamp.map(|ts| clock.to_client(ts));
+            p.optional_trusted_packet_sequence_id = Some(SeqId::TrustedPacketSequenceId(seq));
             p
         }));
         merged.push(MergedWorker { path: path.clone(), pid, clock, packets });
@@ -63,7 +74,8 @@ fn process_pid(trace: &pb::Trace) -> Option<i32> {
     })
 }
 
-/// Per worker pid, the offset with the least error bound among its `batch_built` slices.
+/// Per worker (trace id), the offset with the least error bound among its `batch_built`
+/// slices.
 fn worker_offsets(trace: &pb::Trace) -> BTreeMap<i32, ClockOffset> {
     let (mut pid_of, mut parent) = (BTreeMap::new(), BTreeMap::new());
     let mut best: BTreeMap<i32, ClockOffset> = BTreeMap::new();
@@ -175,6 +187,24 @@ mod tests {
         assert_eq!(trace.packet.len(), 8, "the client's 6 packets, then the worker's 2");
         assert_eq!(trace.packet[7].timestamp, Some(999_999_700), "6 s in the worker's clock, less its offset");
         assert_eq!(trace.packet[3].timestamp, Some(10), "the client's own events stay put");
+    }
+
+    #[test]
+    fn two_worker_files_of_one_process_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let client = dir.path().join("client.pftrace");
+        let lane = Data::TrackDescriptor(TrackDescriptor { uuid: Some(3), parent_uuid: Some(2), ..Default::default() });
+        write(&client, vec![packet(None, 1, process(2, 1)), packet(None, 1, lane), packet(Some(5), 1, built(0, 10))]);
+        let (a, b) = (dir.path().join("a.pftrace"), dir.path().join("b.pftrace"));
+        for w in [&a, &b] {
+            write(w, vec![packet(None, 1, process(7, 1))]);
+        }
+        let out = dir.path().join("merged.pftrace");
+
+        let e = merge_traces(&client, &[a, b], &out).unwrap_err();
+        assert!(matches!(e, TraceError::SameProcess { pid: 1, .. }), "{e}");
+        assert!(e.to_string().contains("a.pftrace") && e.to_string().contains("b.pftrace"), "{e}");
+        assert!(!out.exists(), "nothing written on a failed merge");
     }
 
     #[test]

@@ -2,11 +2,12 @@
 //! dies is restarted. With `--autoscale` the worker count follows the dispatcher's target:
 //! workers are started up to it, and above it the highest-numbered ones are drained (the
 //! dispatcher gives them no new task; each finishes what it holds, then exits 0) and not
-//! started again.
+//! started again. A child that keeps exiting is restarted after a delay that doubles each
+//! time (up to [`RESTART_MAX`]), not in a loop.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,11 @@ use super::{operator_token, roots, token, AutoscaleArgs, LimitArgs};
 
 /// How often `up` asks the dispatcher for its target (and repeats its drain requests).
 const SCALE_POLL: Duration = Duration::from_millis(250);
+/// The delay before restarting a child that exited; it doubles at each exit, up to
+/// [`RESTART_MAX`], and starts over once a child has run [`RESTART_RESET`].
+const RESTART_MIN: Duration = Duration::from_millis(100);
+const RESTART_MAX: Duration = Duration::from_secs(30);
+const RESTART_RESET: Duration = Duration::from_secs(30);
 
 #[derive(clap::Args)]
 pub struct UpArgs {
@@ -43,7 +49,7 @@ pub struct UpArgs {
     /// not get it.
     #[arg(long)]
     operator_token: Option<String>,
-    /// Metrics: the dispatcher on PORT, worker i on PORT+1+i.
+    /// Metrics: the dispatcher on PORT, worker i on PORT+1+i (all of them at most 65535).
     #[arg(long)]
     metrics_port: Option<u16>,
     /// TLS for the dispatcher and every worker: certificate chain (PEM; valid for the
@@ -70,6 +76,46 @@ struct Supervised {
     child: Child,
     /// Asked to drain: when it exits (drained, or killed) it is not started again.
     draining: bool,
+    started: Instant,
+    /// The delay before the next restart.
+    backoff: Duration,
+    /// It exited and is started again at this time.
+    restart_at: Option<Instant>,
+}
+
+impl Supervised {
+    fn new(name: String, args: Vec<String>, child: Child) -> Self {
+        Self { name, args, child, draining: false, started: Instant::now(), backoff: RESTART_MIN, restart_at: None }
+    }
+
+    /// Whether it has exited, and if so when it is started again; restarts it when due. A
+    /// draining child that exits is not started again: `Some(status)` says it is gone.
+    fn supervise(&mut self, spawner: &Spawner) -> Result<Option<ExitStatus>> {
+        if let Some(at) = self.restart_at {
+            if self.draining {
+                return Ok(self.child.try_wait()?);
+            }
+            if Instant::now() >= at {
+                self.child = spawner.spawn(&self.args)?;
+                self.started = Instant::now();
+                self.restart_at = None;
+            }
+            return Ok(None);
+        }
+        let Ok(Some(status)) = self.child.try_wait() else { return Ok(None) };
+        if self.draining {
+            tracing::info!(process = %self.name, %status, "drained worker exited; not restarting it");
+            return Ok(Some(status));
+        }
+        if self.started.elapsed() >= RESTART_RESET {
+            self.backoff = RESTART_MIN;
+        }
+        let delay = self.backoff;
+        self.backoff = (self.backoff * 2).min(RESTART_MAX);
+        self.restart_at = Some(Instant::now() + delay);
+        tracing::warn!(process = %self.name, %status, ?delay, "exited; restarting it");
+        Ok(None)
+    }
 }
 
 /// How `up` starts its children.
@@ -119,11 +165,20 @@ impl Spawner {
         let mut args = self.worker_args.clone();
         args.extend(["--name".to_string(), name.clone()]);
         if let Some(p) = self.metrics_port {
-            args.extend(["--metrics-port".into(), (p as usize + 1 + i).to_string()]);
+            args.extend(["--metrics-port".into(), worker_metrics_port(p, i)?.to_string()]);
         }
         let child = self.spawn(&args)?;
-        Ok(Supervised { name, args, child, draining: false })
+        Ok(Supervised::new(name, args, child))
     }
+}
+
+/// Worker `i`'s metrics port: the dispatcher's `port` + 1 + `i`.
+fn worker_metrics_port(port: u16, i: usize) -> Result<u16> {
+    anyhow::ensure!(port > 0, "--metrics-port 0: worker i gets PORT+1+i, so name a port from 1");
+    let p = usize::from(port) + 1 + i;
+    u16::try_from(p).ok().with_context(|| {
+        format!("--metrics-port {port}: worker {i} would get port {p}, past 65535 (take one at most {})", 65534 - i)
+    })
 }
 
 /// Starts a dispatcher and its workers as child processes of this one, restarts any that
@@ -138,6 +193,11 @@ pub fn up(a: UpArgs) -> Result<()> {
         None => (a.workers, a.workers),
     };
     let threads = a.threads.unwrap_or((cores / unit_of.max(1)).max(1));
+    if let Some(p) = a.metrics_port {
+        // Before starting anything: a worker given no valid port would fail and be
+        // restarted forever.
+        worker_metrics_port(p, unit_of.saturating_sub(1))?;
+    }
     let roots = roots(a.allow_root)?;
     let token = token(a.token);
     // With a clients' token, operator calls need their own (an open service takes them).
@@ -192,7 +252,7 @@ pub fn up(a: UpArgs) -> Result<()> {
 
     let stop = sluice_service::signal_flag()?;
     let child = spawner.spawn(&d)?;
-    let mut dispatcher = Supervised { name: "dispatcher".into(), args: d, child, draining: false };
+    let mut dispatcher = Supervised::new("dispatcher".into(), d, child);
     let mut workers: BTreeMap<usize, Supervised> = BTreeMap::new();
     for i in 0..start_workers {
         workers.insert(i, spawner.worker(i)?);
@@ -218,20 +278,11 @@ pub fn up(a: UpArgs) -> Result<()> {
     let mut next_poll = Instant::now();
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
-        if let Ok(Some(status)) = dispatcher.child.try_wait() {
-            tracing::warn!(process = %dispatcher.name, %status, "exited; restarting it");
-            dispatcher.child = spawner.spawn(&dispatcher.args)?;
-        }
+        dispatcher.supervise(&spawner)?;
         let mut gone = Vec::new();
         for (i, s) in &mut workers {
-            if let Ok(Some(status)) = s.child.try_wait() {
-                if s.draining {
-                    tracing::info!(process = %s.name, %status, "drained worker exited; not restarting it");
-                    gone.push(*i);
-                } else {
-                    tracing::warn!(process = %s.name, %status, "exited; restarting it");
-                    s.child = spawner.spawn(&s.args)?;
-                }
+            if s.supervise(&spawner)?.is_some() {
+                gone.push(*i);
             }
         }
         for i in gone {
@@ -287,8 +338,12 @@ fn follow(client: &mut ScaleClient, spawner: &Spawner, workers: &mut BTreeMap<us
     Ok(())
 }
 
-/// SIGTERM (a clean stop), then SIGKILL if it lingers.
+/// SIGTERM (a clean stop), then SIGKILL if it lingers. Nothing for a child already
+/// reaped (one waiting to be restarted): its pid may be another process's by now.
 fn terminate(child: &mut Child) -> std::io::Result<()> {
+    if child.try_wait()?.is_some() {
+        return Ok(());
+    }
     #[cfg(unix)]
     {
         // SAFETY: kill(2) on our own child's pid; no memory is involved.

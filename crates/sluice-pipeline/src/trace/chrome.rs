@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::{flow_id, lanes, TraceData, What};
+use super::{flow_id, lanes, TraceData, What, DROPPED_EVENT, MAX_TRACE_EVENTS};
 
 /// Lane pseudo-threads get ids above any real thread id.
 const LANE_TID_BASE: u64 = 1 << 32;
@@ -52,6 +52,11 @@ pub(super) fn encode(trace: &TraceData) -> Vec<u8> {
             _ => {}
         }
     }
+    if trace.dropped.events > 0 {
+        out.push(json!({"ph": "i", "s": "p", "name": DROPPED_EVENT, "cat": "sluice", "pid": pid, "tid": 0,
+                        "ts": us(trace.dropped.since_ns),
+                        "args": {"dropped": trace.dropped.events, "max_events": MAX_TRACE_EVENTS}}));
+    }
     // Serializing a tree of plain values cannot fail.
     serde_json::to_vec(&json!({"traceEvents": out, "displayTimeUnit": "ns"})).unwrap_or_default()
 }
@@ -63,7 +68,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::trace::Event;
+    use crate::trace::{Dropped, Event};
 
     #[test]
     fn ops_are_complete_events_in_microseconds_with_their_sample_key() {
@@ -81,6 +86,7 @@ mod tests {
                 tid: 5,
                 what: What::Op(0),
             }],
+            dropped: Default::default(),
         };
         let v: Value = serde_json::from_slice(&encode(&trace)).unwrap();
         let events = v["traceEvents"].as_array().unwrap();
@@ -88,5 +94,15 @@ mod tests {
         assert_eq!((read["ph"].as_str(), read["ts"].as_f64(), read["dur"].as_f64()), (Some("X"), Some(2.0), Some(1.5)));
         assert_eq!((read["tid"].as_u64(), read["args"]["key"].as_u64()), (Some(5), Some(9)));
         assert!(events.iter().any(|e| e["ph"] == "M" && e["args"]["name"] == "sluice-worker"));
+        assert!(events.iter().all(|e| e["name"] != DROPPED_EVENT), "nothing was dropped");
+
+        // A trace that filled up marks where, with the count.
+        let full = TraceData { dropped: Dropped { events: 12, since_ns: 5_000 }, ..trace };
+        let v: Value = serde_json::from_slice(&encode(&full)).unwrap();
+        let mark = v["traceEvents"].as_array().unwrap().iter().find(|e| e["name"] == DROPPED_EVENT).unwrap();
+        assert_eq!(
+            (mark["ph"].as_str(), mark["ts"].as_f64(), mark["args"]["dropped"].as_u64()),
+            (Some("i"), Some(5.0), Some(12))
+        );
     }
 }

@@ -19,7 +19,10 @@ use std::path::{Path, PathBuf};
 /// Perfetto's trace messages (generated from the vendored `perfetto_trace.proto`): for
 /// writers of other traces (the service client's) and for readers.
 pub use perfetto::pb;
-pub use recorder::{CacheUse, Recorder, SampleId, ThreadBuf, TraceData, TraceSwitch};
+pub use recorder::{CacheUse, Dropped, Recorder, SampleId, ThreadBuf, TraceData, TraceSwitch, MAX_TRACE_EVENTS};
+
+/// The instant a trace shows where it began to drop events (args: `dropped`, `max_events`).
+pub const DROPPED_EVENT: &str = "trace_events_dropped";
 
 /// What an event measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +101,18 @@ pub fn current_tid() -> u32 {
     TID.with(|t| *t)
 }
 
+/// An id to stand for a process's pid in traces merged with other processes' (a service
+/// worker's): OS pids do not tell those apart, as every container's first process is pid 1.
+/// Random, in `1..=i32::MAX` (Perfetto's pids are `i32`).
+pub fn random_pid() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    // std seeds its hasher keys from the OS's entropy, a fresh key per `RandomState`.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u64(now_ns());
+    (h.finish() % i32::MAX as u64) as u32 + 1
+}
+
 /// What can go wrong with a trace.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
@@ -117,6 +132,9 @@ pub enum TraceError {
     /// clock offset is unknown.
     #[error("{path}: its worker (pid {pid}) built none of the batches in the client's trace, so its clock cannot be aligned")]
     Unaligned { path: PathBuf, pid: i32 },
+    /// Two worker traces to merge name the same process.
+    #[error("{path} and {other} both come from the process with pid {pid}: pass each worker's trace once (traces written before workers had trace ids of their own carry the OS pid, 1 in every container)")]
+    SameProcess { path: PathBuf, other: PathBuf, pid: i32 },
 }
 
 /// The file format a trace path asks for: Chrome trace JSON for `.json`, Perfetto

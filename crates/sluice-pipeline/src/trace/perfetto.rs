@@ -5,7 +5,7 @@
 
 use prost::Message;
 
-use super::{flow_id, lanes, track_uuid, TraceData, What};
+use super::{flow_id, lanes, track_uuid, TraceData, What, DROPPED_EVENT, MAX_TRACE_EVENTS};
 
 /// The messages, generated from the vendored `proto/perfetto_trace.proto`.
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -112,6 +112,24 @@ pub(super) fn encode(trace: &TraceData) -> Vec<u8> {
         timed.push((e.start_ns, 2, begin));
         timed.push((e.start_ns + e.dur_ns, 0, end));
     }
+    if trace.dropped.events > 0 {
+        // Where the trace stops holding every event, on the process's track.
+        timed.push((
+            trace.dropped.since_ns,
+            1,
+            TrackEvent {
+                categories: vec!["sluice".to_string()],
+                name_field: Some(EventName::Name(DROPPED_EVENT.to_string())),
+                r#type: Some(Type::Instant as i32),
+                track_uuid: Some(process_uuid),
+                debug_annotations: vec![
+                    uint_annotation("dropped", trace.dropped.events),
+                    uint_annotation("max_events", MAX_TRACE_EVENTS as u64),
+                ],
+                ..Default::default()
+            },
+        ));
+    }
     timed.sort_by_key(|(ts, order, _)| (*ts, *order));
     packets.extend(timed.into_iter().map(|(ts, _, ev)| packet(Some(ts), Data::TrackEvent(ev))));
     pb::Trace { packet: packets }.encode_to_vec()
@@ -128,7 +146,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::trace::Event;
+    use crate::trace::{Dropped, Event};
 
     fn event(what: What, start_ns: u64, dur_ns: u64, tid: u32) -> Event {
         Event { start_ns, dur_ns, key: 42, batch: 3, epoch: 1, tid, what }
@@ -147,6 +165,7 @@ mod tests {
                 event(What::Op(1), 140, 60, 5),
                 event(What::BatchHandedOver, 600, 0, 6),
             ],
+            dropped: Default::default(),
         };
         let decoded = pb::Trace::decode(encode(&trace).as_slice()).unwrap();
         let events: Vec<(u64, TrackEvent)> = decoded
@@ -168,5 +187,21 @@ mod tests {
         let ends = events.iter().find(|(_, e)| !e.terminating_flow_ids.is_empty()).unwrap();
         assert_eq!(starts.1.flow_ids, ends.1.terminating_flow_ids);
         assert_ne!(starts.1.track_uuid, ends.1.track_uuid, "the batch span sits on its own lane track");
+
+        // A trace that filled up marks where, on the process's track.
+        let full = TraceData { dropped: Dropped { events: 12, since_ns: 150 }, ..trace };
+        let decoded = pb::Trace::decode(encode(&full).as_slice()).unwrap();
+        let mark = decoded
+            .packet
+            .iter()
+            .find_map(|p| match &p.data {
+                Some(Data::TrackEvent(e)) if e.name_field == Some(EventName::Name(DROPPED_EVENT.into())) => {
+                    Some((p.timestamp, e.clone()))
+                }
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!((mark.0, mark.1.track_uuid), (Some(150), Some(track_uuid(&[99]))));
+        assert!(mark.1.debug_annotations.contains(&uint_annotation("dropped", 12)));
     }
 }

@@ -14,6 +14,11 @@ use super::{current_tid, Event, TraceError, What};
 /// job's events never make the buffer grow.
 const THREAD_BUF_EVENTS: usize = 256;
 
+/// Events a trace holds (until it is stopped, or since it was last drained): 48 bytes each,
+/// about 100 MB. Past it, events are dropped and counted ([`TraceData::dropped`]), so a long
+/// run with a trace on cannot run out of memory.
+pub const MAX_TRACE_EVENTS: usize = 1 << 21;
+
 /// One thread's events since it last handed them over. Lives in the worker's scratch
 /// state, so writing to it takes no lock.
 #[derive(Debug)]
@@ -95,17 +100,38 @@ impl ThreadBuf {
     }
 }
 
-/// Gathers the events of one trace from every thread.
+/// Gathers the events of one trace from every thread, [`MAX_TRACE_EVENTS`] at most.
 #[derive(Debug)]
 pub struct Recorder {
     ops: Vec<String>,
-    events: Mutex<Vec<Event>>,
+    events: Mutex<Events>,
     threads: Mutex<BTreeMap<u32, String>>,
+}
+
+/// The events kept, and how many more came once there was no room for them.
+#[derive(Debug, Default)]
+struct Events {
+    kept: Vec<Event>,
+    dropped: u64,
+    /// When the first dropped event was recorded.
+    first_dropped_ns: Option<u64>,
+}
+
+impl Events {
+    /// Room for `n` more events; the rest of them are counted as dropped.
+    fn room(&mut self, n: usize) -> usize {
+        let room = MAX_TRACE_EVENTS.saturating_sub(self.kept.len()).min(n);
+        if room < n {
+            self.dropped += (n - room) as u64;
+            self.first_dropped_ns.get_or_insert_with(super::now_ns);
+        }
+        room
+    }
 }
 
 impl Recorder {
     fn new(ops: Vec<String>) -> Self {
-        Self { ops, events: Mutex::new(Vec::new()), threads: Mutex::new(BTreeMap::new()) }
+        Self { ops, events: Mutex::new(Events::default()), threads: Mutex::new(BTreeMap::new()) }
     }
 
     /// Takes `buf`'s events (keeping its memory for the next ones): one lock per job.
@@ -114,13 +140,19 @@ impl Recorder {
             return;
         }
         self.name_thread();
-        self.events.lock().append(&mut buf.events);
+        let mut events = self.events.lock();
+        let room = events.room(buf.events.len());
+        buf.events.truncate(room);
+        events.kept.append(&mut buf.events);
     }
 
     /// One event from the consumer's thread (a few per batch).
     pub fn record(&self, e: Event) {
         self.name_thread();
-        self.events.lock().push(e);
+        let mut events = self.events.lock();
+        if events.room(1) == 1 {
+            events.kept.push(e);
+        }
     }
 
     fn name_thread(&self) {
@@ -130,7 +162,7 @@ impl Recorder {
     }
 
     fn take(&self) -> TraceData {
-        let mut events = std::mem::take(&mut *self.events.lock());
+        let Events { kept: mut events, dropped, first_dropped_ns } = std::mem::take(&mut *self.events.lock());
         events.sort_by_key(|e| e.start_ns);
         TraceData {
             pid: std::process::id(),
@@ -138,6 +170,7 @@ impl Recorder {
             ops: self.ops.clone(),
             threads: std::mem::take(&mut *self.threads.lock()),
             events,
+            dropped: Dropped { events: dropped, since_ns: first_dropped_ns.unwrap_or_default() },
         }
     }
 }
@@ -160,6 +193,16 @@ pub struct TraceData {
     pub threads: BTreeMap<u32, String>,
     /// By start time.
     pub events: Vec<Event>,
+    /// Events left out because the trace already held [`MAX_TRACE_EVENTS`].
+    pub dropped: Dropped,
+}
+
+/// Events a trace left out once it was full.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    pub events: u64,
+    /// `CLOCK_MONOTONIC` ns of the first one left out (0 when none was).
+    pub since_ns: u64,
 }
 
 impl TraceData {
@@ -274,5 +317,33 @@ mod tests {
         let whole = TraceData { events: [drained.events, data.events].concat(), ..data };
         assert_eq!(whole.op_totals(), vec![("read".to_string(), Duration::from_nanos(7))]);
         assert!(switch.current().is_none() && switch.stop().is_none());
+    }
+
+    #[test]
+    fn a_trace_holds_a_bounded_number_of_events_and_counts_the_ones_it_drops() {
+        let switch = TraceSwitch::default();
+        switch.start(vec!["read".into()]).unwrap();
+        let rec = switch.current().unwrap();
+        let event = |i| Event { start_ns: i, dur_ns: 1, key: i, batch: 0, epoch: 0, tid: 1, what: What::Op(0) };
+        let mut buf = ThreadBuf::default();
+        for i in 0..(MAX_TRACE_EVENTS + 1000) as u64 {
+            buf.push(event(i));
+            if buf.len() == 200 {
+                rec.flush(&mut buf);
+            }
+        }
+        rec.flush(&mut buf);
+        rec.record(event(0));
+        let data = switch.stop().unwrap();
+        assert_eq!(data.events.len(), MAX_TRACE_EVENTS, "a trace of {} events", data.events.len());
+        assert_eq!(data.events.last().map(|e| e.key), Some(MAX_TRACE_EVENTS as u64 - 1), "the first events are kept");
+        assert_eq!(data.dropped.events, 1001, "the events past the cap are counted");
+        assert!(data.dropped.since_ns > 0);
+
+        // A drain starts the count over; so does a new trace.
+        switch.start(vec![]).unwrap();
+        switch.current().unwrap().record(event(1));
+        let data = switch.drain().unwrap();
+        assert_eq!((data.events.len(), data.dropped), (1, Dropped::default()));
     }
 }

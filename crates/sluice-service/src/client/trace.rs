@@ -21,7 +21,9 @@ use sluice_pipeline::trace::pb::track_event::{NameField as EventName, Type};
 use sluice_pipeline::trace::pb::{
     self, DebugAnnotation, ProcessDescriptor, ThreadDescriptor, TracePacket, TrackDescriptor, TrackEvent,
 };
-use sluice_pipeline::trace::{current_tid, lanes, now_ns, track_uuid, Event, What};
+use sluice_pipeline::trace::{
+    current_tid, lanes, now_ns, track_uuid, Dropped, Event, What, DROPPED_EVENT, MAX_TRACE_EVENTS,
+};
 use sluice_pipeline::{TraceError, TraceFormat};
 
 pub use super::clock::ClockOffset;
@@ -31,6 +33,8 @@ pub use super::clock::ClockOffset;
 pub struct WorkerBuild {
     pub worker_id: u64,
     pub worker_addr: String,
+    /// The worker's trace id (`BatchTrace.pid`): its process in traces, the pid of its
+    /// own trace files' tracks. Not its OS pid, which is 1 in every container.
     pub worker_pid: u32,
     pub epoch: u64,
     pub batch: u64,
@@ -66,35 +70,73 @@ pub struct RemoteTrace {
     pub events: Vec<Event>,
     /// One per batch handed over that a traced task brought.
     pub builds: Vec<WorkerBuild>,
+    /// Events and builds left out once the trace held [`MAX_TRACE_EVENTS`] of them.
+    pub dropped: Dropped,
 }
 
-/// What the loader records while it traces.
-#[derive(Debug, Default)]
+/// What the loader records while it traces: [`MAX_TRACE_EVENTS`] events and builds at most.
+#[derive(Debug)]
 pub(super) struct Recording {
     threads: BTreeMap<u32, String>,
     events: Vec<Event>,
     builds: Vec<WorkerBuild>,
     /// The batch last handed over and when: its `batch_consumed` ends at the next ask.
     handed: Option<(u64, u64, u64)>,
+    /// How many events and builds it holds at most ([`MAX_TRACE_EVENTS`]), and those it
+    /// left out.
+    cap: usize,
+    dropped: Dropped,
+}
+
+impl Default for Recording {
+    fn default() -> Self {
+        Self {
+            threads: BTreeMap::new(),
+            events: Vec::new(),
+            builds: Vec::new(),
+            handed: None,
+            cap: MAX_TRACE_EVENTS,
+            dropped: Dropped::default(),
+        }
+    }
 }
 
 impl Recording {
+    /// Whether `n` more would pass the cap; if so they are counted as dropped.
+    fn full(&mut self, n: usize) -> bool {
+        if self.events.len() + self.builds.len() + n <= self.cap {
+            return false;
+        }
+        if self.dropped.events == 0 {
+            self.dropped.since_ns = now_ns();
+        }
+        self.dropped.events += n as u64;
+        true
+    }
+
     /// The trainer asks for a batch now: the last one's `batch_consumed` ends.
     pub(super) fn asked(&mut self) -> u64 {
         let now = now_ns();
         if let Some((epoch, batch, handed_ns)) = self.handed.take() {
-            self.push(epoch, batch, handed_ns, now, What::BatchConsumed);
+            if !self.full(1) {
+                self.push(epoch, batch, handed_ns, now, What::BatchConsumed);
+            }
         }
         now
     }
 
-    /// A batch handed to the trainer, asked for at `asked_ns`.
+    /// A batch handed to the trainer, asked for at `asked_ns`: all of its events, or
+    /// (the trace full) none.
     pub(super) fn handed(&mut self, epoch: u64, batch: u64, asked_ns: u64, built: Option<Box<Built>>) {
         let now = now_ns();
+        let build = built.filter(|b| b.span.is_some());
+        if self.full(2 + usize::from(build.is_some())) {
+            return;
+        }
         self.push(epoch, batch, asked_ns, now, What::BatchWait);
         self.push(epoch, batch, now, now, What::BatchHandedOver);
         self.handed = Some((epoch, batch, now));
-        if let Some(b) = built {
+        if let Some(b) = build {
             if let Some((start, end)) = b.span {
                 self.builds.push(WorkerBuild {
                     worker_id: b.worker_id,
@@ -119,7 +161,13 @@ impl Recording {
     }
 
     pub(super) fn finish(self) -> RemoteTrace {
-        RemoteTrace { pid: std::process::id(), threads: self.threads, events: self.events, builds: self.builds }
+        RemoteTrace {
+            pid: std::process::id(),
+            threads: self.threads,
+            events: self.events,
+            builds: self.builds,
+            dropped: self.dropped,
+        }
     }
 }
 
@@ -269,6 +317,12 @@ impl RemoteTrace {
                 timed.push((e.start_ns + e.dur_ns, 0, end(track)));
             }
         }
+        if self.dropped.events > 0 {
+            let annotations = vec![uint("dropped", self.dropped.events), uint("max_events", MAX_TRACE_EVENTS as u64)];
+            let mut mark = event(DROPPED_EVENT, client, annotations);
+            mark.r#type = Some(Type::Instant as i32);
+            timed.push((self.dropped.since_ns, 1, mark));
+        }
         timed.sort_by_key(|(ts, order, _)| (*ts, *order));
         packets.extend(timed.into_iter().map(|(ts, _, ev)| packet(Some(ts), Data::TrackEvent(ev))));
         pb::Trace { packet: packets }.encode_to_vec()
@@ -312,6 +366,11 @@ impl RemoteTrace {
                 );
             }
         }
+        if self.dropped.events > 0 {
+            out.push(json!({"ph": "i", "s": "p", "name": DROPPED_EVENT, "cat": "sluice", "pid": self.pid, "tid": 0,
+                            "ts": us(self.dropped.since_ns),
+                            "args": {"dropped": self.dropped.events, "max_events": MAX_TRACE_EVENTS}}));
+        }
         // Serializing a tree of plain values cannot fail.
         serde_json::to_vec(&json!({"traceEvents": out, "displayTimeUnit": "ns"})).unwrap_or_default()
     }
@@ -335,4 +394,30 @@ fn batch_annotations(b: &WorkerBuild) -> Vec<DebugAnnotation> {
         },
         uint("clock_error_ns", b.clock.bound_ns),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_full_recording_keeps_whole_batches_and_counts_what_it_leaves_out() {
+        let mut r = Recording { cap: 7, ..Recording::default() };
+        for batch in 0..4 {
+            let asked = r.asked();
+            r.handed(0, batch, asked, None);
+        }
+        r.asked();
+        let t = r.finish();
+        // Batches 0 and 1 (a wait and a hand-over each) and their `batch_consumed`: 6.
+        // Batch 2's two would pass 7: batches 2 and 3 are left out whole.
+        assert_eq!(t.events.len(), 6, "{:?}", t.events);
+        assert!(t.events.iter().all(|e| e.batch < 2));
+        assert_eq!(t.dropped.events, 4);
+        let json: Value = serde_json::from_slice(&t.encode(TraceFormat::ChromeJson)).unwrap();
+        let mark = json["traceEvents"].as_array().unwrap().iter().find(|e| e["name"] == DROPPED_EVENT).unwrap();
+        assert_eq!(mark["args"]["dropped"], 4);
+    }
 }

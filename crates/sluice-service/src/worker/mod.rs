@@ -119,6 +119,9 @@ struct Inner {
     trace_dir: Option<PathBuf>,
     /// The id the dispatcher gave this worker (0 until registered): names trace files.
     worker_id: AtomicU64,
+    /// This worker's process in traces ([`sluice_pipeline::trace::random_pid`]): its trace
+    /// files' and its batches' `BatchTrace.pid`.
+    trace_pid: u32,
     /// The address this worker registers with: its name in a draw's placement.
     addr: std::sync::OnceLock<String>,
     /// Per cache (job fingerprint), the keys of the hot set placed on this worker by the
@@ -151,6 +154,7 @@ impl WorkerService {
                 started: Instant::now(),
                 trace_dir: config.trace_dir.clone(),
                 worker_id: AtomicU64::new(0),
+                trace_pid: sluice_pipeline::trace::random_pid(),
                 addr: std::sync::OnceLock::new(),
                 shares: Mutex::new(HashMap::new()),
             }),
@@ -231,7 +235,7 @@ impl WorkerService {
         let trace = match &self.inner.trace_dir {
             Some(dir) => {
                 let worker_id = self.inner.worker_id.load(Ordering::Relaxed);
-                Some(trace::JobTrace::start(&loader, dir, job_id, worker_id)?)
+                Some(trace::JobTrace::start(&loader, dir, job_id, worker_id, self.inner.trace_pid)?)
             }
             None => None,
         };

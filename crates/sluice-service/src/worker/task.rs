@@ -136,7 +136,7 @@ fn run_task(
     if received_ns.is_some() {
         batches = batches.with_build_spans();
     }
-    let pid = std::process::id();
+    let pid = inner.trace_pid;
     // The batch's times here, when the client traces (`sent_ns` is stamped as it goes out).
     let trace = |built: Option<(u64, u64)>| {
         received_ns.map(|request_received_ns| {
