@@ -89,6 +89,10 @@ class StreamLoader:
         rate: ``{"buffer": N, "overflow": "backpressure" | "drop_oldest" | "spill",
             "underflow": "wait" | "rehearsal", "fill_after_ms": ms}``.
         consumer: this learner's name in the group.
+        claim_idle_ms: the liveness period: a learner whose liveness key (refreshed in the
+            background) is this old is dead, and its entries go to the live learners.
+        max_unacked: entries held unacknowledged without a ``state_dict()``, at most; take
+            a state at least every that many new samples.
         output: ``"numpy"`` or ``"torch"``.
     """
 
@@ -107,6 +111,7 @@ class StreamLoader:
         threads: int = 0,
         on_error: str = "fail",
         claim_idle_ms: int = 30_000,
+        max_unacked: int = 65_536,
         reconnect_ms: int = 30_000,
         output: str = "numpy",
     ) -> None:
@@ -122,6 +127,7 @@ class StreamLoader:
             "threads": threads,
             "on_error": on_error,
             "claim_idle_ms": claim_idle_ms,
+            "max_unacked": max_unacked,
             "reconnect_ms": reconnect_ms,
         }
         if rehearsal is not None:

@@ -168,7 +168,8 @@ pub fn service_error(py: Python<'_>, e: ServiceError) -> PyErr {
 
 /// Maps a streaming error: a bad config is a `SpecError`, a state for another stream a
 /// `StateError`, a malformed entry or undecodable image a `StreamEntryError` naming the
-/// entry, a broker failure a `BrokerError`.
+/// entry, a broker failure a `BrokerError`, a rehearsal file that cannot be written an
+/// `OSError`.
 pub fn stream_error(py: Python<'_>, e: sluice_stream::StreamError) -> PyErr {
     use sluice_stream::StreamError as E;
     let message = e.to_string();
@@ -186,7 +187,11 @@ pub fn stream_error(py: Python<'_>, e: sluice_stream::StreamError) -> PyErr {
         E::Broker { url, .. } | E::Unreachable { url, .. } => {
             raise(py, "BrokerError", message, |kw| kw.set_item("url", url))
         }
-        E::RehearsalFile { .. } | E::RehearsalCorrupt { .. } => state_error(py, message),
+        E::RehearsalFile { .. } | E::RehearsalCorrupt { .. } | E::RehearsalGone { .. } | E::BadLedger(_) => {
+            state_error(py, message)
+        }
+        E::RehearsalWrite { .. } => PyOSError::new_err(message),
+        E::Thread { .. } => raise(py, "SluiceError", message, |_| Ok(())),
         E::RehearsalListen { .. } => raise(py, "SluiceError", message, |_| Ok(())),
         E::ReadSample { .. } => raise(py, "SluiceError", message, |_| Ok(())),
     }

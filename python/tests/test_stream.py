@@ -150,3 +150,28 @@ def test_a_distributed_buffer_draws_from_the_peers_shard_in_the_background(
     assert all(int(b["rehearsal"].sum()) == 4 for b in batches)
     assert stats["rehearsed"] == 4 * len(batches)
     assert stats["rehearsed_remote"] >= 4 and stats["peer_errors"] == 0
+
+
+def test_a_rehearsal_file_that_cannot_be_written_raises_oserror(
+    redis: Tuple[str, int], dataset: Path, tmp_path: Path
+) -> None:
+    url, _ = redis
+    sluice.stream.push(dataset, url=url, stream="s")
+    first = loader(url, tmp_path)
+    next(first)
+    rehearsal = tmp_path / "rehearsal"
+    for f in rehearsal.iterdir():
+        f.unlink()
+    rehearsal.rmdir()
+    rehearsal.write_bytes(b"")  # a file where the directory was: nothing can be written under it
+    with pytest.raises(OSError) as e:
+        first.state_dict()
+    assert "cannot write the rehearsal buffer file" in str(e.value) and str(rehearsal) in str(e.value)
+
+
+def test_a_rehearsal_buffer_without_a_dir_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(sluice.SpecError) as e:
+        sluice.stream.StreamLoader(
+            "redis://127.0.0.1:1/", "s", group="g", ops=OPS, new_per_batch=4, rehearsal={"capacity": 8}
+        )
+    assert "`rehearsal.dir` is required" in str(e.value)

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamReadOptions, StreamReadReply};
+use redis::streams::{
+    StreamClaimReply, StreamId, StreamPendingCountReply, StreamPendingReply, StreamReadOptions, StreamReadReply,
+};
 use redis::{Commands, Connection, ErrorKind, RedisError, RedisResult};
 
 use crate::error::StreamError;
@@ -112,22 +114,68 @@ impl Broker {
         Ok(reply.map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect()).unwrap_or_default())
     }
 
-    /// Claims up to `count` entries other consumers of `group` have held unacknowledged
-    /// for at least `min_idle` (XAUTOCLAIM): a dead reader's entries.
-    pub fn autoclaim(
+    /// Claims up to `count` entries that dead consumers of `group` hold: consumers other
+    /// than `consumer` whose liveness key (`alive_key`) has expired, entries they have held
+    /// unacknowledged for at least `min_idle`. A live consumer's entries are never taken,
+    /// however long it holds them. XCLAIM checks the idle time again, atomically: a dead
+    /// consumer restarted under its name re-reads its entries (which resets their idle
+    /// time) before it could train them, so an entry is never in two hands.
+    pub fn claim_from_dead(
         &mut self,
         stream: &str,
         group: &str,
         consumer: &str,
+        alive_key: &dyn Fn(&str) -> String,
         min_idle: Duration,
         count: usize,
     ) -> Result<Vec<StreamId>, StreamError> {
         let idle = min_idle.as_millis() as u64;
-        let reply: StreamAutoClaimReply = self.run("claim idle pending entries", |con| {
-            let opts = StreamAutoClaimOptions::default().count(count.max(1));
-            con.xautoclaim_options(stream, group, consumer, idle, "0-0", opts)
-        })?;
-        Ok(reply.claimed)
+        let summary: StreamPendingReply =
+            self.run("list the consumer group's pending entries", |con| con.xpending(stream, group))?;
+        let StreamPendingReply::Data(data) = summary else { return Ok(Vec::new()) };
+        let mut claimed = Vec::new();
+        for holder in data.consumers.iter().filter(|c| c.name != consumer && c.pending > 0) {
+            let key = alive_key(&holder.name);
+            let alive: bool = self.run("check a consumer's liveness", |con| con.exists(&key))?;
+            if alive {
+                continue;
+            }
+            let want = count.saturating_sub(claimed.len()).max(1);
+            let pending: StreamPendingCountReply = self.run("list a dead consumer's pending entries", |con| {
+                redis::cmd("XPENDING")
+                    .arg(stream)
+                    .arg(group)
+                    .arg("IDLE")
+                    .arg(idle)
+                    .arg("-")
+                    .arg("+")
+                    .arg(want)
+                    .arg(&holder.name)
+                    .query(con)
+            })?;
+            let ids: Vec<&str> = pending.ids.iter().map(|p| p.id.as_str()).collect();
+            if ids.is_empty() {
+                continue;
+            }
+            let reply: StreamClaimReply =
+                self.run("claim a dead consumer's entries", |con| con.xclaim(stream, group, consumer, idle, &ids))?;
+            tracing::info!(from = %holder.name, entries = reply.ids.len(), "claimed entries a dead learner left unacknowledged");
+            claimed.extend(reply.ids);
+            if claimed.len() >= count {
+                break;
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Sets `key` for `ttl`: this learner is alive.
+    pub fn set_alive(&mut self, key: &str, ttl: Duration) -> Result<(), StreamError> {
+        let ms = ttl.as_millis().max(1) as u64;
+        self.run("refresh this learner's liveness key", |con| con.pset_ex::<_, _, ()>(key, 1u8, ms))
+    }
+
+    pub fn del(&mut self, key: &str) -> Result<(), StreamError> {
+        self.run("delete a key", |con| con.del::<_, ()>(key))
     }
 
     pub fn ack(&mut self, stream: &str, group: &str, entries: &[String]) -> Result<(), StreamError> {

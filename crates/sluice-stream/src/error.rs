@@ -40,6 +40,26 @@ pub enum StreamError {
     Config { field: &'static str, problem: String },
     #[error("this checkpoint is for {what} `{theirs}`, this loader reads `{ours}`")]
     StateMismatch { what: &'static str, theirs: String, ours: String },
+    #[error("checkpoint state: {0}")]
+    BadLedger(#[from] crate::ledger::LedgerError),
+    #[error(
+        "rehearsal buffer file {} named by the checkpoint is gone: state() keeps only the {kept} newest \
+         files in rehearsal.dir, so only a recent state can be restored",
+        path.display()
+    )]
+    RehearsalGone { path: PathBuf, kept: usize },
+    #[error("cannot write the rehearsal buffer file {}: {source}", path.display())]
+    RehearsalWrite {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start {what}: {source}")]
+    Thread {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("rehearsal buffer file {}: {source}", path.display())]
     RehearsalFile {
         path: PathBuf,

@@ -5,13 +5,14 @@
 //! carried in the checkpoint, makes training exactly-once per job.
 //!
 //! `entry`: the entry layout. `broker`: the Redis commands, reconnecting. `ledger`: the
-//! ids handled. `rehearsal`: the buffer and its policies. `shards`: the distributed buffer's peers. `rate`: rates and counters.
+//! ids handled lately. `liveness`: which learners of a group are alive. `rehearsal`: the buffer and its policies. `shards`: the distributed buffer's peers. `rate`: rates and counters.
 //! `loader`: the batches. `push`: the producer.
 
 pub mod broker;
 pub mod entry;
 pub mod error;
 pub mod ledger;
+pub mod liveness;
 pub mod loader;
 pub mod push;
 pub mod rate;

@@ -7,7 +7,13 @@
 //! next batch, i.e. once a checkpoint that lists its id in the ledger exists. Whatever was
 //! not acknowledged is still pending in the broker; a restarted trainer resuming from its
 //! last state reads its pending entries back and skips those its ledger already holds,
-//! so every entry is trained on exactly once across the restart.
+//! so every entry is trained on exactly once across the restart. A trainer that holds
+//! more than `max_unacked` entries without a state has its oldest acknowledged anyway, so
+//! the broker's pending list stays bounded.
+//!
+//! Several learners of a job share its consumer group. Each keeps a liveness key alive
+//! (`liveness`); only a learner whose key expired is dead, and only a dead learner's
+//! pending entries are claimed by the others.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
@@ -21,7 +27,8 @@ use sluice_core::{Batch, ErrorPolicy, SampleKey, SampleRng, Tensor};
 use crate::broker::Broker;
 use crate::entry::{Entry, Sample};
 use crate::error::StreamError;
-use crate::ledger::{Ledger, LedgerState};
+use crate::ledger::Ledger;
+use crate::liveness::{alive_key, Heartbeat};
 use crate::rate::{Counters, RateMeter, StreamStats};
 use crate::rehearsal::{Rehearsal, RehearsalState, Stored};
 use crate::shards::{PeerFetcher, Shard, ShardServer};
@@ -33,8 +40,9 @@ const POLL: Duration = Duration::from_millis(50);
 const RATE_EVERY: Duration = Duration::from_millis(200);
 /// Entries read per recovery or claim round trip.
 const RECOVER_COUNT: usize = 256;
-/// Rehearsal files kept: the newest, and the one the previous checkpoint names.
-const KEEP_FILES: usize = 2;
+/// Rehearsal files kept: the newest, and the one the previous checkpoint names. An older
+/// state cannot be restored ([`StreamError::RehearsalGone`]).
+pub const KEEP_FILES: usize = 2;
 
 /// A batch, and which of its samples came from the rehearsal buffer.
 #[derive(Debug, Clone, PartialEq)]
@@ -53,7 +61,7 @@ pub struct StreamState {
     pub batches: u64,
     /// The end marker was read.
     pub ended: bool,
-    pub ledger: LedgerState,
+    pub ledger: crate::ledger::LedgerState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rehearsal: Option<RehearsalState>,
     pub counters: Counters,
@@ -68,6 +76,8 @@ pub struct StreamLoader {
     ahead: VecDeque<Sample>,
     ahead_ids: HashSet<u64>,
     ledger: Ledger,
+    /// Keeps this learner's liveness key alive (the consumer name may change on restore).
+    heartbeat: Option<Heartbeat>,
     /// This learner's rehearsal buffer (its shard of the global one when distributed).
     rehearsal: Option<Shard>,
     /// Serves the shard to the peers (distributed buffer only).
@@ -82,12 +92,19 @@ pub struct StreamLoader {
     ended: bool,
     /// While re-reading this consumer's own pending entries: the last entry id read.
     recovering: Option<String>,
+    /// The last entry read as new (`>`): after a connection lost during a read, the
+    /// entries it may have delivered unseen are this consumer's pending ones after it.
+    last_new: Option<String>,
     last_claim: Option<Instant>,
     /// Entries handled without being trained on (duplicates, drops, markers...) since the
     /// last batch: acknowledged with that batch.
     handled: Vec<String>,
     /// Entry ids of each batch handed out, by batch number, until acknowledged.
     unacked: VecDeque<(u64, Vec<String>)>,
+    /// Entries in `unacked`.
+    unacked_len: usize,
+    /// Whether acknowledging beyond `max_unacked` without a state was logged.
+    warned_unacked: bool,
     /// The batch count the last `state()` covered.
     checkpointed: Option<u64>,
     counters: Counters,
@@ -114,21 +131,28 @@ impl StreamLoader {
         let (mut server, mut fetcher) = (None, None);
         if let (Some(r), Some(shard)) = (&spec.rehearsal, &rehearsal) {
             std::fs::create_dir_all(&r.dir)
-                .map_err(|source| StreamError::RehearsalFile { path: r.dir.clone(), source })?;
+                .map_err(|source| StreamError::RehearsalWrite { path: r.dir.clone(), source })?;
             if let Some(addr) = r.peers.get(r.rank) {
                 server = Some(ShardServer::start(addr, Arc::clone(shard), spec.seed ^ r.rank as u64)?);
                 let want = 2 * (spec.rehearsal_per_batch + spec.new_per_batch);
                 fetcher = Some(PeerFetcher::start(&r.peers, r.rank, want, spec.limits.max_file_bytes)?);
             }
         }
+        let heartbeat = Some(Heartbeat::start(
+            &spec.url,
+            alive_key(&spec.stream, &spec.group, &spec.consumer),
+            Duration::from_millis(spec.claim_idle_ms),
+            Duration::from_millis(spec.reconnect_ms),
+        )?);
         Ok(Self {
             broker,
+            heartbeat,
             plan,
             threads,
             scratch: (0..threads).map(|_| Scratch::new()).collect(),
             ahead: VecDeque::new(),
             ahead_ids: HashSet::new(),
-            ledger: Ledger::default(),
+            ledger: Ledger::new(ledger_capacity(&spec)),
             rehearsal,
             _server: server,
             fetcher,
@@ -138,9 +162,12 @@ impl StreamLoader {
             // A reader that starts under a name the group knows first takes back what it
             // left unacknowledged.
             recovering: Some("0".into()),
+            last_new: None,
             last_claim: None,
             handled: Vec::new(),
             unacked: VecDeque::new(),
+            unacked_len: 0,
+            warned_unacked: false,
             checkpointed: None,
             counters: Counters::default(),
             rates: RateMeter::default(),
@@ -236,8 +263,15 @@ impl StreamLoader {
             None => self.spec.rehearsal_per_batch + fill,
         };
         let draws = self.draw_rehearsal(now, u64::from(prepared.is_some()));
+        let batch = match self.build(&new, &draws.samples, prepared.as_mut()) {
+            Ok(batch) => batch,
+            Err(failed) => {
+                let (failed, e) = *failed;
+                self.unbuilt(new, failed);
+                return Err(e);
+            }
+        };
         self.counters.filled += fill.min(draws.samples.len()) as u64;
-        let batch = self.build(&new, &draws.samples, prepared.as_mut())?;
         let prepared_draws = prepared.map(|p| p.draws).unwrap_or_default();
         let mut entries = std::mem::take(&mut self.handled);
         for s in &new {
@@ -255,9 +289,27 @@ impl StreamLoader {
             self.counters.remote_missed += d.missed;
         }
         self.counters.batches += 1;
+        self.unacked_len += entries.len();
         self.unacked.push_back((self.counters.batches, entries));
         self.prepare_next_rehearsal();
         Ok(Some(batch))
+    }
+
+    /// A batch that failed to build (a new sample that does not decode, under
+    /// `on_error = "fail"`): the sample that failed is handled (in the ledger, counted as
+    /// malformed, acknowledged with the next batch), the others go back to the front of
+    /// the read-ahead buffer, so a caller that goes on trains them in the next batch.
+    fn unbuilt(&mut self, new: Vec<Sample>, failed: Option<usize>) {
+        for (i, s) in new.into_iter().enumerate().rev() {
+            if Some(i) == failed {
+                self.ahead_ids.remove(&s.id);
+                self.ledger.insert(s.id);
+                self.counters.malformed += 1;
+                self.handled.push(s.entry);
+            } else {
+                self.ahead.push_front(s);
+            }
+        }
     }
 
     /// Draws the next batch's `rehearsal_per_batch` samples now and decodes them on a
@@ -352,7 +404,7 @@ impl StreamLoader {
         new: &[Sample],
         draws: &[Arc<Stored>],
         prepared: Option<&mut Prepared>,
-    ) -> Result<StreamBatch, StreamError> {
+    ) -> Result<StreamBatch, Box<(Option<usize>, StreamError)>> {
         let seed = self.spec.seed;
         let draw_round = self.counters.batches + 1;
         let mut jobs: Vec<Job<'_>> = new
@@ -397,7 +449,8 @@ impl StreamLoader {
                     source,
                 };
                 if self.spec.on_error == ErrorPolicy::Fail {
-                    return Err(err);
+                    // Which of the new samples failed (none: a rehearsal sample).
+                    return Err(Box::new(((i < new.len()).then_some(i), err)));
                 }
                 tracing::warn!(error = %err, "skipping a sample that does not decode");
                 self.counters.malformed += 1;
@@ -426,11 +479,21 @@ impl StreamLoader {
         Ok(StreamBatch { batch, rehearsal: kept.iter().map(|&i| jobs[i].rehearsal).collect() })
     }
 
-    /// Reads from the broker: first this consumer's own pending entries (after a start or
-    /// a lost connection), then a dead reader's (XAUTOCLAIM), then new ones, as many as
-    /// the overflow policy lets in, waiting up to `block` for them.
+    /// Reads from the broker: first this consumer's own pending entries (after a start, a
+    /// restore or a read lost with its connection), then dead learners' (claimed), then new
+    /// ones, as many as the overflow policy lets in, waiting up to `block` for them.
     fn fill(&mut self, block: Duration) -> Result<(), StreamError> {
-        if self.broker.take_lost_connection() {
+        // A connection lost by a command that delivers nothing (an ack, a length) loses nothing.
+        self.broker.take_lost_connection();
+        if self.heartbeat.as_ref().is_some_and(Heartbeat::take_lapse) {
+            // Other learners may have taken this one for dead and claimed what it read
+            // ahead: keep only what is still pending under its name.
+            tracing::warn!(
+                consumer = %self.spec.consumer,
+                "this learner's liveness key was not refreshed for claim_idle_ms; re-reading what it still holds"
+            );
+            self.ahead.clear();
+            self.ahead_ids.clear();
             self.recovering = Some("0".into());
         }
         let (stream, group, consumer) = (self.spec.stream.clone(), self.spec.group.clone(), self.spec.consumer.clone());
@@ -452,9 +515,11 @@ impl StreamLoader {
         if self.last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
             self.last_claim = Some(Instant::now());
             let idle = Duration::from_millis(self.spec.claim_idle_ms);
-            let got = self.broker.autoclaim(&stream, &group, &consumer, idle, RECOVER_COUNT)?;
-            if !got.is_empty() {
-                tracing::info!(entries = got.len(), "claimed entries a dead reader left unacknowledged");
+            let alive = |c: &str| alive_key(&stream, &group, c);
+            let got = self.broker.claim_from_dead(&stream, &group, &consumer, &alive, idle, RECOVER_COUNT)?;
+            if self.broker.take_lost_connection() {
+                // A claim lost with its connection may have moved entries to this consumer.
+                self.recovering = Some("0".into());
             }
             self.counters.claimed += got.len() as u64;
             for raw in &got {
@@ -469,6 +534,15 @@ impl StreamLoader {
             return Ok(());
         }
         let got = self.broker.read_group(&stream, &group, &consumer, None, room, block)?;
+        if self.broker.take_lost_connection() && self.recovering.is_none() {
+            // The read was retried on a new connection: an attempt before may have
+            // delivered entries that never arrived. They are pending for this consumer,
+            // after the last new entry that did arrive.
+            self.recovering = Some(self.last_new.clone().unwrap_or_else(|| "0".into()));
+        }
+        if let Some(last) = got.last() {
+            self.last_new = Some(last.id.clone());
+        }
         for raw in &got {
             self.admit(raw)?;
         }
@@ -539,21 +613,39 @@ impl StreamLoader {
         Ok(())
     }
 
-    /// Acknowledges the entries of batches a taken state covers.
+    /// Acknowledges the entries of batches a taken state covers, and the oldest beyond
+    /// `max_unacked` whether a state covers them or not.
     fn ack_committed(&mut self) -> Result<(), StreamError> {
-        let Some(upto) = self.checkpointed else { return Ok(()) };
+        let upto = self.checkpointed.unwrap_or(0);
         let mut ids = Vec::new();
-        while self.unacked.front().is_some_and(|(b, _)| *b <= upto) {
+        let mut uncovered = 0;
+        while let Some((batch, _)) = self.unacked.front() {
+            let covered = *batch <= upto && self.checkpointed.is_some();
+            if !covered && self.unacked_len <= self.spec.max_unacked {
+                break;
+            }
             if let Some((_, e)) = self.unacked.pop_front() {
+                self.unacked_len -= e.len();
+                uncovered += if covered { 0 } else { e.len() };
                 ids.extend(e);
             }
+        }
+        if uncovered > 0 && !self.warned_unacked {
+            self.warned_unacked = true;
+            tracing::warn!(
+                max_unacked = self.spec.max_unacked,
+                "more than max_unacked entries were handed out since the last state(): acknowledging the \
+                 oldest without one (a restore from an older state will not train them again); take a \
+                 state() more often"
+            );
         }
         self.broker.ack(&self.spec.stream, &self.spec.group, &ids)
     }
 
     /// Where the job stands, with the rehearsal buffer's contents written to a file the
     /// state names. Take it after training on a batch and save it with the model: the
-    /// batch's entries are acknowledged at the next [`StreamLoader::next_batch`].
+    /// batch's entries are acknowledged at the next [`StreamLoader::next_batch`]. The
+    /// rehearsal files of the [`KEEP_FILES`] newest states are kept; older ones are deleted.
     pub fn state(&mut self) -> Result<StreamState, StreamError> {
         let rehearsal = match (&self.rehearsal, &self.spec.rehearsal) {
             (Some(buffer), Some(spec)) => {
@@ -585,7 +677,7 @@ impl StreamLoader {
             consumer: self.spec.consumer.clone(),
             batches: self.counters.batches,
             ended: self.ended,
-            ledger: LedgerState { ranges: self.ledger.ranges() },
+            ledger: self.ledger.state(),
             rehearsal,
             counters: self.counters,
         })
@@ -594,45 +686,48 @@ impl StreamLoader {
     /// Resumes from `state` (call it before the first batch): the ledger, the counters and
     /// the rehearsal buffer come back, the consumer name is the state's, and the entries
     /// that consumer left unacknowledged are read again (those in the ledger are skipped).
+    /// Nothing changes unless the whole state is accepted.
     pub fn restore(&mut self, state: &StreamState) -> Result<(), StreamError> {
-        let check = |what, theirs: &str, ours: &str| {
-            (theirs != ours).then(|| StreamError::StateMismatch {
-                what,
-                theirs: theirs.to_string(),
-                ours: ours.to_string(),
-            })
-        };
-        if let Some(e) =
-            check("stream", &state.stream, &self.spec.stream).or(check("group", &state.group, &self.spec.group))
-        {
-            return Err(e);
-        }
         if self.counters.batches > 0 {
             return Err(StreamError::Config {
                 field: "state",
                 problem: "restore a state before the first batch".into(),
             });
         }
-        if let (Some(shard), Some(r)) = (&self.rehearsal, &self.spec.rehearsal) {
-            let restored = match &state.rehearsal {
-                Some(saved) => Rehearsal::load(saved, self.spec.seed)?,
-                None => Rehearsal::new(r.policy, r.capacity, self.spec.seed),
-            };
+        let ledger = state.check(&self.spec)?;
+        let restored = match (&state.rehearsal, &self.spec.rehearsal) {
+            (Some(saved), Some(_)) => Some(Rehearsal::load(saved, self.spec.seed, self.spec.limits.max_file_bytes)?),
+            (None, Some(r)) => Some(Rehearsal::new(r.policy, r.capacity, self.spec.seed)),
+            (_, None) => None,
+        };
+        if state.consumer != self.spec.consumer {
+            // Alive under the state's name before reading anything under it.
+            self.heartbeat = None;
+            self.heartbeat = Some(Heartbeat::start(
+                &self.spec.url,
+                alive_key(&self.spec.stream, &self.spec.group, &state.consumer),
+                Duration::from_millis(self.spec.claim_idle_ms),
+                Duration::from_millis(self.spec.reconnect_ms),
+            )?);
+        }
+        if let (Some(shard), Some(restored)) = (&self.rehearsal, restored) {
             *shard.lock() = restored;
         }
         if let Some(saved) = &state.rehearsal {
             self.files.push_back(saved.file.clone());
         }
         // What this loader read ahead under its own name stays pending for that name and
-        // is claimed once idle; it is read back under the state's name from now on.
+        // is claimed once its liveness key expires; it is read back under the state's name
+        // from now on.
         self.ahead.clear();
         self.ahead_ids.clear();
         self.spec.consumer = state.consumer.clone();
-        self.ledger = Ledger::from_ranges(&state.ledger.ranges);
+        self.ledger = ledger;
         self.counters = state.counters;
         self.ended = state.ended;
         self.checkpointed = Some(state.batches);
         self.recovering = Some("0".into());
+        self.last_new = None;
         Ok(())
     }
 
@@ -642,12 +737,52 @@ impl StreamLoader {
     }
 }
 
+impl StreamState {
+    /// Checks that this state fits a loader of `spec` (same stream and group, a rehearsal
+    /// buffer of the same policy and capacity, a ledger within the loader's bound) and
+    /// returns its ledger. Reads no file and allocates nothing the spec does not bound.
+    pub fn check(&self, spec: &StreamSpec) -> Result<Ledger, StreamError> {
+        let mismatch = |what, theirs: String, ours: String| Err(StreamError::StateMismatch { what, theirs, ours });
+        if self.stream != spec.stream {
+            return mismatch("stream", self.stream.clone(), spec.stream.clone());
+        }
+        if self.group != spec.group {
+            return mismatch("group", self.group.clone(), spec.group.clone());
+        }
+        if self.consumer.is_empty() {
+            return mismatch("consumer", String::new(), spec.consumer.clone());
+        }
+        match (&self.rehearsal, &spec.rehearsal) {
+            (Some(saved), Some(r)) => {
+                if saved.capacity != r.capacity {
+                    return mismatch("rehearsal.capacity", saved.capacity.to_string(), r.capacity.to_string());
+                }
+                if saved.policy != r.policy {
+                    return mismatch("rehearsal.policy", format!("{:?}", saved.policy), format!("{:?}", r.policy));
+                }
+                if saved.len > saved.capacity {
+                    return mismatch("rehearsal length", saved.len.to_string(), format!("at most {}", r.capacity));
+                }
+            }
+            (Some(_), None) => return mismatch("rehearsal buffer", "one".into(), "none".into()),
+            _ => {}
+        }
+        Ok(Ledger::from_state(&self.ledger, ledger_capacity(spec))?)
+    }
+}
+
 impl Drop for StreamLoader {
     fn drop(&mut self) {
         if let Err(e) = self.ack_committed() {
             tracing::warn!(error = %e, "could not acknowledge the last checkpointed entries");
         }
     }
+}
+
+/// The ids the ledger keeps: every entry a learner may hold unacknowledged (`max_unacked`,
+/// one batch more, and what it reads ahead), so that a redelivery of any of them is known.
+pub fn ledger_capacity(spec: &StreamSpec) -> usize {
+    spec.max_unacked.saturating_add(spec.rate.buffer).saturating_add(spec.new_per_batch)
 }
 
 fn file_safe(s: &str) -> String {

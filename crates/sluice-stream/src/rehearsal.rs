@@ -58,7 +58,8 @@ pub struct Rehearsal {
 
 impl Rehearsal {
     pub fn new(policy: RehearsalPolicy, capacity: usize, seed: u64) -> Self {
-        Self { policy, capacity, seed, items: Vec::with_capacity(capacity), seen: 0, seen_per_class: BTreeMap::new() }
+        // Slots grow as samples arrive: a large capacity reserves nothing up front.
+        Self { policy, capacity, seed, items: Vec::new(), seen: 0, seen_per_class: BTreeMap::new() }
     }
 
     pub fn len(&self) -> usize {
@@ -83,8 +84,10 @@ impl Rehearsal {
         if self.capacity == 0 {
             return false;
         }
-        self.seen += 1;
-        *self.seen_per_class.entry(s.label).or_default() += 1;
+        // Saturating: a restored state's counts are data.
+        self.seen = self.seen.saturating_add(1);
+        let per_class = self.seen_per_class.entry(s.label).or_default();
+        *per_class = per_class.saturating_add(1);
         let stored = || Arc::new(Stored { id: s.id, label: s.label, image: s.image.clone() });
         if self.items.len() < self.capacity {
             self.items.push(stored());
@@ -151,7 +154,7 @@ impl Rehearsal {
     /// Writes the contents to `file` (through a temporary file and a rename, so a crash
     /// leaves either the old file or the new one) and returns the state naming it.
     pub fn save(&self, file: &Path) -> Result<RehearsalState, StreamError> {
-        let io = |source| StreamError::RehearsalFile { path: file.to_path_buf(), source };
+        let io = |source| StreamError::RehearsalWrite { path: file.to_path_buf(), source };
         let tmp = file.with_extension("tmp");
         let mut w = BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
         w.write_all(MAGIC).map_err(io)?;
@@ -175,36 +178,58 @@ impl Rehearsal {
         })
     }
 
-    /// The buffer a state names, its contents read back from the state's file.
-    pub fn load(state: &RehearsalState, seed: u64) -> Result<Self, StreamError> {
+    /// The buffer a state names, its contents read back from the state's file (each
+    /// image at most `max_image_bytes`). The state's policy and capacity are the spec's
+    /// (`StreamState::check`).
+    pub fn load(state: &RehearsalState, seed: u64, max_image_bytes: u64) -> Result<Self, StreamError> {
         let path = &state.file;
-        let io = |source| StreamError::RehearsalFile { path: path.clone(), source };
+        let file = std::fs::File::open(path).map_err(|source| match source.kind() {
+            std::io::ErrorKind::NotFound => {
+                StreamError::RehearsalGone { path: path.clone(), kept: crate::loader::KEEP_FILES }
+            }
+            _ => StreamError::RehearsalFile { path: path.clone(), source },
+        })?;
+        Self::read(BufReader::new(file), state, seed, max_image_bytes)
+    }
+
+    /// The buffer `state` describes, its contents read from `r` (the file's bytes).
+    pub fn read(
+        mut r: impl Read,
+        state: &RehearsalState,
+        seed: u64,
+        max_image_bytes: u64,
+    ) -> Result<Self, StreamError> {
+        let path = &state.file;
         let corrupt = |problem: String| StreamError::RehearsalCorrupt { path: path.clone(), problem };
-        let mut r = BufReader::new(std::fs::File::open(path).map_err(io)?);
         let mut magic = [0u8; 8];
-        r.read_exact(&mut magic).map_err(io)?;
+        r.read_exact(&mut magic).map_err(|e| corrupt(format!("truncated: {e}")))?;
         if &magic != MAGIC {
             return Err(corrupt("not a sluice rehearsal buffer file".into()));
         }
         let mut word = [0u8; 8];
-        let mut next = |r: &mut BufReader<std::fs::File>| -> Result<u64, StreamError> {
+        let mut next = |r: &mut dyn Read| -> Result<u64, StreamError> {
             r.read_exact(&mut word).map_err(|e| corrupt(format!("truncated: {e}")))?;
             Ok(u64::from_le_bytes(word))
         };
-        let n = next(&mut r)? as usize;
-        if n != state.len || n > state.capacity {
+        let n = next(&mut r)?;
+        if n != state.len as u64 || n > state.capacity as u64 {
             return Err(corrupt(format!(
                 "holds {n} samples; the checkpoint says {} (capacity {})",
                 state.len, state.capacity
             )));
         }
-        let mut items = Vec::with_capacity(state.capacity);
+        let mut items = Vec::new();
         for _ in 0..n {
             let id = next(&mut r)?;
             let label = next(&mut r)? as i64;
             let len = next(&mut r)?;
+            if len > max_image_bytes {
+                return Err(corrupt(format!(
+                    "sample {id} is {len} bytes, over limits.max_file_bytes ({max_image_bytes})"
+                )));
+            }
             let mut image = Vec::new();
-            let got = r.by_ref().take(len).read_to_end(&mut image).map_err(io)?;
+            let got = r.by_ref().take(len).read_to_end(&mut image).map_err(|e| corrupt(format!("unreadable: {e}")))?;
             if got as u64 != len {
                 return Err(corrupt(format!("sample {id} is truncated ({got} of {len} bytes)")));
             }
@@ -284,7 +309,7 @@ mod tests {
             r.offer(&sample(id, (id % 3) as i64));
         }
         let state = r.save(&dir.path().join("buf.bin")).unwrap();
-        let back = Rehearsal::load(&state, 5).unwrap();
+        let back = Rehearsal::load(&state, 5, 1 << 20).unwrap();
         assert_eq!(back.items(), r.items());
         assert_eq!(back.seen, 30);
         let mut d = r.draw(5, 7);
@@ -292,7 +317,7 @@ mod tests {
         d.dedup();
         assert_eq!(d.len(), 5);
         std::fs::write(&state.file, b"garbage!").unwrap();
-        let err = Rehearsal::load(&state, 5).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = Rehearsal::load(&state, 5, 1 << 20).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("not a sluice rehearsal buffer file"), "{err}");
     }
 }

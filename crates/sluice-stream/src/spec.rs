@@ -8,6 +8,16 @@ use sluice_core::{ErrorPolicy, Limits, OpSpec, PipelineSpec, SourceSpec};
 use crate::error::StreamError;
 use crate::rehearsal::RehearsalPolicy;
 
+/// The largest rehearsal buffer, in samples (its slots are held in memory).
+pub const MAX_REHEARSAL_CAPACITY: usize = 1 << 24;
+/// The most entries held unacknowledged without a checkpoint.
+pub const MAX_UNACKED: usize = 1 << 24;
+/// The most samples read ahead.
+pub const MAX_BUFFER: usize = 1 << 20;
+/// The shortest liveness period: the heartbeat thread refreshes the key four times per
+/// period, and a shorter one would take a briefly stalled learner for dead.
+pub const MIN_CLAIM_IDLE_MS: u64 = 100;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamSpec {
@@ -41,10 +51,20 @@ pub struct StreamSpec {
     pub on_error: ErrorPolicy,
     #[serde(default)]
     pub limits: Limits,
-    /// Entries another reader of the group has held unacknowledged this long are claimed
-    /// (XAUTOCLAIM): that reader is taken for dead.
+    /// Liveness: each learner refreshes a key of its own in the broker with this time to
+    /// live (from a background thread, four times per period, however long its steps). A
+    /// learner whose key has expired is dead; its entries pending at least this long are
+    /// claimed by a live learner. A live learner's entries are never claimed.
     #[serde(default = "default_claim_idle_ms")]
     pub claim_idle_ms: u64,
+    /// Entries held unacknowledged for want of a `state()` that covers them, at most.
+    /// Beyond, the oldest batches are acknowledged without one (logged once): the broker's
+    /// pending list stays bounded for a trainer that never checkpoints, but a restore from
+    /// a state older than these entries does not train them again. Checkpoint at least
+    /// every `max_unacked` new samples. The ledger keeps the newest `max_unacked +
+    /// rate.buffer` ids.
+    #[serde(default = "default_max_unacked")]
+    pub max_unacked: usize,
     /// How long to wait out a broker that is down or restarting before failing.
     #[serde(default = "default_reconnect_ms")]
     pub reconnect_ms: u64,
@@ -56,7 +76,8 @@ pub struct RehearsalSpec {
     pub capacity: usize,
     #[serde(default)]
     pub policy: RehearsalPolicy,
-    /// Where checkpoints write the buffer's contents.
+    /// Where `state()` writes the buffer's contents (the state names the file): required.
+    #[serde(default)]
     pub dir: PathBuf,
     /// A distributed buffer: every learner's `host:port`, by rank. Each learner serves its
     /// shard on its own entry and draws from all shards.
@@ -125,6 +146,9 @@ fn default_consumer() -> String {
 fn default_claim_idle_ms() -> u64 {
     30_000
 }
+fn default_max_unacked() -> usize {
+    65_536
+}
 fn default_reconnect_ms() -> u64 {
     30_000
 }
@@ -146,6 +170,29 @@ impl StreamSpec {
         }
         if self.stream.is_empty() || self.group.is_empty() || self.consumer.is_empty() {
             return bad("stream/group/consumer", "must not be empty");
+        }
+        if self.claim_idle_ms < MIN_CLAIM_IDLE_MS {
+            return bad(
+                "claim_idle_ms",
+                &format!("must be at least {MIN_CLAIM_IDLE_MS} ms (the liveness key's time to live)"),
+            );
+        }
+        if self.max_unacked > MAX_UNACKED {
+            return bad("max_unacked", &format!("must be at most {MAX_UNACKED} (the ledger keeps that many ids)"));
+        }
+        if self.rate.buffer > MAX_BUFFER {
+            return bad("rate.buffer", &format!("must be at most {MAX_BUFFER} samples"));
+        }
+        if let Some(r) = &self.rehearsal {
+            if r.capacity > MAX_REHEARSAL_CAPACITY {
+                return bad("rehearsal.capacity", &format!("must be at most {MAX_REHEARSAL_CAPACITY} samples"));
+            }
+            if r.dir.as_os_str().is_empty() {
+                return bad(
+                    "rehearsal.dir",
+                    "is required: the directory where state() writes the rehearsal buffer's contents for a checkpoint",
+                );
+            }
         }
         let capacity = self.rehearsal.as_ref().map_or(0, |r| r.capacity);
         if self.rehearsal_per_batch > 0 && capacity == 0 {
@@ -170,5 +217,38 @@ impl StreamSpec {
         pipeline.threads = self.threads.into();
         pipeline.validate()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(rehearsal: &str) -> Result<StreamSpec, String> {
+        let text = format!(
+            r#"{{"url": "redis://127.0.0.1:1/", "stream": "s", "group": "g", "ops": [{{"op": "decode"}}, {{"op": "center_crop", "size": 16}}],
+                "new_per_batch": 4, "rehearsal_per_batch": 2, "rehearsal": {rehearsal}}}"#
+        );
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    }
+
+    fn problem(spec: &StreamSpec) -> String {
+        spec.validate().err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_rehearsal_buffer_without_a_dir_is_refused_naming_the_field_and_what_it_is_for() {
+        let parsed = spec(r#"{"capacity": 8}"#);
+        let e = parsed.as_ref().map(problem).unwrap_or_else(|e| e.clone());
+        assert!(e.starts_with("stream config: `rehearsal.dir` is required") && e.contains("state()"), "{e}");
+    }
+
+    #[test]
+    fn a_rehearsal_capacity_past_the_bound_is_refused_naming_the_field() {
+        let parsed = spec(&format!(r#"{{"capacity": {}, "dir": "/tmp/r"}}"#, usize::MAX));
+        let e = parsed.as_ref().map(problem).unwrap_or_else(|e| e.clone());
+        assert!(e.starts_with("stream config: `rehearsal.capacity` must be at most"), "{e}");
+        let fits = spec(r#"{"capacity": 1000, "dir": "/tmp/r"}"#).map(|s| s.validate().is_ok());
+        assert_eq!(fits, Ok(true));
     }
 }

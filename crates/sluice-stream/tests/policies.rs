@@ -202,3 +202,49 @@ fn a_malformed_entry_fails_with_its_entry_id_or_is_skipped_and_counted() {
     assert!(matches!(err, StreamError::Decode { id: 2, .. }), "{err}");
     assert!(err.to_string().contains(&junk), "{err}");
 }
+
+#[test]
+fn a_learner_that_never_takes_a_state_keeps_the_brokers_pending_list_bounded() {
+    let _w = watchdog("pending bound", 60);
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), false);
+    push_dataset(&dataset(dir.path(), ENTRIES, 4), &push_options(&redis.url(), "s", 0.0)).unwrap();
+    let mut spec = stream_spec(&redis.url(), "s", "job", 4, 0, None);
+    spec.rate.buffer = 4;
+    spec.max_unacked = 8;
+    let mut loader = StreamLoader::new(spec).unwrap();
+    let mut con = redis::Client::open(redis.url()).unwrap().get_connection().unwrap();
+    let mut trained = Vec::new();
+    let mut most_pending = 0;
+    while let Some(b) = loader.next_batch().unwrap() {
+        trained.extend(b.batch.keys);
+        let pending: redis::streams::StreamPendingReply = con.xpending("s", "job").unwrap();
+        most_pending = most_pending.max(pending.count());
+    }
+    assert_exactly_once(trained, ENTRIES, "without states");
+    // max_unacked, the batch just handed out and what is read ahead.
+    assert!(most_pending <= 8 + 4 + 4, "{most_pending} entries pending at once");
+}
+
+#[test]
+fn an_undecodable_sample_under_fail_leaves_the_rest_of_its_batch_to_the_next() {
+    let _w = watchdog("decode failure", 60);
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), false);
+    let mut con = redis::Client::open(redis.url()).unwrap().get_connection().unwrap();
+    let good = sluice_synth::image_jpeg(0, &Default::default()).unwrap();
+    for (id, image) in [(b"0", good.as_slice()), (b"1", b"junk"), (b"2", &good), (b"3", &good)] {
+        let _: String = con.xadd("s", "*", &[("id", id.as_slice()), ("label", b"1"), ("image", image)]).unwrap();
+    }
+    let _: String = con.xadd("s", "*", &[("end", b"1")]).unwrap();
+    let mut spec = stream_spec(&redis.url(), "s", "job", 4, 0, None);
+    spec.on_error = ErrorPolicy::Fail;
+    let mut loader = StreamLoader::new(spec).unwrap();
+    let err = loader.next_batch().err().unwrap();
+    assert!(matches!(err, StreamError::Decode { id: 1, .. }), "{err}");
+    // The caller goes on: the samples that decode are trained, the bad one is not.
+    let again = loader.next_batch().unwrap().map(|b| b.batch.keys);
+    assert_eq!(again, Some(vec![0, 2, 3]), "the rest of the failed batch");
+    assert!(loader.next_batch().unwrap().is_none());
+    assert_eq!(loader.stats().counters.malformed, 1);
+}

@@ -139,6 +139,7 @@ pub fn stream_spec(url: &str, stream: &str, group: &str, r: usize, b: usize, dir
         on_error: Default::default(),
         limits: Default::default(),
         claim_idle_ms: 30_000,
+        max_unacked: 65_536,
         reconnect_ms: 20_000,
     }
 }
