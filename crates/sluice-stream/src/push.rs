@@ -64,8 +64,21 @@ pub fn push_order(manifest: &Manifest, order: PushOrder, classes_per_task: usize
     idx
 }
 
+/// The slowest rate a push takes (samples per second), other than 0 (as fast as it can):
+/// below it, a sample's due time is past any `Duration`.
+pub const MIN_PUSH_RATE: f64 = 1e-6;
+
 /// Pushes `manifest`'s samples (read from its storage) as stream entries.
 pub fn push_dataset(manifest: &Manifest, opts: &PushOptions) -> Result<PushReport, StreamError> {
+    if !(opts.rate == 0.0 || (opts.rate.is_finite() && opts.rate >= MIN_PUSH_RATE)) {
+        return Err(StreamError::Config {
+            field: "rate",
+            problem: format!(
+                "must be 0 (as fast as the broker takes them) or in [{MIN_PUSH_RATE}, inf); got {}",
+                opts.rate
+            ),
+        });
+    }
     let mut broker = Broker::open(&opts.url, Duration::from_millis(opts.reconnect_ms))?;
     let storage = LocalStorage::new();
     let mut order = push_order(manifest, opts.order, opts.classes_per_task, opts.seed);
@@ -100,4 +113,33 @@ pub fn push_dataset(manifest: &Manifest, opts: &PushOptions) -> Result<PushRepor
         broker.add(&opts.stream, &[(FIELD_END, b"1".as_slice())])?;
     }
     Ok(PushReport { pushed: order.len() as u64, bytes, seconds: started.elapsed().as_secs_f64() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::manifest::Location;
+
+    #[test]
+    fn a_rate_no_duration_can_hold_is_refused_before_anything_is_pushed() {
+        let items = (0..2).map(|i| (Location::File { path: format!("{i}.jpg").into() }, 0, 0)).collect();
+        let manifest = Manifest::new("/nonexistent".into(), items, vec![]);
+        for rate in [1e-310, -1.0, f64::NAN, f64::INFINITY] {
+            let opts = PushOptions {
+                url: "redis://127.0.0.1:1/".into(),
+                stream: "s".into(),
+                rate,
+                order: PushOrder::AsListed,
+                classes_per_task: 1,
+                seed: 0,
+                limit: None,
+                end: false,
+                reconnect_ms: 10,
+            };
+            match push_dataset(&manifest, &opts) {
+                Err(StreamError::Config { field: "rate", .. }) => {}
+                other => panic!("rate {rate}: {other:?}"),
+            }
+        }
+    }
 }
