@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sluice_core::{
-    Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, PipelineSpec, SourceSpec,
+    Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, PeerToken, PipelineSpec, SourceSpec,
 };
 use sluice_pipeline::{Loader, Shard};
 use sluice_synth::{write_dataset, DatasetOptions};
@@ -45,6 +45,7 @@ fn learners(root: &Path, p: usize, cache_samples: u64, peers: &[String]) -> Vec<
                 cache_samples: vec![cache_samples],
                 peers: peers.to_vec(),
                 peer_timeout_ms: 300,
+                token: Some(PeerToken::new("locality-peers-test")),
             });
             Loader::new(s, Shard { rank, world_size: p }).unwrap()
         })
