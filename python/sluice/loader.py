@@ -285,7 +285,10 @@ class Loader(_Traced):
         locality: the spec's ``locality`` section for a multi-learner job (the pipeline
             needs a cache), e.g. ``{"cache_samples": [n], "assignment": "aware"}``: each
             learner caches the samples the seed places on it and loads mostly those,
-            while every step's global batch stays the same (``docs/locality.md``).
+            while every step's global batch stays the same (``docs/locality.md``). With
+            ``"peers": ["host:port", ...]`` (one per rank) the learners serve each other
+            their cached samples, only to learners with the job's token: ``"token": "..."``
+            or the environment variable ``SLUICE_PEER_TOKEN``, the same on every learner.
         threads: overrides the pipeline's ``threads``: a count (0: one per core) or
             ``"auto"``, where sluice sizes its thread pool to what the training loop
             consumes (FastMatch's matching; each decision is in ``stats()["autoscale"]``).

@@ -85,7 +85,9 @@ class StreamLoader:
             for a buffer distributed over the learners add ``"peers": ["host:port", ...]``
             (every learner's, by rank) and ``"rank": i``: this learner serves its shard on
             ``peers[rank]`` and draws uniformly from all shards, the peers' samples fetched
-            in the background.
+            in the background. The shard servers answer only learners with the job's token:
+            ``"token": "..."`` here or the environment variable ``SLUICE_PEER_TOKEN`` (the
+            same on every learner; without either the loader refuses to start).
         rate: ``{"buffer": N, "overflow": "backpressure" | "drop_oldest" | "spill",
             "underflow": "wait" | "rehearsal", "fill_after_ms": ms}``.
         consumer: this learner's name in the group.

@@ -131,7 +131,13 @@ def test_a_distributed_buffer_draws_from_the_peers_shard_in_the_background(
     peers = [free_addr(), free_addr()]
 
     def learner(stream: str, rank: int) -> sluice.stream.StreamLoader:
-        rehearsal = {"capacity": 8, "dir": tmp_path / f"rehearsal-{rank}", "peers": peers, "rank": rank}
+        rehearsal = {
+            "capacity": 8,
+            "dir": tmp_path / f"rehearsal-{rank}",
+            "peers": peers,
+            "rank": rank,
+            "token": "python-test-token",
+        }
         return sluice.stream.StreamLoader(
             url, stream, group="job", ops=OPS, new_per_batch=4, rehearsal_per_batch=4, rehearsal=rehearsal, threads=1
         )

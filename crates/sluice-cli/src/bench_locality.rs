@@ -331,6 +331,9 @@ fn run_once(a: &Args, exe: &Path, root: &Path, cfg: Config, k: usize) -> anyhow:
     let spec_path = dir.join("spec.json");
     std::fs::write(&spec_path, serde_json::to_vec_pretty(&spec)?)?;
     let log = dir.join("epochs.jsonl");
+    // The learners' peer servers want a shared token: a fresh one per run, in their
+    // environment rather than in the spec file.
+    let token = peer_token()?;
     let mut learners = Learners(Vec::with_capacity(p));
     for rank in 0..p {
         let stderr = std::fs::File::create(dir.join(format!("learner-{rank}.log")))?;
@@ -346,6 +349,7 @@ fn run_once(a: &Args, exe: &Path, root: &Path, cfg: Config, k: usize) -> anyhow:
             .arg(dir.join("barrier"))
             .arg("--epoch-log")
             .arg(&log)
+            .env(sluice_pipeline::locality::peer::TOKEN_ENV, &token)
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -473,4 +477,14 @@ fn print_tables(a: &Args, points: &[Point]) {
 /// job on unthrottled storage (the model's criterion too).
 fn storage_bound(x: &Point, storage_free: &Point) -> bool {
     x.median_s > STORAGE_BOUND * storage_free.median_s
+}
+
+/// 16 random bytes from the kernel, in hex.
+fn peer_token() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom for the learners' peer token")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -288,6 +288,7 @@ fn a_job_spec_cannot_make_workers_dial_peers_or_create_link_files() {
         cache_samples: vec![8],
         peers: vec!["127.0.0.1:9".into()],
         peer_timeout_ms: 500,
+        token: None,
     });
     let (c, m) = refused(peers, "peers");
     assert_eq!(c, tonic::Code::InvalidArgument, "{m}");

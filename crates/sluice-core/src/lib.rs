@@ -16,5 +16,5 @@ pub use manifest::{Entry, Location, Manifest, SampleKey};
 pub use rng::SampleRng;
 pub use spec::{
     Assignment, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, ImportanceSpec, Limits,
-    LocalitySpec, OpSpec, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
+    LocalitySpec, OpSpec, PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
 };

@@ -15,7 +15,7 @@ pub enum PipelineError {
     /// The throttled storage's shared link file cannot be used.
     #[error(transparent)]
     StorageLink(#[from] crate::storage::LinkError),
-    /// This learner's peer server (collaborative cache) cannot start.
+    /// This learner's peer server (collaborative cache) cannot start, or it has no token.
     #[error(transparent)]
     Peer(#[from] crate::locality::peer::PeerError),
     /// A bad sample under the `fail` policy.

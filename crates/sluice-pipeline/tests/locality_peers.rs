@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sluice_core::{
-    Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, PipelineSpec, SourceSpec,
+    Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, PeerToken, PipelineSpec, SourceSpec,
 };
 use sluice_pipeline::{Loader, Shard};
 use sluice_synth::{write_dataset, DatasetOptions};
@@ -45,6 +45,7 @@ fn learners(root: &Path, p: usize, cache_samples: u64, peers: &[String]) -> Vec<
                 cache_samples: vec![cache_samples],
                 peers: peers.to_vec(),
                 peer_timeout_ms: 300,
+                token: Some(PeerToken::new("locality-peers-test")),
             });
             Loader::new(s, Shard { rank, world_size: p }).unwrap()
         })
@@ -103,4 +104,29 @@ fn a_learner_whose_peer_is_gone_falls_back_to_storage_without_blocking() {
     let after: u64 = stats.iter().map(|s| s.storage_reads).sum();
     assert!(after > before, "samples placed on the dead learner must come from storage");
     assert!(stats.iter().any(|s| s.peer_fallbacks > 0), "{stats:?}");
+}
+
+#[test]
+fn a_learner_with_peers_and_no_token_refuses_to_start() {
+    if std::env::var_os("SLUICE_PEER_TOKEN").is_some() {
+        return; // the environment supplies the token
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 6);
+    let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 16, 2);
+    s.cache = Some(CacheSpec {
+        budget: ByteBudget::Bytes(1 << 20),
+        level: CacheLevel::Raw,
+        resize: None,
+        policy: CachePolicyKind::Lru,
+    });
+    s.locality = Some(LocalitySpec {
+        assignment: Assignment::Aware,
+        cache_samples: vec![3],
+        peers: free_addrs(2),
+        peer_timeout_ms: 300,
+        token: None,
+    });
+    let err = Loader::new(s, Shard { rank: 0, world_size: 2 }).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains("locality.token") && err.contains("SLUICE_PEER_TOKEN"), "{err}");
 }

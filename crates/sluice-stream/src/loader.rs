@@ -133,9 +133,10 @@ impl StreamLoader {
             std::fs::create_dir_all(&r.dir)
                 .map_err(|source| StreamError::RehearsalWrite { path: r.dir.clone(), source })?;
             if let Some(addr) = r.peers.get(r.rank) {
-                server = Some(ShardServer::start(addr, Arc::clone(shard), spec.seed ^ r.rank as u64)?);
+                let token = crate::shards::token(r)?;
+                server = Some(ShardServer::start(addr, token.clone(), Arc::clone(shard), spec.seed ^ r.rank as u64)?);
                 let want = 2 * (spec.rehearsal_per_batch + spec.new_per_batch);
-                fetcher = Some(PeerFetcher::start(&r.peers, r.rank, want, spec.limits.max_file_bytes)?);
+                fetcher = Some(PeerFetcher::start(&r.peers, r.rank, token, want, spec.limits.max_file_bytes)?);
             }
         }
         let heartbeat = Some(Heartbeat::start(

@@ -86,6 +86,10 @@ pub struct RehearsalSpec {
     /// This learner's index in `peers`.
     #[serde(default)]
     pub rank: usize,
+    /// The job's shared secret for the shard servers, the same on every learner; without
+    /// it here, `SLUICE_PEER_TOKEN`. With `peers` and neither, the loader refuses to start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<sluice_core::PeerToken>,
 }
 
 /// What to do when the stream and the trainer run at different rates.

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use redis::Commands;
+use sluice_core::PeerToken;
 use sluice_stream::{StreamLoader, StreamSpec};
 
 #[test]
@@ -79,6 +80,7 @@ fn learner(url: &str, stream: &str, dir: &Path, capacity: usize, peers: &[String
     r.capacity = capacity;
     r.peers = peers.to_vec();
     r.rank = rank;
+    r.token = Some(PeerToken::new("distributed-test-token"));
     spec
 }
 

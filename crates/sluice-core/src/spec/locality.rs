@@ -3,6 +3,8 @@
 //! listen for the collaborative cache. The rank itself is per process, so it is not here:
 //! it is the loader's `rank` argument (the spec is the same for every learner).
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
 use super::check_count;
@@ -30,6 +32,33 @@ pub struct LocalitySpec {
     /// How long a learner waits for a peer before reading the sample from storage.
     #[serde(default = "default_peer_timeout_ms")]
     pub peer_timeout_ms: u64,
+    /// The job's shared secret, the same on every learner: a peer server answers only
+    /// connections that present it. Without it here, the learner takes the environment
+    /// variable `SLUICE_PEER_TOKEN`; with `peers` and neither, the loader refuses to start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<PeerToken>,
+}
+
+/// A shared secret in a spec: (de)serialized as a plain string, never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PeerToken(String);
+
+impl PeerToken {
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The secret itself, for the transport that presents or checks it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for PeerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PeerToken(<redacted>)")
+    }
 }
 
 fn default_peer_timeout_ms() -> u64 {
@@ -52,6 +81,9 @@ impl LocalitySpec {
     pub(super) fn validate(&self) -> Result<(), SpecError> {
         check_count("locality.cache_samples", self.cache_samples.len() as u64, 1, MAX_LEARNERS as u64)?;
         check_count("locality.peer_timeout_ms", self.peer_timeout_ms, 1, MAX_PEER_TIMEOUT_MS)?;
+        if self.token.as_ref().is_some_and(|t| t.0.is_empty()) {
+            return Err(SpecError::new("locality.token", "is empty: give the job's shared secret, or leave it out"));
+        }
         if !self.peers.is_empty() && self.cache_samples.len() > 1 && self.peers.len() != self.cache_samples.len() {
             return Err(SpecError::new(
                 "locality.peers",

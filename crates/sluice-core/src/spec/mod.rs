@@ -18,7 +18,7 @@ mod locality;
 mod threads;
 
 pub use cache::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ImportanceSpec, SamplingSpec};
-pub use locality::{Assignment, LocalitySpec, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
+pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
 pub use threads::Threads;
 
 // Absolute bounds on what a spec may ask for: far beyond any real training pipeline, they

@@ -220,11 +220,15 @@ impl Loader {
             spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
             importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
-            peers: spec
-                .locality
-                .as_ref()
-                .filter(|l| !l.peers.is_empty() && locality.is_some())
-                .map(|l| PeerClient::new(l.peers.clone(), Duration::from_millis(l.peer_timeout_ms))),
+            peers: match spec.locality.as_ref().filter(|l| !l.peers.is_empty() && locality.is_some()) {
+                Some(l) => Some(PeerClient::new(
+                    l.peers.clone(),
+                    crate::locality::peer::token(l)?,
+                    Duration::from_millis(l.peer_timeout_ms),
+                    spec.limits,
+                )),
+                None => None,
+            },
             counters: peers::Counters::default(),
             locality,
             autoscale: autoscale::LocalAutoscale::new(spec.batch.size),

@@ -129,7 +129,8 @@ impl Shared {
     }
 }
 
-/// Starts this learner's peer server on its own address in the spec's `peers`.
+/// Starts this learner's peer server on its own address in the spec's `peers`, answering
+/// only peers that present the job's token.
 pub(super) fn start_server(shared: &Arc<Shared>) -> Result<Option<PeerServer>, PeerError> {
     let (Some(locality), Some(spec)) = (shared.locality.as_ref(), shared.spec.locality.as_ref()) else {
         return Ok(None);
@@ -140,5 +141,5 @@ pub(super) fn start_server(shared: &Arc<Shared>) -> Result<Option<PeerServer>, P
     // A weak handle: the server must not keep a dropped loader alive.
     let weak: Weak<Shared> = Arc::downgrade(shared);
     let serve: Serve = Arc::new(move |pos| weak.upgrade()?.serve_peer(pos));
-    PeerServer::start(addr, serve).map(Some)
+    PeerServer::start(addr, crate::locality::peer::token(spec)?, serve).map(Some)
 }

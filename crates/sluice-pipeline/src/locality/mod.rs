@@ -80,7 +80,13 @@ mod tests {
 
     fn locality(assignment: Assignment, budgets: &[u64], n: usize, batch: usize) -> Locality {
         let p = budgets.len();
-        let spec = LocalitySpec { assignment, cache_samples: budgets.to_vec(), peers: vec![], peer_timeout_ms: 100 };
+        let spec = LocalitySpec {
+            assignment,
+            cache_samples: budgets.to_vec(),
+            peers: vec![],
+            peer_timeout_ms: 100,
+            token: None,
+        };
         Locality::new(&spec, n, 11, Shard { rank: 0, world_size: p }, batch).unwrap_or_else(|e| panic!("{e}"))
     }
 

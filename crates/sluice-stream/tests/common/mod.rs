@@ -132,6 +132,7 @@ pub fn stream_spec(url: &str, stream: &str, group: &str, r: usize, b: usize, dir
             dir: d.to_path_buf(),
             peers: Vec::new(),
             rank: 0,
+            token: None,
         }),
         rate: RateSpec::default(),
         seed: 7,
