@@ -13,6 +13,7 @@ pub mod entry;
 pub mod error;
 pub mod ledger;
 pub mod loader;
+pub mod monitor;
 pub mod push;
 pub mod rate;
 pub mod rehearsal;
@@ -21,6 +22,7 @@ pub mod spec;
 
 pub use error::StreamError;
 pub use loader::{StreamBatch, StreamLoader, StreamState};
+pub use monitor::StreamMonitor;
 pub use push::{push_dataset, PushOptions, PushOrder, PushReport};
 pub use rate::{Counters, StreamStats};
 pub use rehearsal::RehearsalPolicy;
