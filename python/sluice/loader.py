@@ -163,7 +163,8 @@ class BatchIterator(Iterator[Batch]):
 
     @property
     def remaining(self) -> int:
-        """Batches left in this epoch."""
+        """Batches left in this epoch, as of the last batch handed out (also read from
+        another thread while one waits in ``next()``)."""
         return int(self._native.remaining())
 
     def __length_hint__(self) -> int:
@@ -297,6 +298,9 @@ class Loader(_Traced):
     runs the next epoch (an epoch left unfinished is abandoned), ``set_epoch(e)`` picks
     one, and ``state_dict()`` / ``load_state_dict()`` resume mid-epoch exactly, even in a
     new process (torchdata's StatefulDataLoader convention).
+
+    Threads: while one thread waits for a batch, another may call any method (``stats()``
+    from a logging thread, say); none of them waits for that batch.
 
     Raises:
         SpecError: the spec is invalid (``.field`` names the culprit).

@@ -112,6 +112,14 @@ class RemoteLoader(_Traced):
     Every failure is a :class:`sluice.ServiceError` (a :class:`sluice.SluiceError`) and
     also the builtin a caller would catch.
 
+    Threads: while one thread waits for a batch, another may call any method. What reads
+    (``len()``, ``epoch``, ``stats()``, ``job``, the counters) answers at once, as of the
+    last batch handed out. ``state_dict``, ``load_state_dict``, ``set_epoch``, ``report``,
+    ``update_gradient_info``, ``trace`` and ``iter()`` need the loader between two
+    batches: they wait for the one in progress with the GIL released, and Ctrl-C
+    interrupts them (from a signal handler run during ``next()`` they raise
+    :class:`sluice.SluiceError` instead of waiting for themselves).
+
     Raises:
         SpecError: the spec is invalid. ServicePermissionError (a ``PermissionError``): a
         path outside the allowed roots; ServiceAuthError (also one) a wrong token.

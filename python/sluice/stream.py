@@ -96,6 +96,12 @@ class StreamLoader:
         max_unacked: entries held unacknowledged without a ``state_dict()``, at most; take
             a state at least every that many new samples.
         output: ``"numpy"`` or ``"torch"``.
+
+    Threads: while one thread waits in ``next()`` (for as long as the stream is empty),
+    another may call ``stats()`` and ``rehearsal_ids()``, which answer at once;
+    ``state_dict()`` and ``load_state_dict()`` wait for that ``next()`` with the GIL
+    released, and Ctrl-C interrupts them (from a signal handler run during ``next()``
+    they raise :class:`sluice.SluiceError` instead of waiting for themselves).
     """
 
     def __init__(

@@ -94,6 +94,17 @@ pub fn state_error(py: Python<'_>, message: String) -> PyErr {
     raise(py, "StateError", message, |_| Ok(()))
 }
 
+/// `sluice.errors.SluiceError`: `class.method()` needs the loader between batches but was
+/// called from inside that loader's own wait for one (a signal handler that ran during
+/// `next()`), where waiting would never end.
+pub fn reentrant_error(py: Python<'_>, class: &str, method: &str) -> PyErr {
+    let message = format!(
+        "{class}.{method}() was called while this thread waits for a batch of the same loader \
+         (from a signal handler that ran during next()): call it after next() returns"
+    );
+    raise(py, "SluiceError", message, |_| Ok(()))
+}
+
 /// Maps every error a loader can return.
 pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
     match e {

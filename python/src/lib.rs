@@ -8,6 +8,7 @@ mod loader;
 mod pack;
 mod profile;
 mod remote;
+mod serial;
 mod spec;
 mod stream;
 mod synth;

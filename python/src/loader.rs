@@ -1,12 +1,13 @@
 //! The native loader: a thin shell over `sluice_pipeline::Loader`. Batches leave Rust as
 //! numpy arrays over the Rust buffers (no copy), and the buffers come back for later
 //! batches when Python frees them (`buffers.rs`); every blocking call releases the GIL,
-//! and a wait for a batch still answers Ctrl-C.
+//! and a wait for a batch still answers Ctrl-C. An epoch iterator's `next()` holds the
+//! iterator while it waits ([`Serial`]); `remaining()` reads a count it leaves behind.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use numpy::PyArray1;
-use parking_lot::Mutex;
 use pyo3::exceptions::{PyIndexError, PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 use sluice_core::{Batch, Layout, PipelineSpec, SampleKey};
@@ -14,6 +15,7 @@ use sluice_pipeline::{EpochIter, Loader, LoaderState, PipelineError, Shard};
 
 use crate::buffers::{image_array, BufferPool};
 use crate::errors::{pipeline_error, spec_error, state_error};
+use crate::serial::Serial;
 
 /// A loader over one pipeline spec, for one rank of `world_size`.
 #[pyclass(module = "sluice._sluice", name = "Loader", frozen)]
@@ -40,7 +42,12 @@ impl PyLoader {
     /// (a permutation of the dataset) runs with the GIL released.
     fn iter(&self, py: Python<'_>) -> PyEpochIterator {
         let iter = py.detach(|| self.loader.iter().with_buffers(self.buffers.source()));
-        PyEpochIterator { epoch: iter.epoch(), iter: Mutex::new(iter), buffers: self.buffers.clone() }
+        PyEpochIterator {
+            epoch: iter.epoch(),
+            remaining: AtomicU64::new(iter.remaining()),
+            iter: Serial::new(iter, "EpochIterator"),
+            buffers: self.buffers.clone(),
+        }
     }
 
     fn batches_per_epoch(&self) -> u64 {
@@ -89,14 +96,15 @@ impl PyLoader {
         self.loader.set_epoch(epoch);
     }
 
-    fn state_json(&self) -> PyResult<String> {
-        serde_json::to_string(&self.loader.state()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    fn state_json(&self, py: Python<'_>) -> PyResult<String> {
+        let state = py.detach(|| self.loader.state());
+        serde_json::to_string(&state).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     fn load_state_json(&self, py: Python<'_>, state: &str) -> PyResult<()> {
         let state: LoaderState = serde_json::from_str(state)
             .map_err(|e| state_error(py, format!("cannot restore loader state: not a sluice loader state: {e}")))?;
-        self.loader.load_state(&state).map_err(|e| pipeline_error(py, e))
+        py.detach(|| self.loader.load_state(&state)).map_err(|e| pipeline_error(py, e))
     }
 
     /// Per-sample importance from the trainer (losses or gradient norms) for `keys`.
@@ -147,32 +155,38 @@ impl PyLoader {
 #[pyclass(module = "sluice._sluice", name = "EpochIterator", frozen)]
 pub struct PyEpochIterator {
     epoch: u64,
-    iter: Mutex<EpochIter>,
+    iter: Serial<EpochIter>,
+    /// Batches left as of the last one handed out: read without waiting for `next()`.
+    remaining: AtomicU64,
     buffers: Arc<BufferPool>,
 }
 
-/// Waits for the next batch of `iter` with the GIL released, checking for signals every
-/// 50 ms: Ctrl-C gives the `KeyboardInterrupt` (and a later call picks up the same batch).
-fn next_batch(py: Python<'_>, iter: &Mutex<EpochIter>) -> PyResult<Option<Batch>> {
-    let mut signal: Option<PyErr> = None;
-    let next = py.detach(|| {
-        iter.lock().next_interruptible(&mut || {
-            Python::attach(|py| match py.check_signals() {
-                Ok(()) => false,
-                Err(e) => {
-                    signal = Some(e);
-                    true
-                }
-            })
-        })
-    });
-    match next {
-        None => Ok(None),
-        Some(Ok(batch)) => Ok(Some(batch)),
-        Some(Err(PipelineError::Interrupted)) => {
-            Err(signal.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting for a batch")))
+impl PyEpochIterator {
+    /// Waits for the next batch with the GIL released, checking for signals every 50 ms:
+    /// Ctrl-C gives the `KeyboardInterrupt` (and a later call picks up the same batch).
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Batch>> {
+        let mut signal: Option<PyErr> = None;
+        let next = self.iter.with(py, "__next__", |iter| {
+            let next = iter.next_interruptible(&mut || {
+                Python::attach(|py| match py.check_signals() {
+                    Ok(()) => false,
+                    Err(e) => {
+                        signal = Some(e);
+                        true
+                    }
+                })
+            });
+            self.remaining.store(iter.remaining(), Ordering::Relaxed);
+            next
+        })?;
+        match next {
+            None => Ok(None),
+            Some(Ok(batch)) => Ok(Some(batch)),
+            Some(Err(PipelineError::Interrupted)) => {
+                Err(signal.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting for a batch")))
+            }
+            Some(Err(e)) => Err(pipeline_error(py, e)),
         }
-        Some(Err(e)) => Err(pipeline_error(py, e)),
     }
 }
 
@@ -185,7 +199,7 @@ impl PyEpochIterator {
     /// Waits for the next batch with the GIL released, checking for signals every 50 ms:
     /// Ctrl-C raises `KeyboardInterrupt` and a later call picks up the same batch.
     fn __next__(&self, py: Python<'_>) -> PyResult<Option<RawBatch>> {
-        match next_batch(py, &self.iter)? {
+        match self.next_batch(py)? {
             Some(batch) => RawBatch::new(py, batch, &self.buffers).map(Some),
             None => Ok(None),
         }
@@ -196,7 +210,7 @@ impl PyEpochIterator {
     /// `(batches, samples)`.
     fn drain(&self, py: Python<'_>) -> PyResult<(u64, u64)> {
         let (mut batches, mut samples) = (0, 0);
-        while let Some(batch) = next_batch(py, &self.iter)? {
+        while let Some(batch) = self.next_batch(py)? {
             batches += 1;
             samples += batch.len() as u64;
             self.buffers.recycle(batch.images);
@@ -210,9 +224,10 @@ impl PyEpochIterator {
         self.epoch
     }
 
-    /// Batches left in this epoch.
+    /// Batches left in this epoch (as of the last batch handed out, also while another
+    /// thread waits in `next()`).
     fn remaining(&self) -> u64 {
-        self.iter.lock().remaining()
+        self.remaining.load(Ordering::Relaxed)
     }
 }
 

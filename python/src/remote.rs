@@ -1,6 +1,11 @@
 //! The native remote loader: a thin shell over `sluice_service::RemoteLoader`. Batches
 //! arrive from the service's workers and leave for Python as numpy arrays that own the
 //! received buffers; blocking calls release the GIL, and a wait still answers Ctrl-C.
+//!
+//! `next_batch()` holds the loader for the whole of a wait ([`Serial`]): what the other
+//! methods read (epoch, job, counters, skipped samples) is published after every call
+//! that changes it, and `stats()` asks the dispatcher through a [`CacheStatsProbe`] of
+//! its own, so none of them waits for a batch.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,11 +16,16 @@ use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use sluice_core::PipelineSpec;
-use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ReportKind, ServiceError};
+use sluice_pipeline::SkippedSample;
+use sluice_service::proto::JobInfo;
+use sluice_service::{
+    CacheStatsProbe, Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ReportKind, ServiceError,
+};
 
 use crate::buffers::BufferPool;
 use crate::errors::{service_error, spec_error, state_error};
 use crate::loader::RawBatch;
+use crate::serial::Serial;
 
 /// What this client has received since it connected.
 #[derive(Default)]
@@ -26,10 +36,46 @@ struct Received {
     wait: Duration,
 }
 
+/// What the methods other than `next_batch()` read, as of the loader's last call.
+struct Published {
+    epoch: u64,
+    job: JobInfo,
+    duplicates_dropped: u64,
+    shared_memory_batches: u64,
+    skipped: Vec<SkippedSample>,
+}
+
+impl Published {
+    fn of(loader: &RemoteLoader) -> Self {
+        Self {
+            epoch: loader.epoch(),
+            job: loader.job().clone(),
+            duplicates_dropped: loader.duplicates_dropped(),
+            shared_memory_batches: loader.shared_memory_batches(),
+            skipped: loader.skipped().to_vec(),
+        }
+    }
+
+    /// Catches up with `loader` (its skipped samples only grow).
+    fn update(&mut self, loader: &RemoteLoader) {
+        self.epoch = loader.epoch();
+        self.job.clone_from(loader.job());
+        self.duplicates_dropped = loader.duplicates_dropped();
+        self.shared_memory_batches = loader.shared_memory_batches();
+        if let Some(new) = loader.skipped().get(self.skipped.len()..) {
+            self.skipped.extend_from_slice(new);
+        }
+    }
+}
+
 /// A loader whose batches come from a sluice dispatcher and its workers.
 #[pyclass(module = "sluice._sluice", name = "RemoteLoader", frozen)]
 pub struct PyRemoteLoader {
-    inner: Mutex<RemoteLoader>,
+    inner: Serial<RemoteLoader>,
+    /// Published by every call that holds `inner`; never held across a wait.
+    published: Mutex<Published>,
+    /// Asks the dispatcher for the job's cache stats without `inner`.
+    probe: CacheStatsProbe,
     received: Mutex<Received>,
     started: Instant,
     /// Buffers for the copies of batches that arrive in a worker's shared memory.
@@ -77,28 +123,35 @@ impl PyRemoteLoader {
         options.autoscale = autoscale;
         let loader = py.detach(|| RemoteLoader::connect(&spec, options)).map_err(|e| service_error(py, e))?;
         let buffers = BufferPool::new(tasks_in_flight.max(1) + 2);
-        Ok(Self { inner: Mutex::new(loader), received: Mutex::default(), started: Instant::now(), buffers })
+        Ok(Self {
+            published: Mutex::new(Published::of(&loader)),
+            probe: loader.cache_stats_probe(),
+            inner: Serial::new(loader, "RemoteLoader"),
+            received: Mutex::default(),
+            started: Instant::now(),
+            buffers,
+        })
     }
 
     /// Starts recording a trace: each batch's wait, hand-over and time with the trainer,
     /// and where and when a worker built it (see `sluice_service::RemoteTrace`).
     fn start_trace(&self, py: Python<'_>) -> PyResult<()> {
-        self.inner.lock().start_trace().map_err(|e| service_error(py, e))
+        self.inner.with(py, "start_trace", RemoteLoader::start_trace)?.map_err(|e| service_error(py, e))
     }
 
     /// Stops recording and writes the trace to `path` (Chrome JSON for `.json`, else
     /// Perfetto protobuf); the number of trainer events and worker builds written, or None
     /// if no trace was being recorded.
     fn stop_trace(&self, py: Python<'_>, path: PathBuf) -> PyResult<Option<usize>> {
-        let Some(trace) = self.inner.lock().stop_trace() else { return Ok(None) };
+        let Some(trace) = self.inner.with(py, "stop_trace", RemoteLoader::stop_trace)? else { return Ok(None) };
         py.detach(|| trace.write(&path)).map_err(|e| service_error(py, ServiceError::Pipeline(e.into())))?;
         Ok(Some(trace.events.len() + trace.builds.len()))
     }
 
     /// Starts streaming the rest of the current epoch (restarting it exactly if an earlier
     /// iteration stopped midway).
-    fn start_epoch(&self, py: Python<'_>) {
-        py.detach(|| self.inner.lock().start_epoch());
+    fn start_epoch(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_published(py, "start_epoch", RemoteLoader::start_epoch)
     }
 
     /// The next batch of the epoch, or None at its end. Waits with the GIL released and
@@ -106,8 +159,8 @@ impl PyRemoteLoader {
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<RawBatch>> {
         let mut signal: Option<PyErr> = None;
         let t0 = Instant::now();
-        let next = py.detach(|| {
-            self.inner.lock().next_batch(&mut || {
+        let next = self.with_published(py, "next_batch", |loader| {
+            loader.next_batch(&mut || {
                 Python::attach(|py| match py.check_signals() {
                     Ok(()) => false,
                     Err(e) => {
@@ -116,7 +169,7 @@ impl PyRemoteLoader {
                     }
                 })
             })
-        });
+        })?;
         let mut received = self.received.lock();
         received.wait += t0.elapsed();
         match next {
@@ -136,36 +189,36 @@ impl PyRemoteLoader {
     }
 
     fn epoch(&self) -> u64 {
-        self.inner.lock().epoch()
+        self.published.lock().epoch
     }
 
     fn batches_per_epoch(&self) -> u64 {
-        self.inner.lock().batches_per_epoch()
+        self.published.lock().job.batches_per_epoch
     }
 
     fn samples_per_epoch(&self) -> u64 {
-        self.inner.lock().job().samples_per_epoch
+        self.published.lock().job.samples_per_epoch
     }
 
     fn job_id(&self) -> u64 {
-        self.inner.lock().job().job_id
+        self.published.lock().job.job_id
     }
 
     fn job_name(&self) -> String {
-        self.inner.lock().job().job_name.clone()
+        self.published.lock().job.job_name.clone()
     }
 
     /// The job's fingerprint (dataset and pipeline together).
     fn fingerprint(&self) -> String {
-        self.inner.lock().job().fingerprint.clone()
+        self.published.lock().job.fingerprint.clone()
     }
 
     fn duplicates_dropped(&self) -> u64 {
-        self.inner.lock().duplicates_dropped()
+        self.published.lock().duplicates_dropped
     }
 
     fn shared_memory_batches(&self) -> u64 {
-        self.inner.lock().shared_memory_batches()
+        self.published.lock().shared_memory_batches
     }
 
     /// What this client received since it connected: `batches`, `samples`, `bytes` (of
@@ -173,21 +226,22 @@ impl PyRemoteLoader {
     /// `shared_memory_batches`, `duplicates_dropped`, `skipped` (samples the workers left
     /// out under `on_error = "skip"`: `{key, path, error}`, once per epoch met), and
     /// `cache` (the job's caches on all workers: `hits`, `misses`, `hit_rate`, `entries`,
-    /// `hot`, `hot_held`; `None` when the dispatcher cannot say).
+    /// `hot`, `hot_held`; `None` when the dispatcher cannot say). Never waits for a batch;
+    /// asks the dispatcher (a second at most) with the GIL released.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let skipped = PyList::empty(py);
-        let (shared, duplicates) = {
-            let inner = self.inner.lock();
-            for e in inner.skipped() {
-                let d = PyDict::new(py);
-                d.set_item("key", e.key)?;
-                d.set_item("path", &e.path)?;
-                d.set_item("error", &e.error)?;
-                skipped.append(d)?;
-            }
-            (inner.shared_memory_batches(), inner.duplicates_dropped())
+        let cache = py.detach(|| self.probe.cache_stats()).ok();
+        let (listed, shared, duplicates) = {
+            let p = self.published.lock();
+            (p.skipped.clone(), p.shared_memory_batches, p.duplicates_dropped)
         };
-        let cache = self.inner.lock().cache_stats().ok();
+        let skipped = PyList::empty(py);
+        for e in listed {
+            let d = PyDict::new(py);
+            d.set_item("key", e.key)?;
+            d.set_item("path", e.path)?;
+            d.set_item("error", e.error)?;
+            skipped.append(d)?;
+        }
         let r = self.received.lock();
         let out = PyDict::new(py);
         out.set_item("batches", r.batches)?;
@@ -214,14 +268,17 @@ impl PyRemoteLoader {
         Ok(out)
     }
 
-    fn state_json(&self) -> PyResult<String> {
-        serde_json::to_string(&self.inner.lock().state()).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    /// Waits for a `next_batch()` in progress: the state is the one after a batch.
+    fn state_json(&self, py: Python<'_>) -> PyResult<String> {
+        let state = self.inner.with(py, "state_dict", |loader| loader.state())?;
+        serde_json::to_string(&state).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
     fn load_state_json(&self, py: Python<'_>, state: &str) -> PyResult<()> {
         let state: RemoteState = serde_json::from_str(state)
             .map_err(|e| state_error(py, format!("not a sluice remote loader state: {e}")))?;
-        py.detach(|| self.inner.lock().load_state(&state)).map_err(|e| service_error(py, e))
+        self.with_published(py, "load_state_dict", |loader| loader.load_state(&state))?
+            .map_err(|e| service_error(py, e))
     }
 
     /// Per-sample importance for `keys` into the job's store at the dispatcher: `kind` is
@@ -236,15 +293,37 @@ impl PyRemoteLoader {
                 )))
             }
         };
-        let r = py.detach(|| self.inner.lock().report(&keys, &values, kind)).map_err(|e| service_error(py, e))?;
+        let r = self
+            .inner
+            .with(py, "report", |loader| loader.report(&keys, &values, kind))?
+            .map_err(|e| service_error(py, e))?;
         Ok((r.accepted, r.invalid, r.unknown, r.clamped))
     }
 
     /// Restarts the job at the first batch of `epoch` (for every client of the job).
     fn set_epoch(&self, py: Python<'_>, epoch: u64) -> PyResult<()> {
-        let mut state = self.inner.lock().state();
-        state.epoch = epoch;
-        state.delivered.clear();
-        py.detach(|| self.inner.lock().load_state(&state)).map_err(|e| service_error(py, e))
+        self.with_published(py, "set_epoch", |loader| {
+            let mut state = loader.state();
+            state.epoch = epoch;
+            state.delivered.clear();
+            loader.load_state(&state)
+        })?
+        .map_err(|e| service_error(py, e))
+    }
+}
+
+impl PyRemoteLoader {
+    /// `f` on the loader between batches ([`Serial::with`]), publishing what it changed.
+    fn with_published<R: Send>(
+        &self,
+        py: Python<'_>,
+        method: &str,
+        f: impl FnOnce(&mut RemoteLoader) -> R + Send,
+    ) -> PyResult<R> {
+        self.inner.with(py, method, |loader| {
+            let r = f(loader);
+            self.published.lock().update(loader);
+            r
+        })
     }
 }

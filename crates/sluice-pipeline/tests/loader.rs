@@ -371,3 +371,31 @@ fn a_dataset_packed_with_restart_markers_gives_bit_identical_batches() {
     assert_eq!(keys(&a).len(), 72, "24 good images, 3 epochs");
     assert!(a == b, "packed files must decode to the same pixels");
 }
+
+#[test]
+fn a_checkpoint_at_the_last_representable_epoch_or_seen_later_is_refused_or_harmless() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 8, 0);
+    let loader = Loader::new(spec(&root, 4, 1), Shard::default()).unwrap();
+    // An epoch with no next one: refused, rather than overflowing when it ends.
+    let mut state = loader.state();
+    state.epoch = u64::MAX;
+    let e = loader.load_state(&state).unwrap_err().to_string();
+    assert!(e.contains("epoch"), "{e}");
+
+    // Importance bookkeeping from a hand-edited checkpoint (a sample seen in the last
+    // representable epoch) draws an epoch instead of panicking.
+    let mut s = spec(&root, 4, 1);
+    s.sampling =
+        sluice_core::SamplingSpec::Importance { floor: 0.2, coverage_epochs: 2, miss_discount: 1.0, max_draws: 4.0 };
+    let loader = Loader::new(s, Shard::default()).unwrap();
+    let mut state = loader.state();
+    let mut importance = state.importance.clone().unwrap();
+    importance.scores = vec![(0, 1.0), (1, 2.0)];
+    importance.last_seen = vec![(0, u64::MAX), (1, u64::MAX - 1)];
+    importance.drawn_epoch = Some(u64::MAX - 1);
+    state.importance = Some(importance);
+    state.epoch = u64::MAX - 1;
+    loader.load_state(&state).unwrap();
+    assert_eq!(collect(&loader).len(), 2);
+}

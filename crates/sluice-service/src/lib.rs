@@ -51,7 +51,8 @@ mod wire;
 mod worker;
 
 pub use client::{
-    ClockOffset, DataPlane, RemoteEpoch, RemoteLoader, RemoteOptions, RemoteState, RemoteTrace, WorkerBuild,
+    CacheStatsProbe, ClockOffset, DataPlane, RemoteEpoch, RemoteLoader, RemoteOptions, RemoteState, RemoteTrace,
+    WorkerBuild,
 };
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::{ServiceError, ServiceErrorKind};

@@ -14,6 +14,7 @@ pub mod error;
 pub mod ledger;
 pub mod liveness;
 pub mod loader;
+pub mod monitor;
 pub mod push;
 pub mod rate;
 pub mod rehearsal;
@@ -22,6 +23,7 @@ pub mod spec;
 
 pub use error::StreamError;
 pub use loader::{StreamBatch, StreamLoader, StreamState};
+pub use monitor::StreamMonitor;
 pub use push::{push_dataset, PushOptions, PushOrder, PushReport};
 pub use rate::{Counters, StreamStats};
 pub use rehearsal::RehearsalPolicy;

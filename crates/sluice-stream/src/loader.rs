@@ -29,6 +29,7 @@ use crate::entry::{Entry, Sample};
 use crate::error::StreamError;
 use crate::ledger::Ledger;
 use crate::liveness::{alive_key, Heartbeat};
+use crate::monitor::StreamMonitor;
 use crate::rate::{Counters, RateMeter, StreamStats};
 use crate::rehearsal::{Rehearsal, RehearsalState, Stored};
 use crate::shards::{PeerFetcher, Shard, ShardServer};
@@ -111,6 +112,8 @@ pub struct StreamLoader {
     rates: RateMeter,
     backlog_in_broker: u64,
     files: VecDeque<PathBuf>,
+    /// Its stats, published for other threads at every step of a wait and every batch.
+    monitor: StreamMonitor,
 }
 
 impl StreamLoader {
@@ -128,6 +131,7 @@ impl StreamLoader {
             .rehearsal
             .as_ref()
             .map(|r| Arc::new(parking_lot::Mutex::new(Rehearsal::new(r.policy, r.capacity, spec.seed))));
+        let rehearsal_shard = rehearsal.clone();
         let (mut server, mut fetcher) = (None, None);
         if let (Some(r), Some(shard)) = (&spec.rehearsal, &rehearsal) {
             std::fs::create_dir_all(&r.dir)
@@ -174,6 +178,7 @@ impl StreamLoader {
             rates: RateMeter::default(),
             backlog_in_broker: 0,
             files: VecDeque::new(),
+            monitor: StreamMonitor::new(rehearsal_shard),
             spec,
         })
     }
@@ -185,6 +190,16 @@ impl StreamLoader {
     /// The samples in the rehearsal buffer, by id.
     pub fn rehearsal_ids(&self) -> Vec<u64> {
         self.rehearsal.as_ref().map(|r| r.lock().items().iter().map(|s| s.id).collect()).unwrap_or_default()
+    }
+
+    /// A handle on this loader's stats and rehearsal buffer that another thread reads while
+    /// this one waits in [`StreamLoader::next_batch`].
+    pub fn monitor(&self) -> StreamMonitor {
+        self.monitor.clone()
+    }
+
+    fn publish(&self) {
+        self.monitor.publish(self.stats());
     }
 
     pub fn stats(&self) -> StreamStats {
@@ -214,6 +229,15 @@ impl StreamLoader {
         &mut self,
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Result<Option<StreamBatch>, StreamError> {
+        let next = self.next_batch_waiting(interrupted);
+        self.publish();
+        next
+    }
+
+    fn next_batch_waiting(
+        &mut self,
+        interrupted: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<StreamBatch>, StreamError> {
         self.ack_committed()?;
         let r = self.spec.new_per_batch;
         let started = Instant::now();
@@ -236,6 +260,7 @@ impl StreamLoader {
             {
                 break;
             }
+            self.publish();
             if interrupted() {
                 return Ok(None);
             }

@@ -144,6 +144,9 @@ impl Loader {
                  they cannot be checked, make sure they are the ones it was taken with"
             ),
         }
+        if state.epoch == u64::MAX {
+            return Err(PipelineError::State(format!("epoch {} leaves no epoch after it", state.epoch)));
+        }
         if state.batch > self.batches_per_epoch() {
             return Err(PipelineError::State(format!(
                 "batch {} is past the end of the epoch ({} batches)",

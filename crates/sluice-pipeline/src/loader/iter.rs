@@ -344,7 +344,7 @@ impl EpochIter {
             return;
         }
         if batches_done >= self.n_batches {
-            p.epoch = self.epoch + 1;
+            p.epoch = self.epoch.saturating_add(1);
             p.batch = 0;
         } else {
             p.epoch = self.epoch;

@@ -82,9 +82,10 @@ fn finish_draw(
     let stagger = (k / 5).max(1);
     let forced: Vec<bool> = (0..n)
         .map(|i| {
-            let next_due = view.last_seen.get(i).copied().flatten().map_or(0, |l| l + 1);
+            // Saturating: a restored checkpoint may carry any epoch numbers.
+            let next_due = view.last_seen.get(i).copied().flatten().map_or(0, |l| l.saturating_add(1));
             let early = SampleRng::new(seed, 0, SampleKey(i as u64), STAGGER_STREAM).below(stagger);
-            epoch + 1 + early >= next_due + k
+            epoch.saturating_add(1).saturating_add(early) >= next_due.saturating_add(k)
         })
         .collect();
     let mut order: Vec<u32> = (0..n as u32).filter(|&i| forced[i as usize]).collect();

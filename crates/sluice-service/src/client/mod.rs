@@ -74,6 +74,56 @@ struct EpochStream {
     failed: bool,
 }
 
+impl RemoteState {
+    /// Whether this state can restart `job`: taken for its pipeline, naming only batches
+    /// of its epoch, each once. What [`RemoteLoader::load_state`] checks before asking the
+    /// dispatcher.
+    pub fn check(&self, job: &JobInfo) -> Result<(), ServiceError> {
+        if self.fingerprint != job.fingerprint {
+            return Err(ServiceError::InvalidArgument(format!(
+                "checkpoint is for pipeline {}, this job is {}",
+                self.fingerprint, job.fingerprint
+            )));
+        }
+        let mut seen = HashSet::with_capacity(self.delivered.len().min(job.batches_per_epoch as usize));
+        for &b in &self.delivered {
+            if b >= job.batches_per_epoch {
+                return Err(ServiceError::InvalidArgument(format!(
+                    "checkpoint lists batch {b} as delivered, past the epoch's {} batches",
+                    job.batches_per_epoch
+                )));
+            }
+            if !seen.insert(b) {
+                return Err(ServiceError::InvalidArgument(format!("checkpoint lists batch {b} as delivered twice")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Asks the dispatcher for a job's cache stats without borrowing its [`RemoteLoader`]
+/// (from [`RemoteLoader::cache_stats_probe`]): what a monitoring thread uses while the
+/// trainer's thread waits in [`RemoteLoader::next_batch`].
+#[derive(Clone)]
+pub struct CacheStatsProbe {
+    rt: tokio::runtime::Handle,
+    conn: Arc<Conn>,
+}
+
+impl CacheStatsProbe {
+    /// As [`RemoteLoader::cache_stats`].
+    pub fn cache_stats(&self) -> Result<JobCacheStats, ServiceError> {
+        let req = GetJobRequest { job_id: self.conn.job_id };
+        let give_up = Some(Duration::from_secs(1));
+        self.rt.block_on(retry(
+            &self.conn,
+            "GetCacheStats",
+            give_up,
+            |mut d| async move { d.get_cache_stats(req).await },
+        ))
+    }
+}
+
 impl RemoteLoader {
     /// Submits `spec` as job `options.job_name` (or joins it, if it exists with the same
     /// fingerprint) and starts heartbeating.
@@ -193,12 +243,7 @@ impl RemoteLoader {
     /// Restarts the job at `state`: its epoch, minus the batches already delivered. Meant for
     /// a job with one client (a shared job restarts for everyone).
     pub fn load_state(&mut self, state: &RemoteState) -> Result<(), ServiceError> {
-        if state.fingerprint != self.job.fingerprint {
-            return Err(ServiceError::InvalidArgument(format!(
-                "checkpoint is for pipeline {}, this job is {}",
-                state.fingerprint, self.job.fingerprint
-            )));
-        }
+        state.check(&self.job)?;
         // The stream may be past `state` (an epoch ended since) or before it: it goes, with
         // whatever it fetched ahead, and the next iterator starts one at `state`.
         if let Some(old) = self.current.take() {
@@ -256,14 +301,12 @@ impl RemoteLoader {
     /// the numbers are informational, and `stats()` must not hang on a dispatcher that is
     /// gone.
     pub fn cache_stats(&self) -> Result<JobCacheStats, ServiceError> {
-        let req = GetJobRequest { job_id: self.job.job_id };
-        let give_up = Some(Duration::from_secs(1));
-        self.rt.block_on(retry(
-            &self.conn,
-            "GetCacheStats",
-            give_up,
-            |mut d| async move { d.get_cache_stats(req).await },
-        ))
+        self.cache_stats_probe().cache_stats()
+    }
+
+    /// Asks for [`RemoteLoader::cache_stats`] from another thread, without this loader.
+    pub fn cache_stats_probe(&self) -> CacheStatsProbe {
+        CacheStatsProbe { rt: self.rt.handle().clone(), conn: self.conn.clone() }
     }
 
     fn reset(&self, req: ResetJobRequest) -> Result<JobInfo, ServiceError> {
