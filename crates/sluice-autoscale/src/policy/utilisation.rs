@@ -4,7 +4,8 @@
 //! the HPA documentation ("Horizontal Pod Autoscaling", section "Algorithm details") and
 //! its controller's defaults:
 //!
-//! * utilisation = busy unit-seconds ÷ (units × elapsed seconds) of the window;
+//! * utilisation = busy unit-seconds ÷ (units × elapsed seconds) of the window, at most 1
+//!   (busy time of work that straddles windows can read a little over);
 //! * desired = ⌈units × utilisation ÷ target⌉;
 //! * tolerance: no change while |utilisation ÷ target − 1| ≤ 0.1
 //!   (`--horizontal-pod-autoscaler-tolerance`, default 0.1);
@@ -56,7 +57,7 @@ impl Utilisation {
         }
     }
 
-    /// busy ÷ (units × elapsed), 0 when the window spans no unit-time.
+    /// busy ÷ (units × elapsed) in [0, 1]; none when the window spans no unit-time.
     fn utilisation(w: &Window, units: usize) -> Option<f64> {
         let capacity = units as f64 * w.elapsed_s;
         (capacity > 0.0 && w.busy_s.is_finite()).then(|| (w.busy_s / capacity).clamp(0.0, 1.0))
