@@ -42,7 +42,7 @@ pub struct Args {
     pub window_ms: u64,
     #[arg(long, default_value_t = 16)]
     pub max_units: usize,
-    #[arg(long, value_delimiter = ',', default_values_t = ["fastmatch".to_string(), "cachew".to_string(), "tfdata".to_string(), "fixed".to_string()])]
+    #[arg(long, value_delimiter = ',', default_values_t = ["fastmatch".to_string(), "cachew".to_string(), "tfdata".to_string(), "utilisation".to_string(), "fixed".to_string()])]
     pub policies: Vec<String>,
     /// Seconds of the noise run (stable demand, ±10% on P and Q); 0 skips it.
     #[arg(long, default_value_t = 20.0)]

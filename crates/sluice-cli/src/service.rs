@@ -109,7 +109,7 @@ pub struct DispatcherArgs {
 /// The dispatcher's autoscaler; `sluice up` passes these on and follows its target.
 #[derive(clap::Args, Clone)]
 struct AutoscaleArgs {
-    /// Scale the workers to what the trainers consume: fastmatch, cachew, tfdata or fixed.
+    /// Scale the workers to what the trainers consume: fastmatch, cachew, tfdata, utilisation or fixed.
     #[arg(long, value_name = "POLICY")]
     autoscale: Option<sluice_autoscale::PolicyKind>,
     /// Fewest workers the autoscaler keeps (`sluice up` starts this many).

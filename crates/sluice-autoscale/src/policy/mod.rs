@@ -3,6 +3,7 @@
 mod cachew;
 mod fastmatch;
 mod tfdata;
+mod utilisation;
 
 use std::fmt;
 use std::str::FromStr;
@@ -12,6 +13,7 @@ use serde::{Deserialize, Serialize};
 pub use cachew::Cachew;
 pub use fastmatch::FastMatch;
 pub use tfdata::TfData;
+pub use utilisation::Utilisation;
 
 use crate::signals::Window;
 
@@ -44,18 +46,22 @@ pub enum PolicyKind {
     Cachew,
     /// tf.data service's AutoScaler rule: Σ consumer rates ÷ mean per-unit rate.
     Tfdata,
+    /// The Kubernetes Horizontal Pod Autoscaler's rule, Cachew's baseline:
+    /// ⌈units × utilisation ÷ target⌉ with its tolerance and scale-down stabilisation.
+    Utilisation,
     /// No scaling.
     Fixed,
 }
 
 impl PolicyKind {
-    pub const ALL: [PolicyKind; 4] = [Self::Fastmatch, Self::Cachew, Self::Tfdata, Self::Fixed];
+    pub const ALL: [PolicyKind; 5] = [Self::Fastmatch, Self::Cachew, Self::Tfdata, Self::Utilisation, Self::Fixed];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Fastmatch => "fastmatch",
             Self::Cachew => "cachew",
             Self::Tfdata => "tfdata",
+            Self::Utilisation => "utilisation",
             Self::Fixed => "fixed",
         }
     }
@@ -67,6 +73,7 @@ impl PolicyKind {
             Self::Fastmatch => Box::new(FastMatch::default()),
             Self::Cachew => Box::new(Cachew::new(min)),
             Self::Tfdata => Box::new(TfData::default()),
+            Self::Utilisation => Box::new(Utilisation::new(min)),
             Self::Fixed => Box::new(Fixed),
         }
     }
@@ -79,7 +86,7 @@ impl fmt::Display for PolicyKind {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("unknown autoscaling policy {0:?} (choose fastmatch, cachew, tfdata or fixed)")]
+#[error("unknown autoscaling policy {0:?} (choose fastmatch, cachew, tfdata, utilisation or fixed)")]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for PolicyKind {
@@ -113,7 +120,7 @@ mod tests {
         let e = "fastmath".parse::<PolicyKind>().err().map(|e| e.to_string());
         assert_eq!(
             e.as_deref(),
-            Some("unknown autoscaling policy \"fastmath\" (choose fastmatch, cachew, tfdata or fixed)")
+            Some("unknown autoscaling policy \"fastmath\" (choose fastmatch, cachew, tfdata, utilisation or fixed)")
         );
     }
 }
