@@ -9,8 +9,9 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -108,3 +109,26 @@ def sluice_service(
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[Tuple[str, int]]:
+    """A redis-server of its own, on a free loopback port: (url, port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(500):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.02)
+        yield f"redis://127.0.0.1:{port}/", port
+    finally:
+        p.kill()
+        p.wait()

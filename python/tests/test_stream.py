@@ -7,7 +7,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import pytest
@@ -22,29 +22,6 @@ OPS = [
     {"op": "center_crop", "size": 16},
     {"op": "random_horizontal_flip"},
 ]
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[Tuple[str, int]]:
-    """A redis-server of its own: (url, port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(500):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/", port
-    finally:
-        p.kill()
-        p.wait()
 
 
 def loader(url: str, tmp: Path, group: str = "job") -> sluice.stream.StreamLoader:

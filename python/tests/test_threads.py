@@ -9,13 +9,11 @@ end) fails the test instead of hanging the run. The child prints a line per call
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
 
@@ -213,29 +211,6 @@ def test_loader_methods_from_another_thread_while_next_waits(dataset: Path, tmp_
     check(lines, calls, LOADER_FREE, [])
 
 
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[str]:
-    """A redis-server of its own, on a free loopback port; yields its URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(500):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                time.sleep(0.02)
-        yield f"redis://127.0.0.1:{port}/"
-    finally:
-        p.kill()
-        p.wait()
-
-
 STREAM = """
 url, rehearsal_dir = sys.argv[1], sys.argv[2]
 ops = [{"op": "decode"}, {"op": "center_crop", "size": 16}]
@@ -258,9 +233,9 @@ scenario(lambda: next(loader), free, serial)
 
 
 def test_stream_loader_methods_from_another_thread_while_next_waits_on_an_empty_stream(
-    redis: str, tmp_path: Path
+    redis: Tuple[str, int], tmp_path: Path
 ) -> None:
-    lines, calls = run_scenario(STREAM, redis, str(tmp_path / "rehearsal"))
+    lines, calls = run_scenario(STREAM, redis[0], str(tmp_path / "rehearsal"))
     check(lines, calls, ["stats", "rehearsal_ids", "iter", "again-stats"], ["state_dict", "load_state_dict"])
 
 
@@ -373,9 +348,9 @@ os._exit(0)  # the other thread's next() waits for good: the stream stays empty
 
 
 def test_a_stream_wait_is_not_waited_for_by_its_own_thread_and_a_waiting_caller_answers_ctrl_c(
-    redis: str, tmp_path: Path
+    redis: Tuple[str, int], tmp_path: Path
 ) -> None:
-    lines, _ = run_scenario(STREAM_REENTRANT, redis, str(tmp_path / "rehearsal"))
+    lines, _ = run_scenario(STREAM_REENTRANT, redis[0], str(tmp_path / "rehearsal"))
     assert lines[0].startswith("raised SluiceError StreamLoader.state_dict()"), lines
     assert "during next()" in lines[0]
     assert lines[1].startswith("interrupted"), lines
