@@ -7,11 +7,13 @@
 
 #![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use sluice_testing::hostile::{attack, frame, hello};
+use sluice_testing::threads::{one_at_a_time, threads};
 
 use sluice_core::{
     Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, PeerToken, PipelineSpec, SourceSpec,
@@ -71,14 +73,6 @@ fn epoch(loaders: &[Loader]) -> Vec<u64> {
     })
 }
 
-fn frame(body: &[u8]) -> Vec<u8> {
-    [&(body.len() as u32).to_le_bytes()[..], body].concat()
-}
-
-fn hello(protocol: &str, token: &str) -> Vec<u8> {
-    frame(&[b"SLPR1", &[protocol.len() as u8][..], protocol.as_bytes(), token.as_bytes()].concat())
-}
-
 /// What a hostile client sends, by name.
 fn attacks() -> Vec<(&'static str, Vec<u8>)> {
     let good = hello("sluice-locality/1", TOKEN);
@@ -97,45 +91,6 @@ fn attacks() -> Vec<(&'static str, Vec<u8>)> {
         ("a 5-byte request", [&good[..], &frame(&[0; 5])].concat()),
         ("a truncated request", [&good[..], &[4, 0, 0, 0, 1]].concat()),
     ]
-}
-
-/// Sends `bytes`, half-closes, and reads the answer to the end; no answer may carry a sample.
-fn attack(addr: &str, what: &str, bytes: &[u8]) {
-    let Ok(mut s) = TcpStream::connect(addr) else { return };
-    let _ = s.write_all(bytes);
-    let _ = s.shutdown(std::net::Shutdown::Write);
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut out = Vec::new();
-    if let Err(e) = s.read_to_end(&mut out) {
-        // A reset is a close (the server hung up on unread bytes); a timeout is not.
-        let waited = matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
-        assert!(!waited, "{what}: the server neither answered nor closed within 10 s");
-    }
-    // Allowed: nothing, a refusal (`1` + reason), or the acceptance (`0`) of a good hello.
-    let mut rest = &out[..];
-    while rest.len() >= 4 {
-        let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
-        let body = &rest[4..(4 + len).min(rest.len())];
-        assert!(
-            body == [0] || body.first() == Some(&1),
-            "{what}: the server answered with {} bytes starting {:?}: a sample",
-            body.len(),
-            &body[..body.len().min(12)]
-        );
-        rest = &rest[(4 + len).min(rest.len())..];
-    }
-}
-
-/// The tests count this process's threads: they run one at a time.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn threads() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
 }
 
 /// Issue 29 item 1: an 8-byte request returned a decoded image to anyone who connected.
@@ -160,10 +115,10 @@ fn a_flood_of_idle_connections_does_not_cost_a_thread_each() {
     let root = dataset(dir.path());
     let peers = free_addrs(2);
     let ls = learners(&root, &peers);
-    let before = threads();
+    let before = threads(std::process::id());
     let flood: Vec<TcpStream> = (0..1000).filter_map(|_| TcpStream::connect(&peers[0]).ok()).collect();
     std::thread::sleep(Duration::from_millis(500));
-    let during = threads();
+    let during = threads(std::process::id());
     assert!(during < before + 100, "{} idle connections took {} threads", flood.len(), during - before);
     drop(flood);
     let keys = epoch(&ls);
@@ -181,7 +136,7 @@ fn hostile_clients_get_nothing_while_every_learner_finishes_its_epochs() {
     let mut first = epoch(&ls);
     first.sort_unstable();
     assert_eq!(first, all);
-    let before = threads();
+    let before = threads(std::process::id());
     let done = AtomicBool::new(false);
     let t = Instant::now();
     std::thread::scope(|scope| {
@@ -203,7 +158,7 @@ fn hostile_clients_get_nothing_while_every_learner_finishes_its_epochs() {
                 let flood: Vec<TcpStream> =
                     peers.iter().flat_map(|a| (0..200).filter_map(move |_| TcpStream::connect(a).ok())).collect();
                 std::thread::sleep(Duration::from_millis(200));
-                peak = peak.max(threads());
+                peak = peak.max(threads(std::process::id()));
                 drop(flood);
             }
             peak

@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -17,6 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use sluice_testing::hostile::{attack, frame, hello};
+use sluice_testing::threads::{one_at_a_time, threads};
 
 use common::*;
 use redis::Commands;
@@ -86,14 +88,6 @@ fn learner(url: &str, stream: &str, dir: &Path, peers: &[String], rank: usize) -
     spec
 }
 
-fn frame(body: &[u8]) -> Vec<u8> {
-    [&(body.len() as u32).to_le_bytes()[..], body].concat()
-}
-
-fn hello(protocol: &str, token: &str) -> Vec<u8> {
-    frame(&[b"SLPR1", &[protocol.len() as u8][..], protocol.as_bytes(), token.as_bytes()].concat())
-}
-
 fn attacks() -> Vec<(&'static str, Vec<u8>)> {
     let good = hello("sluice-rehearsal/1", TOKEN);
     let ask = frame(&1024u32.to_le_bytes());
@@ -110,44 +104,6 @@ fn attacks() -> Vec<(&'static str, Vec<u8>)> {
         ("an 8-byte request", [&good[..], &frame(&[0; 8])].concat()),
         ("a truncated request", [&good[..], &[4, 0, 0, 0, 1]].concat()),
     ]
-}
-
-/// Sends `bytes`, half-closes, reads the answer to the end: never a sample.
-fn attack(addr: &str, what: &str, bytes: &[u8]) {
-    let Ok(mut s) = TcpStream::connect(addr) else { return };
-    let _ = s.write_all(bytes);
-    let _ = s.shutdown(std::net::Shutdown::Write);
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut out = Vec::new();
-    if let Err(e) = s.read_to_end(&mut out) {
-        // A reset is a close (the server hung up on unread bytes); a timeout is not.
-        let waited = matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
-        assert!(!waited, "{what}: the server neither answered nor closed within 10 s");
-    }
-    let mut rest = &out[..];
-    while rest.len() >= 4 {
-        let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
-        let body = &rest[4..(4 + len).min(rest.len())];
-        assert!(
-            body == [0] || body.first() == Some(&1),
-            "{what}: answered with {} bytes starting {:?}: samples",
-            body.len(),
-            &body[..body.len().min(12)]
-        );
-        rest = &rest[(4 + len).min(rest.len())..];
-    }
-}
-
-/// The tests count this process's threads: they run one at a time.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn threads(pid: u32) -> usize {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
 }
 
 /// A shard of `n` samples served on a free loopback port.
