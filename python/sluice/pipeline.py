@@ -201,6 +201,20 @@ class Pipeline:
         """Flips left-right with probability ``p``. Seeded per sample."""
         return self._op("random_horizontal_flip", p=p)
 
+    # ---- colour ops (torchvision.transforms.v2 semantics; docs/ops.md) ----------------
+
+    def invert(self) -> "Pipeline":
+        """``255 - x`` on every channel (torchvision's ``RandomInvert(p=1)``)."""
+        return self._op("invert")
+
+    # ---- geometric ops (torchvision.transforms.v2 semantics; docs/ops.md) -------------
+
+    def random_vertical_flip(self, p: float = 0.5) -> "Pipeline":
+        """Flips top-bottom with probability ``p``. Seeded per sample."""
+        return self._op("random_vertical_flip", p=p)
+
+    # ---- emulated cost ------------------------------------------------------------------
+
     def sleep(self, us: int) -> "Pipeline":
         """Emulated per-sample cost: sleeps ``us`` microseconds per sample (at most one
         second). For benchmarks that need more preprocessing units than the machine has

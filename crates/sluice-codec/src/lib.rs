@@ -7,6 +7,8 @@
 //! * [`crop`]: torchvision's RandomResizedCrop and CenterCrop geometry.
 //! * [`plan`]: the op library: a validated op list compiled into steps, with decode fused
 //!   into the crop that follows it.
+//! * `ops` (private): the colour and geometric ops the plan runs after decode, with
+//!   torchvision v2 semantics.
 //! * [`encode`]: JPEG encoding, for dataset generators and test fixtures.
 //! * [`transcode`]: lossless rewriting with restart markers (`sluice pack`), which lets a crop
 //!   decode only its own MCUs (the private `restart` module).
@@ -18,6 +20,7 @@ pub mod encode;
 pub mod error;
 mod handle;
 pub mod jpeg;
+mod ops;
 pub mod plan;
 pub mod png;
 pub mod resize;

@@ -26,6 +26,7 @@ use sluice_core::{DType, Image, Layout, Limits, OpSpec, Pixels, SampleRng, Size}
 use crate::crop::{center_crop_window, random_resized_crop_params, CropRect};
 use crate::error::CodecError;
 use crate::jpeg::JpegDecoder;
+use crate::ops;
 use crate::png::decode_png;
 use crate::resize::{shorter_side_size, Resizer, SubRect};
 
@@ -163,6 +164,10 @@ enum Step {
     Flip {
         p: f64,
     },
+    /// An op of the [`ops`](crate::ops) module (colour, geometry).
+    Pixel {
+        op: OpSpec,
+    },
     /// The `sleep` op's emulated cost.
     Sleep {
         us: u32,
@@ -207,22 +212,20 @@ impl Plan {
             Some(OpSpec::Decode) => &ops[1..],
             _ => ops,
         };
-        let (mut out_w, mut out_h) = (0, 0);
+        let mut size = None;
         let mut dtype = DType::U8;
         let mut layout = Layout::Hwc;
         let mut normalize = None;
         for op in ops {
+            size = op.out_size(size);
             match op {
-                OpSpec::CenterCrop { size } | OpSpec::RandomResizedCrop { size, .. } => {
-                    (out_w, out_h) = (size.width, size.height);
-                }
-                OpSpec::Resize { .. } => (out_w, out_h) = (0, 0),
                 OpSpec::Normalize { mean, std } => normalize = Some((*mean, *std)),
                 OpSpec::Dtype { dtype: d } => dtype = *d,
                 OpSpec::Layout { order } => layout = *order,
-                OpSpec::Decode | OpSpec::RandomHorizontalFlip { .. } | OpSpec::Sleep { .. } => {}
+                _ => {}
             }
         }
+        let (mut out_w, mut out_h) = size.map_or((0, 0), |s| (s.width, s.height));
         if normalize.is_some() {
             dtype = DType::F32;
         }
@@ -283,8 +286,8 @@ impl Plan {
             _ => None,
         };
         // The last geometric op may write straight into the output slot when it fixes the
-        // output size and the write is a plain u8 HWC copy.
-        let last_geo = ops.iter().rposition(|o| geo(o).is_some());
+        // output size, no pixel op runs after it, and the write is a plain u8 HWC copy.
+        let last_geo = ops.iter().rposition(|o| geo(o).is_some() || ops::runs(o));
         let to_out_at = last_geo.filter(|&i| direct && geo(&ops[i]).is_some_and(|g| g.fixes_size()));
 
         let mut steps = Vec::new();
@@ -310,6 +313,9 @@ impl Plan {
             } else if let OpSpec::RandomHorizontalFlip { p } = *op {
                 steps.push(Step::Flip { p });
                 names.push("random_horizontal_flip");
+            } else if ops::runs(op) {
+                steps.push(Step::Pixel { op: op.clone() });
+                names.push(op.name());
             } else if let OpSpec::Sleep { us } = *op {
                 steps.push(Step::Sleep { us });
                 names.push("sleep");
@@ -498,6 +504,19 @@ impl Plan {
                         std::mem::swap(a, b);
                     }
                     in_out = to_out;
+                    borrowed = None;
+                }
+                Step::Pixel { ref op } => {
+                    if flip && !ops::commutes_with_flip(op) {
+                        flip_into(borrowed.unwrap_or(&scratch.a), w, h, &mut scratch.b);
+                        std::mem::swap(&mut scratch.a, &mut scratch.b);
+                        borrowed = None;
+                        flip = false;
+                    }
+                    let Scratch { a, b, .. } = &mut *scratch;
+                    (w, h) = ops::apply(op, borrowed.unwrap_or(a), w, h, rng, b)?;
+                    std::mem::swap(a, b);
+                    in_out = false;
                     borrowed = None;
                 }
                 Step::Flip { p } => {

@@ -12,13 +12,16 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::error::SpecError;
 use crate::image::{DType, Layout};
+use ops::{default_flip_p, default_ratio, default_scale};
 
 mod cache;
 mod locality;
+mod ops;
 mod threads;
 
 pub use cache::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ImportanceSpec, SamplingSpec};
 pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
+pub use ops::OpSpec;
 pub use threads::Threads;
 
 // Absolute bounds on what a spec may ask for: far beyond any real training pipeline, they
@@ -184,100 +187,6 @@ impl<'de> Deserialize<'de> for Size {
     }
 }
 
-/// One preprocessing op. `decode` comes first; geometric ops next; then at most one of
-/// `normalize`/`dtype`; then `layout`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum OpSpec {
-    /// JPEG (libjpeg-turbo) or PNG to RGB u8. Fused with a following `random_resized_crop`
-    /// so only the crop window is decoded.
-    Decode,
-    /// Resize so the shorter side is `size` (aspect ratio kept).
-    Resize {
-        size: u32,
-    },
-    CenterCrop {
-        size: Size,
-    },
-    /// torchvision semantics: area fraction in `scale`, aspect ratio (log-uniform) in
-    /// `ratio`, 10 tries, then the center fallback; the crop is resized to `size`.
-    RandomResizedCrop {
-        size: Size,
-        #[serde(default = "default_scale")]
-        scale: [f64; 2],
-        #[serde(default = "default_ratio")]
-        ratio: [f64; 2],
-    },
-    RandomHorizontalFlip {
-        #[serde(default = "default_flip_p")]
-        p: f64,
-    },
-    /// `(x / 255 - mean) / std` per channel, as f32. mean and std in [0, 1] units.
-    Normalize {
-        mean: [f32; 3],
-        std: [f32; 3],
-    },
-    /// `u8` keeps pixels; `f32` gives `x / 255`.
-    Dtype {
-        dtype: DType,
-    },
-    Layout {
-        order: Layout,
-    },
-    /// Emulated per-sample cost: the thread sleeps `us` microseconds. For benchmarks that
-    /// need more preprocessing units than the machine has cores (autoscaling, many
-    /// learners): a sleeping unit costs wall time, not CPU. Runs after the cache seam, so a
-    /// cache hit pays it too, like any augmentation.
-    Sleep {
-        us: u32,
-    },
-}
-
-fn default_scale() -> [f64; 2] {
-    [0.08, 1.0]
-}
-fn default_ratio() -> [f64; 2] {
-    [3.0 / 4.0, 4.0 / 3.0]
-}
-fn default_flip_p() -> f64 {
-    0.5
-}
-
-impl OpSpec {
-    pub fn name(&self) -> &'static str {
-        match self {
-            OpSpec::Decode => "decode",
-            OpSpec::Resize { .. } => "resize",
-            OpSpec::CenterCrop { .. } => "center_crop",
-            OpSpec::RandomResizedCrop { .. } => "random_resized_crop",
-            OpSpec::RandomHorizontalFlip { .. } => "random_horizontal_flip",
-            OpSpec::Normalize { .. } => "normalize",
-            OpSpec::Dtype { .. } => "dtype",
-            OpSpec::Layout { .. } => "layout",
-            OpSpec::Sleep { .. } => "sleep",
-        }
-    }
-
-    /// Random ops draw from the per-sample RNG; their output changes every epoch, so
-    /// nothing after the first of them can be cached.
-    pub fn is_random(&self) -> bool {
-        matches!(self, OpSpec::RandomResizedCrop { .. } | OpSpec::RandomHorizontalFlip { .. })
-    }
-
-    fn phase(&self) -> u8 {
-        match self {
-            OpSpec::Decode => 0,
-            OpSpec::Resize { .. }
-            | OpSpec::CenterCrop { .. }
-            | OpSpec::RandomResizedCrop { .. }
-            | OpSpec::RandomHorizontalFlip { .. }
-            | OpSpec::Sleep { .. } => 1,
-            OpSpec::Normalize { .. } | OpSpec::Dtype { .. } => 2,
-            OpSpec::Layout { .. } => 3,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ShuffleSpec {
@@ -418,17 +327,17 @@ impl PipelineSpec {
     pub fn output(&self) -> (DType, Layout, Size) {
         let mut dtype = DType::U8;
         let mut layout = Layout::Hwc;
-        let mut size = Size::square(0);
+        let mut size = None;
         for op in &self.ops {
+            size = op.out_size(size);
             match op {
-                OpSpec::CenterCrop { size: s } | OpSpec::RandomResizedCrop { size: s, .. } => size = *s,
                 OpSpec::Normalize { .. } => dtype = DType::F32,
                 OpSpec::Dtype { dtype: d } => dtype = *d,
                 OpSpec::Layout { order } => layout = *order,
                 _ => {}
             }
         }
-        (dtype, layout, size)
+        (dtype, layout, size.unwrap_or(Size::square(0)))
     }
 
     /// Checks everything serde cannot: ranges, op order, a fixed output size.
@@ -465,7 +374,7 @@ impl PipelineSpec {
         check_count("limits.max_pixels", self.limits.max_pixels, 1, MAX_PIXELS)?;
         check_count("limits.max_file_bytes", self.limits.max_file_bytes, 1, MAX_FILE_BYTES)?;
         self.source.validate()?;
-        self.validate_ops()?;
+        ops::validate_ops(&self.ops)?;
         if self.batch_bytes().is_none_or(|b| b > MAX_BATCH_BYTES) {
             let (dtype, _, size) = self.output();
             return Err(SpecError::new(
@@ -501,84 +410,6 @@ impl PipelineSpec {
             .into_iter()
             .try_fold(1u64, u64::checked_mul)
     }
-
-    fn validate_ops(&self) -> Result<(), SpecError> {
-        if self.ops.len() > MAX_OPS {
-            return Err(SpecError::new("ops", format!("at most {MAX_OPS} ops")));
-        }
-        if self.ops.first() != Some(&OpSpec::Decode) {
-            return Err(SpecError::new("ops[0]", "the first op must be `decode`"));
-        }
-        let mut phase = 0;
-        let mut fixed_size = false;
-        for (i, op) in self.ops.iter().enumerate() {
-            let field = |name: &str| format!("ops[{i}].{name}");
-            if i > 0 && op.phase() == 0 {
-                return Err(SpecError::new(format!("ops[{i}]"), "`decode` may appear only once, first"));
-            }
-            if op.phase() < phase || (op.phase() >= 2 && op.phase() == phase && i > 0) {
-                return Err(SpecError::new(
-                    format!("ops[{i}]"),
-                    format!(
-                        "`{}` is out of order: decode, then resize/crops/flip, then at most one of \
-                         normalize/dtype, then layout",
-                        op.name()
-                    ),
-                ));
-            }
-            phase = op.phase();
-            match op {
-                OpSpec::Decode | OpSpec::Layout { .. } | OpSpec::Dtype { .. } => {}
-                OpSpec::Resize { size } => {
-                    check_count(&field("size"), u64::from(*size), 1, u64::from(MAX_SIDE))?;
-                    fixed_size = false;
-                }
-                OpSpec::CenterCrop { size } => {
-                    check_size(size, &field("size"))?;
-                    fixed_size = true;
-                }
-                OpSpec::RandomResizedCrop { size, scale, ratio } => {
-                    check_size(size, &field("size"))?;
-                    if !(scale[0] > 0.0 && scale[0] <= scale[1] && scale[1] <= 1.0) {
-                        return Err(SpecError::new(field("scale"), "needs 0 < min <= max <= 1"));
-                    }
-                    if !(ratio[0] > 0.0 && ratio[0] <= ratio[1] && ratio[1].is_finite()) {
-                        return Err(SpecError::new(field("ratio"), "needs 0 < min <= max"));
-                    }
-                    fixed_size = true;
-                }
-                OpSpec::RandomHorizontalFlip { p } => {
-                    if !(0.0..=1.0).contains(p) {
-                        return Err(SpecError::new(field("p"), "must be in [0, 1]"));
-                    }
-                }
-                OpSpec::Normalize { std, .. } => {
-                    if std.iter().any(|s| !(*s > 0.0 && s.is_finite())) {
-                        return Err(SpecError::new(field("std"), "every std must be > 0"));
-                    }
-                }
-                OpSpec::Sleep { us } => check_count(&field("us"), u64::from(*us), 0, u64::from(MAX_SLEEP_US))?,
-            }
-        }
-        if !fixed_size {
-            return Err(SpecError::new(
-                "ops",
-                "batches need one image size: end the geometric ops with `center_crop` or \
-                 `random_resized_crop`",
-            ));
-        }
-        Ok(())
-    }
-}
-
-fn check_size(size: &Size, field: &str) -> Result<(), SpecError> {
-    if !(1..=MAX_SIDE).contains(&size.height) || !(1..=MAX_SIDE).contains(&size.width) {
-        return Err(SpecError::new(
-            field,
-            format!("height and width must be in 1..={MAX_SIDE}; got {}x{}", size.height, size.width),
-        ));
-    }
-    Ok(())
 }
 
 /// `value` must be in `min..=max`.

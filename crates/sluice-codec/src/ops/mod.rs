@@ -1,0 +1,62 @@
+//! Pixel ops beyond the fused decode/crop/resize and the horizontal flip that the plan
+//! runs itself: colour ops in [`color`], geometric ones in [`geometry`]. Each runs on an
+//! RGB8 HWC image, draws its randomness from the sample's RNG (so output is the same for
+//! any thread count and resumes exactly), and follows `torchvision.transforms.v2`
+//! (docs/ops.md lists each op with its counterpart; python/tests/test_ops.py checks the
+//! pixels against torchvision's).
+//!
+//! An op joins by adding its `OpSpec` variant (sluice-core's `spec/ops.rs`: bounds, the
+//! size it leaves), an arm in its module's [`color::runs`]/[`color::apply`] (or
+//! geometry's), a builder method in python/sluice/pipeline.py and a row in docs/ops.md.
+
+use sluice_core::{OpSpec, SampleRng};
+
+use crate::CodecError;
+
+mod color;
+mod geometry;
+
+/// Whether this module runs `op`.
+pub(crate) fn runs(op: &OpSpec) -> bool {
+    color::runs(op) || geometry::runs(op)
+}
+
+/// Whether a horizontal flip still pending before `op` may stay pending past it: true for
+/// ops that act on each pixel alone, so flipping before or after gives the same pixels.
+pub(crate) fn commutes_with_flip(op: &OpSpec) -> bool {
+    color::runs(op) && color::is_pointwise(op)
+}
+
+/// Runs `op` on `src` (`w x h` RGB8 HWC), writing the result into `dst` (resized to fit);
+/// returns the result's size.
+pub(crate) fn apply(
+    op: &OpSpec,
+    src: &[u8],
+    w: u32,
+    h: u32,
+    rng: &mut SampleRng,
+    dst: &mut Vec<u8>,
+) -> Result<(u32, u32), CodecError> {
+    if color::runs(op) {
+        color::apply(op, src, w, h, rng, dst)
+    } else {
+        geometry::apply(op, src, w, h, rng, dst)
+    }
+}
+
+/// The `w x h` RGB8 image at the start of `src`, and `dst` sized to hold one as large.
+fn frames<'a>(src: &'a [u8], dst: &'a mut Vec<u8>, w: u32, h: u32) -> Result<(&'a [u8], &'a mut [u8]), CodecError> {
+    let n = (w as usize).checked_mul(h as usize).and_then(|p| p.checked_mul(3));
+    let n = n.ok_or_else(|| CodecError::Shape(format!("a {w}x{h} image is too large to hold")))?;
+    let src = src
+        .get(..n)
+        .ok_or_else(|| CodecError::Shape(format!("a {w}x{h} RGB image needs {n} bytes; got {}", src.len())))?;
+    dst.resize(n, 0);
+    Ok((src, &mut dst[..n]))
+}
+
+/// The op was handed to a module that does not run it: a bug in the plan, reported as an
+/// error rather than a panic.
+fn not_mine(op: &OpSpec, module: &str) -> CodecError {
+    CodecError::Unsupported(format!("`{}` is not a {module} op", op.name()))
+}
