@@ -83,7 +83,7 @@ def test_a_random_op_draws_per_sample_and_its_probability_is_respected(picture: 
 def test_op_parameters_are_checked_with_the_field_named(picture: Tuple[Path, np.ndarray]) -> None:
     root, _ = picture
     with pytest.raises(sluice.SpecError) as e:
-        sluice.Pipeline.image_folder(root).decode().random_vertical_flip(p=1.5).center_crop(8).validate()
+        sluice.Pipeline.image_folder(root).decode().random_vertical_flip(p=1.5).center_crop(8).batch(1).validate()
     assert e.value.field == "ops[1].p"
 
 
