@@ -61,9 +61,8 @@ fn a_dispatcher_and_a_worker_started_from_a_config_file_serve_with_its_settings(
 fn a_flag_overrides_the_config_file() {
     let _watchdog = watchdog("a_flag_overrides_the_config_file", 60);
     let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
     let (addr, in_file, on_flag) = (free_addr(), free_addr(), free_addr());
-    let file = config_file(dir.path(), &addr, &root, &in_file, "");
+    let file = config_file(dir.path(), &addr, dir.path(), &in_file, "");
     let port = on_flag.rsplit(':').next().unwrap();
     let _d = sluice(&["dispatcher", "--config", file.to_str().unwrap(), "--metrics-port", port]);
     assert!(http_get(&on_flag).contains("sluice_"), "metrics on the flag's port");
@@ -75,9 +74,8 @@ fn a_flag_overrides_the_config_file() {
 fn an_unknown_key_stops_a_process_with_the_key_and_the_file() {
     let _watchdog = watchdog("an_unknown_key_stops_a_process_with_the_key_and_the_file", 60);
     let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
     let (addr, metrics) = (free_addr(), free_addr());
-    let file = config_file(dir.path(), &addr, &root, &metrics, "\n[limits]\nmax_thread = 4\n");
+    let file = config_file(dir.path(), &addr, dir.path(), &metrics, "\n[limits]\nmax_thread = 4\n");
     for command in ["dispatcher", "worker", "up"] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args([command, "--config", file.to_str().unwrap()])
@@ -91,19 +89,28 @@ fn an_unknown_key_stops_a_process_with_the_key_and_the_file() {
     }
 }
 
+/// A free port P whose P + 1 is free too (for `up`'s worker 0).
+fn free_port_pair() -> u16 {
+    loop {
+        let port: u16 = free_addr().rsplit(':').next().unwrap().parse().unwrap();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
 #[test]
 fn sluice_up_hands_its_config_file_to_every_child() {
     let _watchdog = watchdog("sluice_up_hands_its_config_file_to_every_child", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
-    let (addr, metrics) = (free_addr(), free_addr());
-    let file = config_file(dir.path(), &addr, &root, &metrics, "");
+    let (addr, port) = (free_addr(), free_port_pair());
+    let file = config_file(dir.path(), &addr, &root, &format!("127.0.0.1:{port}"), "");
     let _up = sluice(&["up", "--config", file.to_str().unwrap()]);
     let mut loader = RemoteLoader::connect(&spec(&root, 2), options(&addr, "up-from-file")).unwrap();
     assert_exactly_once(loader.iter().flat_map(|b| b.unwrap().keys).collect(), "`up` from a config file");
-    // Worker 0's metrics: the dispatcher's port + 1, as with `up --metrics-port`.
-    let port: u16 = metrics.rsplit(':').next().unwrap().parse().unwrap();
-    if port < u16::MAX {
-        assert!(http_get(&format!("127.0.0.1:{}", port + 1)).contains("sluice_"), "worker 0's metrics");
-    }
+    // The dispatcher's metrics on the file's port, worker 0's on the next one (as with
+    // `up --metrics-port`).
+    assert!(http_get(&format!("127.0.0.1:{port}")).contains("sluice_"), "the dispatcher's metrics");
+    assert!(http_get(&format!("127.0.0.1:{}", port + 1)).contains("sluice_"), "worker 0's metrics");
 }
