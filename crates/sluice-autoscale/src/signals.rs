@@ -7,9 +7,59 @@
 //!   time × units. Busy time, not wall time, so an over-provisioned (idle) unit still
 //!   reads its true rate.
 //!
-//! Times are plain seconds from the caller's clock, so the meter is testable without one.
+//! [`RateMeter`] is the plain one: counts per second over the last few seconds, from
+//! cumulative counters sampled now and then (a stream's arrivals and consumption).
+//!
+//! Times are plain seconds from the caller's clock, so the meters are testable without one.
+
+use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
+
+/// `count` per second over `seconds` (0 over an empty or negative span).
+pub fn per_second(count: f64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        count / seconds
+    } else {
+        0.0
+    }
+}
+
+/// `N` cumulative counters sampled at times on the caller's clock, kept over a sliding
+/// window: [`RateMeter::rates`] is each counter's growth per second across it.
+#[derive(Debug, Clone)]
+pub struct RateMeter<const N: usize> {
+    window_s: f64,
+    points: VecDeque<(f64, [u64; N])>,
+}
+
+impl<const N: usize> RateMeter<N> {
+    /// Rates over the last `window_s` seconds.
+    pub fn new(window_s: f64) -> Self {
+        Self { window_s, points: VecDeque::new() }
+    }
+
+    /// The counters' values at `now_s`. Points older than the window go, but the newest
+    /// two stay so a rate is known between samples.
+    pub fn record(&mut self, now_s: f64, counts: [u64; N]) {
+        self.points.push_back((now_s, counts));
+        while self.points.len() > 2 && self.points.front().is_some_and(|p| now_s - p.0 > self.window_s) {
+            self.points.pop_front();
+        }
+    }
+
+    /// Whether no point was recorded yet, or the last is `every_s` old at `now_s`.
+    pub fn due(&self, now_s: f64, every_s: f64) -> bool {
+        self.points.back().is_none_or(|p| now_s - p.0 >= every_s)
+    }
+
+    /// Each counter's growth per second over the window (0 before two points).
+    pub fn rates(&self) -> [f64; N] {
+        let (Some(a), Some(b)) = (self.points.front(), self.points.back()) else { return [0.0; N] };
+        let dt = b.0 - a.0;
+        std::array::from_fn(|i| per_second(b.1[i].saturating_sub(a.1[i]) as f64, dt))
+    }
+}
 
 /// How a window ends: after so many batches handed to the trainer, or so much time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,11 +96,7 @@ pub struct Window {
 impl Window {
     /// Batches per busy second of one unit (0 when nothing was produced).
     pub fn per_unit_rate(&self) -> f64 {
-        if self.busy_s > 0.0 {
-            self.produced / self.busy_s
-        } else {
-            0.0
-        }
+        per_second(self.produced, self.busy_s)
     }
 
     /// P: batches per second the window's units can make.
@@ -60,12 +106,7 @@ impl Window {
 
     /// Q: batches per second the trainer takes when not waiting.
     pub fn consumption(&self) -> f64 {
-        let working = self.elapsed_s - self.wait_s;
-        if working > 0.0 {
-            self.batches as f64 / working
-        } else {
-            0.0
-        }
+        per_second(self.batches as f64, self.elapsed_s - self.wait_s)
     }
 
     /// Fraction of the window the trainer spent waiting for data.
@@ -175,6 +216,24 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_are_growth_per_second_over_the_sliding_window() {
+        let mut m = RateMeter::<2>::new(5.0);
+        assert_eq!(m.rates(), [0.0, 0.0], "no rate before two points");
+        assert!(m.due(0.0, 0.2));
+        m.record(0.0, [100, 0]);
+        assert!(!m.due(0.1, 0.2) && m.due(0.2, 0.2));
+        m.record(2.0, [120, 10]);
+        assert_eq!(m.rates(), [10.0, 5.0]);
+        // Points past the window go: the rates are the last 5 seconds'.
+        m.record(6.0, [200, 10]);
+        m.record(8.0, [260, 10]);
+        assert_eq!(m.rates(), [30.0, 0.0]);
+        // A counter that goes back (a recreated stream) reads 0, not a huge rate.
+        m.record(9.0, [0, 10]);
+        assert_eq!(m.rates()[0], 0.0);
+    }
 
     #[test]
     fn consumption_excludes_waits_and_production_reads_busy_time() {

@@ -1,7 +1,10 @@
 //! `sluice dispatcher`, `sluice worker` and `sluice up`: the service's processes, and
-//! `sluice remote-run`, its client from the shell. A worker's `--max-*` flags are the
-//! operator's limits on what a job's spec may ask of it; `up` passes them to every worker.
+//! `sluice remote-run`, its client from the shell. Each reads its settings from
+//! `--config FILE` ([`config`], where every setting and its default is listed), with its
+//! flags over the file. A worker's `--max-*` flags are the operator's limits on what a
+//! job's spec may ask of it; `up` hands its settings to every child in one file.
 
+mod config;
 mod kube_scaler;
 mod up;
 
@@ -10,7 +13,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use config::{flag, AutoscaleSettings, CacheAssignment, ServiceConfig};
 pub use kube_scaler::{kube_scaler, KubeScalerArgs};
+use sluice_autoscale::PolicyKind;
 use sluice_core::ByteBudget;
 use sluice_service::{DispatcherConfig, WorkerConfig, WorkerLimits};
 pub use up::{up, UpArgs};
@@ -40,10 +45,13 @@ fn announce(what: &str, addr: std::net::SocketAddr) {
     let _ = std::io::stdout().flush();
 }
 
-/// What a dispatcher and a worker both take: where specs may read, the shared token,
-/// and where to serve metrics.
+/// What a dispatcher and a worker both take (`[serve]` in a config file): where specs may
+/// read, the shared token, where to serve metrics, TLS.
 #[derive(clap::Args)]
 struct ServeArgs {
+    /// Service config file (TOML; see docs/service.md); these flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// A folder specs may read from (repeatable; default: the current folder).
     #[arg(long = "allow-root")]
     allow_root: Vec<PathBuf>,
@@ -53,9 +61,9 @@ struct ServeArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics.
     #[arg(long)]
     metrics_port: Option<u16>,
-    /// Interface for the metrics endpoint (0.0.0.0 inside a pod).
-    #[arg(long, default_value = "127.0.0.1")]
-    metrics_host: String,
+    /// Interface for the metrics endpoint (0.0.0.0 inside a pod) [default: 127.0.0.1].
+    #[arg(long)]
+    metrics_host: Option<String>,
     /// Serve over TLS with this certificate chain (PEM); needs --tls-key.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -70,31 +78,36 @@ fn tls_ca(flag: Option<PathBuf>) -> Option<PathBuf> {
 }
 
 impl ServeArgs {
-    fn tls(&self) -> Option<sluice_service::TlsFiles> {
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Some(sluice_service::TlsFiles { cert: cert.clone(), key: key.clone() }),
-            _ => None,
+    /// The `--config` file's settings with these flags over them, and the metrics port
+    /// given (if any), which the caller puts in its own table.
+    fn load(self) -> Result<(ServiceConfig, Option<u16>)> {
+        let mut c = ServiceConfig::load(self.config.as_deref())?;
+        if !self.allow_root.is_empty() {
+            c.serve.allow_roots = self.allow_root;
         }
-    }
-
-    fn metrics_listen(&self) -> Option<String> {
-        self.metrics_port.map(|p| format!("{}:{p}", self.metrics_host))
+        c.serve.token = token(self.token).or(c.serve.token.take());
+        flag(&mut c.serve.metrics_host, self.metrics_host);
+        if self.tls_cert.is_some() {
+            (c.serve.tls_cert, c.serve.tls_key) = (self.tls_cert, self.tls_key);
+        }
+        Ok((c, self.metrics_port))
     }
 }
 
 #[derive(clap::Args)]
 pub struct DispatcherArgs {
-    /// gRPC address; keep 127.0.0.1 unless the port is protected (token, network policy).
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: String,
+    /// gRPC address; keep 127.0.0.1 unless the port is protected (token, network policy)
+    /// [default: 127.0.0.1:7070].
+    #[arg(long)]
+    listen: Option<String>,
     /// Append-only journal that lets a restarted dispatcher resume every job.
     #[arg(long)]
     journal: Option<PathBuf>,
     /// How importance-sampled jobs' tasks go to workers: `aware` places the hot set on the
     /// workers' caches and sends each task to the worker caching its samples; `blind` sends
-    /// it to the least loaded worker (for comparison).
-    #[arg(long, value_enum, default_value_t = CacheAssignment::Aware)]
-    cache_assignment: CacheAssignment,
+    /// it to the least loaded worker (for comparison) [default: aware].
+    #[arg(long, value_enum)]
+    cache_assignment: Option<CacheAssignment>,
     /// A second secret, for operator calls only (`SetScale`, `DrainWorker`); the clients'
     /// token does not make them (default: $SLUICE_OPERATOR_TOKEN; none: with --token set,
     /// operator calls are refused).
@@ -106,148 +119,128 @@ pub struct DispatcherArgs {
     serve: ServeArgs,
 }
 
-/// The dispatcher's autoscaler; `sluice up` passes these on and follows its target.
+/// The dispatcher's autoscaler (`[autoscale]` in a config file); `sluice up` follows its
+/// target.
 #[derive(clap::Args, Clone)]
 struct AutoscaleArgs {
     /// Scale the workers to what the trainers consume: fastmatch, cachew, tfdata, utilisation or fixed.
     #[arg(long, value_name = "POLICY")]
-    autoscale: Option<sluice_autoscale::PolicyKind>,
-    /// Fewest workers the autoscaler keeps (`sluice up` starts this many).
-    #[arg(long, default_value_t = 1, requires = "autoscale")]
-    min_workers: usize,
-    /// Most workers the autoscaler asks for.
-    #[arg(long, default_value_t = 8, requires = "autoscale")]
-    max_workers: usize,
-    /// The autoscaler reads the signals and decides once per this many milliseconds.
-    #[arg(long, default_value_t = 1000, requires = "autoscale")]
-    autoscale_window_ms: u64,
+    autoscale: Option<PolicyKind>,
+    /// Fewest workers the autoscaler keeps (`sluice up` starts this many) [default: 1].
+    #[arg(long)]
+    min_workers: Option<usize>,
+    /// Most workers the autoscaler asks for [default: 8].
+    #[arg(long)]
+    max_workers: Option<usize>,
+    /// The autoscaler reads the signals and decides once per this many milliseconds
+    /// [default: 1000].
+    #[arg(long)]
+    autoscale_window_ms: Option<u64>,
 }
 
 impl AutoscaleArgs {
-    fn config(&self) -> Option<sluice_autoscale::AutoscaleConfig> {
-        self.autoscale.map(|policy| sluice_autoscale::AutoscaleConfig {
-            window: sluice_autoscale::WindowBy::Millis(self.autoscale_window_ms),
-            ..sluice_autoscale::AutoscaleConfig::new(policy, self.min_workers, self.max_workers)
-        })
-    }
-
-    /// The same settings as `sluice dispatcher` flags.
-    fn to_args(&self) -> Vec<String> {
-        let Some(policy) = self.autoscale else { return Vec::new() };
-        [
-            ("--autoscale", policy.name().to_string()),
-            ("--min-workers", self.min_workers.to_string()),
-            ("--max-workers", self.max_workers.to_string()),
-            ("--autoscale-window-ms", self.autoscale_window_ms.to_string()),
-        ]
-        .into_iter()
-        .flat_map(|(flag, v)| [flag.to_string(), v])
-        .collect()
+    fn apply(self, c: &mut AutoscaleSettings) {
+        c.policy = self.autoscale.or(c.policy);
+        flag(&mut c.min_workers, self.min_workers);
+        flag(&mut c.max_workers, self.max_workers);
+        flag(&mut c.window_ms, self.autoscale_window_ms);
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CacheAssignment {
-    Aware,
-    Blind,
+impl DispatcherArgs {
+    /// The config file's settings with these flags over them.
+    fn settings(self) -> Result<ServiceConfig> {
+        let (mut c, metrics_port) = self.serve.load()?;
+        let d = &mut c.dispatcher;
+        flag(&mut d.listen, self.listen);
+        d.journal = self.journal.or(d.journal.take());
+        flag(&mut d.cache_assignment, self.cache_assignment);
+        d.metrics_port = metrics_port.or(d.metrics_port);
+        d.operator_token = operator_token(self.operator_token).or(d.operator_token.take());
+        self.autoscale.apply(&mut c.autoscale);
+        Ok(c)
+    }
 }
 
 pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
-    if a.journal.is_none() {
+    let c = a.settings()?;
+    if c.dispatcher.journal.is_none() {
         tracing::warn!("no --journal: a restarted dispatcher will not remember its jobs");
     }
     let config = DispatcherConfig {
-        listen: a.listen,
-        journal: a.journal,
-        metrics_listen: a.serve.metrics_listen(),
-        tls: a.serve.tls(),
-        allow_roots: roots(a.serve.allow_root)?,
-        token: token(a.serve.token),
-        operator_token: operator_token(a.operator_token),
-        autoscale: a.autoscale.config(),
-        cache_aware: a.cache_assignment == CacheAssignment::Aware,
+        metrics_listen: c.serve.metrics_listen(c.dispatcher.metrics_port),
+        tls: c.serve.tls(),
+        allow_roots: roots(c.serve.allow_roots)?,
+        token: c.serve.token,
+        operator_token: c.dispatcher.operator_token,
+        autoscale: c.autoscale.config(),
+        cache_aware: c.dispatcher.cache_assignment == CacheAssignment::Aware,
+        listen: c.dispatcher.listen,
+        journal: c.dispatcher.journal,
     };
     sluice_service::serve_dispatcher(config, |addr| announce("dispatcher", addr))?;
     Ok(())
 }
 
-/// What a worker grants each job: a spec asking for more is refused with the field and
-/// the limit.
+/// What a worker grants each job (`[limits]` in a config file): a spec asking for more is
+/// refused with the field and the limit.
 #[derive(clap::Args)]
 struct LimitArgs {
-    /// Most decode threads a job's spec may ask for (`threads`).
-    #[arg(long, default_value_t = WorkerLimits::default().max_threads)]
-    max_threads: usize,
-    /// Most batches a job's spec may prepare ahead (`prefetch`).
-    #[arg(long, default_value_t = WorkerLimits::default().max_prefetch)]
-    max_prefetch: usize,
+    /// Most decode threads a job's spec may ask for (`threads`) [default: 128].
+    #[arg(long)]
+    max_threads: Option<usize>,
+    /// Most batches a job's spec may prepare ahead (`prefetch`) [default: 64].
+    #[arg(long)]
+    max_prefetch: Option<usize>,
     /// Most memory a job's cache may take (`cache.budget`): bytes, "8GiB", or a share of
-    /// RAM like "50%".
-    #[arg(long, default_value = "50%", value_parser = ByteBudget::parse)]
-    max_cache_bytes: ByteBudget,
-    /// Largest image, in pixels, a job's spec may allow (`limits.max_pixels`).
-    #[arg(long, default_value_t = WorkerLimits::default().max_pixels)]
-    max_pixels: u64,
-    /// Job loaders kept at most (the least recently used goes first).
-    #[arg(long, default_value_t = WorkerLimits::default().max_jobs)]
-    max_jobs: usize,
-    /// Seconds a job's loader is kept without tasks (rebuilt if the job comes back).
-    #[arg(long, default_value_t = WorkerLimits::default().job_idle.as_secs())]
-    job_idle_secs: u64,
+    /// RAM like "50%" [default: 50%].
+    #[arg(long, value_parser = ByteBudget::parse)]
+    max_cache_bytes: Option<ByteBudget>,
+    /// Largest image, in pixels, a job's spec may allow (`limits.max_pixels`)
+    /// [default: 268435456].
+    #[arg(long)]
+    max_pixels: Option<u64>,
+    /// Job loaders kept at most (the least recently used goes first) [default: 64].
+    #[arg(long)]
+    max_jobs: Option<usize>,
+    /// Seconds a job's loader is kept without tasks (rebuilt if the job comes back)
+    /// [default: 600].
+    #[arg(long)]
+    job_idle_secs: Option<u64>,
 }
 
 impl LimitArgs {
-    fn limits(&self) -> WorkerLimits {
-        WorkerLimits {
-            max_threads: self.max_threads,
-            max_prefetch: self.max_prefetch,
-            max_cache: self.max_cache_bytes,
-            max_pixels: self.max_pixels,
-            max_jobs: self.max_jobs,
-            job_idle: Duration::from_secs(self.job_idle_secs),
-        }
-    }
-
-    /// The same limits as `sluice worker` flags.
-    fn to_args(&self) -> Vec<String> {
-        let cache = match self.max_cache_bytes {
-            ByteBudget::Bytes(b) => b.to_string(),
-            ByteBudget::RamFraction(f) => format!("{}%", f * 100.0),
-        };
-        [
-            ("--max-threads", self.max_threads.to_string()),
-            ("--max-prefetch", self.max_prefetch.to_string()),
-            ("--max-cache-bytes", cache),
-            ("--max-pixels", self.max_pixels.to_string()),
-            ("--max-jobs", self.max_jobs.to_string()),
-            ("--job-idle-secs", self.job_idle_secs.to_string()),
-        ]
-        .into_iter()
-        .flat_map(|(flag, v)| [flag.to_string(), v])
-        .collect()
+    fn apply(self, l: &mut WorkerLimits) {
+        flag(&mut l.max_threads, self.max_threads);
+        flag(&mut l.max_prefetch, self.max_prefetch);
+        flag(&mut l.max_cache, self.max_cache_bytes);
+        flag(&mut l.max_pixels, self.max_pixels);
+        flag(&mut l.max_jobs, self.max_jobs);
+        flag(&mut l.job_idle, self.job_idle_secs.map(Duration::from_secs));
     }
 }
 
 #[derive(clap::Args)]
 pub struct WorkerArgs {
-    /// The dispatcher's address.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    dispatcher: String,
-    /// Data-plane address; port 0 picks a free one.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    listen: String,
+    /// The dispatcher's address [default: 127.0.0.1:7070].
+    #[arg(long)]
+    dispatcher: Option<String>,
+    /// gRPC address; port 0 picks a free one [default: 127.0.0.1:0].
+    #[arg(long)]
+    listen: Option<String>,
     /// Address clients should use to reach this worker (default: the bound address).
     #[arg(long)]
     advertise: Option<String>,
-    /// TCP data-plane address (batches as raw buffers); port 0 picks a free one.
-    #[arg(long, default_value = "127.0.0.1:0")]
-    data_listen: String,
+    /// TCP data-plane address (batches as raw buffers); port 0 picks a free one
+    /// [default: 127.0.0.1:0].
+    #[arg(long)]
+    data_listen: Option<String>,
     /// Data-plane address clients should use (default: the bound address).
     #[arg(long)]
     advertise_data: Option<String>,
     /// Decode threads per job (default: the spec's `threads`).
-    #[arg(long, default_value_t = 0)]
-    threads: usize,
+    #[arg(long)]
+    threads: Option<usize>,
     /// CA (PEM) of the dispatcher's certificate: reach it over TLS (default: $SLUICE_TLS_CA).
     #[arg(long)]
     tls_ca: Option<PathBuf>,
@@ -267,23 +260,48 @@ pub struct WorkerArgs {
     serve: ServeArgs,
 }
 
+impl WorkerArgs {
+    /// The config file's settings with these flags over them.
+    fn settings(self) -> Result<ServiceConfig> {
+        let (mut c, metrics_port) = self.serve.load()?;
+        let w = &mut c.worker;
+        flag(&mut w.dispatcher, self.dispatcher);
+        flag(&mut w.listen, self.listen);
+        w.advertise = self.advertise.or(w.advertise.take());
+        flag(&mut w.data_listen, self.data_listen);
+        w.advertise_data = self.advertise_data.or(w.advertise_data.take());
+        flag(&mut w.threads, self.threads);
+        w.tls_ca = tls_ca(self.tls_ca).or(w.tls_ca.take());
+        if self.no_shared_memory {
+            w.shared_memory = false;
+        }
+        w.trace_dir = self.trace_dir.or(w.trace_dir.take());
+        flag(&mut w.name, self.name);
+        w.metrics_port = metrics_port.or(w.metrics_port);
+        self.limits.apply(&mut c.limits);
+        Ok(c)
+    }
+}
+
 pub fn worker(a: WorkerArgs) -> Result<()> {
+    let c = a.settings()?;
+    let w = c.worker;
     let config = WorkerConfig {
-        listen: a.listen,
-        advertise: a.advertise,
-        data_listen: a.data_listen,
-        advertise_data: a.advertise_data,
-        dispatcher: a.dispatcher,
-        metrics_listen: a.serve.metrics_listen(),
-        tls: a.serve.tls(),
-        dispatcher_ca: tls_ca(a.tls_ca),
-        allow_roots: roots(a.serve.allow_root)?,
-        token: token(a.serve.token),
-        shared_memory: !a.no_shared_memory,
-        threads: a.threads,
-        limits: a.limits.limits(),
-        trace_dir: a.trace_dir,
-        name: a.name.unwrap_or_default(),
+        metrics_listen: c.serve.metrics_listen(w.metrics_port),
+        tls: c.serve.tls(),
+        allow_roots: roots(c.serve.allow_roots)?,
+        token: c.serve.token,
+        listen: w.listen,
+        advertise: w.advertise,
+        data_listen: w.data_listen,
+        advertise_data: w.advertise_data,
+        dispatcher: w.dispatcher,
+        dispatcher_ca: w.tls_ca,
+        shared_memory: w.shared_memory,
+        threads: w.threads,
+        limits: c.limits,
+        trace_dir: w.trace_dir,
+        name: w.name,
     };
     sluice_service::serve_worker(config, |addr| announce("worker", addr))?;
     Ok(())

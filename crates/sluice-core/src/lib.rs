@@ -6,6 +6,7 @@ pub mod batch;
 pub mod error;
 pub mod image;
 pub mod manifest;
+pub mod placement;
 pub mod rng;
 pub mod spec;
 
@@ -13,6 +14,7 @@ pub use batch::{Batch, SharedBytes, Tensor, TensorData};
 pub use error::{SampleError, SampleErrorKind, SpecError, Stage};
 pub use image::{DType, Image, Layout, Pixels};
 pub use manifest::{Entry, Location, Manifest, SampleKey};
+pub use placement::{Owners, Rendezvous};
 pub use rng::SampleRng;
 pub use spec::{
     Assignment, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, ImportanceSpec, Limits,

@@ -5,24 +5,45 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use sluice_core::{ByteBudget, PipelineSpec};
 
 use crate::error::ServiceError;
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The `[limits]` table of a service config file: its keys are the `sluice worker` flags'
+/// names (`max_cache_bytes`, `job_idle_secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct WorkerLimits {
     /// Most decode threads a job's spec may ask for (`threads`).
     pub max_threads: usize,
     /// Most batches a job's spec may prepare ahead (`prefetch`).
     pub max_prefetch: usize,
     /// Most memory a job's cache may take (`cache.budget`).
+    #[serde(rename = "max_cache_bytes")]
     pub max_cache: ByteBudget,
     /// Largest image (width × height) a job's spec may allow (`limits.max_pixels`).
     pub max_pixels: u64,
     /// Job loaders kept at most; past it the least recently used goes.
     pub max_jobs: usize,
     /// A job loader without a task this long is dropped (rebuilt if the job comes back).
+    #[serde(rename = "job_idle_secs", with = "whole_seconds")]
     pub job_idle: Duration,
+}
+
+/// A [`Duration`] written as whole seconds.
+mod whole_seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_secs)
+    }
 }
 
 impl Default for WorkerLimits {

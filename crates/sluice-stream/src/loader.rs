@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use sluice_autoscale::RateMeter;
 use sluice_codec::{Plan, Scratch};
 use sluice_core::{Batch, ErrorPolicy, SampleKey, SampleRng, Tensor};
 
@@ -30,7 +31,7 @@ use crate::error::StreamError;
 use crate::ledger::Ledger;
 use crate::liveness::{alive_key, Heartbeat};
 use crate::monitor::StreamMonitor;
-use crate::rate::{Counters, RateMeter, StreamStats};
+use crate::rate::{Counters, StreamStats, RATE_WINDOW_S};
 use crate::rehearsal::{Rehearsal, RehearsalState, Stored};
 use crate::shards::{PeerFetcher, Shard, ShardServer};
 use crate::spec::{Overflow, StreamSpec, Underflow};
@@ -109,7 +110,9 @@ pub struct StreamLoader {
     /// The batch count the last `state()` covered.
     checkpointed: Option<u64>,
     counters: Counters,
-    rates: RateMeter,
+    /// (stream length, trained) over time since `rate_clock`.
+    rates: RateMeter<2>,
+    rate_clock: Instant,
     backlog_in_broker: u64,
     files: VecDeque<PathBuf>,
     /// Its stats, published for other threads at every step of a wait and every batch.
@@ -175,7 +178,8 @@ impl StreamLoader {
             warned_unacked: false,
             checkpointed: None,
             counters: Counters::default(),
-            rates: RateMeter::default(),
+            rates: RateMeter::new(RATE_WINDOW_S),
+            rate_clock: Instant::now(),
             backlog_in_broker: 0,
             files: VecDeque::new(),
             monitor: StreamMonitor::new(rehearsal_shard),
@@ -203,7 +207,7 @@ impl StreamLoader {
     }
 
     pub fn stats(&self) -> StreamStats {
-        let (arrival_rate, consumption_rate) = self.rates.rates();
+        let [arrival_rate, consumption_rate] = self.rates.rates();
         StreamStats {
             arrival_rate,
             consumption_rate,
@@ -630,12 +634,12 @@ impl StreamLoader {
     }
 
     fn sample_rates(&mut self) -> Result<(), StreamError> {
-        if !self.rates.due(RATE_EVERY) {
+        if !self.rates.due(self.rate_clock.elapsed().as_secs_f64(), RATE_EVERY.as_secs_f64()) {
             return Ok(());
         }
         let len = self.broker.len(&self.spec.stream)?;
         self.backlog_in_broker = self.broker.lag(&self.spec.stream, &self.spec.group)?.unwrap_or(0);
-        self.rates.record(len, self.counters.trained);
+        self.rates.record(self.rate_clock.elapsed().as_secs_f64(), [len, self.counters.trained]);
         Ok(())
     }
 

@@ -1,13 +1,11 @@
 //! Rates and counts of a streaming job: how fast samples arrive at the broker and how fast
-//! the trainer takes them, the backlog, and what each rate policy did.
-
-use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+//! the trainer takes them (measured by [`sluice_autoscale::RateMeter`]), the backlog, and
+//! what each rate policy did.
 
 use serde::{Deserialize, Serialize};
 
-/// How far back the rates look.
-const WINDOW: Duration = Duration::from_secs(5);
+/// How far back the rates look, in seconds.
+pub(crate) const RATE_WINDOW_S: f64 = 5.0;
 
 /// What the rate policies and the ledger did, over the whole job (carried in the state).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,35 +55,4 @@ pub struct StreamStats {
     pub peer_errors: u64,
     #[serde(flatten)]
     pub counters: Counters,
-}
-
-/// Samples (time, stream length, trained) over a sliding window.
-#[derive(Debug, Default)]
-pub struct RateMeter {
-    points: VecDeque<(Instant, u64, u64)>,
-}
-
-impl RateMeter {
-    pub fn record(&mut self, stream_len: u64, trained: u64) {
-        let now = Instant::now();
-        self.points.push_back((now, stream_len, trained));
-        while self.points.len() > 2 && self.points.front().is_some_and(|p| now.duration_since(p.0) > WINDOW) {
-            self.points.pop_front();
-        }
-    }
-
-    /// Whether the last point is older than `every`.
-    pub fn due(&self, every: Duration) -> bool {
-        self.points.back().is_none_or(|p| p.0.elapsed() >= every)
-    }
-
-    /// (arrival, consumption) per second over the window.
-    pub fn rates(&self) -> (f64, f64) {
-        let (Some(a), Some(b)) = (self.points.front(), self.points.back()) else { return (0.0, 0.0) };
-        let dt = b.0.duration_since(a.0).as_secs_f64();
-        if dt <= 0.0 {
-            return (0.0, 0.0);
-        }
-        (b.1.saturating_sub(a.1) as f64 / dt, b.2.saturating_sub(a.2) as f64 / dt)
-    }
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use sluice_service::ScaleClient;
 
+use super::config::{flag, ServiceConfig};
 use super::{operator_token, roots, token, AutoscaleArgs, LimitArgs};
 
 /// How often `up` asks the dispatcher for its target (and repeats its drain requests).
@@ -26,12 +27,16 @@ const RESTART_RESET: Duration = Duration::from_secs(30);
 
 #[derive(clap::Args)]
 pub struct UpArgs {
-    /// Worker processes to start (with --autoscale: --min-workers).
-    #[arg(long, default_value_t = 2, conflicts_with = "autoscale")]
-    workers: usize,
-    /// The dispatcher's gRPC address.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: String,
+    /// Service config file (TOML; see docs/service.md) for the dispatcher and every
+    /// worker; these flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Worker processes to start (with --autoscale: --min-workers) [default: 2].
+    #[arg(long, conflicts_with = "autoscale")]
+    workers: Option<usize>,
+    /// The dispatcher's gRPC address [default: 127.0.0.1:7070].
+    #[arg(long)]
+    listen: Option<String>,
     /// The dispatcher's journal, kept across restarts of `up`. Without it, a temporary
     /// one (removed when `up` stops) still lets a crashed dispatcher resume its jobs.
     #[arg(long)]
@@ -68,6 +73,31 @@ pub struct UpArgs {
     autoscale: AutoscaleArgs,
     #[command(flatten)]
     limits: LimitArgs,
+}
+
+impl UpArgs {
+    /// The config file's settings with these flags over them.
+    fn settings(self) -> Result<ServiceConfig> {
+        let mut c = ServiceConfig::load(self.config.as_deref())?;
+        flag(&mut c.up.workers, self.workers);
+        flag(&mut c.dispatcher.listen, self.listen);
+        c.dispatcher.journal = self.journal.or(c.dispatcher.journal.take());
+        flag(&mut c.worker.threads, self.threads);
+        if !self.allow_root.is_empty() {
+            c.serve.allow_roots = self.allow_root;
+        }
+        c.serve.token = token(self.token).or(c.serve.token.take());
+        c.dispatcher.operator_token = operator_token(self.operator_token).or(c.dispatcher.operator_token.take());
+        c.dispatcher.metrics_port = self.metrics_port.or(c.dispatcher.metrics_port);
+        if self.tls_cert.is_some() {
+            (c.serve.tls_cert, c.serve.tls_key) = (self.tls_cert, self.tls_key);
+            c.worker.tls_ca = self.tls_ca;
+        }
+        c.worker.trace_dir = self.trace_dir.or(c.worker.trace_dir.take());
+        self.autoscale.apply(&mut c.autoscale);
+        self.limits.apply(&mut c.limits);
+        Ok(c)
+    }
 }
 
 struct Supervised {
@@ -124,8 +154,8 @@ struct Spawner {
     token: Option<String>,
     /// Given to the dispatcher only.
     operator_token: Option<String>,
-    /// What every worker gets; its number adds `--name worker-I` and its metrics port.
-    worker_args: Vec<String>,
+    /// The settings every child reads (`--config`).
+    config: PathBuf,
     metrics_port: Option<u16>,
 }
 
@@ -162,7 +192,7 @@ impl Spawner {
 
     fn worker(&self, i: usize) -> Result<Supervised> {
         let name = format!("worker-{i}");
-        let mut args = self.worker_args.clone();
+        let mut args = vec!["worker".into(), "--config".into(), self.config.display().to_string()];
         args.extend(["--name".to_string(), name.clone()]);
         if let Some(p) = self.metrics_port {
             args.extend(["--metrics-port".into(), worker_metrics_port(p, i)?.to_string()]);
@@ -187,68 +217,47 @@ fn worker_metrics_port(port: u16, i: usize) -> Result<u16> {
 pub fn up(a: UpArgs) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the sluice binary")?;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let autoscale = a.autoscale.config();
+    let mut c = a.settings()?;
+    let autoscale = c.autoscale.config();
     let (start_workers, unit_of) = match &autoscale {
-        Some(c) => (c.min_units, c.max_units),
-        None => (a.workers, a.workers),
+        Some(s) => (s.min_units, s.max_units),
+        None => (c.up.workers, c.up.workers),
     };
-    let threads = a.threads.unwrap_or((cores / unit_of.max(1)).max(1));
-    if let Some(p) = a.metrics_port {
+    if c.worker.threads == 0 {
+        c.worker.threads = (cores / unit_of.max(1)).max(1);
+    }
+    let threads = c.worker.threads;
+    let metrics_port = c.dispatcher.metrics_port;
+    if let Some(p) = metrics_port {
         // Before starting anything: a worker given no valid port would fail and be
         // restarted forever.
         worker_metrics_port(p, unit_of.saturating_sub(1))?;
     }
-    let roots = roots(a.allow_root)?;
-    let token = token(a.token);
+    c.serve.allow_roots = roots(std::mem::take(&mut c.serve.allow_roots))?;
+    // Children get the tokens through the environment, never in their config file.
+    let token = c.serve.token.take();
     // With a clients' token, operator calls need their own (an open service takes them).
-    let operator = match (operator_token(a.operator_token), &token) {
+    let operator = match (c.dispatcher.operator_token.take(), &token) {
         (Some(t), _) => Some(t),
         (None, Some(_)) => Some(sluice_service::random_token()?),
         (None, None) => None,
     };
-    let mut root_args = Vec::new();
-    for r in &roots {
-        root_args.push("--allow-root".to_string());
-        root_args.push(r.display().to_string());
-    }
-    let mut tls_args = Vec::new();
-    for (flag, v) in [("--tls-cert", &a.tls_cert), ("--tls-key", &a.tls_key)] {
-        if let Some(p) = v {
-            tls_args.extend([flag.to_string(), p.display().to_string()]);
-        }
-    }
     // Declared before the children: removed only after they have stopped.
-    let (journal, temp_dir) = match a.journal {
-        Some(path) => (path, None),
-        None => {
-            let dir = tempfile::Builder::new()
-                .prefix("sluice-up-")
-                .tempdir()
-                .context("cannot create a temporary folder for the dispatcher's journal")?;
-            (dir.path().join("dispatcher.journal"), Some(dir))
-        }
-    };
-    let mut d = vec!["dispatcher".into(), "--listen".into(), a.listen.clone(), "--journal".into()];
-    d.push(journal.display().to_string());
-    d.extend(root_args.iter().cloned());
-    d.extend(tls_args.iter().cloned());
-    d.extend(a.autoscale.to_args());
-    if let Some(p) = a.metrics_port {
-        d.extend(["--metrics-port".into(), p.to_string()]);
-    }
-    let mut w = vec!["worker".into(), "--dispatcher".into(), a.listen.clone(), "--threads".into()];
-    w.push(threads.to_string());
-    w.extend(root_args.iter().cloned());
-    w.extend(tls_args.iter().cloned());
-    w.extend(a.limits.to_args());
-    if let Some(ca) = &a.tls_ca {
-        w.extend(["--tls-ca".to_string(), ca.display().to_string()]);
-    }
-    if let Some(dir) = &a.trace_dir {
-        w.extend(["--trace-dir".to_string(), dir.display().to_string()]);
-    }
-    let spawner =
-        Spawner { exe, token, operator_token: operator.clone(), worker_args: w, metrics_port: a.metrics_port };
+    let dir = tempfile::Builder::new()
+        .prefix("sluice-up-")
+        .tempdir()
+        .context("cannot create a temporary folder for the children's config and the journal")?;
+    let temp_journal = c.dispatcher.journal.is_none();
+    let journal = c.dispatcher.journal.get_or_insert_with(|| dir.path().join("dispatcher.journal")).clone();
+    // Every worker reaches the dispatcher; each gets its own name and metrics port.
+    c.worker.dispatcher = c.dispatcher.listen.clone();
+    c.worker.metrics_port = None;
+    let listen = c.dispatcher.listen.clone();
+    let tls_ca = c.worker.tls_ca.clone();
+    let config = dir.path().join("service.toml");
+    c.write(&config)?;
+    let d = vec!["dispatcher".into(), "--config".into(), config.display().to_string()];
+    let spawner = Spawner { exe, token, operator_token: operator.clone(), config, metrics_port };
 
     let stop = sluice_service::signal_flag()?;
     let child = spawner.spawn(&d)?;
@@ -258,21 +267,20 @@ pub fn up(a: UpArgs) -> Result<()> {
         workers.insert(i, spawner.worker(i)?);
     }
     match &autoscale {
-        Some(c) => println!(
-            "sluice up: dispatcher on {} autoscaling {} to {} workers ({}; {threads} threads each); Ctrl-C stops",
-            a.listen, c.min_units, c.max_units, c.policy
+        Some(s) => println!(
+            "sluice up: dispatcher on {listen} autoscaling {} to {} workers ({}; {threads} threads each); Ctrl-C stops",
+            s.min_units, s.max_units, s.policy
         ),
         None => println!(
-            "sluice up: dispatcher on {} with {} workers ({threads} threads each); Ctrl-C stops",
-            a.listen, a.workers
+            "sluice up: dispatcher on {listen} with {start_workers} workers ({threads} threads each); Ctrl-C stops"
         ),
     }
-    match &temp_dir {
-        Some(_) => println!("journal: {} (temporary; pass --journal to keep state across restarts)", journal.display()),
-        None => println!("journal: {}", journal.display()),
+    match temp_journal {
+        true => println!("journal: {} (temporary; pass --journal to keep state across restarts)", journal.display()),
+        false => println!("journal: {}", journal.display()),
     }
     let mut scale = match autoscale {
-        Some(_) => Some(ScaleClient::new(&a.listen, operator.as_deref(), a.tls_ca.as_deref())?),
+        Some(_) => Some(ScaleClient::new(&listen, operator.as_deref(), tls_ca.as_deref())?),
         None => None,
     };
     let mut next_poll = Instant::now();

@@ -8,7 +8,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::Placement;
+use sluice_core::Owners;
 
 /// The positions (indices into `batch`) each of `p` learners loads; `batch.len()` must be
 /// a multiple of `p`. Each learner's positions are in batch order.
@@ -21,12 +21,12 @@ pub fn partitioned(len: usize, p: usize) -> Vec<Vec<usize>> {
 }
 
 /// The locality-aware split of `batch` (manifest positions) among `p` learners.
-pub fn locality_aware(batch: &[u32], placement: &Placement, p: usize) -> Vec<Vec<usize>> {
+pub fn locality_aware(batch: &[u32], placement: &Owners, p: usize) -> Vec<Vec<usize>> {
     balanced(batch, placement, p).0
 }
 
 /// [`locality_aware`], with the number of surplus-to-deficit moves it made.
-fn balanced(batch: &[u32], placement: &Placement, p: usize) -> (Vec<Vec<usize>>, usize) {
+fn balanced(batch: &[u32], placement: &Owners, p: usize) -> (Vec<Vec<usize>>, usize) {
     let target = batch.len() / p;
     let mut parts: Vec<Vec<usize>> = vec![Vec::with_capacity(target); p];
     let mut uncached = Vec::new();
@@ -91,7 +91,7 @@ mod tests {
     #[test]
     fn each_learner_keeps_what_it_caches_up_to_its_share() {
         // 8 samples, 2 learners: learner 0 caches 6 of them, learner 1 none.
-        let placement = Placement::new(8, 3, &[6, 0]);
+        let placement = Owners::seeded_runs(8, 3, &[6, 0]);
         let batch: Vec<u32> = (0..8).collect();
         let parts = locality_aware(&batch, &placement, 2);
         assert_eq!(parts[0].len(), 4);
@@ -109,7 +109,7 @@ mod tests {
             // Uneven caches that together hold everything: every learner is off target.
             let budgets: Vec<u64> = (0..p as u64).map(|r| 64 * (r + 1)).collect();
             let n: u64 = budgets.iter().sum();
-            let placement = Placement::new(n as usize, 9, &budgets);
+            let placement = Owners::seeded_runs(n as usize, 9, &budgets);
             for start in (0..n as u32).step_by(8 * p) {
                 let batch: Vec<u32> = (start..(start + 8 * p as u32).min(n as u32)).collect();
                 let batch = &batch[..batch.len() / p * p];

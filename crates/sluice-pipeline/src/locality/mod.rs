@@ -2,27 +2,26 @@
 //! order from (seed, epoch); each global batch (`batch.size × p` consecutive samples of
 //! it) is split into p local batches of `batch.size`, either by the plain strided split
 //! or by Yang & Cong's locality-aware assignment against a placement every learner derives
-//! from the seed ([`placement`]). Both are pure functions, so the learners agree without
-//! messages, and per step the global batch is the same multiset either way.
+//! from the seed ([`Owners::seeded_runs`], one of sluice-core's placement rules). Both are
+//! pure functions, so the learners agree without messages, and per step the global batch
+//! is the same multiset either way.
 //!
-//! Here: the per-rank view of an epoch. `placement`: who caches what. `assign`: who loads
-//! what of one global batch.
+//! Here: the per-rank view of an epoch. [`Locality::placement`]: who caches what.
+//! `assign`: who loads what of one global batch.
 
 pub mod assign;
 pub mod model;
 pub mod peer;
-pub mod placement;
 
-pub use placement::Placement;
-
-use sluice_core::{Assignment, LocalitySpec, SpecError};
+use sluice_core::{Assignment, LocalitySpec, Owners, SpecError};
 
 use crate::sampler::{EpochDraw, Shard};
 
 /// One learner's view of a locality-aware job.
 #[derive(Debug, Clone)]
 pub struct Locality {
-    pub placement: Placement,
+    /// Which learner caches which manifest position.
+    pub placement: Owners,
     pub assignment: Assignment,
     pub shard: Shard,
     /// The local batch size: a global batch is `batch × world_size` samples.
@@ -32,7 +31,7 @@ pub struct Locality {
 impl Locality {
     pub fn new(spec: &LocalitySpec, n: usize, seed: u64, shard: Shard, batch: usize) -> Result<Self, SpecError> {
         let budgets = spec.cache_samples_for(shard.world_size)?;
-        Ok(Self { placement: Placement::new(n, seed, &budgets), assignment: spec.assignment, shard, batch })
+        Ok(Self { placement: Owners::seeded_runs(n, seed, &budgets), assignment: spec.assignment, shard, batch })
     }
 
     /// Positions (indices into `global`, the job's whole epoch order) of every learner's

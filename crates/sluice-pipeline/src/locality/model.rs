@@ -9,9 +9,9 @@
 //! the real placement and assignment over a seeded epoch.
 
 use serde::Serialize;
-use sluice_core::{Assignment, ShuffleSpec};
+use sluice_core::{Assignment, Owners, ShuffleSpec};
 
-use super::{Locality, Placement};
+use super::Locality;
 use crate::sampler::{epoch_order, Shard};
 
 /// What the model needs to know about a job and its machines.
@@ -56,7 +56,7 @@ pub struct Prediction {
 /// Share of an epoch's samples a learner loads but another learner caches.
 pub fn remote_share(samples: usize, learners: usize, cache_samples: u64, local_batch: usize, a: Assignment) -> f64 {
     let l = Locality {
-        placement: Placement::new(samples, 0, &vec![cache_samples; learners]),
+        placement: Owners::seeded_runs(samples, 0, &vec![cache_samples; learners]),
         assignment: a,
         shard: Shard { rank: 0, world_size: learners },
         batch: local_batch,

@@ -2,8 +2,9 @@
 //!
 //! The workers' caches together hold the job's hot set, each worker a disjoint share of it.
 //! Which worker owns a sample is a pure function of the sample's key, the workers
-//! (`members`, named by address) and their cache capacities: rendezvous hashing, so a
-//! worker that comes or goes moves only its own samples. Hot samples are dealt with a
+//! (`members`, named by address) and their cache capacities: rendezvous hashing
+//! ([`Rendezvous`], sluice-core's placement rule), so a worker that comes or goes moves only
+//! its own samples. Hot samples are dealt with a
 //! bound per worker (its part of the hot set, in proportion to its capacity), so the
 //! shares fit the caches; the rest go to their first choice.
 //!
@@ -15,6 +16,8 @@
 //! is.
 
 use serde::{Deserialize, Serialize};
+use sluice_core::placement::NOBODY;
+use sluice_core::{Owners, Rendezvous};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// A worker's part in a draw's placement: its address and its cache's capacity in entries
@@ -45,10 +48,8 @@ pub fn owners(keys: &[u64], hot: &[bool], members: &[Member], previous: Option<P
     if m == 0 {
         return vec![0; keys.len()];
     }
-    let seeds: Vec<u64> = members.iter().map(|w| xxh3_64_with_seed(w.addr.as_bytes(), 0x51ce)).collect();
-    let score = |key: u64, j: usize| xxh3_64_with_seed(&key.to_le_bytes(), seeds[j]);
-    let first = |key: u64| (0..m).max_by_key(|&j| (score(key, j), j)).unwrap_or(0) as u32;
-    let mut out: Vec<u32> = keys.iter().map(|&k| first(k)).collect();
+    let rule = Rendezvous::new(members.iter().map(|w| w.addr.as_str()));
+    let mut out: Vec<u32> = keys.iter().map(|&k| rule.owner(k).unwrap_or(0) as u32).collect();
 
     // The hot set, dealt with a bound: each member's quota is its share of the capacity
     // (equal shares while capacities are unknown), rounded up so every hot sample fits.
@@ -95,8 +96,7 @@ pub fn owners(keys: &[u64], hot: &[bool], members: &[Member], previous: Option<P
         order.sort_by_key(|&i| met[i]);
     }
     for i in order {
-        let mut ranked: Vec<usize> = (0..m).collect();
-        ranked.sort_by_key(|&j| std::cmp::Reverse((score(keys[i], j), j)));
+        let ranked = rule.ranked(keys[i]);
         // Quotas add up to at least the hot set's size: some member always has room.
         if let Some(&j) = ranked.iter().find(|&&j| quota[j] > 0) {
             quota[j] -= 1;
@@ -106,17 +106,14 @@ pub fn owners(keys: &[u64], hot: &[bool], members: &[Member], previous: Option<P
     out
 }
 
-/// In [`routes`]: a draw any worker may take (a sample outside the hot set, which no
-/// worker caches).
-pub const ANY: u32 = u32::MAX;
-
 /// Where each position's draws should go: its owner while it is in the hot set (every
-/// position while there is no hot set: then every owner caches what it owns), else [`ANY`].
-pub fn routes(owners: &[u32], hot: &[bool]) -> Vec<u32> {
+/// position while there is no hot set: then every owner caches what it owns), else nobody
+/// (a sample outside the hot set, which no worker caches: any worker may take its draws).
+pub fn routes(owners: &[u32], hot: &[bool]) -> Owners {
     if !hot.iter().any(|&h| h) {
-        return owners.to_vec();
+        return Owners::new(owners.to_vec());
     }
-    owners.iter().zip(hot).map(|(&o, &h)| if h { o } else { ANY }).collect()
+    Owners::new(owners.iter().zip(hot).map(|(&o, &h)| if h { o } else { NOBODY }).collect())
 }
 
 /// Regroups `order[..used]` (and its weights) by where its draws go (`routes`, see
@@ -131,7 +128,7 @@ pub fn routes(owners: &[u32], hot: &[bool]) -> Vec<u32> {
 pub fn regroup(
     order: &mut [u32],
     weights: Option<&mut [f32]>,
-    routes: &[u32],
+    routes: &Owners,
     used: usize,
     batch: usize,
     chunk: usize,
@@ -139,13 +136,13 @@ pub fn regroup(
     let used = used.min(order.len());
     let batch = batch.max(1);
     let chunk = chunk.max(1);
-    let members = routes.iter().copied().filter(|&r| r != ANY).max().map_or(0, |m| m as usize + 1);
+    let members = routes.as_slice().iter().copied().filter(|&r| r != NOBODY).max().map_or(0, |m| m as usize + 1);
     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); members];
     let mut anyone: Vec<usize> = Vec::new();
     for (slot, &p) in order[..used].iter().enumerate() {
-        match routes.get(p as usize) {
-            Some(&r) if r != ANY => groups[r as usize].push(slot),
-            _ => anyone.push(slot),
+        match routes.owner(p) {
+            Some(r) => groups[r].push(slot),
+            None => anyone.push(slot),
         }
     }
     // Of the draws any worker may take (the least likely samples, with the largest
@@ -227,7 +224,7 @@ pub fn regroup(
 /// The owner of each batch of `order` (`batch` draws each): the one most of its draws go
 /// to by `routes` (the lowest index on a tie); a batch of draws any worker may take goes
 /// round the members by its index.
-pub fn batch_owners(order: &[u32], routes: &[u32], batch: usize, members: usize) -> Vec<u32> {
+pub fn batch_owners(order: &[u32], routes: &Owners, batch: usize, members: usize) -> Vec<u32> {
     let members = members.max(1);
     order
         .chunks(batch.max(1))
@@ -235,7 +232,7 @@ pub fn batch_owners(order: &[u32], routes: &[u32], batch: usize, members: usize)
         .map(|(i, b)| {
             let mut count = vec![0usize; members];
             for &p in b {
-                if let Some(c) = routes.get(p as usize).and_then(|&o| count.get_mut(o as usize)) {
+                if let Some(c) = routes.owner(p).and_then(|o| count.get_mut(o)) {
                     *c += 1;
                 }
             }
@@ -321,7 +318,7 @@ mod tests {
 
     /// Draws that go to a batch another worker owns (and so miss its cache).
     fn misplaced(order: &[u32], owners: &[u32], batch: usize) -> usize {
-        let bo = batch_owners(order, owners, batch, 2);
+        let bo = batch_owners(order, &Owners::new(owners.to_vec()), batch, 2);
         order.chunks(batch).zip(&bo).map(|(b, &o)| b.iter().filter(|&&p| owners[p as usize] != o).count()).sum()
     }
 
@@ -340,7 +337,7 @@ mod tests {
             .filter(|&p| p != u32::MAX)
             .collect();
         assert_eq!(order.len(), 25);
-        regroup(&mut order, None, &owners, 25, 4, 8);
+        regroup(&mut order, None, &Owners::new(owners.clone()), 25, 4, 8);
         assert_eq!(misplaced(&order, &owners, 4), 1, "{order:?}");
     }
 
@@ -353,7 +350,7 @@ mod tests {
         let placed: Vec<u32> = (0..40).map(|p| p % 2).collect();
         let hot: Vec<bool> = (0..40).map(|p| p < 30).collect();
         let route = routes(&placed, &hot);
-        assert!(route[30..].iter().all(|&r| r == ANY) && route[..30] == placed[..30]);
+        assert!((30..40).all(|p| route.owner(p).is_none()) && route.as_slice()[..30] == placed[..30]);
         let zeros = (0..7).flat_map(|i| [2 * i, 2 * i]);
         let ones = (0..5).map(|i| 2 * i + 1).chain([1]);
         let cold = 30..35;
@@ -365,7 +362,7 @@ mod tests {
         let bo = batch_owners(&order, &route, 4, 2);
         for (i, b) in order.chunks(4).enumerate() {
             assert!(
-                b.iter().all(|&p| route[p as usize] == ANY || route[p as usize] == bo[i]),
+                b.iter().all(|&p| route.owner(p).is_none_or(|o| o as u32 == bo[i])),
                 "batch {i} {b:?} of {order:?}"
             );
         }
@@ -391,7 +388,7 @@ mod tests {
         assert!(cold_before >= 8, "{cold_before} of 16 cold draws among the hot ones: {order:?}");
         let bo = batch_owners(&order, &route, 4, 2);
         for (i, b) in order.chunks(4).enumerate() {
-            assert!(b.iter().all(|&p| route[p as usize] == ANY || route[p as usize] == bo[i]), "batch {i} {b:?}");
+            assert!(b.iter().all(|&p| route.owner(p).is_none_or(|o| o as u32 == bo[i])), "batch {i} {b:?}");
         }
     }
 
@@ -402,6 +399,7 @@ mod tests {
         let mut weights: Vec<f32> = order.iter().map(|&p| p as f32 / 10.0).collect();
         let before = order.clone();
         // The last 2 draws are dropped by `drop_last`: they stay put.
+        let owners = Owners::new(owners);
         regroup(&mut order, Some(&mut weights), &owners, 18, 4, 4);
         assert_eq!(&order[18..], &before[18..]);
         let mut a = order.clone();
@@ -412,7 +410,7 @@ mod tests {
         assert!(order.iter().zip(&weights).all(|(&p, &w)| w == p as f32 / 10.0), "each weight stays with its draw");
         let bo = batch_owners(&order[..16], &owners, 4, 2);
         for (i, run) in order[..16].chunks(4).enumerate() {
-            assert!(run.iter().all(|&p| owners[p as usize] == bo[i]), "run {i} {run:?} is one owner's");
+            assert!(run.iter().all(|&p| owners.owner(p) == Some(bo[i] as usize)), "run {i} {run:?} is one owner's");
         }
         assert_eq!(bo, vec![0, 1, 0, 1], "owners' runs interleaved");
     }
