@@ -102,6 +102,22 @@ pub fn write_dataset(
     Ok(summary)
 }
 
+/// The dataset the benchmarks and the demo use, in `root`: `images` JPEGs in 10 classes
+/// (seed 0, quality 90) and `corrupt` bad files, written only where `root` is not a folder
+/// yet. `None`: the folder was there and is used as it is (whatever it holds).
+pub fn ensure_dataset(
+    root: &Path,
+    images: usize,
+    corrupt: usize,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<Option<DatasetSummary>, SynthError> {
+    if root.is_dir() {
+        return Ok(None);
+    }
+    let options = DatasetOptions { images, corrupt, ..Default::default() };
+    write_dataset(root, &options, progress).map(Some)
+}
+
 /// The JPEG bytes of image `i`.
 pub fn image_jpeg(i: usize, options: &DatasetOptions) -> Result<Vec<u8>, SynthError> {
     let (w, h, rgb) = image_pixels(i, options);

@@ -1,4 +1,4 @@
-//! `sluice bench-locality`: epoch times of p learner processes (`sluice run --rank r
+//! `sluice-bench locality` (formerly `sluice bench-locality`): epoch times of p learner processes (`sluice run --rank r
 //! --world-size p`) on one shared throttled storage link, locality-aware with the
 //! collaborative cache vs the baseline (plain split, no cache, everything from storage),
 //! and `sluice model`'s prediction for every point (`docs/locality.md`). Per-sample
@@ -16,7 +16,12 @@ use sluice_core::{SampleKey, SampleRng};
 use sluice_pipeline::locality::model::{predict, ModelInputs, STORAGE_BOUND};
 use sluice_pipeline::storage::throttled::link_path;
 
-use crate::netns::Net;
+use sluice_profile::median;
+
+use crate::dataset;
+
+mod netns;
+use netns::Net;
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -142,7 +147,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.learners.iter().chain(&a.baseline).all(|&p| p > 0), "learner counts must be at least 1");
     let root = a.out.join("train");
     let sample_bytes = ensure_dataset(&root, a.samples, a.side)?;
-    let exe = std::env::current_exe().context("finding the sluice binary")?;
+    let exe = dataset::sluice_exe()?;
     eprintln!("{} samples of {:.1} kB on average in {}", a.samples, sample_bytes / 1e3, root.display());
 
     let mut configs = Vec::new();
@@ -208,15 +213,6 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         print_tables(&a, &points);
     }
     Ok(())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 fn cache_samples(a: &Args, cfg: &Config) -> u64 {
