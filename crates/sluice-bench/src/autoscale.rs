@@ -1,4 +1,5 @@
-//! `sluice-bench autoscale` (formerly `sluice bench-autoscale`): the autoscaling policies side by side on one demand schedule.
+//! `sluice-bench autoscale` (formerly `sluice bench-autoscale`): the autoscaling policies
+//! side by side on one demand schedule.
 //!
 //! A synthetic trainer takes batches from a local loader and "trains" for a step time set
 //! by a schedule of phases (demand changes between them). Each sample costs an emulated

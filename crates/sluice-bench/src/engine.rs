@@ -1,8 +1,9 @@
-//! `sluice-bench engine` (formerly `sluice bench`): images/s of the standard training pipeline (decode + RandomResizedCrop
-//! 224 + flip, u8 out) against plain libjpeg-turbo full decoding of the same files, in the
-//! same run, at each thread count; with `--packed`, also the pipeline on a packed copy of
-//! the files (`sluice pack`), against the same plain decode of the originals. Reported as
-//! medians over several runs, and as ratios, because machines are noisy.
+//! `sluice-bench engine` (formerly `sluice bench`): images/s of the standard training
+//! pipeline (decode + RandomResizedCrop 224 + flip, u8 out) against plain libjpeg-turbo
+//! full decoding of the same files, in the same run, at each thread count; with `--packed`,
+//! also the pipeline on a packed copy of the files (`sluice pack`), against the same plain
+//! decode of the originals. Reported as medians over several runs, and as ratios, because
+//! machines are noisy.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -1,8 +1,9 @@
-//! `sluice-bench locality` (formerly `sluice bench-locality`): epoch times of p learner processes (`sluice run --rank r
-//! --world-size p`) on one shared throttled storage link, locality-aware with the
-//! collaborative cache vs the baseline (plain split, no cache, everything from storage),
-//! and `sluice model`'s prediction for every point (`docs/locality.md`). Per-sample
-//! preprocessing is emulated with the `sleep` op, so two cores can host eight learners.
+//! `sluice-bench locality` (formerly `sluice bench-locality`): epoch times of p learner
+//! processes (`sluice run --rank r --world-size p`) on one shared throttled storage link,
+//! locality-aware with the collaborative cache vs the baseline (plain split, no cache,
+//! everything from storage), and `sluice model`'s prediction for every point
+//! (`docs/locality.md`). Per-sample preprocessing is emulated with the `sleep` op, so two
+//! cores can host eight learners.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,4 +1,5 @@
-//! `sluice-bench service` (formerly `sluice bench-service`): the service against local mode and the hardware, in one run.
+//! `sluice-bench service` (formerly `sluice bench-service`): the service against local mode
+//! and the hardware, in one run.
 //!
 //! * throughput: images/s of the training pipeline through dispatcher + N worker processes
 //!   + RemoteLoader over loopback, against the local Loader with the same total threads;

@@ -1,4 +1,5 @@
-//! `sluice-bench workers` (formerly `sluice bench-workers`): the service's throughput from 1 to 64 worker processes.
+//! `sluice-bench workers` (formerly `sluice bench-workers`): the service's throughput from
+//! 1 to 64 worker processes.
 //!
 //! Real `sluice dispatcher` and `sluice worker` processes (one thread each) and a
 //! RemoteLoader over loopback, on a pipeline whose per-sample cost is emulated by the
