@@ -13,7 +13,6 @@ use anyhow::Context;
 use clap::Args as ClapArgs;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sluice_core::{SampleKey, SampleRng};
 use sluice_pipeline::locality::model::{predict, ModelInputs, STORAGE_BOUND};
 use sluice_pipeline::storage::throttled::link_path;
 
@@ -237,7 +236,8 @@ fn inputs(a: &Args, cfg: &Config, sample_bytes: f64, compute_s: f64) -> ModelInp
     }
 }
 
-/// `n` JPEGs of `side`² noise in `root` (made if missing); their mean size in bytes.
+/// `n` JPEGs of `side`² noise ([`sluice_synth::noise_jpeg`]) in `root` (made if missing);
+/// their mean size in bytes.
 fn ensure_dataset(root: &Path, n: usize, side: u32) -> anyhow::Result<f64> {
     let dir = root.join("all");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -248,9 +248,7 @@ fn ensure_dataset(root: &Path, n: usize, side: u32) -> anyhow::Result<f64> {
             total += meta.len();
             continue;
         }
-        let mut rng = SampleRng::new(16, 0, SampleKey(i as u64), 0);
-        let px: Vec<u8> = (0..side as usize * side as usize * 3).map(|_| rng.below(256) as u8).collect();
-        let jpeg = sluice_codec::encode_jpeg(&px, side, side, 90).with_context(|| format!("encoding image {i}"))?;
+        let jpeg = sluice_synth::noise_jpeg(i, side)?;
         std::fs::write(&path, &jpeg).with_context(|| format!("writing {}", path.display()))?;
         total += jpeg.len() as u64;
     }
