@@ -65,6 +65,20 @@ pub fn raw_tcp(total: u64, chunk: usize) -> Result<f64> {
     Ok(got as f64 / t0.elapsed().as_secs_f64())
 }
 
+/// Stream `s`'s share of the task: batches `s * per` to `(s + 1) * per` of epoch 0.
+fn stream_request(s: u64, per: u64) -> RunTaskRequest {
+    RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per, compression: 0, ..Default::default() }
+}
+
+/// The bytes every stream task received, or the first failure (`what` names the call).
+async fn total_bytes(tasks: Vec<tokio::task::JoinHandle<Result<u64, Status>>>, what: &'static str) -> Result<u64> {
+    let mut bytes = 0;
+    for t in tasks {
+        bytes += t.await.context("a stream task")?.map_err(rpc(what))?;
+    }
+    Ok(bytes)
+}
+
 /// A worker whose "pipeline" is free: every batch is a fresh zeroed buffer, converted and
 /// streamed exactly as the real worker does.
 struct NoopWorker {
@@ -122,14 +136,7 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
         for s in 0..streams.max(1) {
             let mut c = client.clone();
             tasks.push(tokio::spawn(async move {
-                let req = RunTaskRequest {
-                    job_id: 0,
-                    epoch: 0,
-                    start: s * per,
-                    end: (s + 1) * per,
-                    compression: 0,
-                    ..Default::default()
-                };
+                let req = stream_request(s, per);
                 let mut stream = c.run_task(req).await?.into_inner();
                 let mut bytes = 0u64;
                 while let Some(m) = stream.message().await? {
@@ -139,10 +146,7 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
                 Ok::<u64, Status>(bytes)
             }));
         }
-        let mut bytes = 0;
-        for t in tasks {
-            bytes += t.await.context("a stream task")?.map_err(rpc("RunTask"))?;
-        }
+        let bytes = total_bytes(tasks, "RunTask").await?;
         let rate = bytes as f64 / t0.elapsed().as_secs_f64();
         stop.notify_one();
         let _ = handle.await;
@@ -201,14 +205,7 @@ pub fn own_data_plane(samples: usize, side: usize, batches: u64, streams: u64, l
         for s in 0..streams.max(1) {
             let (addr, maps) = (addr.clone(), maps.clone());
             tasks.push(tokio::spawn(async move {
-                let req = RunTaskRequest {
-                    job_id: 0,
-                    epoch: 0,
-                    start: s * per,
-                    end: (s + 1) * per,
-                    compression: 0,
-                    ..Default::default()
-                };
+                let req = stream_request(s, per);
                 let mut stream = open_stream(&addr, local, &req, &maps).await?;
                 let mut bytes = 0u64;
                 while let Some(b) = stream.next().await? {
@@ -217,10 +214,7 @@ pub fn own_data_plane(samples: usize, side: usize, batches: u64, streams: u64, l
                 Ok::<u64, Status>(bytes)
             }));
         }
-        let mut bytes = 0;
-        for t in tasks {
-            bytes += t.await.context("a stream task")?.map_err(rpc("data plane"))?;
-        }
+        let bytes = total_bytes(tasks, "data plane").await?;
         let rate = bytes as f64 / t0.elapsed().as_secs_f64();
         server.abort();
         Ok(rate)
