@@ -5,7 +5,6 @@
 // A command-line tool: printing its report is its job.
 #![allow(clippy::print_stdout)]
 
-mod barrier;
 mod demo;
 mod duration_flags;
 mod gen;
