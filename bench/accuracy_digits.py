@@ -13,7 +13,7 @@ every step through ``loader.record_importance`` (not under uniform sampling, whi
 no reports).
 
 ``--modes local remote`` runs every variant and seed both through a local ``Loader`` and
-through the service: a fresh ``sluice up`` per run (a dispatcher and 2 workers with one
+through the service: a fresh ``sluice service up`` per run (a dispatcher and 2 workers with one
 decode thread each, on free loopback ports) and a ``RemoteLoader`` with the same spec
 (but ``cache.budget`` is per worker there: each worker gets half the local budget, so the
 caches together hold half the dataset), the same model and the same loss reports. The
@@ -53,9 +53,9 @@ import numpy as np
 SIZE = 28
 VARIANTS = ["uniform", "lru", "shade", "fastmatch", "importance"]
 MODES = ["local", "remote"]
-#: Worker processes of `sluice up` in remote mode, one decode thread each.
+#: Worker processes of `sluice service up` in remote mode, one decode thread each.
 WORKERS = 2
-#: Seconds `sluice up` gets to have its dispatcher listening and every worker registered.
+#: Seconds `sluice service up` gets to have its dispatcher listening and every worker registered.
 UP_TIMEOUT_S = 60.0
 REPO = Path(__file__).resolve().parents[1]
 #: Loader threads (the results do not depend on it: pixels and orders are thread-independent).
@@ -148,7 +148,7 @@ def evaluate(torch: Any, sluice: Any, model: Any, test_root: Path) -> float:
 
 
 def sluice_binary() -> Path:
-    """The ``sluice`` binary for ``sluice up``: ``$SLUICE_BIN``, else the repository's
+    """The ``sluice`` binary for ``sluice service up``: ``$SLUICE_BIN``, else the repository's
     release or debug build, else the one on ``PATH``."""
     if os.environ.get("SLUICE_BIN"):
         return Path(os.environ["SLUICE_BIN"])
@@ -199,7 +199,7 @@ def scrape(port: int) -> List[Tuple[str, Dict[str, str], float]]:
 
 
 class SluiceUp:
-    """``sluice up`` with ``workers`` workers (``threads`` decode threads each) on free
+    """``sluice service up`` with ``workers`` workers (``threads`` decode threads each) on free
     loopback ports, allowed to read under ``root``: ``with SluiceUp(...) as up`` returns once
     the dispatcher listens and every worker has registered, and stops the whole service
     (SIGTERM, then SIGKILL) on the way out, exceptions and Ctrl-C included."""
@@ -216,7 +216,7 @@ class SluiceUp:
 
     def __enter__(self) -> "SluiceUp":
         cmd = [
-            str(self.exe), "up", "--listen", self.addr, "--workers", str(self.workers),
+            str(self.exe), "service", "up", "--listen", self.addr, "--workers", str(self.workers),
             "--threads", str(self.threads), "--allow-root", str(self.root.resolve()),
             "--metrics-port", str(self.metrics_port),
         ]  # fmt: skip
@@ -239,7 +239,7 @@ class SluiceUp:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"sluice up on {self.addr} exited with status {self.proc.returncode} before it came up; "
+                    f"sluice service up on {self.addr} exited with status {self.proc.returncode} before it came up; "
                     f"its output: {self.log_path}\n{self._log_tail()}"
                 )
             try:
@@ -252,7 +252,7 @@ class SluiceUp:
                 pass
             time.sleep(0.1)
         raise TimeoutError(
-            f"sluice up did not come up on {self.addr} within {UP_TIMEOUT_S:.0f}s "
+            f"sluice service up did not come up on {self.addr} within {UP_TIMEOUT_S:.0f}s "
             f"({live:.0f} of {self.workers} workers registered); its output: {self.log_path}\n{self._log_tail()}"
         )
 
@@ -262,7 +262,7 @@ class SluiceUp:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
 
     def stop(self) -> None:
-        """Stops ``sluice up`` (which stops its dispatcher and workers) and waits for it."""
+        """Stops ``sluice service up`` (which stops its dispatcher and workers) and waits for it."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -414,7 +414,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument(
-        "--modes", nargs="+", default=["local"], choices=MODES, help="local Loader and/or sluice up + RemoteLoader"
+        "--modes", nargs="+", default=["local"], choices=MODES, help="local Loader and/or sluice service up + RemoteLoader"
     )
     ap.add_argument("--threads", type=int, default=1, help="loader threads (results do not depend on it)")
     ap.add_argument(
@@ -430,7 +430,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     IMPORTANCE_OVERRIDES.update(json.loads(a.importance))
     THREADS[0] = a.threads
     TASKS_IN_FLIGHT[0] = a.tasks_in_flight
-    # SIGTERM unwinds like Ctrl-C, so that a running `sluice up` is stopped on the way out.
+    # SIGTERM unwinds like Ctrl-C, so that a running `sluice service up` is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
     import torch
@@ -441,7 +441,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     sizes = write_digits(a.data)
     print(f"digits: {sizes['train']} train / {sizes['test']} test PNGs in {a.data}; {a.epochs} epochs", file=sys.stderr)
     if "remote" in a.modes:
-        print(f"remote: sluice up with {WORKERS} workers, 1 thread each ({sluice_binary()})", file=sys.stderr)
+        print(f"remote: sluice service up with {WORKERS} workers, 1 thread each ({sluice_binary()})", file=sys.stderr)
     results = []
     for seed in a.seeds:
         for v in a.variants:

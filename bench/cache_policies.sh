@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cache policies compared (see crates/sluice-cli/src/bench_cache.rs):
+# Cache policies compared (see crates/sluice-bench/src/cache.rs):
 #  1. hit rate vs cache size (10%..90%) for lru, shade, fastmatch and importance on one
 #     simulated training run with importance feedback (heavy-tailed simulated losses);
 #  2. epoch time on throttled storage (2 ms per read, 200 MB/s) with no cache, and with the
@@ -11,5 +11,5 @@ out="${1:-data/bench/cache_policies.json}"
 mkdir -p "$(dirname "$out")"
 cargo build --release --quiet -p sluice-cli
 # shellcheck disable=SC2086
-./target/release/sluice bench-cache --json ${SLUICE_BENCH_CACHE_ARGS:-} > "$out"
+./target/release/sluice-bench cache --json ${SLUICE_BENCH_CACHE_ARGS:-} > "$out"
 echo "results in $out" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the service's trace costs: a dispatcher and WORKERS worker processes on 127.0.0.1
 # serve the standard training pipeline (decode + random_resized_crop 224 + flip, batches of
-# 64); `sluice remote-run` reads EPOCHS epochs of a fresh job without and with `--trace`
+# 64); `sluice service remote-run` reads EPOCHS epochs of a fresh job without and with `--trace`
 # (the client's events plus every batch's build times from its worker), interleaved (off,
 # on, off, on, ...; the first of each pair alternates) for ROUNDS rounds. Prints one line
 # per run (samples/s of the last epoch, client CPU seconds, worker builds in the trace)
@@ -42,10 +42,10 @@ size = 64
 TOML
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 addr=127.0.0.1:$port
-SLUICE_LOG=warn "$SLUICE" dispatcher --listen "$addr" --allow-root "$root" --journal "$work/journal" &
+SLUICE_LOG=warn "$SLUICE" service dispatcher --listen "$addr" --allow-root "$root" --journal "$work/journal" &
 pids+=($!)
 for _ in $(seq 1 "$WORKERS"); do
-  SLUICE_LOG=warn "$SLUICE" worker --dispatcher "$addr" --allow-root "$root" --threads 1 &
+  SLUICE_LOG=warn "$SLUICE" service worker --dispatcher "$addr" --allow-root "$root" --threads 1 &
   pids+=($!)
 done
 sleep 1
@@ -56,7 +56,7 @@ one() {
   n=$((n + 1))
   local trace_args=() out
   [ "$1" = on ] && trace_args=(--trace "$work/run.pftrace")
-  out=$( { /usr/bin/env time -f "CPU %U %S" "$SLUICE" remote-run "$work/spec.toml" --dispatcher "$addr" \
+  out=$( { /usr/bin/env time -f "CPU %U %S" "$SLUICE" service remote-run "$work/spec.toml" --dispatcher "$addr" \
            --job "run-$n" --epochs "$EPOCHS" "${trace_args[@]}"; } 2>&1 )
   local sps cpu builds
   sps=$(echo "$out" | awk '/^epoch [0-9]+:/ {for (i = 1; i < NF; i++) if ($(i+1) ~ /^samples\/s/) v = $i} END {print v}')

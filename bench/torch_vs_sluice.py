@@ -7,7 +7,7 @@ uint8 output, batches of 64) and the same core counts, in one run:
   transforms v2 on PIL images, then ``PILToTensor``: uint8 CHW), ``num_workers`` = 1 and 2,
   ``persistent_workers=False``, a shuffled epoch;
 * ``sluice.Loader`` with 1 and 2 threads (uint8 NHWC);
-* ``target/release/sluice bench`` (the same loader driven from Rust) at 1 and 2 threads;
+* ``target/release/sluice-bench engine`` (the same loader driven from Rust) at 1 and 2 threads;
 
 each on the files as generated and on a packed copy (``sluice.pack``: the same pixels, the
 JPEGs rewritten losslessly with restart markers so crops decode only what they cover), which
@@ -90,7 +90,7 @@ def sluice_pipeline(root: str, threads: int, batch: int) -> sluice.Pipeline:
 
 def sluice_loader(root: str, threads: int, batch: int, epoch: int) -> sluice.Loader:
     """A loader at `epoch` (enumerating the dataset happens before the clock starts, as in
-    `sluice bench`)."""
+    `sluice-bench engine`)."""
     loader = sluice.Loader(sluice_pipeline(root, threads, batch))
     loader.set_epoch(epoch)
     return loader
@@ -106,8 +106,8 @@ def sluice_epoch(loader: sluice.Loader) -> int:
 
 
 def rust_bench(binary: Path, root: str, threads: List[int], batch: int) -> Dict[int, float]:
-    """One run of `sluice bench --json` (its pipeline rows): images/s by thread count."""
-    cmd = [str(binary), "bench", "--data", root, "--json", "--runs", "1", "--batch", str(batch)]
+    """One run of `sluice-bench engine --json` (its pipeline rows): images/s by thread count."""
+    cmd = [str(binary), "engine", "--data", root, "--json", "--runs", "1", "--batch", str(batch)]
     cmd += ["--threads", ",".join(map(str, threads))]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = json.loads(out)["rows"]
@@ -122,8 +122,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="runs per configuration; the median is reported")
     ap.add_argument("--threads", default="1,2", help="core counts: DataLoader workers = sluice threads")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--sluice-bin", default=str(REPO / "target" / "release" / "sluice"), help="the Rust CLI")
-    ap.add_argument("--no-rust", action="store_true", help="skip the Rust `sluice bench` comparison")
+    ap.add_argument(
+        "--sluice-bench-bin", default=str(REPO / "target" / "release" / "sluice-bench"), help="the Rust benchmarks"
+    )
+    ap.add_argument("--no-rust", action="store_true", help="skip the Rust `sluice-bench engine` comparison")
     ap.add_argument("--no-packed", action="store_true", help="skip the packed copy of the dataset (DATA-packed)")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
@@ -136,7 +138,7 @@ def main() -> None:
     size = sum(p.stat().st_size for p in files)
     for p in files:  # warm the page cache: both sides read from memory
         p.read_bytes()
-    binary = Path(args.sluice_bin)
+    binary = Path(args.sluice_bench_bin)
     use_rust = not args.no_rust and binary.is_file()
     if not args.no_rust and not use_rust:
         print(f"note: {binary} not found (run scripts/setup.sh); skipping the Rust comparison", file=sys.stderr)
@@ -201,7 +203,7 @@ def main() -> None:
     header = "| files | cores | DataLoader + torchvision | sluice (Python) | sluice / DataLoader |"
     rule = "|---|---:|---:|---:|---:|"
     if use_rust:
-        header += " sluice bench (Rust) | Python / Rust |"
+        header += " sluice-bench engine (Rust) | Python / Rust |"
         rule += "---:|---:|"
     print(header)
     print(rule)

@@ -23,7 +23,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 echo "==> building sluice (release)"
-cargo build --release --quiet -p sluice-cli
+cargo build --release --quiet -p sluice-cli -p sluice-bench
 
 # Python: a virtual environment in .venv with the build and test tools (torch and
 # torchvision from PyPI: the default wheel works on CPU), then the sluice package built

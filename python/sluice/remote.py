@@ -1,5 +1,6 @@
-"""The remote loader: batches preprocessed by a sluice service (``sluice dispatcher`` and
-``sluice worker`` processes, or ``sluice up``) instead of this process's CPUs.
+"""The remote loader: batches preprocessed by a sluice service (``sluice service
+dispatcher`` and ``sluice service worker`` processes, or ``sluice service up``) instead of
+this process's CPUs.
 
 The same interface as :class:`sluice.Loader` (both are :class:`sluice.LoaderLike`):
 ``iter(loader)`` runs an epoch, ``set_epoch``, ``state_dict()`` / ``load_state_dict()``
@@ -97,12 +98,12 @@ class RemoteLoader(_Traced):
             wait for it, its hand-over (with a flow arrow from the build) and the
             trainer's time with it. Tasks already running when a :meth:`trace` block
             starts bring no build times. The workers' per-op events are in their own
-            files (``sluice worker --trace-dir``; ``sluice trace-merge`` adds them);
+            files (``sluice service worker --trace-dir``; ``sluice trace-merge`` adds them);
             written when the loader is closed (:meth:`close_trace`, garbage collection or
             interpreter exit). For one block only, use :meth:`trace`.
 
         autoscale: ``True`` when the trainer relies on the service scaling its workers to
-            what it consumes (``sluice up --autoscale fastmatch --min-workers A
+            what it consumes (``sluice service up --autoscale fastmatch --min-workers A
             --max-workers B``): a dispatcher started without ``--autoscale`` is refused
             with an error naming this option. Either way, the loader's heartbeats carry
             what the autoscaler reads: batches taken and time spent waiting for them

@@ -99,11 +99,13 @@ def sluice_service(
     allow = [arg for root in roots for arg in ("--allow-root", str(root))]
     auth = ["--token", token] if token is not None else []
     procs: List["subprocess.Popen[bytes]"] = [
-        subprocess.Popen([exe, "dispatcher", "--listen", addr, "--journal", str(journal), *allow, *auth])
+        subprocess.Popen([exe, "service", "dispatcher", "--listen", addr, "--journal", str(journal), *allow, *auth])
     ]
     try:
         for _ in range(workers):
-            procs.append(subprocess.Popen([exe, "worker", "--dispatcher", addr, "--threads", "1", *allow, *auth]))
+            procs.append(
+                subprocess.Popen([exe, "service", "worker", "--dispatcher", addr, "--threads", "1", *allow, *auth])
+            )
         yield addr
     finally:
         for p in procs:

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use sluice_synth::{write_dataset, DatasetOptions};
+use sluice_synth::{write_dataset, DatasetOptions, DatasetSummary};
 
 use crate::progress;
 
@@ -30,17 +30,21 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     generate(&a)
 }
 
-/// A benchmark's or the demo's dataset in `out`: `images` generated JPEGs in 10 classes
-/// (seed 0, quality 90) plus `corrupt` bad files, made only if the folder is missing.
+/// The demo's dataset in `out` ([`sluice_synth::ensure_dataset`]): `images` generated JPEGs
+/// in 10 classes plus `corrupt` bad files, made only if the folder is missing.
 pub fn ensure_dataset(out: &Path, images: usize, corrupt: usize) -> anyhow::Result<()> {
-    if out.is_dir() {
-        eprintln!("using the dataset already in {}", out.display());
-        return Ok(());
+    let pb = progress::bar(images as u64, "generating");
+    let made = sluice_synth::ensure_dataset(out, images, corrupt, &|n| pb.set_position(n as u64))
+        .with_context(|| format!("generating a dataset in {}", out.display()))?;
+    pb.finish_and_clear();
+    match made {
+        Some(summary) => report(&summary, 10, out),
+        None => eprintln!("using the dataset already in {}", out.display()),
     }
-    generate(&Args { out: out.to_path_buf(), images, classes: 10, seed: 0, quality: 90, corrupt })
+    Ok(())
 }
 
-pub fn generate(a: &Args) -> anyhow::Result<()> {
+fn generate(a: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.images > 0, "--images must be at least 1");
     anyhow::ensure!(a.classes > 0, "--classes must be at least 1");
     let options = DatasetOptions {
@@ -55,13 +59,16 @@ pub fn generate(a: &Args) -> anyhow::Result<()> {
     let summary = write_dataset(&a.out, &options, &|n| pb.set_position(n as u64))
         .with_context(|| format!("generating a dataset in {}", a.out.display()))?;
     pb.finish_and_clear();
-    eprintln!(
-        "wrote {} images ({} classes, {:.0} KB average) and {} bad files to {}",
-        summary.images,
-        a.classes,
-        summary.bytes as f64 / summary.images as f64 / 1000.0,
-        summary.bad_files.len(),
-        a.out.display()
-    );
+    report(&summary, a.classes, &a.out);
     Ok(())
+}
+
+fn report(summary: &DatasetSummary, classes: usize, out: &Path) {
+    eprintln!(
+        "wrote {} images ({classes} classes, {:.0} KB average) and {} bad files to {}",
+        summary.images,
+        summary.bytes as f64 / summary.images.max(1) as f64 / 1000.0,
+        summary.bad_files.len(),
+        out.display()
+    );
 }

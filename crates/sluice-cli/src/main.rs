@@ -1,25 +1,16 @@
-//! `sluice`: generate and pack datasets, run a pipeline spec, benchmark the engine against
-//! plain libjpeg-turbo decoding, and run the service (dispatcher, workers, `up`, a client).
+//! `sluice`: generate and pack datasets, run and profile a pipeline spec, and run the
+//! service (dispatcher, workers, `up`, a client). The benchmarks are the `sluice-bench`
+//! binary (`crates/sluice-bench`); their old `sluice bench-*` names forward to it.
 
 // A command-line tool: printing its report is its job.
 #![allow(clippy::print_stdout)]
 
-mod barrier;
-mod bench;
-mod bench_autoscale;
-mod bench_autoscale_real;
-mod bench_cache;
-mod bench_cache_service;
-mod bench_locality;
-mod bench_service;
-mod bench_workers;
 mod demo;
 mod duration_flags;
 mod gen;
 mod model;
-mod netns;
+mod moved;
 mod pack;
-mod plot;
 mod profile;
 mod progress;
 mod run;
@@ -49,13 +40,35 @@ enum Command {
     /// Run a spec at several thread or worker counts: throughput, CPU per image, per-op
     /// time, percentiles and counters, the knee, and an HTML report with plots.
     Profile(profile::Args),
-    /// Images/s per thread of the standard training pipeline vs plain full JPEG decode.
-    Bench(bench::Args),
-    /// Cache policies compared: hit rate vs cache size, epoch time on throttled storage.
-    BenchCache(bench_cache::Args),
     /// Generate a dataset if needed, write a spec for it and run it: sluice's main job on
     /// data of its own.
     Demo(demo::Args),
+    /// The service: dispatcher, workers, `up` (both on this machine), the Kubernetes scaler
+    /// and a client from the shell.
+    #[command(subcommand)]
+    Service(ServiceCommand),
+    /// Predicted epoch loading time of a multi-learner job vs learners (locality model).
+    Model(model::Args),
+    /// Stream a dataset into a Redis stream (continual learning's producer).
+    StreamPush(stream_push::Args),
+    /// Merge a client's trace and its workers' `--trace-dir` files into one timeline.
+    TraceMerge(trace_merge::Args),
+    // The service's commands under their old top-level names (one release; each says
+    // where it went).
+    #[command(hide = true)]
+    Dispatcher(service::DispatcherArgs),
+    #[command(hide = true)]
+    Worker(service::WorkerArgs),
+    #[command(hide = true)]
+    Up(service::UpArgs),
+    #[command(hide = true)]
+    KubeScaler(service::KubeScalerArgs),
+    #[command(hide = true)]
+    RemoteRun(service::RemoteRunArgs),
+}
+
+#[derive(Subcommand)]
+enum ServiceCommand {
     /// Serve jobs: own epochs, cut them into tasks, journal, hand tasks to workers.
     Dispatcher(service::DispatcherArgs),
     /// Run tasks for a dispatcher and stream their batches to clients.
@@ -67,21 +80,18 @@ enum Command {
     KubeScaler(service::KubeScalerArgs),
     /// Read epochs of a job from a running dispatcher (the service's client, from the shell).
     RemoteRun(service::RemoteRunArgs),
-    /// The service against local mode, raw loopback TCP, and many clients.
-    BenchService(bench_service::Args),
-    /// Predicted epoch loading time of a multi-learner job vs learners (locality model).
-    Model(model::Args),
-    /// Stream a dataset into a Redis stream (continual learning's producer).
-    StreamPush(stream_push::Args),
-    /// Autoscaling policies side by side on a changing demand (emulated per-sample cost).
-    BenchAutoscale(bench_autoscale::Args),
-    /// Epoch times of learner processes on a shared throttled link: locality-aware with the
-    /// collaborative cache vs the baseline, and the model's prediction for each.
-    BenchLocality(bench_locality::Args),
-    /// Service throughput from 1 to 64 worker processes (emulated per-sample cost) vs linear.
-    BenchWorkers(bench_workers::Args),
-    /// Merge a client's trace and its workers' `--trace-dir` files into one timeline.
-    TraceMerge(trace_merge::Args),
+}
+
+impl ServiceCommand {
+    fn run(self) -> anyhow::Result<()> {
+        match self {
+            Self::Dispatcher(a) => service::dispatcher(a),
+            Self::Worker(a) => service::worker(a),
+            Self::Up(a) => service::up(a),
+            Self::KubeScaler(a) => service::kube_scaler(a),
+            Self::RemoteRun(a) => service::remote_run(a),
+        }
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -89,27 +99,26 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
         .init();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(bench) = args.get(1).and_then(|a| moved::bench_command(a)) {
+        return moved::to_sluice_bench(bench, &args[2..]);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::GenImages(a) => gen::main(a),
         Command::Pack(a) => pack::main(a),
         Command::Run(a) => run::main(a),
         Command::Profile(a) => profile::main(a),
-        Command::Bench(a) => bench::main(a),
-        Command::BenchCache(a) => bench_cache::main(a),
         Command::Demo(a) => demo::main(a),
-        Command::Dispatcher(a) => service::dispatcher(a),
-        Command::Worker(a) => service::worker(a),
-        Command::Up(a) => service::up(a),
-        Command::KubeScaler(a) => service::kube_scaler(a),
-        Command::BenchService(a) => bench_service::main(a),
-        Command::RemoteRun(a) => service::remote_run(a),
+        Command::Service(c) => c.run(),
         Command::Model(a) => model::main(a),
         Command::StreamPush(a) => stream_push::main(a),
-        Command::BenchAutoscale(a) => bench_autoscale::main(a),
-        Command::BenchLocality(a) => bench_locality::main(a),
-        Command::BenchWorkers(a) => bench_workers::main(a),
         Command::TraceMerge(a) => trace_merge::main(a),
+        Command::Dispatcher(a) => moved::service("dispatcher", ServiceCommand::Dispatcher(a)),
+        Command::Worker(a) => moved::service("worker", ServiceCommand::Worker(a)),
+        Command::Up(a) => moved::service("up", ServiceCommand::Up(a)),
+        Command::KubeScaler(a) => moved::service("kube-scaler", ServiceCommand::KubeScaler(a)),
+        Command::RemoteRun(a) => moved::service("remote-run", ServiceCommand::RemoteRun(a)),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,16 +1,16 @@
 //! `sluice profile SPEC --sweep threads=1,2,4` (or `workers=1,2`): the sweep, knee and
 //! report of [`sluice_profile`]; a workers sweep starts a real dispatcher and worker
-//! processes on this machine the way `bench-service` does.
+//! processes on this machine ([`sluice_profile::local_service`], as `sluice-bench service`
+//! does).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use sluice_core::{PipelineSpec, SourceSpec};
+use sluice_profile::local_service::{self, tree_cpu};
 use sluice_profile::{knee, parse_sweep, row, sweep, threads_point, Row, Unit};
 use sluice_service::{RemoteLoader, RemoteOptions};
-
-use crate::bench_service::{service, tree_cpu};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -63,7 +63,8 @@ fn workers_point(spec: &PipelineSpec, workers: usize, epochs: u64, run: usize) -
     let threads = spec.threads.initial().max(1).min(cores.max(1));
     let per = (threads / workers).max(1);
     let dir = tempfile::tempdir()?;
-    let (addr, procs) = service(dir.path(), &root, workers, per)?;
+    let sluice = std::env::current_exe().context("finding the sluice binary")?;
+    let (addr, procs) = local_service::start(&sluice, dir.path(), &root, workers, per, &[])?;
     let mut s = spec.clone();
     s.threads = per.into();
     let mut o = RemoteOptions::new(addr, format!("profile-{workers}-{run}"));

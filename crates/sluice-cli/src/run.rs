@@ -9,9 +9,9 @@ use anyhow::Context;
 use serde::Serialize;
 use sluice_core::PipelineSpec;
 use sluice_pipeline::loader::LocalityStats;
+use sluice_pipeline::locality::barrier::Barrier;
 use sluice_pipeline::{Loader, Shard, StatsSnapshot};
 
-use crate::barrier::Barrier;
 use crate::duration_flags;
 use crate::progress;
 

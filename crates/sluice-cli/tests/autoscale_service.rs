@@ -26,11 +26,11 @@ fn get(addr: &str, path: &str) -> (u16, String) {
     (code, body)
 }
 
-/// The worker processes `up` (pid `up`) runs now: (pid, `--name`), zombies left out.
+/// The worker processes (`sluice service worker`) `up` (pid `up`) runs now: (pid, `--name`), zombies left out.
 fn workers_of(up: u32) -> Vec<(u32, String)> {
     children_of(up)
         .into_iter()
-        .filter(|(_, args)| args.get(1).map(String::as_str) == Some("worker"))
+        .filter(|(_, args)| args.get(1..3) == Some(&["service".to_string(), "worker".to_string()][..]))
         .filter_map(|(pid, args)| {
             let i = args.iter().position(|a| a == "--name")?;
             Some((pid, args.get(i + 1).cloned().unwrap_or_default()))
@@ -40,7 +40,10 @@ fn workers_of(up: u32) -> Vec<(u32, String)> {
 
 /// The dispatcher process `up` runs now.
 fn dispatcher_of(up: u32) -> Option<u32> {
-    children_of(up).into_iter().find(|(_, args)| args.get(1).map(String::as_str) == Some("dispatcher")).map(|c| c.0)
+    children_of(up)
+        .into_iter()
+        .find(|(_, args)| args.get(1..3) == Some(&["service".to_string(), "dispatcher".to_string()][..]))
+        .map(|c| c.0)
 }
 
 /// The live child processes of `up`: (pid, command line).

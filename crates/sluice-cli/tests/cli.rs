@@ -1,5 +1,6 @@
 //! The `sluice` command end to end: generate a dataset with bad files, run a spec over it
-//! under the skip policy, benchmark it; learners lined up by `--barrier`; flags refused.
+//! under the skip policy; learners lined up by `--barrier`; flags refused; moved commands
+//! still answer to their old names.
 
 #![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
 
@@ -14,7 +15,7 @@ fn sluice(args: &[&str], cwd: &Path) -> Output {
 }
 
 #[test]
-fn gen_run_and_bench_work_on_a_dataset_with_bad_files() {
+fn gen_and_run_work_on_a_dataset_with_bad_files() {
     let dir = tempfile::tempdir().unwrap();
     sluice(&["gen-images", "--out", "train", "--images", "12", "--classes", "3", "--corrupt", "5"], dir.path());
     let spec = r#"
@@ -50,18 +51,6 @@ size = 4
         assert_eq!(line.matches("bad_").count(), 1, "the path is named once: {line}");
         assert_eq!(line.matches("sample #").count() + line.matches("key ").count(), 1, "the key is named once: {line}");
     }
-
-    let out = sluice(
-        &["bench", "--data", "train", "--runs", "1", "--threads", "1", "--batch", "4", "--json", "--packed"],
-        dir.path(),
-    );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("left out 5 files"));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let row = &report["rows"][0];
-    assert_eq!(row["threads"], 1);
-    assert!(row["pipeline_img_s"].as_f64().unwrap() > 0.0 && row["ratio"].as_f64().unwrap() > 0.0);
-    assert!(row["packed_pipeline_img_s"].as_f64().unwrap() > 0.0, "{row}");
-    assert!(dir.path().join("train-packed").is_dir(), "--packed writes the copy next to the data");
 }
 
 #[test]
@@ -225,5 +214,80 @@ fn a_wait_no_duration_can_hold_is_refused_naming_its_flag() {
             out.status
         );
         assert!(stderr.contains("--dashboard-hold-s") && !stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// `sluice` copied into a folder of its own (`current_exe` is then that copy).
+fn lone_sluice(dir: &Path) -> std::path::PathBuf {
+    let exe = dir.join("sluice");
+    std::fs::copy(env!("CARGO_BIN_EXE_sluice"), &exe).unwrap();
+    exe
+}
+
+/// An old benchmark name says where it went and runs `sluice-bench` from beside `sluice`
+/// with the new subcommand and every argument; without that binary it says how to build it.
+#[cfg(unix)]
+#[test]
+fn an_old_bench_name_says_where_it_went_and_runs_sluice_bench_beside_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = lone_sluice(dir.path());
+    let args = ["bench-cache", "--json", "--threads", "1", "a b"];
+
+    let out = Command::new(&exe).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.starts_with("note: \"sluice bench-cache\" moved to \"sluice-bench cache\"\n"), "{stderr}");
+    assert!(stderr.contains("cargo build --release -p sluice-bench"), "{stderr}");
+
+    // A stand-in `sluice-bench` that writes down how it was called and exits 3.
+    let record = dir.path().join("called.txt");
+    let bench = dir.path().join("sluice-bench");
+    std::fs::write(&bench, format!("#!/bin/sh\nprintf '%s\\n' \"$@\" > '{}'\nexit 3\n", record.display())).unwrap();
+    std::fs::set_permissions(&bench, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(&exe).args(args).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "sluice-bench's exit status is sluice's");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().filter(|l| l.starts_with("note:")).count(), 1, "{stderr}");
+    let called = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(called.lines().collect::<Vec<_>>(), ["cache", "--json", "--threads", "1", "a b"]);
+
+    let help = Command::new(&exe).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let listed: Vec<&str> = help.lines().filter_map(|l| l.strip_prefix("  ")?.split_whitespace().next()).collect();
+    assert!(listed.contains(&"service"), "{help}");
+    for old in ["bench", "bench-cache", "dispatcher", "worker", "up"] {
+        assert!(!listed.contains(&old), "{old} is hidden:\n{help}");
+    }
+}
+
+/// `sluice dispatcher` still runs the dispatcher, after one line saying it is now
+/// `sluice service dispatcher` (which says nothing of the kind).
+#[test]
+fn an_old_service_name_says_where_it_went_and_still_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, note) in [(&["dispatcher"][..], true), (&["service", "dispatcher"][..], false)] {
+        let journal = dir.path().join(format!("journal-{note}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .args(["--listen", "127.0.0.1:0", "--journal"])
+            .arg(&journal)
+            .arg("--allow-root")
+            .arg(dir.path())
+            .env_remove("SLUICE_TOKEN")
+            .env("SLUICE_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(line.starts_with("sluice dispatcher listening on 127.0.0.1:"), "{args:?}: {line:?}");
+        child.kill().unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let said = stderr.lines().any(|l| l == "note: \"sluice dispatcher\" moved to \"sluice service dispatcher\"");
+        assert_eq!(said, note, "{args:?}: {stderr}");
     }
 }

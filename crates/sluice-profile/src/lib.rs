@@ -3,6 +3,8 @@
 //! curve, and a report ([`report`]) as a terminal table or one self-contained HTML page
 //! with plots. The `sluice profile` command and Python's `sluice.profile` both use it.
 
+pub mod chart;
+pub mod local_service;
 pub mod report;
 
 use std::time::Instant;
@@ -22,9 +24,12 @@ pub enum ProfileError {
     /// The pipeline failed at one setting.
     #[error("at {units} threads: {source}")]
     Pipeline { units: usize, source: PipelineError },
-    /// A plot could not be drawn.
-    #[error("drawing the {plot} plot: {message}")]
-    Plot { plot: &'static str, message: String },
+    /// A chart could not be drawn (or its file written).
+    #[error("drawing {what}: {message}")]
+    Chart { what: String, message: String },
+    /// A process of the local service could not be started.
+    #[error("starting {command}: {source}")]
+    Spawn { command: String, source: std::io::Error },
 }
 
 /// What is swept.
@@ -102,6 +107,19 @@ pub fn knee(rows: &[Row]) -> Option<usize> {
         .find(|w| w[1].images_per_s < 1.03 * w[0].images_per_s)
         .map(|w| w[0].units)
         .or_else(|| rows.last().map(|r| r.units))
+}
+
+/// The median of `values` (sorted in place): the middle value for an odd count, the mean
+/// of the two middle values for an even one, NaN for none. The one median of the tree:
+/// profiles and benchmarks report it over runs.
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 /// CPU seconds (user + system) this process has used.
@@ -223,6 +241,14 @@ mod tests {
 
     fn at(units: usize, images_per_s: f64) -> Row {
         row(Unit::Threads, units, 100, 100.0 / images_per_s, 1.0, Vec::new())
+    }
+
+    #[test]
+    fn the_median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut [7.0]), 7.0);
+        assert!(median(&mut []).is_nan());
     }
 
     #[test]

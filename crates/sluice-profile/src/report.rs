@@ -1,20 +1,14 @@
 //! The report of `sluice profile`: a text table for the terminal, and one self-contained
-//! HTML file (no network: styles and SVG plots drawn by `plotters` are inline).
+//! HTML file (no network: styles and the SVG plots of [`crate::chart`] are inline).
 
 use std::fmt::Write as _;
 
-use plotters::prelude::*;
-
+use crate::chart::{self, Panel, Series};
 use crate::{ProfileError, Row};
 
 type Result<T> = std::result::Result<T, ProfileError>;
 
 const SIZE: (u32, u32) = (720, 400);
-
-/// A plotters error while drawing `plot`.
-fn failed(plot: &'static str) -> impl Fn(&dyn std::fmt::Display) -> ProfileError {
-    move |e| ProfileError::Plot { plot, message: e.to_string() }
-}
 
 /// The terminal's table: one line per setting, then its ops.
 pub fn text_table(rows: &[Row], knee: Option<usize>) -> String {
@@ -145,160 +139,59 @@ pub fn html(spec: &str, rows: &[Row], knee: Option<usize>) -> Result<String> {
     Ok(h)
 }
 
-fn x_range(rows: &[Row]) -> std::ops::Range<f64> {
-    let max = rows.iter().map(|r| r.units).max().unwrap_or(1) as f64;
-    0.0..max + 1.0
+fn points(rows: &[Row], value: impl Fn(&Row) -> Option<f64>) -> Vec<(f64, f64)> {
+    rows.iter().filter_map(|r| Some((r.units as f64, value(r)?))).collect()
+}
+
+fn plot(title: &str, unit: &str, y: &str, series: Vec<Series>) -> Result<String> {
+    let panel = Panel { title: title.into(), x: unit.into(), y: y.into(), series, log_x: false };
+    chart::svg(&[panel], SIZE)
 }
 
 fn throughput_plot(rows: &[Row], unit: &str) -> Result<String> {
-    let plot_err = failed("throughput");
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| plot_err(&e))?;
-        let ymax = rows.iter().map(|r| r.images_per_s).fold(1.0, f64::max) * 1.15;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("Throughput vs {unit}"), ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x_range(rows), 0.0..ymax)
-            .map_err(|e| plot_err(&e))?;
-        chart.configure_mesh().x_desc(unit).y_desc("images/s").draw().map_err(|e| plot_err(&e))?;
-        let points: Vec<(f64, f64)> = rows.iter().map(|r| (r.units as f64, r.images_per_s)).collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), BLUE.stroke_width(2)))
-            .map_err(|e| plot_err(&e))?
-            .label("images/s")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-        chart.draw_series(points.iter().map(|&p| Circle::new(p, 5, BLUE.filled()))).map_err(|e| plot_err(&e))?;
-        chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw().map_err(|e| plot_err(&e))?;
-        root.present().map_err(|e| plot_err(&e))?;
-    }
-    Ok(svg)
+    let measured = Series::marked("images/s", points(rows, |r| Some(r.images_per_s)));
+    plot(&format!("Throughput vs {unit}"), unit, "images/s", vec![measured])
 }
 
 /// Stacked per-op CPU time per image at each setting (total CPU per image in a workers
 /// sweep, where the ops are in other processes).
 fn op_cpu_plot(rows: &[Row], unit: &str) -> Result<String> {
-    let plot_err = failed("CPU per op");
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| plot_err(&e))?;
-        let per_op = rows.iter().any(|r| !r.ops.is_empty());
-        // CPU time from the counters (task-clock); busy wall time where there are none.
-        let op_cpu = |r: &Row, o: &crate::OpRow| {
-            o.counters.as_ref().map_or(o.busy_us_per_image, |c| c.task_clock_ns as f64 / 1e3 / r.images.max(1) as f64)
-        };
-        let height = |r: &Row| {
-            if per_op {
-                r.ops.iter().map(|o| op_cpu(r, o)).sum::<f64>()
-            } else {
-                1e6 * r.cpu_s_per_image
-            }
-        };
-        let ymax = rows.iter().map(height).fold(1.0, f64::max) * 1.25;
-        let caption = if per_op { "CPU time per image, stacked by op" } else { "CPU time per image, all processes" };
-        let mut chart = ChartBuilder::on(&root)
-            .caption(caption, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x_range(rows), 0.0..ymax)
-            .map_err(|e| plot_err(&e))?;
-        chart.configure_mesh().x_desc(unit).y_desc("CPU µs / image").draw().map_err(|e| plot_err(&e))?;
-        let bar = |x: f64, y0: f64, y1: f64, color: RGBColor| {
-            Rectangle::new([(x - 0.3, y0), (x + 0.3, y1)], color.mix(0.85).filled())
-        };
-        if per_op {
-            let ops: Vec<&str> =
-                rows.iter().flat_map(|r| r.ops.iter().map(|o| o.op.as_str())).take(rows[0].ops.len()).collect();
-            for (i, op) in ops.iter().enumerate() {
-                let color = Palette99::pick(i).to_rgba();
-                let color = RGBColor(color.0, color.1, color.2);
-                let bars: Vec<_> = rows
-                    .iter()
-                    .filter_map(|r| {
-                        let below: f64 = r.ops.iter().take(i).map(|o| op_cpu(r, o)).sum();
-                        let v = op_cpu(r, r.ops.get(i)?);
-                        Some(bar(r.units as f64, below, below + v, color))
-                    })
-                    .collect();
-                chart
-                    .draw_series(bars)
-                    .map_err(|e| plot_err(&e))?
-                    .label(*op)
-                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
-            }
-        } else {
-            let bars: Vec<_> = rows.iter().map(|r| bar(r.units as f64, 0.0, 1e6 * r.cpu_s_per_image, BLUE)).collect();
-            chart
-                .draw_series(bars)
-                .map_err(|e| plot_err(&e))?
-                .label("all processes")
-                .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], BLUE.filled()));
-        }
-        chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw().map_err(|e| plot_err(&e))?;
-        root.present().map_err(|e| plot_err(&e))?;
-    }
-    Ok(svg)
+    // CPU time from the counters (task-clock); busy wall time where there are none.
+    let op_cpu = |r: &Row, o: &crate::OpRow| {
+        o.counters.as_ref().map_or(o.busy_us_per_image, |c| c.task_clock_ns as f64 / 1e3 / r.images.max(1) as f64)
+    };
+    let Some(first) = rows.first().filter(|r| !r.ops.is_empty()) else {
+        let all = Series::bars("all processes", points(rows, |r| Some(1e6 * r.cpu_s_per_image)));
+        return plot("CPU time per image, all processes", unit, "CPU µs / image", vec![all]);
+    };
+    let series = (0..first.ops.len())
+        .map(|i| Series::bars(first.ops[i].op.clone(), points(rows, |r| Some(op_cpu(r, r.ops.get(i)?)))))
+        .collect();
+    plot("CPU time per image, stacked by op", unit, "CPU µs / image", series)
 }
 
 /// One counter per op vs the setting: instructions per image where the machine has a PMU,
-/// page faults per image otherwise; context switches per image in a workers sweep has no
-/// per-op data, so it shows images per CPU-second instead.
+/// page faults per image otherwise; a workers sweep has no per-op data, so it shows images
+/// per CPU-second instead.
 fn counter_plot(rows: &[Row], unit: &str) -> Result<String> {
-    let plot_err = failed("counter");
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| plot_err(&e))?;
-        let hardware =
-            rows.iter().flat_map(|r| &r.ops).any(|o| o.counters.as_ref().is_some_and(|c| c.instructions.is_some()));
-        let per_op = rows.iter().flat_map(|r| &r.ops).any(|o| o.counters.is_some());
-        let value = |r: &Row, i: usize| -> Option<f64> {
-            let c = r.ops.get(i)?.counters.as_ref()?;
-            let v = if hardware { c.instructions? } else { c.page_faults };
-            Some(v as f64 / r.images.max(1) as f64)
-        };
-        let (caption, ylabel) = match (per_op, hardware) {
-            (true, true) => ("Instructions per image, by op", "instructions / image"),
-            (true, false) => ("Page faults per image, by op (software counter; no PMU)", "page faults / image"),
-            (false, _) => ("Images per CPU-second", "images / CPU-s"),
-        };
-        let series: Vec<(String, Vec<(f64, f64)>)> = if per_op {
-            (0..rows[0].ops.len())
-                .map(|i| {
-                    let pts = rows.iter().filter_map(|r| Some((r.units as f64, value(r, i)?))).collect();
-                    (rows[0].ops[i].op.clone(), pts)
-                })
-                .collect()
-        } else {
-            let pts = rows.iter().map(|r| (r.units as f64, 1.0 / r.cpu_s_per_image.max(1e-12))).collect();
-            vec![("images / CPU-s".to_string(), pts)]
-        };
-        let ymax = series.iter().flat_map(|(_, p)| p.iter().map(|p| p.1)).fold(1.0, f64::max) * 1.25;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(caption, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(x_range(rows), 0.0..ymax)
-            .map_err(|e| plot_err(&e))?;
-        chart.configure_mesh().x_desc(unit).y_desc(ylabel).draw().map_err(|e| plot_err(&e))?;
-        for (i, (name, pts)) in series.into_iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let color = RGBColor(color.0, color.1, color.2);
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(|e| plot_err(&e))?;
-            chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(2)))
-                .map_err(|e| plot_err(&e))?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        }
-        chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw().map_err(|e| plot_err(&e))?;
-        root.present().map_err(|e| plot_err(&e))?;
-    }
-    Ok(svg)
+    let hardware =
+        rows.iter().flat_map(|r| &r.ops).any(|o| o.counters.as_ref().is_some_and(|c| c.instructions.is_some()));
+    let per_op = rows.iter().flat_map(|r| &r.ops).any(|o| o.counters.is_some());
+    let value = |r: &Row, i: usize| -> Option<f64> {
+        let c = r.ops.get(i)?.counters.as_ref()?;
+        let v = if hardware { c.instructions? } else { c.page_faults };
+        Some(v as f64 / r.images.max(1) as f64)
+    };
+    let (title, ylabel) = match (per_op, hardware) {
+        (true, true) => ("Instructions per image, by op", "instructions / image"),
+        (true, false) => ("Page faults per image, by op (software counter; no PMU)", "page faults / image"),
+        (false, _) => ("Images per CPU-second", "images / CPU-s"),
+    };
+    let series = match rows.first() {
+        Some(first) if per_op => (0..first.ops.len())
+            .map(|i| Series::marked(first.ops[i].op.clone(), points(rows, |r| value(r, i))))
+            .collect(),
+        _ => vec![Series::marked("images / CPU-s", points(rows, |r| Some(1.0 / r.cpu_s_per_image.max(1e-12))))],
+    };
+    plot(title, unit, ylabel, series)
 }

@@ -19,17 +19,18 @@
 //!   on Linux [`shm`]'s socket primitives of the local (shared-memory) data plane.
 //! * [`metrics::serve`], the `/metrics` endpoint both servers use, and [`dashboard`], the
 //!   live page the dispatcher serves beside it (and a local loader, on request).
-//! * With the `bench` feature (the `sluice bench-service` command): `bench`, the
-//!   data-plane and dispatcher measurements. Not a stable API.
+//! * sluice's own data plane, for a worker or client of your own (and the measurements of
+//!   `sluice-bench service`): [`dataplane`]'s server ends ([`dataplane::serve`], and on
+//!   Linux the shared-memory [`dataplane::serve_local`]) and its client end
+//!   ([`dataplane::TaskStream`]), with the batch encoding they share ([`Outgoing`],
+//!   [`message_to_batch`]).
 //!
 //! Everything else (the dispatcher's state machine and journal, the worker's job table,
-//! the data planes, wire conversions) is internal.
+//! the rest of the wire conversions) is internal.
 
-#[cfg(feature = "bench")]
-pub mod bench;
 mod client;
 pub mod dashboard;
-mod dataplane;
+pub mod dataplane;
 mod dispatcher;
 mod dispatcher_client;
 mod error;
@@ -65,7 +66,7 @@ pub use security::{random_token, ClientSecret, TokenAttach};
 pub use statefulset::StatefulSetScaler;
 pub use tls::TlsFiles;
 pub use trace_merge::{merge_traces, MergedWorker};
-pub use wire::Compression;
+pub use wire::{message_to_batch, Compression, Outgoing};
 pub use worker::{run_worker, WorkerConfig};
 
 /// Largest batch message either side sends or accepts (worker → client, gRPC or the data

@@ -302,7 +302,7 @@ fn recvmsg_fd(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>
 
 /// Listens on `name` in the abstract socket namespace: no file to clean up after a crash,
 /// reachable from this network namespace only (like a loopback port).
-pub(crate) fn listen_abstract(name: &str) -> io::Result<UnixListener> {
+pub fn listen_abstract(name: &str) -> io::Result<UnixListener> {
     use std::os::linux::net::SocketAddrExt;
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
     let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;

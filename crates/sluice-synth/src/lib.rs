@@ -102,6 +102,31 @@ pub fn write_dataset(
     Ok(summary)
 }
 
+/// The dataset the benchmarks and the demo use, in `root`: `images` JPEGs in 10 classes
+/// (seed 0, quality 90) and `corrupt` bad files, written only where `root` is not a folder
+/// yet. `None`: the folder was there and is used as it is (whatever it holds).
+pub fn ensure_dataset(
+    root: &Path,
+    images: usize,
+    corrupt: usize,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<Option<DatasetSummary>, SynthError> {
+    if root.is_dir() {
+        return Ok(None);
+    }
+    let options = DatasetOptions { images, corrupt, ..Default::default() };
+    write_dataset(root, &options, progress).map(Some)
+}
+
+/// Image `i` of a dataset of noise: `side`×`side` pixels of uniform noise as a JPEG of
+/// quality 90, the same bytes for the same `i`. Noise does not compress, so every sample
+/// weighs about the same (what a benchmark of storage and network bandwidth needs).
+pub fn noise_jpeg(i: usize, side: u32) -> Result<Vec<u8>, SynthError> {
+    let mut rng = SampleRng::new(16, 0, SampleKey(i as u64), 0);
+    let px: Vec<u8> = (0..side as usize * side as usize * 3).map(|_| rng.below(256) as u8).collect();
+    sluice_codec::encode_jpeg(&px, side, side, 90).map_err(|e| SynthError::Encode { index: i, message: e.to_string() })
+}
+
 /// The JPEG bytes of image `i`.
 pub fn image_jpeg(i: usize, options: &DatasetOptions) -> Result<Vec<u8>, SynthError> {
     let (w, h, rgb) = image_pixels(i, options);

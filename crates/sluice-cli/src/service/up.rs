@@ -162,7 +162,7 @@ struct Spawner {
 impl Spawner {
     fn spawn(&self, args: &[String]) -> Result<Child> {
         let mut cmd = Command::new(&self.exe);
-        cmd.args(args);
+        cmd.arg("service").args(args);
         if let Some(t) = &self.token {
             // Through the environment, not argv, so `ps` does not show it.
             cmd.env("SLUICE_TOKEN", t);

@@ -10,8 +10,6 @@
 pub mod level;
 pub mod policy;
 pub mod ram;
-#[cfg(any(test, feature = "sim"))]
-pub mod sim;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -334,8 +332,10 @@ impl Cache {
     }
 
     /// Hands the policy its priorities for the epoch `draw` starts, from the same state the
-    /// draw came from (see [`epoch_priorities`]).
-    pub(crate) fn set_priorities_for(&self, draw: &EpochDraw, store: &ImportanceStore, manifest: &Manifest) {
+    /// draw came from (see [`epoch_priorities`]). The loader calls it at each epoch; a
+    /// caller driving a cache and an [`ImportanceStore`] of its own (a simulation of the
+    /// policies) calls it the same way.
+    pub fn set_priorities_for(&self, draw: &EpochDraw, store: &ImportanceStore, manifest: &Manifest) {
         if let Some(p) = epoch_priorities(self.policy_kind(), draw, store, manifest) {
             let keyed = manifest.entries.iter().zip(p).map(|(e, p)| (e.key.0, p)).collect();
             self.set_epoch_priorities(keyed);

@@ -339,7 +339,7 @@ impl Loader {
     }
 
     /// As [`Loader::autoscale`], with each window's readings passed through `perturb`
-    /// before the policy sees them: how `sluice bench-autoscale` injects noise.
+    /// before the policy sees them: how `sluice-bench autoscale` injects noise.
     pub fn autoscale_perturbed(&self, config: AutoscaleConfig, perturb: Perturb) -> Result<(), PipelineError> {
         Ok(self.shared.autoscale.enable(config, &self.pool, Some(perturb))?)
     }

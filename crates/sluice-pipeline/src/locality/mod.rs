@@ -7,9 +7,11 @@
 //! is the same multiset either way.
 //!
 //! Here: the per-rank view of an epoch. [`Locality::placement`]: who caches what.
-//! `assign`: who loads what of one global batch.
+//! `assign`: who loads what of one global batch. `barrier`: learner processes on one
+//! machine lined up at named points (`sluice run --barrier`).
 
 pub mod assign;
+pub mod barrier;
 pub mod model;
 pub mod peer;
 

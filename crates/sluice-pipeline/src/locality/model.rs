@@ -93,7 +93,7 @@ pub fn predict(m: &ModelInputs, learners: usize) -> Prediction {
     let epoch_s = link_s.max(compute_s + storage_wait_s + network_s);
     let baseline_s = (n * m.sample_bytes / m.storage_bytes_per_s).max(per_learner * (m.compute_s + storage_read_s) / k);
     // Storage is the bottleneck where it makes the epoch over 20% longer than it would be
-    // without it (the measured criterion in `sluice bench-locality`).
+    // without it (the measured criterion in `sluice-bench locality`).
     let bottleneck = if epoch_s > STORAGE_BOUND * (compute_s + network_s) {
         "storage"
     } else if compute_s >= network_s {

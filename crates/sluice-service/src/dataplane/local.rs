@@ -346,7 +346,7 @@ impl MappedRegions {
 
     /// Regions mapped now.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.maps.lock().len()
     }
 

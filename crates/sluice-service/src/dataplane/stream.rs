@@ -84,7 +84,6 @@ impl TaskStream {
     }
 
     /// The next batch, `None` at the end of the task.
-    #[cfg(any(test, feature = "bench"))]
     pub async fn next(&mut self) -> Result<Option<sluice_core::Batch>, Status> {
         Ok(self.next_received().await?.map(|r| r.batch))
     }

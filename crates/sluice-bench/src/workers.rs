@@ -1,4 +1,5 @@
-//! `sluice bench-workers`: the service's throughput from 1 to 64 worker processes.
+//! `sluice-bench workers` (formerly `sluice bench-workers`): the service's throughput from
+//! 1 to 64 worker processes.
 //!
 //! Real `sluice dispatcher` and `sluice worker` processes (one thread each) and a
 //! RemoteLoader over loopback, on a pipeline whose per-sample cost is emulated by the
@@ -16,8 +17,11 @@ use serde::Serialize;
 use sluice_core::PipelineSpec;
 use sluice_service::{RemoteLoader, RemoteOptions};
 
-use crate::bench_service::{median, proc_cpu, self_cpu, service, Proc};
-use crate::plot::{self, Panel, Series};
+use sluice_profile::chart::{self, Panel, Series};
+use sluice_profile::local_service::{proc_cpu, Proc};
+use sluice_profile::{median, self_cpu};
+
+use crate::service::service;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -211,7 +215,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     std::fs::write(a.out.join("workers.md"), &table)?;
     let json = serde_json::to_string_pretty(&serde_json::json!({ "rows": rows, "runs": points }))?;
     std::fs::write(a.out.join("workers.json"), &json)?;
-    plot::write_svg(&a.out.join("workers.svg"), &panels(&rows, per_worker))?;
+    chart::write_svg(&a.out.join("workers.svg"), &panels(&rows, per_worker))?;
     eprintln!("wrote the table, JSON and plot to {}", a.out.display());
     if a.json {
         println!("{json}");

@@ -1,4 +1,4 @@
-//! Measurements behind `sluice bench-service` (benchmarks, not tests):
+//! Measurements behind `sluice-bench service` (benchmarks, not tests):
 //!
 //! * [`data_plane`]: bytes/s of batches through the real data-plane stack (tonic streaming,
 //!   prost encode/decode, batch conversion) from a worker that does no preprocessing,
@@ -12,38 +12,33 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::{Context, Result};
 use sluice_core::{Batch, DType, Layout, Tensor};
+use sluice_service::dataplane;
+use sluice_service::proto::dispatcher_client::DispatcherClient;
+use sluice_service::proto::worker_client::WorkerClient;
+use sluice_service::proto::worker_server::{Worker, WorkerServer};
+use sluice_service::proto::*;
+use sluice_service::{message_to_batch, Compression, Outgoing, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
-use crate::dispatcher_client::dispatcher_client;
-use crate::error::ServiceError;
-use crate::proto::worker_client::WorkerClient;
-use crate::proto::worker_server::{Worker, WorkerServer};
-use crate::proto::*;
-use crate::wire::Compression;
-pub use crate::wire::{message_to_batch, Outgoing};
-use crate::MAX_MESSAGE_BYTES;
-
-fn rt() -> Result<tokio::runtime::Runtime, ServiceError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| ServiceError::Internal(format!("runtime: {e}")))
+fn rt() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting a runtime")
 }
 
-fn io_err(what: &str) -> impl Fn(std::io::Error) -> ServiceError + '_ {
-    move |e| ServiceError::Internal(format!("{what}: {e}"))
+/// A gRPC status from a task as an error naming the call.
+fn rpc(what: &'static str) -> impl Fn(Status) -> anyhow::Error {
+    move |s| anyhow::anyhow!("{what}: {} ({:?})", s.message(), s.code())
 }
 
 /// Bytes/s of `total` bytes written in `chunk`-sized writes over one loopback TCP connection.
-pub fn raw_tcp(total: u64, chunk: usize) -> Result<f64, ServiceError> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(io_err("bind"))?;
-    let addr = listener.local_addr().map_err(io_err("addr"))?;
+pub fn raw_tcp(total: u64, chunk: usize) -> Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("bind")?;
+    let addr = listener.local_addr().context("addr")?;
     let reader = std::thread::spawn(move || -> std::io::Result<u64> {
         let (mut s, _) = listener.accept()?;
         let mut buf = vec![0u8; chunk];
@@ -56,18 +51,32 @@ pub fn raw_tcp(total: u64, chunk: usize) -> Result<f64, ServiceError> {
             got += n as u64;
         }
     });
-    let mut s = TcpStream::connect(addr).map_err(io_err("connect"))?;
-    s.set_nodelay(true).map_err(io_err("nodelay"))?;
+    let mut s = TcpStream::connect(addr).context("connect")?;
+    s.set_nodelay(true).context("nodelay")?;
     let buf = vec![7u8; chunk];
     let t0 = Instant::now();
     let mut sent = 0u64;
     while sent < total {
-        s.write_all(&buf).map_err(io_err("write"))?;
+        s.write_all(&buf).context("write")?;
         sent += chunk as u64;
     }
     drop(s);
-    let got = reader.join().map_err(|_| ServiceError::Internal("reader panicked".into()))?.map_err(io_err("read"))?;
+    let got = reader.join().map_err(|_| anyhow::anyhow!("the reader thread panicked"))?.context("read")?;
     Ok(got as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// Stream `s`'s share of the task: batches `s * per` to `(s + 1) * per` of epoch 0.
+fn stream_request(s: u64, per: u64) -> RunTaskRequest {
+    RunTaskRequest { job_id: 0, epoch: 0, start: s * per, end: (s + 1) * per, compression: 0, ..Default::default() }
+}
+
+/// The bytes every stream task received, or the first failure (`what` names the call).
+async fn total_bytes(tasks: Vec<tokio::task::JoinHandle<Result<u64, Status>>>, what: &'static str) -> Result<u64> {
+    let mut bytes = 0;
+    for t in tasks {
+        bytes += t.await.context("a stream task")?.map_err(rpc(what))?;
+    }
+    Ok(bytes)
 }
 
 /// A worker whose "pipeline" is free: every batch is a fresh zeroed buffer, converted and
@@ -94,13 +103,13 @@ impl Worker for NoopWorker {
 
 /// Bytes/s of pixel data received through the gRPC data plane, `batches` batches of
 /// `samples` × `side`² × 3 bytes, over `streams` concurrent task streams.
-pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Result<f64, ServiceError> {
+pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Result<f64> {
     let rt = rt()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_err("bind"))?;
-        let addr = listener.local_addr().map_err(io_err("addr"))?;
-        let incoming = TcpIncoming::from_listener(listener, true, None)
-            .map_err(|e| ServiceError::Internal(format!("incoming: {e}")))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("bind")?;
+        let addr = listener.local_addr().context("addr")?;
+        let incoming =
+            TcpIncoming::from_listener(listener, true, None).map_err(|e| anyhow::anyhow!("incoming: {e}"))?;
         let stop = Arc::new(tokio::sync::Notify::new());
         let s2 = stop.clone();
         let server = WorkerServer::new(NoopWorker { samples, side })
@@ -113,8 +122,7 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
                 .add_service(server)
                 .serve_with_incoming_shutdown(incoming, async move { s2.notified().await }),
         );
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| ServiceError::Internal(e.to_string()))?
+        let channel = Endpoint::from_shared(format!("http://{addr}"))?
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
@@ -128,14 +136,7 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
         for s in 0..streams.max(1) {
             let mut c = client.clone();
             tasks.push(tokio::spawn(async move {
-                let req = RunTaskRequest {
-                    job_id: 0,
-                    epoch: 0,
-                    start: s * per,
-                    end: (s + 1) * per,
-                    compression: 0,
-                    ..Default::default()
-                };
+                let req = stream_request(s, per);
                 let mut stream = c.run_task(req).await?.into_inner();
                 let mut bytes = 0u64;
                 while let Some(m) = stream.message().await? {
@@ -145,13 +146,7 @@ pub fn data_plane(samples: usize, side: usize, batches: u64, streams: u64) -> Re
                 Ok::<u64, Status>(bytes)
             }));
         }
-        let mut bytes = 0;
-        for t in tasks {
-            bytes += t
-                .await
-                .map_err(|e| ServiceError::Internal(e.to_string()))?
-                .map_err(|s| ServiceError::rpc("RunTask", s))?;
-        }
+        let bytes = total_bytes(tasks, "RunTask").await?;
         let rate = bytes as f64 / t0.elapsed().as_secs_f64();
         stop.notify_one();
         let _ = handle.await;
@@ -182,18 +177,12 @@ fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Re
 
 /// As [`data_plane`], through sluice's own data plane: TCP, or with `local` the local data
 /// plane (Unix socket + shared memory) that clients use for workers on their machine.
-pub fn own_data_plane(
-    samples: usize,
-    side: usize,
-    batches: u64,
-    streams: u64,
-    local: bool,
-) -> Result<f64, ServiceError> {
+pub fn own_data_plane(samples: usize, side: usize, batches: u64, streams: u64, local: bool) -> Result<f64> {
     let rt = rt()?;
     rt.block_on(async move {
-        let start: crate::dataplane::StartTask = Arc::new(move |req| {
+        let start: dataplane::StartTask = Arc::new(move |req| {
             Box::pin(async move {
-                Ok(crate::dataplane::TaskBatches {
+                Ok(dataplane::TaskBatches {
                     rx: noop_batches(req, samples, side),
                     max_batch_bytes: samples * side * side * 3,
                     in_flight: 4,
@@ -205,9 +194,9 @@ pub fn own_data_plane(
         let (addr, server) = if local {
             local_server(start)?
         } else {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(io_err("bind"))?;
-            let addr = listener.local_addr().map_err(io_err("addr"))?.to_string();
-            (addr, tokio::spawn(crate::dataplane::serve(listener, start, None, None, Default::default())))
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("bind")?;
+            let addr = listener.local_addr().context("addr")?.to_string();
+            (addr, tokio::spawn(dataplane::serve(listener, start, None, None, Default::default())))
         };
         let maps = Arc::new(local_maps());
         let t0 = Instant::now();
@@ -216,14 +205,7 @@ pub fn own_data_plane(
         for s in 0..streams.max(1) {
             let (addr, maps) = (addr.clone(), maps.clone());
             tasks.push(tokio::spawn(async move {
-                let req = RunTaskRequest {
-                    job_id: 0,
-                    epoch: 0,
-                    start: s * per,
-                    end: (s + 1) * per,
-                    compression: 0,
-                    ..Default::default()
-                };
+                let req = stream_request(s, per);
                 let mut stream = open_stream(&addr, local, &req, &maps).await?;
                 let mut bytes = 0u64;
                 while let Some(b) = stream.next().await? {
@@ -232,13 +214,7 @@ pub fn own_data_plane(
                 Ok::<u64, Status>(bytes)
             }));
         }
-        let mut bytes = 0;
-        for t in tasks {
-            bytes += t
-                .await
-                .map_err(|e| ServiceError::Internal(e.to_string()))?
-                .map_err(|s| ServiceError::rpc("data plane", s))?;
-        }
+        let bytes = total_bytes(tasks, "data plane").await?;
         let rate = bytes as f64 / t0.elapsed().as_secs_f64();
         server.abort();
         Ok(rate)
@@ -246,7 +222,7 @@ pub fn own_data_plane(
 }
 
 #[cfg(target_os = "linux")]
-type LocalMaps = crate::dataplane::MappedRegions;
+type LocalMaps = dataplane::MappedRegions;
 #[cfg(not(target_os = "linux"))]
 type LocalMaps = ();
 
@@ -255,16 +231,16 @@ fn local_maps() -> LocalMaps {
 }
 
 #[cfg(target_os = "linux")]
-fn local_server(start: crate::dataplane::StartTask) -> Result<(String, tokio::task::JoinHandle<()>), ServiceError> {
-    let name = format!("sluice-bench-{:x}", crate::shm::random_u64());
-    let listener = crate::shm::listen_abstract(&name).map_err(io_err("listen"))?;
-    let pool = Arc::new(crate::dataplane::RegionPool::default());
-    Ok((name, tokio::spawn(crate::dataplane::serve_local(listener, start, None, pool, Default::default()))))
+fn local_server(start: dataplane::StartTask) -> Result<(String, tokio::task::JoinHandle<()>)> {
+    let name = format!("sluice-bench-{}", sluice_service::random_token()?);
+    let listener = sluice_service::shm::listen_abstract(&name).context("listen")?;
+    let pool = Arc::new(dataplane::RegionPool::default());
+    Ok((name, tokio::spawn(dataplane::serve_local(listener, start, None, pool, Default::default()))))
 }
 
 #[cfg(not(target_os = "linux"))]
-fn local_server(_: crate::dataplane::StartTask) -> Result<(String, tokio::task::JoinHandle<()>), ServiceError> {
-    Err(ServiceError::Internal("the local data plane needs Linux".into()))
+fn local_server(_: dataplane::StartTask) -> Result<(String, tokio::task::JoinHandle<()>)> {
+    anyhow::bail!("the local data plane needs Linux")
 }
 
 async fn open_stream(
@@ -272,14 +248,14 @@ async fn open_stream(
     local: bool,
     req: &RunTaskRequest,
     maps: &LocalMaps,
-) -> Result<crate::dataplane::TaskStream, Status> {
+) -> Result<dataplane::TaskStream, Status> {
     #[cfg(target_os = "linux")]
     if local {
-        let sock = crate::shm::connect_abstract(addr).map_err(|e| Status::unavailable(e.to_string()))?;
-        return crate::dataplane::TaskStream::open_local(sock, addr, None, req, maps).await;
+        let sock = sluice_service::shm::connect_abstract(addr).map_err(|e| Status::unavailable(e.to_string()))?;
+        return dataplane::TaskStream::open_local(sock, addr, None, req, maps).await;
     }
     let _ = (local, maps);
-    crate::dataplane::TaskStream::open(addr, None, req, None).await
+    dataplane::TaskStream::open(addr, None, req, None).await
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -294,24 +270,21 @@ pub struct LoadRow {
 }
 
 /// Runs `clients` closed-loop clients (each its own connection) doing GetTask then AckTask
-/// on job `job_id` for `seconds`, against the dispatcher at `addr`. A fake worker is
-/// registered and kept alive so tasks are handed out.
-pub fn dispatcher_load(
-    addr: &str,
-    token: Option<&str>,
-    job_id: u64,
-    clients: usize,
-    seconds: f64,
-) -> Result<LoadRow, ServiceError> {
+/// on job `job_id` for `seconds`, against the dispatcher at `addr` (started without a
+/// token). A fake worker is registered and kept alive so tasks are handed out.
+pub fn dispatcher_load(addr: &str, job_id: u64, clients: usize, seconds: f64) -> Result<LoadRow> {
     let rt = rt()?;
     let addr = addr.to_string();
-    let token = token.map(str::to_string);
     rt.block_on(async move {
-        let mut control = dispatcher_client(&addr, token.as_deref(), None)?;
+        let connect = || -> Result<DispatcherClient<Channel>> {
+            let channel = Endpoint::from_shared(format!("http://{addr}"))?.tcp_nodelay(true).connect_lazy();
+            Ok(DispatcherClient::new(channel))
+        };
+        let mut control = connect()?;
         let wid = control
             .register_worker(RegisterWorkerRequest { addr: "127.0.0.1:9".into(), ..Default::default() })
             .await
-            .map_err(|s| ServiceError::rpc("RegisterWorker", s))?
+            .map_err(rpc("RegisterWorker"))?
             .into_inner()
             .worker_id;
         let stop = Arc::new(AtomicBool::new(false));
@@ -323,13 +296,11 @@ pub fn dispatcher_load(
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
-        let info =
-            control.get_job(GetJobRequest { job_id }).await.map_err(|s| ServiceError::rpc("GetJob", s))?.into_inner();
-        let _ = info;
+        control.get_job(GetJobRequest { job_id }).await.map_err(rpc("GetJob"))?;
         let deadline = Instant::now() + Duration::from_secs_f64(seconds);
         let mut handles = Vec::new();
         for c in 0..clients {
-            let mut d = dispatcher_client(&addr, token.as_deref(), None)?;
+            let mut d = connect()?;
             handles.push(tokio::spawn(async move {
                 let client_id = format!("load-{c}");
                 let mut epoch = 0u64;
@@ -378,10 +349,7 @@ pub fn dispatcher_load(
         let mut lat = Vec::new();
         let mut rpcs = 0;
         for h in handles {
-            let (l, r) = h
-                .await
-                .map_err(|e| ServiceError::Internal(e.to_string()))?
-                .map_err(|s| ServiceError::rpc("load", s))?;
+            let (l, r) = h.await.context("a load client")?.map_err(rpc("load"))?;
             lat.extend(l);
             rpcs += r;
         }

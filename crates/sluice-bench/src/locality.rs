@@ -1,8 +1,9 @@
-//! `sluice bench-locality`: epoch times of p learner processes (`sluice run --rank r
-//! --world-size p`) on one shared throttled storage link, locality-aware with the
-//! collaborative cache vs the baseline (plain split, no cache, everything from storage),
-//! and `sluice model`'s prediction for every point (`docs/locality.md`). Per-sample
-//! preprocessing is emulated with the `sleep` op, so two cores can host eight learners.
+//! `sluice-bench locality` (formerly `sluice bench-locality`): epoch times of p learner
+//! processes (`sluice run --rank r --world-size p`) on one shared throttled storage link,
+//! locality-aware with the collaborative cache vs the baseline (plain split, no cache,
+//! everything from storage), and `sluice model`'s prediction for every point
+//! (`docs/locality.md`). Per-sample preprocessing is emulated with the `sleep` op, so two
+//! cores can host eight learners.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -12,11 +13,15 @@ use anyhow::Context;
 use clap::Args as ClapArgs;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use sluice_core::{SampleKey, SampleRng};
 use sluice_pipeline::locality::model::{predict, ModelInputs, STORAGE_BOUND};
 use sluice_pipeline::storage::throttled::link_path;
 
-use crate::netns::Net;
+use sluice_profile::median;
+
+use crate::dataset;
+
+mod netns;
+use netns::Net;
 
 #[derive(ClapArgs)]
 pub struct Args {
@@ -142,7 +147,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.learners.iter().chain(&a.baseline).all(|&p| p > 0), "learner counts must be at least 1");
     let root = a.out.join("train");
     let sample_bytes = ensure_dataset(&root, a.samples, a.side)?;
-    let exe = std::env::current_exe().context("finding the sluice binary")?;
+    let exe = dataset::sluice_exe()?;
     eprintln!("{} samples of {:.1} kB on average in {}", a.samples, sample_bytes / 1e3, root.display());
 
     let mut configs = Vec::new();
@@ -210,15 +215,6 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn cache_samples(a: &Args, cfg: &Config) -> u64 {
     (a.samples as f64 * cfg.cache_fraction).round() as u64
 }
@@ -240,7 +236,8 @@ fn inputs(a: &Args, cfg: &Config, sample_bytes: f64, compute_s: f64) -> ModelInp
     }
 }
 
-/// `n` JPEGs of `side`² noise in `root` (made if missing); their mean size in bytes.
+/// `n` JPEGs of `side`² noise ([`sluice_synth::noise_jpeg`]) in `root` (made if missing);
+/// their mean size in bytes.
 fn ensure_dataset(root: &Path, n: usize, side: u32) -> anyhow::Result<f64> {
     let dir = root.join("all");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -251,9 +248,7 @@ fn ensure_dataset(root: &Path, n: usize, side: u32) -> anyhow::Result<f64> {
             total += meta.len();
             continue;
         }
-        let mut rng = SampleRng::new(16, 0, SampleKey(i as u64), 0);
-        let px: Vec<u8> = (0..side as usize * side as usize * 3).map(|_| rng.below(256) as u8).collect();
-        let jpeg = sluice_codec::encode_jpeg(&px, side, side, 90).with_context(|| format!("encoding image {i}"))?;
+        let jpeg = sluice_synth::noise_jpeg(i, side)?;
         std::fs::write(&path, &jpeg).with_context(|| format!("writing {}", path.display()))?;
         total += jpeg.len() as u64;
     }

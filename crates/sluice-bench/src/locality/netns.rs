@@ -1,4 +1,4 @@
-//! Learners on a real, bandwidth-limited network (`sluice bench-locality --netns-mbit`):
+//! Learners on a real, bandwidth-limited network (`sluice-bench locality --netns-mbit`):
 //! each learner runs in a network namespace of its own, its `eth0` one end of a veth pair
 //! whose other end joins a bridge in a hub namespace, and its egress is shaped by `tc`
 //! (`tbf` for the rate, under `netem` for a delay when one is asked), as a node's NIC

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use sluice_pipeline::Shard;
+use crate::sampler::Shard;
 
 /// How long a learner waits for the others at one point.
 const PATIENCE: Duration = Duration::from_secs(300);
@@ -26,6 +26,7 @@ const POLL: Duration = Duration::from_millis(2);
 /// Where the point files of the run with id X go: `DIR/run-X`.
 const RUN_PREFIX: &str = "run-";
 
+/// Why a learner could not pass a barrier point.
 #[derive(Debug, thiserror::Error)]
 pub enum BarrierError {
     #[error("barrier {point} in {dir}: {source}")]
@@ -34,6 +35,7 @@ pub enum BarrierError {
     Timeout { point: String, dir: PathBuf, arrived: usize, world_size: usize },
 }
 
+/// One learner's side of the barrier (see the module docs).
 pub struct Barrier {
     dir: PathBuf,
     shard: Shard,
@@ -46,6 +48,7 @@ pub struct Barrier {
 }
 
 impl Barrier {
+    /// The barrier in `dir` for the learner `shard.rank` of `shard.world_size`.
     pub fn new(dir: &Path, shard: Shard) -> Self {
         Self {
             dir: dir.to_path_buf(),

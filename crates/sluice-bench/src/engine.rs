@@ -1,8 +1,9 @@
-//! `sluice bench`: images/s of the standard training pipeline (decode + RandomResizedCrop
-//! 224 + flip, u8 out) against plain libjpeg-turbo full decoding of the same files, in the
-//! same run, at each thread count; with `--packed`, also the pipeline on a packed copy of
-//! the files (`sluice pack`), against the same plain decode of the originals. Reported as
-//! medians over several runs, and as ratios, because machines are noisy.
+//! `sluice-bench engine` (formerly `sluice bench`): images/s of the standard training
+//! pipeline (decode + RandomResizedCrop 224 + flip, u8 out) against plain libjpeg-turbo
+//! full decoding of the same files, in the same run, at each thread count; with `--packed`,
+//! also the pipeline on a packed copy of the files (`sluice pack`), against the same plain
+//! decode of the originals. Reported as medians over several runs, and as ratios, because
+//! machines are noisy.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -15,7 +16,9 @@ use sluice_pipeline::pack::{pack_dataset, PackOptions};
 use sluice_pipeline::source::build_manifest;
 use sluice_pipeline::{Loader, Shard};
 
-use crate::gen;
+use sluice_profile::median;
+
+use crate::dataset;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -53,7 +56,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         Some(d) => d.clone(),
         None => {
             let out = PathBuf::from("data/bench");
-            gen::ensure_dataset(&out, a.images, 0)?;
+            dataset::ensure(&out, a.images, 0)?;
             out
         }
     };
@@ -148,16 +151,6 @@ fn report(a: &Args, rows: &[Row]) {
     }
     if let Some(s) = scaling {
         println!("pipeline scaling, 2 threads vs 1: {s:.2}x");
-    }
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 

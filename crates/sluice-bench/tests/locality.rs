@@ -1,33 +1,63 @@
-//! `sluice bench-locality` end to end: real `sluice run --rank` learner processes on one
+//! `sluice-bench locality` end to end: real `sluice run --rank` learner processes on one
 //! shared throttled link, on loopback and, where network namespaces can be made, across
 //! bandwidth-limited veth links shaped by `tc`.
 
 #![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
 
-mod common;
-use common::*;
-
+use std::io::Read;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Runs the benchmark small; its JSON points and its process id.
-fn bench(dir: &std::path::Path, extra: &[&str]) -> (Vec<Value>, u32) {
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["bench-locality", "--out"])
+/// The `sluice` binary the learners run: beside `sluice-bench` (`cargo build -p sluice-cli`;
+/// `cargo test --workspace` builds it).
+fn sluice() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_sluice-bench")).with_file_name("sluice");
+    assert!(exe.is_file(), "{} is missing: build it first with `cargo build -p sluice-cli`", exe.display());
+    exe
+}
+
+/// Runs the benchmark small (killed after `secs`); its JSON points and its process id.
+fn bench(dir: &std::path::Path, extra: &[&str], secs: u64) -> (Vec<Value>, u32) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-bench"))
+        .args(["locality", "--out"])
         .arg(dir)
         .args(["--samples", "128", "--side", "64", "--batch", "8", "--compute-us", "2000", "--runs", "1"])
         .args(["--storage-mb-s", "1", "--cache-fraction", "0.25", "--json"])
         .args(extra)
         .env("SLUICE_LOG", "warn")
+        .env("SLUICE_BIN", sluice())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "bench-locality failed: {}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (mut stdout, mut stderr) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        stdout.read_to_end(&mut s).map(|_| s)
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        stderr.read_to_string(&mut s).map(|_| s)
+    });
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("sluice-bench locality still running after {secs} s: {}", err.join().unwrap().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (out.join().unwrap().unwrap(), err.join().unwrap().unwrap());
+    assert!(status.success(), "sluice-bench locality failed: {err}");
+    let v: Value = serde_json::from_slice(&out).unwrap();
     (v["points"].as_array().unwrap().clone(), pid)
 }
 
@@ -40,9 +70,8 @@ fn point<'a>(points: &'a [Value], mode: &str, throttled: bool) -> &'a Value {
 
 #[test]
 fn learner_processes_share_the_link_and_the_aware_job_reads_no_storage_after_epoch_one() {
-    let _w = watchdog("learner processes", 120);
     let dir = tempfile::tempdir().unwrap();
-    let (points, _) = bench(dir.path(), &["--learners", "4", "--baseline", "4"]);
+    let (points, _) = bench(dir.path(), &["--learners", "4", "--baseline", "4"], 120);
     let aware = point(&points, "aware", true);
     let base = point(&points, "baseline", true);
     assert_eq!(aware["storage_reads"], 0.0, "{aware}");
@@ -56,7 +85,6 @@ fn learner_processes_share_the_link_and_the_aware_job_reads_no_storage_after_epo
 
 #[test]
 fn peers_in_network_namespaces_talk_over_shaped_links() {
-    let _w = watchdog("netns learners", 120);
     let probe = format!("sluice-probe-{}", std::process::id());
     let made = Command::new("ip").args(["netns", "add", &probe]).output();
     if !matches!(&made, Ok(o) if o.status.success()) {
@@ -68,7 +96,7 @@ fn peers_in_network_namespaces_talk_over_shaped_links() {
     }
     let _ = Command::new("ip").args(["netns", "del", &probe]).output();
     let dir = tempfile::tempdir().unwrap();
-    let (points, pid) = bench(dir.path(), &["--learners", "4", "--baseline", "4", "--netns-mbit", "40"]);
+    let (points, pid) = bench(dir.path(), &["--learners", "4", "--baseline", "4", "--netns-mbit", "40"], 120);
     let aware = point(&points, "aware", true);
     assert!(aware["from_peers"].as_f64().unwrap() > 0.0, "{aware}");
     // Each peer reply is 64×64×3 decoded bytes, and all of it crossed the shaped links.

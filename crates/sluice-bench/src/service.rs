@@ -1,4 +1,5 @@
-//! `sluice bench-service`: the service against local mode and the hardware, in one run.
+//! `sluice-bench service` (formerly `sluice bench-service`): the service against local mode
+//! and the hardware, in one run.
 //!
 //! * throughput: images/s of the training pipeline through dispatcher + N worker processes
 //!   + RemoteLoader over loopback, against the local Loader with the same total threads;
@@ -9,17 +10,19 @@
 //! Medians over `--runs`, ratios taken within the run: the machine is shared and noisy.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
 use sluice_core::{PipelineSpec, SourceSpec};
 use sluice_pipeline::{Loader, Shard};
-use sluice_service::bench::{self, message_to_batch, Outgoing};
-use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions};
+use sluice_profile::local_service::{self, proc_cpu, tree_cpu, Proc};
+use sluice_profile::{median, self_cpu};
+use sluice_service::{message_to_batch, Compression, DataPlane, Outgoing, RemoteLoader, RemoteOptions};
 
-use crate::gen;
+use crate::dataset;
+
+mod measure;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -58,69 +61,14 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     clients: Vec<usize>,
     /// Seconds per dispatcher load point.
-    #[arg(long, default_value = "3", value_parser = crate::duration_flags::seconds)]
-    seconds: Duration,
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
     #[arg(long)]
     json: bool,
 }
 
-pub(crate) struct Proc(pub(crate) Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// CPU seconds (user + system) this process has used.
-pub(crate) fn self_cpu() -> f64 {
-    // SAFETY: getrusage writes into the struct we pass; a zeroed rusage is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: RUSAGE_SELF with a valid pointer.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return 0.0;
-    }
-    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
-/// CPU seconds (user + system) child `pid` has used, from /proc.
-pub(crate) fn proc_cpu(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
-    // Fields after the command name (which may hold spaces) start at state (field 3).
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    (ticks(11) + ticks(12)) / hz
-}
-
-pub(crate) fn tree_cpu(procs: &[Proc]) -> f64 {
-    self_cpu() + procs.iter().map(|p| proc_cpu(p.0.id())).sum::<f64>()
-}
-
-pub(crate) fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-fn free_addr() -> Result<String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.to_string())
-}
-
-fn spawn(args: &[String]) -> Result<Proc> {
-    let exe = std::env::current_exe()?;
-    let child = Command::new(exe).args(args).stdout(Stdio::null()).env_remove("SLUICE_TOKEN").spawn()?;
-    Ok(Proc(child))
-}
-
-pub(crate) fn service(dir: &Path, root: &Path, workers: usize, threads: usize) -> Result<(String, Vec<Proc>)> {
-    service_with(dir, root, workers, threads, &[])
-}
-
-/// As [`service`], the dispatcher started with `dispatcher_args` besides.
+/// `sluice service dispatcher` and `workers` workers of `threads` threads on this machine
+/// ([`local_service::start`]), the dispatcher given `dispatcher_args` besides.
 pub(crate) fn service_with(
     dir: &Path,
     root: &Path,
@@ -128,35 +76,11 @@ pub(crate) fn service_with(
     threads: usize,
     dispatcher_args: &[&str],
 ) -> Result<(String, Vec<Proc>)> {
-    let addr = free_addr()?;
-    // One journal per dispatcher: a run may start several.
-    let port = addr.rsplit(':').next().unwrap_or_default();
-    let journal = dir.join(format!("journal-{}-{port}", std::process::id()));
-    let _ = std::fs::remove_file(&journal);
-    let r = root.display().to_string();
-    let mut args: Vec<String> = vec![
-        "dispatcher".into(),
-        "--listen".into(),
-        addr.clone(),
-        "--journal".into(),
-        journal.display().to_string(),
-        "--allow-root".into(),
-        r.clone(),
-    ];
-    args.extend(dispatcher_args.iter().map(|a| a.to_string()));
-    let mut procs = vec![spawn(&args)?];
-    for _ in 0..workers {
-        procs.push(spawn(&[
-            "worker".into(),
-            "--dispatcher".into(),
-            addr.clone(),
-            "--threads".into(),
-            threads.to_string(),
-            "--allow-root".into(),
-            r.clone(),
-        ])?);
-    }
-    Ok((addr, procs))
+    Ok(local_service::start(&dataset::sluice_exe()?, dir, root, workers, threads, dispatcher_args)?)
+}
+
+pub(crate) fn service(dir: &Path, root: &Path, workers: usize, threads: usize) -> Result<(String, Vec<Proc>)> {
+    service_with(dir, root, workers, threads, &[])
 }
 
 fn spec(root: &Path, batch: usize, threads: usize, seed: u64) -> PipelineSpec {
@@ -167,6 +91,7 @@ fn spec(root: &Path, batch: usize, threads: usize, seed: u64) -> PipelineSpec {
 }
 
 pub fn main(a: Args) -> Result<()> {
+    anyhow::ensure!((0.0..=1e9).contains(&a.seconds), "--seconds must be from 0 to 1e9");
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = a.threads.unwrap_or(cores);
     let work = PathBuf::from("data/bench-service");
@@ -180,7 +105,7 @@ pub fn main(a: Args) -> Result<()> {
             Some(d) => d.canonicalize()?,
             None => {
                 let root = work.join("images");
-                gen::ensure_dataset(&root, a.images, 0)?;
+                dataset::ensure(&root, a.images, 0)?;
                 root
             }
         })
@@ -295,10 +220,10 @@ pub fn main(a: Args) -> Result<()> {
         let batches = 200u64;
         let (mut raw, mut grpc, mut tcp, mut local) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.runs {
-            raw.push(bench::raw_tcp(batch_bytes * batches, 1 << 20)?);
-            tcp.push(bench::own_data_plane(samples, side, batches, 2, false)?);
-            local.push(bench::own_data_plane(samples, side, batches, 2, true)?);
-            grpc.push(bench::data_plane(samples, side, batches, 2)?);
+            raw.push(measure::raw_tcp(batch_bytes * batches, 1 << 20)?);
+            tcp.push(measure::own_data_plane(samples, side, batches, 2, false)?);
+            local.push(measure::own_data_plane(samples, side, batches, 2, true)?);
+            grpc.push(measure::data_plane(samples, side, batches, 2)?);
         }
         let (raw, grpc, tcp, local) = (median(&mut raw), median(&mut grpc), median(&mut tcp), median(&mut local));
         eprintln!(
@@ -359,7 +284,7 @@ pub fn main(a: Args) -> Result<()> {
         for &c in &a.clients {
             let (addr, _procs) = service(&work, &dir, 0, 1)?;
             let job_id = create_job(&addr, &s)?;
-            let row = bench::dispatcher_load(&addr, None, job_id, c, a.seconds.as_secs_f64())?;
+            let row = measure::dispatcher_load(&addr, job_id, c, a.seconds)?;
             eprintln!(
                 "dispatcher, {c:>3} clients: {:>6.0} GetTask/s ({:>6.0} RPC/s), p50 {:.2} ms, p99 {:.2} ms",
                 row.get_task_per_s, row.rpcs_per_s, row.get_task_p50_ms, row.get_task_p99_ms

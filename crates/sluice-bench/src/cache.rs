@@ -1,16 +1,16 @@
-//! `sluice bench-cache`: the cache policies compared.
+//! `sluice-bench cache` (formerly `sluice bench-cache`): the cache policies compared.
 //!
 //! 1. **Hit rate vs cache size.** Every policy (`lru`, `shade`, `fastmatch`, `importance`,
 //!    each with the sampler it was designed with) on the same simulated training run with
 //!    importance feedback, at cache sizes of 10%…90% of the dataset. The trainer is
 //!    simulated (heavy-tailed, decaying per-sample losses; see
-//!    `sluice_pipeline::cache::sim`): the sweep measures the policies, not a network.
+//!    [`sim`]): the sweep measures the policies, not a network.
 //! 2. **Epoch time on throttled storage** (2 ms per read, 200 MB/s shared): real JPEGs
 //!    through the real loader, no cache vs the `importance` cache at 50% of the dataset's
 //!    decoded bytes, the simulated trainer reporting losses per batch. Medians over the
 //!    epochs after the cache has warmed.
 //! 3. With `--service`, the same timing through a dispatcher and 2 worker processes, with
-//!    cache-aware and cache-blind assignment (`bench_cache_service`).
+//!    cache-aware and cache-blind assignment ([`service`]).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -20,10 +20,15 @@ use serde_json::json;
 use sluice_core::{
     ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec, SourceSpec, StorageSpec,
 };
-use sluice_pipeline::cache::sim::{sampler_for, simulate, SimConfig, SimResult, SimTrainer};
 use sluice_pipeline::{Loader, Shard};
+use sluice_profile::median;
 
-use crate::{bench_cache_service, gen};
+use crate::dataset;
+
+mod service;
+pub mod sim;
+
+use sim::{sampler_for, simulate, SimConfig, SimResult, SimTrainer};
 
 const POLICIES: [CachePolicyKind; 4] =
     [CachePolicyKind::Lru, CachePolicyKind::Shade, CachePolicyKind::Fastmatch, CachePolicyKind::Importance];
@@ -63,7 +68,7 @@ pub struct Args {
 pub fn main(a: Args) -> anyhow::Result<()> {
     if a.service {
         anyhow::ensure!(a.images > 0, "--images must be >= 1 with --service");
-        let service = bench_cache_service::main(&a)?;
+        let service = service::main(&a)?;
         if a.json {
             println!("{}", serde_json::to_string_pretty(&json!({ "service": service }))?);
         }
@@ -102,18 +107,9 @@ fn hit_rate_sweep(a: &Args) -> Vec<SimResult> {
     all
 }
 
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
     let root = PathBuf::from("data/bench-cache");
-    gen::ensure_dataset(&root, a.images, 0)?;
+    dataset::ensure(&root, a.images, 0)?;
     let base = |cache: Option<CacheSpec>, sampling: SamplingSpec| {
         let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.clone() }, 224, 32);
         s.storage = StorageSpec::Throttled { latency_ms: 2.0, bandwidth_mb_s: 200.0, shared_link: None };
@@ -158,7 +154,7 @@ fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
             times.push(secs);
         }
         // Epochs 0 and 1 fill the cache and gather the first scores.
-        let steady = median(times.iter().skip(2).copied().collect());
+        let steady = median(&mut times.iter().skip(2).copied().collect::<Vec<_>>());
         let stats = loader.stats();
         let hit_rate = stats.cache.as_ref().map(|c| c.hit_rate);
         eprintln!("{name}: median epoch (from epoch 2) {steady:.2}s, hit rate {hit_rate:?}");

@@ -1,4 +1,4 @@
-//! `sluice bench-cache --service`: the throttled-storage epoch time through the service.
+//! `sluice-bench cache --service`: the throttled-storage epoch time through the service.
 //!
 //! Real JPEGs on throttled storage (2 ms per read, 200 MB/s per worker process), a real
 //! dispatcher and 2 worker processes on loopback, a [`RemoteLoader`] in this process whose
@@ -22,13 +22,15 @@ use serde_json::json;
 use sluice_core::{
     ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec, SourceSpec, StorageSpec,
 };
-use sluice_pipeline::cache::sim::{sampler_for, SimTrainer};
 use sluice_pipeline::{Loader, Shard};
+use sluice_profile::local_service::Proc;
+use sluice_profile::median;
 use sluice_service::{JobCacheStats, RemoteLoader, RemoteOptions, ReportKind};
 
-use crate::bench_cache::{median, Args};
-use crate::bench_service::{service_with, Proc};
-use crate::gen;
+use super::sim::{sampler_for, SimTrainer};
+use super::Args;
+use crate::dataset;
+use crate::service::service_with;
 
 const WORKERS: usize = 2;
 /// Epochs before the measured ones: the first fills the caches and brings the first
@@ -61,7 +63,7 @@ pub fn main(a: &Args) -> anyhow::Result<serde_json::Value> {
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let work = work.canonicalize()?;
     let root = PathBuf::from("data/bench-cache");
-    gen::ensure_dataset(&root, a.images, 0)?;
+    dataset::ensure(&root, a.images, 0)?;
     let root = root.canonicalize()?;
     let n = Loader::new(spec(&root, a, None), Shard::default()).context("indexing data/bench-cache")?.manifest().len();
     // 500x375 RGB8 per decoded entry: a quarter of the dataset's decoded bytes per worker.
@@ -98,9 +100,10 @@ pub fn main(a: &Args) -> anyhow::Result<serde_json::Value> {
     }
     drop(services);
 
-    let ratio =
-        |k: usize| median(results[k].iter().zip(&results[0]).map(|(r, base)| r.steady_s / base.steady_s).collect());
-    let hit = |k: usize| median(results[k].iter().filter_map(|r| r.hit_rate).collect());
+    let ratio = |k: usize| {
+        median(&mut results[k].iter().zip(&results[0]).map(|(r, base)| r.steady_s / base.steady_s).collect::<Vec<_>>())
+    };
+    let hit = |k: usize| median(&mut results[k].iter().filter_map(|r| r.hit_rate).collect::<Vec<_>>());
     let (aware_ratio, blind_ratio) = (ratio(1), ratio(2));
     let (aware_hit, blind_hit) = (hit(1), hit(2));
     eprintln!(
@@ -109,7 +112,7 @@ pub fn main(a: &Args) -> anyhow::Result<serde_json::Value> {
     );
     let mut rows = Vec::new();
     for (k, c) in CONFIGS.iter().enumerate() {
-        let epoch = median(results[k].iter().map(|r| r.steady_s).collect());
+        let epoch = median(&mut results[k].iter().map(|r| r.steady_s).collect::<Vec<_>>());
         let vs = if k == 0 { "-".to_string() } else { format!("{:.2}x", ratio(k)) };
         let hit_rate = if c.cache { Some(hit(k)) } else { None };
         eprintln!(
@@ -198,7 +201,7 @@ fn timed_run(addr: &str, job: &str, s: PipelineSpec, n: usize, a: &Args) -> anyh
         }
         None => None,
     };
-    let steady_s = median(epoch_s.iter().skip(WARM as usize).copied().collect());
+    let steady_s = median(&mut epoch_s.iter().skip(WARM as usize).copied().collect::<Vec<_>>());
     Ok(RunResult { epoch_s, steady_s, hit_rate })
 }
 

@@ -1,4 +1,5 @@
-//! `sluice bench-autoscale`: the autoscaling policies side by side on one demand schedule.
+//! `sluice-bench autoscale` (formerly `sluice bench-autoscale`): the autoscaling policies
+//! side by side on one demand schedule.
 //!
 //! A synthetic trainer takes batches from a local loader and "trains" for a step time set
 //! by a schedule of phases (demand changes between them). Each sample costs an emulated
@@ -21,8 +22,11 @@ use sluice_autoscale::{AutoscaleConfig, PolicyKind, Window, WindowBy};
 use sluice_core::PipelineSpec;
 use sluice_pipeline::{Loader, Shard};
 
-use crate::gen;
-use crate::plot::{self, Panel, Series};
+use sluice_profile::chart::{self, Panel, Series};
+
+use crate::dataset;
+
+mod real;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -335,11 +339,11 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         "--batch, --phase-s, --window-ms and --runs must be > 0"
     );
     if a.real {
-        return crate::bench_autoscale_real::main(&a);
+        return real::main(&a);
     }
     let policies: Vec<PolicyKind> = a.policies.iter().map(|p| p.parse()).collect::<Result<_, _>>()?;
     let root = PathBuf::from("data/bench-autoscale");
-    gen::ensure_dataset(&root, a.images, 0)?;
+    dataset::ensure(&root, a.images, 0)?;
     let mut results: Vec<Vec<PolicyResult>> = policies.iter().map(|_| Vec::new()).collect();
     let mut timelines: Vec<Option<Timeline>> = policies.iter().map(|_| None).collect();
     let mut rates = Vec::new();
@@ -378,7 +382,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     for (p, t) in policies.iter().zip(&timelines) {
         if let Some(t) = t {
             let path = a.out.join(format!("autoscale-{}.svg", p.name()));
-            plot::write_svg(&path, &panels(p.name(), t))?;
+            chart::write_svg(&path, &panels(p.name(), t))?;
         }
     }
     eprintln!("wrote the table, JSON and plots to {}", a.out.display());

@@ -19,9 +19,9 @@ use sluice_core::{
     ShuffleSpec,
 };
 
-use super::{Cache, CachedData};
-use crate::importance::{DrawInputs, ImportanceStore};
-use crate::sampler::Shard;
+use sluice_pipeline::cache::Cache;
+use sluice_pipeline::importance::{DrawInputs, ImportanceStore};
+use sluice_pipeline::{CachedData, Shard};
 
 /// First epoch counted in [`SimResult::steady_hit_rate`].
 pub const STEADY_FROM: u64 = 3;

@@ -1,4 +1,4 @@
-//! `sluice bench-autoscale --real`: `threads = "auto"` on the real JPEG training pipeline
+//! `sluice-bench autoscale --real`: `threads = "auto"` on the real JPEG training pipeline
 //! (decode + random_resized_crop 224 + flip, no cache) against every fixed thread count
 //! from 1 to the cores, for a synthetic trainer slower than one thread can feed and one
 //! faster than all cores can. Per setting: the trainer's images/s, the threads it ran at
@@ -13,9 +13,10 @@ use serde::Serialize;
 use sluice_core::{PipelineSpec, SourceSpec, Threads};
 use sluice_pipeline::{Loader, Shard};
 
-use crate::bench_autoscale::Args;
-use crate::bench_service::{median, self_cpu};
-use crate::gen;
+use sluice_profile::{median, self_cpu};
+
+use super::Args;
+use crate::dataset;
 
 #[derive(Debug, Serialize, Clone)]
 struct Measured {
@@ -91,7 +92,7 @@ fn train(root: &Path, batch: usize, threads: Threads, step: Duration, seconds: f
 pub fn main(a: &Args) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let root = PathBuf::from("data/bench-autoscale-real");
-    gen::ensure_dataset(&root, a.images.min(1000), 0)?;
+    dataset::ensure(&root, a.images.min(1000), 0)?;
     let settings: Vec<Threads> = std::iter::once(Threads::Auto).chain((1..=cores).map(Threads::Count)).collect();
     let name = |t: &Threads| match t {
         Threads::Auto => "auto".to_string(),
