@@ -27,7 +27,7 @@ pub mod watchdog;
 /// What most tests use, for one glob import.
 pub mod prelude {
     pub use crate::browser::{chromium, headless, shown, shown_number};
-    pub use crate::net::{free_addr, http_get, metric_value, port_of};
+    pub use crate::net::{free_addr, free_addrs, get, http_get, metric_value, port_of};
     pub use crate::process::{die_with_parent, sigterm_and_wait, spawn, spawn_self, Proc};
     #[cfg(feature = "service")]
     pub use crate::service::{

@@ -9,6 +9,25 @@ pub fn free_addr() -> String {
     l.local_addr().unwrap().to_string()
 }
 
+/// `k` distinct loopback addresses nobody listens on yet (all bound at once, then freed).
+pub fn free_addrs(k: usize) -> Vec<String> {
+    let ls: Vec<TcpListener> = (0..k).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().to_string()).collect()
+}
+
+/// `GET path` from the HTTP server at `addr` over HTTP/1.0 (no chunked replies; the server
+/// closes): the status code and the body, or `None` while nothing listens there.
+pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).ok()?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).ok()?;
+    let code = reply.split(' ').nth(1).and_then(|c| c.parse().ok())?;
+    let (_, body) = reply.split_once("\r\n\r\n")?;
+    Some((code, body.to_string()))
+}
+
 /// The port of a `host:port` address.
 pub fn port_of(addr: &str) -> String {
     addr.rsplit(':').next().unwrap().to_string()
