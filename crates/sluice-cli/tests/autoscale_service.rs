@@ -14,18 +14,6 @@ use common::*;
 use sluice_core::OpSpec;
 use sluice_service::{RemoteLoader, ScaleClient};
 
-/// GET `path` from the HTTP server at `addr`: (status code, body).
-fn get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let code = text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (code, body)
-}
-
 /// The worker processes (`sluice service worker`) `up` (pid `up`) runs now: (pid, `--name`), zombies left out.
 fn workers_of(up: u32) -> Vec<(u32, String)> {
     children_of(up)
@@ -179,7 +167,7 @@ fn an_epoch_through_a_dozen_scale_events_and_sigkills_delivers_every_key_exactly
     assert!(in_epoch >= 10, "only {in_epoch} scale events happened within the epoch");
     assert_eq!(killed.len(), 2, "a worker to kill was found each time: {killed:?}");
     assert!(pids.len() >= 8, "only {} worker processes ever ran: {pids:?}", pids.len());
-    let text = get(&metrics, "/metrics").1;
+    let text = get(&metrics, "/metrics").unwrap().1;
     let ups = metric_value(&text, "sluice_autoscale_decisions_total{direction=\"up\"}");
     let downs = metric_value(&text, "sluice_autoscale_decisions_total{direction=\"down\"}");
     assert!(ups + downs >= targets.len() as f64 - 1.0, "{ups} up and {downs} down decisions counted");
@@ -219,7 +207,7 @@ fn api_autoscale_serves_each_decision_with_its_inputs_and_up_follows_it() {
         for b in loader.iter() {
             b.unwrap();
         }
-        let (code, body) = get(&metrics, "/api/autoscale");
+        let (code, body) = get(&metrics, "/api/autoscale").unwrap();
         assert_eq!(code, 200, "{body}");
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();
         if json["decisions"].as_array().is_some_and(|d| !d.is_empty()) {
@@ -237,12 +225,12 @@ fn api_autoscale_serves_each_decision_with_its_inputs_and_up_follows_it() {
     assert!(num("t_ms") > 0.0);
     assert!(d["reason"].as_str().is_some_and(|r| r.contains("units")), "{d}");
     let units = decided["units"].as_f64().unwrap();
-    let text = get(&metrics, "/metrics").1;
+    let text = get(&metrics, "/metrics").unwrap().1;
     assert!(metric_value(&text, "sluice_autoscale_decisions_total{direction=\"up\"}") >= 1.0);
     // `up` follows the target: the workers taking tasks reach it.
     let t0 = Instant::now();
     loop {
-        let text = get(&metrics, "/metrics").1;
+        let text = get(&metrics, "/metrics").unwrap().1;
         let target = metric_value(&text, "sluice_autoscale_target_workers");
         if metric_value(&text, "sluice_dispatcher_workers_live") == target {
             assert!(target >= units.min(2.0), "target {target}, first decision to {units}");

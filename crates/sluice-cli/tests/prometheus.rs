@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,16 +17,6 @@ fn prometheus() -> Option<PathBuf> {
     std::env::split_paths(&path).map(|dir| dir.join("prometheus")).find(|p| p.is_file())
 }
 
-/// GET over HTTP/1.0 (no chunked replies, the server closes): the body, or `None` while
-/// nothing listens.
-fn get(addr: &str, path: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).ok()?;
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).ok()?;
-    reply.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
-}
-
 /// The value of the one series `query` selects, once Prometheus has it.
 fn promql(addr: &str, query: &str, deadline: Instant) -> f64 {
     loop {
@@ -35,7 +24,7 @@ fn promql(addr: &str, query: &str, deadline: Instant) -> f64 {
             .bytes()
             .map(|b| if b.is_ascii_alphanumeric() || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
             .collect();
-        let answer = get(addr, &format!("/api/v1/query?query={encoded}"));
+        let answer = get(addr, &format!("/api/v1/query?query={encoded}")).map(|(_, body)| body);
         if let Some(value) = answer.as_deref().and_then(|body| {
             let v: serde_json::Value = serde_json::from_str(body).ok()?;
             let result = v["data"]["result"].as_array()?;

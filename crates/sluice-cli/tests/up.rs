@@ -175,3 +175,36 @@ fn sluice_up_restarts_a_failing_worker_ever_more_slowly() {
     let gaps: Vec<Duration> = restarts.windows(2).map(|w| w[1] - w[0]).collect();
     assert!(gaps.windows(2).all(|g| g[1] > g[0]), "the delay between restarts grows: {gaps:?}");
 }
+
+#[test]
+fn sluice_up_serves_a_job_with_its_own_worker_processes() {
+    let _watchdog = watchdog("sluice_up_serves_a_job_with_its_own_worker_processes", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let journal = dir.path().join("up.journal");
+    let _up = sluice(&[
+        "up",
+        "--workers",
+        "2",
+        "--listen",
+        &addr,
+        "--journal",
+        journal.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--allow-root",
+        root.to_str().unwrap(),
+    ]);
+    let mut loader = RemoteLoader::connect(&spec(&root, 5), options(&addr, "up")).unwrap();
+    let keys: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
+    assert_exactly_once(keys, "through `sluice up`");
+    assert!(journal.exists());
+    // SIGTERM stops `up` and, through it, the dispatcher and workers.
+    sigterm_and_wait(_up, "sluice up");
+    let stopped = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        std::net::TcpStream::connect(&addr).is_err()
+    });
+    assert!(stopped, "the dispatcher still listens after `sluice up` stopped");
+}

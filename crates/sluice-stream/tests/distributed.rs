@@ -69,10 +69,6 @@ fn push_ids(url: &str, stream: &str, ids: Range<u64>) {
     let _: String = con.xadd(stream, "*", &[("end", b"1")]).unwrap();
 }
 
-fn free_addr() -> String {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
-}
-
 /// A learner of rank `rank` reading `stream`, with a shard of `capacity`.
 fn learner(url: &str, stream: &str, dir: &Path, capacity: usize, peers: &[String], rank: usize) -> StreamSpec {
     let mut spec = stream_spec(url, stream, "job", 4, 8, Some(&dir.join(format!("rehearsal-{rank}"))));

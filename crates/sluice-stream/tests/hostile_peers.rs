@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -72,10 +72,6 @@ fn push_ids(url: &str, stream: &str, ids: Range<u64>) {
             con.xadd(stream, "*", &[("id", id_s.as_bytes()), ("label", label.as_bytes()), ("image", &image)]).unwrap();
     }
     let _: String = con.xadd(stream, "*", &[("end", b"1")]).unwrap();
-}
-
-fn free_addr() -> String {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
 }
 
 fn learner(url: &str, stream: &str, dir: &Path, peers: &[String], rank: usize) -> StreamSpec {

@@ -1,5 +1,6 @@
-//! The service end to end: real `sluice dispatcher` and `sluice worker` processes, real gRPC
-//! on 127.0.0.1, a [`RemoteLoader`] in this process.
+//! The service end to end: a dispatcher and workers in this process (on runtimes of their
+//! own), or as processes where a scenario SIGKILLs them, real gRPC on 127.0.0.1, a
+//! [`RemoteLoader`] in this process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,8 +11,9 @@ use sluice_core::{Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec
 use sluice_service::{Compression, DataPlane, RemoteLoader, ServiceError};
 use sluice_synth::DatasetOptions;
 
-mod common;
-use common::*;
+use sluice_testing::prelude::*;
+
+sluice_testing::serve_entry!();
 
 #[test]
 fn a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_times() {
@@ -20,7 +22,7 @@ fn a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_ti
     let root = dataset(dir.path());
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
-    let mut workers: Vec<Proc> = (0..3).map(|_| worker(&addr, &root, &[])).collect();
+    let mut workers: Vec<Proc> = (0..3).map(|_| worker_process(&addr, &root, &[])).collect();
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
     eprintln!("rng seed {seed}");
     let mut rng = Rng(seed);
@@ -43,7 +45,7 @@ fn a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_ti
                 if read == kill_at {
                     std::thread::sleep(delay);
                     workers[victim].kill();
-                    workers[victim] = worker(&addr, &root, &[]);
+                    workers[victim] = worker_process(&addr, &root, &[]);
                 }
                 read += 1;
                 assert_eq!(b.epoch, epoch);
@@ -67,15 +69,15 @@ fn a_restarted_dispatcher_resumes_the_job_mid_epoch_exactly_once() {
     let root = dataset(dir.path());
     let addr = free_addr();
     let journal = dir.path().join("journal");
-    let mut d = dispatcher(&addr, &journal, &root, &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let mut d = dispatcher_process(&addr, &journal, &root, &[]);
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
     let mut loader = RemoteLoader::connect(&spec(&root, 7), options(&addr, "restart")).unwrap();
     let mut keys = Vec::new();
     for (i, b) in loader.iter().enumerate() {
         if i == 4 {
             d.kill();
             std::thread::sleep(Duration::from_millis(300));
-            d = dispatcher(&addr, &journal, &root, &[]);
+            d = dispatcher_process(&addr, &journal, &root, &[]);
         }
         keys.extend(b.unwrap().keys);
     }
@@ -86,7 +88,7 @@ fn a_restarted_dispatcher_resumes_the_job_mid_epoch_exactly_once() {
     assert_exactly_once(epoch1.concat(), "epoch 1");
     // A restart between epochs: the job is still known, at epoch 2.
     d.kill();
-    let _d = dispatcher(&addr, &journal, &root, &[]);
+    let _d = dispatcher_process(&addr, &journal, &root, &[]);
     let again = RemoteLoader::connect(&spec(&root, 7), options(&addr, "restart")).unwrap();
     assert_eq!(again.epoch(), 2);
 }
@@ -98,7 +100,7 @@ fn a_checkpoint_resumes_the_epoch_exactly_and_clients_of_one_job_get_disjoint_ba
     let root = dataset(dir.path());
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
 
     // A trainer reads 5 batches, checkpoints, and dies.
     let mut first = RemoteLoader::connect(&spec(&root, 3), options(&addr, "ckpt")).unwrap();
@@ -423,39 +425,6 @@ fn a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_th
     }
 }
 
-#[test]
-fn sluice_up_serves_a_job_with_its_own_worker_processes() {
-    let _watchdog = watchdog("sluice_up_serves_a_job_with_its_own_worker_processes", 120);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    let addr = free_addr();
-    let journal = dir.path().join("up.journal");
-    let _up = sluice(&[
-        "up",
-        "--workers",
-        "2",
-        "--listen",
-        &addr,
-        "--journal",
-        journal.to_str().unwrap(),
-        "--threads",
-        "1",
-        "--allow-root",
-        root.to_str().unwrap(),
-    ]);
-    let mut loader = RemoteLoader::connect(&spec(&root, 5), options(&addr, "up")).unwrap();
-    let keys: Vec<u64> = loader.iter().flat_map(|b| b.unwrap().keys).collect();
-    assert_exactly_once(keys, "through `sluice up`");
-    assert!(journal.exists());
-    // SIGTERM stops `up` and, through it, the dispatcher and workers.
-    sigterm_and_wait(_up, "sluice up");
-    let stopped = (0..100).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        std::net::TcpStream::connect(&addr).is_err()
-    });
-    assert!(stopped, "the dispatcher still listens after `sluice up` stopped");
-}
-
 /// A CA and a server certificate it signed for 127.0.0.1 and localhost, as PEM files
 /// (generated here: nothing is downloaded). Returns (ca, cert, key).
 fn test_certs(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
@@ -524,7 +493,7 @@ fn parallel_epochs_make_each_epoch_n_full_passes_in_different_orders_exactly_onc
     let root = dataset(dir.path());
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
     let mut o = options(&addr, "parallel");
     o.parallel_epochs = 2;
     let mut loader = RemoteLoader::connect(&spec(&root, 5), o).unwrap();

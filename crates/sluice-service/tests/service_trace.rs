@@ -1,24 +1,23 @@
-//! Service tracing end to end, with a real dispatcher, two worker processes and a client:
+//! Service tracing end to end, with a dispatcher, two workers and a client in this process:
 //! the client's trace holds both workers' batch builds and the trainer's events in one
 //! timeline, each batch the trainer took flowing from exactly one build, forward in time
 //! once the clocks are aligned; each worker's `--trace-dir` file holds its per-op events,
-//! and `sluice trace-merge` puts those into the client's timeline.
+//! and [`sluice_service::merge_traces`] (`sluice trace-merge`) puts those into the client's
+//! timeline.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
 use prost::Message;
 use sluice_pipeline::trace::pb;
 use sluice_pipeline::trace::pb::debug_annotation::{NameField, Value};
 use sluice_pipeline::trace::pb::trace_packet::Data;
 use sluice_pipeline::trace::pb::track_event::{NameField as EventName, Type};
 use sluice_service::RemoteLoader;
+use sluice_testing::prelude::*;
 
 /// A slice or instant read back from a Perfetto trace.
 #[derive(Debug, Clone)]
@@ -144,8 +143,12 @@ fn a_service_trace_puts_both_workers_and_the_client_in_one_timeline_with_aligned
     let metrics = free_addr();
     let port = metrics.rsplit(':').next().unwrap().to_string();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &["--metrics-port", &port]);
-    let workers: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &["--trace-dir", traces.to_str().unwrap()])).collect();
-    let os_pids: BTreeSet<i32> = workers.iter().map(|w| w.0.id() as i32).collect();
+    let workers: Vec<Server> =
+        (0..2).map(|_| worker(&addr, &root, &["--trace-dir", traces.to_str().unwrap()])).collect();
+    // The workers share this process's pid with the client: tracks named by OS pids would
+    // fold into the client's, which the count of worker tracks below catches.
+    let os_pids: BTreeSet<i32> = BTreeSet::from([std::process::id() as i32]);
+    assert_eq!(workers.len(), 2);
     wait_for_workers(&metrics, 2.0);
 
     let mut loader = RemoteLoader::connect(&spec(&root, 5), options(&addr, "traced")).unwrap();
@@ -244,20 +247,12 @@ fn a_service_trace_puts_both_workers_and_the_client_in_one_timeline_with_aligned
     }
 }
 
-/// `sluice trace-merge` of the client's trace and the workers' files: every worker event
+/// [`sluice_service::merge_traces`] (what `sluice trace-merge` runs) of the client's trace and the workers' files: every worker event
 /// lands in one timeline, each worker's `batch_preprocessed` where the client saw that
 /// batch built (the same span, moved by offsets each within their bound of the truth).
 fn merged_into_one_timeline(client: &Path, files: &[std::path::PathBuf], t: &Decoded, own: &[Decoded], out: &Path) {
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("trace-merge")
-        .arg(client)
-        .args(files)
-        .arg("--out")
-        .arg(out)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "sluice trace-merge: {status}");
+    let merged = sluice_service::merge_traces(client, files, out).unwrap();
+    assert_eq!(merged.len(), files.len(), "one merged worker per file: {merged:?}");
     let m = decode(out);
     let pids: BTreeSet<i32> = m.processes.values().copied().collect();
     assert_eq!(pids, t.processes.values().copied().collect(), "the same processes: the client and both workers");

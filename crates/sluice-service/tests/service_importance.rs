@@ -1,7 +1,8 @@
 //! Importance sampling through the service: trainers report to the dispatcher, which holds
 //! the job's importance store, draws each epoch with the local sampler and journals it.
-//! Real `sluice` processes on 127.0.0.1, [`RemoteLoader`]s in this process, and a local
-//! [`Loader`] fed the same reports as the reference.
+//! A dispatcher and workers in this process (processes where they are killed) on
+//! 127.0.0.1, [`RemoteLoader`]s in this process, and a local [`Loader`] fed the same
+//! reports as the reference.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,8 +13,9 @@ use sluice_pipeline::importance::MAX_IMPORTANCE;
 use sluice_pipeline::{Loader, Shard};
 use sluice_service::{RemoteLoader, ReportKind, ServiceErrorKind};
 
-mod common;
-use common::*;
+use sluice_testing::prelude::*;
+
+sluice_testing::serve_entry!();
 
 fn importance_spec(root: &std::path::Path) -> PipelineSpec {
     let mut s = spec(root, 11);
@@ -82,8 +84,8 @@ fn importance_epochs_are_drawn_by_the_dispatcher_as_the_local_loader_draws_them_
     let root = dataset(dir.path());
     let journal = dir.path().join("journal");
     let addr = free_addr();
-    let mut d = dispatcher(&addr, &journal, &root, &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let mut d = dispatcher_process(&addr, &journal, &root, &[]);
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
     let s = importance_spec(&root);
     let local = Loader::new(s.clone(), Shard::default()).unwrap();
     let expected: Vec<Drawn> = (0..3).map(|_| local_epoch(&local)).collect();
@@ -113,7 +115,7 @@ fn importance_epochs_are_drawn_by_the_dispatcher_as_the_local_loader_draws_them_
     let state = r.state();
     drop(r);
     d.kill();
-    let _d2 = dispatcher(&addr, &journal, &root, &[]);
+    let _d2 = dispatcher_process(&addr, &journal, &root, &[]);
     let rest = within(60, "the rest of the epoch after a restart", move || {
         let mut r = RemoteLoader::connect(&s, options(&addr, "imp")).unwrap();
         r.load_state(&state).unwrap();
@@ -216,7 +218,7 @@ fn two_clients_of_one_importance_job_get_disjoint_batches_whose_union_is_the_dra
     let root = dataset(dir.path());
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
     let s = importance_spec(&root);
     let local = Loader::new(s.clone(), Shard::default()).unwrap();
     let want = [local_epoch(&local), local_epoch(&local)];
@@ -254,8 +256,8 @@ fn every_drawn_occurrence_arrives_once_across_20_worker_kills_and_a_dispatcher_r
     let root = dataset(dir.path());
     let journal = dir.path().join("journal");
     let addr = free_addr();
-    let mut d = dispatcher(&addr, &journal, &root, &[]);
-    let mut workers: Vec<Proc> = (0..3).map(|_| worker(&addr, &root, &[])).collect();
+    let mut d = dispatcher_process(&addr, &journal, &root, &[]);
+    let mut workers: Vec<Proc> = (0..3).map(|_| worker_process(&addr, &root, &[])).collect();
     let s = importance_spec(&root);
     let local = Loader::new(s.clone(), Shard::default()).unwrap();
     let rounds = 20;
@@ -277,10 +279,10 @@ fn every_drawn_occurrence_arrives_once_across_20_worker_kills_and_a_dispatcher_r
             if got.len() as u64 == kill_at {
                 std::thread::sleep(Duration::from_millis(rng.below(20)));
                 workers[victim].kill();
-                workers[victim] = worker(&addr, &root, &[]);
+                workers[victim] = worker_process(&addr, &root, &[]);
                 if round == 10 {
                     d.kill();
-                    d = dispatcher(&addr, &journal, &root, &[]);
+                    d = dispatcher_process(&addr, &journal, &root, &[]);
                 }
             }
             let values: Vec<f64> = b.keys.iter().map(|&k| loss(k)).collect();

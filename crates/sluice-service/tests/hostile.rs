@@ -1,13 +1,14 @@
-//! A hostile client against a real service (a `sluice dispatcher` and two `sluice worker`
-//! processes): malformed and truncated frames, oversized lengths, wrong tokens, absurd
+//! A hostile client against a real service (a dispatcher in this process and two worker
+//! processes, so that a worker crash shows): malformed and truncated frames, oversized lengths, wrong tokens, absurd
 //! specs and misused shared-memory slots, round after round, while a well-behaved
 //! `RemoteLoader` on the same service reads its epochs. The good job must still get every
 //! sample exactly once per epoch, and no worker may die.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-use common::*;
+use sluice_testing::prelude::*;
+
+sluice_testing::serve_entry!();
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -202,7 +203,10 @@ fn a_hostile_client_does_not_disturb_a_good_job_or_kill_a_worker() {
         .iter()
         .map(|a| {
             let root = root.to_str().unwrap();
-            sluice(&["worker", "--dispatcher", &addr, "--allow-root", root, "--token", TOKEN, "--data-listen", a])
+            serve_process(
+                "worker",
+                &["--dispatcher", &addr, "--allow-root", root, "--token", TOKEN, "--data-listen", a],
+            )
         })
         .collect();
     let pids: Vec<u32> = workers.iter().map(|w| w.0.id()).collect();
@@ -323,7 +327,7 @@ fn a_client_token_cannot_drain_workers_or_set_the_scale() {
     let autoscale = ["--autoscale", "fixed", "--min-workers", "1", "--max-workers", "4"];
     let mut flags = vec!["--token", TOKEN];
     flags.extend(autoscale);
-    let mut d = dispatcher(&addr, &journal, &root, &flags);
+    let mut d = dispatcher_process(&addr, &journal, &root, &flags);
     let _worker = worker(&addr, &root, &["--token", TOKEN, "--name", "worker-0"]);
     let mut client = scale_client(&addr, TOKEN);
 
@@ -341,7 +345,7 @@ fn a_client_token_cannot_drain_workers_or_set_the_scale() {
     d.kill();
     let mut flags = vec!["--token", TOKEN, "--operator-token", OPERATOR];
     flags.extend(autoscale);
-    let _d = dispatcher(&addr, &journal, &root, &flags);
+    let _d = dispatcher_process(&addr, &journal, &root, &flags);
     let mut operator = scale_client(&addr, OPERATOR);
     let mut client = scale_client(&addr, TOKEN);
     let e = client.set_workers(3).unwrap_err();

@@ -11,8 +11,7 @@ use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSp
 use sluice_pipeline::{Loader, Shard};
 use sluice_service::{JobCacheStats, RemoteLoader, ReportKind};
 
-mod common;
-use common::*;
+use sluice_testing::prelude::*;
 
 const EPOCHS: usize = 8;
 /// Epochs before the hit rate is measured: the first fills the caches and brings the
@@ -98,7 +97,7 @@ fn service_run(root: &std::path::Path, budget: u64, assignment: &'static str) ->
         root,
         &["--cache-assignment", assignment, "--metrics-port", &port],
     );
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, root, &[])).collect();
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, root, &[])).collect();
     let s = cached_spec(root, budget);
     // One batch per task: a task is one owner's run of draws, and the epoch's last,
     // mixed runs are short.

@@ -1,7 +1,8 @@
 //! The service under failures a review found: bad samples skipped on workers, acks lost
 //! while the dispatcher is away, a client of a shared job restarting its epoch, a
 //! dispatcher restarted without its journal, and checkpoints loaded after an epoch ended.
-//! Real `sluice` processes on 127.0.0.1, a [`RemoteLoader`] in this process.
+//! A dispatcher and workers in this process (the dispatcher a process where it is killed)
+//! on 127.0.0.1, a [`RemoteLoader`] in this process.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,8 +16,9 @@ use sluice_pipeline::{Loader, Shard};
 use sluice_service::{RemoteLoader, RemoteState};
 use sluice_synth::DatasetOptions;
 
-mod common;
-use common::*;
+use sluice_testing::prelude::*;
+
+sluice_testing::serve_entry!();
 
 fn sorted(mut v: Vec<u64>) -> Vec<u64> {
     v.sort_unstable();
@@ -33,7 +35,7 @@ fn skipped_samples_reach_the_remote_client_as_they_do_the_local_loader() {
     assert_eq!(summary.bad_files.len(), 5);
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
     // One sample per batch: a bad sample leaves its whole batch empty.
     let mut s = spec(&root, 5);
     s.batch.size = 1;
@@ -73,7 +75,7 @@ fn an_ack_sent_while_the_dispatcher_is_down_is_not_lost() {
     let root = dataset(dir.path());
     let addr = free_addr();
     let journal = dir.path().join("journal");
-    let mut d = dispatcher(&addr, &journal, &root, &[]);
+    let mut d = dispatcher_process(&addr, &journal, &root, &[]);
     let _w = worker(&addr, &root, &[]);
     // One fetcher, tasks of 3 batches, a channel of 2: when the trainer takes the last batch
     // of task 0 the fetcher is busy streaming task 1 from its worker, so only the ack talks
@@ -107,7 +109,7 @@ fn an_ack_sent_while_the_dispatcher_is_down_is_not_lost() {
     to_reader.send(()).unwrap();
     from_reader.recv().unwrap();
     std::thread::sleep(Duration::from_millis(2500));
-    d = dispatcher(&addr, &journal, &root, &[]);
+    d = dispatcher_process(&addr, &journal, &root, &[]);
     // Up and answering before the trainer goes on (its fetcher's next request gives up
     // after a second too).
     while std::net::TcpStream::connect(&addr).is_err() {
@@ -134,7 +136,7 @@ fn a_client_restarting_its_epoch_in_a_shared_job_leaves_the_others_batches_alone
     let root = dataset(dir.path());
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
     let mut o = options(&addr, "shared-restart");
     o.tasks_in_flight = 2;
     let mut a = RemoteLoader::connect(&spec(&root, 9), o.clone()).unwrap();
@@ -177,8 +179,8 @@ fn a_dispatcher_restarted_without_its_journal_gets_the_new_jobs_data_from_worker
     let options2 = DatasetOptions { images: 24, classes: 3, texture: 8, seed: 99, ..Default::default() };
     sluice_synth::write_dataset(&second, &options2, &|_| {}).unwrap();
     let addr = free_addr();
-    let mut d = dispatcher(&addr, &dir.path().join("journal-1"), dir.path(), &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, dir.path(), &[])).collect();
+    let mut d = dispatcher_process(&addr, &dir.path().join("journal-1"), dir.path(), &[]);
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, dir.path(), &[])).collect();
     let mut old = RemoteLoader::connect(&spec(&first, 1), options(&addr, "old")).unwrap();
     assert_eq!(old.job().job_id, 1);
     assert_exactly_once(old.iter().flat_map(|b| b.unwrap().keys).collect(), "the first job");
@@ -208,7 +210,7 @@ fn load_state_after_an_epoch_ended_rolls_back_and_forward_exactly() {
     let root = dataset(dir.path());
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
-    let _w: Vec<Proc> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
     let mut loader = RemoteLoader::connect(&spec(&root, 4), options(&addr, "rollback")).unwrap();
     let head: Vec<u64> = loader.iter().take(5).flat_map(|b| b.unwrap().keys).collect();
     let mid = loader.state();
