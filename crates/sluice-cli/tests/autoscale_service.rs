@@ -66,6 +66,7 @@ fn sigkill(pid: u32) {
 
 fn up_autoscaled(addr: &str, metrics_port: u16, root: &Path, policy: &str, max: &str, window_ms: &str) -> Proc {
     sluice(&[
+        "service",
         "up",
         "--listen",
         addr,

@@ -50,8 +50,8 @@ fn a_dispatcher_and_a_worker_started_from_a_config_file_serve_with_its_settings(
     let file = file.to_str().unwrap();
     // No flag but --config: the address, the metrics port, the allowed root and the
     // worker's dispatcher all come from the file.
-    let _d = sluice(&["dispatcher", "--config", file]);
-    let _w = sluice(&["worker", "--config", file]);
+    let _d = sluice(&["service", "dispatcher", "--config", file]);
+    let _w = sluice(&["service", "worker", "--config", file]);
     let mut loader = RemoteLoader::connect(&spec(&root, 1), options(&addr, "from-file")).unwrap();
     assert_exactly_once(loader.iter().flat_map(|b| b.unwrap().keys).collect(), "a service from a config file");
     assert!(http_get(&metrics).contains("sluice_"), "the dispatcher serves metrics on the file's port");
@@ -64,7 +64,7 @@ fn a_flag_overrides_the_config_file() {
     let (addr, in_file, on_flag) = (free_addr(), free_addr(), free_addr());
     let file = config_file(dir.path(), &addr, dir.path(), &in_file, "");
     let port = on_flag.rsplit(':').next().unwrap();
-    let _d = sluice(&["dispatcher", "--config", file.to_str().unwrap(), "--metrics-port", port]);
+    let _d = sluice(&["service", "dispatcher", "--config", file.to_str().unwrap(), "--metrics-port", port]);
     assert!(http_get(&on_flag).contains("sluice_"), "metrics on the flag's port");
     assert!(listening(&addr, 10), "the file's listen address still holds");
     assert!(!listening(&in_file, 1), "nothing on the file's metrics port, which the flag replaced");
@@ -78,7 +78,7 @@ fn an_unknown_key_stops_a_process_with_the_key_and_the_file() {
     let file = config_file(dir.path(), &addr, dir.path(), &metrics, "\n[limits]\nmax_thread = 4\n");
     for command in ["dispatcher", "worker", "up"] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args([command, "--config", file.to_str().unwrap()])
+            .args(["service", command, "--config", file.to_str().unwrap()])
             .env("SLUICE_LOG", "warn")
             .stdout(Stdio::null())
             .output()
@@ -106,7 +106,7 @@ fn sluice_up_hands_its_config_file_to_every_child() {
     let root = dataset(dir.path());
     let (addr, port) = (free_addr(), free_port_pair());
     let file = config_file(dir.path(), &addr, &root, &format!("127.0.0.1:{port}"), "");
-    let _up = sluice(&["up", "--config", file.to_str().unwrap()]);
+    let _up = sluice(&["service", "up", "--config", file.to_str().unwrap()]);
     let mut loader = RemoteLoader::connect(&spec(&root, 2), options(&addr, "up-from-file")).unwrap();
     assert_exactly_once(loader.iter().flat_map(|b| b.unwrap().keys).collect(), "`up` from a config file");
     // The dispatcher's metrics on the file's port, worker 0's on the next one (as with

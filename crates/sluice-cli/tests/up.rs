@@ -18,12 +18,23 @@ use sluice_service::RemoteLoader;
 /// (drained to the end, so its children never write into a closed pipe).
 fn up_in(cwd: &Path, addr: &str, root: &Path, extra: &[&str]) -> (Proc, mpsc::Receiver<String>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-    cmd.args(["up", "--workers", "1", "--threads", "1", "--listen", addr, "--allow-root", root.to_str().unwrap()])
-        .args(extra)
-        .current_dir(cwd)
-        .env("SLUICE_LOG", "warn")
-        .env_remove("SLUICE_TOKEN")
-        .stdout(Stdio::piped());
+    cmd.args([
+        "service",
+        "up",
+        "--workers",
+        "1",
+        "--threads",
+        "1",
+        "--listen",
+        addr,
+        "--allow-root",
+        root.to_str().unwrap(),
+    ])
+    .args(extra)
+    .current_dir(cwd)
+    .env("SLUICE_LOG", "warn")
+    .env_remove("SLUICE_TOKEN")
+    .stdout(Stdio::piped());
     die_with_parent(&mut cmd);
     let mut child = cmd.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();

@@ -18,17 +18,18 @@ pub fn sluice(args: &[&str]) -> Proc {
     sluice_testing::process::spawn(cmd)
 }
 
-/// `sluice dispatcher --listen ADDR --allow-root ROOT --journal JOURNAL EXTRA...`.
+/// `sluice service dispatcher --listen ADDR --allow-root ROOT --journal JOURNAL EXTRA...`.
 pub fn dispatcher(addr: &str, journal: &Path, root: &Path, extra: &[&str]) -> Proc {
-    let mut args = vec!["dispatcher", "--listen", addr, "--allow-root", root.to_str().unwrap()];
+    let mut args = vec!["service", "dispatcher", "--listen", addr, "--allow-root", root.to_str().unwrap()];
     args.extend(["--journal", journal.to_str().unwrap()]);
     args.extend(extra);
     sluice(&args)
 }
 
-/// `sluice worker --dispatcher DISPATCHER --threads 1 --allow-root ROOT EXTRA...`.
+/// `sluice service worker --dispatcher DISPATCHER --threads 1 --allow-root ROOT EXTRA...`.
 pub fn worker(dispatcher: &str, root: &Path, extra: &[&str]) -> Proc {
-    let mut args = vec!["worker", "--dispatcher", dispatcher, "--threads", "1", "--allow-root", root.to_str().unwrap()];
+    let mut args =
+        vec!["service", "worker", "--dispatcher", dispatcher, "--threads", "1", "--allow-root", root.to_str().unwrap()];
     args.extend(extra);
     sluice(&args)
 }
