@@ -43,21 +43,49 @@ MODELS = ["resnet50", "resnet18"]
 
 
 def parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="data/gpu_train/train", help="ImageFolder root (generated if missing)")
-    p.add_argument("--images", type=int, default=20000, help="images to generate when --data is missing")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--data",
+        default="data/gpu_train/train",
+        help="ImageFolder root (generated if missing)",
+    )
+    p.add_argument(
+        "--images",
+        type=int,
+        default=20000,
+        help="images to generate when --data is missing",
+    )
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--rounds", type=int, default=1, help="repetitions of the interleaved sequence")
-    p.add_argument("--threads", type=int, default=0, help="sluice threads / DataLoader workers (0: cores - 1)")
-    p.add_argument("--out", default="gpu_train.jsonl", help="JSON lines, appended as results come")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per configuration")
-    p.add_argument("--quick", action="store_true", help="CPU, tiny model, 64 images of 32 px, 2 steps")
-    p.add_argument("--child", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--rounds", type=int, default=1, help="repetitions of the interleaved sequence"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="sluice threads / DataLoader workers (0: cores - 1)",
+    )
+    p.add_argument(
+        "--out", default="gpu_train.jsonl", help="JSON lines, appended as results come"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=900, help="seconds per configuration"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CPU, tiny model, 64 images of 32 px, 2 steps",
+    )
+    p.add_argument(
+        "--child", nargs=2, metavar=("MODEL", "CONFIG"), help=argparse.SUPPRESS
+    )
     args = p.parse_args()
     if args.quick:
         args.images, args.size, args.batch, args.warmup, args.steps = 64, 32, 8, 1, 2
@@ -89,7 +117,9 @@ def batches(config: str, args: argparse.Namespace, device: Any) -> Iterator[Any]
     import torch
 
     if config == "synthetic":
-        image = torch.randn(args.batch, 3, args.size, args.size, device=device, dtype=torch.bfloat16)
+        image = torch.randn(
+            args.batch, 3, args.size, args.size, device=device, dtype=torch.bfloat16
+        )
         image = image.contiguous(memory_format=torch.channels_last)
         label = torch.randint(0, 1000, (args.batch,), device=device)
         while True:
@@ -100,7 +130,13 @@ def batches(config: str, args: argparse.Namespace, device: Any) -> Iterator[Any]
 
         mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
         std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
-        tf = v2.Compose([v2.RandomResizedCrop(args.size), v2.RandomHorizontalFlip(), v2.PILToTensor()])
+        tf = v2.Compose(
+            [
+                v2.RandomResizedCrop(args.size),
+                v2.RandomHorizontalFlip(),
+                v2.PILToTensor(),
+            ]
+        )
         ds = torchvision.datasets.ImageFolder(args.data, transform=tf)
         dl = torch.utils.data.DataLoader(
             ds,
@@ -114,7 +150,11 @@ def batches(config: str, args: argparse.Namespace, device: Any) -> Iterator[Any]
         while True:
             for image, label in dl:
                 image = image.to(device, non_blocking=True).to(torch.bfloat16)
-                image = image.sub_(mean).div_(std).contiguous(memory_format=torch.channels_last)
+                image = (
+                    image.sub_(mean)
+                    .div_(std)
+                    .contiguous(memory_format=torch.channels_last)
+                )
                 yield image, label.to(device, non_blocking=True)
     import sluice
     import sluice.torch as st
@@ -128,7 +168,10 @@ def batches(config: str, args: argparse.Namespace, device: Any) -> Iterator[Any]
     )
     if config == "device_loader":
         loader = st.DeviceLoader(
-            sluice.Loader(pipe, threads=args.threads), device, dtype=torch.bfloat16, channels_last=True
+            sluice.Loader(pipe, threads=args.threads),
+            device,
+            dtype=torch.bfloat16,
+            channels_last=True,
         )
         while True:
             for b in loader:
@@ -139,7 +182,9 @@ def batches(config: str, args: argparse.Namespace, device: Any) -> Iterator[Any]
             for b in plain:
                 out = st.to_device(b, device, dtype=torch.bfloat16, channels_last=True)
                 yield out.image, out.label
-    raise SystemExit(f"unknown config {config!r} (one of {', '.join(CONFIGS)}, loader_only)")
+    raise SystemExit(
+        f"unknown config {config!r} (one of {', '.join(CONFIGS)}, loader_only)"
+    )
 
 
 def loader_only(args: argparse.Namespace) -> Dict[str, Any]:
@@ -163,7 +208,11 @@ def loader_only(args: argparse.Namespace) -> Dict[str, Any]:
                 seen += args.batch
             if n >= args.warmup + args.steps:
                 break
-    return {"images_per_s": seen / (time.perf_counter() - t0), "steps": args.steps, "device": "cpu"}
+    return {
+        "images_per_s": seen / (time.perf_counter() - t0),
+        "steps": args.steps,
+        "device": "cpu",
+    }
 
 
 def child(model_name: str, config: str, args: argparse.Namespace) -> Dict[str, Any]:
@@ -171,8 +220,14 @@ def child(model_name: str, config: str, args: argparse.Namespace) -> Dict[str, A
         return loader_only(args)
     import torch
 
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
-    model = build_model(model_name, args.quick).to(device).to(memory_format=torch.channels_last)
+    device = torch.device(
+        "cuda" if torch.cuda.is_available() and not args.quick else "cpu"
+    )
+    model = (
+        build_model(model_name, args.quick)
+        .to(device)
+        .to(memory_format=torch.channels_last)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     criterion = torch.nn.CrossEntropyLoss()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -193,7 +248,11 @@ def child(model_name: str, config: str, args: argparse.Namespace) -> Dict[str, A
     if not torch.isfinite(loss.detach().float()):
         raise SystemExit(f"{model_name}/{config}: the loss is not finite")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return {"images_per_s": args.steps * args.batch / elapsed, "steps": args.steps, "device": name}
+    return {
+        "images_per_s": args.steps * args.batch / elapsed,
+        "steps": args.steps,
+        "device": name,
+    }
 
 
 def main() -> None:
@@ -206,7 +265,11 @@ def main() -> None:
 
     root = Path(args.data)
     if not root.exists():
-        print(f"generating {args.images} images in {root} ...", file=sys.stderr, flush=True)
+        print(
+            f"generating {args.images} images in {root} ...",
+            file=sys.stderr,
+            flush=True,
+        )
         sluice.generate_dataset(root, images=args.images, classes=10, seed=0)
     models = [m for m in args.models.split(",") if m]
     configs = [c for c in args.configs.split(",") if c]
@@ -227,15 +290,33 @@ def main() -> None:
                 plan.append([model_name, config, str(r)])
     with open(args.out, "a") as out:
         for model_name, config, r in plan:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", model_name, config, *passthrough]
-            row: Dict[str, Any] = {"model": model_name, "config": config, "round": int(r), "batch": args.batch}
-            row.update({"warmup": args.warmup, "threads": args.threads, "quick": args.quick})
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                model_name,
+                config,
+                *passthrough,
+            ]
+            row: Dict[str, Any] = {
+                "model": model_name,
+                "config": config,
+                "round": int(r),
+                "batch": args.batch,
+            }
+            row.update(
+                {"warmup": args.warmup, "threads": args.threads, "quick": args.quick}
+            )
             try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=args.timeout
+                )
                 if proc.returncode == 0:
                     row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
                 else:
-                    row["error"] = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+                    row["error"] = proc.stderr.strip().splitlines()[-1:] or [
+                        f"exit {proc.returncode}"
+                    ]
             except subprocess.TimeoutExpired:
                 row["error"] = f"timed out after {args.timeout} s"
             line = json.dumps(row)
