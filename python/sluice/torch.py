@@ -162,6 +162,7 @@ def to_device(
 
 import collections  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 from typing import Deque, List, Protocol, Tuple  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -294,7 +295,10 @@ class DeviceLoader:
 
     ``state_dict()`` counts the batches the loop has *received*: batches prefetched onto
     the device but not yet handed out are not in it, so a checkpoint taken mid-epoch
-    resumes with the next batch the loop would have seen. ``set_epoch``,
+    resumes with the next batch the loop would have seen. A :class:`sluice.Loader` left on
+    its default thread count (one per core) is set to one thread fewer than the cores this
+    process may use, so the training loop keeps a core (``threads_adjusted`` says whether
+    it was); an explicit count or ``"auto"`` is kept. ``set_epoch``,
     ``load_state_dict``, ``len`` and ``stats`` pass through (``stats()`` adds
     ``device_loader``: ``device``, ``prefetch_device``, ``pinned_buffers``,
     ``pinned_waits``).
@@ -332,6 +336,7 @@ class DeviceLoader:
                 "sluice.DeviceLoader: %s: converting batches on the CPU (no pinned buffers, no side stream)", why
             )
         self.prefetch_device = prefetch_device
+        self.threads_adjusted = _leave_a_core(loader)
         self._convert: Dict[str, Any] = {"mean": mean, "std": std, "dtype": dtype, "channels_last": channels_last}
         self._ring = PinnedRing(prefetch_device + 1, pin_memory=self._cuda)
         self._stream = torch.cuda.Stream(self.device) if self._cuda else None  # type: ignore[no-untyped-call]
@@ -495,6 +500,26 @@ class DeviceLoader:
 
     def __repr__(self) -> str:
         return f"DeviceLoader({self.loader!r}, device={str(self.device)!r}, prefetch_device={self.prefetch_device})"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _leave_a_core(loader: Any) -> bool:
+    """A loader on the default thread count (one per core) gets one thread fewer, so the
+    trainer's thread keeps a core (issue 30: the hand-off and the training loop compete
+    with the decode threads otherwise). An explicit count or ``"auto"`` is left alone."""
+    pipeline = getattr(loader, "pipeline", None)
+    if pipeline is None or not hasattr(loader, "set_threads"):
+        return False
+    if pipeline.to_dict().get("threads") != 0 or _cores() < 2:
+        return False
+    loader.set_threads(_cores() - 1)
+    return True
 
 
 def _as_numpy(x: Any) -> Any:

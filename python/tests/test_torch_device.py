@@ -153,3 +153,16 @@ def test_device_loader_cuda_matches_cpu_and_resumes(dataset: Path) -> None:
         assert torch.equal(a.label.cpu(), b.label)
     stats = dl.stats()["device_loader"]
     assert stats["pinned_buffers"] == 3  # prefetch_device + 1, allocated once
+
+
+def test_device_loader_leaves_the_trainer_a_core_on_the_default_thread_count(dataset: Path) -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    default = sluice.Pipeline.image_folder(dataset).decode().center_crop(16).batch(8)
+    dl = DeviceLoader(sluice.Loader(default), "cpu")
+    if cores >= 2:
+        assert dl.threads_adjusted and dl.loader.threads == cores - 1
+    explicit = DeviceLoader(sluice.Loader(small_pipeline(dataset)), "cpu")
+    assert not explicit.threads_adjusted and explicit.loader.threads == 2
+    assert len(list(dl)) == 6
