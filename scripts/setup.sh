@@ -33,8 +33,8 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 # Python packages the package, its tests and CI need (pip names; py_mods: what they import as).
-py_pkgs=(maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate protobuf grpcio-tools mlxtend)
-py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, google.protobuf, grpc_tools, mlxtend"
+py_pkgs=(maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate protobuf grpcio-tools mlxtend "jax[cpu]" tensorflow-cpu)
+py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, google.protobuf, grpc_tools, mlxtend, jax, tensorflow"
 if ! .venv/bin/python -c "import $py_mods" 2>/dev/null \
   || [ ! -x .venv/bin/maturin ] || [ ! -x .venv/bin/ruff ]; then
   echo "==> installing Python packages into .venv (${py_pkgs[*]})"
