@@ -38,8 +38,12 @@ Size = Union[int, Sequence[int]]
 
 
 def _path(p: PathLike) -> str:
-    """An absolute path string, so a spec means the same whatever the working directory."""
-    return os.path.abspath(os.fspath(p))
+    """An absolute path string, so a spec means the same whatever the working directory.
+    A URL (``s3://bucket/prefix``) is kept as it is."""
+    s = os.fspath(p)
+    if isinstance(s, str) and "://" in s:
+        return s
+    return os.path.abspath(s)
 
 
 def _size(size: Size) -> Union[int, List[int]]:
@@ -70,7 +74,8 @@ class Pipeline:
 
     @classmethod
     def image_folder(cls, root: PathLike) -> "Pipeline":
-        """A ``root/<class>/<image>`` tree: classes sorted by name get labels 0..n."""
+        """A ``root/<class>/<image>`` tree: classes sorted by name get labels 0..n.
+        ``root`` may be an object-storage prefix, ``s3://bucket/prefix`` (docs/storage.md)."""
         return cls({"source": {"kind": "image_folder", "root": _path(root)}, "ops": []})
 
     @classmethod

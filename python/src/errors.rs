@@ -77,6 +77,7 @@ fn source_path(e: &SourceError) -> Option<&Path> {
         SourceError::CorruptTar { shard, .. }
         | SourceError::BadClassFile { shard, .. }
         | SourceError::TruncatedShard { shard, .. } => Some(shard),
+        SourceError::Object(e) => Some(Path::new(&e.url)),
         SourceError::NoSamples { .. } => None,
     }
 }

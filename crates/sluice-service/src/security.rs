@@ -2,6 +2,8 @@
 //!
 //! * [`AllowedRoots`]: every path a spec names, and every file its manifest lists, must
 //!   resolve (after `..` and symlinks, via `canonicalize`) under a root the operator allowed.
+//!   An allowed root may be an object-storage prefix, `s3://bucket/prefix`: then a URL the
+//!   spec or manifest names must lie in that bucket, under that prefix by whole segments.
 //!   That check runs once per job; the job's loader then reads through
 //!   [`AllowedRoots::confine`], which opens every file beneath its root, so a file swapped
 //!   for a symlink later is refused when it is read.
@@ -15,6 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use sluice_core::{Location, Manifest, SourceSpec};
+use sluice_pipeline::storage::ObjectUrl;
 use sluice_pipeline::Loader;
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataValue;
@@ -34,6 +37,10 @@ impl AllowedRoots {
     pub fn new(roots: &[PathBuf]) -> Result<Self, ServiceError> {
         let mut canon = Vec::with_capacity(roots.len());
         for r in roots {
+            if ObjectUrl::parse(r).is_some_and(|u| !u.bucket.is_empty()) {
+                canon.push(r.clone());
+                continue;
+            }
             let c = r.canonicalize().map_err(|e| {
                 ServiceError::InvalidArgument(format!("allowed root {} cannot be resolved: {e}", r.display()))
             })?;
@@ -56,8 +63,14 @@ impl AllowedRoots {
     /// Refuses `path` unless it resolves under an allowed root. A path that does not exist
     /// is judged by its nearest existing ancestor, so the error names the real problem.
     pub fn check(&self, path: &Path) -> Result<(), ServiceError> {
-        let resolved = resolve(path);
-        if self.roots.iter().any(|r| resolved.starts_with(r)) {
+        let allowed = match ObjectUrl::parse(path) {
+            Some(url) => self.roots.iter().filter_map(|r| ObjectUrl::parse(r)).any(|root| url.is_under(&root)),
+            None => {
+                let resolved = resolve(path);
+                self.roots.iter().any(|r| resolved.starts_with(r))
+            }
+        };
+        if allowed {
             Ok(())
         } else {
             Err(ServiceError::PathNotAllowed { path: path.to_path_buf(), allowed: self.describe() })
@@ -343,6 +356,21 @@ mod tests {
             assert!(err.contains("outside the allowed roots"), "{err}");
         }
         assert!(AllowedRoots::new(&[]).unwrap().check(&allowed).is_err());
+    }
+
+    #[test]
+    fn s3_roots_allow_their_bucket_and_prefix_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let roots = AllowedRoots::new(&[PathBuf::from("s3://data/train"), dir.path().to_path_buf()]).unwrap();
+        for ok in ["s3://data/train", "s3://data/train/cat/x.jpg", "s3://data//train/x.tar"] {
+            assert!(roots.check(Path::new(ok)).is_ok(), "{ok} is under s3://data/train");
+        }
+        for refused in ["s3://data/training/x.jpg", "s3://data/x.jpg", "s3://other/train/x.jpg", "s3://data"] {
+            let err = roots.check(Path::new(refused)).unwrap_err().to_string();
+            assert!(err.contains(refused) && err.contains("s3://data/train"), "{err}");
+        }
+        assert!(roots.check(&dir.path().join("a.jpg")).is_ok(), "local roots still work");
+        assert!(AllowedRoots::new(&[dir.path().to_path_buf()]).unwrap().check(Path::new("s3://data/train/x")).is_err());
     }
 
     #[test]

@@ -103,7 +103,8 @@ fn default_prefetch() -> usize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SourceSpec {
-    /// `root/<class>/<image>`: classes sorted by name get labels 0..n.
+    /// `root/<class>/<image>`: classes sorted by name get labels 0..n. `root` may be an
+    /// object-storage prefix, `s3://bucket/prefix` (see [`is_url`]).
     ImageFolder { root: PathBuf },
     /// A text file, one sample per line: `path` or `path<TAB or space>label`. Relative
     /// paths are taken from `root` (default: the list's own folder).
@@ -113,8 +114,17 @@ pub enum SourceSpec {
         root: Option<PathBuf>,
     },
     /// WebDataset-style tar shards: members `<basename>.jpg|jpeg|png` with an optional
-    /// `<basename>.cls` holding the integer label. Indexed once, read by offset.
+    /// `<basename>.cls` holding the integer label. Indexed once, read by offset. A shard
+    /// may be an object, `s3://bucket/key.tar`, read by byte range.
     Tar { shards: Vec<PathBuf> },
+}
+
+/// Whether a spec path is a URL (`s3://bucket/prefix`, any `scheme://`) rather than a
+/// local path: URLs are never made relative to the spec's folder.
+pub fn is_url(path: &Path) -> bool {
+    path.to_str().and_then(|s| s.split_once("://")).is_some_and(|(scheme, _)| {
+        !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.')
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -442,7 +452,7 @@ impl SourceSpec {
     /// Makes relative paths relative to `dir` (the spec file's folder).
     pub fn resolve_relative(&mut self, dir: &Path) {
         let fix = |p: &mut PathBuf| {
-            if p.is_relative() {
+            if p.is_relative() && !is_url(p) {
                 *p = dir.join(&*p);
             }
         };

@@ -5,6 +5,7 @@
 
 pub mod file_list;
 pub mod image_folder;
+pub mod object;
 pub mod tar;
 
 use std::io;
@@ -40,6 +41,10 @@ pub enum SourceError {
         shard.display()
     )]
     TruncatedShard { shard: PathBuf, member: String, end: u64, file_len: u64 },
+    /// Object storage refused or failed a LIST or GET (credentials, a missing bucket, a
+    /// server that does not answer after the retries).
+    #[error(transparent)]
+    Object(#[from] crate::storage::object::ObjectError),
 }
 
 impl SourceError {
@@ -57,7 +62,10 @@ impl SourceError {
 pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
     let started = std::time::Instant::now();
     let manifest = match spec {
-        SourceSpec::ImageFolder { root } => image_folder::enumerate(root)?,
+        SourceSpec::ImageFolder { root } => match crate::storage::ObjectUrl::parse(root) {
+            Some(url) => object::enumerate_image_folder(&url)?,
+            None => image_folder::enumerate(root)?,
+        },
         SourceSpec::FileList { path, root } => file_list::enumerate(path, root.as_deref())?,
         SourceSpec::Tar { shards } => self::tar::enumerate(shards)?,
     };

@@ -6,16 +6,19 @@
 //! are later read by offset without unpacking.
 //!
 //! The manifest root is the folder the shards share; shard paths are stored relative to it.
+//! A shard may be an object (`s3://bucket/key.tar`): it is fetched once to be indexed, and
+//! its samples are later read by byte range.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::io::{self, BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 
 use ::tar::Archive;
 use sluice_core::{Location, Manifest};
 
 use super::{is_image_extension, SourceError};
+use crate::storage::ObjectUrl;
 
 /// A `.cls` member longer than this is not a label.
 const MAX_CLS_BYTES: u64 = 64;
@@ -49,9 +52,24 @@ pub fn split_member_name(name: &str) -> Option<(&str, &str)> {
 }
 
 fn index_shard(shard: &Path, rel: &Path, items: &mut Vec<(Location, i64, u64)>) -> Result<(), SourceError> {
+    if let Some(url) = ObjectUrl::parse(shard) {
+        let bytes = crate::storage::object::fetch(&url)?;
+        let file_len = bytes.len() as u64;
+        return index_archive(Cursor::new(bytes), file_len, shard, rel, items);
+    }
     let file = File::open(shard).map_err(|e| SourceError::io("tar shard", shard, e))?;
     let file_len = file.metadata().map_err(|e| SourceError::io("tar shard", shard, e))?.len();
-    let mut archive = Archive::new(ShardReader { inner: BufReader::new(file), pos: 0 });
+    index_archive(ShardReader { inner: BufReader::new(file), pos: 0 }, file_len, shard, rel, items)
+}
+
+fn index_archive<R: Read + Seek>(
+    reader: R,
+    file_len: u64,
+    shard: &Path,
+    rel: &Path,
+    items: &mut Vec<(Location, i64, u64)>,
+) -> Result<(), SourceError> {
+    let mut archive = Archive::new(reader);
     let corrupt = |offset: u64, e: io::Error| SourceError::CorruptTar {
         shard: shard.to_path_buf(),
         offset,
@@ -120,8 +138,30 @@ fn index_shard(shard: &Path, rel: &Path, items: &mut Vec<(Location, i64, u64)>) 
     Ok(())
 }
 
-/// The folder all shards share (by whole components), or an empty path.
+/// The folder all shards share (by whole components), or an empty path. Objects share
+/// the longest `/`-separated prefix of their URLs (at least their `s3://bucket`).
 fn common_folder(shards: &[PathBuf]) -> PathBuf {
+    if let Some(urls) = shards.iter().map(|s| ObjectUrl::parse(s)).collect::<Option<Vec<_>>>() {
+        if let Some(first) = urls.first().filter(|f| urls.iter().all(|u| u.bucket == f.bucket)) {
+            let parents: Vec<Vec<&str>> = urls
+                .iter()
+                .map(|u| u.key.split('/').collect::<Vec<_>>())
+                .map(|mut c| {
+                    c.pop();
+                    c
+                })
+                .collect();
+            let mut common = parents[0].clone();
+            for p in &parents[1..] {
+                let n = common.iter().zip(p).take_while(|(a, b)| a == b).count();
+                common.truncate(n);
+            }
+            let root = ObjectUrl { bucket: first.bucket.clone(), key: common.join("/") };
+            return PathBuf::from(root.to_string());
+        }
+        // Several buckets: no common folder, each shard keeps its whole URL.
+        return PathBuf::new();
+    }
     let mut common: Option<Vec<Component<'_>>> = None;
     for shard in shards {
         let parent = shard.parent().unwrap_or(Path::new("")).components();

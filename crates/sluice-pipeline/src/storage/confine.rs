@@ -2,7 +2,9 @@
 //! blocks a thread or gets read (opened non-blocking, refused unless a regular file), and
 //! when the operator allowed only some roots (the service), the open resolves beneath one
 //! of them (`openat2` with `RESOLVE_BENEATH`, Linux ≥ 5.6), whatever symlink is swapped
-//! in after the job's paths were checked.
+//! in after the job's paths were checked. A root may also be an object-storage prefix
+//! (`s3://bucket/prefix`): then only objects of that bucket whose key lies under the prefix
+//! (whole `/` segments) are read.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -13,6 +15,7 @@ use rustix::io::Errno;
 use sluice_core::SampleErrorKind;
 
 use super::io_error;
+use super::object::ObjectUrl;
 use crate::error::PipelineError;
 
 /// Read-only, and never waiting: opening a FIFO with no writer returns at once.
@@ -22,24 +25,43 @@ const FLAGS: OFlags = OFlags::RDONLY.union(OFlags::CLOEXEC).union(OFlags::NONBLO
 #[derive(Debug)]
 pub struct Roots {
     roots: Vec<(PathBuf, OwnedFd)>,
+    /// Allowed object-storage prefixes.
+    urls: Vec<ObjectUrl>,
 }
 
 impl Roots {
     /// Opens each root (resolved once, now, like the checks of the job's paths).
     pub fn open(roots: &[PathBuf]) -> Result<Self, PipelineError> {
         let mut held = Vec::with_capacity(roots.len());
+        let mut urls = Vec::new();
         for root in roots {
+            if let Some(url) = ObjectUrl::parse(root) {
+                if url.bucket.is_empty() {
+                    return Err(PipelineError::Root {
+                        path: root.clone(),
+                        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "an s3:// root names no bucket"),
+                    });
+                }
+                urls.push(url);
+                continue;
+            }
             let failed = |source| PipelineError::Root { path: root.clone(), source };
             let canonical = root.canonicalize().map_err(failed)?;
             let fd = open(&canonical, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
                 .map_err(|e| failed(e.into()))?;
             held.push((canonical, fd));
         }
-        Ok(Self { roots: held })
+        Ok(Self { roots: held, urls })
     }
 
-    fn describe(&self) -> String {
-        self.roots.iter().map(|(r, _)| r.display().to_string()).collect::<Vec<_>>().join(", ")
+    pub(crate) fn describe(&self) -> String {
+        let paths = self.roots.iter().map(|(r, _)| r.display().to_string());
+        paths.chain(self.urls.iter().map(ToString::to_string)).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Whether the object at `url` lies under an allowed `s3://` prefix.
+    pub fn allows_url(&self, url: &ObjectUrl) -> bool {
+        self.urls.iter().any(|root| url.is_under(root))
     }
 
     /// Opens `path` beneath the root it lies under. Usually the path as written already lies

@@ -1,9 +1,11 @@
 //! Storage reads a sample's bytes given its [`Location`]. Sources say *what* the samples
 //! are; storage says how their bytes are fetched: local positional reads, or the same
-//! behind an emulated network link to study loaders under slow storage.
+//! behind an emulated network link to study loaders under slow storage; `s3://` roots
+//! and shards are read from object storage ([`object`]).
 
 pub mod confine;
 pub mod local;
+pub mod object;
 pub mod throttled;
 
 use std::io;
@@ -15,6 +17,7 @@ use sluice_core::{Location, SampleErrorKind, StorageSpec};
 
 pub use confine::Roots;
 pub use local::LocalStorage;
+pub use object::{ObjectAware, ObjectUrl};
 pub use throttled::{LinkError, ThrottledStorage};
 
 /// Reads whole samples into caller-owned buffers. Shared by all worker threads.
@@ -35,10 +38,12 @@ pub fn open_storage(spec: &StorageSpec) -> Result<Arc<dyn Storage>, LinkError> {
 
 /// The storage a spec asks for, reading only beneath `roots` when given.
 pub fn open_storage_in(spec: &StorageSpec, roots: Option<Arc<Roots>>) -> Result<Arc<dyn Storage>, LinkError> {
-    let local = match roots {
-        Some(roots) => LocalStorage::confined(roots),
+    let local = match &roots {
+        Some(roots) => LocalStorage::confined(Arc::clone(roots)),
         None => LocalStorage::new(),
     };
+    // `s3://` locations go to object storage, everything else to local files.
+    let local = ObjectAware::new(Arc::new(local), roots);
     Ok(match spec {
         StorageSpec::Local => Arc::new(local),
         StorageSpec::Throttled { latency_ms, bandwidth_mb_s, shared_link } => {

@@ -1,0 +1,315 @@
+//! Object storage: `s3://bucket/prefix` roots, shards and samples, read through the
+//! `object_store` crate (arrow-rs). Credentials, region and endpoint come from the standard
+//! `AWS_*` environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
+//! `AWS_REGION`/`AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL` for S3-compatible stores, and the
+//! container/web-identity variables the crate reads); requests are retried with
+//! exponential back-off, time out, and at most `SLUICE_OBJECT_MAX_REQUESTS` run at once.
+//!
+//! The loader's worker threads are plain threads: one process-wide tokio runtime, made on
+//! first use, runs the crate's async calls (`block_on` from the calling thread, no runtime
+//! per read), and one client per bucket is kept.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use object_store::aws::AmazonS3Builder;
+use object_store::limit::LimitStore;
+use object_store::path::Path as ObjectPath;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
+use parking_lot::Mutex;
+use sluice_core::{Location, SampleErrorKind};
+
+use super::confine::Roots;
+use super::{check_size, Storage};
+
+/// Requests in flight at once, per bucket, unless `SLUICE_OBJECT_MAX_REQUESTS` says otherwise.
+pub const DEFAULT_MAX_REQUESTS: usize = 64;
+/// Retries of a failed request (5xx, timeouts, connection errors), unless
+/// `SLUICE_OBJECT_RETRIES` says otherwise.
+pub const DEFAULT_RETRIES: usize = 5;
+/// Seconds one request may take, unless `SLUICE_OBJECT_TIMEOUT_S` says otherwise.
+pub const DEFAULT_TIMEOUT_S: f64 = 30.0;
+
+/// `s3://bucket/key`, parsed from a spec path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectUrl {
+    pub bucket: String,
+    /// The key (or key prefix), without a leading or trailing `/`; may be empty.
+    pub key: String,
+}
+
+impl ObjectUrl {
+    /// The URL a spec path holds, if it is one (`s3://` or `s3a://`). Local paths give `None`.
+    pub fn parse(path: &Path) -> Option<Self> {
+        let s = path.to_str()?;
+        let rest = s.strip_prefix("s3://").or_else(|| s.strip_prefix("s3a://"))?;
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        let key = key.split('/').filter(|c| !c.is_empty() && *c != ".").collect::<Vec<_>>().join("/");
+        Some(Self { bucket: bucket.to_string(), key })
+    }
+
+    /// Whether `path` names object storage rather than a local file.
+    pub fn is_url(path: &Path) -> bool {
+        Self::parse(path).is_some()
+    }
+
+    pub(crate) fn object_path(&self) -> Result<ObjectPath, ObjectError> {
+        ObjectPath::parse(&self.key)
+            .map_err(|e| ObjectError { url: self.to_string(), message: format!("not a valid object key: {e}") })
+    }
+
+    /// Whether this URL lies under `root` (same bucket, key equal to or below its prefix).
+    pub fn is_under(&self, root: &ObjectUrl) -> bool {
+        self.bucket == root.bucket
+            && (root.key.is_empty()
+                || self.key == root.key
+                || self.key.strip_prefix(&root.key).is_some_and(|rest| rest.starts_with('/')))
+    }
+}
+
+impl std::fmt::Display for ObjectUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "s3://{}", self.bucket)
+        } else {
+            write!(f, "s3://{}/{}", self.bucket, self.key)
+        }
+    }
+}
+
+/// A failed object-storage call, naming the object (or prefix) it was about.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{url}: {message}")]
+pub struct ObjectError {
+    pub url: String,
+    pub message: String,
+}
+
+/// The process-wide runtime and one client per bucket.
+pub(crate) struct Remote {
+    runtime: tokio::runtime::Runtime,
+    stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+}
+
+static REMOTE: OnceLock<Result<Remote, String>> = OnceLock::new();
+
+/// The shared runtime and clients, made on first use.
+pub(crate) fn remote() -> Result<&'static Remote, String> {
+    REMOTE
+        .get_or_init(|| {
+            // reqwest is built without a TLS provider of its own: rustls's ring provider
+            // (already linked for the service's TLS) serves it. Another may be installed.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("sluice-object")
+                .enable_all()
+                .build()
+                .map(|runtime| Remote { runtime, stores: Mutex::new(HashMap::new()) })
+                .map_err(|e| format!("cannot start the object-storage runtime: {e}"))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
+}
+
+impl Remote {
+    /// Runs `fut` on the shared runtime from a plain (non-runtime) thread.
+    pub(crate) fn block_on<F: std::future::Future>(&self, fut: F) -> F::Output {
+        self.runtime.block_on(fut)
+    }
+
+    /// The client of `bucket`, configured from the environment on first use.
+    pub(crate) fn store(&self, url: &ObjectUrl) -> Result<Arc<dyn ObjectStore>, ObjectError> {
+        let mut stores = self.stores.lock();
+        if let Some(s) = stores.get(&url.bucket) {
+            return Ok(Arc::clone(s));
+        }
+        let timeout = env_number("SLUICE_OBJECT_TIMEOUT_S", DEFAULT_TIMEOUT_S).max(0.001);
+        let retries = env_number("SLUICE_OBJECT_RETRIES", DEFAULT_RETRIES);
+        let max_requests = env_number("SLUICE_OBJECT_MAX_REQUESTS", DEFAULT_MAX_REQUESTS).max(1);
+        let timeout = Duration::from_secs_f64(timeout);
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(5),
+                base: 2.0,
+            },
+            max_retries: retries,
+            retry_timeout: timeout.saturating_mul(u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1)),
+        };
+        let mut builder =
+            AmazonS3Builder::from_env().with_bucket_name(&url.bucket).with_retry(retry).with_client_options(
+                ClientOptions::new().with_timeout(timeout).with_connect_timeout(timeout.min(Duration::from_secs(10))),
+            );
+        // An S3-compatible store on plain HTTP (a local SeaweedFS or MinIO) needs no more
+        // than its endpoint; path-style addressing works with all of them.
+        if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT")) {
+            builder = builder.with_allow_http(endpoint.starts_with("http://"));
+        }
+        let store = builder.build().map_err(|e| ObjectError {
+            url: format!("s3://{}", url.bucket),
+            message: format!("cannot configure the S3 client (check the AWS_* environment): {e}"),
+        })?;
+        let store: Arc<dyn ObjectStore> = Arc::new(LimitStore::new(store, max_requests));
+        stores.insert(url.bucket.clone(), Arc::clone(&store));
+        Ok(store)
+    }
+
+    /// The whole object at `url`, refused before its body is read when over `max_bytes`.
+    fn get(&self, url: &ObjectUrl, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+        let store = self.store(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
+        let path = url.object_path().map_err(|e| SampleErrorKind::Io(e.to_string()))?;
+        self.block_on(async {
+            let got = store.get(&path).await.map_err(|e| sample_error(url, &e))?;
+            check_size(got.meta.size, max_bytes)?;
+            let bytes = got.bytes().await.map_err(|e| sample_error(url, &e))?;
+            copy_into(buf, &bytes);
+            Ok(())
+        })
+    }
+
+    /// Bytes `range` of the object at `url` (a tar member).
+    fn get_range(&self, url: &ObjectUrl, range: Range<u64>, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+        let store = self.store(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
+        let path = url.object_path().map_err(|e| SampleErrorKind::Io(e.to_string()))?;
+        let want = range.end - range.start;
+        let bytes = self.block_on(store.get_range(&path, range.clone())).map_err(|e| sample_error(url, &e))?;
+        if (bytes.len() as u64) < want {
+            return Err(SampleErrorKind::Io(format!(
+                "{url}: short read: {} of bytes {}..{} (the object ends early: truncated?)",
+                bytes.len(),
+                range.start,
+                range.end
+            )));
+        }
+        copy_into(buf, &bytes);
+        Ok(())
+    }
+}
+
+fn copy_into(buf: &mut Vec<u8>, bytes: &[u8]) {
+    buf.clear();
+    buf.extend_from_slice(bytes);
+}
+
+fn sample_error(url: &ObjectUrl, e: &object_store::Error) -> SampleErrorKind {
+    match e {
+        object_store::Error::NotFound { .. } => SampleErrorKind::Io(format!("{url}: object not found")),
+        e => SampleErrorKind::Io(format!("{url}: {e}")),
+    }
+}
+
+/// Routes each read: object URLs to object storage, everything else to the local storage
+/// it wraps. When reads are confined, an object outside the allowed `s3://` roots is
+/// refused before any request is made.
+pub struct ObjectAware {
+    local: Arc<dyn Storage>,
+    roots: Option<Arc<Roots>>,
+}
+
+impl std::fmt::Debug for ObjectAware {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectAware").field("local", &self.local.name()).field("roots", &self.roots).finish()
+    }
+}
+
+impl ObjectAware {
+    pub fn new(local: Arc<dyn Storage>, roots: Option<Arc<Roots>>) -> Self {
+        Self { local, roots }
+    }
+
+    fn check_allowed(&self, url: &ObjectUrl) -> Result<(), SampleErrorKind> {
+        match &self.roots {
+            Some(roots) if !roots.allows_url(url) => {
+                Err(SampleErrorKind::Refused(format!("{url} is outside the allowed roots ({})", roots.describe())))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Storage for ObjectAware {
+    fn read(&self, root: &Path, location: &Location, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+        let (rel, range) = match location {
+            Location::File { path } => (path, None),
+            Location::TarMember { shard, offset, len, .. } => (shard, Some((*offset, *len))),
+        };
+        let Some(url) = ObjectUrl::parse(&root.join(rel)) else {
+            return self.local.read(root, location, max_bytes, buf);
+        };
+        self.check_allowed(&url)?;
+        let remote = remote().map_err(SampleErrorKind::Io)?;
+        match range {
+            None => remote.get(&url, max_bytes, buf),
+            Some((offset, len)) => {
+                check_size(len, max_bytes)?;
+                let end = offset
+                    .checked_add(len)
+                    .ok_or_else(|| SampleErrorKind::Io(format!("{url}: member range overflows")))?;
+                remote.get_range(&url, offset..end, buf)
+            }
+        }
+    }
+
+    fn name(&self) -> &str {
+        self.local.name()
+    }
+}
+
+/// The objects under `prefix` as (key relative to the prefix, size, etag, last-modified
+/// seconds), in key order: one LIST (paginated by the crate).
+pub(crate) fn list(prefix: &ObjectUrl) -> Result<Vec<ListedObject>, ObjectError> {
+    use futures::TryStreamExt;
+    let failed = |message: String| ObjectError { url: prefix.to_string(), message };
+    let remote = remote().map_err(failed)?;
+    let store = remote.store(prefix)?;
+    let path = prefix.object_path()?;
+    let metas = remote
+        .block_on(store.list(if prefix.key.is_empty() { None } else { Some(&path) }).try_collect::<Vec<_>>())
+        .map_err(|e| failed(format!("cannot list the bucket {}: {e}", prefix.bucket)))?;
+    let base = if prefix.key.is_empty() { String::new() } else { format!("{}/", prefix.key) };
+    let mut out: Vec<ListedObject> = metas
+        .into_iter()
+        .filter_map(|m| {
+            let key = m.location.as_ref().strip_prefix(&base)?.to_string();
+            Some(ListedObject {
+                key,
+                size: m.size,
+                etag: m.e_tag.unwrap_or_default(),
+                modified: m.last_modified.timestamp(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(out)
+}
+
+/// Fetches a whole object (a tar shard to index).
+pub(crate) fn fetch(url: &ObjectUrl) -> Result<bytes::Bytes, ObjectError> {
+    let failed = |message: String| ObjectError { url: url.to_string(), message };
+    let remote = remote().map_err(failed)?;
+    let store = remote.store(url)?;
+    let path = url.object_path()?;
+    remote.block_on(async {
+        let got = store.get(&path).await.map_err(|e| failed(e.to_string()))?;
+        got.bytes().await.map_err(|e| failed(e.to_string()))
+    })
+}
+
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ListedObject {
+    /// The key relative to the listed prefix.
+    pub key: String,
+    pub size: u64,
+    pub etag: String,
+    /// Last modification, seconds since the Unix epoch.
+    pub modified: i64,
+}
