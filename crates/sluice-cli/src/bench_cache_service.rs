@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
+use sluice_client::{JobCacheStats, RemoteLoader, RemoteOptions, ReportKind};
 use sluice_core::{
     ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec, SourceSpec, StorageSpec,
 };
 use sluice_pipeline::cache::sim::{sampler_for, SimTrainer};
 use sluice_pipeline::{Loader, Shard};
-use sluice_service::{JobCacheStats, RemoteLoader, RemoteOptions, ReportKind};
 
 use crate::bench_cache::{median, Args};
 use crate::bench_service::{service_with, Proc};

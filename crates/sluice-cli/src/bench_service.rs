@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use sluice_client::wire::{message_to_batch, Outgoing};
+use sluice_client::{Compression, DataPlane, RemoteLoader, RemoteOptions};
 use sluice_core::{PipelineSpec, SourceSpec};
 use sluice_pipeline::{Loader, Shard};
-use sluice_service::bench::{self, message_to_batch, Outgoing};
-use sluice_service::{Compression, DataPlane, RemoteLoader, RemoteOptions};
+use sluice_service::bench;
 
 use crate::gen;
 

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
+use sluice_client::{RemoteLoader, RemoteOptions};
 use sluice_core::PipelineSpec;
-use sluice_service::{RemoteLoader, RemoteOptions};
 
 use crate::bench_service::{median, proc_cpu, self_cpu, service, Proc};
 use crate::plot::{self, Panel, Series};

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use sluice_client::{RemoteLoader, RemoteOptions};
 use sluice_core::{PipelineSpec, SourceSpec};
 use sluice_profile::{knee, parse_sweep, row, sweep, threads_point, Row, Unit};
-use sluice_service::{RemoteLoader, RemoteOptions};
 
 use crate::bench_service::{service, tree_cpu};
 

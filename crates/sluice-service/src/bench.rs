@@ -19,14 +19,14 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
-use crate::dispatcher_client::dispatcher_client;
 use crate::error::ServiceError;
-use crate::proto::worker_client::WorkerClient;
-use crate::proto::worker_server::{Worker, WorkerServer};
-use crate::proto::*;
-use crate::wire::Compression;
-pub use crate::wire::{message_to_batch, Outgoing};
-use crate::MAX_MESSAGE_BYTES;
+use sluice_client::dispatcher_client;
+use sluice_client::proto::worker_client::WorkerClient;
+use sluice_client::proto::worker_server::{Worker, WorkerServer};
+use sluice_client::proto::*;
+use sluice_client::wire::Compression;
+pub use sluice_client::wire::{message_to_batch, Outgoing};
+use sluice_client::MAX_MESSAGE_BYTES;
 
 fn rt() -> Result<tokio::runtime::Runtime, ServiceError> {
     tokio::runtime::Builder::new_multi_thread()

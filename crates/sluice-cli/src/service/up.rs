@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use sluice_service::ScaleClient;
+use sluice_client::ScaleClient;
 
 use super::{operator_token, roots, token, AutoscaleArgs, LimitArgs};
 
@@ -203,7 +203,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     // With a clients' token, operator calls need their own (an open service takes them).
     let operator = match (operator_token(a.operator_token), &token) {
         (Some(t), _) => Some(t),
-        (None, Some(_)) => Some(sluice_service::random_token()?),
+        (None, Some(_)) => Some(sluice_client::random_token()?),
         (None, None) => None,
     };
     let mut root_args = Vec::new();

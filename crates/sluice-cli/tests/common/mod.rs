@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use sluice_client::RemoteOptions;
 use sluice_core::{PipelineSpec, SourceSpec};
-use sluice_service::RemoteOptions;
 use sluice_synth::DatasetOptions;
 
 pub const IMAGES: usize = 48;

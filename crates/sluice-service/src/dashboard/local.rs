@@ -13,6 +13,8 @@ use axum::routing::get;
 use sluice_pipeline::{Loader, StatsSnapshot};
 
 use super::view::{ClientView, DispatcherView, Totals, WorkerView};
+use sluice_client::runtime::{runtime, Threads};
+
 use crate::error::ServiceError;
 use crate::metrics::{self, Scrape};
 
@@ -120,12 +122,7 @@ impl LoaderDashboard {
 /// decisions (`/api/autoscale`) and its metrics (`/metrics`) at `addr`, on a runtime of
 /// its own, until the returned handle is dropped.
 pub fn serve_loader(addr: &str, loader: Arc<Loader>) -> Result<LoaderDashboard, ServiceError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("sluice-dashboard")
-        .enable_all()
-        .build()
-        .map_err(|e| ServiceError::Internal(format!("cannot start the dashboard's runtime: {e}")))?;
+    let runtime = runtime("dashboard", Threads::Workers(1))?;
     let source = Arc::new(Source { loader, frozen: Mutex::new(None) });
     let (state, render, scaling) = (Arc::clone(&source), Arc::clone(&source), Arc::clone(&source));
     let routes = super::routes(Arc::new(move || {

@@ -16,7 +16,7 @@
 //!
 //! The local data plane (Linux) is the same protocol over a Unix socket in the abstract
 //! namespace, for clients on the worker's machine, with the pixels in shared memory
-//! ([`crate::shm`]). After the request the worker sends
+//! ([`sluice_client::shm`]). After the request the worker sends
 //!   `4` region: u64 id, u32 slots, u64 slot bytes, with the region's memfd attached;
 //! and then sends each batch as
 //!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length;
@@ -35,39 +35,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::proto::RunTaskRequest;
-use crate::security::constant_time_eq;
-use crate::wire::Outgoing;
+use sluice_client::dataplane::{io_status, Io, KIND_BATCH, KIND_END, KIND_ERROR, MAGIC, MAX_TOKEN};
+use sluice_client::proto::RunTaskRequest;
+use sluice_client::security::constant_time_eq;
+use sluice_client::wire::Outgoing;
 
 #[cfg(target_os = "linux")]
 mod local;
-mod stream;
 #[cfg(target_os = "linux")]
-pub use local::{serve_local, MappedRegions, RegionPool};
-#[cfg(target_os = "linux")]
-use stream::hello;
-pub use stream::TaskStream;
-
-const MAGIC: &[u8; 5] = b"SLDP1";
-const KIND_BATCH: u8 = 1;
-const KIND_END: u8 = 2;
-const KIND_ERROR: u8 = 3;
-const KIND_REGION: u8 = 4;
-const KIND_SLOT: u8 = 5;
-/// Most slots in a region.
-const MAX_SLOTS: u32 = 64;
-const MAX_HEADER: u32 = 16 << 20;
-const MAX_TOKEN: u32 = 4096;
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn io_status(e: std::io::Error) -> Status {
-    Status::unavailable(format!("data plane: {e}"))
-}
+pub use local::{serve_local, RegionPool};
+// `bench` names the client's end by its old path (it leaves for the `sluice-bench` crate).
+#[cfg(all(feature = "bench", target_os = "linux"))]
+pub(crate) use sluice_client::dataplane::MappedRegions;
+#[cfg(feature = "bench")]
+pub(crate) use sluice_client::dataplane::TaskStream;
 
 /// A running task's batches, in order; an error ends them.
 pub struct TaskBatches {
@@ -99,10 +85,6 @@ impl TaskBatches {
 /// What runs a task: the worker's loader (or, in benchmarks, a no-op producer).
 pub type StartTask =
     Arc<dyn Fn(RunTaskRequest) -> Pin<Box<dyn Future<Output = Result<TaskBatches, Status>> + Send>> + Send + Sync>;
-
-/// A connection, plain or inside TLS.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// What the data plane grants connections that have not authenticated yet (opened TLS and
 /// sent a request with the right token): a bounded number of them, for a short time, so
@@ -314,7 +296,7 @@ async fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Compression;
+    use sluice_client::wire::Compression;
     use sluice_core::{Batch, DType, Layout, Tensor};
     use tokio::net::TcpStream;
     use tonic::Code;
@@ -423,8 +405,8 @@ mod tests {
 mod local_tests {
     use super::tests::start;
     use super::*;
-    use crate::shm;
-    use crate::wire::Compression;
+    use sluice_client::shm;
+    use sluice_client::wire::Compression;
     use tonic::Code;
 
     async fn read_all(s: &mut TaskStream) -> Result<Vec<u64>, Status> {

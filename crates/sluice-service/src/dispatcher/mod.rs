@@ -2,6 +2,7 @@
 //! answering, so a restarted dispatcher resumes every job where it stood.
 
 mod autoscale;
+pub(crate) mod journal;
 pub mod state;
 
 use std::future::Future;
@@ -18,15 +19,16 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use xxhash_rust::xxh3::Xxh3;
 
+use sluice_client::proto::dispatcher_server::{Dispatcher, DispatcherServer};
+use sluice_client::proto::*;
+use sluice_client::MAX_CONTROL_MESSAGE_BYTES;
+
 use crate::dashboard::{self, view::DispatcherView};
 use crate::error::ServiceError;
-use crate::journal::{Journal, Record};
 use crate::metrics::{self, Labels, LatencyHistogram, Scrape};
-use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
-use crate::proto::*;
 use crate::security::{check_client, require_operator, AllowedRoots, TokenCheck};
-use crate::MAX_CONTROL_MESSAGE_BYTES;
 use autoscale::ServiceAutoscale;
+use journal::{Journal, Record};
 use state::{ClientReport, JobImportance, State};
 
 /// Batches per task when the client does not say: small enough to balance a short epoch
@@ -262,7 +264,7 @@ impl DispatcherService {
         let source = spec.source.clone();
         let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
             .await
-            .map_err(|e| ServiceError::Internal(format!("manifest task: {e}")))?
+            .map_err(|source| ServiceError::Blocking { what: "reading the manifest", source })?
             .map_err(sluice_pipeline::PipelineError::from)?;
         self.inner.roots.check_manifest(&manifest)?;
         let samples = manifest.len() as u64;
@@ -280,7 +282,8 @@ impl DispatcherService {
         }
         let b = spec.batch.size as u64;
         let batches = if spec.batch.drop_last { samples / b } else { samples.div_ceil(b) };
-        let canonical = serde_json::to_string(&spec).map_err(|e| ServiceError::Internal(e.to_string()))?;
+        let canonical = serde_json::to_string(&spec)
+            .map_err(|source| ServiceError::SpecJson { job: req.job_name.clone(), source })?;
         let mut h = Xxh3::new();
         h.update(&manifest_hash.to_le_bytes());
         h.update(canonical.as_bytes());
@@ -623,9 +626,9 @@ impl Dispatcher for DispatcherService {
                     Ok(d) => d,
                     Err(record) => {
                         self.commit(&mut state, &record, 0)?;
-                        state.draw(req.job_id, req.epoch, Instant::now())?.map_err(|_| {
-                            ServiceError::Internal(format!("job {}: epoch {} not drawn", req.job_id, req.epoch))
-                        })?
+                        state
+                            .draw(req.job_id, req.epoch, Instant::now())?
+                            .map_err(|_| ServiceError::DrawLost { job_id: req.job_id, epoch: req.epoch })?
                     }
                 };
                 (draw, self.barrier())
@@ -854,7 +857,7 @@ impl DispatcherService {
         m.gauges("sluice_cache_entries", "entries the job's caches hold on all workers", each(|c| c.entries));
         m.gauges("sluice_cache_hot", "samples in the job's hot set", each(|c| c.hot));
         m.gauges("sluice_cache_hot_held", "samples of the hot set held in their owner's cache", each(|c| c.hot_held));
-        let worker_caches: Vec<(Labels, &crate::proto::CacheReport)> = state
+        let worker_caches: Vec<(Labels, &sluice_client::proto::CacheReport)> = state
             .jobs
             .values()
             .flat_map(|j| {
@@ -979,7 +982,7 @@ pub async fn run_dispatcher(
         ))
         .serve_with_incoming_shutdown(incoming, stop)
         .await
-        .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")));
+        .map_err(|source| ServiceError::Serve { what: "dispatcher", source });
     if let Some(t) = ticker {
         t.abort();
     }
@@ -998,7 +1001,7 @@ mod tests {
 
     use super::*;
 
-    use crate::journal::COMPACT_MIN_BYTES;
+    use crate::dispatcher::journal::COMPACT_MIN_BYTES;
 
     /// Runs epochs of a job on a dispatcher with a journal, one client, by its RPCs.
     async fn run_epochs(service: &DispatcherService, job_id: u64, epochs: std::ops::Range<u64>) {

@@ -9,8 +9,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tonic::{Code, Status};
 
-use super::{io_status, Io, HANDSHAKE_TIMEOUT, KIND_BATCH, KIND_END, KIND_ERROR, KIND_SLOT, MAGIC, MAX_HEADER};
-use crate::error::ServiceError;
+use super::{hello, io_status, Io, HANDSHAKE_TIMEOUT, KIND_BATCH, KIND_END, KIND_ERROR, KIND_SLOT, MAX_HEADER};
+use crate::error::ClientError;
 use crate::proto::{BatchMessage, RunTaskRequest};
 use crate::tls::ClientTls;
 use crate::wire::{message_to_received, Received};
@@ -23,19 +23,6 @@ pub struct TaskStream {
     /// The worker's shared region (local data plane).
     #[cfg(target_os = "linux")]
     pub(super) region: Option<Arc<crate::shm::Region>>,
-}
-
-/// The hello that opens a task: magic, token, request.
-pub(super) fn hello(token: Option<&str>, req: &RunTaskRequest) -> Vec<u8> {
-    let mut hello = Vec::with_capacity(64);
-    hello.extend_from_slice(MAGIC);
-    let t = token.unwrap_or("").as_bytes();
-    hello.extend_from_slice(&(t.len() as u32).to_le_bytes());
-    hello.extend_from_slice(t);
-    let body = req.encode_to_vec();
-    hello.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    hello.extend_from_slice(&body);
-    hello
 }
 
 impl TaskStream {
@@ -66,6 +53,14 @@ impl TaskStream {
         Ok(Self::new(r))
     }
 
+    /// The id of the worker's shared region the batches come through (local data plane).
+    pub fn region_id(&self) -> Option<u64> {
+        #[cfg(target_os = "linux")]
+        return self.region.as_ref().map(|r| r.id());
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
     /// Whether the batches come through shared memory (the local data plane).
     pub fn is_local(&self) -> bool {
         #[cfg(target_os = "linux")]
@@ -74,7 +69,8 @@ impl TaskStream {
         false
     }
 
-    pub(super) fn new(r: BufReader<Box<dyn Io>>) -> Self {
+    /// Reads the frames of a connection whose hello was sent already.
+    pub fn new(r: BufReader<Box<dyn Io>>) -> Self {
         Self {
             r,
             done: false,
@@ -84,7 +80,6 @@ impl TaskStream {
     }
 
     /// The next batch, `None` at the end of the task.
-    #[cfg(any(test, feature = "bench"))]
     pub async fn next(&mut self) -> Result<Option<sluice_core::Batch>, Status> {
         Ok(self.next_received().await?.map(|r| r.batch))
     }
@@ -118,7 +113,7 @@ impl TaskStream {
                 let mut m = read_header(r).await?;
                 let len = read_len(r).await?;
                 m.data = read_payload(r, len).await.map_err(io_status)?;
-                message_to_received(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+                message_to_received(m).map(Some).map_err(|e: ClientError| Status::from(e))
             }
             #[cfg(target_os = "linux")]
             KIND_SLOT => {
@@ -142,7 +137,7 @@ impl TaskStream {
                 {
                     tracing::debug!(error = %e, "could not hand a slot back");
                 }
-                message_to_received(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+                message_to_received(m).map(Some).map_err(|e: ClientError| Status::from(e))
             }
             other => Err(Status::invalid_argument(format!("unknown data-plane frame kind {other}"))),
         }
