@@ -296,6 +296,7 @@ async fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_client::dataplane::TaskStream;
     use sluice_client::wire::Compression;
     use sluice_core::{Batch, DType, Layout, Tensor};
     use tokio::net::TcpStream;
@@ -405,6 +406,7 @@ mod tests {
 mod local_tests {
     use super::tests::start;
     use super::*;
+    use sluice_client::dataplane::{hello, MappedRegions, TaskStream, KIND_REGION};
     use sluice_client::shm;
     use sluice_client::wire::Compression;
     use tonic::Code;
@@ -439,7 +441,7 @@ mod local_tests {
             let req = RunTaskRequest { job_id, epoch: 0, start: 0, end: 3, compression: 0, ..Default::default() };
             let sock = shm::connect_abstract(&name).unwrap();
             let mut s = TaskStream::open_local(sock, &name, None, &req, &maps).await.unwrap();
-            let id = s.region.as_ref().map(|r| r.id()).unwrap();
+            let id = s.region_id().unwrap();
             assert_eq!(read_all(&mut s).await.unwrap(), vec![0, 1, 2]);
             drop(s);
             // Time for the worker to take every slot back and pool the region.
