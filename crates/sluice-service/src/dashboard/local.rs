@@ -7,9 +7,6 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use sluice_pipeline::{Loader, StatsSnapshot};
 
 use super::view::{ClientView, DispatcherView, Totals, WorkerView};
@@ -129,18 +126,10 @@ pub fn serve_loader(addr: &str, loader: Arc<Loader>) -> Result<LoaderDashboard, 
         let (stats, threads) = state.read();
         serde_json::to_string(&loader_view(&stats, threads)).unwrap_or_default()
     }))
-    .route(
-        "/api/autoscale",
-        get(move || {
-            let stats = scaling.read().0.autoscale;
-            async move {
-                match stats.and_then(|a| serde_json::to_string(&a).ok()) {
-                    Some(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-                    None => (StatusCode::NOT_FOUND, "this loader's thread count is fixed\n").into_response(),
-                }
-            }
-        }),
-    );
+    .merge(super::autoscale_route(
+        Arc::new(move || scaling.read().0.autoscale.and_then(|a| serde_json::to_string(&a).ok())),
+        "this loader's thread count is fixed\n",
+    ));
     let render: metrics::Render = Arc::new(move || {
         let (stats, threads) = render.read();
         render_metrics(&stats, threads)
