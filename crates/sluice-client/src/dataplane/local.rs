@@ -77,7 +77,7 @@ impl TaskStream {
         maps: &MappedRegions,
     ) -> Result<Self, Status> {
         let mut sock = sock;
-        sock.write_all(&hello(token, req)).await.map_err(io_status)?;
+        sock.write_all(&hello(token, req).map_err(io_status)?).await.map_err(io_status)?;
         // The region's fd comes with the first byte the worker sends; a plain (buffered)
         // read would drop it.
         let mut kind = [0u8; 1];

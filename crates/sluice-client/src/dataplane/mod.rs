@@ -33,6 +33,7 @@
 use std::time::Duration;
 
 use prost::Message;
+use sluice_transport::frame::{write_frame, FrameError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tonic::Status;
 
@@ -70,19 +71,27 @@ pub fn io_status(e: std::io::Error) -> Status {
     Status::unavailable(format!("data plane: {e}"))
 }
 
+/// A frame that could not be read (`what` names it), as the status a data-plane call
+/// fails with: a socket error, or a length over the cap.
+pub fn frame_status(what: &'static str) -> impl Fn(FrameError) -> Status {
+    move |e| match e {
+        FrameError::Io(e) => io_status(e),
+        FrameError::TooLarge { len, max } => {
+            Status::invalid_argument(format!("{what} of {len} bytes is over the limit of {max}"))
+        }
+    }
+}
+
 /// A connection, plain or inside TLS.
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// The hello that opens a task: magic, token, request.
-pub fn hello(token: Option<&str>, req: &RunTaskRequest) -> Vec<u8> {
+/// The hello that opens a task: magic, token, request (each a frame of the peer
+/// transport's).
+pub fn hello(token: Option<&str>, req: &RunTaskRequest) -> std::io::Result<Vec<u8>> {
     let mut hello = Vec::with_capacity(64);
     hello.extend_from_slice(MAGIC);
-    let t = token.unwrap_or("").as_bytes();
-    hello.extend_from_slice(&(t.len() as u32).to_le_bytes());
-    hello.extend_from_slice(t);
-    let body = req.encode_to_vec();
-    hello.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    hello.extend_from_slice(&body);
-    hello
+    write_frame(&mut hello, token.unwrap_or("").as_bytes())?;
+    write_frame(&mut hello, &req.encode_to_vec())?;
+    Ok(hello)
 }

@@ -21,6 +21,8 @@ use sluice_client::dataplane::{HANDSHAKE_TIMEOUT, KIND_END, KIND_REGION, KIND_SL
 use sluice_client::shm::{self, Region};
 use sluice_client::wire::Outgoing;
 use sluice_client::MAX_MESSAGE_BYTES;
+use sluice_transport::frame::nonblocking::{write_frame, write_len};
+use sluice_transport::frame::Prefix;
 
 use super::{authenticate, refuse, write_error, write_inline, ConnectionLimits, Gate, StartTask};
 
@@ -274,10 +276,9 @@ async fn local_connection(
             Some(slot) => {
                 let head = out.header().encode_to_vec();
                 w.write_u8(KIND_SLOT).await?;
-                w.write_u32_le(head.len() as u32).await?;
-                w.write_all(&head).await?;
+                write_frame(&mut w, Prefix::U32, &head).await?;
                 w.write_u32_le(slot).await?;
-                w.write_u64_le(data.len() as u64).await?;
+                write_len(&mut w, Prefix::U64, data.len()).await?;
                 w.flush().await?;
             }
             None => write_inline(&mut w, &out).await?,

@@ -40,10 +40,14 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use sluice_client::dataplane::{io_status, Io, KIND_BATCH, KIND_END, KIND_ERROR, MAGIC, MAX_TOKEN};
+use sluice_client::dataplane::{
+    frame_status, io_status, Io, KIND_BATCH, KIND_END, KIND_ERROR, MAGIC, MAX_ERROR_MESSAGE, MAX_REQUEST, MAX_TOKEN,
+};
 use sluice_client::proto::RunTaskRequest;
 use sluice_client::security::constant_time_eq;
 use sluice_client::wire::Outgoing;
+use sluice_transport::frame::nonblocking::{read_frame, write_frame, write_len};
+use sluice_transport::frame::Prefix;
 
 #[cfg(target_os = "linux")]
 mod local;
@@ -213,12 +217,7 @@ async fn read_request(r: &mut (impl AsyncReadExt + Unpin), token: Option<&str>) 
     if &magic != MAGIC {
         return Err(Status::invalid_argument("not a sluice data-plane request (bad magic)"));
     }
-    let n = r.read_u32_le().await.map_err(io_status)?;
-    if n > MAX_TOKEN {
-        return Err(Status::invalid_argument("token too long"));
-    }
-    let mut given = vec![0u8; n as usize];
-    r.read_exact(&mut given).await.map_err(io_status)?;
+    let given = read_frame(r, Prefix::U32, MAX_TOKEN.into()).await.map_err(frame_status("token"))?;
     if let Some(expected) = token {
         if !constant_time_eq(&given, expected.as_bytes()) {
             return Err(Status::unauthenticated(
@@ -226,22 +225,16 @@ async fn read_request(r: &mut (impl AsyncReadExt + Unpin), token: Option<&str>) 
             ));
         }
     }
-    let n = r.read_u32_le().await.map_err(io_status)?;
-    if n > 4096 {
-        return Err(Status::invalid_argument("request too long"));
-    }
-    let mut buf = vec![0u8; n as usize];
-    r.read_exact(&mut buf).await.map_err(io_status)?;
+    let buf = read_frame(r, Prefix::U32, MAX_REQUEST.into()).await.map_err(frame_status("request"))?;
     RunTaskRequest::decode(buf.as_slice()).map_err(|e| Status::invalid_argument(format!("malformed request: {e}")))
 }
 
 async fn write_error(w: &mut (impl AsyncWriteExt + Unpin), s: &Status) -> std::io::Result<()> {
     let msg = s.message().as_bytes();
-    let msg = &msg[..msg.len().min(64 << 10)];
+    let msg = &msg[..msg.len().min(MAX_ERROR_MESSAGE as usize)];
     w.write_u8(KIND_ERROR).await?;
     w.write_u32_le(s.code() as i32 as u32).await?;
-    w.write_u32_le(msg.len() as u32).await?;
-    w.write_all(msg).await?;
+    write_frame(w, Prefix::U32, msg).await?;
     w.flush().await
 }
 
@@ -250,9 +243,8 @@ async fn write_inline(w: &mut (impl AsyncWriteExt + Unpin), out: &Outgoing) -> s
     let head = out.header().encode_to_vec();
     let data = out.payload();
     w.write_u8(KIND_BATCH).await?;
-    w.write_u32_le(head.len() as u32).await?;
-    w.write_all(&head).await?;
-    w.write_u64_le(data.len() as u64).await?;
+    write_frame(w, Prefix::U32, &head).await?;
+    write_len(w, Prefix::U64, data.len()).await?;
     // Large writes bypass the BufWriter's buffer: straight from the batch.
     w.write_all(data).await?;
     w.flush().await
@@ -515,7 +507,7 @@ mod local_tests {
 
         // A client handing back a slot it does not hold is cut off; others are still served.
         let mut raw = shm::connect_abstract(&name).unwrap();
-        raw.write_all(&hello(Some("tok"), &req)).await.unwrap();
+        raw.write_all(&hello(Some("tok"), &req).unwrap()).await.unwrap();
         let mut kind = [0u8; 1];
         let (_, fd) = shm::recv_with_fd(&raw, &mut kind).await.unwrap();
         assert_eq!((kind[0], fd.is_some()), (KIND_REGION, true));
