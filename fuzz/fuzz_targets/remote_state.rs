@@ -6,8 +6,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_service::proto::JobInfo;
-use sluice_service::RemoteState;
+use sluice_client::proto::JobInfo;
+use sluice_client::RemoteState;
 
 fn job() -> JobInfo {
     JobInfo {

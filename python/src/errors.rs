@@ -12,11 +12,11 @@ use std::path::Path;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use sluice_client::{ClientError, ServiceErrorKind};
 use sluice_core::{SampleError, SpecError};
 use sluice_pipeline::pack::PackError;
 use sluice_pipeline::source::SourceError;
 use sluice_pipeline::{PipelineError, TraceError};
-use sluice_service::{ServiceError, ServiceErrorKind};
 use sluice_synth::SynthError;
 
 const ERRORS_MODULE: &str = "sluice.errors";
@@ -156,10 +156,10 @@ pub fn pack_error(py: Python<'_>, e: PackError) -> PyErr {
 /// Remote loader failures: a spec or pipeline error as the local loader raises it, the
 /// rest as the `ServiceError` subclass of its kind (each also a builtin: `ConnectionError`,
 /// `PermissionError`, `ValueError`...).
-pub fn service_error(py: Python<'_>, e: ServiceError) -> PyErr {
+pub fn service_error(py: Python<'_>, e: ClientError) -> PyErr {
     let class = match e {
-        ServiceError::Spec(e) => return spec_error(py, e),
-        ServiceError::Pipeline(e) => return pipeline_error(py, e),
+        ClientError::Spec(e) => return spec_error(py, e),
+        ClientError::Pipeline(e) => return pipeline_error(py, e),
         ref e => match e.kind() {
             ServiceErrorKind::InvalidRequest => "ServiceRequestError",
             ServiceErrorKind::PermissionDenied => "ServicePermissionError",

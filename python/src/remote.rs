@@ -1,4 +1,4 @@
-//! The native remote loader: a thin shell over `sluice_service::RemoteLoader`. Batches
+//! The native remote loader: a thin shell over `sluice_client::RemoteLoader`. Batches
 //! arrive from the service's workers and leave for Python as numpy arrays that own the
 //! received buffers; blocking calls release the GIL, and a wait still answers Ctrl-C.
 //!
@@ -15,12 +15,12 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
+use sluice_client::proto::JobInfo;
+use sluice_client::{
+    CacheStatsProbe, ClientError, Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ReportKind,
+};
 use sluice_core::PipelineSpec;
 use sluice_pipeline::SkippedSample;
-use sluice_service::proto::JobInfo;
-use sluice_service::{
-    CacheStatsProbe, Compression, DataPlane, RemoteLoader, RemoteOptions, RemoteState, ReportKind, ServiceError,
-};
 
 use crate::buffers::BufferPool;
 use crate::errors::{service_error, spec_error, state_error};
@@ -134,7 +134,7 @@ impl PyRemoteLoader {
     }
 
     /// Starts recording a trace: each batch's wait, hand-over and time with the trainer,
-    /// and where and when a worker built it (see `sluice_service::RemoteTrace`).
+    /// and where and when a worker built it (see `sluice_client::RemoteTrace`).
     fn start_trace(&self, py: Python<'_>) -> PyResult<()> {
         self.inner.with(py, "start_trace", RemoteLoader::start_trace)?.map_err(|e| service_error(py, e))
     }
@@ -144,7 +144,7 @@ impl PyRemoteLoader {
     /// if no trace was being recorded.
     fn stop_trace(&self, py: Python<'_>, path: PathBuf) -> PyResult<Option<usize>> {
         let Some(trace) = self.inner.with(py, "stop_trace", RemoteLoader::stop_trace)? else { return Ok(None) };
-        py.detach(|| trace.write(&path)).map_err(|e| service_error(py, ServiceError::Pipeline(e.into())))?;
+        py.detach(|| trace.write(&path)).map_err(|e| service_error(py, ClientError::Pipeline(e.into())))?;
         Ok(Some(trace.events.len() + trace.builds.len()))
     }
 
@@ -181,7 +181,7 @@ impl PyRemoteLoader {
                 drop(received);
                 RawBatch::new(py, batch, &self.buffers).map(Some)
             }
-            Some(Err(ServiceError::Interrupted)) => {
+            Some(Err(ClientError::Interrupted)) => {
                 Err(signal.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting for a batch")))
             }
             Some(Err(e)) => Err(service_error(py, e)),

@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use sluice_client::wire::{message_to_batch, Outgoing};
+use sluice_client::{Compression, DataPlane, RemoteLoader, RemoteOptions};
 use sluice_core::{PipelineSpec, SourceSpec};
 use sluice_pipeline::{Loader, Shard};
 use sluice_profile::local_service::{self, proc_cpu, tree_cpu, Proc};
 use sluice_profile::{median, self_cpu};
-use sluice_service::{message_to_batch, Compression, DataPlane, Outgoing, RemoteLoader, RemoteOptions};
 
 use crate::dataset;
 

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
+use sluice_client::{RemoteLoader, RemoteOptions};
 use sluice_core::PipelineSpec;
-use sluice_service::{RemoteLoader, RemoteOptions};
 
 use sluice_profile::chart::{self, Panel, Series};
 use sluice_profile::local_service::{proc_cpu, Proc};

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use sluice_client::{RemoteLoader, RemoteOptions};
 use sluice_core::{PipelineSpec, SourceSpec};
 use sluice_profile::local_service::{self, tree_cpu};
 use sluice_profile::{knee, parse_sweep, row, sweep, threads_point, Row, Unit};
-use sluice_service::{RemoteLoader, RemoteOptions};
 
 #[derive(clap::Args)]
 pub struct Args {

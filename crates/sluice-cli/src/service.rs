@@ -344,13 +344,13 @@ pub struct RemoteRunArgs {
 /// sample arrived exactly once.
 pub fn remote_run(a: RemoteRunArgs) -> Result<()> {
     let spec = sluice_core::PipelineSpec::from_path(&a.spec)?;
-    let mut options = sluice_service::RemoteOptions::new(a.dispatcher, a.job);
+    let mut options = sluice_client::RemoteOptions::new(a.dispatcher, a.job);
     options.token = token(a.token);
     options.tls_ca = tls_ca(a.tls_ca);
     options.parallel_epochs = a.parallel_epochs;
-    options.compression = sluice_service::Compression::parse(&a.compression)?;
-    options.data_plane = sluice_service::DataPlane::parse(&a.data_plane)?;
-    let mut loader = sluice_service::RemoteLoader::connect(&spec, options)?;
+    options.compression = sluice_client::Compression::parse(&a.compression)?;
+    options.data_plane = sluice_client::DataPlane::parse(&a.data_plane)?;
+    let mut loader = sluice_client::RemoteLoader::connect(&spec, options)?;
     if a.trace.is_some() {
         loader.start_trace()?;
     }

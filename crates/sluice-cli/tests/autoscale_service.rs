@@ -11,8 +11,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
+use sluice_client::{RemoteLoader, ScaleClient};
 use sluice_core::OpSpec;
-use sluice_service::{RemoteLoader, ScaleClient};
 
 /// The worker processes (`sluice service worker`) `up` (pid `up`) runs now: (pid, `--name`), zombies left out.
 fn workers_of(up: u32) -> Vec<(u32, String)> {
@@ -295,7 +295,7 @@ fn a_client_asking_for_autoscaling_is_refused_by_a_dispatcher_without_it() {
     o.autoscale = true;
     let spec = spec(&root, 1);
     let e = within(30, "connect", move || RemoteLoader::connect(&spec, o).err()).expect("connected anyway");
-    assert_eq!(e.kind(), sluice_service::ServiceErrorKind::FailedPrecondition, "{e}");
+    assert_eq!(e.kind(), sluice_client::ServiceErrorKind::FailedPrecondition, "{e}");
     let message = e.to_string();
     assert!(
         message.contains("`autoscale`") && message.contains("--autoscale POLICY"),

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use sluice_service::RemoteLoader;
+use sluice_client::RemoteLoader;
 
 /// A config file for a service at `addr` serving `root`, with the dispatcher's metrics on
 /// `metrics` and one single-threaded worker; `extra` is appended.

@@ -8,8 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use sluice_client::RemoteLoader;
 use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec};
-use sluice_service::RemoteLoader;
 
 /// The value of attribute `name` of the element at `marker`.
 fn attribute<'a>(dom: &'a str, marker: &str, name: &str) -> &'a str {

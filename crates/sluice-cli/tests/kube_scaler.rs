@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use sluice_service::{RemoteLoader, ScaleClient};
+use sluice_client::{RemoteLoader, ScaleClient};
 use sluice_synth::DatasetOptions;
 
 /// The StatefulSet `sluice-worker`'s scale subresource, over HTTP/1.1: GET answers the

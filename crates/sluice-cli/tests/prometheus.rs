@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use sluice_service::RemoteLoader;
+use sluice_client::RemoteLoader;
 
 fn prometheus() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

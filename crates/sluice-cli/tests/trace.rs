@@ -13,13 +13,12 @@ use std::time::Duration;
 
 use common::*;
 use prost::Message;
+use sluice_client::{ClockOffset, RemoteLoader};
 use sluice_pipeline::trace::pb;
 use sluice_pipeline::trace::pb::debug_annotation::{NameField, Value};
 use sluice_pipeline::trace::pb::trace_packet::Data;
 use sluice_pipeline::trace::pb::track_event::NameField as EventName;
-use sluice_service::{
-    run_dispatcher, run_worker, ClockOffset, DispatcherConfig, RemoteLoader, WorkerConfig, WorkerLimits,
-};
+use sluice_service::{run_dispatcher, run_worker, DispatcherConfig, WorkerConfig, WorkerLimits};
 
 fn run(dir: &std::path::Path, trace: &str) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))

@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use sluice_service::RemoteLoader;
+use sluice_client::RemoteLoader;
 
 /// `sluice up` with one worker and the `extra` flags, started in `cwd`; its stdout lines arrive on the channel
 /// (drained to the end, so its children never write into a closed pipe).

@@ -1,7 +1,13 @@
-//! Errors of the service layer, and how they map to gRPC status codes.
+//! Errors of the servers (dispatcher, worker, their supervisors), what kind of failure
+//! each is ([`ServiceErrorKind`], shared with the client), and how they map to gRPC
+//! status codes. The client's own failures are `sluice_client::ClientError`; a server
+//! that fails in the parts it shares with the client (its dispatcher client, a batch's
+//! wire form, a runtime) carries one.
 
 use std::path::PathBuf;
 
+use sluice_client::runtime::RuntimeError;
+use sluice_client::{ClientError, ServiceErrorKind};
 use sluice_core::SpecError;
 use sluice_pipeline::PipelineError;
 use tonic::{Code, Status};
@@ -31,24 +37,15 @@ pub enum ServiceError {
     Journal { path: PathBuf, message: String },
     #[error("cannot listen on {addr}: {message}")]
     Listen { addr: String, message: String },
-    #[error("cannot reach {addr}: {message}")]
-    Connect { addr: String, message: String },
     #[error("{what} failed: {status}")]
     Rpc {
         what: &'static str,
         #[source]
         status: Box<Status>,
     },
-    /// A certificate, key or CA file that is missing or not usable.
+    /// A certificate or key file that is missing or not usable.
     #[error("TLS: {0}")]
     Tls(String),
-    #[error("malformed batch from worker: {0}")]
-    BadBatch(String),
-    #[error("gave up after {seconds:.0} s without reaching the dispatcher: {last}")]
-    Unavailable { seconds: f64, last: String },
-    /// The caller asked a waiting iterator to stop (Ctrl-C); iterating again continues.
-    #[error("interrupted while waiting for a batch")]
-    Interrupted,
     /// An importance report whose keys and values do not pair up.
     #[error("importance report for job {job_id}: {keys} keys and {values} values")]
     ReportLengths { job_id: u64, keys: usize, values: usize },
@@ -88,44 +85,48 @@ pub enum ServiceError {
     /// An importance-sampled job got more report values this epoch than its bound.
     #[error("importance report for job {job_id}: the job took {limit} values in epoch {epoch} already ({per_sample} per sample of the epoch); more are refused until the next epoch")]
     ReportBudget { job_id: u64, epoch: u64, limit: u64, per_sample: u64 },
+    /// What a server does as a client of the service (a worker's dispatcher client, the
+    /// wire form of a batch, a runtime) failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The thread that turns Ctrl-C and SIGTERM into a flag could not be started.
+    #[error("cannot start the signal thread: {0}")]
+    SignalThread(#[source] std::io::Error),
+    /// Blocking work handed off the runtime (`what`: reading a manifest, building a job's
+    /// loader) stopped without an answer (it panicked).
+    #[error("{what} stopped without an answer: {source}")]
+    Blocking {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// A spec that could not be written as JSON (to fingerprint and journal it).
+    #[error("cannot write the spec of job `{job}` as JSON: {source}")]
+    SpecJson {
+        job: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A gRPC server (`what`: dispatcher, worker) stopped with an error.
+    #[error("the {what}'s gRPC server failed: {source}")]
+    Serve {
+        what: &'static str,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A job's next epoch taken up that was not leased ahead (a journal or state out of
+    /// order).
+    #[error("job {job_id}: advance to epoch {epoch}, which was not leased ahead")]
+    NotLeasedAhead { job_id: u64, epoch: u64 },
+    /// A draw asked for again right after its record was journaled, and still missing.
+    #[error("job {job_id}: epoch {epoch} is not drawn after its draw was journaled")]
+    DrawLost { job_id: u64, epoch: u64 },
     /// The journal cannot write now (the disk is full, say): nothing that depends on the
     /// record is answered; the journal writes it again until the disk takes it.
     #[error("journal {}: {message}; retrying, and refusing changes until it is written", path.display())]
     JournalStalled { path: PathBuf, message: String },
-    #[error("{0}")]
-    Internal(String),
-}
-
-/// What kind of failure a [`ServiceError`] is, whether it happened here or came back from
-/// the service as a gRPC status: what callers (the Python binding) match on without
-/// reading status codes themselves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServiceErrorKind {
-    /// A spec or request the service refuses as malformed.
-    InvalidRequest,
-    /// Refused by the operator's rules (a path outside the allowed roots).
-    PermissionDenied,
-    /// A missing or wrong token.
-    Unauthenticated,
-    /// A job, task or worker that does not exist.
-    NotFound,
-    /// A job of that name exists with another pipeline.
-    Conflict,
-    /// The work cannot be done: the dataset cannot be read, or a sample failed under
-    /// `on_error = "fail"`.
-    FailedPrecondition,
-    /// The dispatcher or a worker cannot be reached (or went away).
-    Unavailable,
-    /// A deadline ran out.
-    Timeout,
-    /// Certificates or keys that are missing or not usable.
-    Tls,
-    /// Something this service does not do.
-    Unsupported,
-    /// The caller asked a waiting iterator to stop (Ctrl-C).
-    Interrupted,
-    /// A bug or an unexpected failure.
-    Internal,
 }
 
 impl ServiceError {
@@ -151,35 +152,25 @@ impl ServiceError {
             | ServiceError::ClientSecret { .. } => K::PermissionDenied,
             ServiceError::NotFound { .. } => K::NotFound,
             ServiceError::JobConflict { .. } => K::Conflict,
-            ServiceError::Pipeline(PipelineError::Spec(_)) => K::InvalidRequest,
-            ServiceError::Pipeline(PipelineError::Source(_) | PipelineError::Sample(_)) => K::FailedPrecondition,
-            ServiceError::Pipeline(PipelineError::Interrupted) => K::Interrupted,
-            ServiceError::Pipeline(_) => K::Internal,
-            ServiceError::Journal { .. } | ServiceError::BadBatch(_) | ServiceError::Internal(_) => K::Internal,
+            ServiceError::Pipeline(e) => K::of_pipeline(e),
+            ServiceError::Client(e) => e.kind(),
+            ServiceError::Journal { .. }
+            | ServiceError::Runtime(_)
+            | ServiceError::SignalThread(_)
+            | ServiceError::Blocking { .. }
+            | ServiceError::SpecJson { .. }
+            | ServiceError::Serve { .. }
+            | ServiceError::NotLeasedAhead { .. }
+            | ServiceError::DrawLost { .. } => K::Internal,
             // A worker at its job limit: like one that cannot be reached, try again later.
             ServiceError::Listen { .. }
-            | ServiceError::Connect { .. }
-            | ServiceError::Unavailable { .. }
             | ServiceError::TooManyJobs { .. }
             | ServiceError::TooManyClients { .. }
             | ServiceError::ReportBudget { .. }
             | ServiceError::JournalStalled { .. }
             | ServiceError::Kubernetes { .. } => K::Unavailable,
             ServiceError::Tls(_) => K::Tls,
-            ServiceError::Interrupted => K::Interrupted,
-            ServiceError::Rpc { status, .. } => match status.code() {
-                Code::InvalidArgument | Code::OutOfRange => K::InvalidRequest,
-                Code::PermissionDenied => K::PermissionDenied,
-                Code::Unauthenticated => K::Unauthenticated,
-                Code::NotFound => K::NotFound,
-                Code::AlreadyExists => K::Conflict,
-                Code::FailedPrecondition => K::FailedPrecondition,
-                // A stream cancelled by the other side is a worker or dispatcher going away.
-                Code::Unavailable | Code::Cancelled | Code::ResourceExhausted => K::Unavailable,
-                Code::DeadlineExceeded => K::Timeout,
-                Code::Unimplemented => K::Unsupported,
-                Code::Ok | Code::Unknown | Code::Aborted | Code::Internal | Code::DataLoss => K::Internal,
-            },
+            ServiceError::Rpc { status, .. } => K::of_status(status.code()),
         }
     }
 }
@@ -189,7 +180,6 @@ impl From<ServiceError> for Status {
         let code = match &e {
             ServiceError::Spec(_)
             | ServiceError::InvalidArgument(_)
-            | ServiceError::BadBatch(_)
             | ServiceError::OverLimit { .. }
             | ServiceError::ReportLengths { .. }
             | ServiceError::ReportKind { .. } => Code::InvalidArgument,
@@ -198,18 +188,15 @@ impl From<ServiceError> for Status {
             | ServiceError::NotImportanceSampled { .. }
             | ServiceError::NoDraw { .. }
             | ServiceError::AutoscaleOff { .. } => Code::FailedPrecondition,
-            ServiceError::Pipeline(PipelineError::Spec(_)) => Code::InvalidArgument,
-            ServiceError::Pipeline(PipelineError::Source(_)) => Code::FailedPrecondition,
+            ServiceError::Pipeline(e) => ServiceErrorKind::pipeline_code(e),
+            ServiceError::Client(e) => e.code(),
             ServiceError::PathNotAllowed { .. }
             | ServiceError::OperatorOnly { .. }
             | ServiceError::ClientSecret { .. } => Code::PermissionDenied,
             ServiceError::NotFound { .. } => Code::NotFound,
             ServiceError::JobConflict { .. } => Code::AlreadyExists,
             ServiceError::Rpc { status, .. } => status.code(),
-            ServiceError::Unavailable { .. } | ServiceError::Connect { .. } | ServiceError::Kubernetes { .. } => {
-                Code::Unavailable
-            }
-            ServiceError::Interrupted => Code::Cancelled,
+            ServiceError::Kubernetes { .. } => Code::Unavailable,
             ServiceError::TooManyJobs { .. }
             | ServiceError::TooManyClients { .. }
             | ServiceError::ReportBudget { .. } => Code::ResourceExhausted,
@@ -233,7 +220,8 @@ mod tests {
             ServiceError::PathNotAllowed { path: "/x".into(), allowed: "/data".into() },
             ServiceError::NotFound { what: "job", id: "7".into() },
             ServiceError::JobConflict { name: "j".into(), existing: "a".into(), requested: "b".into() },
-            ServiceError::Connect { addr: "127.0.0.1:1".into(), message: "refused".into() },
+            ServiceError::Client(ClientError::Connect { addr: "127.0.0.1:1".into(), message: "refused".into() }),
+            ServiceError::NotLeasedAhead { job_id: 1, epoch: 2 },
             ServiceError::Journal { path: "/j".into(), message: "full".into() },
             ServiceError::ReportLengths { job_id: 1, keys: 2, values: 1 },
             ServiceError::ReportEpoch { job_id: 1, epoch: 0, current: 5 },

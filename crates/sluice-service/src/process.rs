@@ -5,16 +5,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use sluice_client::runtime::{runtime, Threads};
+
 use crate::error::ServiceError;
 use crate::{run_dispatcher, run_worker, DispatcherConfig, WorkerConfig};
-
-fn runtime() -> Result<tokio::runtime::Runtime, ServiceError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| ServiceError::Internal(format!("cannot start the runtime: {e}")))
-}
 
 /// Resolves on Ctrl-C or SIGTERM.
 pub async fn shutdown_signal() {
@@ -42,7 +36,7 @@ pub async fn shutdown_signal() {
 
 /// Serves a dispatcher until Ctrl-C/SIGTERM.
 pub fn serve_dispatcher(config: DispatcherConfig, on_listening: impl FnOnce(SocketAddr)) -> Result<(), ServiceError> {
-    runtime()?.block_on(run_dispatcher(config, shutdown_signal(), on_listening))
+    runtime("dispatcher", Threads::Workers(2))?.block_on(run_dispatcher(config, shutdown_signal(), on_listening))
 }
 
 /// Keeps freed batch buffers mapped in a worker process. A batch is allocated on the
@@ -68,23 +62,20 @@ fn keep_batch_buffers_mapped() {
 /// Serves a worker until Ctrl-C/SIGTERM.
 pub fn serve_worker(config: WorkerConfig, on_listening: impl FnOnce(SocketAddr)) -> Result<(), ServiceError> {
     keep_batch_buffers_mapped();
-    runtime()?.block_on(run_worker(config, shutdown_signal(), on_listening))
+    runtime("worker", Threads::Workers(2))?.block_on(run_worker(config, shutdown_signal(), on_listening))
 }
 
 /// A flag that turns true on Ctrl-C/SIGTERM, for synchronous supervisors (`sluice up`).
 pub fn signal_flag() -> Result<Arc<AtomicBool>, ServiceError> {
     let flag = Arc::new(AtomicBool::new(false));
     let set = flag.clone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ServiceError::Internal(format!("cannot start the runtime: {e}")))?;
+    let rt = runtime("signal", Threads::Caller)?;
     std::thread::Builder::new()
         .name("sluice-signals".into())
         .spawn(move || {
             rt.block_on(shutdown_signal());
             set.store(true, Ordering::SeqCst);
         })
-        .map_err(|e| ServiceError::Internal(format!("cannot start the signal thread: {e}")))?;
+        .map_err(ServiceError::SignalThread)?;
     Ok(flag)
 }

@@ -11,18 +11,18 @@
 //!   every RPC, checked by an interceptor before any handler runs; the operator token, a
 //!   second one, is what operator calls (`SetScale`, `DrainWorker`) need
 //!   ([`require_operator`]).
-//! * [`ClientSecret`]: what proves a client is the one its (public) id names, for the calls
-//!   on its leases.
+//! * [`check_client`]: a call on a client's leases must carry the secret its (public) id
+//!   was made from (`sluice_client::ClientSecret`).
 
 use std::path::{Path, PathBuf};
 
 use sluice_core::{Location, Manifest, SourceSpec};
 use sluice_pipeline::storage::ObjectUrl;
 use sluice_pipeline::Loader;
-use subtle::ConstantTimeEq;
-use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
+
+use sluice_client::security::{constant_time_eq, secret_digest};
 
 use crate::error::ServiceError;
 
@@ -224,59 +224,8 @@ pub fn require_operator<T>(req: &Request<T>, what: &'static str) -> Result<(), S
     }
 }
 
-/// A client's secret and the public id derived from it. The id (shown on `/metrics`,
-/// `/api/state` and in logs) is `LABEL#` and the first 16 bytes of the secret's SHA-256 in
-/// hex: anyone may read it, only the holder of the secret can make a call in its name
-/// (take or renew its leases, acknowledge or hand back its tasks). The dispatcher keeps
-/// nothing: it checks each call's secret against the id ([`check_client`]), the same after
-/// a restart.
-#[derive(Clone)]
-pub struct ClientSecret {
-    secret: String,
-    id: String,
-}
-
-impl ClientSecret {
-    /// A fresh random secret (32 bytes from the operating system), its id starting with `label`.
-    pub fn generate(label: &str) -> Result<Self, ServiceError> {
-        let secret = random_token()?;
-        let id = format!("{label}#{}", digest_hex(&secret));
-        Ok(Self { secret, id })
-    }
-
-    /// The public id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// What the client sends with every call in its name (`client_secret`).
-    pub fn secret(&self) -> &str {
-        &self.secret
-    }
-}
-
-/// 32 random bytes from the operating system, in hex: a client's secret, or the operator
-/// token `sluice up` makes when given none.
-pub fn random_token() -> Result<String, ServiceError> {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 32];
-    ring::rand::SystemRandom::new()
-        .fill(&mut bytes)
-        .map_err(|_| ServiceError::Internal("the operating system gave no random bytes for a secret".into()))?;
-    Ok(hex(&bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn digest_hex(secret: &str) -> String {
-    let d = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
-    hex(&d.as_ref()[..16])
-}
-
 /// Checks a call made in `client`'s name with `secret`. An id that carries a digest
-/// (`LABEL#` and 32 hex digits, what [`ClientSecret`] makes) needs the secret it came from.
+/// (`LABEL#` and 32 hex digits, what `sluice_client::ClientSecret` makes) needs the secret it came from.
 /// An id without one (a client older than lease secrets) needs none, and has no
 /// protection: anyone who reads it can act in its name.
 pub fn check_client(client: &str, secret: &str) -> Result<(), ServiceError> {
@@ -287,7 +236,7 @@ pub fn check_client(client: &str, secret: &str) -> Result<(), ServiceError> {
         .filter(|d| d.len() == 32 && d.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
     match digest {
         Some(_) if secret.is_empty() => refuse("the call does not carry the client's secret (`client_secret`)"),
-        Some(d) if !constant_time_eq(digest_hex(secret).as_bytes(), d.as_bytes()) => {
+        Some(d) if !constant_time_eq(secret_digest(secret).as_bytes(), d.as_bytes()) => {
             refuse("the secret the call carries is not this client's")
         }
         Some(_) => Ok(()),
@@ -298,43 +247,10 @@ pub fn check_client(client: &str, secret: &str) -> Result<(), ServiceError> {
     }
 }
 
-/// Compares in constant time (`subtle`), so timing does not reveal how much of a token matched.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.ct_eq(b).into()
-}
-
-/// The client side: adds the token to every outgoing RPC.
-#[derive(Clone)]
-pub struct TokenAttach {
-    header: Option<MetadataValue<tonic::metadata::Ascii>>,
-}
-
-impl TokenAttach {
-    pub fn new(token: Option<&str>) -> Result<Self, ServiceError> {
-        let header = match token.filter(|t| !t.is_empty()) {
-            None => None,
-            Some(t) => Some(
-                format!("Bearer {t}")
-                    .parse()
-                    .map_err(|_| ServiceError::InvalidArgument("the token must be printable ASCII".into()))?,
-            ),
-        };
-        Ok(Self { header })
-    }
-}
-
-impl Interceptor for TokenAttach {
-    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(h) = &self.header {
-            req.metadata_mut().insert("authorization", h.clone());
-        }
-        Ok(req)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_client::ClientSecret;
 
     #[test]
     fn paths_outside_roots_are_refused_even_through_dotdot_and_symlinks() {

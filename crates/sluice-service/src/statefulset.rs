@@ -9,6 +9,8 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{Api, Patch, PatchParams};
 
+use sluice_client::runtime::{runtime, Threads};
+
 use crate::error::ServiceError;
 
 /// The worker StatefulSet's replica count, through the API server. Blocking calls (a
@@ -27,7 +29,7 @@ impl StatefulSetScaler {
     /// kubectl finds it: `$KUBECONFIG` or `~/.kube/config`, else the pod's service account
     /// (in the cluster).
     pub fn from_env(name: &str) -> Result<Self, ServiceError> {
-        let rt = runtime()?;
+        let rt = runtime("Kubernetes client", Threads::Caller)?;
         let client = rt
             .block_on(kube::Client::try_default())
             .map_err(|e| kube_error(name, "configuring the Kubernetes client", e.to_string()))?;
@@ -65,13 +67,6 @@ impl StatefulSetScaler {
             Err(_) => Err(kube_error(&self.name, what, format!("no answer within {} s", CALL_DEADLINE.as_secs()))),
         }
     }
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime, ServiceError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ServiceError::Internal(format!("cannot start the runtime: {e}")))
 }
 
 fn kube_error(name: &str, what: &str, message: String) -> ServiceError {
@@ -142,7 +137,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         listener.set_nonblocking(true).unwrap();
         std::thread::spawn(move || {
-            let rt = runtime().unwrap();
+            let rt = runtime("test", Threads::Caller).unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 axum::serve(listener, app).await
@@ -155,7 +150,7 @@ mod tests {
     fn scaler(addr: std::net::SocketAddr, name: &str) -> StatefulSetScaler {
         let mut config = kube::Config::new(format!("http://{addr}").parse().unwrap());
         config.default_namespace = "training".into();
-        let rt = runtime().unwrap();
+        let rt = runtime("test", Threads::Caller).unwrap();
         let client = {
             let _in_rt = rt.enter();
             kube::Client::try_from(config).unwrap()

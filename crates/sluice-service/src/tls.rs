@@ -1,15 +1,14 @@
-//! TLS (rustls, ring) for both planes, enabled by flags: servers take a certificate chain
-//! and key (`--tls-cert`, `--tls-key`), clients the CA that signed them (`--tls-ca`,
-//! `SLUICE_TLS_CA`). gRPC control uses tonic's TLS; the TCP data plane wraps its sockets
-//! with tokio-rustls. Without the flags both planes stay plain TCP, as on loopback.
+//! TLS for both planes, the servers' side: a certificate chain and key (`--tls-cert`,
+//! `--tls-key`), for tonic's gRPC server and the TCP data plane's tokio-rustls acceptor.
+//! (Clients check them against a CA: `sluice_client::tls::ClientTls`.)
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use sluice_client::tls::{provider, read_pem};
 use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tonic::transport::{Identity, ServerTlsConfig};
 
 use crate::error::ServiceError;
 
@@ -18,14 +17,6 @@ use crate::error::ServiceError;
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-}
-
-fn read(path: &Path, what: &str) -> Result<Vec<u8>, ServiceError> {
-    std::fs::read(path).map_err(|e| ServiceError::Tls(format!("cannot read the {what} {}: {e}", path.display())))
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// What a server needs to speak TLS on both planes.
@@ -43,8 +34,8 @@ impl std::fmt::Debug for ServerTls {
 
 impl ServerTls {
     pub fn load(files: &TlsFiles) -> Result<Self, ServiceError> {
-        let cert_pem = read(&files.cert, "TLS certificate")?;
-        let key_pem = read(&files.key, "TLS key")?;
+        let cert_pem = read_pem(&files.cert, "TLS certificate").map_err(ServiceError::Tls)?;
+        let key_pem = read_pem(&files.key, "TLS key").map_err(ServiceError::Tls)?;
         let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
             .collect::<Result<_, _>>()
             .map_err(|e| ServiceError::Tls(format!("{}: {e}", files.cert.display())))?;
@@ -67,86 +58,15 @@ impl ServerTls {
     }
 }
 
-/// What a client needs to check a server's certificate: the CA (PEM) that signed it.
-#[derive(Clone)]
-pub struct ClientTls {
-    ca_pem: Vec<u8>,
-    connector: tokio_rustls::TlsConnector,
-}
-
-impl std::fmt::Debug for ClientTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClientTls")
-    }
-}
-
-impl ClientTls {
-    pub fn load(ca: &Path) -> Result<Self, ServiceError> {
-        let ca_pem = read(ca, "TLS CA certificate")?;
-        let mut roots = rustls::RootCertStore::empty();
-        let mut n = 0;
-        for cert in rustls_pemfile::certs(&mut ca_pem.as_slice()) {
-            let cert = cert.map_err(|e| ServiceError::Tls(format!("{}: {e}", ca.display())))?;
-            roots.add(cert).map_err(|e| ServiceError::Tls(format!("{}: {e}", ca.display())))?;
-            n += 1;
-        }
-        if n == 0 {
-            return Err(ServiceError::Tls(format!("{} holds no PEM certificate", ca.display())));
-        }
-        let config = rustls::ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ServiceError::Tls(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Ok(Self { ca_pem, connector: tokio_rustls::TlsConnector::from(Arc::new(config)) })
-    }
-
-    /// tonic's client config for a server at `addr` (`host:port`).
-    pub fn grpc(&self, addr: &str) -> ClientTlsConfig {
-        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem)).domain_name(host(addr))
-    }
-
-    /// Opens TLS over `sock` to the data plane at `addr`, checking its certificate.
-    pub async fn connect<S>(&self, addr: &str, sock: S) -> std::io::Result<tokio_rustls::client::TlsStream<S>>
-    where
-        S: AsyncRead + AsyncWrite + Unpin,
-    {
-        let name = ServerName::try_from(host(addr).to_string()).map_err(|e| {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("server name of {addr}: {e}"))
-        })?;
-        self.connector.connect(name, sock).await
-    }
-}
-
-/// The host of `host:port`, `[v6]:port` or `scheme://host:port`.
-fn host(addr: &str) -> &str {
-    let a = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-    let a = a.split('/').next().unwrap_or(a);
-    if let Some(rest) = a.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    a.rsplit_once(':').map_or(a, |(h, _)| h)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn host_is_taken_from_every_address_form() {
-        assert_eq!(host("127.0.0.1:7070"), "127.0.0.1");
-        assert_eq!(host("https://dispatcher.ns.svc:7070"), "dispatcher.ns.svc");
-        assert_eq!(host("[::1]:7070"), "::1");
-        assert_eq!(host("localhost"), "localhost");
-    }
-
-    #[test]
-    fn missing_or_empty_pem_files_get_clear_errors() {
+    fn a_missing_certificate_gets_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "").unwrap();
-        let e = ClientTls::load(&empty).unwrap_err().to_string();
-        assert!(e.contains("no PEM certificate"), "{e}");
         let e = ServerTls::load(&TlsFiles { cert: dir.path().join("nope.pem"), key: empty }).unwrap_err().to_string();
         assert!(e.contains("cannot read the TLS certificate"), "{e}");
     }

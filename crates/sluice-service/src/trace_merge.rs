@@ -19,7 +19,7 @@ use sluice_pipeline::trace::pb::trace_packet::{Data, OptionalTrustedPacketSequen
 use sluice_pipeline::trace::pb::track_event::NameField as EventName;
 use sluice_pipeline::TraceError;
 
-use crate::client::ClockOffset;
+use sluice_client::ClockOffset;
 
 /// One worker's file as merged: its process, the offset it was moved by, its packets.
 #[derive(Debug, Clone, PartialEq, Eq)]

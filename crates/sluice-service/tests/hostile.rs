@@ -14,12 +14,12 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use sluice_core::{OpSpec, PipelineSpec, Size};
-use sluice_service::proto::dispatcher_client::DispatcherClient;
-use sluice_service::proto::{
+use sluice_client::proto::dispatcher_client::DispatcherClient;
+use sluice_client::proto::{
     AckTaskRequest, CreateJobRequest, FailTaskRequest, GetTaskRequest, ResetJobRequest, RunTaskRequest,
 };
-use sluice_service::{RemoteLoader, ScaleClient, ServiceErrorKind};
+use sluice_client::{RemoteLoader, ScaleClient, ServiceErrorKind};
+use sluice_core::{OpSpec, PipelineSpec, Size};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -116,10 +116,10 @@ fn local_sockets(pids: &[u32]) -> Vec<String> {
 /// Misuses a shared-memory task of `job`: tries to resize and write the region, hands back
 /// slots it does not hold, or hangs up halfway.
 async fn misuse_slots(name: &str, job: u64, how: u64) {
-    let Ok(mut sock) = sluice_service::shm::connect_abstract(name) else { return };
+    let Ok(mut sock) = sluice_client::shm::connect_abstract(name) else { return };
     sock.write_all(&hello(TOKEN, &run_task(job, 0, 2))).await.unwrap();
     let mut kind = [0u8; 1];
-    let got = tokio::time::timeout(Duration::from_secs(15), sluice_service::shm::recv_with_fd(&sock, &mut kind)).await;
+    let got = tokio::time::timeout(Duration::from_secs(15), sluice_client::shm::recv_with_fd(&sock, &mut kind)).await;
     let Ok(Ok((1, fd))) = got else { return };
     if kind[0] != KIND_REGION {
         return;
@@ -290,7 +290,7 @@ fn a_hostile_client_does_not_disturb_a_good_job_or_kill_a_worker() {
             // The same, and slot misuse, on their local (shared-memory) data planes.
             for name in local_sockets(&pids) {
                 for (what, bytes) in bad_hellos(&mut rng, &absurd) {
-                    let Ok(s) = sluice_service::shm::connect_abstract(&name) else { continue };
+                    let Ok(s) = sluice_client::shm::connect_abstract(&name) else { continue };
                     check_refused(what, &answer(what, s, &bytes).await);
                 }
                 misuse_slots(&name, junk, rng.below(4)).await;

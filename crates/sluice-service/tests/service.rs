@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sluice_client::{ClientError, Compression, DataPlane, RemoteLoader};
 use sluice_core::{Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, StorageSpec};
-use sluice_service::{Compression, DataPlane, RemoteLoader, ServiceError};
 use sluice_synth::DatasetOptions;
 
 use sluice_testing::prelude::*;
@@ -163,8 +163,8 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
         o.token = Some("s3cret".into());
         o
     };
-    let code = |r: Result<RemoteLoader, ServiceError>| match r {
-        Err(ServiceError::Rpc { status, .. }) => (status.code(), status.message().to_string()),
+    let code = |r: Result<RemoteLoader, ClientError>| match r {
+        Err(ClientError::Rpc { status, .. }) => (status.code(), status.message().to_string()),
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("accepted"),
     };
@@ -195,14 +195,14 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
         let uri = format!("http://{addr}");
         let channel = tonic::transport::Endpoint::from_shared(uri).unwrap().connect().await.unwrap();
         let token: tonic::metadata::MetadataValue<_> = "Bearer s3cret".parse().unwrap();
-        let mut client = sluice_service::proto::dispatcher_client::DispatcherClient::with_interceptor(
+        let mut client = sluice_client::proto::dispatcher_client::DispatcherClient::with_interceptor(
             channel.clone(),
-            sluice_service::TokenAttach::new(Some("s3cret")).unwrap(),
+            sluice_client::TokenAttach::new(Some("s3cret")).unwrap(),
         );
         let mut good = serde_json::to_value(spec(&root, 0)).unwrap();
         good["batch"]["size"] = 0.into();
         let status = client
-            .create_job(sluice_service::proto::CreateJobRequest {
+            .create_job(sluice_client::proto::CreateJobRequest {
                 job_name: "bad".into(),
                 spec_json: good.to_string(),
                 task_batches: 0,
@@ -213,7 +213,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains("batch.size"), "{}", status.message());
         let status = client
-            .create_job(sluice_service::proto::CreateJobRequest {
+            .create_job(sluice_client::proto::CreateJobRequest {
                 job_name: "bad".into(),
                 spec_json: "{\"source\": 5}".into(),
                 task_batches: 0,
@@ -228,7 +228,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
         let mut importance = serde_json::to_value(spec(&root, 0)).unwrap();
         importance["sampling"] = serde_json::json!({"kind": "importance"});
         let status = client
-            .create_job(sluice_service::proto::CreateJobRequest {
+            .create_job(sluice_client::proto::CreateJobRequest {
                 job_name: "importance".into(),
                 spec_json: importance.to_string(),
                 task_batches: 0,
@@ -250,7 +250,7 @@ fn bad_requests_get_clear_errors_and_the_service_keeps_serving() {
         let mut req = tonic::Request::new(Garbage { junk: vec![0xff, 0xfe, 0x00, 0x80] });
         req.metadata_mut().insert("authorization", token);
         let path = tonic::codegen::http::uri::PathAndQuery::from_static("/sluice.v1.Dispatcher/CreateJob");
-        let codec: tonic::codec::ProstCodec<Garbage, sluice_service::proto::JobInfo> =
+        let codec: tonic::codec::ProstCodec<Garbage, sluice_client::proto::JobInfo> =
             tonic::codec::ProstCodec::default();
         let status = grpc.unary(req, path, codec).await.unwrap_err();
         assert_ne!(status.code(), tonic::Code::Ok);
@@ -274,7 +274,7 @@ fn a_job_spec_cannot_make_workers_dial_peers_or_create_link_files() {
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
     let _w = worker(&addr, &root, &[]);
     let refused = |s: sluice_core::PipelineSpec, job: &str| match RemoteLoader::connect(&s, options(&addr, job)) {
-        Err(ServiceError::Rpc { status, .. }) => (status.code(), status.message().to_string()),
+        Err(ClientError::Rpc { status, .. }) => (status.code(), status.message().to_string()),
         Err(e) => panic!("{job}: unexpected error {e}"),
         Ok(_) => panic!("{job}: accepted"),
     };
@@ -417,7 +417,7 @@ fn a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_th
     let mut loader = RemoteLoader::connect(&spec(&root, 0), options(&addr, "refused")).unwrap();
     let first = loader.iter().next().expect("an error, not the end of the epoch");
     match first {
-        Err(ServiceError::Rpc { status, .. }) => {
+        Err(ClientError::Rpc { status, .. }) => {
             assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
             assert!(status.message().contains("outside the allowed roots"), "{}", status.message());
         }

@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
+use sluice_client::{JobCacheStats, RemoteLoader, ReportKind};
 use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec};
 use sluice_pipeline::{Loader, Shard};
-use sluice_service::{JobCacheStats, RemoteLoader, ReportKind};
 
 use sluice_testing::prelude::*;
 

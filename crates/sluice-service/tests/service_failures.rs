@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use sluice_client::{RemoteLoader, RemoteState};
 use sluice_core::ErrorPolicy;
 use sluice_pipeline::{Loader, Shard};
-use sluice_service::{RemoteLoader, RemoteState};
 use sluice_synth::DatasetOptions;
 
 use sluice_testing::prelude::*;

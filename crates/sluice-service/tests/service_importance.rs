@@ -8,10 +8,10 @@
 
 use std::time::Duration;
 
+use sluice_client::{RemoteLoader, ReportKind, ServiceErrorKind};
 use sluice_core::{PipelineSpec, SamplingSpec};
 use sluice_pipeline::importance::MAX_IMPORTANCE;
 use sluice_pipeline::{Loader, Shard};
-use sluice_service::{RemoteLoader, ReportKind, ServiceErrorKind};
 
 use sluice_testing::prelude::*;
 

@@ -12,11 +12,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use prost::Message;
+use sluice_client::RemoteLoader;
 use sluice_pipeline::trace::pb;
 use sluice_pipeline::trace::pb::debug_annotation::{NameField, Value};
 use sluice_pipeline::trace::pb::trace_packet::Data;
 use sluice_pipeline::trace::pb::track_event::{NameField as EventName, Type};
-use sluice_service::RemoteLoader;
 use sluice_testing::prelude::*;
 
 /// A slice or instant read back from a Perfetto trace.

@@ -8,8 +8,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use sluice_client::RemoteOptions;
 use sluice_core::{PipelineSpec, SourceSpec};
-use sluice_service::{DispatcherConfig, RemoteOptions, TlsFiles, WorkerConfig, WorkerLimits};
+use sluice_service::{DispatcherConfig, TlsFiles, WorkerConfig, WorkerLimits};
 use sluice_synth::DatasetOptions;
 
 use crate::net::http_get;

@@ -2,6 +2,10 @@
 //! then the body. Lengths are checked against the reader's cap before anything is
 //! allocated, and a [`Deadline`] bounds the time a whole frame may take to arrive (a
 //! per-read socket timeout alone would let a peer trickle one byte at a time).
+//!
+//! [`nonblocking`] (feature `tokio`) reads and writes the same frames on tokio sockets,
+//! with the length's width a parameter ([`Prefix`]): the data plane's batch pixels carry a
+//! `u64` length.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -13,7 +17,15 @@ pub enum FrameError {
     #[error(transparent)]
     Io(#[from] io::Error),
     #[error("a frame of {len} bytes (at most {max})")]
-    TooLarge { len: u32, max: u32 },
+    TooLarge { len: u64, max: u64 },
+}
+
+/// How wide a frame's length is: `u32` (peer messages, the data plane's requests and
+/// headers) or `u64` (the data plane's batch pixels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prefix {
+    U32,
+    U64,
 }
 
 /// Reads one frame of at most `max` body bytes.
@@ -26,7 +38,7 @@ pub fn read_frame<R: Read>(r: &mut R, max: u32) -> Result<Vec<u8>, FrameError> {
 /// Reads the body of a frame whose length `len` was read already.
 pub fn read_body<R: Read>(r: &mut R, len: u32, max: u32) -> Result<Vec<u8>, FrameError> {
     if len > max {
-        return Err(FrameError::TooLarge { len, max });
+        return Err(FrameError::TooLarge { len: len.into(), max: max.into() });
     }
     let mut body = vec![0u8; len as usize];
     r.read_exact(&mut body)?;
@@ -41,6 +53,66 @@ pub fn write_frame<W: Write>(w: &mut W, body: &[u8]) -> io::Result<()> {
     frame.extend_from_slice(&len.to_le_bytes());
     frame.extend_from_slice(body);
     w.write_all(&frame)
+}
+
+/// The same frames on tokio sockets: the service's data plane.
+#[cfg(feature = "tokio")]
+pub mod nonblocking {
+    use std::io;
+
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+    use super::{FrameError, Prefix};
+
+    /// Reads a frame's length and checks it against `max` before anything is allocated.
+    pub async fn read_len<R: AsyncRead + Unpin>(r: &mut R, prefix: Prefix, max: u64) -> Result<usize, FrameError> {
+        let len = match prefix {
+            Prefix::U32 => u64::from(r.read_u32_le().await?),
+            Prefix::U64 => r.read_u64_le().await?,
+        };
+        if len > max {
+            return Err(FrameError::TooLarge { len, max });
+        }
+        usize::try_from(len).map_err(|_| FrameError::TooLarge { len, max: usize::MAX as u64 })
+    }
+
+    /// Reads exactly `len` body bytes into a fresh buffer without zeroing it first: the
+    /// kernel's copy is the only pass over the bytes (a zeroed `vec!` costs a second one,
+    /// per batch on the data plane).
+    pub async fn read_body<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> io::Result<Vec<u8>> {
+        use bytes::BufMut;
+        let mut body = Vec::with_capacity(len);
+        while body.len() < len {
+            // Never past `len`: the next frame follows on the same connection.
+            let want = len - body.len();
+            if r.read_buf(&mut (&mut body).limit(want)).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        Ok(body)
+    }
+
+    /// Reads one frame of at most `max` body bytes.
+    pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, prefix: Prefix, max: u64) -> Result<Vec<u8>, FrameError> {
+        let len = read_len(r, prefix, max).await?;
+        Ok(read_body(r, len).await?)
+    }
+
+    /// Writes a frame's length (its body follows, written by the caller: a large body
+    /// goes straight from where it is).
+    pub async fn write_len<W: AsyncWrite + Unpin>(w: &mut W, prefix: Prefix, len: usize) -> io::Result<()> {
+        let too_long = || io::Error::new(io::ErrorKind::InvalidInput, format!("a frame of {len} bytes"));
+        match prefix {
+            Prefix::U32 => w.write_u32_le(u32::try_from(len).map_err(|_| too_long())?).await,
+            Prefix::U64 => w.write_u64_le(u64::try_from(len).map_err(|_| too_long())?).await,
+        }
+    }
+
+    /// Writes one frame.
+    pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, prefix: Prefix, body: &[u8]) -> io::Result<()> {
+        write_len(w, prefix, body.len()).await?;
+        w.write_all(body).await
+    }
 }
 
 /// Reads from a socket until a deadline: every read waits at most the time left.
@@ -86,9 +158,33 @@ mod tests {
         assert_eq!(read_frame(&mut r, 3).unwrap(), b"abc");
         assert_eq!(read_frame(&mut r, 3).unwrap(), b"");
         let huge = u32::MAX.to_le_bytes();
-        assert!(matches!(read_frame(&mut &huge[..], 1 << 20), Err(FrameError::TooLarge { len: u32::MAX, .. })));
+        assert!(matches!(read_frame(&mut &huge[..], 1 << 20), Err(FrameError::TooLarge { len: 0xffff_ffff, .. })));
         let truncated = [5, 0, 0, 0, 1, 2];
         assert!(matches!(read_frame(&mut &truncated[..], 10), Err(FrameError::Io(_))));
+    }
+
+    #[cfg(feature = "tokio")]
+    #[tokio::test]
+    async fn async_frames_match_the_blocking_ones_and_a_long_length_past_the_cap_allocates_nothing() {
+        use super::nonblocking;
+        let mut wire = Vec::new();
+        write_frame(&mut wire, b"abc").unwrap();
+        let mut r = &wire[..];
+        assert_eq!(nonblocking::read_frame(&mut r, Prefix::U32, 3).await.unwrap(), b"abc");
+        let mut out = Vec::new();
+        nonblocking::write_frame(&mut out, Prefix::U32, b"abc").await.unwrap();
+        assert_eq!(out, wire, "the same bytes as the blocking writer");
+
+        let mut long = Vec::new();
+        nonblocking::write_frame(&mut long, Prefix::U64, b"pixels").await.unwrap();
+        assert_eq!(long[..8], 6u64.to_le_bytes());
+        assert_eq!(nonblocking::read_frame(&mut &long[..], Prefix::U64, 6).await.unwrap(), b"pixels");
+        let huge = u64::MAX.to_le_bytes();
+        let err = nonblocking::read_frame(&mut &huge[..], Prefix::U64, 256 << 20).await.unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { len: u64::MAX, max } if max == 256 << 20), "{err}");
+        let truncated = [5, 0, 0, 0, 1, 2];
+        let err = nonblocking::read_frame(&mut &truncated[..], Prefix::U32, 10).await.unwrap_err();
+        assert!(matches!(&err, FrameError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof), "{err}");
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! distributed rehearsal buffer (`sluice-stream`'s shards).
 //!
 //! Every frame is a little-endian `u32` body length, then the body; a reader refuses a
-//! length above its cap before allocating anything ([`frame`]). A connection opens with
+//! length above its cap before allocating anything ([`frame`]). With the `tokio` feature
+//! the same frames (and, for bodies that need it, a `u64` length: [`frame::Prefix`]) are
+//! read and written on tokio sockets too ([`frame::nonblocking`]): the service's data
+//! plane frames its requests and batches with them. A connection opens with
 //! the client's hello ([`auth`]):
 //!
 //! * client → server: `b"SLPR1"`, `u8` protocol-name length, the protocol name (say
@@ -36,7 +39,7 @@ pub enum TransportError {
     #[error("peer {peer} ({addr}): {source}")]
     Io { peer: usize, addr: String, source: std::io::Error },
     #[error("peer {peer} ({addr}) sent a frame of {len} bytes (at most {max})")]
-    TooLarge { peer: usize, addr: String, len: u32, max: u32 },
+    TooLarge { peer: usize, addr: String, len: u64, max: u64 },
     #[error("peer {peer} ({addr}) refused the connection: {reason}")]
     Refused { peer: usize, addr: String, reason: String },
     #[error("peer {peer} ({addr}) sent a malformed reply: {what}")]

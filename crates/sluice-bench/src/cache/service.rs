@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::json;
+use sluice_client::{JobCacheStats, RemoteLoader, RemoteOptions, ReportKind};
 use sluice_core::{
     ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec, SourceSpec, StorageSpec,
 };
 use sluice_pipeline::{Loader, Shard};
 use sluice_profile::local_service::Proc;
 use sluice_profile::median;
-use sluice_service::{JobCacheStats, RemoteLoader, RemoteOptions, ReportKind};
 
 use super::sim::{sampler_for, SimTrainer};
 use super::Args;

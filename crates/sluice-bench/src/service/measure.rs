@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use sluice_client::proto::dispatcher_client::DispatcherClient;
+use sluice_client::proto::worker_client::WorkerClient;
+use sluice_client::proto::worker_server::{Worker, WorkerServer};
+use sluice_client::proto::*;
+use sluice_client::wire::{message_to_batch, Outgoing};
+use sluice_client::{Compression, MAX_MESSAGE_BYTES};
 use sluice_core::{Batch, DType, Layout, Tensor};
 use sluice_service::dataplane;
-use sluice_service::proto::dispatcher_client::DispatcherClient;
-use sluice_service::proto::worker_client::WorkerClient;
-use sluice_service::proto::worker_server::{Worker, WorkerServer};
-use sluice_service::proto::*;
-use sluice_service::{message_to_batch, Compression, Outgoing, MAX_MESSAGE_BYTES};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::TcpIncoming;
@@ -222,7 +223,7 @@ pub fn own_data_plane(samples: usize, side: usize, batches: u64, streams: u64, l
 }
 
 #[cfg(target_os = "linux")]
-type LocalMaps = dataplane::MappedRegions;
+type LocalMaps = sluice_client::dataplane::MappedRegions;
 #[cfg(not(target_os = "linux"))]
 type LocalMaps = ();
 
@@ -232,8 +233,8 @@ fn local_maps() -> LocalMaps {
 
 #[cfg(target_os = "linux")]
 fn local_server(start: dataplane::StartTask) -> Result<(String, tokio::task::JoinHandle<()>)> {
-    let name = format!("sluice-bench-{}", sluice_service::random_token()?);
-    let listener = sluice_service::shm::listen_abstract(&name).context("listen")?;
+    let name = format!("sluice-bench-{}", sluice_client::random_token()?);
+    let listener = sluice_client::shm::listen_abstract(&name).context("listen")?;
     let pool = Arc::new(dataplane::RegionPool::default());
     Ok((name, tokio::spawn(dataplane::serve_local(listener, start, None, pool, Default::default()))))
 }
@@ -248,14 +249,14 @@ async fn open_stream(
     local: bool,
     req: &RunTaskRequest,
     maps: &LocalMaps,
-) -> Result<dataplane::TaskStream, Status> {
+) -> Result<sluice_client::dataplane::TaskStream, Status> {
     #[cfg(target_os = "linux")]
     if local {
-        let sock = sluice_service::shm::connect_abstract(addr).map_err(|e| Status::unavailable(e.to_string()))?;
-        return dataplane::TaskStream::open_local(sock, addr, None, req, maps).await;
+        let sock = sluice_client::shm::connect_abstract(addr).map_err(|e| Status::unavailable(e.to_string()))?;
+        return sluice_client::dataplane::TaskStream::open_local(sock, addr, None, req, maps).await;
     }
     let _ = (local, maps);
-    dataplane::TaskStream::open(addr, None, req, None).await
+    sluice_client::dataplane::TaskStream::open(addr, None, req, None).await
 }
 
 #[derive(Debug, Clone, serde::Serialize)]

@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use sluice_service::{ScaleClient, StatefulSetScaler};
+use sluice_client::ScaleClient;
+use sluice_service::StatefulSetScaler;
 
 use super::{tls_ca, token};
 

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use sluice_service::ScaleClient;
+use sluice_client::ScaleClient;
 
 use super::config::{flag, ServiceConfig};
 use super::{operator_token, roots, token, AutoscaleArgs, LimitArgs};
@@ -239,7 +239,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     // With a clients' token, operator calls need their own (an open service takes them).
     let operator = match (c.dispatcher.operator_token.take(), &token) {
         (Some(t), _) => Some(t),
-        (None, Some(_)) => Some(sluice_service::random_token()?),
+        (None, Some(_)) => Some(sluice_client::random_token()?),
         (None, None) => None,
     };
     // Declared before the children: removed only after they have stopped.

@@ -7,12 +7,11 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use sluice_pipeline::{Loader, StatsSnapshot};
 
 use super::view::{ClientView, DispatcherView, Totals, WorkerView};
+use sluice_client::runtime::{runtime, Threads};
+
 use crate::error::ServiceError;
 use crate::metrics::{self, Scrape};
 
@@ -120,30 +119,17 @@ impl LoaderDashboard {
 /// decisions (`/api/autoscale`) and its metrics (`/metrics`) at `addr`, on a runtime of
 /// its own, until the returned handle is dropped.
 pub fn serve_loader(addr: &str, loader: Arc<Loader>) -> Result<LoaderDashboard, ServiceError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("sluice-dashboard")
-        .enable_all()
-        .build()
-        .map_err(|e| ServiceError::Internal(format!("cannot start the dashboard's runtime: {e}")))?;
+    let runtime = runtime("dashboard", Threads::Workers(1))?;
     let source = Arc::new(Source { loader, frozen: Mutex::new(None) });
     let (state, render, scaling) = (Arc::clone(&source), Arc::clone(&source), Arc::clone(&source));
     let routes = super::routes(Arc::new(move || {
         let (stats, threads) = state.read();
         serde_json::to_string(&loader_view(&stats, threads)).unwrap_or_default()
     }))
-    .route(
-        "/api/autoscale",
-        get(move || {
-            let stats = scaling.read().0.autoscale;
-            async move {
-                match stats.and_then(|a| serde_json::to_string(&a).ok()) {
-                    Some(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-                    None => (StatusCode::NOT_FOUND, "this loader's thread count is fixed\n").into_response(),
-                }
-            }
-        }),
-    );
+    .merge(super::autoscale_route(
+        Arc::new(move || scaling.read().0.autoscale.and_then(|a| serde_json::to_string(&a).ok())),
+        "this loader's thread count is fixed\n",
+    ));
     let render: metrics::Render = Arc::new(move || {
         let (stats, threads) = render.read();
         render_metrics(&stats, threads)

@@ -11,7 +11,7 @@ pub use local::{serve_loader, LoaderDashboard};
 
 use std::sync::Arc;
 
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::routing::get;
 use axum::Router;
 
@@ -19,6 +19,34 @@ const PAGE: &str = include_str!("page.html");
 
 /// The JSON of `/api/state`, built fresh on every request.
 pub type StateJson = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The JSON of `/api/autoscale`, built fresh on every request; `None` when nothing scales.
+pub type ScalingJson = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// `/api/autoscale`: the autoscaler's decisions, or 404 with `off` (the page shows
+/// "autoscaling off").
+pub fn autoscale_route(decisions: ScalingJson, off: &'static str) -> Router {
+    Router::new().route(
+        "/api/autoscale",
+        get(move || {
+            let body = decisions();
+            async move {
+                match body {
+                    Some(json) => (
+                        StatusCode::OK,
+                        [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")],
+                        json,
+                    ),
+                    None => (
+                        StatusCode::NOT_FOUND,
+                        [(header::CONTENT_TYPE, "text/plain"), (header::CACHE_CONTROL, "no-store")],
+                        off.to_string(),
+                    ),
+                }
+            }
+        }),
+    )
+}
 
 /// `/` and `/dashboard` (the page) and `/api/state` (what it draws).
 pub fn routes(state: StateJson) -> Router {

@@ -126,7 +126,7 @@ mod tests {
 
     use super::*;
     use crate::dispatcher::state::ClientReport;
-    use crate::proto::RegisterWorkerRequest;
+    use sluice_client::proto::RegisterWorkerRequest;
 
     fn register(state: &mut State, addr: &str, now: Instant) -> u64 {
         state.register_worker(&RegisterWorkerRequest { addr: addr.into(), ..Default::default() }, now)

@@ -6,7 +6,6 @@
 //! hands the slot back at once. A client maps each region once. A pooled region goes back
 //! only to the job and client process it served, never to another.
 
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,17 +17,14 @@ use sluice_pipeline::BufferSource;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tonic::Status;
 
-use super::{
-    authenticate, hello, io_status, refuse, write_error, write_inline, ConnectionLimits, Gate, StartTask, TaskStream,
-    HANDSHAKE_TIMEOUT, KIND_END, KIND_REGION, KIND_SLOT, MAX_SLOTS,
-};
-use crate::proto::RunTaskRequest;
-use crate::shm::{self, Region};
-use crate::wire::Outgoing;
-use crate::MAX_MESSAGE_BYTES;
+use sluice_client::dataplane::{HANDSHAKE_TIMEOUT, KIND_END, KIND_REGION, KIND_SLOT, MAX_SLOTS};
+use sluice_client::shm::{self, Region};
+use sluice_client::wire::Outgoing;
+use sluice_client::MAX_MESSAGE_BYTES;
+use sluice_transport::frame::nonblocking::{write_frame, write_len};
+use sluice_transport::frame::Prefix;
 
-/// A region as a client knows it: the worker's local address and the region's id.
-type RegionKey = (String, u64);
+use super::{authenticate, refuse, write_error, write_inline, ConnectionLimits, Gate, StartTask};
 
 /// Who a pooled region may be handed to again: the job, and the client process (uid and
 /// pid from the socket's credentials). A region goes back only to the task connections of
@@ -280,10 +276,9 @@ async fn local_connection(
             Some(slot) => {
                 let head = out.header().encode_to_vec();
                 w.write_u8(KIND_SLOT).await?;
-                w.write_u32_le(head.len() as u32).await?;
-                w.write_all(&head).await?;
+                write_frame(&mut w, Prefix::U32, &head).await?;
                 w.write_u32_le(slot).await?;
-                w.write_u64_le(data.len() as u64).await?;
+                write_len(&mut w, Prefix::U64, data.len()).await?;
                 w.flush().await?;
             }
             None => write_inline(&mut w, &out).await?,
@@ -332,101 +327,10 @@ async fn take_back(mut r: BufReader<tokio::net::unix::OwnedReadHalf>, region: Ar
     }
 }
 
-/// The regions a client has mapped, by worker and region id: a worker reuses its regions
-/// task after task, so each is mapped once.
-#[derive(Default)]
-pub struct MappedRegions {
-    /// ((worker, region id), mapping), least recently used first.
-    maps: Mutex<Vec<(RegionKey, Arc<Region>)>>,
-}
-
-impl MappedRegions {
-    /// Mappings kept at most (the least recently used goes first).
-    const MAX: usize = 32;
-
-    /// Regions mapped now.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.maps.lock().len()
-    }
-
-    fn get_or_map(
-        &self,
-        worker: &str,
-        id: u64,
-        fd: OwnedFd,
-        slots: u32,
-        slot_bytes: usize,
-    ) -> std::io::Result<Arc<Region>> {
-        let mut maps = self.maps.lock();
-        let key = (worker.to_string(), id);
-        if let Some(i) = maps.iter().position(|(k, r)| *k == key && r.slots() == slots && r.slot_bytes() == slot_bytes)
-        {
-            let entry = maps.remove(i);
-            let region = entry.1.clone();
-            maps.push(entry);
-            return Ok(region);
-        }
-        let region = Arc::new(Region::open(fd, id, slots, slot_bytes)?);
-        maps.retain(|(k, _)| *k != key);
-        if maps.len() >= Self::MAX {
-            maps.remove(0);
-        }
-        maps.push((key, region.clone()));
-        Ok(region)
-    }
-}
-
-impl TaskStream {
-    /// Opens a task's stream on a worker's local data plane (`sock`, connected to the
-    /// worker's abstract socket `worker`): the pixels come through shared memory.
-    pub async fn open_local(
-        sock: tokio::net::UnixStream,
-        worker: &str,
-        token: Option<&str>,
-        req: &RunTaskRequest,
-        maps: &MappedRegions,
-    ) -> Result<Self, Status> {
-        let mut sock = sock;
-        sock.write_all(&hello(token, req)).await.map_err(io_status)?;
-        // The region's fd comes with the first byte the worker sends; a plain (buffered)
-        // read would drop it.
-        let mut kind = [0u8; 1];
-        let (n, fd) = tokio::time::timeout(Duration::from_secs(60), shm::recv_with_fd(&sock, &mut kind))
-            .await
-            .map_err(|_| Status::unavailable("worker sent nothing for 60 s"))?
-            .map_err(io_status)?;
-        if n == 0 {
-            return Err(io_status(std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        let mut stream = Self::new(BufReader::with_capacity(64 << 10, Box::new(sock)));
-        if kind[0] != KIND_REGION {
-            // An error frame (the request was refused), or a stream without a region.
-            return match stream.frame(kind[0]).await? {
-                None => Ok(stream),
-                Some(_) => Err(Status::invalid_argument("a batch before the shared region")),
-            };
-        }
-        let r = &mut stream.r;
-        let id = r.read_u64_le().await.map_err(io_status)?;
-        let slots = r.read_u32_le().await.map_err(io_status)?;
-        let slot_bytes = r.read_u64_le().await.map_err(io_status)?;
-        if slots == 0 || slots > MAX_SLOTS || slot_bytes == 0 || slot_bytes > MAX_MESSAGE_BYTES as u64 {
-            return Err(Status::invalid_argument(format!("shared region of {slots} slots of {slot_bytes} bytes")));
-        }
-        let fd = fd.ok_or_else(|| Status::invalid_argument("shared region announced without its memory"))?;
-        let region = maps
-            .get_or_map(worker, id, fd, slots, slot_bytes as usize)
-            .map_err(|e| Status::unavailable(format!("mapping the worker's shared region: {e}")))?;
-        stream.region = Some(region);
-        Ok(stream)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Compression;
+    use sluice_client::wire::Compression;
     use sluice_core::{Batch, Layout};
 
     fn batch(images: Tensor) -> Batch {

@@ -16,7 +16,7 @@
 //!
 //! The local data plane (Linux) is the same protocol over a Unix socket in the abstract
 //! namespace, for clients on the worker's machine, with the pixels in shared memory
-//! ([`crate::shm`]). After the request the worker sends
+//! ([`sluice_client::shm`]). After the request the worker sends
 //!   `4` region: u64 id, u32 slots, u64 slot bytes, with the region's memfd attached;
 //! and then sends each batch as
 //!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length;
@@ -35,39 +35,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::Message;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::proto::RunTaskRequest;
-use crate::security::constant_time_eq;
-use crate::wire::Outgoing;
+use sluice_client::dataplane::{
+    frame_status, io_status, Io, KIND_BATCH, KIND_END, KIND_ERROR, MAGIC, MAX_ERROR_MESSAGE, MAX_REQUEST, MAX_TOKEN,
+};
+use sluice_client::proto::RunTaskRequest;
+use sluice_client::security::constant_time_eq;
+use sluice_client::wire::Outgoing;
+use sluice_transport::frame::nonblocking::{read_frame, write_frame, write_len};
+use sluice_transport::frame::Prefix;
 
 #[cfg(target_os = "linux")]
 mod local;
-mod stream;
 #[cfg(target_os = "linux")]
-pub use local::{serve_local, MappedRegions, RegionPool};
-#[cfg(target_os = "linux")]
-use stream::hello;
-pub use stream::TaskStream;
-
-const MAGIC: &[u8; 5] = b"SLDP1";
-const KIND_BATCH: u8 = 1;
-const KIND_END: u8 = 2;
-const KIND_ERROR: u8 = 3;
-const KIND_REGION: u8 = 4;
-const KIND_SLOT: u8 = 5;
-/// Most slots in a region.
-const MAX_SLOTS: u32 = 64;
-const MAX_HEADER: u32 = 16 << 20;
-const MAX_TOKEN: u32 = 4096;
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-fn io_status(e: std::io::Error) -> Status {
-    Status::unavailable(format!("data plane: {e}"))
-}
+pub use local::{serve_local, RegionPool};
 
 /// A running task's batches, in order; an error ends them.
 pub struct TaskBatches {
@@ -99,10 +84,6 @@ impl TaskBatches {
 /// What runs a task: the worker's loader (or, in benchmarks, a no-op producer).
 pub type StartTask =
     Arc<dyn Fn(RunTaskRequest) -> Pin<Box<dyn Future<Output = Result<TaskBatches, Status>> + Send>> + Send + Sync>;
-
-/// A connection, plain or inside TLS.
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// What the data plane grants connections that have not authenticated yet (opened TLS and
 /// sent a request with the right token): a bounded number of them, for a short time, so
@@ -231,12 +212,7 @@ async fn read_request(r: &mut (impl AsyncReadExt + Unpin), token: Option<&str>) 
     if &magic != MAGIC {
         return Err(Status::invalid_argument("not a sluice data-plane request (bad magic)"));
     }
-    let n = r.read_u32_le().await.map_err(io_status)?;
-    if n > MAX_TOKEN {
-        return Err(Status::invalid_argument("token too long"));
-    }
-    let mut given = vec![0u8; n as usize];
-    r.read_exact(&mut given).await.map_err(io_status)?;
+    let given = read_frame(r, Prefix::U32, MAX_TOKEN.into()).await.map_err(frame_status("token"))?;
     if let Some(expected) = token {
         if !constant_time_eq(&given, expected.as_bytes()) {
             return Err(Status::unauthenticated(
@@ -244,22 +220,16 @@ async fn read_request(r: &mut (impl AsyncReadExt + Unpin), token: Option<&str>) 
             ));
         }
     }
-    let n = r.read_u32_le().await.map_err(io_status)?;
-    if n > 4096 {
-        return Err(Status::invalid_argument("request too long"));
-    }
-    let mut buf = vec![0u8; n as usize];
-    r.read_exact(&mut buf).await.map_err(io_status)?;
+    let buf = read_frame(r, Prefix::U32, MAX_REQUEST.into()).await.map_err(frame_status("request"))?;
     RunTaskRequest::decode(buf.as_slice()).map_err(|e| Status::invalid_argument(format!("malformed request: {e}")))
 }
 
 async fn write_error(w: &mut (impl AsyncWriteExt + Unpin), s: &Status) -> std::io::Result<()> {
     let msg = s.message().as_bytes();
-    let msg = &msg[..msg.len().min(64 << 10)];
+    let msg = &msg[..msg.len().min(MAX_ERROR_MESSAGE as usize)];
     w.write_u8(KIND_ERROR).await?;
     w.write_u32_le(s.code() as i32 as u32).await?;
-    w.write_u32_le(msg.len() as u32).await?;
-    w.write_all(msg).await?;
+    write_frame(w, Prefix::U32, msg).await?;
     w.flush().await
 }
 
@@ -268,9 +238,8 @@ async fn write_inline(w: &mut (impl AsyncWriteExt + Unpin), out: &Outgoing) -> s
     let head = out.header().encode_to_vec();
     let data = out.payload();
     w.write_u8(KIND_BATCH).await?;
-    w.write_u32_le(head.len() as u32).await?;
-    w.write_all(&head).await?;
-    w.write_u64_le(data.len() as u64).await?;
+    write_frame(w, Prefix::U32, &head).await?;
+    write_len(w, Prefix::U64, data.len()).await?;
     // Large writes bypass the BufWriter's buffer: straight from the batch.
     w.write_all(data).await?;
     w.flush().await
@@ -314,7 +283,8 @@ async fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Compression;
+    use sluice_client::dataplane::TaskStream;
+    use sluice_client::wire::Compression;
     use sluice_core::{Batch, DType, Layout, Tensor};
     use tokio::net::TcpStream;
     use tonic::Code;
@@ -423,8 +393,9 @@ mod tests {
 mod local_tests {
     use super::tests::start;
     use super::*;
-    use crate::shm;
-    use crate::wire::Compression;
+    use sluice_client::dataplane::{hello, MappedRegions, TaskStream, KIND_REGION};
+    use sluice_client::shm;
+    use sluice_client::wire::Compression;
     use tonic::Code;
 
     async fn read_all(s: &mut TaskStream) -> Result<Vec<u64>, Status> {
@@ -457,7 +428,7 @@ mod local_tests {
             let req = RunTaskRequest { job_id, epoch: 0, start: 0, end: 3, compression: 0, ..Default::default() };
             let sock = shm::connect_abstract(&name).unwrap();
             let mut s = TaskStream::open_local(sock, &name, None, &req, &maps).await.unwrap();
-            let id = s.region.as_ref().map(|r| r.id()).unwrap();
+            let id = s.region_id().unwrap();
             assert_eq!(read_all(&mut s).await.unwrap(), vec![0, 1, 2]);
             drop(s);
             // Time for the worker to take every slot back and pool the region.
@@ -531,7 +502,7 @@ mod local_tests {
 
         // A client handing back a slot it does not hold is cut off; others are still served.
         let mut raw = shm::connect_abstract(&name).unwrap();
-        raw.write_all(&hello(Some("tok"), &req)).await.unwrap();
+        raw.write_all(&hello(Some("tok"), &req).unwrap()).await.unwrap();
         let mut kind = [0u8; 1];
         let (_, fd) = shm::recv_with_fd(&raw, &mut kind).await.unwrap();
         assert_eq!((kind[0], fd.is_some()), (KIND_REGION, true));

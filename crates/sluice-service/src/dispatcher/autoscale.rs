@@ -192,7 +192,7 @@ mod tests {
 
     use super::*;
     use crate::dispatcher::state::ClientReport;
-    use crate::proto::RegisterWorkerRequest;
+    use sluice_client::proto::RegisterWorkerRequest;
 
     /// Second `t`: the trainer took `batches` and waited `wait` s of it; every worker was
     /// busy `busy` s making `made` batches.

@@ -2,6 +2,9 @@
 //! answering, so a restarted dispatcher resumes every job where it stood.
 
 mod autoscale;
+mod http;
+pub(crate) mod journal;
+mod metrics;
 pub mod state;
 
 use std::future::Future;
@@ -18,15 +21,15 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::dashboard::{self, view::DispatcherView};
+use sluice_client::proto::dispatcher_server::{Dispatcher, DispatcherServer};
+use sluice_client::proto::*;
+use sluice_client::MAX_CONTROL_MESSAGE_BYTES;
+
 use crate::error::ServiceError;
-use crate::journal::{Journal, Record};
-use crate::metrics::{self, Labels, LatencyHistogram, Scrape};
-use crate::proto::dispatcher_server::{Dispatcher, DispatcherServer};
-use crate::proto::*;
+use crate::metrics::LatencyHistogram;
 use crate::security::{check_client, require_operator, AllowedRoots, TokenCheck};
-use crate::MAX_CONTROL_MESSAGE_BYTES;
 use autoscale::ServiceAutoscale;
+use journal::{Journal, Record};
 use state::{ClientReport, JobImportance, State};
 
 /// Batches per task when the client does not say: small enough to balance a short epoch
@@ -262,7 +265,7 @@ impl DispatcherService {
         let source = spec.source.clone();
         let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
             .await
-            .map_err(|e| ServiceError::Internal(format!("manifest task: {e}")))?
+            .map_err(|source| ServiceError::Blocking { what: "reading the manifest", source })?
             .map_err(sluice_pipeline::PipelineError::from)?;
         self.inner.roots.check_manifest(&manifest)?;
         let samples = manifest.len() as u64;
@@ -280,7 +283,8 @@ impl DispatcherService {
         }
         let b = spec.batch.size as u64;
         let batches = if spec.batch.drop_last { samples / b } else { samples.div_ceil(b) };
-        let canonical = serde_json::to_string(&spec).map_err(|e| ServiceError::Internal(e.to_string()))?;
+        let canonical = serde_json::to_string(&spec)
+            .map_err(|source| ServiceError::SpecJson { job: req.job_name.clone(), source })?;
         let mut h = Xxh3::new();
         h.update(&manifest_hash.to_le_bytes());
         h.update(canonical.as_bytes());
@@ -623,9 +627,9 @@ impl Dispatcher for DispatcherService {
                     Ok(d) => d,
                     Err(record) => {
                         self.commit(&mut state, &record, 0)?;
-                        state.draw(req.job_id, req.epoch, Instant::now())?.map_err(|_| {
-                            ServiceError::Internal(format!("job {}: epoch {} not drawn", req.job_id, req.epoch))
-                        })?
+                        state
+                            .draw(req.job_id, req.epoch, Instant::now())?
+                            .map_err(|_| ServiceError::DrawLost { job_id: req.job_id, epoch: req.epoch })?
                     }
                 };
                 (draw, self.barrier())
@@ -751,152 +755,6 @@ impl DispatcherService {
         }
         Ok(())
     }
-
-    /// What the dashboard draws, as JSON.
-    pub fn dashboard_state(&self) -> String {
-        let acked = self.inner.counters.batches_acked.load(Ordering::Relaxed);
-        let view = DispatcherView::new(&self.inner.state.lock(), acked, Instant::now());
-        // Plain structs of numbers and strings: serializing cannot fail.
-        serde_json::to_string(&view).unwrap_or_default()
-    }
-
-    /// The Prometheus exposition of the dispatcher.
-    pub fn render_metrics(&self) -> String {
-        let c = &self.inner.counters;
-        let count = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut m = Scrape::default();
-        m.counter("sluice_dispatcher_requests", "RPCs answered", count(&c.requests));
-        m.counter("sluice_dispatcher_request_errors", "RPCs refused", count(&c.errors));
-        m.counter("sluice_dispatcher_tasks_assigned", "tasks handed to clients", count(&c.assigned));
-        m.counter("sluice_dispatcher_tasks_acked", "tasks acknowledged", count(&c.acked));
-        m.counter(
-            "sluice_dispatcher_batches_acked",
-            "batches in acknowledged tasks (throughput)",
-            count(&c.batches_acked),
-        );
-        m.counter("sluice_dispatcher_tasks_failed", "tasks whose worker failed", count(&c.failed));
-        m.counter(
-            "sluice_dispatcher_importance_reported",
-            "importance values taken into a job's store",
-            count(&c.reported),
-        );
-        m.counter(
-            "sluice_dispatcher_importance_ignored",
-            "importance values ignored (unknown keys, NaN, infinite or negative)",
-            count(&c.reports_ignored),
-        );
-        m.histogram(
-            "sluice_dispatcher_get_task_seconds",
-            "time to answer GetTask, journal fsync included",
-            &c.get_task,
-        );
-        if let Some(a) = &self.inner.autoscale {
-            let s = a.lock().stats();
-            m.gauge("sluice_autoscale_target_workers", "workers the autoscaler wants running", s.units as i64);
-            m.counter("sluice_autoscale_windows", "windows the autoscaler read", s.windows);
-            m.counters(
-                "sluice_autoscale_decisions",
-                "scaling decisions by direction",
-                [("up", s.ups), ("down", s.downs)].map(|(d, n)| (vec![("direction", d.to_string())], n)),
-            );
-        }
-        let state = self.inner.state.lock();
-        m.gauge(
-            "sluice_dispatcher_workers_live",
-            "workers with a recent heartbeat",
-            state.live_workers(Instant::now()) as i64,
-        );
-        m.gauge("sluice_dispatcher_jobs", "jobs known", state.jobs.len() as i64);
-        let job = |name: &str| vec![("job", name.to_string())];
-        m.gauges(
-            "sluice_job_tasks",
-            "queue depth: tasks of the current epoch by state",
-            state.jobs.values().flat_map(|j| {
-                let e = &j.current;
-                [("pending", e.queue.len()), ("leased", e.leased()), ("acked", e.acked)].map(|(st, n)| {
-                    let mut labels = job(&j.name);
-                    labels.push(("state", st.to_string()));
-                    (labels, n as i64)
-                })
-            }),
-        );
-        m.gauges(
-            "sluice_job_epoch",
-            "the epoch each job is in",
-            state.jobs.values().map(|j| (job(&j.name), j.current.epoch as i64)),
-        );
-        let importance: Vec<(Labels, &JobImportance)> =
-            state.jobs.values().filter_map(|j| Some((job(&j.name), j.importance.as_ref()?))).collect();
-        m.counters(
-            "sluice_job_importance_refused",
-            "importance values the job's store refused (NaN, infinite or negative)",
-            importance.iter().map(|(l, i)| (l.clone(), i.refused())),
-        );
-        m.counters(
-            "sluice_job_importance_clamped",
-            "importance values clamped to the largest the job's store keeps (docs/importance-sampling.md)",
-            importance.iter().map(|(l, i)| (l.clone(), i.clamped())),
-        );
-        let caches: Vec<(Labels, JobCacheStats)> =
-            state.jobs.values().filter_map(|j| Some((job(&j.name), state.job_cache(j.id)?))).collect();
-        let each = |value: fn(&JobCacheStats) -> u64| caches.iter().map(move |(l, c)| (l.clone(), value(c)));
-        m.counters(
-            "sluice_cache_hits",
-            "the job's cache hits on all workers (its fingerprint's caches)",
-            each(|c| c.hits),
-        );
-        m.counters("sluice_cache_misses", "the job's cache misses on all workers", each(|c| c.misses));
-        m.gauges(
-            "sluice_cache_hit_rate",
-            "the job's cache hits / lookups on all workers since they started",
-            caches.iter().map(|(l, c)| (l.clone(), c.hit_rate)),
-        );
-        m.gauges("sluice_cache_entries", "entries the job's caches hold on all workers", each(|c| c.entries));
-        m.gauges("sluice_cache_hot", "samples in the job's hot set", each(|c| c.hot));
-        m.gauges("sluice_cache_hot_held", "samples of the hot set held in their owner's cache", each(|c| c.hot_held));
-        let worker_caches: Vec<(Labels, &crate::proto::CacheReport)> = state
-            .jobs
-            .values()
-            .flat_map(|j| {
-                state.workers.values().filter_map(move |w| {
-                    let c = w.caches.get(&j.fingerprint)?;
-                    Some((vec![("job", j.name.clone()), ("worker", w.addr.clone())], c))
-                })
-            })
-            .collect();
-        m.gauges(
-            "sluice_worker_cache_entries",
-            "entries a worker's cache for the job holds",
-            worker_caches.iter().map(|(l, c)| (l.clone(), c.entries)),
-        );
-        m.gauges(
-            "sluice_worker_cache_share",
-            "samples of the job's hot set placed on the worker",
-            worker_caches.iter().map(|(l, c)| (l.clone(), c.share)),
-        );
-        m.gauges(
-            "sluice_worker_cache_share_held",
-            "samples of its share of the hot set the worker's cache holds",
-            worker_caches.iter().map(|(l, c)| (l.clone(), c.share_held)),
-        );
-        let client = |id: &str, r: &ClientReport| vec![("client", id.to_string()), ("job_id", r.job_id.to_string())];
-        m.counters(
-            "sluice_client_batches",
-            "batches the client handed to its trainer",
-            state.clients.iter().map(|(id, r)| (client(id, r), r.batches)),
-        );
-        m.gauges(
-            "sluice_client_stall_fraction",
-            "share of the client's time its trainer waited for data",
-            state.clients.iter().map(|(id, r)| (client(id, r), r.stall_fraction())),
-        );
-        m.gauges(
-            "sluice_client_batches_per_second",
-            "the client's mean consumption rate",
-            state.clients.iter().map(|(id, r)| (client(id, r), r.batches_per_second())),
-        );
-        m.render()
-    }
 }
 
 /// Runs a dispatcher until `shutdown` resolves. `on_listening` gets the bound gRPC address.
@@ -908,29 +766,7 @@ pub async fn run_dispatcher(
     let service = DispatcherService::new(&config)?;
     let journal = service.inner.journal.clone();
     if let Some(addr) = &config.metrics_listen {
-        let (s, d, a) = (service.clone(), service.clone(), service.clone());
-        let dashboard = dashboard::routes(Arc::new(move || d.dashboard_state())).route(
-            "/api/autoscale",
-            axum::routing::get(move || {
-                let body = a.autoscale_json();
-                async move {
-                    use axum::http::{header, StatusCode};
-                    match body {
-                        Some(json) => (
-                            StatusCode::OK,
-                            [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")],
-                            json,
-                        ),
-                        None => (
-                            StatusCode::NOT_FOUND,
-                            [(header::CONTENT_TYPE, "text/plain"), (header::CACHE_CONTROL, "no-store")],
-                            "autoscaling off (start the dispatcher with --autoscale POLICY)\n".to_string(),
-                        ),
-                    }
-                }
-            }),
-        );
-        let bound = metrics::serve_with(addr, Arc::new(move || s.render_metrics()), dashboard).await?;
+        let bound = http::serve(&service, addr).await?;
         tracing::info!(%bound, "dispatcher metrics at /metrics, dashboard at /");
     }
     let ticker = service.inner.autoscale.as_ref().map(|a| {
@@ -979,7 +815,7 @@ pub async fn run_dispatcher(
         ))
         .serve_with_incoming_shutdown(incoming, stop)
         .await
-        .map_err(|e| ServiceError::Internal(format!("dispatcher server: {e}")));
+        .map_err(|source| ServiceError::Serve { what: "dispatcher", source });
     if let Some(t) = ticker {
         t.abort();
     }
@@ -998,7 +834,7 @@ mod tests {
 
     use super::*;
 
-    use crate::journal::COMPACT_MIN_BYTES;
+    use crate::dispatcher::journal::COMPACT_MIN_BYTES;
 
     /// Runs epochs of a job on a dispatcher with a journal, one client, by its RPCs.
     async fn run_epochs(service: &DispatcherService, job_id: u64, epochs: std::ops::Range<u64>) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{JobRunner, WorkerService};
 use crate::error::ServiceError;
-use crate::proto::{EpochDrawReply, GetDrawRequest};
+use sluice_client::proto::{EpochDrawReply, GetDrawRequest};
 
 /// Manifest positions in epoch order, and their weights.
 pub(super) type Draw = (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>);

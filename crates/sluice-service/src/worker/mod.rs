@@ -24,16 +24,18 @@ use sluice_pipeline::{CacheStats, Loader, PipelineError, Shard};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 
-use crate::dispatcher_client::{dispatcher_client, DispatcherConn};
 use crate::error::ServiceError;
 use crate::job_table::JobTable;
 use crate::limits::WorkerLimits;
 use crate::metrics::{self, LatencyHistogram, Scrape};
-use crate::proto::worker_server::WorkerServer;
-use crate::proto::*;
 use crate::security::{AllowedRoots, TokenCheck};
-use crate::tls::{ClientTls, ServerTls, TlsFiles};
-use crate::{MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES};
+use sluice_client::proto::worker_server::WorkerServer;
+use sluice_client::proto::*;
+use sluice_client::tls::ClientTls;
+use sluice_client::{dispatcher_client, DispatcherConn};
+
+use crate::tls::{ServerTls, TlsFiles};
+use sluice_client::{MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES};
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -230,7 +232,7 @@ impl WorkerService {
             roots.confine(loader)
         })
         .await
-        .map_err(|e| ServiceError::Internal(format!("loader task: {e}")))??;
+        .map_err(|source| ServiceError::Blocking { what: "building the job's loader", source })??;
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
         let trace = match &self.inner.trace_dir {
             Some(dir) => {
@@ -506,7 +508,7 @@ pub async fn run_worker(
             }
         })
         .await
-        .map_err(|e| ServiceError::Internal(format!("worker server: {e}")));
+        .map_err(|source| ServiceError::Serve { what: "worker", source });
     hb.abort();
     sweep.abort();
     data.abort();
@@ -556,8 +558,8 @@ fn serve_local_data_plane(
     start: crate::dataplane::StartTask,
     token: Option<String>,
 ) -> Option<(String, tokio::task::JoinHandle<()>)> {
-    let name = format!("sluice-worker-{}-{:016x}", std::process::id(), crate::shm::random_u64());
-    match crate::shm::listen_abstract(&name) {
+    let name = format!("sluice-worker-{}-{:016x}", std::process::id(), sluice_client::shm::random_u64());
+    match sluice_client::shm::listen_abstract(&name) {
         Ok(listener) => {
             tracing::info!(socket = %name, "local data plane (shared memory) listening");
             let pool = Arc::new(crate::dataplane::RegionPool::default());

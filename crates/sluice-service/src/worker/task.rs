@@ -16,9 +16,9 @@ use tonic::{Request, Response, Status};
 use super::{Inner, JobRunner, WorkerService};
 use crate::dataplane::TaskBatches;
 use crate::error::ServiceError;
-use crate::proto::worker_server::Worker;
-use crate::proto::*;
-use crate::wire::{Compression, Outgoing};
+use sluice_client::proto::worker_server::Worker;
+use sluice_client::proto::*;
+use sluice_client::wire::{Compression, Outgoing};
 
 fn to_status(e: PipelineError) -> Status {
     match e {

@@ -13,7 +13,7 @@ use sluice_pipeline::{EpochDraw, Shard};
 
 use super::placement::{batch_owners, owners, regroup, routes, Member, Previous};
 use crate::error::ServiceError;
-use crate::proto::{ReportKind, ReportReply};
+use sluice_client::proto::{ReportKind, ReportReply};
 
 /// Draws kept for workers to fetch: the current epoch's, the next one's (leased ahead),
 /// and a couple more for clients that restart an epoch.

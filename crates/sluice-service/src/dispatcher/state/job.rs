@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::proto::JobInfo;
+use sluice_client::proto::JobInfo;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskStatus {

@@ -20,9 +20,11 @@ pub use job::{cut_tasks, EpochState, Job, Task, TaskStatus};
 pub use placement::Member;
 pub use registry::{ClientReport, WorkerEntry};
 
+use crate::dispatcher::journal::Record;
 use crate::error::ServiceError;
-use crate::journal::Record;
-use crate::proto::{get_task_reply, FailTaskRequest, GetTaskReply, ReportKind, ReportReply, TaskAssignment, TaskRef};
+use sluice_client::proto::{
+    get_task_reply, FailTaskRequest, GetTaskReply, ReportKind, ReportReply, TaskAssignment, TaskRef,
+};
 
 /// A task leased to a client goes back to the queue if the client is silent this long.
 pub const CLIENT_LEASE: Duration = Duration::from_secs(10);
@@ -136,9 +138,7 @@ impl State {
                     Some(next) if next.epoch == *epoch => job.current = next,
                     other => {
                         job.next = other;
-                        return Err(ServiceError::Internal(format!(
-                            "job {job_id}: advance to epoch {epoch}, which was not leased ahead"
-                        )));
+                        return Err(ServiceError::NotLeasedAhead { job_id: *job_id, epoch: *epoch });
                     }
                 }
                 job.recount_load();
@@ -665,7 +665,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::RegisterWorkerRequest;
+    use sluice_client::proto::RegisterWorkerRequest;
 
     fn job_record(batches: u64, task_batches: u64) -> Record {
         Record::Job {

@@ -15,18 +15,11 @@
 //! multiset of draws and each draw's weight are unchanged; only which samples share a batch
 //! is.
 
-use serde::{Deserialize, Serialize};
 use sluice_core::placement::NOBODY;
 use sluice_core::{Owners, Rendezvous};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-/// A worker's part in a draw's placement: its address and its cache's capacity in entries
-/// (0 when it has not said).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Member {
-    pub addr: String,
-    pub capacity: u64,
-}
+pub use crate::dispatcher::journal::Member;
 
 /// The draw before the one being placed: where the workers' caches are.
 #[derive(Debug, Clone, Copy)]

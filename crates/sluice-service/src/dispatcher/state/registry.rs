@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::State;
 use crate::error::ServiceError;
-use crate::proto::{CacheReport, RegisterWorkerRequest};
+use sluice_client::proto::{CacheReport, RegisterWorkerRequest};
 
 /// A client silent this long is forgotten (its leases ran out long before).
 pub const CLIENT_FORGET: Duration = Duration::from_secs(300);
@@ -183,9 +183,9 @@ impl State {
     }
 
     /// A job's caches on every known worker: the job's fingerprint's, summed.
-    pub fn job_cache(&self, job_id: u64) -> Option<crate::proto::JobCacheStats> {
+    pub fn job_cache(&self, job_id: u64) -> Option<sluice_client::proto::JobCacheStats> {
         let job = self.jobs.get(&job_id)?;
-        let mut out = crate::proto::JobCacheStats::default();
+        let mut out = sluice_client::proto::JobCacheStats::default();
         for c in self.workers.values().filter_map(|w| w.caches.get(&job.fingerprint)) {
             out.hits += c.hits;
             out.misses += c.misses;

@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use super::{EpochState, Job, State, Task, TaskStatus, CLIENT_LEASE};
+use crate::dispatcher::journal::{Record, TaskRecord};
 use crate::error::ServiceError;
-use crate::journal::{Record, TaskRecord};
 
 const PENDING: u8 = 0;
 const LEASED: u8 = 1;
@@ -136,7 +136,7 @@ fn job_record(job: &Job) -> Record {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::RegisterWorkerRequest;
+    use sluice_client::proto::RegisterWorkerRequest;
 
     fn job_record(batches: u64, task_batches: u64, passes: u64) -> Record {
         Record::Job {
@@ -218,7 +218,7 @@ mod tests {
             log.push(r);
         }
         let (client, t) = &held[2];
-        let fail = crate::proto::FailTaskRequest {
+        let fail = sluice_client::proto::FailTaskRequest {
             job_id: 1,
             client_id: client.to_string(),
             epoch: t.epoch,

@@ -6,7 +6,7 @@
 
 use sluice_core::{Batch, Layout, Tensor, TensorData};
 
-use crate::error::ServiceError;
+use crate::error::ClientError;
 use crate::proto::{self, BatchMessage, BatchTrace, SkippedSample};
 use crate::MAX_MESSAGE_BYTES;
 
@@ -26,12 +26,12 @@ const ZSTD_LEVEL: i32 = 1;
 
 impl Compression {
     /// `"none"` or `"zstd"`.
-    pub fn parse(name: &str) -> Result<Self, ServiceError> {
+    pub fn parse(name: &str) -> Result<Self, ClientError> {
         match name {
             "none" => Ok(Self::None),
             "zstd" => Ok(Self::Zstd),
             other => {
-                Err(ServiceError::InvalidArgument(format!("unknown compression {other:?} (use \"none\" or \"zstd\")")))
+                Err(ClientError::InvalidArgument(format!("unknown compression {other:?} (use \"none\" or \"zstd\")")))
             }
         }
     }
@@ -43,11 +43,11 @@ impl Compression {
         }
     }
 
-    pub fn from_wire(code: i32) -> Result<Self, ServiceError> {
+    pub fn from_wire(code: i32) -> Result<Self, ClientError> {
         match proto::Compression::try_from(code) {
             Ok(proto::Compression::None) => Ok(Self::None),
             Ok(proto::Compression::Zstd) => Ok(Self::Zstd),
-            Err(_) => Err(ServiceError::InvalidArgument(format!("unknown compression code {code}"))),
+            Err(_) => Err(ClientError::InvalidArgument(format!("unknown compression code {code}"))),
         }
     }
 }
@@ -206,7 +206,7 @@ pub struct Received {
 }
 
 /// [`message_to_batch`], keeping the batch's skipped samples (no more than it had slots).
-pub fn message_to_received(mut m: BatchMessage) -> Result<Received, ServiceError> {
+pub fn message_to_received(mut m: BatchMessage) -> Result<Received, ClientError> {
     let skipped = std::mem::take(&mut m.skipped);
     let trace = m.trace.take();
     let batch = message_to_batch(m)?;
@@ -214,7 +214,7 @@ pub fn message_to_received(mut m: BatchMessage) -> Result<Received, ServiceError
         check_trace(t, &batch)?;
     }
     if skipped.len() > MAX_SKIPPED_PER_BATCH {
-        return Err(ServiceError::BadBatch(format!(
+        return Err(ClientError::BadBatch(format!(
             "batch {} of epoch {}: {} skipped samples",
             batch.index,
             batch.epoch,
@@ -226,12 +226,12 @@ pub fn message_to_received(mut m: BatchMessage) -> Result<Received, ServiceError
 
 /// A batch's worker times must come in order: request received and batch built before it
 /// was sent (a build span of 0..0 is unknown).
-fn check_trace(t: &BatchTrace, batch: &Batch) -> Result<(), ServiceError> {
+fn check_trace(t: &BatchTrace, batch: &Batch) -> Result<(), ClientError> {
     let built_known = (t.built_start_ns, t.built_end_ns) != (0, 0);
     if t.request_received_ns > t.sent_ns
         || (built_known && (t.built_start_ns > t.built_end_ns || t.built_end_ns > t.sent_ns))
     {
-        return Err(ServiceError::BadBatch(format!(
+        return Err(ClientError::BadBatch(format!(
             "batch {} of epoch {}: trace times out of order (request received {}, built {}..{}, sent {} ns)",
             batch.index, batch.epoch, t.request_received_ns, t.built_start_ns, t.built_end_ns, t.sent_ns
         )));
@@ -242,14 +242,14 @@ fn check_trace(t: &BatchTrace, batch: &Batch) -> Result<(), ServiceError> {
 /// More skipped samples than any batch could hold is a broken worker.
 const MAX_SKIPPED_PER_BATCH: usize = 1 << 20;
 
-pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
+pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
     let shape: Vec<usize> = m.shape.iter().map(|&d| d as usize).collect();
     let elements = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
     let Some(elements) = elements else {
-        return Err(ServiceError::BadBatch(format!("shape {shape:?} overflows")));
+        return Err(ClientError::BadBatch(format!("shape {shape:?} overflows")));
     };
     if shape.first().copied() != Some(m.keys.len()) || m.labels.len() != m.keys.len() {
-        return Err(ServiceError::BadBatch(format!(
+        return Err(ClientError::BadBatch(format!(
             "batch {} of epoch {}: shape {shape:?} does not match {} keys and {} labels",
             m.index,
             m.epoch,
@@ -258,12 +258,12 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
         )));
     }
     let Ok(dtype) = proto::Dtype::try_from(m.dtype) else {
-        return Err(ServiceError::BadBatch(format!("batch {}: unknown dtype {}", m.index, m.dtype)));
+        return Err(ClientError::BadBatch(format!("batch {}: unknown dtype {}", m.index, m.dtype)));
     };
     let layout = match proto::Layout::try_from(m.layout) {
         Ok(proto::Layout::Hwc) => Layout::Hwc,
         Ok(proto::Layout::Chw) => Layout::Chw,
-        Err(_) => return Err(ServiceError::BadBatch(format!("batch {}: unknown layout {}", m.index, m.layout))),
+        Err(_) => return Err(ClientError::BadBatch(format!("batch {}: unknown layout {}", m.index, m.layout))),
     };
     let width = match dtype {
         proto::Dtype::U8 => 1,
@@ -274,17 +274,14 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
         Compression::Zstd => {
             let want = elements.saturating_mul(width);
             if want > MAX_MESSAGE_BYTES {
-                return Err(ServiceError::BadBatch(format!(
+                return Err(ClientError::BadBatch(format!(
                     "batch {}: shape {shape:?} is over the size limit",
                     m.index
                 )));
             }
             // Bounded by `want`: a payload claiming more is refused, never allocated.
             m.data = zstd::bulk::decompress(&m.data, want).map_err(|e| {
-                ServiceError::BadBatch(format!(
-                    "batch {} of epoch {}: corrupt compressed pixels: {e}",
-                    m.index, m.epoch
-                ))
+                ClientError::BadBatch(format!("batch {} of epoch {}: corrupt compressed pixels: {e}", m.index, m.epoch))
             })?;
             undelta(&mut m.data, delta_stride(&shape, layout, width));
         }
@@ -295,7 +292,7 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
             TensorData::F32(m.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
         }
         _ => {
-            return Err(ServiceError::BadBatch(format!(
+            return Err(ClientError::BadBatch(format!(
                 "batch {}: {} bytes of dtype {} for shape {shape:?}",
                 m.index,
                 m.data.len(),
@@ -304,7 +301,7 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ServiceError> {
         }
     };
     if m.has_weights && m.weights.len() != m.keys.len() {
-        return Err(ServiceError::BadBatch(format!(
+        return Err(ClientError::BadBatch(format!(
             "batch {}: {} weights for {} keys",
             m.index,
             m.weights.len(),
@@ -359,7 +356,7 @@ mod tests {
             weights: None,
         });
         m.data.pop();
-        assert!(matches!(message_to_batch(m), Err(ServiceError::BadBatch(_))));
+        assert!(matches!(message_to_batch(m), Err(ClientError::BadBatch(_))));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 /// A shared-memory region of `slots` slots of `slot_bytes` each, mapped into this process.
 /// The worker creates it (read-write); the client maps what it received (read-only).
-pub(crate) struct Region {
+pub struct Region {
     id: u64,
     fd: OwnedFd,
     base: *mut u8,
@@ -56,7 +56,7 @@ fn map(fd: &OwnedFd, len: usize, prot: libc::c_int) -> io::Result<*mut u8> {
 }
 
 /// A random id (regions and socket names must not collide between workers).
-pub(crate) fn random_u64() -> u64 {
+pub fn random_u64() -> u64 {
     let mut v = 0u64;
     // SAFETY: getrandom writes at most 8 bytes into `v`.
     let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), size_of::<u64>(), 0) };
@@ -73,7 +73,7 @@ impl Region {
     /// Once this process has mapped it writable, it is sealed: its size is fixed and no one
     /// can write to it any more except through that mapping, so a client holding the fd
     /// can neither shrink it (the worker would die of SIGBUS) nor scribble on batches.
-    pub(crate) fn create(slots: u32, slot_bytes: usize) -> io::Result<Self> {
+    pub fn create(slots: u32, slot_bytes: usize) -> io::Result<Self> {
         let len = region_len(slots, slot_bytes)?;
         // SAFETY: a NUL-terminated name; the returned fd is checked before use.
         let raw =
@@ -101,7 +101,7 @@ impl Region {
     /// Maps a region received from a worker, read-only, after checking that the memory
     /// behind `fd` is as large as the worker says and sealed against shrinking (memory
     /// that could shrink under the mapping would kill this process with SIGBUS).
-    pub(crate) fn open(fd: OwnedFd, id: u64, slots: u32, slot_bytes: usize) -> io::Result<Self> {
+    pub fn open(fd: OwnedFd, id: u64, slots: u32, slot_bytes: usize) -> io::Result<Self> {
         let len = region_len(slots, slot_bytes)?;
         // SAFETY: plain fcntl on an open fd; a negative result is an error.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
@@ -124,19 +124,19 @@ impl Region {
         Ok(Self { id, fd, base, slots, slot_bytes, writable: false })
     }
 
-    pub(crate) fn id(&self) -> u64 {
+    pub fn id(&self) -> u64 {
         self.id
     }
 
-    pub(crate) fn slots(&self) -> u32 {
+    pub fn slots(&self) -> u32 {
         self.slots
     }
 
-    pub(crate) fn slot_bytes(&self) -> usize {
+    pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
     }
 
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+    pub fn fd(&self) -> BorrowedFd<'_> {
         use std::os::fd::AsFd;
         self.fd.as_fd()
     }
@@ -154,7 +154,7 @@ impl Region {
 
     /// Where `slot` starts, for filling it in place (writable regions only). The caller
     /// makes sure nobody reads the slot meanwhile.
-    pub(crate) fn slot_ptr(&self, slot: u32) -> io::Result<std::ptr::NonNull<u8>> {
+    pub fn slot_ptr(&self, slot: u32) -> io::Result<std::ptr::NonNull<u8>> {
         if !self.writable {
             return Err(invalid("a region mapped read-only cannot be written".into()));
         }
@@ -163,7 +163,7 @@ impl Region {
 
     /// Copies `bytes` into `slot`. The caller makes sure nobody reads the slot meanwhile
     /// (its reader handed it back).
-    pub(crate) fn write(&self, slot: u32, bytes: &[u8]) -> io::Result<()> {
+    pub fn write(&self, slot: u32, bytes: &[u8]) -> io::Result<()> {
         if !self.writable {
             return Err(invalid("a region mapped read-only cannot be written".into()));
         }
@@ -175,7 +175,7 @@ impl Region {
 
     /// The first `len` bytes of `slot`, copied out into a fresh buffer (one pass: the
     /// buffer is not zeroed first).
-    pub(crate) fn read(&self, slot: u32, len: usize) -> io::Result<Vec<u8>> {
+    pub fn read(&self, slot: u32, len: usize) -> io::Result<Vec<u8>> {
         let src = self.check(slot, len)?;
         let mut out = Vec::with_capacity(len);
         // SAFETY: in bounds (checked) of a readable mapping; `out` has room for `len` bytes,
@@ -202,7 +202,7 @@ impl Drop for Region {
 struct FdSpace([u8; 32]);
 
 /// Sends `bytes` (a small frame) with `fd` attached to its first byte.
-pub(crate) async fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+pub async fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
     let sent = loop {
         sock.writable().await?;
         match sock.try_io(Interest::WRITABLE, || sendmsg_fd(sock.as_raw_fd(), bytes, fd.as_raw_fd())) {

@@ -24,8 +24,9 @@ use sluice_pipeline::{PipelineError, SkippedSample, TraceError};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::error::ServiceError;
+use crate::error::ClientError;
 use crate::proto::*;
+use crate::runtime::{runtime, Threads};
 use conn::{heartbeat, retry, with_retry, Conn};
 use fetch::{drive, Flow, Item, TaskKey};
 pub use options::{DataPlane, RemoteOptions};
@@ -78,9 +79,9 @@ impl RemoteState {
     /// Whether this state can restart `job`: taken for its pipeline, naming only batches
     /// of its epoch, each once. What [`RemoteLoader::load_state`] checks before asking the
     /// dispatcher.
-    pub fn check(&self, job: &JobInfo) -> Result<(), ServiceError> {
+    pub fn check(&self, job: &JobInfo) -> Result<(), ClientError> {
         if self.fingerprint != job.fingerprint {
-            return Err(ServiceError::InvalidArgument(format!(
+            return Err(ClientError::InvalidArgument(format!(
                 "checkpoint is for pipeline {}, this job is {}",
                 self.fingerprint, job.fingerprint
             )));
@@ -88,13 +89,13 @@ impl RemoteState {
         let mut seen = HashSet::with_capacity(self.delivered.len().min(job.batches_per_epoch as usize));
         for &b in &self.delivered {
             if b >= job.batches_per_epoch {
-                return Err(ServiceError::InvalidArgument(format!(
+                return Err(ClientError::InvalidArgument(format!(
                     "checkpoint lists batch {b} as delivered, past the epoch's {} batches",
                     job.batches_per_epoch
                 )));
             }
             if !seen.insert(b) {
-                return Err(ServiceError::InvalidArgument(format!("checkpoint lists batch {b} as delivered twice")));
+                return Err(ClientError::InvalidArgument(format!("checkpoint lists batch {b} as delivered twice")));
             }
         }
         Ok(())
@@ -112,7 +113,7 @@ pub struct CacheStatsProbe {
 
 impl CacheStatsProbe {
     /// As [`RemoteLoader::cache_stats`].
-    pub fn cache_stats(&self) -> Result<JobCacheStats, ServiceError> {
+    pub fn cache_stats(&self) -> Result<JobCacheStats, ClientError> {
         let req = GetJobRequest { job_id: self.conn.job_id };
         let give_up = Some(Duration::from_secs(1));
         self.rt.block_on(retry(
@@ -127,22 +128,17 @@ impl CacheStatsProbe {
 impl RemoteLoader {
     /// Submits `spec` as job `options.job_name` (or joins it, if it exists with the same
     /// fingerprint) and starts heartbeating.
-    pub fn connect(spec: &PipelineSpec, options: RemoteOptions) -> Result<Self, ServiceError> {
+    pub fn connect(spec: &PipelineSpec, options: RemoteOptions) -> Result<Self, ClientError> {
         spec.validate()?;
-        let spec_json = serde_json::to_string(spec).map_err(|e| ServiceError::Internal(e.to_string()))?;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sluice-remote")
-            .enable_all()
-            .build()
-            .map_err(|e| ServiceError::Internal(format!("cannot start the client runtime: {e}")))?;
+        let spec_json = serde_json::to_string(spec).map_err(ClientError::SpecJson)?;
+        let rt = runtime("remote", Threads::Workers(2))?;
         let mut conn = Conn::new(&options, &rt)?;
         if options.autoscale {
             let scale = rt.block_on(with_retry(&conn, "GetScale", |mut d| async move {
                 d.get_scale(crate::proto::GetScaleRequest {}).await
             }))?;
             if !scale.enabled {
-                return Err(ServiceError::AutoscaleOff { what: "RemoteLoader option `autoscale`" });
+                return Err(ClientError::AutoscaleOff { what: "RemoteLoader option `autoscale`" });
             }
             tracing::info!(policy = %scale.policy, workers = scale.target, "the service autoscales its workers");
         }
@@ -213,7 +209,7 @@ impl RemoteLoader {
     /// it got it and how long it kept it, and where and when a worker built it (tasks
     /// started from now on bring their batches' times; see [`RemoteTrace`]). Fails if a
     /// trace is already being recorded.
-    pub fn start_trace(&mut self) -> Result<(), ServiceError> {
+    pub fn start_trace(&mut self) -> Result<(), ClientError> {
         if self.trace.is_some() {
             return Err(PipelineError::from(TraceError::AlreadyTracing).into());
         }
@@ -242,7 +238,7 @@ impl RemoteLoader {
 
     /// Restarts the job at `state`: its epoch, minus the batches already delivered. Meant for
     /// a job with one client (a shared job restarts for everyone).
-    pub fn load_state(&mut self, state: &RemoteState) -> Result<(), ServiceError> {
+    pub fn load_state(&mut self, state: &RemoteState) -> Result<(), ClientError> {
         state.check(&self.job)?;
         // The stream may be past `state` (an epoch ended since) or before it: it goes, with
         // whatever it fetched ahead, and the next iterator starts one at `state`.
@@ -275,10 +271,10 @@ impl RemoteLoader {
     /// Retried through dispatcher restarts like every call; a retry whose first reply was
     /// lost counts its values twice, which leaves a key's epoch mean as it was when the
     /// key had no other report that epoch.
-    pub fn report(&self, keys: &[u64], values: &[f64], kind: ReportKind) -> Result<ReportReply, ServiceError> {
+    pub fn report(&self, keys: &[u64], values: &[f64], kind: ReportKind) -> Result<ReportReply, ClientError> {
         let job_id = self.job.job_id;
         if keys.len() != values.len() {
-            return Err(ServiceError::ReportLengths { job_id, keys: keys.len(), values: values.len() });
+            return Err(ClientError::ReportLengths { job_id, keys: keys.len(), values: values.len() });
         }
         let req = ReportRequest {
             job_id,
@@ -300,7 +296,7 @@ impl RemoteLoader {
     /// held, the hot set's size and how much of it is held. Retried for a second at most:
     /// the numbers are informational, and `stats()` must not hang on a dispatcher that is
     /// gone.
-    pub fn cache_stats(&self) -> Result<JobCacheStats, ServiceError> {
+    pub fn cache_stats(&self) -> Result<JobCacheStats, ClientError> {
         self.cache_stats_probe().cache_stats()
     }
 
@@ -309,7 +305,7 @@ impl RemoteLoader {
         CacheStatsProbe { rt: self.rt.handle().clone(), conn: self.conn.clone() }
     }
 
-    fn reset(&self, req: ResetJobRequest) -> Result<JobInfo, ServiceError> {
+    fn reset(&self, req: ResetJobRequest) -> Result<JobInfo, ClientError> {
         self.rt.block_on(with_retry(&self.conn, "ResetJob", |mut d| {
             let req = req.clone();
             async move { d.reset_job(req).await }
@@ -320,7 +316,7 @@ impl RemoteLoader {
     /// dispatcher, less the batches the trainer already has. Only this client's: in a
     /// shared job the others go on with the epoch (a reset would give them their batches
     /// again).
-    fn release(&mut self) -> Result<(), ServiceError> {
+    fn release(&mut self) -> Result<(), ClientError> {
         let RemoteState { epoch, delivered, .. } = self.state();
         let req = ResetJobRequest {
             job_id: self.job.job_id,
@@ -378,8 +374,8 @@ impl RemoteLoader {
 
     /// The next batch of the epoch started by [`RemoteLoader::start_epoch`]; `None` at its
     /// end (the loader then moves to the next epoch). While waiting it asks `interrupted`
-    /// every 50 ms and returns [`ServiceError::Interrupted`] if it says so; nothing is lost.
-    pub fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch, ServiceError>> {
+    /// every 50 ms and returns [`ClientError::Interrupted`] if it says so; nothing is lost.
+    pub fn next_batch(&mut self, interrupted: &mut dyn FnMut() -> bool) -> Option<Result<Batch, ClientError>> {
         for task in self.deferred_acks.as_mut().map(std::mem::take).unwrap_or_default() {
             self.ack(task);
         }
@@ -398,7 +394,7 @@ impl RemoteLoader {
                 Ok(item) => item,
                 Err(_) => {
                     if interrupted() {
-                        return Some(Err(ServiceError::Interrupted));
+                        return Some(Err(ClientError::Interrupted));
                     }
                     continue;
                 }
@@ -406,7 +402,7 @@ impl RemoteLoader {
             match item {
                 None => {
                     stream.failed = true;
-                    return Some(Err(ServiceError::Internal("the batch stream ended early".into())));
+                    return Some(Err(ClientError::StreamEnded { epoch: self.epoch }));
                 }
                 Some(Item::EpochEnd(e)) if e == self.epoch => {
                     self.abandoned = false;
@@ -423,10 +419,7 @@ impl RemoteLoader {
                 }
                 Some(Item::Batch { batch, .. }) if batch.epoch != self.epoch => {
                     stream.failed = true;
-                    return Some(Err(ServiceError::Internal(format!(
-                        "a batch of epoch {} arrived while reading epoch {}",
-                        batch.epoch, self.epoch
-                    ))));
+                    return Some(Err(ClientError::WrongEpoch { got: batch.epoch, reading: self.epoch }));
                 }
                 Some(Item::Batch { task, end, batch, skipped, local, built }) => {
                     let entry = self.open.entry(task).or_insert((end, 0));
@@ -497,7 +490,7 @@ pub struct RemoteEpoch<'a> {
 }
 
 impl Iterator for RemoteEpoch<'_> {
-    type Item = Result<Batch, ServiceError>;
+    type Item = Result<Batch, ClientError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         self.loader.next_batch(&mut || false)

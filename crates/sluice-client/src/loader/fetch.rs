@@ -19,7 +19,7 @@ use super::conn::{retryable, with_retry, Conn};
 use super::options::DataPlane;
 use super::trace::Built;
 use crate::dataplane::TaskStream;
-use crate::error::ServiceError;
+use crate::error::ClientError;
 use crate::proto::*;
 use crate::wire::{message_to_received, Received};
 
@@ -53,7 +53,7 @@ pub(super) enum Item {
     },
     /// The dispatcher says every batch of this epoch was delivered (to some client).
     EpochEnd(u64),
-    Error(ServiceError),
+    Error(ClientError),
 }
 
 /// Where one stream's fetchers stand, shared with the consumer. The stream outlives an
@@ -80,7 +80,7 @@ pub(super) async fn drive(conn: Arc<Conn>, flow: Arc<Flow>, k: usize, tx: mpsc::
         let failed = match r {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
-            Err(e) => Some(ServiceError::Internal(format!("fetcher: {e}"))),
+            Err(e) => Some(ClientError::Fetcher(e)),
         };
         if let Some(e) = failed {
             let _ = tx.send(Item::Error(e)).await;
@@ -90,7 +90,7 @@ pub(super) async fn drive(conn: Arc<Conn>, flow: Arc<Flow>, k: usize, tx: mpsc::
     }
 }
 
-async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Result<(), ServiceError> {
+async fn fetcher(conn: Arc<Conn>, flow: Arc<Flow>, tx: mpsc::Sender<Item>) -> Result<(), ClientError> {
     let mut wait = Duration::from_millis(1);
     let mut reading = flow.reading.subscribe();
     // One id until a task comes back: a WAIT, or a reply lost in a restart, is retried
@@ -169,7 +169,7 @@ async fn run_task(
     task: &TaskAssignment,
     tx: &mpsc::Sender<Item>,
     gate: Option<Gate>,
-) -> Result<bool, ServiceError> {
+) -> Result<bool, ClientError> {
     let mut received = 0u64;
     let outcome: Result<(), Status> = async {
         let trace = conn.tracing.load(Ordering::Relaxed);
@@ -292,7 +292,7 @@ async fn run_task(
             } else {
                 // The worker refused the job (path not allowed, bad data under `fail`...):
                 // retrying elsewhere would fail the same way.
-                Err(ServiceError::rpc("RunTask", s))
+                Err(ClientError::rpc("RunTask", s))
             }
         }
     }

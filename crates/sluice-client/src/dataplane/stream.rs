@@ -9,8 +9,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tonic::{Code, Status};
 
-use super::{io_status, Io, HANDSHAKE_TIMEOUT, KIND_BATCH, KIND_END, KIND_ERROR, KIND_SLOT, MAGIC, MAX_HEADER};
-use crate::error::ServiceError;
+use sluice_transport::frame::nonblocking::{read_body, read_frame, read_len};
+use sluice_transport::frame::Prefix;
+
+use super::{
+    frame_status, hello, io_status, Io, HANDSHAKE_TIMEOUT, KIND_BATCH, KIND_END, KIND_ERROR, KIND_SLOT,
+    MAX_ERROR_MESSAGE, MAX_HEADER,
+};
+use crate::error::ClientError;
 use crate::proto::{BatchMessage, RunTaskRequest};
 use crate::tls::ClientTls;
 use crate::wire::{message_to_received, Received};
@@ -23,19 +29,6 @@ pub struct TaskStream {
     /// The worker's shared region (local data plane).
     #[cfg(target_os = "linux")]
     pub(super) region: Option<Arc<crate::shm::Region>>,
-}
-
-/// The hello that opens a task: magic, token, request.
-pub(super) fn hello(token: Option<&str>, req: &RunTaskRequest) -> Vec<u8> {
-    let mut hello = Vec::with_capacity(64);
-    hello.extend_from_slice(MAGIC);
-    let t = token.unwrap_or("").as_bytes();
-    hello.extend_from_slice(&(t.len() as u32).to_le_bytes());
-    hello.extend_from_slice(t);
-    let body = req.encode_to_vec();
-    hello.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    hello.extend_from_slice(&body);
-    hello
 }
 
 impl TaskStream {
@@ -61,9 +54,17 @@ impl TaskStream {
             ),
         };
         let mut r = BufReader::with_capacity(64 << 10, sock);
-        r.get_mut().write_all(&hello(token, req)).await.map_err(io_status)?;
+        r.get_mut().write_all(&hello(token, req).map_err(io_status)?).await.map_err(io_status)?;
         r.get_mut().flush().await.map_err(io_status)?;
         Ok(Self::new(r))
+    }
+
+    /// The id of the worker's shared region the batches come through (local data plane).
+    pub fn region_id(&self) -> Option<u64> {
+        #[cfg(target_os = "linux")]
+        return self.region.as_ref().map(|r| r.id());
+        #[cfg(not(target_os = "linux"))]
+        None
     }
 
     /// Whether the batches come through shared memory (the local data plane).
@@ -74,7 +75,8 @@ impl TaskStream {
         false
     }
 
-    pub(super) fn new(r: BufReader<Box<dyn Io>>) -> Self {
+    /// Reads the frames of a connection whose hello was sent already.
+    pub fn new(r: BufReader<Box<dyn Io>>) -> Self {
         Self {
             r,
             done: false,
@@ -107,17 +109,17 @@ impl TaskStream {
             }
             KIND_ERROR => {
                 let code = r.read_u32_le().await.map_err(io_status)?;
-                let n = r.read_u32_le().await.map_err(io_status)?.min(64 << 10);
-                let mut msg = vec![0u8; n as usize];
-                r.read_exact(&mut msg).await.map_err(io_status)?;
+                let msg = read_frame(r, Prefix::U32, MAX_ERROR_MESSAGE.into())
+                    .await
+                    .map_err(frame_status("error message"))?;
                 self.done = true;
                 Err(Status::new(Code::from(code as i32), String::from_utf8_lossy(&msg).into_owned()))
             }
             KIND_BATCH => {
                 let mut m = read_header(r).await?;
-                let len = read_len(r).await?;
-                m.data = read_payload(r, len).await.map_err(io_status)?;
-                message_to_received(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+                let len = read_pixels_len(r).await?;
+                m.data = read_body(r, len).await.map_err(io_status)?;
+                message_to_received(m).map(Some).map_err(|e: ClientError| Status::from(e))
             }
             #[cfg(target_os = "linux")]
             KIND_SLOT => {
@@ -126,7 +128,7 @@ impl TaskStream {
                 };
                 let mut m = read_header(r).await?;
                 let slot = r.read_u32_le().await.map_err(io_status)?;
-                let len = read_len(r).await?;
+                let len = read_pixels_len(r).await?;
                 m.data =
                     region.read(slot, len).map_err(|e| Status::invalid_argument(format!("batch {}: {e}", m.index)))?;
                 // The slot is free again once its pixels are ours. A worker that has
@@ -141,7 +143,7 @@ impl TaskStream {
                 {
                     tracing::debug!(error = %e, "could not hand a slot back");
                 }
-                message_to_received(m).map(Some).map_err(|e: ServiceError| Status::from(e))
+                message_to_received(m).map(Some).map_err(|e: ClientError| Status::from(e))
             }
             other => Err(Status::invalid_argument(format!("unknown data-plane frame kind {other}"))),
         }
@@ -149,34 +151,11 @@ impl TaskStream {
 }
 
 async fn read_header(r: &mut (impl AsyncReadExt + Unpin)) -> Result<BatchMessage, Status> {
-    let n = r.read_u32_le().await.map_err(io_status)?;
-    if n > MAX_HEADER {
-        return Err(Status::invalid_argument(format!("batch header of {n} bytes")));
-    }
-    let mut head = vec![0u8; n as usize];
-    r.read_exact(&mut head).await.map_err(io_status)?;
+    let head = read_frame(r, Prefix::U32, MAX_HEADER.into()).await.map_err(frame_status("batch header"))?;
     BatchMessage::decode(head.as_slice()).map_err(|e| Status::invalid_argument(format!("malformed batch header: {e}")))
 }
 
-async fn read_len(r: &mut (impl AsyncReadExt + Unpin)) -> Result<usize, Status> {
-    let len = r.read_u64_le().await.map_err(io_status)?;
-    if len > MAX_MESSAGE_BYTES as u64 {
-        return Err(Status::invalid_argument(format!("batch of {len} bytes is over the limit")));
-    }
-    Ok(len as usize)
-}
-
-/// Reads exactly `len` bytes into a fresh buffer without zeroing it first: the kernel's
-/// copy is the only pass over the pixels (a zeroed `vec!` costs a second one per batch).
-async fn read_payload(r: &mut (impl AsyncReadExt + Unpin), len: usize) -> std::io::Result<Vec<u8>> {
-    use bytes::BufMut;
-    let mut data = Vec::with_capacity(len);
-    while data.len() < len {
-        // Never past `len`: the next frame follows on the same connection.
-        let want = len - data.len();
-        if r.read_buf(&mut (&mut data).limit(want)).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-    }
-    Ok(data)
+/// The length of a batch's pixels (a `u64`), at most [`MAX_MESSAGE_BYTES`].
+async fn read_pixels_len(r: &mut (impl AsyncReadExt + Unpin)) -> Result<usize, Status> {
+    read_len(r, Prefix::U64, MAX_MESSAGE_BYTES as u64).await.map_err(frame_status("batch"))
 }

@@ -13,7 +13,7 @@ use tonic::{Code, Status};
 
 use super::options::{DataPlane, RemoteOptions};
 use crate::dispatcher_client::{dispatcher_client, DispatcherConn};
-use crate::error::ServiceError;
+use crate::error::ClientError;
 use crate::proto::worker_client::WorkerClient;
 use crate::proto::ClientHeartbeatRequest;
 use crate::security::{ClientSecret, TokenAttach};
@@ -58,7 +58,7 @@ pub(super) struct Conn {
 impl Conn {
     /// Connects (lazily) to the dispatcher named in `options`; the job is not known yet.
     /// Needs `rt`'s context, where the dispatcher's channel runs.
-    pub(super) fn new(options: &RemoteOptions, rt: &tokio::runtime::Runtime) -> Result<Self, ServiceError> {
+    pub(super) fn new(options: &RemoteOptions, rt: &tokio::runtime::Runtime) -> Result<Self, ClientError> {
         let token = TokenAttach::new(options.token.as_deref())?;
         let tls = options.tls_ca.as_deref().map(ClientTls::load).transpose()?;
         let dispatcher = {
@@ -91,21 +91,21 @@ impl Conn {
         })
     }
 
-    pub(super) fn worker(&self, addr: &str) -> Result<WorkerConn, ServiceError> {
+    pub(super) fn worker(&self, addr: &str) -> Result<WorkerConn, ClientError> {
         let mut map = self.workers.lock();
         if let Some(w) = map.get(addr) {
             return Ok(w.clone());
         }
         let uri = format!("{}://{addr}", if self.tls.is_some() { "https" } else { "http" });
         let mut endpoint = Endpoint::from_shared(uri.clone())
-            .map_err(|e| ServiceError::Connect { addr: uri.clone(), message: e.to_string() })?
+            .map_err(|e| ClientError::Connect { addr: uri.clone(), message: e.to_string() })?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20));
         if let Some(tls) = &self.tls {
             endpoint =
-                endpoint.tls_config(tls.grpc(addr)).map_err(|e| ServiceError::Tls(format!("worker {addr}: {e}")))?;
+                endpoint.tls_config(tls.grpc(addr)).map_err(|e| ClientError::Tls(format!("worker {addr}: {e}")))?;
         }
         let channel = endpoint.connect_lazy();
         let client = WorkerClient::with_interceptor(channel, self.token.clone())
@@ -128,7 +128,7 @@ pub(super) fn retryable(code: Code) -> bool {
 
 /// Calls the dispatcher, retrying with backoff while it is unreachable (e.g. restarting),
 /// for up to `give_up_after`.
-pub(super) async fn with_retry<T, F, Fut>(conn: &Conn, what: &'static str, call: F) -> Result<T, ServiceError>
+pub(super) async fn with_retry<T, F, Fut>(conn: &Conn, what: &'static str, call: F) -> Result<T, ClientError>
 where
     F: FnMut(DispatcherConn) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -142,7 +142,7 @@ pub(super) async fn retry<T, F, Fut>(
     what: &'static str,
     give_up_after: Option<Duration>,
     mut call: F,
-) -> Result<T, ServiceError>
+) -> Result<T, ClientError>
 where
     F: FnMut(DispatcherConn) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
@@ -154,13 +154,13 @@ where
             Ok(r) => return Ok(r.into_inner()),
             Err(s) if retryable(s.code()) => {
                 if give_up_after.is_some_and(|limit| t0.elapsed() > limit) {
-                    return Err(ServiceError::Unavailable { seconds: t0.elapsed().as_secs_f64(), last: s.to_string() });
+                    return Err(ClientError::Unavailable { seconds: t0.elapsed().as_secs_f64(), last: s.to_string() });
                 }
                 tracing::debug!(what, error = %s, "dispatcher unreachable; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
-            Err(s) => return Err(ServiceError::rpc(what, s)),
+            Err(s) => return Err(ClientError::rpc(what, s)),
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::error::ServiceError;
+use crate::error::ClientError;
 use crate::wire::Compression;
 
 #[derive(Debug, Clone)]
@@ -52,12 +52,12 @@ pub enum DataPlane {
 
 impl DataPlane {
     /// `"auto"`, `"tcp"` or `"grpc"`.
-    pub fn parse(name: &str) -> Result<Self, ServiceError> {
+    pub fn parse(name: &str) -> Result<Self, ClientError> {
         match name {
             "auto" => Ok(Self::Auto),
             "tcp" => Ok(Self::Tcp),
             "grpc" => Ok(Self::Grpc),
-            other => Err(ServiceError::InvalidArgument(format!(
+            other => Err(ClientError::InvalidArgument(format!(
                 "unknown data plane {other:?} (use \"auto\", \"tcp\" or \"grpc\")"
             ))),
         }
