@@ -11,17 +11,13 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use sluice_core::{Batch, DType, ErrorPolicy, SampleError, Tensor};
 
+use super::engine::{Engine, CHUNK};
 use super::sample::{ChunkDone, ChunkJob};
 use super::slab::Slab;
 use super::{batches_for, Loader, Shared};
 use crate::error::PipelineError;
-use crate::executor::Pool;
 use crate::stats::SkippedSample;
 use crate::trace::{current_tid, now_ns, Event, What};
-
-/// Samples per job: small enough to spread a batch over the threads and keep the first
-/// batch quick, large enough that queueing costs nothing next to decoding.
-const CHUNK: usize = 8;
 
 /// How often a waiting consumer checks whether it was interrupted.
 const POLL: Duration = Duration::from_millis(50);
@@ -44,7 +40,7 @@ struct Assembly {
 /// The batches of one epoch, in order. Dropping it mid-epoch cancels the work in flight.
 pub struct EpochIter {
     shared: Arc<Shared>,
-    pool: Pool,
+    engine: Engine,
     epoch: u64,
     /// The loader's iterator generation; `None` for a task iterator, which stands apart.
     generation: Option<u64>,
@@ -90,7 +86,7 @@ impl EpochIter {
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         Self {
             shared: loader.shared.clone(),
-            pool: loader.pool.clone(),
+            engine: loader.engine.clone(),
             epoch,
             generation,
             order,
@@ -176,14 +172,14 @@ impl EpochIter {
             Some(source) => source(self.shared.dtype, n),
             None => None,
         };
-        let spare = spare.or_else(|| self.shared.spare.lock().pop());
-        let slab = Arc::new(Slab::new(self.shared.dtype, indices.len(), self.shared.sample_shape, spare));
+        let slab =
+            Arc::new(self.shared.observers.slab(self.shared.dtype, indices.len(), self.shared.sample_shape, spare));
         let entries = &self.shared.manifest.entries;
         let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
         let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
         let weights = self.weights.as_ref().map(|w| w[start..end].to_vec());
         let chunks = indices.len().div_ceil(CHUNK);
-        let submitted_ns = (self.spans || self.shared.trace.is_on()).then(now_ns);
+        let submitted_ns = (self.spans || self.shared.observers.trace.is_on()).then(now_ns);
         for c in 0..chunks {
             let slots = c * CHUNK..((c + 1) * CHUNK).min(indices.len());
             let job = ChunkJob {
@@ -197,7 +193,7 @@ impl EpochIter {
                 cancel: self.cancel.clone(),
                 reply: self.done_tx.clone(),
             };
-            self.pool.submit(Box::new(move |local| job.run(local)));
+            self.engine.pool.submit(Box::new(move |local| job.run(local)));
         }
         self.pending.insert(
             b,
@@ -238,7 +234,7 @@ impl EpochIter {
                 Ok(done) => done,
                 Err(_) => {
                     total += t0.elapsed();
-                    self.shared.stats.lock().add_wait(t0.elapsed());
+                    self.shared.observers.stats.lock().add_wait(t0.elapsed());
                     if interrupted() {
                         return Err(PipelineError::Interrupted);
                     }
@@ -247,21 +243,14 @@ impl EpochIter {
             };
             let waited = t0.elapsed();
             total += waited;
-            self.shared.autoscale.on_work(done.busy, done.samples);
-            let mut stats = self.shared.stats.lock();
-            stats.add_wait(waited);
-            stats.add_work(&done.times, &done.per_sample, done.bytes);
-            if let Some((source, per_op)) = &done.counters {
-                stats.add_counters(*source, per_op);
-            }
-            drop(stats);
+            self.shared.observers.fold(waited, &done.work);
             if let Some(a) = self.pending.get_mut(&done.batch) {
                 a.chunks_left -= 1;
                 a.failures.extend(done.failures);
                 if let (0, Some(start_ns)) = (a.chunks_left, a.submitted_ns) {
                     let end_ns = now_ns();
                     a.built_ns = Some(end_ns);
-                    if let Some(recorder) = self.shared.trace.current() {
+                    if let Some(recorder) = self.shared.observers.trace.current() {
                         recorder.record(self.batch_event(done.batch, start_ns, end_ns, What::BatchPreprocessed));
                     }
                 }
@@ -289,7 +278,7 @@ impl EpochIter {
         let mut labels = a.labels;
         let mut weights = a.weights;
         if !a.failures.is_empty() {
-            let mut stats = self.shared.stats.lock();
+            let mut stats = self.shared.observers.stats.lock();
             for (_, e) in &a.failures {
                 stats.add_skipped(e);
                 if self.generation.is_none() {
@@ -361,7 +350,7 @@ impl EpochIter {
         &mut self,
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Option<Result<Batch, PipelineError>> {
-        let recorder = self.shared.trace.current();
+        let recorder = self.shared.observers.trace.current();
         let asked_ns = recorder.as_ref().map(|_| now_ns());
         if let (Some(recorder), Some(now), Some((batch, handed_ns))) = (&recorder, asked_ns, self.handed.take()) {
             recorder.record(self.batch_event(batch, handed_ns, now, What::BatchConsumed));
@@ -391,7 +380,6 @@ impl EpochIter {
                 }
                 Some(Ok(batch)) => {
                     self.record_progress(self.next_emit);
-                    self.shared.stats.lock().add_batch(batch.len());
                     if let (Some(recorder), Some(asked_ns)) = (&recorder, asked_ns) {
                         let now = now_ns();
                         recorder.record(self.batch_event(b, asked_ns, now, What::BatchWait));
@@ -399,7 +387,7 @@ impl EpochIter {
                         self.handed = Some((b, now));
                     }
                     let ready = self.pending.values().filter(|a| a.chunks_left == 0).count();
-                    self.shared.autoscale.on_batch(waited, ready, &self.pool);
+                    self.engine.batch_done(batch.len(), waited, ready);
                     return Some(Ok(batch));
                 }
                 Some(Err(e)) => {

@@ -20,6 +20,7 @@
 
 mod autoscale;
 mod checkpoint;
+mod engine;
 mod iter;
 mod peers;
 mod sample;
@@ -27,6 +28,7 @@ mod slab;
 
 pub use autoscale::{auto_threads_config, Perturb};
 pub use checkpoint::{LoaderState, LocalityOrder, OrderSpec};
+pub use engine::{BatchRunner, BytesJob, Engine, JobBytes, PendingBatch, RanBatch, RunError};
 pub use iter::{BufferSource, EpochIter};
 pub use peers::LocalityStats;
 
@@ -37,19 +39,18 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
-use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor, TensorData, Threads};
+use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor};
 
 use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
-use crate::executor::Pool;
 use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceStore, ReportCounts};
 use crate::locality::peer::{PeerClient, PeerServer};
 use crate::locality::Locality;
 use crate::sampler::Shard;
 use crate::source::build_manifest;
-use crate::stats::{Stats, StatsSnapshot};
+use crate::stats::StatsSnapshot;
 use crate::storage::{open_storage, open_storage_in, Roots, Storage};
-use crate::trace::{TraceData, TraceSwitch};
+use crate::trace::TraceData;
 
 struct Progress {
     epoch: u64,
@@ -70,10 +71,9 @@ struct Shared {
     sample_shape: [usize; 3],
     dtype: DType,
     layout: Layout,
-    stats: Mutex<Stats>,
+    /// The engine's stats, trace, counters, autoscaler and recycled buffers.
+    observers: Arc<engine::Observers>,
     progress: Mutex<Progress>,
-    /// Image buffers of batches their consumer is done with, for the next batches.
-    spare: Mutex<Vec<Tensor>>,
     /// Epoch orders drawn for task iterators ([`Loader::iter_range`]), newest last.
     task_draws: Mutex<Vec<TaskDraw>>,
     /// Shared with other loaders of the same pipeline when built by
@@ -84,19 +84,11 @@ struct Shared {
     /// Where the split path's step timings go in the stats' op list.
     steps: StepSlots,
     importance: Mutex<ImportanceStore>,
-    /// Profiling events, off unless [`Loader::start_trace`].
-    trace: TraceSwitch,
-    /// CPU counters read at op boundaries, off unless [`Loader::set_op_counters`].
-    op_counters: std::sync::atomic::AtomicBool,
-    /// The stats' op names, which name the trace's ops too.
-    op_names: Vec<String>,
     /// How this rank's share of each global batch is chosen, with a `locality` section.
     locality: Option<Locality>,
     /// Connections to the other learners' peer servers (collaborative cache).
     peers: Option<PeerClient>,
     counters: peers::Counters,
-    /// Sizes the pool to the consumer, when autoscaling is on.
-    autoscale: autoscale::LocalAutoscale,
 }
 
 /// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
@@ -110,7 +102,7 @@ struct StepSlots {
 
 pub struct Loader {
     shared: Arc<Shared>,
-    pool: Pool,
+    engine: Engine,
     /// Serves the samples placed on this learner to its peers, while the loader lives.
     _peer_server: Option<PeerServer>,
 }
@@ -205,19 +197,15 @@ impl Loader {
             Some(l) => Some(Locality::new(l, manifest.len(), spec.seed, shard, spec.batch.size)?),
             None => None,
         };
-        let threads = spec.threads.initial();
-        let auto = spec.threads == Threads::Auto;
+        // Up to `prefetch` batches in flight, one being built, and the one handed out.
+        let engine = Engine::new(names, spec.threads, spec.batch.size, spec.prefetch + 2)?;
         let shared = Arc::new(Shared {
             storage: open_storage(&spec.storage)?,
             sample_shape: plan.output_shape(),
             dtype,
             layout,
-            stats: Mutex::new(Stats::new(names.clone())),
-            op_names: names,
-            trace: TraceSwitch::default(),
-            op_counters: std::sync::atomic::AtomicBool::new(false),
+            observers: Arc::clone(&engine.observers),
             progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
-            spare: Mutex::new(Vec::new()),
             task_draws: Mutex::new(Vec::new()),
             importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
             peers: match spec.locality.as_ref().filter(|l| !l.peers.is_empty() && locality.is_some()) {
@@ -231,7 +219,6 @@ impl Loader {
             },
             counters: peers::Counters::default(),
             locality,
-            autoscale: autoscale::LocalAutoscale::new(spec.batch.size),
             cache,
             split,
             steps,
@@ -241,11 +228,7 @@ impl Loader {
             spec,
         });
         let peer_server = peers::start_server(&shared)?;
-        let loader = Self { shared, pool: Pool::new(threads), _peer_server: peer_server };
-        if auto {
-            loader.autoscale(auto_threads_config())?;
-        }
-        Ok(loader)
+        Ok(Self { shared, engine, _peer_server: peer_server })
     }
 
     /// Confines every read beneath `roots` (a service's allowed roots): each file is opened
@@ -302,7 +285,12 @@ impl Loader {
     }
 
     pub fn threads(&self) -> usize {
-        self.pool.threads()
+        self.engine.threads()
+    }
+
+    /// The engine the batches are built on: its pool, stats, trace and autoscaler.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// Takes back the image buffer of a batch whose pixels the consumer no longer needs
@@ -310,14 +298,7 @@ impl Loader {
     /// in fresh memory, which the allocator would zero, or the kernel fault in, each time.
     /// Keeps as many as the prefetch window can use.
     pub fn recycle(&self, images: Tensor) {
-        if matches!(images.data, TensorData::SharedU8(_)) {
-            // Borrowed memory goes back to its owner, not to this loader.
-            return;
-        }
-        let mut spare = self.shared.spare.lock();
-        if spare.len() < self.shared.spec.prefetch + 2 {
-            spare.push(images);
-        }
+        self.engine.recycle(images);
     }
 
     /// Bytes of a full batch's images: the most any batch of this loader carries.
@@ -328,20 +309,20 @@ impl Loader {
 
     /// Resizes the worker pool while it runs.
     pub fn set_threads(&self, threads: usize) {
-        self.pool.set_threads(threads);
+        self.engine.set_threads(threads);
     }
 
     /// Lets `config`'s policy size the worker pool from here on, deciding on the batches
     /// this loader hands out (what `threads = "auto"` turns on, with
     /// [`auto_threads_config`]). Each decision is logged and listed in [`Loader::stats`].
     pub fn autoscale(&self, config: AutoscaleConfig) -> Result<(), PipelineError> {
-        Ok(self.shared.autoscale.enable(config, &self.pool, None)?)
+        self.engine.autoscale(config)
     }
 
     /// As [`Loader::autoscale`], with each window's readings passed through `perturb`
     /// before the policy sees them: how `sluice bench-autoscale` injects noise.
     pub fn autoscale_perturbed(&self, config: AutoscaleConfig, perturb: Perturb) -> Result<(), PipelineError> {
-        Ok(self.shared.autoscale.enable(config, &self.pool, Some(perturb))?)
+        self.engine.autoscale_perturbed(config, perturb)
     }
 
     /// Starts `epoch` from its first batch at the next [`Loader::iter`].
@@ -355,33 +336,32 @@ impl Loader {
     /// Starts recording profiling events: per sample and op, per cache lookup, per batch
     /// (see [`crate::trace`]). Fails if a trace is already being recorded.
     pub fn start_trace(&self) -> Result<(), PipelineError> {
-        Ok(self.shared.trace.start(self.shared.op_names.clone())?)
+        self.engine.start_trace()
     }
 
     /// Stops recording and returns the events, to write with [`TraceData::write`]; `None`
     /// if no trace was being recorded.
     pub fn stop_trace(&self) -> Option<TraceData> {
-        self.shared.trace.stop()
+        self.engine.stop_trace()
     }
 
     /// The events recorded since the trace started or was last drained, leaving it
     /// recording: a long-running loader (a service worker's) writes its trace in parts.
     /// `None` if no trace is being recorded.
     pub fn drain_trace(&self) -> Option<TraceData> {
-        self.shared.trace.drain()
+        self.engine.drain_trace()
     }
 
     /// Turns per-op CPU counters on or off (see [`crate::counters`]): each worker thread
     /// opens its counters on its next chunk and reads them at every op boundary; the
     /// totals appear in [`StatsSnapshot::op_counters`]. Off (the default) costs nothing.
     pub fn set_op_counters(&self, on: bool) {
-        self.shared.op_counters.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.engine.set_op_counters(on);
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        let mut s = self.shared.stats.lock().snapshot();
+        let mut s = self.engine.stats();
         s.cache = self.shared.cache.as_deref().map(Cache::stats);
-        s.autoscale = self.shared.autoscale.stats();
         s
     }
 
@@ -408,7 +388,7 @@ impl Loader {
             );
         }
         self.shared.importance.lock().report(&keys, &values);
-        self.shared.stats.lock().add_importance_report(counts);
+        self.shared.observers.stats.lock().add_importance_report(counts);
         if let Some(cache) = &self.shared.cache {
             cache.report(&keys, &values);
         }

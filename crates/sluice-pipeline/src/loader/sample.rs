@@ -11,12 +11,12 @@ use crossbeam_channel::Sender;
 use sluice_codec::{CodecError, Scratch};
 use sluice_core::{CacheLevel, Image, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage};
 
+use super::engine::{panic_message, probe, ChunkMeter, ChunkWork};
 use super::slab::Slab;
 use super::Shared;
 use crate::cache::{Cache, CachedData, SampleCost};
-use crate::counters::{CounterSource, ThreadCounters};
 use crate::executor::WorkerLocal;
-use crate::trace::{now_ns, CacheUse, SampleId};
+use crate::trace::{CacheUse, SampleId};
 
 /// A few consecutive samples of one batch, run by one worker.
 pub(super) struct ChunkJob {
@@ -34,51 +34,30 @@ pub(super) struct ChunkJob {
 
 impl ChunkJob {
     pub(super) fn run(self, local: &mut WorkerLocal) {
-        let started = Instant::now();
         let shared = &self.shared;
-        let mut times = vec![Duration::ZERO; 1 + shared.steps.suffix.end.max(shared.steps.prefix.end)];
-        // One sample's op times, added into `times` and, when tracing, into its events.
-        let mut sample_times = times.clone();
-        // Every sample's op times, for the stats' per-op percentiles.
-        let mut per_sample = Vec::with_capacity(self.slots.len() * times.len());
-        let trace = shared.trace.current();
-        if shared.op_counters.load(Ordering::Relaxed) {
-            if probe(local).is_none() {
-                local.scratch.probe = Some(Box::new(ThreadCounters::open(times.len())));
-            }
-        } else {
-            local.scratch.probe = None;
-        }
-        let mut samples = 0;
+        let ops = 1 + shared.steps.suffix.end.max(shared.steps.prefix.end);
+        let mut meter = ChunkMeter::start(&shared.observers, local, ops, self.slots.len());
         let mut failures = Vec::new();
-        let mut bytes = 0u64;
         for slot in self.slots.clone() {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
             }
-            samples += 1;
             let pos = self.order[self.first + slot];
             let entry = &shared.manifest.entries[pos as usize];
             let mut stage = Stage::Read;
-            sample_times.fill(Duration::ZERO);
-            let start_ns = if trace.is_some() { now_ns() } else { 0 };
+            meter.begin();
             let mut cache_use = CacheUse::None;
             // A panic here is a bug, but it must fail this sample (by key), not leave the
             // consumer waiting forever for a chunk that never reports.
+            let times = &mut meter.sample;
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_sample(slot, pos, local, &mut sample_times, &mut stage, &mut cache_use)
+                self.run_sample(slot, pos, local, times, &mut stage, &mut cache_use)
             }));
-            for (total, t) in times.iter_mut().zip(&sample_times) {
-                *total += *t;
-            }
-            per_sample.extend_from_slice(&sample_times);
-            if trace.is_some() {
-                let id = SampleId { key: entry.key.0, batch: self.batch, epoch: self.epoch };
-                local.trace.sample(start_ns, &sample_times, cache_use, id);
-            }
+            let id = SampleId { key: entry.key.0, batch: self.batch, epoch: self.epoch };
+            meter.end(local, cache_use, id);
             let failure = match outcome {
                 Ok(Ok(read)) => {
-                    bytes += read;
+                    meter.add_bytes(read);
                     continue;
                 }
                 Ok(Err(failure)) => failure,
@@ -92,16 +71,11 @@ impl ChunkJob {
             let path = shared.manifest.display_path(entry.key);
             failures.push((slot, SampleError { key: entry.key, path, stage, kind }));
         }
-        if let Some(recorder) = &trace {
-            // Before reporting: a batch the consumer holds has all its events recorded.
-            recorder.flush(&mut local.trace);
-        }
-        let counters = probe(local).map(|c| (c.source(), c.take()));
+        let work = meter.finish(local);
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
-        let busy = started.elapsed();
-        let _ = reply.send(ChunkDone { batch, failures, times, per_sample, counters, bytes, samples, busy });
+        let _ = reply.send(ChunkDone { batch, failures, work });
     }
 
     /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
@@ -149,25 +123,11 @@ impl ChunkJob {
     }
 }
 
-/// This worker's CPU counters, when they are on.
-fn probe(local: &mut WorkerLocal) -> Option<&mut ThreadCounters> {
-    local.scratch.probe.as_mut()?.as_any_mut().downcast_mut()
-}
-
 /// Points the counters at the op list's slot for the plan's step 0 (the cached paths run
 /// parts of the plan whose steps start further along).
 fn counters_base(local: &mut WorkerLocal, base: usize) {
     if let Some(c) = probe(local) {
         c.base = base;
-    }
-}
-
-/// The text of a caught panic.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-        (Some(s), _) => (*s).to_string(),
-        (_, Some(s)) => s.clone(),
-        _ => "a panic without a message".to_string(),
     }
 }
 
@@ -350,16 +310,7 @@ struct Computed {
 pub(super) struct ChunkDone {
     pub(super) batch: u64,
     pub(super) failures: Vec<(usize, SampleError)>,
-    pub(super) times: Vec<Duration>,
-    /// Each sample's op times, `times.len()` per sample.
-    pub(super) per_sample: Vec<Duration>,
-    /// What the CPU counters moved per op, when they are on.
-    pub(super) counters: Option<(CounterSource, Vec<[u64; crate::counters::N]>)>,
-    pub(super) bytes: u64,
-    /// Samples the chunk ran (all of them unless cancelled) and the wall time it took:
-    /// the autoscaler's production signal.
-    pub(super) samples: usize,
-    pub(super) busy: Duration,
+    pub(super) work: ChunkWork,
 }
 
 #[cfg(test)]
