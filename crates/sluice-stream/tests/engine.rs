@@ -54,8 +54,51 @@ const PINNED: u64 = 0x195e_d119_e975_1238;
 fn batches_are_bit_identical_to_the_loaders_own_threads_whatever_the_thread_count() {
     let _w = watchdog("pinned batches", 60);
     for threads in [1, 3] {
-        let (hash, batches, ..) = run(|s| s.threads = threads);
+        let (hash, batches, ..) = run(|s| s.threads = threads.into());
         assert_eq!(batches, ENTRIES / 4, "{threads} threads");
         assert_eq!(hash, PINNED, "{threads} threads: the batches changed (got {hash:#x})");
     }
+}
+
+#[test]
+fn stats_have_the_engines_per_op_times_and_percentiles_like_a_file_loaders() {
+    let _w = watchdog("per-op stats", 60);
+    let (_, batches, loader, ..) = run(|s| s.threads = 2.into());
+    let stats = loader.stats();
+    assert_eq!(stats.stream.counters.batches, batches as u64);
+    assert_eq!(stats.threads, 2);
+    let ops: Vec<&str> = stats.op_percentiles.iter().map(|p| p.op.as_str()).collect();
+    let seconds: Vec<&str> = stats.op_seconds.iter().map(|(op, _)| op.as_str()).collect();
+    assert_eq!(ops, seconds, "one percentile entry per op, in the same order");
+    assert!(ops[0].starts_with("decode") && ops.contains(&"center_crop"), "{ops:?}");
+    // Every new sample is decoded once, every rehearsal draw once more.
+    let decoded = stats.stream.counters.trained + stats.stream.counters.rehearsed;
+    let decode = &stats.op_percentiles[0];
+    assert_eq!(decode.samples, decoded, "{decode:?}");
+    assert!(decode.p50_s > 0.0 && decode.p99_s >= decode.p50_s, "{decode:?}");
+    assert!(stats.op_seconds[0].1 > 0.0, "{:?}", stats.op_seconds);
+    assert!(stats.autoscale.is_none(), "a fixed thread count does not autoscale");
+    // What another thread reads while the loader waits: the same, as of the last batch.
+    let monitored = loader.monitor().stats();
+    assert_eq!(monitored.op_percentiles.len(), ops.len());
+    let json = serde_json::to_value(&stats).unwrap();
+    assert!(json["op_percentiles"][0]["p99_s"].as_f64().is_some() && json["trained"].as_u64().is_some(), "{json}");
+}
+
+#[test]
+fn threads_auto_runs_autoscaled_reports_its_threads_and_keeps_the_pixels() {
+    let _w = watchdog("threads auto", 60);
+    let spec: StreamSpec = serde_json::from_value(serde_json::json!({
+        "url": "redis://127.0.0.1:1/", "stream": "s", "group": "g", "ops": [{"op": "decode"}],
+        "new_per_batch": 4, "threads": "auto"
+    }))
+    .unwrap();
+    assert_eq!(spec.threads, sluice_core::Threads::Auto);
+    let (hash, batches, loader, ..) = run(|s| s.threads = sluice_core::Threads::Auto);
+    assert_eq!((hash, batches), (PINNED, ENTRIES / 4), "autoscaled threads change no pixel");
+    let stats = loader.stats();
+    let auto = stats.autoscale.as_ref().expect("threads = \"auto\" autoscales the engine");
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    assert!((1..=cores).contains(&stats.threads), "{} threads on {cores} cores", stats.threads);
+    assert_eq!(auto.units, stats.threads, "{auto:?}");
 }
