@@ -82,7 +82,7 @@ impl EpochIter {
         order: Arc<Vec<u32>>,
         weights: Option<Arc<Vec<f32>>>,
     ) -> Self {
-        let n_batches = batches_for(order.len(), &loader.shared.spec) as u64;
+        let n_batches = batches_for(order.len(), &loader.shared.data.spec) as u64;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         Self {
             shared: loader.shared.clone(),
@@ -155,7 +155,7 @@ impl EpochIter {
     }
 
     fn submit_ahead(&mut self) {
-        let window = self.shared.spec.prefetch as u64;
+        let window = self.shared.data.spec.prefetch as u64;
         while self.next_submit < self.n_batches && self.next_submit < self.next_emit + window {
             self.submit_batch(self.next_submit);
             self.next_submit += 1;
@@ -163,18 +163,22 @@ impl EpochIter {
     }
 
     fn submit_batch(&mut self, b: u64) {
-        let bs = self.shared.spec.batch.size;
+        let bs = self.shared.data.spec.batch.size;
         let start = b as usize * bs;
         let end = (start + bs).min(self.order.len());
         let indices = &self.order[start..end];
-        let n = indices.len() * self.shared.sample_shape.iter().product::<usize>();
+        let n = indices.len() * self.shared.data.sample_shape.iter().product::<usize>();
         let spare = match &self.buffers {
-            Some(source) => source(self.shared.dtype, n),
+            Some(source) => source(self.shared.data.dtype, n),
             None => None,
         };
-        let slab =
-            Arc::new(self.shared.observers.slab(self.shared.dtype, indices.len(), self.shared.sample_shape, spare));
-        let entries = &self.shared.manifest.entries;
+        let slab = Arc::new(self.shared.observers.slab(
+            self.shared.data.dtype,
+            indices.len(),
+            self.shared.data.sample_shape,
+            spare,
+        ));
+        let entries = &self.shared.data.manifest.entries;
         let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
         let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
         let weights = self.weights.as_ref().map(|w| w[start..end].to_vec());
@@ -217,7 +221,7 @@ impl EpochIter {
     }
 
     fn is_current(&self) -> bool {
-        self.generation.is_none_or(|g| self.shared.progress.lock().generation == g)
+        self.generation.is_none_or(|g| self.shared.position.progress.lock().generation == g)
     }
 
     /// Blocks until batch `b` is complete, folding in whatever other chunks finish first;
@@ -263,7 +267,7 @@ impl EpochIter {
         self.built = a.submitted_ns.zip(a.built_ns);
         a.failures.sort_by_key(|f| f.0);
         if let Some((_, first)) = a.failures.first() {
-            if self.shared.spec.on_error == ErrorPolicy::Fail {
+            if self.shared.data.spec.on_error == ErrorPolicy::Fail {
                 return Some(Err(PipelineError::Sample(first.clone())));
             }
         }
@@ -310,7 +314,7 @@ impl EpochIter {
             }
             images.truncate_rows(kept);
         }
-        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout: self.shared.layout, weights }))
+        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout: self.shared.data.layout, weights }))
     }
 
     /// A batch-level trace event on the calling (consumer's) thread.
@@ -328,7 +332,7 @@ impl EpochIter {
 
     fn record_progress(&self, batches_done: u64) {
         let Some(generation) = self.generation else { return };
-        let mut p = self.shared.progress.lock();
+        let mut p = self.shared.position.progress.lock();
         if p.generation != generation {
             return;
         }

@@ -35,7 +35,7 @@ pub(super) struct ChunkJob {
 impl ChunkJob {
     pub(super) fn run(self, local: &mut WorkerLocal) {
         let shared = &self.shared;
-        let ops = 1 + shared.steps.suffix.end.max(shared.steps.prefix.end);
+        let ops = 1 + shared.data.steps.suffix.end.max(shared.data.steps.prefix.end);
         let mut meter = ChunkMeter::start(&shared.observers, local, ops, self.slots.len());
         let mut failures = Vec::new();
         for slot in self.slots.clone() {
@@ -43,7 +43,7 @@ impl ChunkJob {
                 break;
             }
             let pos = self.order[self.first + slot];
-            let entry = &shared.manifest.entries[pos as usize];
+            let entry = &shared.data.manifest.entries[pos as usize];
             let mut stage = Stage::Read;
             meter.begin();
             let mut cache_use = CacheUse::None;
@@ -68,7 +68,7 @@ impl ChunkJob {
                 }
             };
             let (stage, kind) = failure;
-            let path = shared.manifest.display_path(entry.key);
+            let path = shared.data.manifest.display_path(entry.key);
             failures.push((slot, SampleError { key: entry.key, path, stage, kind }));
         }
         let work = meter.finish(local);
@@ -90,11 +90,11 @@ impl ChunkJob {
         cache_use: &mut CacheUse,
     ) -> Result<u64, SampleFailure> {
         let shared = &self.shared;
-        let entry = &shared.manifest.entries[pos as usize];
-        let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
+        let entry = &shared.data.manifest.entries[pos as usize];
+        let mut rng = SampleRng::new(shared.data.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
         // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
         let out = unsafe { self.slab.slot(slot) };
-        if let Some(cache) = &shared.cache {
+        if let Some(cache) = &shared.priority.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
             *stage = Stage::Decode;
             let (read, used) = shared.run_cached(cache, pos, local, &mut rng, out, times)?;
@@ -105,10 +105,10 @@ impl ChunkJob {
             c.mark();
         }
         let t0 = Instant::now();
-        let read = shared.storage.read(
-            &shared.manifest.root,
+        let read = shared.data.storage.read(
+            &shared.data.manifest.root,
             &entry.location,
-            shared.spec.limits.max_file_bytes,
+            shared.data.spec.limits.max_file_bytes,
             &mut local.read_buf,
         );
         times[0] += t0.elapsed();
@@ -118,7 +118,11 @@ impl ChunkJob {
         }
         read.map_err(|kind| (Stage::Read, kind))?;
         *stage = Stage::Decode;
-        shared.plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]).map_err(decode_err)?;
+        shared
+            .data
+            .plan
+            .run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..])
+            .map_err(decode_err)?;
         Ok(local.read_buf.len() as u64)
     }
 }
@@ -160,10 +164,10 @@ impl Shared {
         out: &mut [u8],
         times: &mut [Duration],
     ) -> Result<(u64, CacheUse), SampleFailure> {
-        let entry = &self.manifest.entries[pos as usize];
+        let entry = &self.data.manifest.entries[pos as usize];
         let key = entry.key.0;
-        let resize = self.spec.cache.as_ref().and_then(|c| c.resize);
-        let steps = &self.steps;
+        let resize = self.data.spec.cache.as_ref().and_then(|c| c.resize);
+        let steps = &self.data.steps;
         let hit = cache.get(key);
         let peer = if hit.is_none() { self.fetch_from_peer(pos) } else { None };
         if let Some(data) = hit.as_deref().or(peer.as_ref()) {
@@ -182,28 +186,31 @@ impl Shared {
                     }
                     let img = resized.as_ref().unwrap_or(img);
                     counters_base(local, steps.suffix.start);
-                    self.plan
+                    self.data
+                        .plan
                         .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
                         .map_err(decode_err)?;
                 }
                 CachedData::Resized(img) => {
                     counters_base(local, steps.suffix.start);
-                    self.plan
+                    self.data
+                        .plan
                         .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
                         .map_err(decode_err)?;
                 }
             }
             return Ok((0, CacheUse::Hit));
         }
-        if self.locality.is_some() {
-            self.counters.storage_read();
+        if self.peering.locality.is_some() {
+            self.peering.counters.storage_read();
         }
         if let Some(c) = probe(local) {
             c.mark();
         }
         let t0 = Instant::now();
-        self.storage
-            .read(&self.manifest.root, &entry.location, self.spec.limits.max_file_bytes, &mut local.read_buf)
+        self.data
+            .storage
+            .read(&self.data.manifest.root, &entry.location, self.data.spec.limits.max_file_bytes, &mut local.read_buf)
             .map_err(|k| (Stage::Read, k))?;
         let read_time = t0.elapsed();
         if let Some(c) = probe(local) {
@@ -234,7 +241,7 @@ impl Shared {
                 .map_or(0, |i| i.as_bytes().len() as u64),
         });
         // With several learners, each caches only the samples placed on it.
-        let level = level.filter(|_| self.locality.as_ref().is_none_or(|l| l.caches(pos)));
+        let level = level.filter(|_| self.peering.locality.as_ref().is_none_or(|l| l.caches(pos)));
         let fill = Instant::now();
         match level {
             Some(CacheLevel::Raw) => {
@@ -268,14 +275,18 @@ impl Shared {
         times: &mut [Duration],
         resize: Option<u32>,
     ) -> Result<Computed, SampleFailure> {
-        let steps = &self.steps;
+        let steps = &self.data.steps;
         counters_base(local, steps.prefix.start);
         let t = Instant::now();
-        if !self.split {
-            self.plan.run(bytes, rng, &mut local.scratch, out, &mut times[steps.prefix.clone()]).map_err(decode_err)?;
+        if !self.data.split {
+            self.data
+                .plan
+                .run(bytes, rng, &mut local.scratch, out, &mut times[steps.prefix.clone()])
+                .map_err(decode_err)?;
             return Ok(Computed { decode: t.elapsed(), resize: Duration::ZERO, decoded: None, resized: None });
         }
         let decoded = self
+            .data
             .plan
             .run_deterministic_prefix(bytes, &mut local.scratch, &mut times[steps.prefix.clone()])
             .map_err(decode_err)?;
@@ -291,7 +302,8 @@ impl Shared {
         }
         let img = resized.as_ref().unwrap_or(&decoded);
         counters_base(local, steps.suffix.start);
-        self.plan
+        self.data
+            .plan
             .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
             .map_err(decode_err)?;
         Ok(Computed { decode, resize: resize_time, decoded: Some(decoded), resized })
