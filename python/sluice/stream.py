@@ -91,6 +91,8 @@ class StreamLoader:
         rate: ``{"buffer": N, "overflow": "backpressure" | "drop_oldest" | "spill",
             "underflow": "wait" | "rehearsal", "fill_after_ms": ms}``.
         consumer: this learner's name in the group.
+        threads: decoding threads: a count (0: one per core) or ``"auto"`` (the pool sized
+            to what the trainer consumes, as for a file loader).
         claim_idle_ms: the liveness period: a learner whose liveness key (refreshed in the
             background) is this old is dead, and its entries go to the live learners.
         max_unacked: entries held unacknowledged without a ``state_dict()``, at most; take
@@ -116,7 +118,7 @@ class StreamLoader:
         rate: Optional[Mapping[str, Any]] = None,
         consumer: str = "learner-0",
         seed: int = 0,
-        threads: int = 0,
+        threads: Union[int, str] = 0,
         on_error: str = "fail",
         claim_idle_ms: int = 30_000,
         max_unacked: int = 65_536,
@@ -181,7 +183,10 @@ class StreamLoader:
         ``backlog``, ``read_ahead``, and the counts: ``trained``, ``rehearsed``, ``filled``,
         ``dropped``, ``spilled``, ``duplicates``, ``malformed``, ``claimed``, ``batches``;
         with a distributed buffer ``rehearsed_remote`` (drawn from peers), ``remote_missed``
-        (meant for a peer, drawn locally: nothing had arrived), ``peer_ready``, ``peer_errors``."""
+        (meant for a peer, drawn locally: nothing had arrived), ``peer_ready``, ``peer_errors``.
+        About decoding, as in ``Loader.stats()``: ``threads``, ``wait_s``, ``op_seconds``
+        (``[op, seconds]`` pairs) and ``op_percentiles`` (``{"op", "samples", "p50_s",
+        "p99_s"}`` per op), and ``autoscale`` under ``threads="auto"``."""
         stats: Dict[str, Any] = json.loads(self._native.stats_json())
         return stats
 

@@ -3,11 +3,12 @@ rehearsal flags, state_dict round trip, stats, and malformed entries."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Tuple, Union
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ OPS = [
 ]
 
 
-def loader(url: str, tmp: Path, group: str = "job") -> sluice.stream.StreamLoader:
+def loader(url: str, tmp: Path, group: str = "job", threads: Union[int, str] = 1) -> sluice.stream.StreamLoader:
     return sluice.stream.StreamLoader(
         url,
         "s",
@@ -33,7 +34,7 @@ def loader(url: str, tmp: Path, group: str = "job") -> sluice.stream.StreamLoade
         new_per_batch=4,
         rehearsal_per_batch=2,
         rehearsal={"capacity": 8, "policy": "class_balanced", "dir": tmp / "rehearsal"},
-        threads=1,
+        threads=threads,
     )
 
 
@@ -64,6 +65,25 @@ def test_pushed_samples_come_back_once_with_rehearsal_mixed_in(
     assert sorted(new) == list(range(N_IMAGES))
     stats = second.stats()
     assert stats["trained"] == N_IMAGES and stats["rehearsed"] > 0 and stats["backlog"] == 0
+
+
+def test_stats_have_per_op_percentiles_like_the_file_loader_and_threads_auto_runs(
+    redis: Tuple[str, int], dataset: Path, tmp_path: Path
+) -> None:
+    url, _ = redis
+    sluice.stream.push(dataset, url=url, stream="s", order="as-listed")
+    stream = loader(url, tmp_path, threads="auto")
+    batches = sum(1 for _ in stream)
+    stats = stream.stats()
+    assert stats["batches"] == batches and stats["trained"] == N_IMAGES
+    ops = [p["op"] for p in stats["op_percentiles"]]
+    assert ops == [op for op, _ in stats["op_seconds"]] and ops[0].startswith("decode"), stats
+    decode = stats["op_percentiles"][0]
+    assert decode["samples"] == stats["trained"] + stats["rehearsed"], decode
+    assert 0 < decode["p50_s"] <= decode["p99_s"], decode
+    # threads="auto": the engine's autoscaler sizes the pool and says how many it runs.
+    assert 1 <= stats["threads"] <= (os.cpu_count() or 1), stats["threads"]
+    assert stats["autoscale"]["units"] == stats["threads"], stats["autoscale"]
 
 
 def test_a_malformed_entry_raises_stream_entry_error_naming_the_entry(redis: Tuple[str, int], tmp_path: Path) -> None:

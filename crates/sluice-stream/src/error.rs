@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sluice_codec::CodecError;
 use sluice_core::SampleErrorKind;
+use sluice_pipeline::loader::RunError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
@@ -32,7 +32,7 @@ pub enum StreamError {
         entry: String,
         id: u64,
         #[source]
-        source: CodecError,
+        source: RunError,
     },
     #[error(transparent)]
     Spec(#[from] sluice_core::SpecError),

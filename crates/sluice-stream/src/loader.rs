@@ -21,9 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use sluice_autoscale::RateMeter;
-use sluice_codec::{Plan, Scratch};
-use sluice_core::{Batch, ErrorPolicy, SampleKey, SampleRng, Tensor};
+use sluice_autoscale::{AutoscaleStats, RateMeter};
+use sluice_codec::Plan;
+use sluice_core::{Batch, ErrorPolicy, SampleKey, SampleRng};
+use sluice_pipeline::loader::{BatchRunner, BytesJob, Engine, PendingBatch, RanBatch};
+use sluice_pipeline::{OpCounters, OpPercentiles};
 
 use crate::broker::Broker;
 use crate::entry::{Entry, Sample};
@@ -69,12 +71,33 @@ pub struct StreamState {
     pub counters: Counters,
 }
 
+/// A stream loader's stats: the stream's, and those of the engine its batches are built on
+/// (the same per-op times and percentiles as a file loader's).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StreamLoaderStats {
+    #[serde(flatten)]
+    pub stream: StreamStats,
+    /// Decoding threads now (under `threads = "auto"`, the autoscaler moves them).
+    pub threads: usize,
+    /// Time the trainer waited for samples to be decoded (not for the stream).
+    pub wait_s: f64,
+    /// Busy time per op of the plan, summed over threads.
+    pub op_seconds: Vec<(String, f64)>,
+    /// Per op: how long one sample spent in it, median and 99th percentile.
+    pub op_percentiles: Vec<OpPercentiles>,
+    /// Per op, CPU counters, when [`Engine::set_op_counters`] turned them on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub op_counters: Option<Vec<OpCounters>>,
+    /// Threads, decisions and their inputs, under `threads = "auto"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<AutoscaleStats>,
+}
+
 pub struct StreamLoader {
     spec: StreamSpec,
     broker: Broker,
-    plan: Arc<Plan>,
-    threads: usize,
-    scratch: Vec<Scratch>,
+    /// Decodes and augments each batch's samples on the pipeline's engine.
+    runner: BatchRunner,
     ahead: VecDeque<Sample>,
     ahead_ids: HashSet<u64>,
     ledger: Ledger,
@@ -86,11 +109,9 @@ pub struct StreamLoader {
     _server: Option<ShardServer>,
     /// Prefetches the peers' samples (distributed buffer only).
     fetcher: Option<PeerFetcher>,
-    /// The next batch's `rehearsal_per_batch` rehearsal samples, drawn and decoded in the
-    /// background while the trainer trains on the current batch.
-    next_rehearsal: Option<std::thread::JoinHandle<Prepared>>,
-    /// The background preparation's scratch space, between batches.
-    prepare_scratch: Option<Scratch>,
+    /// The next batch's `rehearsal_per_batch` rehearsal samples, drawn and decoding on the
+    /// engine while the trainer trains on the current batch.
+    next_rehearsal: Option<Prepared>,
     ended: bool,
     /// While re-reading this consumer's own pending entries: the last entry id read.
     recovering: Option<String>,
@@ -125,11 +146,9 @@ impl StreamLoader {
         spec.validate()?;
         let mut broker = Broker::open(&spec.url, Duration::from_millis(spec.reconnect_ms))?;
         broker.ensure_group(&spec.stream, &spec.group)?;
-        let plan = Arc::new(Plan::compile(&spec.ops, spec.limits));
-        let threads = match spec.threads {
-            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-            n => n,
-        };
+        let batch_size = spec.new_per_batch + spec.rehearsal_per_batch;
+        let runner = BatchRunner::new(Plan::compile(&spec.ops, spec.limits), spec.threads, batch_size)
+            .map_err(|e| StreamError::Config { field: "threads", problem: e.to_string() })?;
         let rehearsal: Option<Shard> = spec
             .rehearsal
             .as_ref()
@@ -155,9 +174,7 @@ impl StreamLoader {
         Ok(Self {
             broker,
             heartbeat,
-            plan,
-            threads,
-            scratch: (0..threads).map(|_| Scratch::new()).collect(),
+            runner,
             ahead: VecDeque::new(),
             ahead_ids: HashSet::new(),
             ledger: Ledger::new(ledger_capacity(&spec)),
@@ -165,7 +182,6 @@ impl StreamLoader {
             _server: server,
             fetcher,
             next_rehearsal: None,
-            prepare_scratch: Some(Scratch::new()),
             ended: false,
             // A reader that starts under a name the group knows first takes back what it
             // left unacknowledged.
@@ -202,11 +218,31 @@ impl StreamLoader {
         self.monitor.clone()
     }
 
+    /// The engine its batches are built on: threads, trace, CPU counters, autoscaling.
+    pub fn engine(&self) -> &Engine {
+        self.runner.engine()
+    }
+
     fn publish(&self) {
         self.monitor.publish(self.stats());
     }
 
-    pub fn stats(&self) -> StreamStats {
+    /// The stream's stats and the engine's (per-op times and percentiles, threads).
+    pub fn stats(&self) -> StreamLoaderStats {
+        let engine = self.runner.engine();
+        let e = engine.stats();
+        StreamLoaderStats {
+            stream: self.stream_stats(),
+            threads: engine.threads(),
+            wait_s: e.wait_s,
+            op_seconds: e.op_seconds,
+            op_percentiles: e.op_percentiles,
+            op_counters: e.op_counters,
+            autoscale: e.autoscale,
+        }
+    }
+
+    fn stream_stats(&self) -> StreamStats {
         let [arrival_rate, consumption_rate] = self.rates.rates();
         StreamStats {
             arrival_rate,
@@ -280,20 +316,24 @@ impl StreamLoader {
         if take == 0 && self.ended {
             return Ok(None);
         }
-        let new: Vec<Sample> = self.ahead.drain(..take).collect();
+        let new: Vec<Arc<Sample>> = self.ahead.drain(..take).map(Arc::new).collect();
         let fill = if self.ended { 0 } else { r - take };
         // The `rehearsal_per_batch` samples were prepared while the trainer trained on the
         // last batch; fills (and the first batch's samples) are drawn now.
-        let mut prepared = self.next_rehearsal.take().and_then(|t| t.join().ok());
-        if let Some(p) = &mut prepared {
-            self.prepare_scratch = p.scratch.take();
-        }
+        let prepared = self.next_rehearsal.take();
         let now = match &prepared {
             Some(_) => fill,
             None => self.spec.rehearsal_per_batch + fill,
         };
         let draws = self.draw_rehearsal(now, u64::from(prepared.is_some()));
-        let batch = match self.build(&new, &draws.samples, prepared.as_mut()) {
+        let (pending, prepared_draws) = match prepared {
+            Some(p) => (Some(p.pending), p.draws),
+            None => (None, Draws::default()),
+        };
+        let built = self.build(&new, &draws.samples, &prepared_draws.samples, pending);
+        // Every job is done and dropped: the samples have no other owner.
+        let new: Vec<Sample> = new.into_iter().map(|s| Arc::try_unwrap(s).unwrap_or_else(|s| (*s).clone())).collect();
+        let batch = match built {
             Ok(batch) => batch,
             Err(failed) => {
                 let (failed, e) = *failed;
@@ -302,7 +342,6 @@ impl StreamLoader {
             }
         };
         self.counters.filled += fill.min(draws.samples.len()) as u64;
-        let prepared_draws = prepared.map(|p| p.draws).unwrap_or_default();
         let mut entries = std::mem::take(&mut self.handled);
         for s in &new {
             self.ahead_ids.remove(&s.id);
@@ -342,8 +381,8 @@ impl StreamLoader {
         }
     }
 
-    /// Draws the next batch's `rehearsal_per_batch` samples now and decodes them on a
-    /// background thread, so that work overlaps the trainer's step.
+    /// Draws the next batch's `rehearsal_per_batch` samples now and starts decoding them on
+    /// the engine, so that work overlaps the trainer's step.
     fn prepare_next_rehearsal(&mut self) {
         let b = self.spec.rehearsal_per_batch;
         // Once the end marker was read, a batch follows only while samples are read ahead.
@@ -351,29 +390,10 @@ impl StreamLoader {
             return;
         }
         let draws = self.draw_rehearsal(b, 0);
-        let (plan, seed, round) = (Arc::clone(&self.plan), self.spec.seed, self.counters.batches + 1);
-        let mut scratch = self.prepare_scratch.take().unwrap_or_default();
-        let spawned = std::thread::Builder::new().name("rehearsal-prepare".into()).spawn(move || {
-            let shape = plan.output_shape();
-            let mut images =
-                Tensor::zeros(plan.output_dtype(), vec![draws.samples.len(), shape[0], shape[1], shape[2]]);
-            let mut jobs: Vec<Job<'_>> = draws.samples.iter().map(|s| Job::rehearsal(s, seed, round)).collect();
-            let results = decode_all(
-                &plan,
-                std::slice::from_mut(&mut scratch),
-                1,
-                &mut jobs,
-                images.as_bytes_mut(),
-                plan.output_bytes(),
-            );
-            drop(jobs);
-            Prepared { draws, images, results, scratch: Some(scratch) }
-        });
-        match spawned {
-            Ok(t) => self.next_rehearsal = Some(t),
-            // No thread: the next batch draws its samples itself.
-            Err(e) => tracing::warn!(error = %e, "cannot start a thread to prepare rehearsal samples"),
-        }
+        let (seed, round) = (self.spec.seed, self.counters.batches + 1);
+        let jobs = draws.samples.iter().map(|s| rehearsal_job(s, seed, round)).collect();
+        let pending = self.runner.submit(self.counters.batches, jobs, draws.samples.len());
+        self.next_rehearsal = Some(Prepared { draws, pending });
     }
 
     /// `n` rehearsal samples, uniform over the buffer; over the global buffer when it is
@@ -426,58 +446,57 @@ impl StreamLoader {
         Draws { samples: out, remote: remote_n, missed: missed_all }
     }
 
-    /// Decodes and augments the new samples and the drawn rehearsal ones into one batch.
     /// Decodes and augments the new samples and the rehearsal samples drawn now into one
-    /// batch, with the prepared rehearsal samples (already decoded) at the end.
+    /// batch on the engine, with the prepared rehearsal samples (decoding since the last
+    /// batch, `pending`) at the end. On failure (`on_error = "fail"`), says which new
+    /// sample failed (none: a rehearsal sample).
     fn build(
         &mut self,
-        new: &[Sample],
+        new: &[Arc<Sample>],
         draws: &[Arc<Stored>],
-        prepared: Option<&mut Prepared>,
+        later: &[Arc<Stored>],
+        pending: Option<PendingBatch>,
     ) -> Result<StreamBatch, Box<(Option<usize>, StreamError)>> {
         let seed = self.spec.seed;
-        let draw_round = self.counters.batches + 1;
-        let mut jobs: Vec<Job<'_>> = new
+        let index = self.counters.batches;
+        let draw_round = index + 1;
+        let mut jobs: Vec<BytesJob> = new
             .iter()
-            .map(|s| Job {
-                id: s.id,
-                label: s.label,
-                entry: &s.entry,
-                image: &s.image,
-                rehearsal: false,
+            .map(|s| BytesJob {
+                key: s.id,
+                bytes: Arc::new(Image::New(Arc::clone(s))),
                 rng: SampleRng::new(seed, 0, SampleKey(s.id), 0),
             })
             .collect();
-        jobs.extend(draws.iter().map(|s| Job::rehearsal(s, seed, draw_round)));
+        jobs.extend(draws.iter().map(|s| rehearsal_job(s, seed, draw_round)));
         let now = jobs.len();
-        let later: Vec<Arc<Stored>> = prepared.as_ref().map(|p| p.draws.samples.clone()).unwrap_or_default();
-        let shape = self.plan.output_shape();
         let rows = now + later.len();
-        let mut images = Tensor::zeros(self.plan.output_dtype(), vec![rows, shape[0], shape[1], shape[2]]);
-        let slot = self.plan.output_bytes();
-        let mut results = decode_all(
-            &self.plan,
-            &mut self.scratch,
-            self.threads,
-            &mut jobs,
-            &mut images.as_bytes_mut()[..now * slot],
-            slot,
-        );
-        if let Some(p) = prepared {
-            images.as_bytes_mut()[now * slot..].copy_from_slice(p.images.as_bytes());
-            results.append(&mut p.results);
-            jobs.extend(later.iter().map(|s| Job::rehearsal(s, seed, draw_round)));
+        let ran = self.runner.submit(index, jobs, rows).wait();
+        let RanBatch { mut images, mut results, mut waited } = ran;
+        let slot = self.runner.plan().output_bytes();
+        if let Some(p) = pending {
+            let prepared = p.wait();
+            waited += prepared.waited;
+            images.as_bytes_mut()[now * slot..].copy_from_slice(prepared.images.as_bytes());
+            results.extend(prepared.results);
+            self.runner.engine().recycle(prepared.images);
         }
+        // Who each row is: (id, label, entry, rehearsal).
+        let who = |i: usize| -> (u64, i64, &str, bool) {
+            match i.checked_sub(new.len()) {
+                None => (new[i].id, new[i].label, new[i].entry.as_str(), false),
+                Some(j) => {
+                    let s = draws.get(j).or_else(|| later.get(j - draws.len()));
+                    s.map_or((0, 0, "rehearsal", true), |s| (s.id, s.label, "rehearsal", true))
+                }
+            }
+        };
         let mut failed = Vec::new();
         for (i, result) in results.into_iter().enumerate() {
             if let Err(source) = result {
-                let job = &jobs[i];
-                let err = StreamError::Decode {
-                    stream: self.spec.stream.clone(),
-                    entry: job.entry.to_string(),
-                    id: job.id,
-                    source,
-                };
+                let (id, _, entry, _) = who(i);
+                let err =
+                    StreamError::Decode { stream: self.spec.stream.clone(), entry: entry.to_string(), id, source };
                 if self.spec.on_error == ErrorPolicy::Fail {
                     // Which of the new samples failed (none: a rehearsal sample).
                     return Err(Box::new(((i < new.len()).then_some(i), err)));
@@ -487,7 +506,7 @@ impl StreamLoader {
                 failed.push(i);
             }
         }
-        let kept: Vec<usize> = (0..jobs.len()).filter(|i| !failed.contains(i)).collect();
+        let kept: Vec<usize> = (0..rows).filter(|i| !failed.contains(i)).collect();
         if !failed.is_empty() {
             let bytes = images.as_bytes_mut();
             for (to, &from) in kept.iter().enumerate() {
@@ -497,16 +516,17 @@ impl StreamLoader {
             }
             images.truncate_rows(kept.len());
         }
+        self.runner.engine().batch_done(kept.len(), waited, 0);
         let batch = Batch {
             epoch: 0,
-            index: self.counters.batches,
-            keys: kept.iter().map(|&i| jobs[i].id).collect(),
-            labels: kept.iter().map(|&i| jobs[i].label).collect(),
+            index,
+            keys: kept.iter().map(|&i| who(i).0).collect(),
+            labels: kept.iter().map(|&i| who(i).1).collect(),
             images,
-            layout: self.plan.output_layout(),
+            layout: self.runner.plan().output_layout(),
             weights: None,
         };
-        Ok(StreamBatch { batch, rehearsal: kept.iter().map(|&i| jobs[i].rehearsal).collect() })
+        Ok(StreamBatch { batch, rehearsal: kept.iter().map(|&i| who(i).3).collect() })
     }
 
     /// Reads from the broker: first this consumer's own pending entries (after a start, a
@@ -819,28 +839,28 @@ fn file_safe(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
 }
 
-/// One sample to decode into its slot.
-struct Job<'a> {
-    id: u64,
-    label: i64,
-    entry: &'a str,
-    image: &'a [u8],
-    rehearsal: bool,
-    rng: SampleRng,
+/// A sample's encoded bytes, for the engine: a new one's or a rehearsal one's.
+enum Image {
+    New(Arc<Sample>),
+    Stored(Arc<Stored>),
 }
 
-impl<'a> Job<'a> {
-    /// A rehearsal sample drawn for batch `round`: a fresh generator per draw, so it is
-    /// augmented anew each time.
-    fn rehearsal(s: &'a Stored, seed: u64, round: u64) -> Self {
-        Job {
-            id: s.id,
-            label: s.label,
-            entry: "rehearsal",
-            image: &s.image,
-            rehearsal: true,
-            rng: SampleRng::new(seed, round, SampleKey(s.id), 1),
+impl AsRef<[u8]> for Image {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Image::New(s) => &s.image,
+            Image::Stored(s) => &s.image,
         }
+    }
+}
+
+/// A rehearsal sample drawn for batch `round`: a fresh generator per draw, so it is
+/// augmented anew each time.
+fn rehearsal_job(s: &Arc<Stored>, seed: u64, round: u64) -> BytesJob {
+    BytesJob {
+        key: s.id,
+        bytes: Arc::new(Image::Stored(Arc::clone(s))),
+        rng: SampleRng::new(seed, round, SampleKey(s.id), 1),
     }
 }
 
@@ -852,48 +872,8 @@ struct Draws {
     missed: u64,
 }
 
-/// The next batch's rehearsal samples, decoded in the background.
+/// The next batch's rehearsal samples, decoding on the engine.
 struct Prepared {
     draws: Draws,
-    images: Tensor,
-    results: Vec<Result<(), sluice_codec::CodecError>>,
-    scratch: Option<Scratch>,
-}
-
-/// Runs the plan on every job, slot by slot, spread over `threads` scoped threads.
-fn decode_all(
-    plan: &Plan,
-    scratch: &mut [Scratch],
-    threads: usize,
-    jobs: &mut [Job<'_>],
-    out: &mut [u8],
-    slot: usize,
-) -> Vec<Result<(), sluice_codec::CodecError>> {
-    let n = jobs.len();
-    if n == 0 || slot == 0 {
-        return Vec::new();
-    }
-    let per = n.div_ceil(threads.clamp(1, n));
-    let mut results: Vec<Result<(), sluice_codec::CodecError>> = (0..n).map(|_| Ok(())).collect();
-    if per == n {
-        // One chunk: decode here rather than start (and wait for) a thread.
-        if let Some(scratch) = scratch.first_mut() {
-            for ((job, out), result) in jobs.iter_mut().zip(out.chunks_mut(slot)).zip(results.iter_mut()) {
-                *result = plan.run(job.image, &mut job.rng, scratch, out, &mut []);
-            }
-            return results;
-        }
-    }
-    std::thread::scope(|scope| {
-        for (((jobs, out), results), scratch) in
-            jobs.chunks_mut(per).zip(out.chunks_mut(per * slot)).zip(results.chunks_mut(per)).zip(scratch.iter_mut())
-        {
-            scope.spawn(move || {
-                for ((job, out), result) in jobs.iter_mut().zip(out.chunks_mut(slot)).zip(results.iter_mut()) {
-                    *result = plan.run(job.image, &mut job.rng, scratch, out, &mut []);
-                }
-            });
-        }
-    });
-    results
+    pending: PendingBatch,
 }

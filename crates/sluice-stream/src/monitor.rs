@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::rate::StreamStats;
+use crate::loader::StreamLoaderStats;
 use crate::shards::Shard;
 
 /// A handle on a stream loader's stats and rehearsal buffer (from
 /// [`crate::StreamLoader::monitor`]), for a monitoring thread.
 #[derive(Clone, Default)]
 pub struct StreamMonitor {
-    stats: Arc<Mutex<StreamStats>>,
+    stats: Arc<Mutex<StreamLoaderStats>>,
     rehearsal: Option<Shard>,
 }
 
@@ -23,13 +23,13 @@ impl StreamMonitor {
         Self { stats: Arc::default(), rehearsal }
     }
 
-    pub(crate) fn publish(&self, stats: StreamStats) {
+    pub(crate) fn publish(&self, stats: StreamLoaderStats) {
         *self.stats.lock() = stats;
     }
 
     /// The loader's stats as of its last batch, or its last step (at most 50 ms ago) while
     /// it waits for the stream.
-    pub fn stats(&self) -> StreamStats {
+    pub fn stats(&self) -> StreamLoaderStats {
         self.stats.lock().clone()
     }
 

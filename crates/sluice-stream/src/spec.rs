@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use sluice_core::{ErrorPolicy, Limits, OpSpec, PipelineSpec, SourceSpec};
+use sluice_core::{ErrorPolicy, Limits, OpSpec, PipelineSpec, SourceSpec, Threads};
 
 use crate::error::StreamError;
 use crate::rehearsal::RehearsalPolicy;
@@ -44,9 +44,10 @@ pub struct StreamSpec {
     pub rate: RateSpec,
     #[serde(default)]
     pub seed: u64,
-    /// Decoding threads; 0 means one per core.
+    /// Decoding threads of the engine: a count (0: one per core) or `"auto"`, where the
+    /// autoscaler sizes the pool to what the trainer consumes.
     #[serde(default)]
-    pub threads: usize,
+    pub threads: Threads,
     #[serde(default)]
     pub on_error: ErrorPolicy,
     #[serde(default)]
@@ -218,7 +219,7 @@ impl StreamSpec {
         let mut pipeline = PipelineSpec::train_default(source, 1, self.new_per_batch + self.rehearsal_per_batch);
         pipeline.ops = self.ops.clone();
         pipeline.limits = self.limits;
-        pipeline.threads = self.threads.into();
+        pipeline.threads = self.threads;
         pipeline.validate()?;
         Ok(())
     }

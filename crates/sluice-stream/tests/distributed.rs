@@ -83,7 +83,7 @@ fn learner(url: &str, stream: &str, dir: &Path, capacity: usize, peers: &[String
 /// Waits until the loader has `n` of its peers' samples prefetched.
 fn wait_ready(loader: &StreamLoader, n: u64) {
     let t0 = Instant::now();
-    while loader.stats().peer_ready < n {
+    while loader.stats().stream.peer_ready < n {
         assert!(t0.elapsed() < Duration::from_secs(30), "peers' samples never arrived: {:?}", loader.stats());
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -115,7 +115,7 @@ fn rehearsal_draws_come_from_every_shard_in_proportion_to_its_size() {
     for _ in 0..5 {
         loader.next_batch().unwrap().unwrap();
     }
-    let before = loader.stats().counters;
+    let before = loader.stats().stream.counters;
     let (mut local, mut from1, mut from2) = (0usize, 0usize, 0usize);
     while let Some(b) = loader.next_batch().unwrap() {
         for id in rehearsal_ids(&b) {
@@ -133,7 +133,7 @@ fn rehearsal_draws_come_from_every_shard_in_proportion_to_its_size() {
         }
         std::thread::sleep(Duration::from_millis(10)); // the training step
     }
-    let after = loader.stats().counters;
+    let after = loader.stats().stream.counters;
     let drawn = local + from1 + from2;
     assert_eq!(drawn as u64, after.rehearsed - before.rehearsed);
     assert_eq!((from1 + from2) as u64, after.rehearsed_remote - before.rehearsed_remote);
@@ -192,7 +192,7 @@ fn a_killed_or_silent_peer_never_holds_up_a_step_and_draws_fall_back_to_local_sa
     assert!(t0.elapsed() < Duration::from_secs(steps as u64 / 4), "{steps} steps took {:?}", t0.elapsed());
     // What was prefetched from peer 1 before it died is drawn; then only local samples.
     assert!(last[steps - 10..].iter().flatten().all(|&id| id < 1000), "{:?}", &last[steps - 10..]);
-    let stats = loader.stats();
+    let stats = loader.stats().stream;
     assert!(stats.peer_errors > 0, "the dead and the silent peer are counted: {stats:?}");
     assert_eq!(stats.counters.rehearsed, stats.counters.batches * 8, "every batch is full");
     drop(silent);

@@ -187,7 +187,7 @@ fn hostile_clients_get_nothing_while_the_learners_keep_drawing_from_each_other()
     assert!(p1.try_wait().unwrap().is_none(), "the peer learner died");
     // The learners still serve each other: the peer's samples keep arriving.
     let t = Instant::now();
-    while loader.stats().peer_ready == 0 {
+    while loader.stats().stream.peer_ready == 0 {
         assert!(t.elapsed() < Duration::from_secs(10), "the peer stopped serving: {:?}", loader.stats());
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -49,7 +49,7 @@ fn a_learner_that_pauses_past_claim_idle_keeps_what_it_read_ahead() {
     let a_set: HashSet<u64> = trained_a.iter().copied().collect();
     let overlap = trained_b.iter().filter(|k| a_set.contains(k)).count();
     assert_eq!(overlap, 0, "both learners trained {overlap} samples; `b` claimed from a live learner");
-    assert_eq!(b.stats().counters.claimed, 0);
+    assert_eq!(b.stats().stream.counters.claimed, 0);
     assert_exactly_once([trained_a, trained_b].concat(), n, "two learners, one pausing");
 }
 
@@ -77,7 +77,7 @@ fn learner_process() {
         if checkpoint {
             loader.state().unwrap();
         }
-        report.claimed = loader.stats().counters.claimed;
+        report.claimed = loader.stats().stream.counters.claimed;
         write(&out, &report);
     }
     report.done = true;

@@ -54,7 +54,7 @@ fn run(rate_factor: f64, configure: impl FnOnce(&mut StreamSpec)) -> Run {
         let new = b.batch.keys.iter().zip(&b.rehearsal).filter(|(_, r)| !**r).map(|(k, _)| *k).collect();
         out.new_per_batch.push(new);
         out.rehearsal_per_batch.push(b.rehearsal.iter().filter(|r| **r).count());
-        let stats = loader.stats();
+        let stats = loader.stats().stream;
         out.max_read_ahead = out.max_read_ahead.max(stats.read_ahead);
         out.max_backlog = out.max_backlog.max(stats.backlog);
         if out.new_per_batch.len() == 5 {
@@ -63,7 +63,7 @@ fn run(rate_factor: f64, configure: impl FnOnce(&mut StreamSpec)) -> Run {
         let due = t0 + STEP * out.new_per_batch.len() as u32;
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
     }
-    out.end = loader.stats();
+    out.end = loader.stats().stream;
     assert_eq!(producer.join().unwrap().pushed, ENTRIES as u64);
     out
 }
@@ -166,7 +166,7 @@ fn a_dead_readers_pending_entries_are_claimed_by_another_reader() {
     while let Some(b) = alive.next_batch().unwrap() {
         trained.extend(b.batch.keys);
     }
-    assert_eq!(alive.stats().counters.claimed, taken.len() as u64, "the dead reader's batch is claimed");
+    assert_eq!(alive.stats().stream.counters.claimed, taken.len() as u64, "the dead reader's batch is claimed");
     assert_exactly_once(trained, 12, "claimed");
 }
 
@@ -192,7 +192,7 @@ fn a_malformed_entry_fails_with_its_entry_id_or_is_skipped_and_counted() {
     let mut loader = StreamLoader::new(spec).unwrap();
     let b = loader.next_batch().unwrap().unwrap();
     assert_eq!(b.batch.keys, vec![0], "the good sample only");
-    assert_eq!(loader.stats().counters.malformed, 2);
+    assert_eq!(loader.stats().stream.counters.malformed, 2);
     assert!(loader.next_batch().unwrap().is_none());
 
     let mut spec = stream_spec(&redis.url(), "s", "strict-decode", 3, 0, None);
@@ -246,5 +246,5 @@ fn an_undecodable_sample_under_fail_leaves_the_rest_of_its_batch_to_the_next() {
     let again = loader.next_batch().unwrap().map(|b| b.batch.keys);
     assert_eq!(again, Some(vec![0, 2, 3]), "the rest of the failed batch");
     assert!(loader.next_batch().unwrap().is_none());
-    assert_eq!(loader.stats().counters.malformed, 1);
+    assert_eq!(loader.stats().stream.counters.malformed, 1);
 }

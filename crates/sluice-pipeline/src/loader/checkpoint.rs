@@ -101,16 +101,16 @@ impl OrderSpec {
 
 impl Loader {
     pub fn state(&self) -> LoaderState {
-        let p = self.shared.progress.lock();
+        let p = self.shared.position.progress.lock();
         LoaderState {
             epoch: p.epoch,
             batch: p.batch,
-            seed: self.shared.spec.seed,
-            fingerprint: self.shared.manifest.fingerprint_hex(),
-            rank: self.shared.shard.rank,
-            world_size: self.shared.shard.world_size,
-            importance: Some(self.shared.importance.lock().state()),
-            order: Some(OrderSpec::of(&self.shared.spec, self.shared.shard.world_size)),
+            seed: self.shared.data.spec.seed,
+            fingerprint: self.shared.data.manifest.fingerprint_hex(),
+            rank: self.shared.data.shard.rank,
+            world_size: self.shared.data.shard.world_size,
+            importance: Some(self.shared.priority.importance.lock().state()),
+            order: Some(OrderSpec::of(&self.shared.data.spec, self.shared.data.shard.world_size)),
         }
     }
 
@@ -155,10 +155,10 @@ impl Loader {
             )));
         }
         if let Some(imp) = &state.importance {
-            self.shared.importance.lock().restore(imp);
-            self.shared.task_draws.lock().clear();
+            self.shared.priority.importance.lock().restore(imp);
+            self.shared.position.task_draws.lock().clear();
         }
-        let mut p = self.shared.progress.lock();
+        let mut p = self.shared.position.progress.lock();
         p.epoch = state.epoch;
         p.batch = state.batch;
         p.generation += 1;

@@ -11,17 +11,13 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use sluice_core::{Batch, DType, ErrorPolicy, SampleError, Tensor};
 
+use super::engine::{Engine, CHUNK};
 use super::sample::{ChunkDone, ChunkJob};
 use super::slab::Slab;
 use super::{batches_for, Loader, Shared};
 use crate::error::PipelineError;
-use crate::executor::Pool;
 use crate::stats::SkippedSample;
 use crate::trace::{current_tid, now_ns, Event, What};
-
-/// Samples per job: small enough to spread a batch over the threads and keep the first
-/// batch quick, large enough that queueing costs nothing next to decoding.
-const CHUNK: usize = 8;
 
 /// How often a waiting consumer checks whether it was interrupted.
 const POLL: Duration = Duration::from_millis(50);
@@ -44,7 +40,7 @@ struct Assembly {
 /// The batches of one epoch, in order. Dropping it mid-epoch cancels the work in flight.
 pub struct EpochIter {
     shared: Arc<Shared>,
-    pool: Pool,
+    engine: Engine,
     epoch: u64,
     /// The loader's iterator generation; `None` for a task iterator, which stands apart.
     generation: Option<u64>,
@@ -86,11 +82,11 @@ impl EpochIter {
         order: Arc<Vec<u32>>,
         weights: Option<Arc<Vec<f32>>>,
     ) -> Self {
-        let n_batches = batches_for(order.len(), &loader.shared.spec) as u64;
+        let n_batches = batches_for(order.len(), &loader.shared.data.spec) as u64;
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         Self {
             shared: loader.shared.clone(),
-            pool: loader.pool.clone(),
+            engine: loader.engine.clone(),
             epoch,
             generation,
             order,
@@ -159,7 +155,7 @@ impl EpochIter {
     }
 
     fn submit_ahead(&mut self) {
-        let window = self.shared.spec.prefetch as u64;
+        let window = self.shared.data.spec.prefetch as u64;
         while self.next_submit < self.n_batches && self.next_submit < self.next_emit + window {
             self.submit_batch(self.next_submit);
             self.next_submit += 1;
@@ -167,23 +163,27 @@ impl EpochIter {
     }
 
     fn submit_batch(&mut self, b: u64) {
-        let bs = self.shared.spec.batch.size;
+        let bs = self.shared.data.spec.batch.size;
         let start = b as usize * bs;
         let end = (start + bs).min(self.order.len());
         let indices = &self.order[start..end];
-        let n = indices.len() * self.shared.sample_shape.iter().product::<usize>();
+        let n = indices.len() * self.shared.data.sample_shape.iter().product::<usize>();
         let spare = match &self.buffers {
-            Some(source) => source(self.shared.dtype, n),
+            Some(source) => source(self.shared.data.dtype, n),
             None => None,
         };
-        let spare = spare.or_else(|| self.shared.spare.lock().pop());
-        let slab = Arc::new(Slab::new(self.shared.dtype, indices.len(), self.shared.sample_shape, spare));
-        let entries = &self.shared.manifest.entries;
+        let slab = Arc::new(self.shared.observers.slab(
+            self.shared.data.dtype,
+            indices.len(),
+            self.shared.data.sample_shape,
+            spare,
+        ));
+        let entries = &self.shared.data.manifest.entries;
         let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
         let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
         let weights = self.weights.as_ref().map(|w| w[start..end].to_vec());
         let chunks = indices.len().div_ceil(CHUNK);
-        let submitted_ns = (self.spans || self.shared.trace.is_on()).then(now_ns);
+        let submitted_ns = (self.spans || self.shared.observers.trace.is_on()).then(now_ns);
         for c in 0..chunks {
             let slots = c * CHUNK..((c + 1) * CHUNK).min(indices.len());
             let job = ChunkJob {
@@ -197,7 +197,7 @@ impl EpochIter {
                 cancel: self.cancel.clone(),
                 reply: self.done_tx.clone(),
             };
-            self.pool.submit(Box::new(move |local| job.run(local)));
+            self.engine.pool.submit(Box::new(move |local| job.run(local)));
         }
         self.pending.insert(
             b,
@@ -221,7 +221,7 @@ impl EpochIter {
     }
 
     fn is_current(&self) -> bool {
-        self.generation.is_none_or(|g| self.shared.progress.lock().generation == g)
+        self.generation.is_none_or(|g| self.shared.position.progress.lock().generation == g)
     }
 
     /// Blocks until batch `b` is complete, folding in whatever other chunks finish first;
@@ -238,7 +238,7 @@ impl EpochIter {
                 Ok(done) => done,
                 Err(_) => {
                     total += t0.elapsed();
-                    self.shared.stats.lock().add_wait(t0.elapsed());
+                    self.shared.observers.stats.lock().add_wait(t0.elapsed());
                     if interrupted() {
                         return Err(PipelineError::Interrupted);
                     }
@@ -247,21 +247,14 @@ impl EpochIter {
             };
             let waited = t0.elapsed();
             total += waited;
-            self.shared.autoscale.on_work(done.busy, done.samples);
-            let mut stats = self.shared.stats.lock();
-            stats.add_wait(waited);
-            stats.add_work(&done.times, &done.per_sample, done.bytes);
-            if let Some((source, per_op)) = &done.counters {
-                stats.add_counters(*source, per_op);
-            }
-            drop(stats);
+            self.shared.observers.fold(waited, &done.work);
             if let Some(a) = self.pending.get_mut(&done.batch) {
                 a.chunks_left -= 1;
                 a.failures.extend(done.failures);
                 if let (0, Some(start_ns)) = (a.chunks_left, a.submitted_ns) {
                     let end_ns = now_ns();
                     a.built_ns = Some(end_ns);
-                    if let Some(recorder) = self.shared.trace.current() {
+                    if let Some(recorder) = self.shared.observers.trace.current() {
                         recorder.record(self.batch_event(done.batch, start_ns, end_ns, What::BatchPreprocessed));
                     }
                 }
@@ -274,7 +267,7 @@ impl EpochIter {
         self.built = a.submitted_ns.zip(a.built_ns);
         a.failures.sort_by_key(|f| f.0);
         if let Some((_, first)) = a.failures.first() {
-            if self.shared.spec.on_error == ErrorPolicy::Fail {
+            if self.shared.data.spec.on_error == ErrorPolicy::Fail {
                 return Some(Err(PipelineError::Sample(first.clone())));
             }
         }
@@ -289,7 +282,7 @@ impl EpochIter {
         let mut labels = a.labels;
         let mut weights = a.weights;
         if !a.failures.is_empty() {
-            let mut stats = self.shared.stats.lock();
+            let mut stats = self.shared.observers.stats.lock();
             for (_, e) in &a.failures {
                 stats.add_skipped(e);
                 if self.generation.is_none() {
@@ -321,7 +314,7 @@ impl EpochIter {
             }
             images.truncate_rows(kept);
         }
-        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout: self.shared.layout, weights }))
+        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout: self.shared.data.layout, weights }))
     }
 
     /// A batch-level trace event on the calling (consumer's) thread.
@@ -339,7 +332,7 @@ impl EpochIter {
 
     fn record_progress(&self, batches_done: u64) {
         let Some(generation) = self.generation else { return };
-        let mut p = self.shared.progress.lock();
+        let mut p = self.shared.position.progress.lock();
         if p.generation != generation {
             return;
         }
@@ -361,7 +354,7 @@ impl EpochIter {
         &mut self,
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Option<Result<Batch, PipelineError>> {
-        let recorder = self.shared.trace.current();
+        let recorder = self.shared.observers.trace.current();
         let asked_ns = recorder.as_ref().map(|_| now_ns());
         if let (Some(recorder), Some(now), Some((batch, handed_ns))) = (&recorder, asked_ns, self.handed.take()) {
             recorder.record(self.batch_event(batch, handed_ns, now, What::BatchConsumed));
@@ -391,7 +384,6 @@ impl EpochIter {
                 }
                 Some(Ok(batch)) => {
                     self.record_progress(self.next_emit);
-                    self.shared.stats.lock().add_batch(batch.len());
                     if let (Some(recorder), Some(asked_ns)) = (&recorder, asked_ns) {
                         let now = now_ns();
                         recorder.record(self.batch_event(b, asked_ns, now, What::BatchWait));
@@ -399,7 +391,7 @@ impl EpochIter {
                         self.handed = Some((b, now));
                     }
                     let ready = self.pending.values().filter(|a| a.chunks_left == 0).count();
-                    self.shared.autoscale.on_batch(waited, ready, &self.pool);
+                    self.engine.batch_done(batch.len(), waited, ready);
                     return Some(Ok(batch));
                 }
                 Some(Err(e)) => {

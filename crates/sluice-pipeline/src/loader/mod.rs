@@ -20,6 +20,7 @@
 
 mod autoscale;
 mod checkpoint;
+mod engine;
 mod iter;
 mod peers;
 mod sample;
@@ -27,6 +28,7 @@ mod slab;
 
 pub use autoscale::{auto_threads_config, Perturb};
 pub use checkpoint::{LoaderState, LocalityOrder, OrderSpec};
+pub use engine::{BatchRunner, BytesJob, Engine, JobBytes, PendingBatch, RanBatch, RunError};
 pub use iter::{BufferSource, EpochIter};
 pub use peers::LocalityStats;
 
@@ -37,19 +39,18 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
-use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor, TensorData, Threads};
+use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor};
 
 use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
-use crate::executor::Pool;
 use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceStore, ReportCounts};
 use crate::locality::peer::{PeerClient, PeerServer};
 use crate::locality::Locality;
 use crate::sampler::Shard;
 use crate::source::build_manifest;
-use crate::stats::{Stats, StatsSnapshot};
+use crate::stats::StatsSnapshot;
 use crate::storage::{open_storage, open_storage_in, Roots, Storage};
-use crate::trace::{TraceData, TraceSwitch};
+use crate::trace::TraceData;
 
 struct Progress {
     epoch: u64,
@@ -61,7 +62,22 @@ struct Progress {
 /// An epoch, its order and its weights.
 type TaskDraw = (u64, Arc<Vec<u32>>, Option<Arc<Vec<f32>>>);
 
+/// What the loader's consumer side and its worker jobs share, in four parts.
 struct Shared {
+    /// What the data is and how each sample is made.
+    data: Data,
+    /// The engine's stats, trace, counters, autoscaler and recycled buffers.
+    observers: Arc<engine::Observers>,
+    /// Where the loader stands in its epochs.
+    position: Position,
+    /// What the trainer's reports steer: the epoch order and what the cache keeps.
+    priority: Priority,
+    /// The other learners of a job with a `locality` section.
+    peering: Peering,
+}
+
+/// The dataset, where it is read from, and the plan that turns a file into a sample.
+struct Data {
     spec: PipelineSpec,
     manifest: Manifest,
     storage: Arc<dyn Storage>,
@@ -70,33 +86,31 @@ struct Shared {
     sample_shape: [usize; 3],
     dtype: DType,
     layout: Layout,
-    stats: Mutex<Stats>,
-    progress: Mutex<Progress>,
-    /// Image buffers of batches their consumer is done with, for the next batches.
-    spare: Mutex<Vec<Tensor>>,
-    /// Epoch orders drawn for task iterators ([`Loader::iter_range`]), newest last.
-    task_draws: Mutex<Vec<TaskDraw>>,
-    /// Shared with other loaders of the same pipeline when built by
-    /// [`Loader::with_shared_cache`].
-    cache: Option<Arc<Cache>>,
     /// Run every sample through prefix → (resize) → suffix rather than the fused plan.
     split: bool,
     /// Where the split path's step timings go in the stats' op list.
     steps: StepSlots,
+}
+
+struct Position {
+    progress: Mutex<Progress>,
+    /// Epoch orders drawn for task iterators ([`Loader::iter_range`]), newest last.
+    task_draws: Mutex<Vec<TaskDraw>>,
+}
+
+struct Priority {
+    /// Shared with other loaders of the same pipeline when built by
+    /// [`Loader::with_shared_cache`].
+    cache: Option<Arc<Cache>>,
     importance: Mutex<ImportanceStore>,
-    /// Profiling events, off unless [`Loader::start_trace`].
-    trace: TraceSwitch,
-    /// CPU counters read at op boundaries, off unless [`Loader::set_op_counters`].
-    op_counters: std::sync::atomic::AtomicBool,
-    /// The stats' op names, which name the trace's ops too.
-    op_names: Vec<String>,
+}
+
+struct Peering {
     /// How this rank's share of each global batch is chosen, with a `locality` section.
     locality: Option<Locality>,
     /// Connections to the other learners' peer servers (collaborative cache).
     peers: Option<PeerClient>,
     counters: peers::Counters,
-    /// Sizes the pool to the consumer, when autoscaling is on.
-    autoscale: autoscale::LocalAutoscale,
 }
 
 /// Index ranges into the per-op timing list: 0 is `read`, then either the fused plan's
@@ -110,9 +124,10 @@ struct StepSlots {
 
 pub struct Loader {
     shared: Arc<Shared>,
-    pool: Pool,
-    /// Serves the samples placed on this learner to its peers, while the loader lives.
-    _peer_server: Option<PeerServer>,
+    engine: Engine,
+    /// Serves the samples placed on this learner to its peers, while the loader lives
+    /// ([`Loader::serve_peers`]).
+    peer_server: Option<PeerServer>,
 }
 
 impl Loader {
@@ -136,7 +151,7 @@ impl Loader {
                 Some(Arc::new(Cache::new(c, budget, manifest.len())))
             }
         };
-        Self::build(spec, manifest, shard, cache)
+        Self::build(spec, manifest, shard, cache)?.serving_peers()
     }
 
     /// As [`Loader::with_manifest`], filling and reading `cache` (another loader's, from
@@ -160,7 +175,7 @@ impl Loader {
                 manifest.len()
             )));
         }
-        Self::build(spec, manifest, shard, Some(cache))
+        Self::build(spec, manifest, shard, Some(cache))?.serving_peers()
     }
 
     fn build(
@@ -205,47 +220,54 @@ impl Loader {
             Some(l) => Some(Locality::new(l, manifest.len(), spec.seed, shard, spec.batch.size)?),
             None => None,
         };
-        let threads = spec.threads.initial();
-        let auto = spec.threads == Threads::Auto;
+        // Up to `prefetch` batches in flight, one being built, and the one handed out.
+        let engine = Engine::new(names, spec.threads, spec.batch.size, spec.prefetch + 2)?;
+        let peers = match spec.locality.as_ref().filter(|l| !l.peers.is_empty() && locality.is_some()) {
+            Some(l) => Some(PeerClient::new(
+                l.peers.clone(),
+                crate::locality::peer::token(l)?,
+                Duration::from_millis(l.peer_timeout_ms),
+                spec.limits,
+            )),
+            None => None,
+        };
         let shared = Arc::new(Shared {
-            storage: open_storage(&spec.storage)?,
-            sample_shape: plan.output_shape(),
-            dtype,
-            layout,
-            stats: Mutex::new(Stats::new(names.clone())),
-            op_names: names,
-            trace: TraceSwitch::default(),
-            op_counters: std::sync::atomic::AtomicBool::new(false),
-            progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
-            spare: Mutex::new(Vec::new()),
-            task_draws: Mutex::new(Vec::new()),
-            importance: Mutex::new(ImportanceStore::new(spec.importance.ema)),
-            peers: match spec.locality.as_ref().filter(|l| !l.peers.is_empty() && locality.is_some()) {
-                Some(l) => Some(PeerClient::new(
-                    l.peers.clone(),
-                    crate::locality::peer::token(l)?,
-                    Duration::from_millis(l.peer_timeout_ms),
-                    spec.limits,
-                )),
-                None => None,
+            observers: Arc::clone(&engine.observers),
+            position: Position {
+                progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
+                task_draws: Mutex::new(Vec::new()),
             },
-            counters: peers::Counters::default(),
-            locality,
-            autoscale: autoscale::LocalAutoscale::new(spec.batch.size),
-            cache,
-            split,
-            steps,
-            plan,
-            manifest,
-            shard,
-            spec,
+            priority: Priority { cache, importance: Mutex::new(ImportanceStore::new(spec.importance.ema)) },
+            peering: Peering { locality, peers, counters: peers::Counters::default() },
+            data: Data {
+                storage: open_storage(&spec.storage)?,
+                sample_shape: plan.output_shape(),
+                dtype,
+                layout,
+                split,
+                steps,
+                plan,
+                manifest,
+                shard,
+                spec,
+            },
         });
-        let peer_server = peers::start_server(&shared)?;
-        let loader = Self { shared, pool: Pool::new(threads), _peer_server: peer_server };
-        if auto {
-            loader.autoscale(auto_threads_config())?;
+        Ok(Self { shared, engine, peer_server: None })
+    }
+
+    fn serving_peers(mut self) -> Result<Self, PipelineError> {
+        self.serve_peers()?;
+        Ok(self)
+    }
+
+    /// Starts this learner's peer server, when the spec's `locality` section lists peers
+    /// (the constructors do, once the loader is built): it serves the samples placed on
+    /// this learner to the others while the loader lives. Returns whether one runs.
+    pub fn serve_peers(&mut self) -> Result<bool, PipelineError> {
+        if self.peer_server.is_none() {
+            self.peer_server = peers::start_server(&self.shared)?;
         }
-        Ok(loader)
+        Ok(self.peer_server.is_some())
     }
 
     /// Confines every read beneath `roots` (a service's allowed roots): each file is opened
@@ -253,7 +275,7 @@ impl Loader {
     /// for a symlink after the job's paths were checked is refused, not read. Call it
     /// before iterating.
     pub fn confine_reads(self, roots: &[PathBuf]) -> Result<Self, PipelineError> {
-        let storage = open_storage_in(&self.shared.spec.storage, Some(Arc::new(Roots::open(roots)?)))?;
+        let storage = open_storage_in(&self.shared.data.spec.storage, Some(Arc::new(Roots::open(roots)?)))?;
         self.replace_storage(storage)
     }
 
@@ -261,48 +283,53 @@ impl Loader {
     /// loader hands out work, while nothing else shares its state.
     fn replace_storage(mut self, storage: Arc<dyn Storage>) -> Result<Self, PipelineError> {
         let shared = Arc::get_mut(&mut self.shared).ok_or(PipelineError::AlreadyStarted)?;
-        shared.storage = storage;
+        shared.data.storage = storage;
         Ok(self)
     }
 
     /// The cache, to share with another loader of the same pipeline
     /// ([`Loader::with_shared_cache`]); `None` without a cache section.
     pub fn cache(&self) -> Option<Arc<Cache>> {
-        self.shared.cache.clone()
+        self.shared.priority.cache.clone()
     }
 
     /// This learner's view of a multi-learner job (placement and assignment), with a
     /// `locality` section.
     pub fn locality(&self) -> Option<&Locality> {
-        self.shared.locality.as_ref()
+        self.shared.peering.locality.as_ref()
     }
 
     /// Where this learner's samples came from (peers, storage), with a `locality` section.
     pub fn locality_stats(&self) -> Option<LocalityStats> {
-        self.shared.locality.as_ref().map(|_| self.shared.counters.snapshot())
+        self.shared.peering.locality.as_ref().map(|_| self.shared.peering.counters.snapshot())
     }
 
     pub fn manifest(&self) -> &Manifest {
-        &self.shared.manifest
+        &self.shared.data.manifest
     }
 
     pub fn spec(&self) -> &PipelineSpec {
-        &self.shared.spec
+        &self.shared.data.spec
     }
 
     /// Samples this rank sees per epoch.
     pub fn samples_per_epoch(&self) -> usize {
-        let n = self.shared.manifest.len();
-        n / self.shared.shard.world_size
+        let n = self.shared.data.manifest.len();
+        n / self.shared.data.shard.world_size
     }
 
     /// Batches per epoch for this rank (the short last batch counts unless `drop_last`).
     pub fn batches_per_epoch(&self) -> u64 {
-        batches_for(self.samples_per_epoch(), &self.shared.spec) as u64
+        batches_for(self.samples_per_epoch(), &self.shared.data.spec) as u64
     }
 
     pub fn threads(&self) -> usize {
-        self.pool.threads()
+        self.engine.threads()
+    }
+
+    /// The engine the batches are built on: its pool, stats, trace and autoscaler.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
     }
 
     /// Takes back the image buffer of a batch whose pixels the consumer no longer needs
@@ -310,43 +337,36 @@ impl Loader {
     /// in fresh memory, which the allocator would zero, or the kernel fault in, each time.
     /// Keeps as many as the prefetch window can use.
     pub fn recycle(&self, images: Tensor) {
-        if matches!(images.data, TensorData::SharedU8(_)) {
-            // Borrowed memory goes back to its owner, not to this loader.
-            return;
-        }
-        let mut spare = self.shared.spare.lock();
-        if spare.len() < self.shared.spec.prefetch + 2 {
-            spare.push(images);
-        }
+        self.engine.recycle(images);
     }
 
     /// Bytes of a full batch's images: the most any batch of this loader carries.
     pub fn batch_bytes(&self) -> usize {
         // Cannot wrap: `build` checked it.
-        self.shared.spec.batch.size * self.shared.plan.output_bytes()
+        self.shared.data.spec.batch.size * self.shared.data.plan.output_bytes()
     }
 
     /// Resizes the worker pool while it runs.
     pub fn set_threads(&self, threads: usize) {
-        self.pool.set_threads(threads);
+        self.engine.set_threads(threads);
     }
 
     /// Lets `config`'s policy size the worker pool from here on, deciding on the batches
     /// this loader hands out (what `threads = "auto"` turns on, with
     /// [`auto_threads_config`]). Each decision is logged and listed in [`Loader::stats`].
     pub fn autoscale(&self, config: AutoscaleConfig) -> Result<(), PipelineError> {
-        Ok(self.shared.autoscale.enable(config, &self.pool, None)?)
+        self.engine.autoscale(config)
     }
 
     /// As [`Loader::autoscale`], with each window's readings passed through `perturb`
     /// before the policy sees them: how `sluice-bench autoscale` injects noise.
     pub fn autoscale_perturbed(&self, config: AutoscaleConfig, perturb: Perturb) -> Result<(), PipelineError> {
-        Ok(self.shared.autoscale.enable(config, &self.pool, Some(perturb))?)
+        self.engine.autoscale_perturbed(config, perturb)
     }
 
     /// Starts `epoch` from its first batch at the next [`Loader::iter`].
     pub fn set_epoch(&self, epoch: u64) {
-        let mut p = self.shared.progress.lock();
+        let mut p = self.shared.position.progress.lock();
         p.epoch = epoch;
         p.batch = 0;
         p.generation += 1;
@@ -355,33 +375,32 @@ impl Loader {
     /// Starts recording profiling events: per sample and op, per cache lookup, per batch
     /// (see [`crate::trace`]). Fails if a trace is already being recorded.
     pub fn start_trace(&self) -> Result<(), PipelineError> {
-        Ok(self.shared.trace.start(self.shared.op_names.clone())?)
+        self.engine.start_trace()
     }
 
     /// Stops recording and returns the events, to write with [`TraceData::write`]; `None`
     /// if no trace was being recorded.
     pub fn stop_trace(&self) -> Option<TraceData> {
-        self.shared.trace.stop()
+        self.engine.stop_trace()
     }
 
     /// The events recorded since the trace started or was last drained, leaving it
     /// recording: a long-running loader (a service worker's) writes its trace in parts.
     /// `None` if no trace is being recorded.
     pub fn drain_trace(&self) -> Option<TraceData> {
-        self.shared.trace.drain()
+        self.engine.drain_trace()
     }
 
     /// Turns per-op CPU counters on or off (see [`crate::counters`]): each worker thread
     /// opens its counters on its next chunk and reads them at every op boundary; the
     /// totals appear in [`StatsSnapshot::op_counters`]. Off (the default) costs nothing.
     pub fn set_op_counters(&self, on: bool) {
-        self.shared.op_counters.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.engine.set_op_counters(on);
     }
 
     pub fn stats(&self) -> StatsSnapshot {
-        let mut s = self.shared.stats.lock().snapshot();
-        s.cache = self.shared.cache.as_deref().map(Cache::stats);
-        s.autoscale = self.shared.autoscale.stats();
+        let mut s = self.engine.stats();
+        s.cache = self.shared.priority.cache.as_deref().map(Cache::stats);
         s
     }
 
@@ -407,9 +426,9 @@ impl Loader {
                 "importance report: refused NaN, infinite or negative values, clamped huge ones"
             );
         }
-        self.shared.importance.lock().report(&keys, &values);
-        self.shared.stats.lock().add_importance_report(counts);
-        if let Some(cache) = &self.shared.cache {
+        self.shared.priority.importance.lock().report(&keys, &values);
+        self.shared.observers.stats.lock().add_importance_report(counts);
+        if let Some(cache) = &self.shared.priority.cache {
             cache.report(&keys, &values);
         }
         Ok(counts)
@@ -417,7 +436,7 @@ impl Loader {
 
     /// The importance state (smoothed scores, pending reports, coverage bookkeeping).
     pub fn importance_state(&self) -> ImportanceState {
-        self.shared.importance.lock().state()
+        self.shared.priority.importance.lock().state()
     }
 
     /// Draws the order (and weights) of `epoch` from the importance state and hands the
@@ -426,22 +445,22 @@ impl Loader {
         let shared = &self.shared;
         // A rank's cache sees only its own shard, so its size in entries differs from rank to
         // rank; the draw, which must be the same on every rank, then ignores the cache.
-        let hot = match shared.shard.world_size {
-            1 => shared.cache.as_deref().and_then(Cache::capacity_entries),
+        let hot = match shared.data.shard.world_size {
+            1 => shared.priority.cache.as_deref().and_then(Cache::capacity_entries),
             _ => None,
         };
         let inputs = DrawInputs {
-            manifest: &shared.manifest,
-            seed: shared.spec.seed,
-            shuffle: shared.spec.shuffle,
-            sampling: shared.spec.sampling,
-            shard: shared.shard,
-            locality: shared.locality.as_ref(),
+            manifest: &shared.data.manifest,
+            seed: shared.data.spec.seed,
+            shuffle: shared.data.spec.shuffle,
+            sampling: shared.data.spec.sampling,
+            shard: shared.data.shard,
+            locality: shared.peering.locality.as_ref(),
         };
-        let mut store = shared.importance.lock();
+        let mut store = shared.priority.importance.lock();
         let draw = store.draw(epoch, hot, &inputs);
-        if let Some(cache) = &shared.cache {
-            cache.set_priorities_for(&draw, &store, &shared.manifest);
+        if let Some(cache) = &shared.priority.cache {
+            cache.set_priorities_for(&draw, &store, &shared.data.manifest);
         }
         draw
     }
@@ -451,7 +470,7 @@ impl Loader {
     /// a new iterator retires any older one.
     pub fn iter(&self) -> EpochIter {
         let (epoch, start, generation) = {
-            let mut p = self.shared.progress.lock();
+            let mut p = self.shared.position.progress.lock();
             p.generation += 1;
             (p.epoch, p.batch, p.generation)
         };
@@ -488,7 +507,7 @@ impl Loader {
     /// The last two epochs are kept: a service client reads ahead into the next epoch
     /// while the current one finishes.
     fn task_draw(&self, epoch: u64) -> (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>) {
-        let mut draws = self.shared.task_draws.lock();
+        let mut draws = self.shared.position.task_draws.lock();
         if let Some((_, order, weights)) = draws.iter().find(|d| d.0 == epoch) {
             return (order.clone(), weights.clone());
         }

@@ -59,19 +59,19 @@ impl Shared {
     /// The sample at `pos` from the learner it is placed on, if that is another learner
     /// and it answers in time.
     pub(super) fn fetch_from_peer(&self, pos: u32) -> Option<CachedData> {
-        let (locality, peers) = (self.locality.as_ref()?, self.peers.as_ref()?);
+        let (locality, peers) = (self.peering.locality.as_ref()?, self.peering.peers.as_ref()?);
         let owner = locality.placement.owner(pos).filter(|&o| o != locality.shard.rank)?;
         match peers.fetch(owner, pos) {
             Ok(Some(data)) => {
-                self.counters.from_peers.fetch_add(1, Ordering::Relaxed);
+                self.peering.counters.from_peers.fetch_add(1, Ordering::Relaxed);
                 Some(data)
             }
             Ok(None) => {
-                self.counters.peer_fallbacks.fetch_add(1, Ordering::Relaxed);
+                self.peering.counters.peer_fallbacks.fetch_add(1, Ordering::Relaxed);
                 None
             }
             Err(e) => {
-                self.counters.peer_fallbacks.fetch_add(1, Ordering::Relaxed);
+                self.peering.counters.peer_fallbacks.fetch_add(1, Ordering::Relaxed);
                 if !matches!(e, PeerError::BackingOff { .. }) {
                     tracing::warn!(error = %e, pos, "peer fetch failed; reading from storage");
                 }
@@ -83,35 +83,36 @@ impl Shared {
     /// A peer's request for `pos`: only samples placed here are served, from the cache or
     /// loaded into it first.
     fn serve_peer(&self, pos: u32) -> Option<Arc<CachedData>> {
-        let locality = self.locality.as_ref()?;
-        let cache = self.cache.as_ref()?;
+        let locality = self.peering.locality.as_ref()?;
+        let cache = self.priority.cache.as_ref()?;
         if !locality.caches(pos) {
             return None;
         }
-        let entry = self.manifest.entries.get(pos as usize)?;
+        let entry = self.data.manifest.entries.get(pos as usize)?;
         let data = match cache.get(entry.key.0) {
             Some(hit) => hit,
             None => {
                 let level = cache.level()?;
                 let mut local = WorkerLocal::default();
-                let read = self.storage.read(
-                    &self.manifest.root,
+                let read = self.data.storage.read(
+                    &self.data.manifest.root,
                     &entry.location,
-                    self.spec.limits.max_file_bytes,
+                    self.data.spec.limits.max_file_bytes,
                     &mut local.read_buf,
                 );
-                self.counters.storage_read();
+                self.peering.counters.storage_read();
                 if let Err(kind) = read {
                     tracing::warn!(key = entry.key.0, ?kind, "peer request: cannot read the sample");
                     return None;
                 }
                 let bytes = std::mem::take(&mut local.read_buf);
-                let mut times = vec![Duration::ZERO; self.steps.prefix.len()];
+                let mut times = vec![Duration::ZERO; self.data.steps.prefix.len()];
                 let data = match level {
                     CacheLevel::Raw | CacheLevel::Auto => CachedData::Raw(bytes),
                     CacheLevel::Decoded | CacheLevel::Resized => {
-                        let img = self.plan.run_deterministic_prefix(&bytes, &mut local.scratch, &mut times).ok()?;
-                        match (level, self.spec.cache.as_ref().and_then(|c| c.resize)) {
+                        let img =
+                            self.data.plan.run_deterministic_prefix(&bytes, &mut local.scratch, &mut times).ok()?;
+                        match (level, self.data.spec.cache.as_ref().and_then(|c| c.resize)) {
                             (CacheLevel::Resized, Some(side)) => {
                                 CachedData::Resized(resize_image(&img, side, &mut local.scratch).ok()?)
                             }
@@ -124,7 +125,7 @@ impl Shared {
                 data
             }
         };
-        self.counters.served_to_peers.fetch_add(1, Ordering::Relaxed);
+        self.peering.counters.served_to_peers.fetch_add(1, Ordering::Relaxed);
         Some(data)
     }
 }
@@ -132,7 +133,7 @@ impl Shared {
 /// Starts this learner's peer server on its own address in the spec's `peers`, answering
 /// only peers that present the job's token.
 pub(super) fn start_server(shared: &Arc<Shared>) -> Result<Option<PeerServer>, PeerError> {
-    let (Some(locality), Some(spec)) = (shared.locality.as_ref(), shared.spec.locality.as_ref()) else {
+    let (Some(locality), Some(spec)) = (shared.peering.locality.as_ref(), shared.data.spec.locality.as_ref()) else {
         return Ok(None);
     };
     let Some(addr) = spec.peers.get(locality.shard.rank) else {

@@ -11,12 +11,12 @@ use crossbeam_channel::Sender;
 use sluice_codec::{CodecError, Scratch};
 use sluice_core::{CacheLevel, Image, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage};
 
+use super::engine::{panic_message, probe, ChunkMeter, ChunkWork};
 use super::slab::Slab;
 use super::Shared;
 use crate::cache::{Cache, CachedData, SampleCost};
-use crate::counters::{CounterSource, ThreadCounters};
 use crate::executor::WorkerLocal;
-use crate::trace::{now_ns, CacheUse, SampleId};
+use crate::trace::{CacheUse, SampleId};
 
 /// A few consecutive samples of one batch, run by one worker.
 pub(super) struct ChunkJob {
@@ -34,51 +34,30 @@ pub(super) struct ChunkJob {
 
 impl ChunkJob {
     pub(super) fn run(self, local: &mut WorkerLocal) {
-        let started = Instant::now();
         let shared = &self.shared;
-        let mut times = vec![Duration::ZERO; 1 + shared.steps.suffix.end.max(shared.steps.prefix.end)];
-        // One sample's op times, added into `times` and, when tracing, into its events.
-        let mut sample_times = times.clone();
-        // Every sample's op times, for the stats' per-op percentiles.
-        let mut per_sample = Vec::with_capacity(self.slots.len() * times.len());
-        let trace = shared.trace.current();
-        if shared.op_counters.load(Ordering::Relaxed) {
-            if probe(local).is_none() {
-                local.scratch.probe = Some(Box::new(ThreadCounters::open(times.len())));
-            }
-        } else {
-            local.scratch.probe = None;
-        }
-        let mut samples = 0;
+        let ops = 1 + shared.data.steps.suffix.end.max(shared.data.steps.prefix.end);
+        let mut meter = ChunkMeter::start(&shared.observers, local, ops, self.slots.len());
         let mut failures = Vec::new();
-        let mut bytes = 0u64;
         for slot in self.slots.clone() {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
             }
-            samples += 1;
             let pos = self.order[self.first + slot];
-            let entry = &shared.manifest.entries[pos as usize];
+            let entry = &shared.data.manifest.entries[pos as usize];
             let mut stage = Stage::Read;
-            sample_times.fill(Duration::ZERO);
-            let start_ns = if trace.is_some() { now_ns() } else { 0 };
+            meter.begin();
             let mut cache_use = CacheUse::None;
             // A panic here is a bug, but it must fail this sample (by key), not leave the
             // consumer waiting forever for a chunk that never reports.
+            let times = &mut meter.sample;
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_sample(slot, pos, local, &mut sample_times, &mut stage, &mut cache_use)
+                self.run_sample(slot, pos, local, times, &mut stage, &mut cache_use)
             }));
-            for (total, t) in times.iter_mut().zip(&sample_times) {
-                *total += *t;
-            }
-            per_sample.extend_from_slice(&sample_times);
-            if trace.is_some() {
-                let id = SampleId { key: entry.key.0, batch: self.batch, epoch: self.epoch };
-                local.trace.sample(start_ns, &sample_times, cache_use, id);
-            }
+            let id = SampleId { key: entry.key.0, batch: self.batch, epoch: self.epoch };
+            meter.end(local, cache_use, id);
             let failure = match outcome {
                 Ok(Ok(read)) => {
-                    bytes += read;
+                    meter.add_bytes(read);
                     continue;
                 }
                 Ok(Err(failure)) => failure,
@@ -89,19 +68,14 @@ impl ChunkJob {
                 }
             };
             let (stage, kind) = failure;
-            let path = shared.manifest.display_path(entry.key);
+            let path = shared.data.manifest.display_path(entry.key);
             failures.push((slot, SampleError { key: entry.key, path, stage, kind }));
         }
-        if let Some(recorder) = &trace {
-            // Before reporting: a batch the consumer holds has all its events recorded.
-            recorder.flush(&mut local.trace);
-        }
-        let counters = probe(local).map(|c| (c.source(), c.take()));
+        let work = meter.finish(local);
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
-        let busy = started.elapsed();
-        let _ = reply.send(ChunkDone { batch, failures, times, per_sample, counters, bytes, samples, busy });
+        let _ = reply.send(ChunkDone { batch, failures, work });
     }
 
     /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
@@ -116,11 +90,11 @@ impl ChunkJob {
         cache_use: &mut CacheUse,
     ) -> Result<u64, SampleFailure> {
         let shared = &self.shared;
-        let entry = &shared.manifest.entries[pos as usize];
-        let mut rng = SampleRng::new(shared.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
+        let entry = &shared.data.manifest.entries[pos as usize];
+        let mut rng = SampleRng::new(shared.data.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
         // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
         let out = unsafe { self.slab.slot(slot) };
-        if let Some(cache) = &shared.cache {
+        if let Some(cache) = &shared.priority.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
             *stage = Stage::Decode;
             let (read, used) = shared.run_cached(cache, pos, local, &mut rng, out, times)?;
@@ -131,10 +105,10 @@ impl ChunkJob {
             c.mark();
         }
         let t0 = Instant::now();
-        let read = shared.storage.read(
-            &shared.manifest.root,
+        let read = shared.data.storage.read(
+            &shared.data.manifest.root,
             &entry.location,
-            shared.spec.limits.max_file_bytes,
+            shared.data.spec.limits.max_file_bytes,
             &mut local.read_buf,
         );
         times[0] += t0.elapsed();
@@ -144,14 +118,13 @@ impl ChunkJob {
         }
         read.map_err(|kind| (Stage::Read, kind))?;
         *stage = Stage::Decode;
-        shared.plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]).map_err(decode_err)?;
+        shared
+            .data
+            .plan
+            .run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..])
+            .map_err(decode_err)?;
         Ok(local.read_buf.len() as u64)
     }
-}
-
-/// This worker's CPU counters, when they are on.
-fn probe(local: &mut WorkerLocal) -> Option<&mut ThreadCounters> {
-    local.scratch.probe.as_mut()?.as_any_mut().downcast_mut()
 }
 
 /// Points the counters at the op list's slot for the plan's step 0 (the cached paths run
@@ -159,15 +132,6 @@ fn probe(local: &mut WorkerLocal) -> Option<&mut ThreadCounters> {
 fn counters_base(local: &mut WorkerLocal, base: usize) {
     if let Some(c) = probe(local) {
         c.base = base;
-    }
-}
-
-/// The text of a caught panic.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
-        (Some(s), _) => (*s).to_string(),
-        (_, Some(s)) => s.clone(),
-        _ => "a panic without a message".to_string(),
     }
 }
 
@@ -200,10 +164,10 @@ impl Shared {
         out: &mut [u8],
         times: &mut [Duration],
     ) -> Result<(u64, CacheUse), SampleFailure> {
-        let entry = &self.manifest.entries[pos as usize];
+        let entry = &self.data.manifest.entries[pos as usize];
         let key = entry.key.0;
-        let resize = self.spec.cache.as_ref().and_then(|c| c.resize);
-        let steps = &self.steps;
+        let resize = self.data.spec.cache.as_ref().and_then(|c| c.resize);
+        let steps = &self.data.steps;
         let hit = cache.get(key);
         let peer = if hit.is_none() { self.fetch_from_peer(pos) } else { None };
         if let Some(data) = hit.as_deref().or(peer.as_ref()) {
@@ -222,28 +186,31 @@ impl Shared {
                     }
                     let img = resized.as_ref().unwrap_or(img);
                     counters_base(local, steps.suffix.start);
-                    self.plan
+                    self.data
+                        .plan
                         .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
                         .map_err(decode_err)?;
                 }
                 CachedData::Resized(img) => {
                     counters_base(local, steps.suffix.start);
-                    self.plan
+                    self.data
+                        .plan
                         .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
                         .map_err(decode_err)?;
                 }
             }
             return Ok((0, CacheUse::Hit));
         }
-        if self.locality.is_some() {
-            self.counters.storage_read();
+        if self.peering.locality.is_some() {
+            self.peering.counters.storage_read();
         }
         if let Some(c) = probe(local) {
             c.mark();
         }
         let t0 = Instant::now();
-        self.storage
-            .read(&self.manifest.root, &entry.location, self.spec.limits.max_file_bytes, &mut local.read_buf)
+        self.data
+            .storage
+            .read(&self.data.manifest.root, &entry.location, self.data.spec.limits.max_file_bytes, &mut local.read_buf)
             .map_err(|k| (Stage::Read, k))?;
         let read_time = t0.elapsed();
         if let Some(c) = probe(local) {
@@ -274,7 +241,7 @@ impl Shared {
                 .map_or(0, |i| i.as_bytes().len() as u64),
         });
         // With several learners, each caches only the samples placed on it.
-        let level = level.filter(|_| self.locality.as_ref().is_none_or(|l| l.caches(pos)));
+        let level = level.filter(|_| self.peering.locality.as_ref().is_none_or(|l| l.caches(pos)));
         let fill = Instant::now();
         match level {
             Some(CacheLevel::Raw) => {
@@ -308,14 +275,18 @@ impl Shared {
         times: &mut [Duration],
         resize: Option<u32>,
     ) -> Result<Computed, SampleFailure> {
-        let steps = &self.steps;
+        let steps = &self.data.steps;
         counters_base(local, steps.prefix.start);
         let t = Instant::now();
-        if !self.split {
-            self.plan.run(bytes, rng, &mut local.scratch, out, &mut times[steps.prefix.clone()]).map_err(decode_err)?;
+        if !self.data.split {
+            self.data
+                .plan
+                .run(bytes, rng, &mut local.scratch, out, &mut times[steps.prefix.clone()])
+                .map_err(decode_err)?;
             return Ok(Computed { decode: t.elapsed(), resize: Duration::ZERO, decoded: None, resized: None });
         }
         let decoded = self
+            .data
             .plan
             .run_deterministic_prefix(bytes, &mut local.scratch, &mut times[steps.prefix.clone()])
             .map_err(decode_err)?;
@@ -331,7 +302,8 @@ impl Shared {
         }
         let img = resized.as_ref().unwrap_or(&decoded);
         counters_base(local, steps.suffix.start);
-        self.plan
+        self.data
+            .plan
             .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
             .map_err(decode_err)?;
         Ok(Computed { decode, resize: resize_time, decoded: Some(decoded), resized })
@@ -350,16 +322,7 @@ struct Computed {
 pub(super) struct ChunkDone {
     pub(super) batch: u64,
     pub(super) failures: Vec<(usize, SampleError)>,
-    pub(super) times: Vec<Duration>,
-    /// Each sample's op times, `times.len()` per sample.
-    pub(super) per_sample: Vec<Duration>,
-    /// What the CPU counters moved per op, when they are on.
-    pub(super) counters: Option<(CounterSource, Vec<[u64; crate::counters::N]>)>,
-    pub(super) bytes: u64,
-    /// Samples the chunk ran (all of them unless cancelled) and the wall time it took:
-    /// the autoscaler's production signal.
-    pub(super) samples: usize,
-    pub(super) busy: Duration,
+    pub(super) work: ChunkWork,
 }
 
 #[cfg(test)]

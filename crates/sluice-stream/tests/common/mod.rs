@@ -65,7 +65,7 @@ pub fn stream_spec(url: &str, stream: &str, group: &str, r: usize, b: usize, dir
         }),
         rate: RateSpec::default(),
         seed: 7,
-        threads: 1,
+        threads: 1.into(),
         on_error: Default::default(),
         limits: Default::default(),
         claim_idle_ms: 30_000,
