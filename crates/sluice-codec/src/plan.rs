@@ -174,6 +174,10 @@ enum Step {
     },
     /// normalize / dtype / layout and any pending flip, into the output slot.
     Write,
+    /// `random_erasing`, on the output slot after the write.
+    Erase {
+        op: OpSpec,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -325,6 +329,10 @@ impl Plan {
         if write {
             steps.push(Step::Write);
             names.push("write");
+            for op in ops.iter().filter(|o| matches!(o, OpSpec::RandomErasing { .. })) {
+                steps.push(Step::Erase { op: op.clone() });
+                names.push(op.name());
+            }
         }
         Steps { steps, names }
     }
@@ -540,6 +548,10 @@ impl Plan {
                     } else {
                         self.write(borrowed.unwrap_or(&scratch.a), w, h, flip, out);
                     }
+                }
+                Step::Erase { ref op } => {
+                    let format = (self.format.dtype, self.format.layout);
+                    ops::erase_output(op, out, (self.out_w, self.out_h), format, rng)?;
                 }
             }
             if let Some(t) = times.get_mut(i) {
