@@ -376,9 +376,10 @@ fn adjust_sharpness(src: &[u8], w: usize, h: usize, f: f64, out: &mut [u8]) {
 fn gaussian_kernel(k: usize, sigma: f64, out: &mut Vec<f32>) {
     out.clear();
     let lim = (k as f64 - 1.0) / (2.0 * std::f64::consts::SQRT_2);
-    let step = if k > 1 { 2.0 * lim / (k as f64 - 1.0) } else { 0.0 };
+    let half = (k as f64 - 1.0) / 2.0;
     out.extend((0..k).map(|i| {
-        let x = -lim + i as f64 * step;
+        // Symmetric and exactly 0 in the middle, so the sum is never 0 (however small sigma).
+        let x = if k > 1 { lim * (i as f64 - half) / half } else { 0.0 };
         (-(x / sigma).powi(2)).exp() as f32
     }));
     let sum: f32 = out.iter().sum();
@@ -625,6 +626,9 @@ mod tests {
         assert!(at(2, 2) > at(1, 2) && at(1, 2) > at(1, 1) && at(1, 1) > 0, "{out:?}");
         assert_eq!((at(1, 2), at(1, 1)), (at(3, 2), at(3, 3)));
         assert_eq!(at(0, 0), 0);
+        // A vanishing sigma is the identity, never a 0/0 kernel.
+        let tiny = OpSpec::GaussianBlur { kernel_size: KernelSize::One(5), sigma: Range::One(1e-300) };
+        assert_eq!(run(&tiny, &point, 5, 5), point);
         // A sigma range draws per sample, from the sample's generator only.
         let ranged = OpSpec::GaussianBlur { kernel_size: KernelSize::One(3), sigma: Range::Two([0.1, 5.0]) };
         assert_eq!(run(&ranged, &point, 5, 5), run(&ranged, &point, 5, 5));

@@ -27,6 +27,10 @@ fn colour_ops_parse_with_torchvision_defaults_and_validate() {
         r#"{"op": "gaussian_blur", "kernel_size": [3, 5]}"#,
     ] {
         validate_ops(&ops_with(op)).unwrap_or_else(|e| panic!("{op}: {e}"));
+        // Written back as JSON, the op reads back the same (the spec fuzz target checks this).
+        let parsed: OpSpec = serde_json::from_str(op).unwrap();
+        let json = serde_json::to_string(&parsed).unwrap();
+        assert_eq!(serde_json::from_str::<OpSpec>(&json).unwrap(), parsed, "{json}");
     }
     let parsed: OpSpec = serde_json::from_str(r#"{"op": "random_grayscale"}"#).unwrap();
     assert_eq!(parsed, OpSpec::RandomGrayscale { p: 0.1 });
