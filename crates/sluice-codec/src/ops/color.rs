@@ -258,11 +258,14 @@ fn adjust_hue(img: &mut [u8], hue: f64) {
         } else {
             (gc + 4.0) - rc
         };
-        let h = (h * (1.0 / 6.0) + 1.0) % 1.0;
-        let h = (h + hue).rem_euclid(1.0);
-        // _hsv_to_rgb
+        // `fmod(h / 6 + 1, 1)` and `remainder(h + hue, 1)` on values within one period of
+        // [0, 1): the same as adding or subtracting 1, which is exact there (and avoids
+        // libm calls per pixel).
+        let h = wrap_unit(wrap_unit(h * (1.0 / 6.0) + 1.0));
+        let h = wrap_unit(h + hue);
+        // _hsv_to_rgb; h6 >= 0, so truncation is floor.
         let h6 = h * 6.0;
-        let i = h6.floor();
+        let i = (h6 as i32) as f32;
         let f = h6 - i;
         let sxf = s * f;
         let one_minus_s = 1.0 - s;
@@ -280,6 +283,18 @@ fn adjust_hue(img: &mut [u8], hue: f64) {
         };
         const SCALE: f32 = 255.0 + 1.0 - 1e-3;
         p.copy_from_slice(&[(r * SCALE) as u8, (g * SCALE) as u8, (b * SCALE) as u8]);
+    }
+}
+
+/// `x` moved into [0, 1) by one period, for `x` in [-1, 2).
+#[inline]
+fn wrap_unit(x: f32) -> f32 {
+    if x >= 1.0 {
+        x - 1.0
+    } else if x < 0.0 {
+        x + 1.0
+    } else {
+        x
     }
 }
 
