@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from . import _sluice
 from .errors import SpecError
 
-__all__ = ["Pipeline", "IMAGENET_MEAN", "IMAGENET_STD", "PathLike", "Size"]
+__all__ = ["Pipeline", "IMAGENET_MEAN", "IMAGENET_STD", "PathLike", "Size", "Span"]
 
 #: ImageNet channel means in [0, 1] units (RGB), torchvision's defaults.
 IMAGENET_MEAN: Tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -35,6 +35,8 @@ IMAGENET_STD: Tuple[float, float, float] = (0.229, 0.224, 0.225)
 PathLike = Union[str, "os.PathLike[str]"]
 #: An output size: one side (square) or ``(height, width)``.
 Size = Union[int, Sequence[int]]
+#: A number or a ``(min, max)`` pair, as torchvision's ColorJitter and GaussianBlur take them.
+Span = Union[float, Sequence[float]]
 
 
 def _path(p: PathLike) -> str:
@@ -212,6 +214,70 @@ class Pipeline:
         """``255 - x`` on every channel (torchvision's ``RandomInvert(p=1)``)."""
         return self._op("invert")
 
+    # Ops torchvision has as ``Random*(p)`` take ``p`` here (default 1: always applied).
+
+    def color_jitter(
+        self,
+        brightness: Optional[Span] = None,
+        contrast: Optional[Span] = None,
+        saturation: Optional[Span] = None,
+        hue: Optional[Span] = None,
+    ) -> "Pipeline":
+        """torchvision's ``ColorJitter``: each factor a number ``v`` (``[1 - v, 1 + v]``; hue
+        ``[-v, v]``) or a ``(min, max)`` pair, drawn per sample and applied in an order
+        drawn per sample."""
+        args = {"brightness": brightness, "contrast": contrast, "saturation": saturation, "hue": hue}
+        return self._op("color_jitter", **{k: _span(v) for k, v in args.items() if v is not None})
+
+    def random_grayscale(self, p: float = 0.1) -> "Pipeline":
+        """Grayscale (three equal channels) with probability ``p`` (``RandomGrayscale``)."""
+        return self._op("random_grayscale", p=p)
+
+    def grayscale(self) -> "Pipeline":
+        """``Grayscale(num_output_channels=3)``: ``0.2989 R + 0.587 G + 0.114 B``."""
+        return self._op("grayscale")
+
+    def solarize(self, threshold: float, p: float = 1.0) -> "Pipeline":
+        """Inverts values ``>= threshold`` (u8 units) with probability ``p`` (``RandomSolarize``)."""
+        return self._op("solarize", threshold=threshold, p=p)
+
+    def posterize(self, bits: int, p: float = 1.0) -> "Pipeline":
+        """Keeps the top ``bits`` (0 to 8) bits with probability ``p`` (``RandomPosterize``)."""
+        return self._op("posterize", bits=bits, p=p)
+
+    def equalize(self, p: float = 1.0) -> "Pipeline":
+        """Histogram equalization per channel with probability ``p`` (``RandomEqualize``)."""
+        return self._op("equalize", p=p)
+
+    def autocontrast(self, p: float = 1.0) -> "Pipeline":
+        """Stretches each channel to [0, 255] with probability ``p`` (``RandomAutocontrast``)."""
+        return self._op("autocontrast", p=p)
+
+    def adjust_sharpness(self, sharpness_factor: float, p: float = 1.0) -> "Pipeline":
+        """Sharpens (factor > 1) or smooths (< 1) with probability ``p``
+        (``RandomAdjustSharpness``)."""
+        return self._op("adjust_sharpness", sharpness_factor=sharpness_factor, p=p)
+
+    def gaussian_blur(self, kernel_size: Size, sigma: Span = (0.1, 2.0)) -> "Pipeline":
+        """torchvision's ``GaussianBlur``: odd ``kernel_size`` (one side or ``(x, y)``), sigma
+        drawn per sample from ``sigma`` (a number fixes it); reflect padding."""
+        ks = kernel_size if isinstance(kernel_size, int) else [int(k) for k in kernel_size]
+        return self._op("gaussian_blur", kernel_size=ks, sigma=_span(sigma))
+
+    def random_erasing(
+        self,
+        p: float = 0.5,
+        scale: Sequence[float] = (0.02, 0.33),
+        ratio: Sequence[float] = (0.3, 3.3),
+        value: Union[float, Sequence[float], str] = 0.0,
+    ) -> "Pipeline":
+        """torchvision's ``RandomErasing``, on the output as written: it goes after
+        ``normalize``/``dtype``/``layout``, and ``value`` is in the output's units (0 after
+        ``normalize`` is the mean). ``value``: a number, one per channel, or ``"random"``
+        (standard normal noise)."""
+        v: Any = value if isinstance(value, (str, int, float)) else [float(x) for x in value]
+        return self._op("random_erasing", p=p, scale=list(scale), ratio=list(ratio), value=v)
+
     # ---- geometric ops (torchvision.transforms.v2 semantics; docs/ops.md) -------------
 
     def random_vertical_flip(self, p: float = 0.5) -> "Pipeline":
@@ -376,3 +442,8 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return f"Pipeline({json.dumps(self._spec)})"
+
+
+def _span(v: Span) -> Any:
+    """A number stays a number; a pair becomes a list (the spec's JSON form)."""
+    return v if isinstance(v, (int, float)) else [float(x) for x in v]

@@ -22,9 +22,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .loader import Batch, Loader
+from .mix import CutMix, MixUp, MixUpOrCutMix
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
 
-__all__ = ["SluiceDataset", "to_device", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["SluiceDataset", "to_device", "MixUp", "CutMix", "MixUpOrCutMix", "IMAGENET_MEAN", "IMAGENET_STD"]
 
 
 class SluiceDataset(IterableDataset):  # type: ignore[type-arg]

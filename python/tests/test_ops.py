@@ -54,6 +54,60 @@ CASES: List[Tuple[str, Callable[[sluice.Pipeline], sluice.Pipeline], Callable[[A
     ("resize", lambda p: p.resize(24), lambda t: tvf.resize(t, [24], antialias=True), (24, 34), 1),
     ("invert", lambda p: p.invert(), tvf.invert, (H, W), 0),
     ("random_vertical_flip", lambda p: p.random_vertical_flip(p=1.0), tvf.vertical_flip, (H, W), 0),
+    # ---- colour: ranges of width zero pin ColorJitter's factors, p = 1 the Random* ops.
+    (
+        "color_jitter[brightness]",
+        lambda p: p.color_jitter(brightness=(1.4, 1.4)),
+        lambda t: tvf.adjust_brightness(t, 1.4),
+        (H, W),
+        0,
+    ),
+    (
+        "color_jitter[contrast]",
+        lambda p: p.color_jitter(contrast=(0.6, 0.6)),
+        lambda t: tvf.adjust_contrast(t, 0.6),
+        (H, W),
+        # torch sums the grayscale mean in float32 in its own order; we sum exactly.
+        1,
+    ),
+    (
+        "color_jitter[saturation]",
+        lambda p: p.color_jitter(saturation=(1.7, 1.7)),
+        lambda t: tvf.adjust_saturation(t, 1.7),
+        (H, W),
+        0,
+    ),
+    ("color_jitter[hue+]", lambda p: p.color_jitter(hue=(0.2, 0.2)), lambda t: tvf.adjust_hue(t, 0.2), (H, W), 1),
+    ("color_jitter[hue-]", lambda p: p.color_jitter(hue=(-0.35, -0.35)), lambda t: tvf.adjust_hue(t, -0.35), (H, W), 1),
+    ("grayscale", lambda p: p.grayscale(), lambda t: tvf.rgb_to_grayscale(t, num_output_channels=3), (H, W), 0),
+    (
+        "random_grayscale",
+        lambda p: p.random_grayscale(p=1.0),
+        lambda t: tvf.rgb_to_grayscale(t, num_output_channels=3),
+        (H, W),
+        0,
+    ),
+    ("solarize", lambda p: p.solarize(128), lambda t: tvf.solarize(t, 128), (H, W), 0),
+    ("posterize", lambda p: p.posterize(3), lambda t: tvf.posterize(t, 3), (H, W), 0),
+    ("equalize", lambda p: p.equalize(), tvf.equalize, (H, W), 0),
+    ("autocontrast", lambda p: p.autocontrast(), tvf.autocontrast, (H, W), 0),
+    ("adjust_sharpness[2]", lambda p: p.adjust_sharpness(2.0), lambda t: tvf.adjust_sharpness(t, 2.0), (H, W), 1),
+    ("adjust_sharpness[0.3]", lambda p: p.adjust_sharpness(0.3), lambda t: tvf.adjust_sharpness(t, 0.3), (H, W), 1),
+    (
+        "gaussian_blur",
+        lambda p: p.gaussian_blur((5, 3), sigma=(1.2, 1.2)),
+        lambda t: tvf.gaussian_blur(t, [5, 3], [1.2, 1.2]),
+        (H, W),
+        # two float32 1-D passes instead of one 2-D convolution: rounding may differ by 1.
+        1,
+    ),
+    (
+        "gaussian_blur[wide]",
+        lambda p: p.gaussian_blur(9, sigma=3.0),
+        lambda t: tvf.gaussian_blur(t, [9, 9], [3.0, 3.0]),
+        (H, W),
+        1,
+    ),
 ]
 
 
@@ -85,6 +139,97 @@ def test_op_parameters_are_checked_with_the_field_named(picture: Tuple[Path, np.
     with pytest.raises(sluice.SpecError) as e:
         sluice.Pipeline.image_folder(root).decode().random_vertical_flip(p=1.5).center_crop(8).batch(1).validate()
     assert e.value.field == "ops[1].p"
+
+
+def test_color_jitter_applies_all_four_in_one_of_torchvisions_orders(picture: Tuple[Path, np.ndarray]) -> None:
+    """With every factor pinned, the output is torchvision's for one of the 24 orders, and
+    different samples (keys) draw different orders."""
+    import itertools
+
+    root, img = picture
+    factors = {"brightness": 1.2, "contrast": 0.7, "saturation": 1.5, "hue": 0.1}
+    fns = {
+        "brightness": tvf.adjust_brightness,
+        "contrast": tvf.adjust_contrast,
+        "saturation": tvf.adjust_saturation,
+        "hue": tvf.adjust_hue,
+    }
+    ours = run_sluice(root, lambda p: p.color_jitter(**{k: (v, v) for k, v in factors.items()}), (H, W))
+    best = 255
+    for order in itertools.permutations(factors):
+
+        def chain(t: Any, order: Tuple[str, ...] = order) -> Any:
+            for name in order:
+                t = fns[name](t, factors[name])
+            return t
+
+        theirs = run_torchvision(img, chain, (H, W))
+        best = min(best, int(np.abs(ours.astype(np.int16) - theirs.astype(np.int16)).max()))
+    assert best <= 1, f"no order of torchvision's gives our pixels (closest: {best})"
+
+
+def test_random_erasing_after_normalize_gives_torchvisions_values(
+    tmp_path: Path, picture: Tuple[Path, np.ndarray]
+) -> None:
+    """``normalize, layout chw, random_erasing`` erases in normalized units, as torchvision's
+    ToDtype + Normalize + RandomErasing: the rectangle has torchvision's size for the pinned
+    scale and ratio, and outside it the tensor is untouched."""
+    root, img = picture
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    base = sluice.Pipeline.image_folder(root).decode().center_crop((H, W)).normalize(mean, std).layout("chw")
+
+    def one(pipe: sluice.Pipeline) -> np.ndarray:
+        (batch,) = list(sluice.Loader(pipe.batch(1).threads(1)))
+        return np.asarray(batch.image)[0]
+
+    plain = one(base)
+    t = tvf.normalize(
+        tvf.to_dtype(torch.from_numpy(img).permute(2, 0, 1), torch.float32, scale=True), list(mean), list(std)
+    )
+    np.testing.assert_allclose(plain, t.numpy(), atol=1e-5)
+    # torchvision's size for scale 0.1, ratio 1: round(sqrt(0.1 * H * W)) on each side.
+    side = int(round((0.1 * H * W) ** 0.5))
+    for value in (0.0, [0.5, -1.0, 2.0]):
+        erased = one(base.random_erasing(p=1.0, scale=(0.1, 0.1), ratio=(1.0, 1.0), value=value))
+        ys, xs = np.nonzero((erased != plain).any(axis=0))
+        i, j = int(ys.min()), int(xs.min())
+        v = torch.tensor([float(value)] if isinstance(value, float) else value)[:, None, None]
+        theirs = tvf.erase(t, i, j, side, side, v)
+        np.testing.assert_allclose(erased, theirs.numpy(), atol=1e-5)
+    noisy = one(base.random_erasing(p=1.0, scale=(0.1, 0.1), ratio=(1.0, 1.0), value="random"))
+    changed = noisy[:, (noisy != plain).any(axis=0)]
+    assert changed.size == 3 * side * side and abs(float(changed.mean())) < 0.3 and 0.7 < float(changed.std()) < 1.3
+    never = one(base.random_erasing(p=0.0))
+    assert np.array_equal(never, plain)
+    # u8 output: the value as a pixel.
+    u8 = (
+        sluice.Pipeline.image_folder(root)
+        .decode()
+        .center_crop((H, W))
+        .random_erasing(p=1.0, value=7, scale=(0.1, 0.1), ratio=(1.0, 1.0))
+    )
+    got = one(u8)
+    assert int((got == 7).all(axis=-1).sum()) >= side * side
+
+
+def test_colour_op_parameters_are_checked_with_the_field_named(picture: Tuple[Path, np.ndarray]) -> None:
+    root, _ = picture
+    base = sluice.Pipeline.image_folder(root).decode()
+    for bad, field in [
+        (base.color_jitter(hue=0.7), "ops[1].hue"),
+        (base.color_jitter(brightness=(1.5, 0.5)), "ops[1].brightness"),
+        (base.solarize(300), "ops[1].threshold"),
+        (base.posterize(9), "ops[1].bits"),
+        (base.gaussian_blur(4), "ops[1].kernel_size"),
+        (base.adjust_sharpness(-1.0), "ops[1].sharpness_factor"),
+        (base.equalize(p=2.0), "ops[1].p"),
+    ]:
+        with pytest.raises(sluice.SpecError) as e:
+            bad.center_crop(8).batch(1).validate()
+        assert e.value.field == field
+    with pytest.raises(sluice.SpecError) as e:
+        base.random_erasing().center_crop(8).batch(1).validate()
+    assert e.value.field == "ops[2]"
 
 
 def test_every_case_names_a_different_op() -> None:

@@ -174,6 +174,10 @@ enum Step {
     },
     /// normalize / dtype / layout and any pending flip, into the output slot.
     Write,
+    /// `random_erasing`, on the output slot after the write.
+    Erase {
+        op: OpSpec,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -325,6 +329,10 @@ impl Plan {
         if write {
             steps.push(Step::Write);
             names.push("write");
+            for op in ops.iter().filter(|o| matches!(o, OpSpec::RandomErasing { .. })) {
+                steps.push(Step::Erase { op: op.clone() });
+                names.push(op.name());
+            }
         }
         Steps { steps, names }
     }
@@ -540,6 +548,10 @@ impl Plan {
                     } else {
                         self.write(borrowed.unwrap_or(&scratch.a), w, h, flip, out);
                     }
+                }
+                Step::Erase { ref op } => {
+                    let format = (self.format.dtype, self.format.layout);
+                    ops::erase_output(op, out, (self.out_w, self.out_h), format, rng)?;
                 }
             }
             if let Some(t) = times.get_mut(i) {
@@ -949,6 +961,31 @@ mod tests {
         let got = run(&Plan::compile(&ops, Limits::default()), &png, 0, &mut s).unwrap();
         let want: Vec<u8> = mirrored.chunks_exact(12).flat_map(|row| row[3..9].to_vec()).collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn colour_ops_run_before_the_write_and_random_erasing_after_it() {
+        let (png, px) = tiny();
+        let mut s = Scratch::new();
+        let flip = OpSpec::RandomHorizontalFlip { p: 1.0 };
+        // A flip stays pending past pointwise ops (invert, then solarize at 0 inverts back)
+        // and still lands in the write; a neighbourhood op (sharpness 1 is the identity)
+        // applies it first.
+        let twice = [flip.clone(), OpSpec::Invert, OpSpec::Solarize { threshold: 0.0, p: 1.0 }];
+        assert_eq!(run(&tiny_plan(&twice), &png, 0, &mut s).unwrap(), mirror(&px, 4));
+        let sharp = [flip, OpSpec::AdjustSharpness { sharpness_factor: 1.0, p: 1.0 }];
+        assert_eq!(run(&tiny_plan(&sharp), &png, 0, &mut s).unwrap(), mirror(&px, 4));
+
+        // 4x2, scale 1/4, ratio 1: one pixel (round(sqrt(2)) = 1), erased in normalized units.
+        let (mean, std) = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]);
+        let value = sluice_core::spec::ErasingValue::One(-9.0);
+        let erase = OpSpec::RandomErasing { p: 1.0, scale: [0.25, 0.25], ratio: [1.0, 1.0], value };
+        let plan = tiny_plan(&[OpSpec::Normalize { mean, std }, OpSpec::Layout { order: Layout::Chw }, erase]);
+        assert_eq!(plan.step_names(), ["decode+center_crop", "normalize+layout", "random_erasing"]);
+        let got = f32s(&run(&plan, &png, 0, &mut s).unwrap());
+        assert_eq!(got.iter().filter(|&&v| v == -9.0).count(), 3, "{got:?}");
+        let pixel = got.iter().position(|&v| v == -9.0).unwrap_or(0);
+        assert_eq!([got[pixel + 8], got[pixel + 16]], [-9.0, -9.0], "one pixel, every channel plane");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! size it leaves), an arm in its module's [`color::runs`]/[`color::apply`] (or
 //! geometry's), a builder method in python/sluice/pipeline.py and a row in docs/ops.md.
 
-use sluice_core::{OpSpec, SampleRng};
+use sluice_core::{DType, Layout, OpSpec, SampleRng};
 
 use crate::CodecError;
 
@@ -42,6 +42,26 @@ pub(crate) fn apply(
     } else {
         geometry::apply(op, src, w, h, rng, dst)
     }
+}
+
+/// Runs `random_erasing` on the output slot `out`: a `w x h` RGB sample as the plan wrote
+/// it (`dtype`, `layout`), so its `value` is in the output's units (after `normalize`).
+pub(crate) fn erase_output(
+    op: &OpSpec,
+    out: &mut [u8],
+    (w, h): (u32, u32),
+    (dtype, layout): (DType, Layout),
+    rng: &mut SampleRng,
+) -> Result<(), CodecError> {
+    let OpSpec::RandomErasing { p, scale, ratio, value } = *op else {
+        return Err(not_mine(op, "output"));
+    };
+    let n = (w as usize).checked_mul(h as usize).and_then(|n| n.checked_mul(3 * dtype.size()));
+    if n != Some(out.len()) {
+        return Err(CodecError::Shape(format!("a {w}x{h} {dtype:?} sample does not fill a {}-byte slot", out.len())));
+    }
+    color::random_erasing(p, scale, ratio, value, out, w, h, dtype, layout, rng);
+    Ok(())
 }
 
 /// The `w x h` RGB8 image at the start of `src`, and `dst` sized to hold one as large.

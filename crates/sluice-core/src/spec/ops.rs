@@ -8,6 +8,12 @@ use super::{check_count, Size, MAX_OPS, MAX_SIDE, MAX_SLEEP_US};
 use crate::error::SpecError;
 use crate::image::{DType, Layout};
 
+mod color;
+#[cfg(test)]
+mod color_tests;
+
+pub use color::{ErasingValue, KernelSize, RandomTag, Range};
+
 /// One preprocessing op. `decode` comes first; geometric ops next; then at most one of
 /// `normalize`/`dtype`; then `layout`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,6 +61,73 @@ pub enum OpSpec {
     },
     /// `255 - x` on every channel (torchvision's `invert`).
     Invert,
+    // ---- colour ops (docs/ops.md, "Colour"). Those torchvision has as `Random*(p)`
+    // take an optional `p` here (default 1: always), drawn before anything else.
+    /// torchvision's ColorJitter: each factor a number or `[min, max]`, drawn per sample,
+    /// applied in a random order.
+    ColorJitter {
+        #[serde(default)]
+        brightness: Option<Range>,
+        #[serde(default)]
+        contrast: Option<Range>,
+        #[serde(default)]
+        saturation: Option<Range>,
+        #[serde(default)]
+        hue: Option<Range>,
+    },
+    /// Grayscale (3 equal channels) with probability `p` (torchvision's RandomGrayscale).
+    RandomGrayscale {
+        #[serde(default = "default_grayscale_p")]
+        p: f64,
+    },
+    /// torchvision's `Grayscale(num_output_channels=3)`.
+    Grayscale,
+    /// Inverts values `>= threshold` (RandomSolarize).
+    Solarize {
+        threshold: f64,
+        #[serde(default = "default_always")]
+        p: f64,
+    },
+    /// Keeps the top `bits` bits of each value (RandomPosterize).
+    Posterize {
+        bits: u8,
+        #[serde(default = "default_always")]
+        p: f64,
+    },
+    /// Histogram equalization per channel (RandomEqualize).
+    Equalize {
+        #[serde(default = "default_always")]
+        p: f64,
+    },
+    /// Stretches each channel to [0, 255] (RandomAutocontrast).
+    Autocontrast {
+        #[serde(default = "default_always")]
+        p: f64,
+    },
+    /// Blends with a 3x3 smoothed image, borders kept (RandomAdjustSharpness).
+    AdjustSharpness {
+        sharpness_factor: f64,
+        #[serde(default = "default_always")]
+        p: f64,
+    },
+    /// torchvision's GaussianBlur: sigma drawn per sample from `sigma`, reflect padding.
+    GaussianBlur {
+        kernel_size: KernelSize,
+        #[serde(default = "default_sigma")]
+        sigma: Range,
+    },
+    /// torchvision's RandomErasing, on the output as written (after `normalize`/`dtype`/
+    /// `layout`), so `value` is in the output's units.
+    RandomErasing {
+        #[serde(default = "default_erasing_p")]
+        p: f64,
+        #[serde(default = "default_erasing_scale")]
+        scale: [f64; 2],
+        #[serde(default = "default_erasing_ratio")]
+        ratio: [f64; 2],
+        #[serde(default)]
+        value: ErasingValue,
+    },
     /// Emulated per-sample cost: the thread sleeps `us` microseconds. For benchmarks that
     /// need more preprocessing units than the machine has cores (autoscaling, many
     /// learners): a sleeping unit costs wall time, not CPU. Runs after the cache seam, so a
@@ -73,6 +146,24 @@ pub(super) fn default_ratio() -> [f64; 2] {
 pub(super) fn default_flip_p() -> f64 {
     0.5
 }
+fn default_always() -> f64 {
+    1.0
+}
+fn default_grayscale_p() -> f64 {
+    0.1
+}
+fn default_sigma() -> Range {
+    Range::Two([0.1, 2.0])
+}
+fn default_erasing_p() -> f64 {
+    0.5
+}
+fn default_erasing_scale() -> [f64; 2] {
+    [0.02, 0.33]
+}
+fn default_erasing_ratio() -> [f64; 2] {
+    [0.3, 3.3]
+}
 
 impl OpSpec {
     pub fn name(&self) -> &'static str {
@@ -87,6 +178,16 @@ impl OpSpec {
             OpSpec::Layout { .. } => "layout",
             OpSpec::RandomVerticalFlip { .. } => "random_vertical_flip",
             OpSpec::Invert => "invert",
+            OpSpec::ColorJitter { .. } => "color_jitter",
+            OpSpec::RandomGrayscale { .. } => "random_grayscale",
+            OpSpec::Grayscale => "grayscale",
+            OpSpec::Solarize { .. } => "solarize",
+            OpSpec::Posterize { .. } => "posterize",
+            OpSpec::Equalize { .. } => "equalize",
+            OpSpec::Autocontrast { .. } => "autocontrast",
+            OpSpec::AdjustSharpness { .. } => "adjust_sharpness",
+            OpSpec::GaussianBlur { .. } => "gaussian_blur",
+            OpSpec::RandomErasing { .. } => "random_erasing",
             OpSpec::Sleep { .. } => "sleep",
         }
     }
@@ -94,10 +195,24 @@ impl OpSpec {
     /// Random ops draw from the per-sample RNG; their output changes every epoch, so
     /// nothing after the first of them can be cached.
     pub fn is_random(&self) -> bool {
-        matches!(
-            self,
-            OpSpec::RandomResizedCrop { .. } | OpSpec::RandomHorizontalFlip { .. } | OpSpec::RandomVerticalFlip { .. }
-        )
+        match self {
+            OpSpec::RandomResizedCrop { .. }
+            | OpSpec::RandomHorizontalFlip { .. }
+            | OpSpec::RandomVerticalFlip { .. }
+            | OpSpec::ColorJitter { .. }
+            | OpSpec::RandomGrayscale { .. }
+            | OpSpec::RandomErasing { .. } => true,
+            OpSpec::Solarize { p, .. }
+            | OpSpec::Posterize { p, .. }
+            | OpSpec::Equalize { p }
+            | OpSpec::Autocontrast { p }
+            | OpSpec::AdjustSharpness { p, .. } => *p < 1.0,
+            OpSpec::GaussianBlur { sigma, .. } => {
+                let [lo, hi] = sigma.fixed_or_range();
+                lo < hi
+            }
+            _ => false,
+        }
     }
 
     /// The image size after this op, given the size before it (`None`: it depends on the
@@ -109,6 +224,16 @@ impl OpSpec {
             OpSpec::RandomHorizontalFlip { .. }
             | OpSpec::RandomVerticalFlip { .. }
             | OpSpec::Invert
+            | OpSpec::ColorJitter { .. }
+            | OpSpec::RandomGrayscale { .. }
+            | OpSpec::Grayscale
+            | OpSpec::Solarize { .. }
+            | OpSpec::Posterize { .. }
+            | OpSpec::Equalize { .. }
+            | OpSpec::Autocontrast { .. }
+            | OpSpec::AdjustSharpness { .. }
+            | OpSpec::GaussianBlur { .. }
+            | OpSpec::RandomErasing { .. }
             | OpSpec::Normalize { .. }
             | OpSpec::Dtype { .. }
             | OpSpec::Layout { .. }
@@ -120,7 +245,9 @@ impl OpSpec {
     /// (`ops[2].size`).
     fn validate(&self, field: impl Fn(&str) -> String) -> Result<(), SpecError> {
         match self {
-            OpSpec::Decode | OpSpec::Layout { .. } | OpSpec::Dtype { .. } | OpSpec::Invert => Ok(()),
+            OpSpec::Decode | OpSpec::Layout { .. } | OpSpec::Dtype { .. } | OpSpec::Invert | OpSpec::Grayscale => {
+                Ok(())
+            }
             OpSpec::Resize { size } => check_count(&field("size"), u64::from(*size), 1, u64::from(MAX_SIDE)),
             OpSpec::CenterCrop { size } => check_size(size, &field("size")),
             OpSpec::RandomResizedCrop { size, scale, ratio } => {
@@ -141,6 +268,43 @@ impl OpSpec {
                 Ok(())
             }
             OpSpec::Sleep { us } => check_count(&field("us"), u64::from(*us), 0, u64::from(MAX_SLEEP_US)),
+            OpSpec::ColorJitter { brightness, contrast, saturation, hue } => {
+                let factor = [0.0, color::MAX_FACTOR];
+                for (name, r) in [("brightness", brightness), ("contrast", contrast), ("saturation", saturation)] {
+                    if let Some(r) = r {
+                        color::check_jitter(r, 1.0, factor, &field(name))?;
+                    }
+                }
+                match hue {
+                    Some(h) => color::check_jitter(h, 0.0, [-0.5, 0.5], &field("hue")),
+                    None => Ok(()),
+                }
+            }
+            OpSpec::RandomGrayscale { p } | OpSpec::Equalize { p } | OpSpec::Autocontrast { p } => {
+                check_probability(*p, &field("p"))
+            }
+            OpSpec::Solarize { threshold, p } => {
+                if !(0.0..=255.0).contains(threshold) {
+                    return Err(SpecError::new(field("threshold"), "must be in [0, 255] (u8 units)"));
+                }
+                check_probability(*p, &field("p"))
+            }
+            OpSpec::Posterize { bits, p } => {
+                check_count(&field("bits"), u64::from(*bits), 0, 8)?;
+                check_probability(*p, &field("p"))
+            }
+            OpSpec::AdjustSharpness { sharpness_factor, p } => {
+                color::check_factor(*sharpness_factor, &field("sharpness_factor"))?;
+                check_probability(*p, &field("p"))
+            }
+            OpSpec::GaussianBlur { kernel_size, sigma } => {
+                color::check_kernel(kernel_size, &field("kernel_size"))?;
+                color::check_sigma(sigma, &field("sigma"))
+            }
+            OpSpec::RandomErasing { p, scale, ratio, value } => {
+                check_probability(*p, &field("p"))?;
+                color::check_erasing(*scale, *ratio, value, field)
+            }
         }
     }
 
@@ -153,9 +317,20 @@ impl OpSpec {
             | OpSpec::RandomHorizontalFlip { .. }
             | OpSpec::RandomVerticalFlip { .. }
             | OpSpec::Invert
+            | OpSpec::ColorJitter { .. }
+            | OpSpec::RandomGrayscale { .. }
+            | OpSpec::Grayscale
+            | OpSpec::Solarize { .. }
+            | OpSpec::Posterize { .. }
+            | OpSpec::Equalize { .. }
+            | OpSpec::Autocontrast { .. }
+            | OpSpec::AdjustSharpness { .. }
+            | OpSpec::GaussianBlur { .. }
             | OpSpec::Sleep { .. } => 1,
             OpSpec::Normalize { .. } | OpSpec::Dtype { .. } => 2,
             OpSpec::Layout { .. } => 3,
+            // Erases the output as written, so it follows every conversion.
+            OpSpec::RandomErasing { .. } => 4,
         }
     }
 }
@@ -180,7 +355,7 @@ pub(super) fn validate_ops(ops: &[OpSpec]) -> Result<(), SpecError> {
                 format!("ops[{i}]"),
                 format!(
                     "`{}` is out of order: decode, then resize/crops/flip, then at most one of \
-                     normalize/dtype, then layout",
+                     normalize/dtype, then layout, then random_erasing",
                     op.name()
                 ),
             ));
