@@ -39,6 +39,38 @@ Size = Union[int, Sequence[int]]
 Span = Union[float, Sequence[float]]
 
 
+#: A fill colour: one value for every channel or ``(r, g, b)``, each in 0..=255.
+Fill = Union[int, Sequence[int]]
+#: Padding as torchvision takes it: one value for every side, ``(left/right, top/bottom)``
+#: or ``(left, top, right, bottom)``.
+Padding = Union[int, Sequence[int]]
+
+
+def _fill(fill: Fill) -> List[int]:
+    if isinstance(fill, (list, tuple)):
+        return [int(v) for v in fill] * (3 if len(fill) == 1 else 1)
+    return [int(fill)] * 3  # type: ignore[arg-type]
+
+
+def _range(value: Union[float, Sequence[float]]) -> List[float]:
+    """torchvision's ``degrees``: ``d`` means ``(-d, d)``."""
+    if isinstance(value, (list, tuple)):
+        return [float(v) for v in value]
+    return [-float(value), float(value)]  # type: ignore[arg-type]
+
+
+def _padding(padding: Padding) -> List[int]:
+    """``[left, top, right, bottom]`` from torchvision's 1-, 2- or 4-value padding."""
+    if isinstance(padding, (list, tuple)):
+        p = [int(v) for v in padding]
+        if len(p) == 1:
+            return p * 4
+        if len(p) == 2:
+            return p * 2
+        return p
+    return [int(padding)] * 4  # type: ignore[arg-type]
+
+
 def _path(p: PathLike) -> str:
     """An absolute path string, so a spec means the same whatever the working directory.
     A URL (``s3://bucket/prefix``) is kept as it is."""
@@ -283,6 +315,83 @@ class Pipeline:
     def random_vertical_flip(self, p: float = 0.5) -> "Pipeline":
         """Flips top-bottom with probability ``p``. Seeded per sample."""
         return self._op("random_vertical_flip", p=p)
+
+    def random_rotation(
+        self,
+        degrees: Union[float, Sequence[float]],
+        interpolation: str = "nearest",
+        expand: bool = False,
+        center: Optional[Sequence[float]] = None,
+        fill: Fill = 0,
+    ) -> "Pipeline":
+        """torchvision's RandomRotation: turns counter-clockwise by an angle uniform in
+        ``degrees`` (``d`` means ``(-d, d)``) about ``center`` (pixel coordinates; the image
+        centre by default). ``interpolation`` is ``"nearest"`` or ``"bilinear"``; ``expand``
+        grows the canvas to hold the whole image (its size then varies: follow with a crop);
+        ``fill`` colours what comes in from outside. Seeded per sample."""
+        args: Dict[str, Any] = {"degrees": _range(degrees), "interpolation": interpolation, "expand": expand}
+        if center is not None:
+            args["center"] = [float(c) for c in center]
+        return self._op("random_rotation", **args, fill=_fill(fill))
+
+    def random_affine(
+        self,
+        degrees: Union[float, Sequence[float]],
+        translate: Optional[Sequence[float]] = None,
+        scale: Optional[Sequence[float]] = None,
+        shear: Optional[Union[float, Sequence[float]]] = None,
+        interpolation: str = "nearest",
+        fill: Fill = 0,
+    ) -> "Pipeline":
+        """torchvision's RandomAffine: angle uniform in ``degrees``, a shift of up to
+        ``translate`` (fractions of width and height, rounded to whole pixels), a scale
+        uniform in ``scale``, and a shear in degrees (``s``: x in ``(-s, s)``; 2 values: x
+        in that range; 4 values: x then y ranges). Seeded per sample."""
+        args: Dict[str, Any] = {"degrees": _range(degrees), "interpolation": interpolation, "fill": _fill(fill)}
+        if translate is not None:
+            args["translate"] = [float(t) for t in translate]
+        if scale is not None:
+            args["scale"] = [float(s) for s in scale]
+        if shear is not None:
+            sh = _range(shear)
+            args["shear"] = sh + [0.0, 0.0] if len(sh) == 2 else sh
+        return self._op("random_affine", **args)
+
+    def random_perspective(
+        self,
+        distortion_scale: float = 0.5,
+        p: float = 0.5,
+        interpolation: str = "bilinear",
+        fill: Fill = 0,
+    ) -> "Pipeline":
+        """torchvision's RandomPerspective: with probability ``p``, each corner moves inwards
+        by up to ``distortion_scale`` of half the side and the image follows. Seeded per
+        sample."""
+        return self._op(
+            "random_perspective", distortion_scale=distortion_scale, p=p, interpolation=interpolation, fill=_fill(fill)
+        )
+
+    def random_crop(
+        self,
+        size: Size,
+        padding: Optional[Padding] = None,
+        pad_if_needed: bool = False,
+        fill: Fill = 0,
+        padding_mode: str = "constant",
+    ) -> "Pipeline":
+        """torchvision's RandomCrop: pads by ``padding`` (and up to ``size`` when
+        ``pad_if_needed``), then crops ``size`` at a uniform position. ``padding_mode`` is
+        ``"constant"`` (with ``fill``), ``"edge"``, ``"reflect"`` or ``"symmetric"``. The CIFAR
+        recipe is ``random_crop(32, padding=4)``. Seeded per sample."""
+        args: Dict[str, Any] = {"size": _size(size), "pad_if_needed": pad_if_needed}
+        if padding is not None:
+            args["padding"] = _padding(padding)
+        return self._op("random_crop", **args, fill=_fill(fill), padding_mode=padding_mode)
+
+    def pad(self, padding: Padding, fill: Fill = 0, padding_mode: str = "constant") -> "Pipeline":
+        """torchvision's Pad: ``padding`` is one value, ``(left/right, top/bottom)`` or
+        ``(left, top, right, bottom)``; ``padding_mode`` as for :meth:`random_crop`."""
+        return self._op("pad", padding=_padding(padding), fill=_fill(fill), padding_mode=padding_mode)
 
     # ---- emulated cost ------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import sluice
 torch = pytest.importorskip("torch")
 tvf = pytest.importorskip("torchvision.transforms.v2.functional")
 PIL_Image = pytest.importorskip("PIL.Image")
+BILINEAR = pytest.importorskip("torchvision.transforms.v2").InterpolationMode.BILINEAR
 
 H, W = 37, 53
 
@@ -108,6 +109,94 @@ CASES: List[Tuple[str, Callable[[sluice.Pipeline], sluice.Pipeline], Callable[[A
         (H, W),
         1,
     ),
+    # ---- warps: the same f32 grid as torchvision's grid_sample path. Nearest is exact;
+    # bilinear may round the other way where torchvision's f32 sums land on .5 (the
+    # order of its additions differs from ours): at most 1.
+    (
+        "random_rotation_nearest",
+        lambda p: p.random_rotation(degrees=(30, 30), fill=(10, 20, 30)),
+        lambda t: tvf.rotate(t, 30.0, fill=[10, 20, 30]),
+        (H, W),
+        0,
+    ),
+    (
+        "random_rotation_bilinear",
+        lambda p: p.random_rotation(degrees=(-23, -23), interpolation="bilinear", fill=(200, 0, 50)),
+        lambda t: tvf.rotate(t, -23.0, interpolation=BILINEAR, fill=[200, 0, 50]),
+        (H, W),
+        1,
+    ),
+    (
+        "random_rotation_expand_center",
+        lambda p: p.random_rotation(degrees=(40, 40), interpolation="bilinear", expand=True, center=(10, 5)),
+        lambda t: tvf.rotate(t, 40.0, interpolation=BILINEAR, expand=True, center=[10, 5], fill=[0]),
+        (50, 60),
+        1,
+    ),
+    (
+        "random_rotation_quarter_turn",
+        lambda p: p.random_rotation(degrees=(90, 90), expand=True),
+        lambda t: tvf.rotate(t, 90.0, expand=True, fill=[0]),
+        (W, H),
+        0,
+    ),
+    (
+        "random_affine_nearest",
+        lambda p: p.random_affine(degrees=(12, 12), scale=(0.9, 0.9), shear=(8, 8, -4, -4), fill=7),
+        lambda t: tvf.affine(t, 12.0, [0, 0], 0.9, [8.0, -4.0], fill=[7]),
+        (H, W),
+        0,
+    ),
+    (
+        "random_affine_bilinear",
+        lambda p: p.random_affine(degrees=(-35, -35), scale=(1.3, 1.3), shear=(-12, -12), interpolation="bilinear"),
+        lambda t: tvf.affine(t, -35.0, [0, 0], 1.3, [-12.0, 0.0], interpolation=BILINEAR, fill=[0]),
+        (H, W),
+        1,
+    ),
+    (
+        # No distortion: the corners stay, so the map is the identity (the drawn case is
+        # test_random_perspective_is_one_of_torchvisions_outcomes).
+        "random_perspective",
+        lambda p: p.random_perspective(distortion_scale=0.0, p=1.0),
+        lambda t: tvf.perspective(
+            t,
+            [[0, 0], [W - 1, 0], [W - 1, H - 1], [0, H - 1]],
+            [[0, 0], [W - 1, 0], [W - 1, H - 1], [0, H - 1]],
+            fill=[0],
+        ),
+        (H, W),
+        0,
+    ),
+    # ---- padding and random_crop: a crop the size of the padded image has one position.
+    (
+        "pad",
+        lambda p: p.pad((1, 2, 3, 4), fill=(5, 6, 7)),
+        lambda t: tvf.pad(t, [1, 2, 3, 4], fill=[5, 6, 7]),
+        (H + 6, W + 4),
+        0,
+    ),
+    (
+        "random_crop_reflect",
+        lambda p: p.random_crop((H + 8, W + 8), padding=4, padding_mode="reflect"),
+        lambda t: tvf.pad(t, [4], padding_mode="reflect"),
+        (H + 8, W + 8),
+        0,
+    ),
+    (
+        "random_crop_symmetric",
+        lambda p: p.random_crop((H + 6, W + 2), padding=(1, 3), padding_mode="symmetric"),
+        lambda t: tvf.pad(t, [1, 3], padding_mode="symmetric"),
+        (H + 6, W + 2),
+        0,
+    ),
+    (
+        "random_crop_edge",
+        lambda p: p.random_crop((H + 3, W + 5), padding=(2, 1, 3, 2), padding_mode="edge"),
+        lambda t: tvf.pad(t, [2, 1, 3, 2], padding_mode="edge"),
+        (H + 3, W + 5),
+        0,
+    ),
 ]
 
 
@@ -132,6 +221,36 @@ def test_a_random_op_draws_per_sample_and_its_probability_is_respected(picture: 
     root, img = picture
     never = run_sluice(root, lambda p: p.random_vertical_flip(p=0.0), (H, W))
     assert np.array_equal(never, img)
+
+
+def test_random_perspective_is_one_of_torchvisions_outcomes(picture: Tuple[Path, np.ndarray]) -> None:
+    """A drawn perspective can't be pinned by parameters, so torchvision warps the image for
+    every corner draw it could make (distortion 0.06 gives 2 choices per coordinate on a
+    53x37 image: 256 outcomes) and sluice's output must be one of them."""
+    root, img = picture
+    ours = run_sluice(root, lambda p: p.random_perspective(distortion_scale=0.06, p=1.0, fill=(1, 2, 3)), (H, W))
+    t = torch.from_numpy(img).permute(2, 0, 1).contiguous()
+    start = [[0, 0], [W - 1, 0], [W - 1, H - 1], [0, H - 1]]
+    best = 256
+    for bits in range(256):
+        d = [(bits >> k) & 1 for k in range(8)]
+        ends = [[d[0], d[1]], [W - 2 + d[2], d[3]], [W - 2 + d[4], H - 2 + d[5]], [d[6], H - 2 + d[7]]]
+        theirs = tvf.perspective(t, start, ends, fill=[1, 2, 3]).permute(1, 2, 0).numpy()
+        diff = int(np.abs(ours.astype(np.int16) - theirs.astype(np.int16)).max())
+        if ends != start:
+            best = min(best, diff)
+    # Bilinear: at most 1 off (f32 rounding, as for the other warps).
+    assert best <= 1, f"closest torchvision outcome differs by {best}"
+
+
+def test_random_crop_pad_if_needed_is_one_of_torchvisions_outcomes(picture: Tuple[Path, np.ndarray]) -> None:
+    """pad_if_needed pads both sides by the shortfall (torchvision's RandomCrop), so the crop
+    still has a choice of position: sluice's must be one of torchvision's."""
+    root, img = picture
+    ours = run_sluice(root, lambda p: p.random_crop((H + 4, W + 2), pad_if_needed=True, fill=9), (H + 4, W + 2))
+    t = tvf.pad(torch.from_numpy(img).permute(2, 0, 1).contiguous(), [2, 4], fill=9)
+    outcomes = [tvf.crop(t, top, left, H + 4, W + 2).permute(1, 2, 0).numpy() for top in range(5) for left in range(3)]
+    assert any(np.array_equal(ours, o) for o in outcomes)
 
 
 def test_op_parameters_are_checked_with_the_field_named(picture: Tuple[Path, np.ndarray]) -> None:

@@ -21,6 +21,10 @@ pub enum CodecError {
     /// image scaled by its shorter side); nothing was allocated for it.
     #[error("resizing makes a {width}x{height} image, over the limit of {limit} pixels (limits.max_pixels)")]
     ResizeTooLarge { width: u64, height: u64, limit: u64 },
+    /// A geometric op (an expanded rotation, a pad) would make an image of more pixels than
+    /// `limits.max_pixels`; nothing was allocated for it.
+    #[error("`{op}` makes a {width}x{height} image, over the limit of {limit} pixels (limits.max_pixels)")]
+    OpTooLarge { op: &'static str, width: u64, height: u64, limit: u64 },
     /// A valid image sluice does not decode (e.g. 12-bit JPEG).
     #[error("unsupported image: {0}")]
     Unsupported(String),
@@ -36,9 +40,9 @@ impl From<CodecError> for SampleErrorKind {
             CodecError::Empty => SampleErrorKind::Empty,
             CodecError::UnknownFormat => SampleErrorKind::UnknownFormat,
             CodecError::Corrupt(m) => SampleErrorKind::Corrupt(m),
-            CodecError::TooLarge { width, height, limit } | CodecError::ResizeTooLarge { width, height, limit } => {
-                SampleErrorKind::TooLarge { width, height, limit }
-            }
+            CodecError::TooLarge { width, height, limit }
+            | CodecError::ResizeTooLarge { width, height, limit }
+            | CodecError::OpTooLarge { width, height, limit, .. } => SampleErrorKind::TooLarge { width, height, limit },
             // The core has no "unsupported" kind; the message keeps the distinction.
             CodecError::Unsupported(m) => SampleErrorKind::Corrupt(format!("unsupported image: {m}")),
             CodecError::Shape(m) => SampleErrorKind::Shape(m),

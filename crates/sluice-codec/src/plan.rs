@@ -522,7 +522,7 @@ impl Plan {
                         flip = false;
                     }
                     let Scratch { a, b, .. } = &mut *scratch;
-                    (w, h) = ops::apply(op, borrowed.unwrap_or(a), w, h, rng, b)?;
+                    (w, h) = ops::apply(op, borrowed.unwrap_or(a), w, h, rng, self.limits.max_pixels, b)?;
                     std::mem::swap(a, b);
                     in_out = false;
                     borrowed = None;

@@ -28,19 +28,21 @@ pub(crate) fn commutes_with_flip(op: &OpSpec) -> bool {
 }
 
 /// Runs `op` on `src` (`w x h` RGB8 HWC), writing the result into `dst` (resized to fit);
-/// returns the result's size.
+/// returns the result's size. An op whose output would pass `max_pixels` (an expanded
+/// rotation, a pad) is refused.
 pub(crate) fn apply(
     op: &OpSpec,
     src: &[u8],
     w: u32,
     h: u32,
     rng: &mut SampleRng,
+    max_pixels: u64,
     dst: &mut Vec<u8>,
 ) -> Result<(u32, u32), CodecError> {
     if color::runs(op) {
         color::apply(op, src, w, h, rng, dst)
     } else {
-        geometry::apply(op, src, w, h, rng, dst)
+        geometry::apply(op, src, w, h, rng, max_pixels, dst)
     }
 }
 

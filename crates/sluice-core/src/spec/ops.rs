@@ -128,6 +128,71 @@ pub enum OpSpec {
         #[serde(default)]
         value: ErasingValue,
     },
+    // ---- geometric ops (torchvision.transforms.v2; pixels in sluice-codec's ops/geometry.rs)
+    /// Rotates by an angle uniform in `degrees` (counter-clockwise) about `center` (pixel
+    /// coordinates; the image center by default), torchvision's RandomRotation. `expand`
+    /// grows the canvas to hold the whole rotated image (its size then depends on the image
+    /// and the angle).
+    RandomRotation {
+        degrees: [f64; 2],
+        #[serde(default = "default_warp_interpolation")]
+        interpolation: Interpolation,
+        #[serde(default)]
+        expand: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        center: Option<[f64; 2]>,
+        #[serde(default)]
+        fill: [u8; 3],
+    },
+    /// torchvision's RandomAffine: angle uniform in `degrees`, translation up to
+    /// `translate` of the width/height (rounded to whole pixels), scale uniform in `scale`,
+    /// shear uniform in `[shear[0], shear[1]]` along x and `[shear[2], shear[3]]` along y.
+    RandomAffine {
+        degrees: [f64; 2],
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        translate: Option<[f64; 2]>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scale: Option<[f64; 2]>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shear: Option<[f64; 4]>,
+        #[serde(default = "default_warp_interpolation")]
+        interpolation: Interpolation,
+        #[serde(default)]
+        fill: [u8; 3],
+    },
+    /// torchvision's RandomPerspective: with probability `p`, each corner moves inwards by
+    /// up to `distortion_scale` of half the side.
+    RandomPerspective {
+        #[serde(default = "default_distortion_scale")]
+        distortion_scale: f64,
+        #[serde(default = "default_flip_p")]
+        p: f64,
+        #[serde(default)]
+        interpolation: Interpolation,
+        #[serde(default)]
+        fill: [u8; 3],
+    },
+    /// torchvision's RandomCrop: pads by `padding` (`[left, top, right, bottom]`), also to
+    /// `size` when `pad_if_needed`, then crops `size` at a uniform position.
+    RandomCrop {
+        size: Size,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        padding: Option<[u32; 4]>,
+        #[serde(default)]
+        pad_if_needed: bool,
+        #[serde(default)]
+        fill: [u8; 3],
+        #[serde(default)]
+        padding_mode: PaddingMode,
+    },
+    /// torchvision's Pad: `padding` is `[left, top, right, bottom]`.
+    Pad {
+        padding: [u32; 4],
+        #[serde(default)]
+        fill: [u8; 3],
+        #[serde(default)]
+        padding_mode: PaddingMode,
+    },
     /// Emulated per-sample cost: the thread sleeps `us` microseconds. For benchmarks that
     /// need more preprocessing units than the machine has cores (autoscaling, many
     /// learners): a sleeping unit costs wall time, not CPU. Runs after the cache seam, so a
@@ -164,6 +229,43 @@ fn default_erasing_scale() -> [f64; 2] {
 fn default_erasing_ratio() -> [f64; 2] {
     [0.3, 3.3]
 }
+fn default_warp_interpolation() -> Interpolation {
+    Interpolation::Nearest
+}
+fn default_distortion_scale() -> f64 {
+    0.5
+}
+
+/// How a geometric op samples the input (torchvision's `InterpolationMode`). The warps
+/// (`random_rotation`, `random_affine`, `random_perspective`) take `nearest` or `bilinear`,
+/// as torchvision's tensor kernels do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Interpolation {
+    Nearest,
+    #[default]
+    Bilinear,
+    Bicubic,
+}
+
+/// What padding puts outside the image (torchvision's `padding_mode`): the `fill` colour,
+/// the edge pixel repeated, a mirror without the edge (`reflect`) or with it (`symmetric`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaddingMode {
+    #[default]
+    Constant,
+    Edge,
+    Reflect,
+    Symmetric,
+}
+
+/// The largest `|angle|` in degrees a rotation or affine range may name.
+pub const MAX_DEGREES: f64 = 360.0;
+/// The largest `|shear|` in degrees (90 is a degenerate map).
+pub const MAX_SHEAR: f64 = 80.0;
+/// The largest affine scale factor.
+pub const MAX_AFFINE_SCALE: f64 = 100.0;
 
 impl OpSpec {
     pub fn name(&self) -> &'static str {
@@ -188,6 +290,11 @@ impl OpSpec {
             OpSpec::AdjustSharpness { .. } => "adjust_sharpness",
             OpSpec::GaussianBlur { .. } => "gaussian_blur",
             OpSpec::RandomErasing { .. } => "random_erasing",
+            OpSpec::RandomRotation { .. } => "random_rotation",
+            OpSpec::RandomAffine { .. } => "random_affine",
+            OpSpec::RandomPerspective { .. } => "random_perspective",
+            OpSpec::RandomCrop { .. } => "random_crop",
+            OpSpec::Pad { .. } => "pad",
             OpSpec::Sleep { .. } => "sleep",
         }
     }
@@ -201,7 +308,11 @@ impl OpSpec {
             | OpSpec::RandomVerticalFlip { .. }
             | OpSpec::ColorJitter { .. }
             | OpSpec::RandomGrayscale { .. }
-            | OpSpec::RandomErasing { .. } => true,
+            | OpSpec::RandomErasing { .. }
+            | OpSpec::RandomRotation { .. }
+            | OpSpec::RandomAffine { .. }
+            | OpSpec::RandomPerspective { .. }
+            | OpSpec::RandomCrop { .. } => true,
             OpSpec::Solarize { p, .. }
             | OpSpec::Posterize { p, .. }
             | OpSpec::Equalize { p }
@@ -220,7 +331,16 @@ impl OpSpec {
     pub fn out_size(&self, before: Option<Size>) -> Option<Size> {
         match self {
             OpSpec::Decode | OpSpec::Resize { .. } => None,
-            OpSpec::CenterCrop { size } | OpSpec::RandomResizedCrop { size, .. } => Some(*size),
+            OpSpec::CenterCrop { size } | OpSpec::RandomResizedCrop { size, .. } | OpSpec::RandomCrop { size, .. } => {
+                Some(*size)
+            }
+            // An expanded canvas depends on the image and the angle.
+            OpSpec::RandomRotation { expand: true, .. } => None,
+            OpSpec::Pad { padding: [l, t, r, b], .. } => before.map(|s| Size {
+                height: s.height.saturating_add(*t).saturating_add(*b),
+                width: s.width.saturating_add(*l).saturating_add(*r),
+            }),
+            OpSpec::RandomRotation { .. } | OpSpec::RandomAffine { .. } | OpSpec::RandomPerspective { .. } => before,
             OpSpec::RandomHorizontalFlip { .. }
             | OpSpec::RandomVerticalFlip { .. }
             | OpSpec::Invert
@@ -305,6 +425,51 @@ impl OpSpec {
                 check_probability(*p, &field("p"))?;
                 color::check_erasing(*scale, *ratio, value, field)
             }
+            OpSpec::RandomRotation { degrees, interpolation, center, .. } => {
+                check_range(degrees, -MAX_DEGREES, MAX_DEGREES, &field("degrees"))?;
+                check_warp_interpolation(*interpolation, &field("interpolation"))?;
+                if let Some(c) = center {
+                    let side = f64::from(MAX_SIDE);
+                    if !c.iter().all(|v| v.is_finite() && v.abs() <= side) {
+                        return Err(SpecError::new(
+                            field("center"),
+                            format!("each coordinate must be in [-{side}, {side}]"),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            OpSpec::RandomAffine { degrees, translate, scale, shear, interpolation, .. } => {
+                check_range(degrees, -MAX_DEGREES, MAX_DEGREES, &field("degrees"))?;
+                if let Some(t) = translate {
+                    if !t.iter().all(|v| (0.0..=1.0).contains(v)) {
+                        return Err(SpecError::new(field("translate"), "each fraction must be in [0, 1]"));
+                    }
+                }
+                if let Some(s) = scale {
+                    check_range(s, f64::MIN_POSITIVE, MAX_AFFINE_SCALE, &field("scale"))?;
+                }
+                if let Some([x0, x1, y0, y1]) = shear {
+                    check_range(&[*x0, *x1], -MAX_SHEAR, MAX_SHEAR, &field("shear"))?;
+                    check_range(&[*y0, *y1], -MAX_SHEAR, MAX_SHEAR, &field("shear"))?;
+                }
+                check_warp_interpolation(*interpolation, &field("interpolation"))
+            }
+            OpSpec::RandomPerspective { distortion_scale, p, interpolation, .. } => {
+                if !(0.0..=1.0).contains(distortion_scale) {
+                    return Err(SpecError::new(field("distortion_scale"), "must be in [0, 1]"));
+                }
+                check_probability(*p, &field("p"))?;
+                check_warp_interpolation(*interpolation, &field("interpolation"))
+            }
+            OpSpec::RandomCrop { size, padding, .. } => {
+                check_size(size, &field("size"))?;
+                if let Some(p) = padding {
+                    check_padding(p, &field("padding"))?;
+                }
+                Ok(())
+            }
+            OpSpec::Pad { padding, .. } => check_padding(padding, &field("padding")),
         }
     }
 
@@ -326,6 +491,11 @@ impl OpSpec {
             | OpSpec::Autocontrast { .. }
             | OpSpec::AdjustSharpness { .. }
             | OpSpec::GaussianBlur { .. }
+            | OpSpec::RandomRotation { .. }
+            | OpSpec::RandomAffine { .. }
+            | OpSpec::RandomPerspective { .. }
+            | OpSpec::RandomCrop { .. }
+            | OpSpec::Pad { .. }
             | OpSpec::Sleep { .. } => 1,
             OpSpec::Normalize { .. } | OpSpec::Dtype { .. } => 2,
             OpSpec::Layout { .. } => 3,
@@ -363,12 +533,18 @@ pub(super) fn validate_ops(ops: &[OpSpec]) -> Result<(), SpecError> {
         phase = op.phase();
         op.validate(field)?;
         size = op.out_size(size);
+        if size.is_some_and(|s| s.height > MAX_SIDE || s.width > MAX_SIDE) {
+            return Err(SpecError::new(
+                field("padding"),
+                format!("the padded image must stay within {MAX_SIDE} a side"),
+            ));
+        }
     }
     if size.is_none() {
         return Err(SpecError::new(
             "ops",
-            "batches need one image size: end the geometric ops with `center_crop` or \
-             `random_resized_crop`",
+            "batches need one image size: end the geometric ops with `center_crop`, \
+             `random_resized_crop` or `random_crop`",
         ));
     }
     Ok(())
@@ -384,10 +560,143 @@ fn check_size(size: &Size, field: &str) -> Result<(), SpecError> {
     Ok(())
 }
 
+/// A `[min, max]` range inside `[lo, hi]`.
+fn check_range(r: &[f64; 2], lo: f64, hi: f64, field: &str) -> Result<(), SpecError> {
+    if !(r[0] >= lo && r[0] <= r[1] && r[1] <= hi) {
+        return Err(SpecError::new(field, format!("needs {lo} <= min <= max <= {hi}; got [{}, {}]", r[0], r[1])));
+    }
+    Ok(())
+}
+
+/// The warps sample with `nearest` or `bilinear` (torchvision's tensor kernels).
+fn check_warp_interpolation(i: Interpolation, field: &str) -> Result<(), SpecError> {
+    if i == Interpolation::Bicubic {
+        return Err(SpecError::new(field, "must be `nearest` or `bilinear`"));
+    }
+    Ok(())
+}
+
+/// Each side's padding is at most `MAX_SIDE`, and so is what two sides add.
+fn check_padding(p: &[u32; 4], field: &str) -> Result<(), SpecError> {
+    if p.iter().any(|v| *v > MAX_SIDE) || p[0] + p[2] > MAX_SIDE || p[1] + p[3] > MAX_SIDE {
+        return Err(SpecError::new(field, format!("left + right and top + bottom must each be at most {MAX_SIDE}")));
+    }
+    Ok(())
+}
+
 /// A probability: in [0, 1].
 fn check_probability(p: f64, field: &str) -> Result<(), SpecError> {
     if !(0.0..=1.0).contains(&p) {
         return Err(SpecError::new(field, "must be in [0, 1]"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Validates `decode`, the op given as JSON, then a 16-pixel center crop.
+    fn check(op: &str) -> Result<(), SpecError> {
+        let op: OpSpec = serde_json::from_str(op).map_err(|e| SpecError::new("json", e.to_string()))?;
+        validate_ops(&[OpSpec::Decode, op, OpSpec::CenterCrop { size: Size::square(16) }])
+    }
+
+    fn field_of(op: &str) -> String {
+        match check(op) {
+            Err(e) => e.field,
+            Ok(()) => panic!("{op} validated"),
+        }
+    }
+
+    #[test]
+    fn warp_parameters_are_bounded_and_the_error_names_the_field() {
+        assert!(check(r#"{"op": "random_rotation", "degrees": [-30, 30]}"#).is_ok());
+        assert_eq!(field_of(r#"{"op": "random_rotation", "degrees": [30, -30]}"#), "ops[1].degrees");
+        assert_eq!(field_of(r#"{"op": "random_rotation", "degrees": [0, 1e9]}"#), "ops[1].degrees");
+        assert_eq!(field_of(r#"{"op": "random_rotation", "degrees": [0, 1], "center": [1e12, 0]}"#), "ops[1].center");
+        assert_eq!(
+            field_of(r#"{"op": "random_rotation", "degrees": [0, 1], "interpolation": "bicubic"}"#),
+            "ops[1].interpolation"
+        );
+        let affine = r#"{"op": "random_affine", "degrees": [0, 0], "translate": [0.1, 0.2], "scale": [0.5, 2],
+                         "shear": [-10, 10, -5, 5], "interpolation": "bilinear", "fill": [1, 2, 3]}"#;
+        assert!(check(affine).is_ok());
+        assert_eq!(field_of(&affine.replace("[0.1, 0.2]", "[0.1, 1.5]")), "ops[1].translate");
+        assert_eq!(field_of(&affine.replace("[0.5, 2]", "[0, 2]")), "ops[1].scale");
+        assert_eq!(field_of(&affine.replace("[0.5, 2]", "[0.5, 1e6]")), "ops[1].scale");
+        assert_eq!(field_of(&affine.replace("-5, 5]", "-5, 90]")), "ops[1].shear");
+        assert_eq!(field_of(r#"{"op": "random_perspective", "distortion_scale": 1.5}"#), "ops[1].distortion_scale");
+        assert_eq!(field_of(r#"{"op": "random_perspective", "p": -0.1}"#), "ops[1].p");
+        // A fill colour is three u8 values.
+        assert!(check(r#"{"op": "random_perspective", "fill": [256, 0, 0]}"#).is_err());
+    }
+
+    #[test]
+    fn padding_is_bounded_and_pad_and_random_crop_state_their_sizes() {
+        let pad = r#"{"op": "pad", "padding": [1, 2, 3, 4], "padding_mode": "reflect"}"#;
+        assert!(check(pad).is_ok());
+        assert_eq!(field_of(r#"{"op": "pad", "padding": [65535, 0, 1, 0]}"#), "ops[1].padding");
+        assert_eq!(field_of(r#"{"op": "pad", "padding": [4294967295, 0, 4294967295, 0]}"#), "ops[1].padding");
+        assert_eq!(field_of(r#"{"op": "random_crop", "size": 0}"#), "ops[1].size");
+        assert_eq!(field_of(r#"{"op": "random_crop", "size": 8, "padding": [70000, 0, 0, 0]}"#), "ops[1].padding");
+
+        let size = |ops: &[OpSpec]| ops.iter().fold(None, |s, op| op.out_size(s));
+        let crop = OpSpec::CenterCrop { size: Size::square(30) };
+        let pad: OpSpec = serde_json::from_str(pad).unwrap();
+        // A pad after a fixed size has a known size; after a resize it does not.
+        assert_eq!(size(&[crop.clone(), pad.clone()]), Some(Size { height: 36, width: 34 }));
+        assert_eq!(size(&[OpSpec::Resize { size: 30 }, pad.clone()]), None);
+        let e = validate_ops(&[OpSpec::Decode, OpSpec::Resize { size: 30 }, pad.clone()]).unwrap_err();
+        assert_eq!(e.field, "ops");
+        assert!(validate_ops(&[OpSpec::Decode, crop.clone(), pad]).is_ok());
+        // The padded size stays within MAX_SIDE.
+        let wide = OpSpec::Pad { padding: [40_000, 0, 0, 0], fill: [0; 3], padding_mode: PaddingMode::Edge };
+        let big = OpSpec::CenterCrop { size: Size::square(30_000) };
+        assert_eq!(validate_ops(&[OpSpec::Decode, big, wide]).unwrap_err().field, "ops[2].padding");
+        // random_crop fixes the size (the CIFAR recipe ends with it).
+        let cifar: OpSpec =
+            serde_json::from_str(r#"{"op": "random_crop", "size": 32, "padding": [4, 4, 4, 4]}"#).unwrap();
+        assert_eq!(size(&[OpSpec::Resize { size: 30 }, cifar.clone()]), Some(Size::square(32)));
+        assert!(validate_ops(&[OpSpec::Decode, cifar.clone()]).is_ok());
+        // An expanded rotation's size depends on the image: a crop must follow.
+        let turn: OpSpec =
+            serde_json::from_str(r#"{"op": "random_rotation", "degrees": [0, 90], "expand": true}"#).unwrap();
+        assert_eq!(size(&[crop.clone(), turn.clone()]), None);
+        assert_eq!(validate_ops(&[OpSpec::Decode, crop.clone(), turn.clone()]).unwrap_err().field, "ops");
+        assert!(validate_ops(&[OpSpec::Decode, turn, cifar]).is_ok());
+    }
+
+    #[test]
+    fn geometric_ops_say_whether_they_draw() {
+        let ops = [
+            (r#"{"op": "random_rotation", "degrees": [0, 0]}"#, true),
+            (r#"{"op": "random_affine", "degrees": [0, 0]}"#, true),
+            (r#"{"op": "random_perspective"}"#, true),
+            (r#"{"op": "random_crop", "size": 8}"#, true),
+            (r#"{"op": "pad", "padding": [1, 1, 1, 1]}"#, false),
+        ];
+        for (json, random) in ops {
+            let op: OpSpec = serde_json::from_str(json).unwrap();
+            assert_eq!(op.is_random(), random, "{json}");
+            // Defaults are torchvision's and round-trip.
+            let back: OpSpec = serde_json::from_str(&serde_json::to_string(&op).unwrap()).unwrap();
+            assert_eq!(back, op);
+        }
+        let r: OpSpec = serde_json::from_str(r#"{"op": "random_rotation", "degrees": [0, 0]}"#).unwrap();
+        assert!(matches!(
+            r,
+            OpSpec::RandomRotation { interpolation: Interpolation::Nearest, expand: false, fill: [0, 0, 0], .. }
+        ));
+        let p: OpSpec = serde_json::from_str(r#"{"op": "random_perspective"}"#).unwrap();
+        assert_eq!(
+            p,
+            OpSpec::RandomPerspective {
+                distortion_scale: 0.5,
+                p: 0.5,
+                interpolation: Interpolation::Bilinear,
+                fill: [0; 3]
+            }
+        );
+    }
 }
