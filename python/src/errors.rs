@@ -118,7 +118,7 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         }
         PipelineError::RamUnknown
         | PipelineError::SharedCache(_)
-        | PipelineError::Root { .. }
+        | PipelineError::Root(_)
         | PipelineError::StorageLink(_)
         | PipelineError::Peer(_)
         | PipelineError::AlreadyStarted

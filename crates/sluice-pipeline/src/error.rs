@@ -1,7 +1,5 @@
 //! Errors of the pipeline layer.
 
-use std::path::PathBuf;
-
 use sluice_core::{SampleError, SpecError};
 
 use crate::source::SourceError;
@@ -40,8 +38,8 @@ pub enum PipelineError {
     #[error("report: {keys} keys but {values} values; give one value per key")]
     ReportLengths { keys: usize, values: usize },
     /// An allowed root that reads cannot be confined under (see [`crate::Loader::confine_reads`]).
-    #[error("cannot open allowed root {path}: {source}")]
-    Root { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Root(#[from] crate::storage::RootError),
     /// The loader's storage was to be changed after it had started handing out work.
     #[error("a loader's reads can only be confined before it starts")]
     AlreadyStarted,

@@ -22,8 +22,8 @@ pub mod shards;
 pub mod spec;
 
 pub use error::StreamError;
-pub use loader::{StreamBatch, StreamLoader, StreamLoaderStats, StreamState};
-pub use monitor::StreamMonitor;
+pub use loader::{StreamBatch, StreamLoader, StreamState};
+pub use monitor::{StreamLoaderStats, StreamMonitor};
 pub use push::{push_dataset, PushOptions, PushOrder, PushReport};
 pub use rate::{Counters, StreamStats};
 pub use rehearsal::RehearsalPolicy;

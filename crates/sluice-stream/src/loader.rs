@@ -21,20 +21,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use sluice_autoscale::{AutoscaleStats, RateMeter};
+use sluice_autoscale::RateMeter;
 use sluice_codec::Plan;
 use sluice_core::{Batch, ErrorPolicy, SampleKey, SampleRng};
 use sluice_pipeline::loader::{BatchRunner, BytesJob, Engine, PendingBatch, RanBatch};
-use sluice_pipeline::{OpCounters, OpPercentiles};
 
 use crate::broker::Broker;
 use crate::entry::{Entry, Sample};
 use crate::error::StreamError;
 use crate::ledger::Ledger;
 use crate::liveness::{alive_key, Heartbeat};
-use crate::monitor::StreamMonitor;
+use crate::monitor::{StreamLoaderStats, StreamMonitor};
 use crate::rate::{Counters, StreamStats, RATE_WINDOW_S};
-use crate::rehearsal::{Rehearsal, RehearsalState, Stored};
+use crate::rehearsal::{Rehearsal, RehearsalState, Stored, KEEP_FILES};
 use crate::shards::{PeerFetcher, Shard, ShardServer};
 use crate::spec::{Overflow, StreamSpec, Underflow};
 
@@ -44,9 +43,6 @@ const POLL: Duration = Duration::from_millis(50);
 const RATE_EVERY: Duration = Duration::from_millis(200);
 /// Entries read per recovery or claim round trip.
 const RECOVER_COUNT: usize = 256;
-/// Rehearsal files kept: the newest, and the one the previous checkpoint names. An older
-/// state cannot be restored ([`StreamError::RehearsalGone`]).
-pub const KEEP_FILES: usize = 2;
 
 /// A batch, and which of its samples came from the rehearsal buffer.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,28 +65,6 @@ pub struct StreamState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rehearsal: Option<RehearsalState>,
     pub counters: Counters,
-}
-
-/// A stream loader's stats: the stream's, and those of the engine its batches are built on
-/// (the same per-op times and percentiles as a file loader's).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct StreamLoaderStats {
-    #[serde(flatten)]
-    pub stream: StreamStats,
-    /// Decoding threads now (under `threads = "auto"`, the autoscaler moves them).
-    pub threads: usize,
-    /// Time the trainer waited for samples to be decoded (not for the stream).
-    pub wait_s: f64,
-    /// Busy time per op of the plan, summed over threads.
-    pub op_seconds: Vec<(String, f64)>,
-    /// Per op: how long one sample spent in it, median and 99th percentile.
-    pub op_percentiles: Vec<OpPercentiles>,
-    /// Per op, CPU counters, when [`Engine::set_op_counters`] turned them on.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub op_counters: Option<Vec<OpCounters>>,
-    /// Threads, decisions and their inputs, under `threads = "auto"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub autoscale: Option<AutoscaleStats>,
 }
 
 pub struct StreamLoader {

@@ -14,6 +14,10 @@ use sluice_core::{SampleKey, SampleRng};
 use crate::entry::Sample;
 use crate::error::StreamError;
 
+/// Rehearsal files kept: the newest, and the one the previous checkpoint names. An older
+/// state cannot be restored ([`StreamError::RehearsalGone`]).
+pub const KEEP_FILES: usize = 2;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RehearsalPolicy {
@@ -184,9 +188,7 @@ impl Rehearsal {
     pub fn load(state: &RehearsalState, seed: u64, max_image_bytes: u64) -> Result<Self, StreamError> {
         let path = &state.file;
         let file = std::fs::File::open(path).map_err(|source| match source.kind() {
-            std::io::ErrorKind::NotFound => {
-                StreamError::RehearsalGone { path: path.clone(), kept: crate::loader::KEEP_FILES }
-            }
+            std::io::ErrorKind::NotFound => StreamError::RehearsalGone { path: path.clone(), kept: KEEP_FILES },
             _ => StreamError::RehearsalFile { path: path.clone(), source },
         })?;
         Self::read(BufReader::new(file), state, seed, max_image_bytes)

@@ -15,13 +15,20 @@ use rustix::io::Errno;
 use sluice_core::SampleErrorKind;
 
 use super::io_error;
-use super::object::ObjectUrl;
-use crate::error::PipelineError;
+use super::url::ObjectUrl;
 
 /// Read-only, and never waiting: opening a FIFO with no writer returns at once.
 const FLAGS: OFlags = OFlags::RDONLY.union(OFlags::CLOEXEC).union(OFlags::NONBLOCK).union(OFlags::NOCTTY);
 
 /// The roots reads are confined to, each held open so that a path is resolved beneath it.
+/// An allowed root that reads cannot be confined under (see [`crate::Loader::confine_reads`]).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open allowed root {path}: {source}")]
+pub struct RootError {
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
 #[derive(Debug)]
 pub struct Roots {
     roots: Vec<(PathBuf, OwnedFd)>,
@@ -31,13 +38,13 @@ pub struct Roots {
 
 impl Roots {
     /// Opens each root (resolved once, now, like the checks of the job's paths).
-    pub fn open(roots: &[PathBuf]) -> Result<Self, PipelineError> {
+    pub fn open(roots: &[PathBuf]) -> Result<Self, RootError> {
         let mut held = Vec::with_capacity(roots.len());
         let mut urls = Vec::new();
         for root in roots {
             if let Some(url) = ObjectUrl::parse(root) {
                 if url.bucket.is_empty() {
-                    return Err(PipelineError::Root {
+                    return Err(RootError {
                         path: root.clone(),
                         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "an s3:// root names no bucket"),
                     });
@@ -45,7 +52,7 @@ impl Roots {
                 urls.push(url);
                 continue;
             }
-            let failed = |source| PipelineError::Root { path: root.clone(), source };
+            let failed = |source| RootError { path: root.clone(), source };
             let canonical = root.canonicalize().map_err(failed)?;
             let fd = open(&canonical, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
                 .map_err(|e| failed(e.into()))?;

@@ -7,6 +7,7 @@ pub mod confine;
 pub mod local;
 pub mod object;
 pub mod throttled;
+mod url;
 
 use std::io;
 use std::path::Path;
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use sluice_core::{Location, SampleErrorKind, StorageSpec};
 
-pub use confine::Roots;
+pub use confine::{RootError, Roots};
 pub use local::LocalStorage;
 pub use object::{ObjectAware, ObjectUrl};
 pub use throttled::{LinkError, ThrottledStorage};

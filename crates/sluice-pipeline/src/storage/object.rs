@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use sluice_core::{Location, SampleErrorKind};
 
 use super::confine::Roots;
+pub use super::url::ObjectUrl;
 use super::{check_size, Storage};
 
 /// Requests in flight at once, per bucket, unless `SLUICE_OBJECT_MAX_REQUESTS` says otherwise.
@@ -33,51 +34,10 @@ pub const DEFAULT_RETRIES: usize = 5;
 /// Seconds one request may take, unless `SLUICE_OBJECT_TIMEOUT_S` says otherwise.
 pub const DEFAULT_TIMEOUT_S: f64 = 30.0;
 
-/// `s3://bucket/key`, parsed from a spec path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectUrl {
-    pub bucket: String,
-    /// The key (or key prefix), without a leading or trailing `/`; may be empty.
-    pub key: String,
-}
-
-impl ObjectUrl {
-    /// The URL a spec path holds, if it is one (`s3://` or `s3a://`). Local paths give `None`.
-    pub fn parse(path: &Path) -> Option<Self> {
-        let s = path.to_str()?;
-        let rest = s.strip_prefix("s3://").or_else(|| s.strip_prefix("s3a://"))?;
-        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-        let key = key.split('/').filter(|c| !c.is_empty() && *c != ".").collect::<Vec<_>>().join("/");
-        Some(Self { bucket: bucket.to_string(), key })
-    }
-
-    /// Whether `path` names object storage rather than a local file.
-    pub fn is_url(path: &Path) -> bool {
-        Self::parse(path).is_some()
-    }
-
-    pub(crate) fn object_path(&self) -> Result<ObjectPath, ObjectError> {
-        ObjectPath::parse(&self.key)
-            .map_err(|e| ObjectError { url: self.to_string(), message: format!("not a valid object key: {e}") })
-    }
-
-    /// Whether this URL lies under `root` (same bucket, key equal to or below its prefix).
-    pub fn is_under(&self, root: &ObjectUrl) -> bool {
-        self.bucket == root.bucket
-            && (root.key.is_empty()
-                || self.key == root.key
-                || self.key.strip_prefix(&root.key).is_some_and(|rest| rest.starts_with('/')))
-    }
-}
-
-impl std::fmt::Display for ObjectUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.key.is_empty() {
-            write!(f, "s3://{}", self.bucket)
-        } else {
-            write!(f, "s3://{}/{}", self.bucket, self.key)
-        }
-    }
+/// The key of `url` as the object store takes it.
+fn object_path(url: &ObjectUrl) -> Result<ObjectPath, ObjectError> {
+    ObjectPath::parse(&url.key)
+        .map_err(|e| ObjectError { url: url.to_string(), message: format!("not a valid object key: {e}") })
 }
 
 /// A failed object-storage call, naming the object (or prefix) it was about.
@@ -165,7 +125,7 @@ impl Remote {
     /// The whole object at `url`, refused before its body is read when over `max_bytes`.
     fn get(&self, url: &ObjectUrl, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
         let store = self.store(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
-        let path = url.object_path().map_err(|e| SampleErrorKind::Io(e.to_string()))?;
+        let path = object_path(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
         self.block_on(async {
             let got = store.get(&path).await.map_err(|e| sample_error(url, &e))?;
             check_size(got.meta.size, max_bytes)?;
@@ -178,7 +138,7 @@ impl Remote {
     /// Bytes `range` of the object at `url` (a tar member).
     fn get_range(&self, url: &ObjectUrl, range: Range<u64>, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
         let store = self.store(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
-        let path = url.object_path().map_err(|e| SampleErrorKind::Io(e.to_string()))?;
+        let path = object_path(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
         let want = range.end - range.start;
         let bytes = self.block_on(store.get_range(&path, range.clone())).map_err(|e| sample_error(url, &e))?;
         if (bytes.len() as u64) < want {
@@ -270,7 +230,7 @@ pub(crate) fn list(prefix: &ObjectUrl) -> Result<Vec<ListedObject>, ObjectError>
     let failed = |message: String| ObjectError { url: prefix.to_string(), message };
     let remote = remote().map_err(failed)?;
     let store = remote.store(prefix)?;
-    let path = prefix.object_path()?;
+    let path = object_path(prefix)?;
     let metas = remote
         .block_on(store.list(if prefix.key.is_empty() { None } else { Some(&path) }).try_collect::<Vec<_>>())
         .map_err(|e| failed(format!("cannot list the bucket {}: {e}", prefix.bucket)))?;
@@ -296,7 +256,7 @@ pub(crate) fn fetch(url: &ObjectUrl) -> Result<bytes::Bytes, ObjectError> {
     let failed = |message: String| ObjectError { url: url.to_string(), message };
     let remote = remote().map_err(failed)?;
     let store = remote.store(url)?;
-    let path = url.object_path()?;
+    let path = object_path(url)?;
     remote.block_on(async {
         let got = store.get(&path).await.map_err(|e| failed(e.to_string()))?;
         got.bytes().await.map_err(|e| failed(e.to_string()))
