@@ -15,10 +15,11 @@ use crate::CodecError;
 
 mod color;
 mod geometry;
+pub(crate) mod policy;
 
 /// Whether this module runs `op`.
 pub(crate) fn runs(op: &OpSpec) -> bool {
-    color::runs(op) || geometry::runs(op)
+    color::runs(op) || geometry::runs(op) || policy::runs(op)
 }
 
 /// Whether a horizontal flip still pending before `op` may stay pending past it: true for
@@ -41,6 +42,8 @@ pub(crate) fn apply(
 ) -> Result<(u32, u32), CodecError> {
     if color::runs(op) {
         color::apply(op, src, w, h, rng, dst)
+    } else if policy::runs(op) {
+        policy::apply(op, src, w, h, rng, max_pixels, dst)
     } else {
         geometry::apply(op, src, w, h, rng, max_pixels, dst)
     }
