@@ -1,6 +1,7 @@
 //! Pixel ops beyond the fused decode/crop/resize and the horizontal flip that the plan
-//! runs itself: colour ops in [`color`], geometric ones in [`geometry`]. Each runs on an
-//! RGB8 HWC image, draws its randomness from the sample's RNG (so output is the same for
+//! runs itself: colour ops in [`color`], geometric ones in [`geometry`], and the
+//! augmentation policies in [`policy`] (which draw sub-ops and run those kernels). Each
+//! runs on an RGB8 HWC image, draws its randomness from the sample's RNG (so output is the same for
 //! any thread count and resumes exactly), and follows `torchvision.transforms.v2`
 //! (docs/ops.md lists each op with its counterpart; python/tests/test_ops.py checks the
 //! pixels against torchvision's).
