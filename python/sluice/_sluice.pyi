@@ -19,6 +19,8 @@ __all__ = [
     "enable_logging",
     "generate_dataset",
     "pack",
+    "policy_op",
+    "policy_space",
     "spec_canonical_json",
     "spec_json_to_toml",
     "spec_load_file",
@@ -27,6 +29,25 @@ __all__ = [
     "stream_push",
 ]
 __version__: str
+
+def policy_space(policy: str, num_bins: int, height: int, width: int) -> List[Tuple[str, Optional[List[float]], bool]]:
+    """The op space of ``policy`` (``"trivial_augment_wide"``, ``"rand_augment"`` or
+    ``"auto_augment"``) for ``num_bins`` magnitude bins on a ``width x height`` image, in
+    torchvision's order: each op's name, its magnitude per bin (``None`` for an op without
+    one) and whether it takes a random sign."""
+
+def policy_op(
+    op: str,
+    magnitude: float,
+    image: bytes,
+    width: int,
+    height: int,
+    interpolation: str = "nearest",
+    fill: Optional[Sequence[int]] = None,
+) -> bytes:
+    """Runs the policy sub-op ``op`` (torchvision's name, e.g. ``"ShearX"``) at
+    ``magnitude`` on a ``width x height`` RGB8 HWC image as a policy that drew it does, and
+    returns the pixels (for checking each branch against torchvision)."""
 
 def spec_canonical_json(json: str) -> str:
     """Parses and validates a JSON spec; returns it canonical (defaults filled in)."""

@@ -52,6 +52,14 @@ def _fill(fill: Fill) -> List[int]:
     return [int(fill)] * 3  # type: ignore[arg-type]
 
 
+def _policy_args(interpolation: str, fill: Optional[Fill], **args: Any) -> Dict[str, Any]:
+    """A policy's arguments; ``fill`` only when given (``None`` is torchvision's default)."""
+    args["interpolation"] = interpolation
+    if fill is not None:
+        args["fill"] = _fill(fill)
+    return args
+
+
 def _range(value: Union[float, Sequence[float]]) -> List[float]:
     """torchvision's ``degrees``: ``d`` means ``(-d, d)``."""
     if isinstance(value, (list, tuple)):
@@ -394,6 +402,40 @@ class Pipeline:
         return self._op("pad", padding=_padding(padding), fill=_fill(fill), padding_mode=padding_mode)
 
     # ---- emulated cost ------------------------------------------------------------------
+
+    def trivial_augment_wide(
+        self, num_magnitude_bins: int = 31, interpolation: str = "nearest", fill: Optional[Fill] = None
+    ) -> "Pipeline":
+        """torchvision's TrivialAugmentWide: per sample, one op of its 14 at a magnitude bin
+        uniform in ``num_magnitude_bins`` (a random sign for signed ops). ``fill=None`` is
+        torchvision's default (zeros outside a warp, no mask blend). Seeded per sample."""
+        return self._op(
+            "trivial_augment_wide", **_policy_args(interpolation, fill, num_magnitude_bins=num_magnitude_bins)
+        )
+
+    def rand_augment(
+        self,
+        num_ops: int = 2,
+        magnitude: int = 9,
+        num_magnitude_bins: int = 31,
+        interpolation: str = "nearest",
+        fill: Optional[Fill] = None,
+    ) -> "Pipeline":
+        """torchvision's RandAugment: per sample, ``num_ops`` ops drawn from its 14, each at
+        bin ``magnitude`` of ``num_magnitude_bins`` (a random sign for signed ops). Seeded
+        per sample."""
+        args = _policy_args(
+            interpolation, fill, num_ops=num_ops, magnitude=magnitude, num_magnitude_bins=num_magnitude_bins
+        )
+        return self._op("rand_augment", **args)
+
+    def auto_augment(
+        self, policy: str = "imagenet", interpolation: str = "nearest", fill: Optional[Fill] = None
+    ) -> "Pipeline":
+        """torchvision's AutoAugment: per sample, one of the ``policy``'s 25 sub-policies
+        (``"imagenet"``, ``"cifar10"`` or ``"svhn"``), each of its two ops applied with its
+        probability. Seeded per sample."""
+        return self._op("auto_augment", **_policy_args(interpolation, fill, policy=policy))
 
     def sleep(self, us: int) -> "Pipeline":
         """Emulated per-sample cost: sleeps ``us`` microseconds per sample (at most one

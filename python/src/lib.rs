@@ -6,6 +6,7 @@ mod buffers;
 mod errors;
 mod loader;
 mod pack;
+mod policy;
 mod profile;
 mod remote;
 mod serial;
@@ -40,6 +41,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::spec_load_file, m)?)?;
     m.add_function(wrap_pyfunction!(synth::generate_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack, m)?)?;
+    m.add_function(wrap_pyfunction!(policy::policy_space, m)?)?;
+    m.add_function(wrap_pyfunction!(policy::policy_op, m)?)?;
     m.add_function(wrap_pyfunction!(profile::profile_threads, m)?)?;
     m.add_function(wrap_pyfunction!(enable_logging, m)?)?;
     Ok(())

@@ -17,7 +17,7 @@ pub use manifest::{Entry, Location, Manifest, SampleKey};
 pub use placement::{Owners, Rendezvous};
 pub use rng::SampleRng;
 pub use spec::{
-    Assignment, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, ImportanceSpec,
-    Interpolation, Limits, LocalitySpec, OpSpec, PaddingMode, PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size,
-    SourceSpec, StorageSpec, Threads,
+    Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy,
+    ImportanceSpec, Interpolation, Limits, LocalitySpec, OpSpec, PaddingMode, PeerToken, PipelineSpec, SamplingSpec,
+    ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
 };

@@ -124,13 +124,13 @@ pub(super) fn apply(
 }
 
 /// torchvision `invert` on u8: `255 - x`.
-fn invert(src: &[u8], out: &mut [u8]) {
+pub(super) fn invert(src: &[u8], out: &mut [u8]) {
     for (o, s) in out.iter_mut().zip(src) {
         *o = 255 - s;
     }
 }
 
-fn map(lut: &[u8; 256], src: &[u8], out: &mut [u8]) {
+pub(super) fn map(lut: &[u8; 256], src: &[u8], out: &mut [u8]) {
     for (o, s) in out.iter_mut().zip(src) {
         *o = lut[usize::from(*s)];
     }
@@ -200,7 +200,7 @@ impl Jitter {
 }
 
 /// `x * f`, clamped and truncated: a table.
-fn adjust_brightness(img: &mut [u8], f: f64) {
+pub(super) fn adjust_brightness(img: &mut [u8], f: f64) {
     let f = f as f32;
     let lut: [u8; 256] = std::array::from_fn(|v| to_u8(v as f32 * f));
     for x in img.iter_mut() {
@@ -209,7 +209,7 @@ fn adjust_brightness(img: &mut [u8], f: f64) {
 }
 
 /// `_blend(x, mean(floor(gray)), f)`: a table once the mean is known.
-fn adjust_contrast(img: &mut [u8], f: f64) {
+pub(super) fn adjust_contrast(img: &mut [u8], f: f64) {
     let n = img.len() / 3;
     if n == 0 {
         return;
@@ -224,7 +224,7 @@ fn adjust_contrast(img: &mut [u8], f: f64) {
 }
 
 /// `_blend(x, floor(gray(x)), f)` per pixel.
-fn adjust_saturation(img: &mut [u8], f: f64) {
+pub(super) fn adjust_saturation(img: &mut [u8], f: f64) {
     let (f, rest) = (f as f32, (1.0 - f) as f32);
     // x * f for every value, and floor(gray) * (1 - f) for every gray level.
     let scaled: [f32; 256] = std::array::from_fn(|v| v as f32 * f);
@@ -300,7 +300,7 @@ fn wrap_unit(x: f32) -> f32 {
 
 /// torchvision's `equalize` per channel: `lut[k] = (cum[k-1] + step / 2) / step` with
 /// `step = (pixels - count of the largest value) / 255`; a channel with `step == 0` stays.
-fn equalize(src: &[u8], out: &mut [u8]) {
+pub(super) fn equalize(src: &[u8], out: &mut [u8]) {
     let mut hist = [[0u32; 256]; 3];
     for p in src.chunks_exact(3) {
         for c in 0..3 {
@@ -332,7 +332,7 @@ fn equalize(src: &[u8], out: &mut [u8]) {
 
 /// torchvision's `autocontrast` per channel: `(x - min) / ((max - min) / 255)`, clamped and
 /// truncated; a flat channel stays.
-fn autocontrast(src: &[u8], out: &mut [u8]) {
+pub(super) fn autocontrast(src: &[u8], out: &mut [u8]) {
     let (mut lo, mut hi) = ([255u8; 3], [0u8; 3]);
     for p in src.chunks_exact(3) {
         for c in 0..3 {
@@ -358,7 +358,7 @@ fn autocontrast(src: &[u8], out: &mut [u8]) {
 /// torchvision's `adjust_sharpness`: the 3x3 kernel `[1 1 1; 1 5 1; 1 1 1] / 13`, rounded,
 /// blended as `x + (1 - f) * (blur - x)` in the interior; the one-pixel border is kept.
 /// The blur is exact in integers: `sum / 13` is never a tie, so rounding is `(2 sum + 13) / 26`.
-fn adjust_sharpness(src: &[u8], w: usize, h: usize, f: f64, out: &mut [u8]) {
+pub(super) fn adjust_sharpness(src: &[u8], w: usize, h: usize, f: f64, out: &mut [u8]) {
     out.copy_from_slice(src);
     if w <= 2 || h <= 2 {
         return;

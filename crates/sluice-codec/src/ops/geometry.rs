@@ -41,7 +41,7 @@ pub(super) fn apply(
         OpSpec::RandomRotation { degrees, interpolation, expand, center, fill } => {
             // torchvision: angle = uniform(degrees[0], degrees[1]).
             let angle = rng.uniform(degrees[0], degrees[1]);
-            let warp = Warp { interpolation, fill };
+            let warp = Warp { interpolation, fill: Some(fill) };
             return rotate(src, w, h, angle, expand, center, warp, max_pixels, dst);
         }
         OpSpec::RandomAffine { degrees, translate, scale, shear, interpolation, fill } => {
@@ -62,7 +62,7 @@ pub(super) fn apply(
             });
             let params = AffineParams { angle, translate: [tx, ty], scale, shear, center: None };
             let (src, out) = frames(src, dst, w, h)?;
-            affine(src, w, h, &params, Warp { interpolation, fill }, out);
+            affine(src, w, h, &params, Warp { interpolation, fill: Some(fill) }, out);
         }
         OpSpec::RandomPerspective { distortion_scale, p, interpolation, fill } => {
             let (src, out) = frames(src, dst, w, h)?;
@@ -74,7 +74,7 @@ pub(super) fn apply(
                 let (r, b) = (i64::from(w) - 1, i64::from(h) - 1);
                 let starts = [[0, 0], [r, 0], [r, b], [0, b]];
                 let coeffs = perspective_coefficients(&starts, &ends);
-                perspective(src, w, h, coeffs, Warp { interpolation, fill }, out);
+                perspective(src, w, h, coeffs, Warp { interpolation, fill: Some(fill) }, out);
             }
         }
         OpSpec::Pad { padding, fill, padding_mode } => {
@@ -114,10 +114,12 @@ fn vertical_flip(src: &[u8], w: u32, out: &mut [u8]) {
 }
 
 /// How a warp samples the input: nearest or bilinear, and the colour outside the image.
+/// `fill: None` is torchvision's `fill=None`: zeros outside and no mask blend (the
+/// augmentation policies' default), which differs from `Some([0, 0, 0])` when bilinear.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Warp {
     pub interpolation: Interpolation,
-    pub fill: [u8; 3],
+    pub fill: Option<[u8; 3]>,
 }
 
 /// torchvision `affine`'s parameters: `angle` in degrees (clockwise on screen, as
@@ -314,14 +316,14 @@ fn warp_rows(
     mut coords: impl FnMut(usize, &mut [(f32, f32)]),
 ) {
     let (wi, hi) = (i64::from(w), i64::from(h));
-    let fill = warp.fill.map(f32::from);
+    let outside = warp.fill.unwrap_or([0; 3]);
     let mut buf = vec![(0f32, 0f32); ow as usize];
     let at = |x: i64, y: i64| ((y * wi + x) * 3) as usize;
     for (y, row) in out.chunks_exact_mut(ow as usize * 3).enumerate() {
         coords(y, &mut buf);
         for (o, &(ix, iy)) in row.chunks_exact_mut(3).zip(&buf) {
             if !(ix.is_finite() && iy.is_finite()) {
-                o.copy_from_slice(&warp.fill);
+                o.copy_from_slice(&outside);
                 continue;
             }
             if warp.interpolation == Interpolation::Nearest {
@@ -329,7 +331,7 @@ fn warp_rows(
                 if (0..wi).contains(&nx) && (0..hi).contains(&ny) {
                     o.copy_from_slice(&src[at(nx, ny)..at(nx, ny) + 3]);
                 } else {
-                    o.copy_from_slice(&warp.fill);
+                    o.copy_from_slice(&outside);
                 }
                 continue;
             }
@@ -351,8 +353,12 @@ fn warp_rows(
                 }
             }
             for c in 0..3 {
-                // _apply_grid_transform: (v - fill) * mask + fill, rounded half to even.
-                let v = (acc[c] - fill[c]) * mask + fill[c];
+                // _apply_grid_transform: (v - fill) * mask + fill, rounded half to even;
+                // without a fill, v as grid_sample leaves it.
+                let v = match warp.fill {
+                    Some(fill) => (acc[c] - f32::from(fill[c])) * mask + f32::from(fill[c]),
+                    None => acc[c],
+                };
                 o[c] = v.round_ties_even().clamp(0.0, 255.0) as u8;
             }
         }
@@ -597,7 +603,7 @@ mod tests {
         [img[i], img[i + 1], img[i + 2]]
     }
 
-    const NEAREST: Warp = Warp { interpolation: Interpolation::Nearest, fill: [7, 8, 9] };
+    const NEAREST: Warp = Warp { interpolation: Interpolation::Nearest, fill: Some([7, 8, 9]) };
 
     #[test]
     fn affine_translation_moves_pixels_and_fills_what_comes_in() {
@@ -668,7 +674,7 @@ mod tests {
             fill: [0; 3],
         };
         apply(&op(20.0), &src, 9, 7, &mut rng0(), u64::MAX, &mut a).unwrap();
-        rotate(&src, 9, 7, 20.0, false, None, Warp { interpolation, fill: [0; 3] }, u64::MAX, &mut b).unwrap();
+        rotate(&src, 9, 7, 20.0, false, None, Warp { interpolation, fill: Some([0; 3]) }, u64::MAX, &mut b).unwrap();
         assert_eq!(a, b);
         let spread = OpSpec::RandomAffine {
             degrees: [-30.0, 30.0],

@@ -1,6 +1,7 @@
 //! Pixel ops beyond the fused decode/crop/resize and the horizontal flip that the plan
-//! runs itself: colour ops in [`color`], geometric ones in [`geometry`]. Each runs on an
-//! RGB8 HWC image, draws its randomness from the sample's RNG (so output is the same for
+//! runs itself: colour ops in [`color`], geometric ones in [`geometry`], and the
+//! augmentation policies in [`policy`] (which draw sub-ops and run those kernels). Each
+//! runs on an RGB8 HWC image, draws its randomness from the sample's RNG (so output is the same for
 //! any thread count and resumes exactly), and follows `torchvision.transforms.v2`
 //! (docs/ops.md lists each op with its counterpart; python/tests/test_ops.py checks the
 //! pixels against torchvision's).
@@ -15,10 +16,11 @@ use crate::CodecError;
 
 mod color;
 mod geometry;
+pub(crate) mod policy;
 
 /// Whether this module runs `op`.
 pub(crate) fn runs(op: &OpSpec) -> bool {
-    color::runs(op) || geometry::runs(op)
+    color::runs(op) || geometry::runs(op) || policy::runs(op)
 }
 
 /// Whether a horizontal flip still pending before `op` may stay pending past it: true for
@@ -41,6 +43,8 @@ pub(crate) fn apply(
 ) -> Result<(u32, u32), CodecError> {
     if color::runs(op) {
         color::apply(op, src, w, h, rng, dst)
+    } else if policy::runs(op) {
+        policy::apply(op, src, w, h, rng, max_pixels, dst)
     } else {
         geometry::apply(op, src, w, h, rng, max_pixels, dst)
     }

@@ -21,7 +21,7 @@ mod threads;
 
 pub use cache::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ImportanceSpec, SamplingSpec};
 pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
-pub use ops::{ErasingValue, Interpolation, KernelSize, OpSpec, PaddingMode, RandomTag, Range};
+pub use ops::{AutoAugmentPolicy, ErasingValue, Interpolation, KernelSize, OpSpec, PaddingMode, RandomTag, Range};
 pub use threads::Threads;
 
 // Absolute bounds on what a spec may ask for: far beyond any real training pipeline, they

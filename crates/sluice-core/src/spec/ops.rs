@@ -11,8 +11,10 @@ use crate::image::{DType, Layout};
 mod color;
 #[cfg(test)]
 mod color_tests;
+mod policy;
 
 pub use color::{ErasingValue, KernelSize, RandomTag, Range};
+pub use policy::{AutoAugmentPolicy, MAX_POLICY_OPS};
 
 /// One preprocessing op. `decode` comes first; geometric ops next; then at most one of
 /// `normalize`/`dtype`; then `layout`.
@@ -193,6 +195,43 @@ pub enum OpSpec {
         #[serde(default)]
         padding_mode: PaddingMode,
     },
+    // ---- augmentation policies (torchvision.transforms.v2; sluice-codec's ops/policy.rs):
+    // each draws one or more sub-ops and their magnitudes per sample. `fill` left out is
+    // torchvision's `fill=None` (zeros outside, no mask), which differs from `[0, 0, 0]`
+    // for bilinear warps.
+    /// torchvision's TrivialAugmentWide: one op of its 14, at a magnitude bin uniform in
+    /// `num_magnitude_bins`, with a random sign for signed ops.
+    TrivialAugmentWide {
+        #[serde(default = "default_magnitude_bins")]
+        num_magnitude_bins: u32,
+        #[serde(default = "default_warp_interpolation")]
+        interpolation: Interpolation,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fill: Option<[u8; 3]>,
+    },
+    /// torchvision's RandAugment: `num_ops` ops of its 14 in turn, each at bin `magnitude`.
+    RandAugment {
+        #[serde(default = "default_rand_augment_ops")]
+        num_ops: u32,
+        #[serde(default = "default_rand_augment_magnitude")]
+        magnitude: u32,
+        #[serde(default = "default_magnitude_bins")]
+        num_magnitude_bins: u32,
+        #[serde(default = "default_warp_interpolation")]
+        interpolation: Interpolation,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fill: Option<[u8; 3]>,
+    },
+    /// torchvision's AutoAugment: one of the policy's 25 sub-policies, each of its two ops
+    /// applied with its probability.
+    AutoAugment {
+        #[serde(default)]
+        policy: AutoAugmentPolicy,
+        #[serde(default = "default_warp_interpolation")]
+        interpolation: Interpolation,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fill: Option<[u8; 3]>,
+    },
     /// Emulated per-sample cost: the thread sleeps `us` microseconds. For benchmarks that
     /// need more preprocessing units than the machine has cores (autoscaling, many
     /// learners): a sleeping unit costs wall time, not CPU. Runs after the cache seam, so a
@@ -234,6 +273,15 @@ fn default_warp_interpolation() -> Interpolation {
 }
 fn default_distortion_scale() -> f64 {
     0.5
+}
+fn default_magnitude_bins() -> u32 {
+    31
+}
+fn default_rand_augment_ops() -> u32 {
+    2
+}
+fn default_rand_augment_magnitude() -> u32 {
+    9
 }
 
 /// How a geometric op samples the input (torchvision's `InterpolationMode`). The warps
@@ -295,6 +343,9 @@ impl OpSpec {
             OpSpec::RandomPerspective { .. } => "random_perspective",
             OpSpec::RandomCrop { .. } => "random_crop",
             OpSpec::Pad { .. } => "pad",
+            OpSpec::TrivialAugmentWide { .. } => "trivial_augment_wide",
+            OpSpec::RandAugment { .. } => "rand_augment",
+            OpSpec::AutoAugment { .. } => "auto_augment",
             OpSpec::Sleep { .. } => "sleep",
         }
     }
@@ -312,7 +363,10 @@ impl OpSpec {
             | OpSpec::RandomRotation { .. }
             | OpSpec::RandomAffine { .. }
             | OpSpec::RandomPerspective { .. }
-            | OpSpec::RandomCrop { .. } => true,
+            | OpSpec::RandomCrop { .. }
+            | OpSpec::TrivialAugmentWide { .. }
+            | OpSpec::RandAugment { .. }
+            | OpSpec::AutoAugment { .. } => true,
             OpSpec::Solarize { p, .. }
             | OpSpec::Posterize { p, .. }
             | OpSpec::Equalize { p }
@@ -341,6 +395,8 @@ impl OpSpec {
                 width: s.width.saturating_add(*l).saturating_add(*r),
             }),
             OpSpec::RandomRotation { .. } | OpSpec::RandomAffine { .. } | OpSpec::RandomPerspective { .. } => before,
+            // The policies' warps keep the size (no expand).
+            OpSpec::TrivialAugmentWide { .. } | OpSpec::RandAugment { .. } | OpSpec::AutoAugment { .. } => before,
             OpSpec::RandomHorizontalFlip { .. }
             | OpSpec::RandomVerticalFlip { .. }
             | OpSpec::Invert
@@ -470,6 +526,24 @@ impl OpSpec {
                 Ok(())
             }
             OpSpec::Pad { padding, .. } => check_padding(padding, &field("padding")),
+            OpSpec::TrivialAugmentWide { num_magnitude_bins, interpolation, .. } => {
+                policy::check_bins(*num_magnitude_bins, &field("num_magnitude_bins"))?;
+                check_warp_interpolation(*interpolation, &field("interpolation"))
+            }
+            OpSpec::RandAugment { num_ops, magnitude, num_magnitude_bins, interpolation, .. } => {
+                check_count(&field("num_ops"), u64::from(*num_ops), 0, u64::from(MAX_POLICY_OPS))?;
+                policy::check_bins(*num_magnitude_bins, &field("num_magnitude_bins"))?;
+                if magnitude >= num_magnitude_bins {
+                    return Err(SpecError::new(
+                        field("magnitude"),
+                        format!("must be a bin below num_magnitude_bins ({num_magnitude_bins}); got {magnitude}"),
+                    ));
+                }
+                check_warp_interpolation(*interpolation, &field("interpolation"))
+            }
+            OpSpec::AutoAugment { interpolation, .. } => {
+                check_warp_interpolation(*interpolation, &field("interpolation"))
+            }
         }
     }
 
@@ -496,6 +570,9 @@ impl OpSpec {
             | OpSpec::RandomPerspective { .. }
             | OpSpec::RandomCrop { .. }
             | OpSpec::Pad { .. }
+            | OpSpec::TrivialAugmentWide { .. }
+            | OpSpec::RandAugment { .. }
+            | OpSpec::AutoAugment { .. }
             | OpSpec::Sleep { .. } => 1,
             OpSpec::Normalize { .. } | OpSpec::Dtype { .. } => 2,
             OpSpec::Layout { .. } => 3,
@@ -698,5 +775,38 @@ mod tests {
                 fill: [0; 3]
             }
         );
+    }
+
+    #[test]
+    fn policy_parameters_are_bounded_and_the_error_names_the_field() {
+        let ta: OpSpec = serde_json::from_str(r#"{"op": "trivial_augment_wide"}"#).unwrap();
+        assert_eq!(
+            ta,
+            OpSpec::TrivialAugmentWide { num_magnitude_bins: 31, interpolation: Interpolation::Nearest, fill: None }
+        );
+        assert!(ta.is_random());
+        assert_eq!(ta.out_size(Some(Size::square(16))), Some(Size::square(16)));
+        assert!(check(r#"{"op": "trivial_augment_wide", "num_magnitude_bins": 2, "fill": [1, 2, 3]}"#).is_ok());
+        assert_eq!(field_of(r#"{"op": "trivial_augment_wide", "num_magnitude_bins": 1}"#), "ops[1].num_magnitude_bins");
+        assert_eq!(
+            field_of(r#"{"op": "trivial_augment_wide", "num_magnitude_bins": 4294967295}"#),
+            "ops[1].num_magnitude_bins"
+        );
+        assert_eq!(field_of(r#"{"op": "trivial_augment_wide", "interpolation": "bicubic"}"#), "ops[1].interpolation");
+        let ra: OpSpec = serde_json::from_str(r#"{"op": "rand_augment"}"#).unwrap();
+        assert!(matches!(ra, OpSpec::RandAugment { num_ops: 2, magnitude: 9, num_magnitude_bins: 31, .. }));
+        assert!(check(r#"{"op": "rand_augment", "num_ops": 0}"#).is_ok());
+        assert_eq!(field_of(r#"{"op": "rand_augment", "magnitude": 31}"#), "ops[1].magnitude");
+        assert_eq!(field_of(r#"{"op": "rand_augment", "num_ops": 100000}"#), "ops[1].num_ops");
+        assert_eq!(field_of(r#"{"op": "rand_augment", "num_magnitude_bins": 0}"#), "ops[1].num_magnitude_bins");
+        for policy in ["imagenet", "cifar10", "svhn"] {
+            assert!(check(&format!(r#"{{"op": "auto_augment", "policy": "{policy}"}}"#)).is_ok());
+        }
+        assert!(check(r#"{"op": "auto_augment", "policy": "mnist"}"#).is_err());
+        assert_eq!(field_of(r#"{"op": "auto_augment", "interpolation": "bicubic"}"#), "ops[1].interpolation");
+        // Round trip, `fill` left out when None.
+        let json = serde_json::to_string(&ta).unwrap();
+        assert!(!json.contains("fill"), "{json}");
+        assert_eq!(serde_json::from_str::<OpSpec>(&json).unwrap(), ta);
     }
 }
