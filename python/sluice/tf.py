@@ -16,9 +16,11 @@ The dataset is built with ``tf.data.Dataset.from_generator`` and a full
 ``output_signature`` (batch and image sizes left open: the last batch may be short). Every
 iteration of it calls ``iter(loader)``, so ``set_epoch`` / ``load_state_dict`` on the loader
 (or on the returned dataset, which carries ``state_dict``, ``load_state_dict``,
-``set_epoch`` and ``stats``) position it exactly as for the loader itself. tf.data pulls a
-batch only when asked, so the state counts the batches the loop received; a
-``.prefetch(n)`` added after it pulls ahead, and the state then counts those too.
+``set_epoch`` and ``stats``) position it exactly as for the loader itself. The dataset
+turns off tf.data's injected prefetch and autotuning, so a batch is pulled only when asked
+for and the state counts the batches the loop received (sluice prefetches on its own
+threads); a ``.prefetch(n)`` added after it pulls ahead, and the state then counts those
+too.
 
 Memory: ``from_generator`` turns each numpy array into a tensor itself (TensorFlow's
 generator op takes no DLPack); whether that shares sluice's buffer or copies it is
@@ -100,6 +102,13 @@ def dataset(loader: Any, image_dtype: Optional[str] = None) -> Any:
             yield out
 
     ds = tf.data.Dataset.from_generator(batches, output_signature=sig)
+    # tf.data injects a prefetch after a generator by default (autotune): it would pull
+    # batches the loop has not asked for, and the loader's state would count them. sluice
+    # already prefetches (`prefetch` in the spec); here a batch is pulled when asked for.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    options.experimental_optimization.inject_prefetch = False
+    ds = ds.with_options(options)
     ds.state_dict = loader.state_dict
     ds.load_state_dict = loader.load_state_dict
     ds.set_epoch = loader.set_epoch

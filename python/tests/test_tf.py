@@ -4,6 +4,7 @@ output signature, and the copy TensorFlow's generator op makes)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any, Iterator, List
 
@@ -61,6 +62,7 @@ def test_tf_dataset_resumes_mid_epoch_exactly(dataset_dir: Path) -> None:
     first.set_epoch(1)
     it = iter(first)
     got = [next(it)["key"].numpy().tolist() for _ in range(2)]
+    time.sleep(1.0)  # a training step: time enough for anything prefetching to pull ahead
     state = first.state_dict()
     assert state["epoch"] == 1 and state["batch"] == 2
 
