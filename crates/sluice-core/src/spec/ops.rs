@@ -394,26 +394,9 @@ impl OpSpec {
                 height: s.height.saturating_add(*t).saturating_add(*b),
                 width: s.width.saturating_add(*l).saturating_add(*r),
             }),
-            OpSpec::RandomRotation { .. } | OpSpec::RandomAffine { .. } | OpSpec::RandomPerspective { .. } => before,
-            // The policies' warps keep the size (no expand).
-            OpSpec::TrivialAugmentWide { .. } | OpSpec::RandAugment { .. } | OpSpec::AutoAugment { .. } => before,
-            OpSpec::RandomHorizontalFlip { .. }
-            | OpSpec::RandomVerticalFlip { .. }
-            | OpSpec::Invert
-            | OpSpec::ColorJitter { .. }
-            | OpSpec::RandomGrayscale { .. }
-            | OpSpec::Grayscale
-            | OpSpec::Solarize { .. }
-            | OpSpec::Posterize { .. }
-            | OpSpec::Equalize { .. }
-            | OpSpec::Autocontrast { .. }
-            | OpSpec::AdjustSharpness { .. }
-            | OpSpec::GaussianBlur { .. }
-            | OpSpec::RandomErasing { .. }
-            | OpSpec::Normalize { .. }
-            | OpSpec::Dtype { .. }
-            | OpSpec::Layout { .. }
-            | OpSpec::Sleep { .. } => before,
+            // Every other op keeps the size: pixel ops, flips, warps without `expand` (the
+            // policies' too), conversions, erasing, sleep.
+            _ => before,
         }
     }
 
@@ -550,34 +533,12 @@ impl OpSpec {
     fn phase(&self) -> u8 {
         match self {
             OpSpec::Decode => 0,
-            OpSpec::Resize { .. }
-            | OpSpec::CenterCrop { .. }
-            | OpSpec::RandomResizedCrop { .. }
-            | OpSpec::RandomHorizontalFlip { .. }
-            | OpSpec::RandomVerticalFlip { .. }
-            | OpSpec::Invert
-            | OpSpec::ColorJitter { .. }
-            | OpSpec::RandomGrayscale { .. }
-            | OpSpec::Grayscale
-            | OpSpec::Solarize { .. }
-            | OpSpec::Posterize { .. }
-            | OpSpec::Equalize { .. }
-            | OpSpec::Autocontrast { .. }
-            | OpSpec::AdjustSharpness { .. }
-            | OpSpec::GaussianBlur { .. }
-            | OpSpec::RandomRotation { .. }
-            | OpSpec::RandomAffine { .. }
-            | OpSpec::RandomPerspective { .. }
-            | OpSpec::RandomCrop { .. }
-            | OpSpec::Pad { .. }
-            | OpSpec::TrivialAugmentWide { .. }
-            | OpSpec::RandAugment { .. }
-            | OpSpec::AutoAugment { .. }
-            | OpSpec::Sleep { .. } => 1,
             OpSpec::Normalize { .. } | OpSpec::Dtype { .. } => 2,
             OpSpec::Layout { .. } => 3,
             // Erases the output as written, so it follows every conversion.
             OpSpec::RandomErasing { .. } => 4,
+            // Every op on the image: crops, flips, warps, colour, policies, sleep.
+            _ => 1,
         }
     }
 }
