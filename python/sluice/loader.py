@@ -292,7 +292,8 @@ class Loader(_Traced):
             or the environment variable ``SLUICE_PEER_TOKEN``, the same on every learner.
         threads: overrides the pipeline's ``threads``: a count (0: one per core) or
             ``"auto"``, where sluice sizes its thread pool to what the training loop
-            consumes (FastMatch's matching; each decision is in ``stats()["autoscale"]``).
+            consumes (sluice's one-step version of FastMatch's matching; each decision is in
+            ``stats()["autoscale"]``).
 
     Epochs work like a torch DataLoader with a DistributedSampler: each ``iter(loader)``
     runs the next epoch (an epoch left unfinished is abandoned), ``set_epoch(e)`` picks

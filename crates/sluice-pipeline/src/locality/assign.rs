@@ -1,5 +1,6 @@
 //! Who loads which sample of one global batch. The baseline gives rank r the positions
-//! r, r + p, r + 2p, ... of the batch. Yang & Cong's locality-aware assignment lets each
+//! r, r + p, r + 2p, ... of the batch. Locality-aware assignment (Yang & Cong's abstract
+//! names locality-aware loading; the balancing here is sluice's design) lets each
 //! learner take the samples it caches, fills the learners left short with the samples no
 //! one caches, then moves the rest from surplus to deficit with two max-heaps (largest
 //! surplus to largest deficit), at most p − 1 moves. Both split the same multiset into p

@@ -1,5 +1,6 @@
-//! The loading-time model of a multi-learner epoch (Yang & Cong's full paper, not the
-//! abstract in seeds/: epoch time ≈ max(D/(pV), D/R + D/(pU))), refined per tier in
+//! The loading-time model of a multi-learner epoch (sluice's design: epoch time ≈
+//! max(D/(pV), D/R + D/(pU)); Yang & Cong's abstract names an analytical model but gives
+//! no formula), refined per tier in
 //! sluice's NoPFS-style extension: each sample a learner loads
 //! comes from its own cache (free), a peer (network latency + size / link bandwidth) or
 //! the shared storage (latency + size / bandwidth shared by all learners). A loader
