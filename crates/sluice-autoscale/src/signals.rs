@@ -91,6 +91,22 @@ pub struct Window {
     /// Batches per busy second of each unit, where a caller measures units apart (service
     /// workers); empty means every unit reads the window's mean rate.
     pub unit_rates: Vec<f64>,
+    /// Each job's rates, where several jobs share the units (the service); empty means one
+    /// job, whose rates are the window's own.
+    #[serde(default)]
+    pub jobs: Vec<JobRates>,
+}
+
+/// One job's share of a window: its trainers' consumption and what a unit makes of it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobRates {
+    pub job: u64,
+    /// q_i: batches per second the job's trainers take when not waiting.
+    pub consumption: f64,
+    /// Batches of this job per busy unit-second (0: no unit worked on it in the window).
+    pub per_unit_rate: f64,
+    /// Fraction of its trainers' time spent waiting for data.
+    pub stall: f64,
 }
 
 impl Window {
@@ -125,6 +141,28 @@ impl Window {
         } else {
             0.0
         }
+    }
+
+    /// Units that match consumption: Σ over jobs of each job's consumption ÷ what a unit
+    /// makes of that job (FastMatch's objective, Σ |p_i − q_i| over jobs). A job no unit
+    /// worked on in the window reads the window's mean rate. With no jobs listed, the
+    /// window's consumption ÷ its per-unit rate. 0 when no rate is known.
+    pub fn units_needed(&self) -> f64 {
+        let mean = self.per_unit_rate();
+        if self.jobs.is_empty() {
+            return if mean > 0.0 { self.consumption() / mean } else { 0.0 };
+        }
+        self.jobs
+            .iter()
+            .map(|j| {
+                let rate = if j.per_unit_rate > 0.0 { j.per_unit_rate } else { mean };
+                if rate > 0.0 && j.consumption.is_finite() {
+                    j.consumption.max(0.0) / rate
+                } else {
+                    0.0
+                }
+            })
+            .sum()
     }
 
     /// Both rates are known: something was produced and consumed.
@@ -200,6 +238,7 @@ impl Meter {
             produced: self.produced,
             queue,
             unit_rates: Vec::new(),
+            jobs: Vec::new(),
         };
         self.start_s = self.last_s;
         (self.batches, self.wait_s, self.busy_s, self.produced) = (0, 0.0, 0.0, 0.0);
@@ -251,6 +290,18 @@ mod tests {
         assert!((w.per_unit_rate() - 5.0).abs() < 1e-9);
         assert!((w.production() - 10.0).abs() < 1e-9);
         assert!((w.batch_time_ms() - 150.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn units_needed_add_up_per_job_and_a_job_without_work_reads_the_mean_rate() {
+        let w = Window { batches: 10, elapsed_s: 1.0, busy_s: 2.0, produced: 8.0, ..Window::default() };
+        assert!((w.units_needed() - 2.5).abs() < 1e-9, "10/s at 4 per unit: {}", w.units_needed());
+        let jobs = vec![
+            JobRates { job: 1, consumption: 6.0, per_unit_rate: 6.0, stall: 0.0 },
+            JobRates { job: 2, consumption: 2.0, per_unit_rate: 0.0, stall: 1.0 },
+        ];
+        let w = Window { jobs, ..w };
+        assert!((w.units_needed() - 1.5).abs() < 1e-9, "1 + 2/4: {}", w.units_needed());
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! FastMatch's Algorithm 2 made concrete. Each window gives production P and consumption
-//! Q; the units the trainer needs are Q ÷ (P per unit). When the imbalance is beyond the
-//! tolerance, the step δ is the whole gap in units (not ±1), so one decision closes it.
+//! Q; the units the trainer needs are Q ÷ (P per unit). Where several jobs share the units
+//! (the service), they are summed per job, Σ q_i ÷ (p_i per unit), as FastMatch's
+//! objective (its equation 1, Σ |p_i − q_i| over tasks) matches each job: totals could
+//! agree while one job starves. When the imbalance is beyond the tolerance, the step δ is
+//! the whole gap in units (not ±1), so one decision closes it (sluice's design: the paper
+//! leaves δ open).
 //!
 //! The noise guard: a reading only counts when it clears a tolerance band around the
 //! current count (more to scale down, where overshooting stalls the trainer, than up), and
@@ -54,7 +58,7 @@ impl Policy for FastMatch {
         if !w.is_complete() {
             return None;
         }
-        let needed = w.consumption() / w.per_unit_rate();
+        let needed = w.units_needed();
         self.needed.push(needed);
         let persist = self.persist.max(1);
         if self.needed.len() > persist {
@@ -76,12 +80,21 @@ impl Policy for FastMatch {
         }
         self.needed.clear();
         let (p, q) = (w.production(), w.consumption());
+        let basis = if w.jobs.is_empty() {
+            format!("one unit makes {:.2}/s", w.per_unit_rate())
+        } else {
+            let each: Vec<String> = w
+                .jobs
+                .iter()
+                .map(|j| format!("job {} {:.2}/s at {:.2} per unit", j.job, j.consumption, j.per_unit_rate))
+                .collect();
+            format!("per job: {}", each.join(", "))
+        };
         Some(Verdict {
             to,
             reason: format!(
-                "P {p:.2} vs Q {q:.2} batches/s; one unit makes {:.2}/s, so {latest:.2} units match \
-                 ({persist} readings agree); δ = {:+}",
-                w.per_unit_rate(),
+                "P {p:.2} vs Q {q:.2} batches/s; {basis}, so {latest:.2} units match ({persist} readings \
+                 agree); δ = {:+}",
                 to as i64 - units as i64
             ),
         })
@@ -96,6 +109,7 @@ impl Policy for FastMatch {
 mod tests {
     use super::*;
     use crate::policy::testing::{window, Noise};
+    use crate::signals::JobRates;
 
     #[test]
     fn closes_the_whole_gap_in_one_step_sized_by_the_per_unit_rate() {
@@ -125,6 +139,31 @@ mod tests {
         assert_eq!(p.decide(&window(4, 1.0, 9.0), 4), None);
         assert_eq!(p.decide(&window(4, 1.0, 4.2), 4), None, "a spike then a normal reading");
         assert_eq!(p.decide(&window(4, 1.0, 1.0), 4), None, "a normal reading then a dip");
+    }
+
+    #[test]
+    fn two_jobs_of_different_speeds_are_matched_each_not_in_sum() {
+        // Two jobs share 2 units. A unit makes 10 batches/s of job 1 but 0.5/s of job 2
+        // (ten times the work per batch). Job 1's trainer takes 10/s: 1 unit's worth. Job
+        // 2's takes 0.9/s: 1.8 units' worth, but it got 1 unit and waits half the time.
+        // In sum the units made 10.5 batches in 2 busy s (5.25 per unit) against 10.9/s
+        // taken: 2.08 units, within tolerance of 2, while job 2 starves. Per job, 2.8
+        // units match: scale to 3.
+        let mut w = window(2, 5.25, 10.9);
+        w.jobs = vec![
+            JobRates { job: 1, consumption: 10.0, per_unit_rate: 10.0, stall: 0.0 },
+            JobRates { job: 2, consumption: 0.9, per_unit_rate: 0.5, stall: 0.5 },
+        ];
+        let mut p = FastMatch::default();
+        assert_eq!(p.decide(&w, 2), None, "one reading is not enough");
+        let v = p.decide(&w, 2);
+        assert_eq!(v.as_ref().map(|v| v.to), Some(3), "job 2 needs 1.8 units, job 1 one: {v:?}");
+        // Once both are fed, no job starves and the count stays.
+        let mut fed = w.clone();
+        fed.units = 3;
+        for _ in 0..4 {
+            assert_eq!(p.decide(&fed, 3), None);
+        }
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! The dispatcher's autoscaler (`--autoscale POLICY`): every window it turns the clients'
 //! heartbeats (batches taken, time waited) and the workers' (batches made, busy time) into
 //! one [`Window`], lets the policy decide, and holds the worker count that `sluice up`
-//! follows (`GetScale`). The clients' consumption rates add up (every job's trainers are
-//! fed by the same workers); production is per busy worker-second, as in local mode.
+//! follows (`GetScale`). Consumption and production are read per job (each job's clients,
+//! each job's share of every worker's busy time), so the policy matches each job's
+//! production to its consumers; production is per busy worker-second, as in local mode.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use sluice_autoscale::{AutoscaleConfig, AutoscaleStats, Autoscaler, ConfigError, Decision, Window};
+use sluice_autoscale::{AutoscaleConfig, AutoscaleStats, Autoscaler, ConfigError, Decision, JobRates, Window};
 
 use super::state::State;
 
@@ -36,6 +37,8 @@ pub struct ServiceAutoscale {
     last_s: f64,
     clients: HashMap<String, ClientMark>,
     workers: HashMap<u64, WorkerMark>,
+    /// Each (worker, job)'s cumulative busy seconds and batches.
+    worker_jobs: HashMap<(u64, u64), WorkerMark>,
     /// The latest window read, for an operator's decision.
     latest: Option<Window>,
     /// Windows read since the last change while the workers did not match the target.
@@ -60,6 +63,7 @@ impl ServiceAutoscale {
             last_s: 0.0,
             clients: HashMap::new(),
             workers: HashMap::new(),
+            worker_jobs: HashMap::new(),
             latest: None,
             waited: 0,
             skip_next: false,
@@ -119,8 +123,10 @@ impl ServiceAutoscale {
     /// The window since the last tick, from the counters' growth; the baselines move on.
     /// `None` when no trainer took a batch in it.
     fn read(&mut self, state: &State, now: Instant, now_s: f64) -> Option<Window> {
-        // Consumption: each client's batches over its time not waiting, summed.
+        // Consumption: each client's batches over its time not waiting, summed, in all and
+        // per job (job → consumption, waited, elapsed).
         let (mut batches, mut consumption, mut waited, mut elapsed) = (0u64, 0.0, 0.0, 0.0);
+        let mut per_job: BTreeMap<u64, (f64, f64, f64)> = BTreeMap::new();
         let mut clients = HashMap::with_capacity(state.clients.len());
         for (id, r) in &state.clients {
             let mark = ClientMark { batches: r.batches, stall_s: r.stall_s, elapsed_s: r.elapsed_s };
@@ -130,9 +136,12 @@ impl ServiceAutoscale {
                 if db > 0 && de > 0.0 {
                     batches += db;
                     // A trainer that waited all along takes batches as fast as they come.
-                    consumption += db as f64 / (de - dw).max(de * 0.01);
+                    let q = db as f64 / (de - dw).max(de * 0.01);
+                    consumption += q;
                     waited += dw;
                     elapsed += de;
+                    let job = per_job.entry(r.job_id).or_default();
+                    (job.0, job.1, job.2) = (job.0 + q, job.1 + dw, job.2 + de);
                 }
             }
             clients.insert(id.clone(), mark);
@@ -155,6 +164,32 @@ impl ServiceAutoscale {
             workers.insert(*id, mark);
         }
         self.workers = workers;
+        // Each job's production: its batches per busy worker-second, over all workers.
+        let mut job_work: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        let mut worker_jobs = HashMap::with_capacity(self.worker_jobs.len());
+        for (id, w) in &state.workers {
+            for j in &w.jobs {
+                let mark = WorkerMark { busy_s: j.busy_s, produced: j.batches };
+                if let Some(prev) = self.worker_jobs.get(&(*id, j.job_id)) {
+                    let (db, dp) = (mark.busy_s - prev.busy_s, mark.produced.saturating_sub(prev.produced));
+                    if db > 1e-3 && w.is_live(now) {
+                        let e = job_work.entry(j.job_id).or_default();
+                        (e.0, e.1) = (e.0 + db, e.1 + dp as f64);
+                    }
+                }
+                worker_jobs.insert((*id, j.job_id), mark);
+            }
+        }
+        self.worker_jobs = worker_jobs;
+        let jobs = per_job
+            .into_iter()
+            .map(|(job, (q, dw, de))| JobRates {
+                job,
+                consumption: q,
+                per_unit_rate: job_work.get(&job).map_or(0.0, |&(busy, made)| made / busy),
+                stall: if de > 0.0 { (dw / de).clamp(0.0, 1.0) } else { 0.0 },
+            })
+            .collect();
         if batches == 0 || consumption <= 0.0 {
             return None;
         }
@@ -172,6 +207,7 @@ impl ServiceAutoscale {
             produced,
             queue: 0.0,
             unit_rates,
+            jobs,
         })
     }
 
@@ -192,7 +228,7 @@ mod tests {
 
     use super::*;
     use crate::dispatcher::state::ClientReport;
-    use sluice_client::proto::RegisterWorkerRequest;
+    use sluice_client::proto::{JobWork, RegisterWorkerRequest};
 
     /// Second `t`: the trainer took `batches` and waited `wait` s of it; every worker was
     /// busy `busy` s making `made` batches.
@@ -210,7 +246,7 @@ mod tests {
         for id in ids {
             let (b, p) = s.workers.get(&id).map(|w| (w.busy_s, w.batches_produced)).unwrap_or_default();
             s.worker_heartbeat(id, 0, p + made, now);
-            s.worker_busy(id, b + busy);
+            s.worker_busy(id, b + busy, Vec::new());
         }
         now
     }
@@ -248,5 +284,50 @@ mod tests {
         let d = a.set_target(2, now).unwrap_or_else(|| panic!("no decision"));
         assert_eq!((d.from, d.to), (5, 2));
         assert_eq!(a.stats().decisions.len(), 2);
+    }
+
+    /// Second `t` of two jobs on two workers: worker 1 spends its second on job 1 making
+    /// 20 batches, worker 2 on job 2 making 1 (a batch of job 2 is 20 times the work).
+    /// Job 1's trainer takes 20 batches without waiting; job 2's takes 1 and waits 0.444 s.
+    fn two_jobs_second(s: &mut State, t: u64, workers: [u64; 2]) -> Instant {
+        let now = Instant::now();
+        for (client, job, batches, wait) in [("a", 1, 20, 0.0), ("b", 2, 1, 4.0 / 9.0)] {
+            let prev = s.clients.get(client).cloned().unwrap_or_default();
+            let report = ClientReport {
+                job_id: job,
+                batches: prev.batches + batches,
+                stall_s: prev.stall_s + wait,
+                elapsed_s: t as f64,
+            };
+            s.client_heartbeat(job, client, report, now).unwrap_or_else(|e| panic!("{e}"));
+        }
+        for (id, job, made) in [(workers[0], 1, 20), (workers[1], 2, 1)] {
+            let (b, p) = s.workers.get(&id).map(|w| (w.busy_s, w.batches_produced)).unwrap_or_default();
+            s.worker_heartbeat(id, 0, p + made, now);
+            s.worker_busy(id, b + 1.0, vec![JobWork { job_id: job, busy_s: b + 1.0, batches: p + made }]);
+        }
+        now
+    }
+
+    #[test]
+    fn each_job_is_matched_apart_so_a_slow_job_is_not_starved_by_the_sum() {
+        let mut s = State::new(1);
+        let start = Instant::now();
+        let workers = ["w1", "w2"]
+            .map(|addr| s.register_worker(&RegisterWorkerRequest { addr: addr.into(), ..Default::default() }, start));
+        let config =
+            AutoscaleConfig { window: WindowBy::Millis(1000), ..AutoscaleConfig::new(PolicyKind::Fastmatch, 1, 8) };
+        let mut a = ServiceAutoscale::new(config, start, Some(2)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.target(), 2);
+        let now = two_jobs_second(&mut s, 1, workers);
+        assert_eq!(a.tick(&s, now), None, "the first heartbeats set the baselines");
+        // In sum: 21 batches per 2 busy s (10.5 per worker) against 21.8/s taken, 2.08
+        // workers, within tolerance of 2, while job 2 waits 44% of the time. Per job:
+        // 20/s at 20 per worker-second (1) + 1.8/s at 1 (1.8) = 2.8 workers.
+        let now = two_jobs_second(&mut s, 2, workers);
+        assert_eq!(a.tick(&s, now), None, "FastMatch wants two readings");
+        let now = two_jobs_second(&mut s, 3, workers);
+        let d = a.tick(&s, now);
+        assert_eq!(d.as_ref().map(|d| (d.from, d.to)), Some((2, 3)), "{d:?}; {:?}", a.latest);
     }
 }

@@ -374,7 +374,7 @@ impl Dispatcher for DispatcherService {
             let mut state = self.inner.state.lock();
             state.worker_cache(r.worker_id, r.cache_hits, r.cache_lookups);
             state.worker_caches(r.worker_id, r.caches);
-            state.worker_busy(r.worker_id, r.busy_s);
+            state.worker_busy(r.worker_id, r.busy_s, r.jobs);
             if r.drain {
                 state.drain_worker_id(r.worker_id);
             }

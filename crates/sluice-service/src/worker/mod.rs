@@ -269,17 +269,19 @@ impl WorkerService {
         caches.retain(|_, cache| Arc::strong_count(cache) > 1);
     }
 
-    /// Seconds spent producing: each job's thread-busy time over its threads, summed.
-    /// `None` while the job table is busy (the heartbeat sends its last reading again).
-    fn busy_seconds(&self) -> Option<f64> {
+    /// Each job's seconds spent producing (its thread-busy time over its threads) and
+    /// batches made. `None` while the job table is busy (the heartbeat sends its last
+    /// reading again).
+    fn job_work(&self) -> Option<Vec<JobWork>> {
         let jobs = self.inner.jobs.try_lock().ok()?;
         Some(
             jobs.iter()
-                .map(|(_, r)| {
-                    let busy: f64 = r.loader.stats().op_seconds.iter().map(|(_, s)| s).sum();
-                    busy / r.loader.threads().max(1) as f64
+                .map(|(id, r)| {
+                    let stats = r.loader.stats();
+                    let busy: f64 = stats.op_seconds.iter().map(|(_, s)| s).sum();
+                    JobWork { job_id: *id, busy_s: busy / r.loader.threads().max(1) as f64, batches: stats.batches }
                 })
-                .sum(),
+                .collect(),
         )
     }
 
@@ -373,10 +375,10 @@ async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest,
     let mut client = service.inner.dispatcher.clone();
     let mut id: Option<u64> = None;
     let mut backoff = Duration::from_millis(50);
-    let mut busy_s = 0.0;
+    let mut jobs: Vec<JobWork> = Vec::new();
     loop {
         let c = &service.inner.counters;
-        busy_s = service.busy_seconds().unwrap_or(busy_s);
+        jobs = service.job_work().unwrap_or(jobs);
         let result = match id {
             None => client.register_worker(register.clone()).await.map(|r| {
                 let wid = r.into_inner().worker_id;
@@ -391,7 +393,8 @@ async fn heartbeat_loop(service: WorkerService, register: RegisterWorkerRequest,
                     worker_id: wid,
                     tasks_running: c.tasks_running.load(Ordering::Relaxed),
                     batches_produced: c.batches.load(Ordering::Relaxed),
-                    busy_s,
+                    busy_s: jobs.iter().map(|j| j.busy_s).sum(),
+                    jobs: jobs.clone(),
                     drain: drain.asked.load(Ordering::Relaxed),
                     ..service.cache_lookups()
                 })

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::State;
 use crate::error::ServiceError;
-use sluice_client::proto::{CacheReport, RegisterWorkerRequest};
+use sluice_client::proto::{CacheReport, JobWork, RegisterWorkerRequest};
 
 /// A client silent this long is forgotten (its leases ran out long before).
 pub const CLIENT_FORGET: Duration = Duration::from_secs(300);
@@ -40,6 +40,8 @@ pub struct WorkerEntry {
     pub name: String,
     /// Seconds it spent producing since it started, as its last heartbeat told.
     pub busy_s: f64,
+    /// Each job's busy seconds and batches on it, as its last heartbeat told.
+    pub jobs: Vec<JobWork>,
     /// Being drained: it gets no new task and exits once it holds none.
     pub draining: bool,
     /// Each of its caches by fingerprint, as its last heartbeat told.
@@ -105,6 +107,7 @@ impl State {
             cache_lookups: 0,
             name: req.name.clone(),
             busy_s: 0.0,
+            jobs: Vec::new(),
             draining: false,
             caches: HashMap::new(),
         };
@@ -125,10 +128,12 @@ impl State {
         }
     }
 
-    /// What a heartbeat says of the worker's busy time (the autoscaler's production).
-    pub fn worker_busy(&mut self, id: u64, busy_s: f64) {
+    /// What a heartbeat says of the worker's busy time, in all and per job (the
+    /// autoscaler's production).
+    pub fn worker_busy(&mut self, id: u64, busy_s: f64, jobs: Vec<JobWork>) {
         if let Some(w) = self.workers.get_mut(&id) {
             w.busy_s = if busy_s.is_finite() { busy_s.max(0.0) } else { 0.0 };
+            w.jobs = jobs;
         }
     }
 
