@@ -88,7 +88,9 @@ class StreamLoader:
             in the background. The shard servers answer only learners with the job's token:
             ``"token": "..."`` here or the environment variable ``SLUICE_PEER_TOKEN`` (the
             same on every learner; without either the loader refuses to start).
-        rate: ``{"buffer": N, "overflow": "backpressure" | "drop_oldest" | "spill",
+            ``"persist": True`` keeps the exemplars in ``dir/<stream>-<group>-<consumer>.exemplars``
+            as they are kept, so a loader started again without a checkpoint has its buffer back.
+        rate: ``{"buffer": N, "overflow": "backpressure" | "drop_oldest" | "drop_random" | "spill",
             "underflow": "wait" | "rehearsal", "fill_after_ms": ms}``.
         consumer: this learner's name in the group.
         threads: decoding threads: a count (0: one per core) or ``"auto"`` (the pool sized

@@ -123,10 +123,19 @@ impl StreamLoader {
         let batch_size = spec.new_per_batch + spec.rehearsal_per_batch;
         let runner = BatchRunner::new(Plan::compile(&spec.ops, spec.limits), spec.threads, batch_size)
             .map_err(|e| StreamError::Config { field: "threads", problem: e.to_string() })?;
-        let rehearsal: Option<Shard> = spec
-            .rehearsal
-            .as_ref()
-            .map(|r| Arc::new(parking_lot::Mutex::new(Rehearsal::new(r.policy, r.capacity, spec.seed))));
+        let rehearsal: Option<Shard> = match &spec.rehearsal {
+            Some(r) if r.persist => {
+                std::fs::create_dir_all(&r.dir)
+                    .map_err(|source| StreamError::RehearsalWrite { path: r.dir.clone(), source })?;
+                let path = exemplar_path(&spec, &spec.consumer);
+                let buffer =
+                    Rehearsal::open_persisted(r.policy, r.capacity, spec.seed, &path, spec.limits.max_file_bytes)?;
+                tracing::info!(path = %path.display(), samples = buffer.len(), "rehearsal exemplars persisted here");
+                Some(Arc::new(parking_lot::Mutex::new(buffer)))
+            }
+            Some(r) => Some(Arc::new(parking_lot::Mutex::new(Rehearsal::new(r.policy, r.capacity, spec.seed)))),
+            None => None,
+        };
         let rehearsal_shard = rehearsal.clone();
         let (mut server, mut fetcher) = (None, None);
         if let (Some(r), Some(shard)) = (&spec.rehearsal, &rehearsal) {
@@ -253,6 +262,10 @@ impl StreamLoader {
         interrupted: &mut dyn FnMut() -> bool,
     ) -> Result<Option<StreamBatch>, StreamError> {
         self.ack_committed()?;
+        if let Some(b) = &self.rehearsal {
+            // The last batch's offers reach the exemplar file (`rehearsal.persist`).
+            b.lock().flush_log()?;
+        }
         let r = self.spec.new_per_batch;
         let started = Instant::now();
         // Read what has arrived (the overflow policy applies), then wait for what is missing.
@@ -552,7 +565,7 @@ impl StreamLoader {
         }
         let room = match self.spec.rate.overflow {
             Overflow::Backpressure => self.spec.rate.buffer.saturating_sub(self.ahead.len()),
-            Overflow::DropOldest | Overflow::Spill => self.spec.rate.buffer,
+            Overflow::DropOldest | Overflow::DropRandom | Overflow::Spill => self.spec.rate.buffer,
         };
         if room == 0 || self.ended {
             return Ok(());
@@ -608,9 +621,16 @@ impl StreamLoader {
             // with the batch it goes into.
             return Ok(());
         }
+        let arrived = s.id;
         self.ahead.push_back(s);
         while self.ahead.len() > self.spec.rate.buffer && self.spec.rate.overflow != Overflow::Backpressure {
-            let Some(old) = self.ahead.pop_front() else { break };
+            let victim = match self.spec.rate.overflow {
+                Overflow::DropRandom => {
+                    drop_random_slot(self.spec.seed, self.counters.dropped, arrived, self.ahead.len())
+                }
+                _ => 0,
+            };
+            let Some(old) = self.ahead.remove(victim) else { break };
             self.ahead_ids.remove(&old.id);
             self.ledger.insert(old.id);
             match self.spec.rate.overflow {
@@ -681,7 +701,11 @@ impl StreamLoader {
                     self.counters.batches
                 );
                 let path = spec.dir.join(name);
-                let state = buffer.lock().save(&path)?;
+                let state = {
+                    let mut buffer = buffer.lock();
+                    buffer.flush_log()?;
+                    buffer.save(&path)?
+                };
                 if self.files.back() != Some(&path) {
                     self.files.push_back(path);
                 }
@@ -719,11 +743,15 @@ impl StreamLoader {
             });
         }
         let ledger = state.check(&self.spec)?;
-        let restored = match (&state.rehearsal, &self.spec.rehearsal) {
+        let mut restored = match (&state.rehearsal, &self.spec.rehearsal) {
             (Some(saved), Some(_)) => Some(Rehearsal::load(saved, self.spec.seed, self.spec.limits.max_file_bytes)?),
             (None, Some(r)) => Some(Rehearsal::new(r.policy, r.capacity, self.spec.seed)),
             (_, None) => None,
         };
+        if let (Some(buffer), Some(true)) = (restored.as_mut(), self.spec.rehearsal.as_ref().map(|r| r.persist)) {
+            // The checkpoint's buffer wins over the exemplar file, which goes on from it.
+            buffer.persist_at(&exemplar_path(&self.spec, &state.consumer))?;
+        }
         if state.consumer != self.spec.consumer {
             // Alive under the state's name before reading anything under it.
             self.heartbeat = None;
@@ -830,6 +858,19 @@ impl AsRef<[u8]> for Image {
 
 /// A rehearsal sample drawn for batch `round`: a fresh generator per draw, so it is
 /// augmented anew each time.
+/// The exemplar file of `rehearsal.persist`, per stream, group and consumer.
+fn exemplar_path(spec: &StreamSpec, consumer: &str) -> PathBuf {
+    let dir = spec.rehearsal.as_ref().map_or_else(PathBuf::new, |r| r.dir.clone());
+    dir.join(format!("{}-{}-{}.exemplars", file_safe(&spec.stream), file_safe(&spec.group), file_safe(consumer)))
+}
+
+/// Which of `len` samples read ahead `overflow = "drop_random"` drops: uniform, and a pure
+/// function of the seed, the drops so far and the sample whose arrival overflowed.
+pub(crate) fn drop_random_slot(seed: u64, dropped: u64, arrived: u64, len: usize) -> usize {
+    let mut rng = SampleRng::new(seed, dropped, SampleKey(arrived), 0x6472_6f70);
+    (rng.next_u64() % len.max(1) as u64) as usize
+}
+
 fn rehearsal_job(s: &Arc<Stored>, seed: u64, round: u64) -> BytesJob {
     BytesJob {
         key: s.id,
@@ -850,4 +891,23 @@ struct Draws {
 struct Prepared {
     draws: Draws,
     pending: PendingBatch,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drop_random_slot;
+
+    #[test]
+    fn drop_random_picks_uniformly_and_only_from_the_seed_and_counts() {
+        let picks = |seed| (0..4000u64).map(|n| drop_random_slot(seed, n, 1000 + n, 8)).collect::<Vec<_>>();
+        assert_eq!(picks(7), picks(7), "the same seed drops the same samples");
+        assert_ne!(picks(7), picks(8), "another seed, other samples");
+        let mut per_slot = [0usize; 8];
+        for p in picks(7) {
+            per_slot[p] += 1;
+        }
+        // 500 expected per slot; not the oldest (slot 0) every time as drop_oldest.
+        assert!(per_slot.iter().all(|&n| (400..=600).contains(&n)), "{per_slot:?}");
+        assert_eq!(drop_random_slot(1, 0, 0, 0), 0, "an empty buffer reads slot 0, not a division by 0");
+    }
 }

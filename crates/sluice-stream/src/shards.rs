@@ -269,6 +269,7 @@ mod tests {
             peers: vec!["127.0.0.1:1".into()],
             rank: 0,
             token: None,
+            persist: false,
         };
         let err = super::token(&spec).unwrap_err().to_string();
         assert!(err.contains("rehearsal.token") && err.contains("SLUICE_PEER_TOKEN"), "{err}");

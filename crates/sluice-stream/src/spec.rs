@@ -80,6 +80,11 @@ pub struct RehearsalSpec {
     /// Where `state()` writes the buffer's contents (the state names the file): required.
     #[serde(default)]
     pub dir: PathBuf,
+    /// Persist the exemplars as they are kept, in `dir/<stream>-<group>-<consumer>.exemplars`
+    /// (Liu, Nicolae et al. §4.2's second option): a loader started again with the same
+    /// spec and no checkpoint to restore reads its buffer back from there.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persist: bool,
     /// A distributed buffer: every learner's `host:port`, by rank. Each learner serves its
     /// shard on its own entry and draws from all shards.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -130,6 +135,10 @@ pub enum Overflow {
     Backpressure,
     /// Drop the oldest sample read ahead (counted, never trained on).
     DropOldest,
+    /// Drop a sample read ahead chosen at random (counted, never trained on), as Liu,
+    /// Nicolae et al. §4.2 ask ("simply drop them at random"); the choice is a function of
+    /// the spec's seed, the drops so far and the arriving sample's id.
+    DropRandom,
     /// Move the oldest sample read ahead into the rehearsal buffer (counted).
     Spill,
 }

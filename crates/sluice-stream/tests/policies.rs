@@ -134,6 +134,24 @@ fn twice_rate_stream_with_drop_oldest_drops_and_counts_the_surplus() {
 }
 
 #[test]
+fn twice_rate_stream_with_drop_random_drops_and_counts_the_surplus() {
+    let _w = watchdog("twice rate, drop random", 60);
+    let r = run(2.0, |s| {
+        s.rate.buffer = 8;
+        s.rate.overflow = Overflow::DropRandom;
+    });
+    let trained = trained(&r);
+    let dropped = r.end.counters.dropped;
+    assert!(dropped > 0, "a stream at twice the rate overflows a buffer of 8");
+    assert_eq!(trained.len() as u64 + dropped, ENTRIES as u64, "each entry is trained on or dropped");
+    let mut unique = trained.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), trained.len(), "none twice");
+    assert_eq!(r.end.ledger_len, ENTRIES as u64);
+}
+
+#[test]
 fn twice_rate_stream_with_spill_moves_the_surplus_into_the_rehearsal_buffer() {
     let _w = watchdog("twice rate, spill", 60);
     let r = run(2.0, |s| {

@@ -66,3 +66,42 @@ fn a_rehearsal_file_that_cannot_be_written_is_a_write_error_naming_the_file() {
     let e = loader.state().err().map(|e| e.to_string()).unwrap_or_default();
     assert!(e.starts_with("cannot write the rehearsal buffer file") && e.contains("rehearsal"), "{e}");
 }
+
+#[test]
+fn persisted_exemplars_come_back_in_a_loader_started_again_without_a_checkpoint() {
+    let _w = watchdog("persisted exemplars", 60);
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), false);
+    push_dataset(&dataset(dir.path(), 24, 4), &push_options(&redis.url(), "s", 0.0)).unwrap();
+    let mut spec = stream_spec(&redis.url(), "s", "job", 4, 2, Some(&dir.path().join("rehearsal")));
+    spec.rehearsal.as_mut().unwrap().persist = true;
+    let mut first = StreamLoader::new(spec.clone()).unwrap();
+    let mut rehearsal_ids = std::collections::HashSet::new();
+    let mut new_ids = std::collections::HashSet::new();
+    for _ in 0..4 {
+        let b = first.next_batch().unwrap().unwrap();
+        for (key, rehearsed) in b.batch.keys.iter().zip(&b.rehearsal) {
+            if !rehearsed {
+                new_ids.insert(*key);
+            }
+        }
+    }
+    let held = first.stats().stream.rehearsal_len;
+    assert_eq!(held, 16, "16 new samples offered to a buffer of 16");
+    // No state() taken: only the exemplar file remains (the last batch's offers are
+    // flushed to it when the loader is dropped).
+    drop(first);
+
+    let exemplars = dir.path().join("rehearsal").join("s-job-learner-0.exemplars");
+    assert!(exemplars.exists(), "{} missing", exemplars.display());
+    let mut second = StreamLoader::new(spec).unwrap();
+    assert_eq!(second.stats().stream.rehearsal_len, held, "the buffer came back from the file");
+    let b = second.next_batch().unwrap().unwrap();
+    for (key, rehearsed) in b.batch.keys.iter().zip(&b.rehearsal) {
+        if *rehearsed {
+            rehearsal_ids.insert(*key);
+        }
+    }
+    assert_eq!(rehearsal_ids.len(), 2, "the first batch after the restart rehearses 2 samples");
+    assert!(rehearsal_ids.is_subset(&new_ids), "rehearsed {rehearsal_ids:?}, trained before {new_ids:?}");
+}

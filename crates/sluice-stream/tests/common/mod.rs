@@ -62,6 +62,7 @@ pub fn stream_spec(url: &str, stream: &str, group: &str, r: usize, b: usize, dir
             peers: Vec::new(),
             rank: 0,
             token: None,
+            persist: false,
         }),
         rate: RateSpec::default(),
         seed: 7,
