@@ -11,6 +11,12 @@
 //! signals, actions per 10 windows. `--runs N` repeats the whole comparison (the policies'
 //! order rotating run by run) and reports medians with their spread; `--out DIR` gets the
 //! table, the JSON and one SVG per policy (units and P/Q over time, from the last run).
+//!
+//! A cost model puts the policies side by side as Cachew's headline does (training time
+//! and cost): the run is a fixed wall-clock schedule, so the time to train the schedule's
+//! work is its length ÷ (1 − stall); over that time the workers cost their mean units at
+//! `--price-core-hour`, the cache its bytes at `--price-gb-hour`, and the trainer its
+//! accelerator at `--price-accelerator-hour`.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -69,6 +75,47 @@ pub struct Args {
     /// Seconds per setting in the `--real` runs.
     #[arg(long, default_value_t = 10.0)]
     pub real_seconds: f64,
+    /// Cost model: one unit (one core) per hour.
+    #[arg(long, default_value_t = 0.04)]
+    pub price_core_hour: f64,
+    /// Cost model: one GB of cache memory per hour.
+    #[arg(long, default_value_t = 0.005)]
+    pub price_gb_hour: f64,
+    /// Cost model: the trainer's accelerator per hour (it is held while the trainer stalls).
+    #[arg(long, default_value_t = 2.5)]
+    pub price_accelerator_hour: f64,
+}
+
+/// Prices of the cost model, per hour.
+#[derive(Debug, Serialize, Clone, Copy)]
+struct Prices {
+    core_hour: f64,
+    gb_hour: f64,
+    accelerator_hour: f64,
+}
+
+/// What training the schedule's work takes under one policy, by the cost model.
+#[derive(Debug, Serialize, Clone, Copy, PartialEq)]
+struct Cost {
+    /// Seconds to train the schedule's work: its length ÷ (1 − stall).
+    time_s: f64,
+    workers: f64,
+    cache: f64,
+    accelerator: f64,
+    total: f64,
+}
+
+impl Cost {
+    /// `schedule_s` of trainer work done at `stall`, with `mean_units` units and
+    /// `cache_bytes` of cache held throughout.
+    fn of(schedule_s: f64, stall: f64, mean_units: f64, cache_bytes: u64, p: Prices) -> Self {
+        let time_s = schedule_s / (1.0 - stall.clamp(0.0, 0.99));
+        let hours = time_s / 3600.0;
+        let workers = mean_units * hours * p.core_hour;
+        let cache = cache_bytes as f64 / 1e9 * hours * p.gb_hour;
+        let accelerator = hours * p.accelerator_hour;
+        Self { time_s, workers, cache, accelerator, total: workers + cache + accelerator }
+    }
 }
 
 /// A phase's demand, in units: a trainer step (its inverse, scaled by a unit's rate)
@@ -102,6 +149,9 @@ struct PolicyResult {
     stall: f64,
     decisions: u64,
     noise_actions_per_10_windows: Option<f64>,
+    /// Bytes the loader's cache held at the end (the cost model's cache).
+    cache_bytes: u64,
+    cost: Cost,
 }
 
 /// What one policy did over time in one run, for the plots.
@@ -234,7 +284,9 @@ fn run_policy(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::R
     loader.autoscale_perturbed(config(a, policy), perturb)?;
     let phases: Vec<(f64, f64)> = a.demand.iter().map(|d| (d * rate, a.phase_s)).collect();
     let ticks = drive(&loader, &phases, start)?;
-    let decisions = loader.stats().autoscale.map_or(0, |s| s.ups + s.downs);
+    let stats = loader.stats();
+    let decisions = stats.autoscale.map_or(0, |s| s.ups + s.downs);
+    let cache_bytes = stats.cache.map_or(0, |c| c.used_bytes);
 
     let mut unit_seconds = 0.0;
     for w in ticks.windows(2) {
@@ -292,14 +344,21 @@ fn run_policy(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::R
             .collect(),
         unit_rate: rate,
     };
+    let stall = if elapsed > 0.0 { waited / elapsed } else { 0.0 };
+    let mean_units = if elapsed > 0.0 { unit_seconds / elapsed } else { 0.0 };
+    let prices =
+        Prices { core_hour: a.price_core_hour, gb_hour: a.price_gb_hour, accelerator_hour: a.price_accelerator_hour };
+    let schedule_s = a.phase_s * a.demand.len() as f64;
     let result = PolicyResult {
         policy: policy.name().to_string(),
         phases: results,
         unit_seconds,
         oracle_unit_seconds: oracle.iter().map(|&o| o as f64 * a.phase_s).sum(),
-        stall: if elapsed > 0.0 { waited / elapsed } else { 0.0 },
+        stall,
         decisions,
         noise_actions_per_10_windows: noise_actions,
+        cache_bytes,
+        cost: Cost::of(schedule_s, stall, mean_units, cache_bytes, prices),
     };
     Ok((result, timeline))
 }
@@ -366,7 +425,9 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         }
     }
     let summaries: Vec<Summary> = results.iter().map(|r| summarize(r)).collect();
-    let table = table(&summaries, a.runs, &rates);
+    let mut table = table(&summaries, a.runs, &rates);
+    table += "\n";
+    table += &cost_table(&summaries, &a);
     // With --json, stdout carries only the JSON.
     let report = |line: &str| if a.json { eprintln!("{line}") } else { println!("{line}") };
     report(&table);
@@ -442,6 +503,11 @@ struct Summary {
     decisions: Option<Spread>,
     noise_actions_per_10_windows: Option<Spread>,
     phases: Vec<PhaseSummary>,
+    time_s: Option<Spread>,
+    cost_workers: Option<Spread>,
+    cost_cache: Option<Spread>,
+    cost_accelerator: Option<Spread>,
+    cost: Option<Spread>,
 }
 
 fn summarize(runs: &[PolicyResult]) -> Summary {
@@ -453,6 +519,11 @@ fn summarize(runs: &[PolicyResult]) -> Summary {
         stall: Spread::of(runs.iter().map(|r| r.stall)),
         decisions: Spread::of(runs.iter().map(|r| r.decisions as f64)),
         noise_actions_per_10_windows: Spread::of(runs.iter().filter_map(|r| r.noise_actions_per_10_windows)),
+        time_s: Spread::of(runs.iter().map(|r| r.cost.time_s)),
+        cost_workers: Spread::of(runs.iter().map(|r| r.cost.workers)),
+        cost_cache: Spread::of(runs.iter().map(|r| r.cost.cache)),
+        cost_accelerator: Spread::of(runs.iter().map(|r| r.cost.accelerator)),
+        cost: Spread::of(runs.iter().map(|r| r.cost.total)),
         phases: (0..phases)
             .map(|i| {
                 let ps: Vec<&PhaseResult> = runs.iter().filter_map(|r| r.phases.get(i)).collect();
@@ -496,6 +567,43 @@ fn table(summaries: &[Summary], runs: usize, rates: &[f64]) -> String {
             Spread::show(s.stall, 100.0, 1),
             Spread::show(s.decisions, 1.0, 0),
             s.noise_actions_per_10_windows.map_or("–".into(), |n| Spread::show(Some(n), 1.0, 2)),
+        );
+    }
+    out
+}
+
+/// The cost model's table: time, cost and stall side by side, with each policy's time and
+/// cost against fastmatch's (or the first policy's, without fastmatch).
+fn cost_table(summaries: &[Summary], a: &Args) -> String {
+    let base = summaries.iter().find(|s| s.policy == "fastmatch").or(summaries.first());
+    let median = |s: Option<Spread>| s.map_or(f64::NAN, |s| s.median);
+    let (base_name, base_time, base_cost) =
+        base.map_or(("–".to_string(), f64::NAN, f64::NAN), |b| (b.policy.clone(), median(b.time_s), median(b.cost)));
+    let mut out = format!(
+        "Cost model: workers at ${}/core-hour, cache at ${}/GB-hour, the accelerator at ${}/hour; time = the \
+         schedule's {:.0} s of training ÷ (1 − stall). Medians; cost in milli-dollars.\n\n",
+        a.price_core_hour,
+        a.price_gb_hour,
+        a.price_accelerator_hour,
+        a.phase_s * a.demand.len() as f64
+    );
+    out += &format!(
+        "| policy | time (s) | time vs {base_name} | workers (m$) | cache (m$) | accelerator (m$) | total (m$) | cost vs {base_name} | overall stall |\n"
+    );
+    out += "|---|---|---|---|---|---|---|---|---|\n";
+    for s in summaries {
+        let (t, c) = (median(s.time_s), median(s.cost));
+        out += &format!(
+            "| {} | {} | ×{:.2} | {} | {} | {} | {} | ×{:.2} | {}% |\n",
+            s.policy,
+            Spread::show(s.time_s, 1.0, 1),
+            t / base_time,
+            Spread::show(s.cost_workers, 1000.0, 2),
+            Spread::show(s.cost_cache, 1000.0, 3),
+            Spread::show(s.cost_accelerator, 1000.0, 2),
+            Spread::show(s.cost, 1000.0, 2),
+            c / base_cost,
+            Spread::show(s.stall, 100.0, 1),
         );
     }
     out
@@ -572,7 +680,8 @@ fn render(r: &PolicyResult) -> String {
         })
         .collect();
     format!(
-        "{}: unit-seconds {:.1} vs oracle {:.1} (×{:.2}), stall {:.1}%, {} decisions, noise: {}\n  {}",
+        "{}: unit-seconds {:.1} vs oracle {:.1} (×{:.2}), stall {:.1}%, {} decisions, noise: {}; \
+         cost model: {:.1} s, {:.2} m$\n  {}",
         r.policy,
         r.unit_seconds,
         r.oracle_unit_seconds,
@@ -580,6 +689,27 @@ fn render(r: &PolicyResult) -> String {
         r.stall * 100.0,
         r.decisions,
         r.noise_actions_per_10_windows.map_or("-".into(), |n| format!("{n:.2} actions/10 windows")),
+        r.cost.time_s,
+        r.cost.total * 1000.0,
         phases.join("\n  ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cost_model_charges_stalls_at_the_accelerators_price() {
+        let p = Prices { core_hour: 0.04, gb_hour: 0.005, accelerator_hour: 2.5 };
+        // An hour of training work at 50% stall takes 2 hours: 4 units, 2 GB held.
+        let c = Cost::of(3600.0, 0.5, 4.0, 2_000_000_000, p);
+        assert!((c.time_s - 7200.0).abs() < 1e-9);
+        assert!((c.workers - 4.0 * 2.0 * 0.04).abs() < 1e-12, "{c:?}");
+        assert!((c.cache - 2.0 * 2.0 * 0.005).abs() < 1e-12, "{c:?}");
+        assert!((c.accelerator - 5.0).abs() < 1e-12, "{c:?}");
+        assert!((c.total - (c.workers + c.cache + c.accelerator)).abs() < 1e-12);
+        // No stall: the schedule's own length, whatever the units.
+        assert_eq!(Cost::of(60.0, 0.0, 1.0, 0, p).time_s, 60.0);
+    }
 }
