@@ -10,6 +10,10 @@
 //!   [`run_dispatcher`] / [`run_worker`] are the async forms, stopped by a future. They are
 //!   configured by [`DispatcherConfig`], [`WorkerConfig`], [`WorkerLimits`] and
 //!   [`TlsFiles`].
+//! * [`config`]: every setting of the dispatcher, the workers and `up` and its default,
+//!   read from one TOML file ([`ServiceConfig`]) and turned into those configurations.
+//! * [`up`]: the supervisor that runs a dispatcher and its workers as child processes
+//!   (`sluice service up`).
 //! * [`ServiceError`], the servers' errors (the kind of each, [`ServiceErrorKind`], is
 //!   the client's).
 //! * [`dataplane`]: the worker's end of the data planes (the frames and the client's end
@@ -23,6 +27,7 @@
 //! is the client crate's, shared by both sides. Everything else (the dispatcher's state
 //! machine and journal, the worker's job table) is internal.
 
+pub mod config;
 pub mod dashboard;
 pub mod dataplane;
 mod dispatcher;
@@ -36,8 +41,10 @@ mod security;
 mod statefulset;
 mod tls;
 mod trace_merge;
+pub mod up;
 mod worker;
 
+pub use config::{ConfigError, ServiceConfig};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::ServiceError;
 pub use limits::WorkerLimits;
