@@ -18,8 +18,9 @@
 //!   the client's).
 //! * [`dataplane`]: the worker's end of the data planes (the frames and the client's end
 //!   are `sluice_client::dataplane`'s).
-//! * [`metrics::serve`], the `/metrics` endpoint both servers use, and [`dashboard`], the
-//!   live page the dispatcher serves beside it (and a local loader, on request).
+//! * The `/metrics` endpoint both servers serve, and the live dashboard the dispatcher
+//!   serves beside it, are `sluice_dashboard`'s (shared with a local loader); the
+//!   dispatcher's metrics and dashboard state are drawn here.
 //! * [`merge_traces`]: one timeline from a client's trace and its workers'.
 //! * With the `kube` feature, [`StatefulSetScaler`]: the autoscaler's actuator.
 //!
@@ -28,13 +29,11 @@
 //! machine and journal, the worker's job table) is internal.
 
 pub mod config;
-pub mod dashboard;
 pub mod dataplane;
 mod dispatcher;
 mod error;
 mod job_table;
 mod limits;
-pub mod metrics;
 mod process;
 mod security;
 #[cfg(feature = "kube")]
