@@ -108,7 +108,7 @@ pub fn run_spec(
     let loader = Arc::new(Loader::new(spec, shard).context("preparing the pipeline")?);
     let served = match &dashboard.dashboard {
         Some(addr) => {
-            let d = sluice_service::dashboard::serve_loader(addr, Arc::clone(&loader))
+            let d = sluice_dashboard::serve_loader(addr, Arc::clone(&loader))
                 .with_context(|| format!("--dashboard {addr}"))?;
             eprintln!("dashboard: http://{}/", d.addr());
             Some(d)

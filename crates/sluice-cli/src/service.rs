@@ -1,10 +1,10 @@
-//! `sluice dispatcher`, `sluice worker` and `sluice up`: the service's processes, and
-//! `sluice remote-run`, its client from the shell. Each reads its settings from
-//! `--config FILE` ([`config`], where every setting and its default is listed), with its
-//! flags over the file. A worker's `--max-*` flags are the operator's limits on what a
-//! job's spec may ask of it; `up` hands its settings to every child in one file.
+//! `sluice service dispatcher|worker|up`: the service's processes, and `remote-run`, its
+//! client from the shell. Each reads its settings from `--config FILE`
+//! (`sluice_service::config`, where every setting and its default is listed), with its
+//! flags over the file; this module only parses the flags. A worker's `--max-*` flags are
+//! the operator's limits on what a job's spec may ask of it; `up` hands its settings to
+//! every child in one file.
 
-mod config;
 mod kube_scaler;
 mod up;
 
@@ -12,12 +12,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use config::{flag, AutoscaleSettings, CacheAssignment, ServiceConfig};
+use anyhow::Result;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 pub use kube_scaler::{kube_scaler, KubeScalerArgs};
 use sluice_autoscale::PolicyKind;
 use sluice_core::ByteBudget;
-use sluice_service::{DispatcherConfig, WorkerConfig, WorkerLimits};
+use sluice_service::config::{flag, AutoscaleSettings, CacheAssignment, ServiceConfig};
+use sluice_service::WorkerLimits;
 pub use up::{up, UpArgs};
 
 /// The token from `--token`, else `SLUICE_TOKEN`.
@@ -28,16 +29,6 @@ fn token(flag: Option<String>) -> Option<String> {
 /// The operator token from `--operator-token`, else `SLUICE_OPERATOR_TOKEN`.
 fn operator_token(flag: Option<String>) -> Option<String> {
     flag.or_else(|| std::env::var("SLUICE_OPERATOR_TOKEN").ok()).filter(|t| !t.is_empty())
-}
-
-/// `--allow-root` as given, or the current folder when none is.
-fn roots(given: Vec<PathBuf>) -> Result<Vec<PathBuf>> {
-    if !given.is_empty() {
-        return Ok(given);
-    }
-    let cwd = std::env::current_dir().context("no --allow-root given and the current folder is unknown")?;
-    tracing::warn!(root = %cwd.display(), "no --allow-root given: allowing only the current folder");
-    Ok(vec![cwd])
 }
 
 fn announce(what: &str, addr: std::net::SocketAddr) {
@@ -106,7 +97,7 @@ pub struct DispatcherArgs {
     /// How importance-sampled jobs' tasks go to workers: `aware` places the hot set on the
     /// workers' caches and sends each task to the worker caching its samples; `blind` sends
     /// it to the least loaded worker (for comparison) [default: aware].
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = PossibleValuesParser::new(CacheAssignment::NAMES).try_map(|s| s.parse::<CacheAssignment>()))]
     cache_assignment: Option<CacheAssignment>,
     /// A second secret, for operator calls only (`SetScale`, `DrainWorker`); the clients'
     /// token does not make them (default: $SLUICE_OPERATOR_TOKEN; none: with --token set,
@@ -163,21 +154,7 @@ impl DispatcherArgs {
 }
 
 pub fn dispatcher(a: DispatcherArgs) -> Result<()> {
-    let c = a.settings()?;
-    if c.dispatcher.journal.is_none() {
-        tracing::warn!("no --journal: a restarted dispatcher will not remember its jobs");
-    }
-    let config = DispatcherConfig {
-        metrics_listen: c.serve.metrics_listen(c.dispatcher.metrics_port),
-        tls: c.serve.tls(),
-        allow_roots: roots(c.serve.allow_roots)?,
-        token: c.serve.token,
-        operator_token: c.dispatcher.operator_token,
-        autoscale: c.autoscale.config(),
-        cache_aware: c.dispatcher.cache_assignment == CacheAssignment::Aware,
-        listen: c.dispatcher.listen,
-        journal: c.dispatcher.journal,
-    };
+    let config = a.settings()?.dispatcher()?;
     sluice_service::serve_dispatcher(config, |addr| announce("dispatcher", addr))?;
     Ok(())
 }
@@ -284,25 +261,7 @@ impl WorkerArgs {
 }
 
 pub fn worker(a: WorkerArgs) -> Result<()> {
-    let c = a.settings()?;
-    let w = c.worker;
-    let config = WorkerConfig {
-        metrics_listen: c.serve.metrics_listen(w.metrics_port),
-        tls: c.serve.tls(),
-        allow_roots: roots(c.serve.allow_roots)?,
-        token: c.serve.token,
-        listen: w.listen,
-        advertise: w.advertise,
-        data_listen: w.data_listen,
-        advertise_data: w.advertise_data,
-        dispatcher: w.dispatcher,
-        dispatcher_ca: w.tls_ca,
-        shared_memory: w.shared_memory,
-        threads: w.threads,
-        limits: c.limits,
-        trace_dir: w.trace_dir,
-        name: w.name,
-    };
+    let config = a.settings()?.worker()?;
     sluice_service::serve_worker(config, |addr| announce("worker", addr))?;
     Ok(())
 }

@@ -129,6 +129,19 @@ pub enum ServiceError {
     JournalStalled { path: PathBuf, message: String },
 }
 
+/// The metrics endpoint (and the dashboard beside it) not served: its address, or the
+/// runtime, as for the servers' own listeners.
+impl From<sluice_dashboard::DashboardError> for ServiceError {
+    fn from(e: sluice_dashboard::DashboardError) -> Self {
+        match e {
+            sluice_dashboard::DashboardError::Listen { addr, source } => {
+                ServiceError::Listen { addr, message: source.to_string() }
+            }
+            sluice_dashboard::DashboardError::Runtime(e) => ServiceError::Runtime(e),
+        }
+    }
+}
+
 impl ServiceError {
     pub fn rpc(what: &'static str, status: Status) -> Self {
         ServiceError::Rpc { what, status: Box::new(status) }

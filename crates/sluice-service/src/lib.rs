@@ -10,12 +10,17 @@
 //!   [`run_dispatcher`] / [`run_worker`] are the async forms, stopped by a future. They are
 //!   configured by [`DispatcherConfig`], [`WorkerConfig`], [`WorkerLimits`] and
 //!   [`TlsFiles`].
+//! * [`config`]: every setting of the dispatcher, the workers and `up` and its default,
+//!   read from one TOML file ([`ServiceConfig`]) and turned into those configurations.
+//! * [`up`]: the supervisor that runs a dispatcher and its workers as child processes
+//!   (`sluice service up`).
 //! * [`ServiceError`], the servers' errors (the kind of each, [`ServiceErrorKind`], is
 //!   the client's).
 //! * [`dataplane`]: the worker's end of the data planes (the frames and the client's end
 //!   are `sluice_client::dataplane`'s).
-//! * [`metrics::serve`], the `/metrics` endpoint both servers use, and [`dashboard`], the
-//!   live page the dispatcher serves beside it (and a local loader, on request).
+//! * The `/metrics` endpoint both servers serve, and the live dashboard the dispatcher
+//!   serves beside it, are `sluice_dashboard`'s (shared with a local loader); the
+//!   dispatcher's metrics and dashboard state are drawn here.
 //! * [`merge_traces`]: one timeline from a client's trace and its workers'.
 //! * With the `kube` feature, [`StatefulSetScaler`]: the autoscaler's actuator.
 //!
@@ -23,21 +28,22 @@
 //! is the client crate's, shared by both sides. Everything else (the dispatcher's state
 //! machine and journal, the worker's job table) is internal.
 
-pub mod dashboard;
+pub mod config;
 pub mod dataplane;
 mod dispatcher;
 mod error;
 mod job_table;
 mod limits;
-pub mod metrics;
 mod process;
 mod security;
 #[cfg(feature = "kube")]
 mod statefulset;
 mod tls;
 mod trace_merge;
+pub mod up;
 mod worker;
 
+pub use config::{ConfigError, ServiceConfig};
 pub use dispatcher::{run_dispatcher, DispatcherConfig};
 pub use error::ServiceError;
 pub use limits::WorkerLimits;

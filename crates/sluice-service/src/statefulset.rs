@@ -4,12 +4,14 @@
 //! a pod being stopped gets SIGTERM, and the worker drains the tasks it holds before it exits.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{Api, Patch, PatchParams};
 
 use sluice_client::runtime::{runtime, Threads};
+use sluice_client::ScaleClient;
 
 use crate::error::ServiceError;
 
@@ -57,6 +59,41 @@ impl StatefulSetScaler {
         let patch = serde_json::json!({ "spec": { "replicas": replicas } });
         let params = PatchParams::default();
         self.call("changing the scale", self.api.patch_scale(&self.name, &params, &Patch::Merge(&patch)))?;
+        Ok(())
+    }
+
+    /// What `sluice service kube-scaler` does: follows `dispatcher`'s target worker count
+    /// (as `sluice service up` does for processes), comparing it with the replica count
+    /// every `every`, until `stop` is set. A call that fails is tried again.
+    pub fn follow(&self, dispatcher: &mut ScaleClient, every: Duration, stop: &AtomicBool) {
+        let mut said_off = false;
+        while !stop.load(Ordering::SeqCst) {
+            match dispatcher.scale() {
+                Ok(r) if r.enabled => {
+                    said_off = false;
+                    if let Err(e) = self.follow_once(r.target) {
+                        tracing::warn!(error = %e, "the StatefulSet's scale was not changed; trying again");
+                    }
+                }
+                Ok(_) if !said_off => {
+                    said_off = true;
+                    tracing::warn!("the dispatcher runs without --autoscale; nothing to follow");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e, "no target from the dispatcher yet"),
+            }
+            std::thread::sleep(every.max(Duration::from_millis(10)));
+        }
+    }
+
+    /// One step: the replica count becomes `target`, if it is not already.
+    fn follow_once(&self, target: u64) -> Result<(), ServiceError> {
+        let target = u32::try_from(target).unwrap_or(u32::MAX);
+        let now = self.replicas()?;
+        if now != target {
+            self.set_replicas(target)?;
+            tracing::info!(from = now, to = target, "scaled the worker StatefulSet");
+        }
         Ok(())
     }
 

@@ -6,9 +6,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use sluice_testing::prelude::*;
+mod support;
 
-sluice_testing::serve_entry!();
+use support::*;
+
+serve_entry!();
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};

@@ -11,9 +11,11 @@ use sluice_client::{ClientError, Compression, DataPlane, RemoteLoader};
 use sluice_core::{Assignment, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, LocalitySpec, StorageSpec};
 use sluice_synth::DatasetOptions;
 
-use sluice_testing::prelude::*;
+mod support;
 
-sluice_testing::serve_entry!();
+use support::*;
+
+serve_entry!();
 
 #[test]
 fn a_worker_killed_at_a_random_moment_loses_nothing_and_duplicates_nothing_20_times() {

@@ -11,7 +11,9 @@ use sluice_client::{JobCacheStats, RemoteLoader, ReportKind};
 use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec};
 use sluice_pipeline::{Loader, Shard};
 
-use sluice_testing::prelude::*;
+mod support;
+
+use support::*;
 
 const EPOCHS: usize = 8;
 /// Epochs before the hit rate is measured: the first fills the caches and brings the

@@ -16,9 +16,11 @@ use sluice_core::ErrorPolicy;
 use sluice_pipeline::{Loader, Shard};
 use sluice_synth::DatasetOptions;
 
-use sluice_testing::prelude::*;
+mod support;
 
-sluice_testing::serve_entry!();
+use support::*;
+
+serve_entry!();
 
 fn sorted(mut v: Vec<u64>) -> Vec<u64> {
     v.sort_unstable();

@@ -13,9 +13,11 @@ use sluice_core::{PipelineSpec, SamplingSpec};
 use sluice_pipeline::importance::MAX_IMPORTANCE;
 use sluice_pipeline::{Loader, Shard};
 
-use sluice_testing::prelude::*;
+mod support;
 
-sluice_testing::serve_entry!();
+use support::*;
+
+serve_entry!();
 
 fn importance_spec(root: &std::path::Path) -> PipelineSpec {
     let mut s = spec(root, 11);

@@ -17,7 +17,9 @@ use sluice_pipeline::trace::pb;
 use sluice_pipeline::trace::pb::debug_annotation::{NameField, Value};
 use sluice_pipeline::trace::pb::trace_packet::Data;
 use sluice_pipeline::trace::pb::track_event::{NameField as EventName, Type};
-use sluice_testing::prelude::*;
+mod support;
+
+use support::*;
 
 /// A slice or instant read back from a Perfetto trace.
 #[derive(Debug, Clone)]

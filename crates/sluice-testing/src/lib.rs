@@ -6,9 +6,9 @@
 //! * [`net`]: free loopback ports and a plain HTTP GET of `/metrics`.
 //! * [`watchdog`]: bounds on a test's time.
 //! * [`redis`]: a real `redis-server` on a free port; [`browser`]: headless Chromium.
-//! * [`service`] (feature `service`): the dispatcher and workers in this process, or as
-//!   child processes for the scenarios that SIGKILL them; the dataset, spec and options
-//!   the service tests use.
+//! * [`service`] (feature `service`): the dataset, spec and options the service's tests
+//!   use (starting its servers is sluice-service's own test support, so that this crate
+//!   does not depend on it).
 //! * [`hostile`], [`threads`]: a hostile peer client and thread counts.
 //!
 //! [`prelude`] has what most tests use.
@@ -31,8 +31,7 @@ pub mod prelude {
     pub use crate::process::{die_with_parent, sigterm_and_wait, spawn, spawn_self, Proc};
     #[cfg(feature = "service")]
     pub use crate::service::{
-        assert_exactly_once, dataset, dataset_and_bytes, dispatcher, dispatcher_process, options, serve_process, spec,
-        wait_for_heartbeat, worker, worker_process, Server, BATCH, IMAGES,
+        assert_exactly_once, dataset, dataset_and_bytes, options, spec, wait_for_heartbeat, BATCH, IMAGES,
     };
     pub use crate::watchdog::{watchdog, within, Watchdog};
     pub use crate::{assert_each_once, Rng};

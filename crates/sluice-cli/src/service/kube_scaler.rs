@@ -1,11 +1,11 @@
-//! `sluice kube-scaler`: the autoscaler's Kubernetes actuator. It follows the dispatcher's
-//! target worker count (as `sluice up` does for processes) by setting the worker
-//! StatefulSet's replicas through the `scale` subresource. Kubernetes starts the new pods;
-//! the pods it removes get SIGTERM, and each worker drains (finishes the tasks it holds)
-//! before it exits. Runs beside the dispatcher (deploy/dispatcher.yaml).
+//! `sluice service kube-scaler`: the autoscaler's Kubernetes actuator. It follows the
+//! dispatcher's target worker count (as `sluice service up` does for processes) by setting
+//! the worker StatefulSet's replicas through the `scale` subresource
+//! (`sluice_service::StatefulSetScaler::follow`). Kubernetes starts the new pods; the pods
+//! it removes get SIGTERM, and each worker drains (finishes the tasks it holds) before it
+//! exits. Runs beside the dispatcher (deploy/dispatcher.yaml).
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -41,34 +41,6 @@ pub fn kube_scaler(a: KubeScalerArgs) -> Result<()> {
     let statefulset = StatefulSetScaler::from_env(&a.statefulset)?;
     let stop = sluice_service::signal_flag()?;
     println!("sluice kube-scaler: StatefulSet {} follows the dispatcher at {}", a.statefulset, a.dispatcher);
-    let mut said_off = false;
-    while !stop.load(Ordering::SeqCst) {
-        match dispatcher.scale() {
-            Ok(r) if r.enabled => {
-                said_off = false;
-                if let Err(e) = follow(&statefulset, r.target) {
-                    tracing::warn!(error = %e, "the StatefulSet's scale was not changed; trying again");
-                }
-            }
-            Ok(_) if !said_off => {
-                said_off = true;
-                tracing::warn!("the dispatcher runs without --autoscale; nothing to follow");
-            }
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "no target from the dispatcher yet"),
-        }
-        std::thread::sleep(Duration::from_millis(a.every_ms.max(10)));
-    }
-    Ok(())
-}
-
-/// One step: the replica count becomes the target, if it is not already.
-fn follow(statefulset: &StatefulSetScaler, target: u64) -> Result<(), sluice_service::ServiceError> {
-    let target = u32::try_from(target).unwrap_or(u32::MAX);
-    let now = statefulset.replicas()?;
-    if now != target {
-        statefulset.set_replicas(target)?;
-        tracing::info!(from = now, to = target, "scaled the worker StatefulSet");
-    }
+    statefulset.follow(&mut dispatcher, Duration::from_millis(a.every_ms), &stop);
     Ok(())
 }

@@ -8,7 +8,7 @@ use sluice_client::proto::JobCacheStats;
 
 use super::state::{ClientReport, JobImportance};
 use super::DispatcherService;
-use crate::metrics::{Labels, Scrape};
+use sluice_dashboard::metrics::{Labels, Scrape};
 
 impl DispatcherService {
     /// The Prometheus exposition of the dispatcher.

@@ -6,6 +6,7 @@ mod http;
 pub(crate) mod journal;
 mod metrics;
 pub mod state;
+mod view;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -26,10 +27,10 @@ use sluice_client::proto::*;
 use sluice_client::MAX_CONTROL_MESSAGE_BYTES;
 
 use crate::error::ServiceError;
-use crate::metrics::LatencyHistogram;
 use crate::security::{check_client, require_operator, AllowedRoots, TokenCheck};
 use autoscale::ServiceAutoscale;
 use journal::{Journal, Record};
+use sluice_dashboard::metrics::LatencyHistogram;
 use state::{ClientReport, JobImportance, State};
 
 /// Batches per task when the client does not say: small enough to balance a short epoch

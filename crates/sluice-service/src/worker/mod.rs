@@ -27,12 +27,12 @@ use tonic::transport::server::TcpIncoming;
 use crate::error::ServiceError;
 use crate::job_table::JobTable;
 use crate::limits::WorkerLimits;
-use crate::metrics::{self, LatencyHistogram, Scrape};
 use crate::security::{AllowedRoots, TokenCheck};
 use sluice_client::proto::worker_server::WorkerServer;
 use sluice_client::proto::*;
 use sluice_client::tls::ClientTls;
 use sluice_client::{dispatcher_client, DispatcherConn};
+use sluice_dashboard::metrics::{self, LatencyHistogram, Scrape};
 
 use crate::tls::{ServerTls, TlsFiles};
 use sluice_client::{MAX_CONTROL_MESSAGE_BYTES, MAX_MESSAGE_BYTES};

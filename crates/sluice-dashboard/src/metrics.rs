@@ -18,7 +18,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Metric, Registry};
 use tokio::net::TcpListener;
 
-use crate::error::ServiceError;
+use crate::DashboardError;
 
 const BUCKETS_S: [f64; 12] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0];
 
@@ -26,7 +26,7 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 
 /// A request latency histogram (seconds, fixed buckets from 100 µs to 1 s).
 #[derive(Debug, Clone)]
-pub(crate) struct LatencyHistogram(Histogram);
+pub struct LatencyHistogram(Histogram);
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
@@ -35,13 +35,13 @@ impl Default for LatencyHistogram {
 }
 
 impl LatencyHistogram {
-    pub(crate) fn observe(&self, d: Duration) {
+    pub fn observe(&self, d: Duration) {
         self.0.observe(d.as_secs_f64());
     }
 }
 
 /// Label names and values of one series.
-pub(crate) type Labels = Vec<(&'static str, String)>;
+pub type Labels = Vec<(&'static str, String)>;
 
 /// One metric with a series per label set, built from a snapshot of the state.
 #[derive(Debug)]
@@ -66,32 +66,32 @@ impl<M: EncodeMetric + TypedMetric> EncodeMetric for Series<M> {
 
 /// The metrics of one scrape.
 #[derive(Default)]
-pub(crate) struct Scrape {
+pub struct Scrape {
     registry: Registry,
 }
 
 impl Scrape {
     /// A counter. `name` comes without `_total`: the exposition appends it.
-    pub(crate) fn counter<N>(&mut self, name: &str, help: &str, value: N)
+    pub fn counter<N>(&mut self, name: &str, help: &str, value: N)
     where
         N: EncodeCounterValue + Debug + Send + Sync + 'static,
     {
         self.registry.register(name, help, ConstCounter::new(value));
     }
 
-    pub(crate) fn gauge<N>(&mut self, name: &str, help: &str, value: N)
+    pub fn gauge<N>(&mut self, name: &str, help: &str, value: N)
     where
         N: EncodeGaugeValue + Debug + Send + Sync + 'static,
     {
         self.registry.register(name, help, ConstGauge::new(value));
     }
 
-    pub(crate) fn histogram(&mut self, name: &str, help: &str, histogram: &LatencyHistogram) {
+    pub fn histogram(&mut self, name: &str, help: &str, histogram: &LatencyHistogram) {
         self.registry.register(name, help, histogram.0.clone());
     }
 
     /// A counter with one series per label set (`name` without `_total`).
-    pub(crate) fn counters<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
+    pub fn counters<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
     where
         ConstCounter<N>: Metric,
     {
@@ -99,7 +99,7 @@ impl Scrape {
     }
 
     /// A gauge with one series per label set.
-    pub(crate) fn gauges<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
+    pub fn gauges<N>(&mut self, name: &str, help: &str, series: impl IntoIterator<Item = (Labels, N)>)
     where
         ConstGauge<N>: Metric,
     {
@@ -114,7 +114,7 @@ impl Scrape {
     }
 
     /// The text exposition.
-    pub(crate) fn render(&self) -> String {
+    pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -122,17 +122,18 @@ impl Scrape {
     }
 }
 
+/// The text of `/metrics`, built fresh on every scrape.
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// Binds `addr` and serves `render()` at `/metrics` until the runtime stops. Returns the
 /// bound address.
-pub async fn serve(addr: &str, render: Render) -> Result<std::net::SocketAddr, ServiceError> {
+pub async fn serve(addr: &str, render: Render) -> Result<std::net::SocketAddr, DashboardError> {
     serve_with(addr, render, Router::new()).await
 }
 
 /// [`serve`], with `routes` (the dashboard, its JSON) beside `/metrics` on the same port.
-pub async fn serve_with(addr: &str, render: Render, routes: Router) -> Result<std::net::SocketAddr, ServiceError> {
-    let listen_err = |e: std::io::Error| ServiceError::Listen { addr: addr.to_string(), message: e.to_string() };
+pub async fn serve_with(addr: &str, render: Render, routes: Router) -> Result<std::net::SocketAddr, DashboardError> {
+    let listen_err = |source: std::io::Error| DashboardError::Listen { addr: addr.to_string(), source };
     let listener = TcpListener::bind(addr).await.map_err(listen_err)?;
     let local = listener.local_addr().map_err(listen_err)?;
     let app = Router::new()

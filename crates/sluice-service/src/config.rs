@@ -1,7 +1,8 @@
 //! Every setting of the service's processes and its default, in one place: the TOML file
-//! that `sluice dispatcher|worker|up --config FILE` read. Flags override the file; with
-//! neither, the defaults below. docs/service.md lists the same file, and a test checks
-//! that its example is these defaults.
+//! that `sluice service dispatcher|worker|up --config FILE` read. The command's flags
+//! override the file; with neither, the defaults below. docs/service.md lists the same
+//! file, and a test checks that its example is these defaults. [`ServiceConfig::dispatcher`]
+//! and [`ServiceConfig::worker`] turn the settings into what the servers run.
 //!
 //! Tokens are secrets: a file holds one only where it is written there; `--token` (then
 //! `$SLUICE_TOKEN`) and `--operator-token` (then `$SLUICE_OPERATOR_TOKEN`) come first, and
@@ -11,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sluice_autoscale::{AutoscaleConfig, PolicyKind, WindowBy};
-use sluice_service::{TlsFiles, WorkerLimits};
+
+use crate::{DispatcherConfig, TlsFiles, WorkerConfig, WorkerLimits};
 
 /// A service config file: one table per part.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -36,6 +38,9 @@ pub enum ConfigError {
     Invalid { path: PathBuf, key: String, message: String },
     #[error("cannot write the config file {path}: {message}")]
     Write { path: PathBuf, message: String },
+    /// No `allow_roots` given, and the current folder (the default) is unknown.
+    #[error("no --allow-root given and the current folder is unknown")]
+    NoRoot(#[source] std::io::Error),
 }
 
 impl ServiceConfig {
@@ -72,6 +77,47 @@ impl ServiceConfig {
         let write = |message: String| ConfigError::Write { path: path.into(), message };
         let text = toml::to_string_pretty(self).map_err(|e| write(e.to_string()))?;
         std::fs::write(path, text).map_err(|e| write(e.to_string()))
+    }
+
+    /// What `sluice service dispatcher` runs with these settings.
+    pub fn dispatcher(self) -> Result<DispatcherConfig, ConfigError> {
+        let d = self.dispatcher;
+        if d.journal.is_none() {
+            tracing::warn!("no --journal: a restarted dispatcher will not remember its jobs");
+        }
+        Ok(DispatcherConfig {
+            metrics_listen: self.serve.metrics_listen(d.metrics_port),
+            tls: self.serve.tls(),
+            allow_roots: self.serve.roots()?,
+            token: self.serve.token,
+            operator_token: d.operator_token,
+            autoscale: self.autoscale.config(),
+            cache_aware: d.cache_assignment == CacheAssignment::Aware,
+            listen: d.listen,
+            journal: d.journal,
+        })
+    }
+
+    /// What `sluice service worker` runs with these settings.
+    pub fn worker(self) -> Result<WorkerConfig, ConfigError> {
+        let w = self.worker;
+        Ok(WorkerConfig {
+            metrics_listen: self.serve.metrics_listen(w.metrics_port),
+            tls: self.serve.tls(),
+            allow_roots: self.serve.roots()?,
+            token: self.serve.token,
+            listen: w.listen,
+            advertise: w.advertise,
+            data_listen: w.data_listen,
+            advertise_data: w.advertise_data,
+            dispatcher: w.dispatcher,
+            dispatcher_ca: w.tls_ca,
+            shared_memory: w.shared_memory,
+            threads: w.threads,
+            limits: self.limits,
+            trace_dir: w.trace_dir,
+            name: w.name,
+        })
     }
 }
 
@@ -110,11 +156,33 @@ impl Default for DispatcherSettings {
 /// How importance-sampled jobs' tasks go to workers: `aware` places the hot set on the
 /// workers' caches and sends each task to the worker caching its samples; `blind` sends it
 /// to the least loaded worker (for comparison).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CacheAssignment {
     Aware,
     Blind,
+}
+
+impl CacheAssignment {
+    /// The names a flag or file takes.
+    pub const NAMES: [&'static str; 2] = ["aware", "blind"];
+}
+
+/// A cache assignment other than `aware` or `blind`.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not a cache assignment: aware or blind")]
+pub struct UnknownCacheAssignment(String);
+
+impl std::str::FromStr for CacheAssignment {
+    type Err = UnknownCacheAssignment;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "aware" => Ok(Self::Aware),
+            "blind" => Ok(Self::Blind),
+            other => Err(UnknownCacheAssignment(other.to_string())),
+        }
+    }
 }
 
 /// `[worker]`
@@ -206,6 +274,16 @@ impl ServeSettings {
     pub fn metrics_listen(&self, port: Option<u16>) -> Option<String> {
         port.map(|p| format!("{}:{p}", self.metrics_host))
     }
+
+    /// `allow_roots`, or the current folder when there are none.
+    pub fn roots(&self) -> Result<Vec<PathBuf>, ConfigError> {
+        if !self.allow_roots.is_empty() {
+            return Ok(self.allow_roots.clone());
+        }
+        let cwd = std::env::current_dir().map_err(ConfigError::NoRoot)?;
+        tracing::warn!(root = %cwd.display(), "no --allow-root given: allowing only the current folder");
+        Ok(vec![cwd])
+    }
 }
 
 /// `[autoscale]`: the dispatcher's autoscaler; `up` follows its target.
@@ -265,7 +343,7 @@ mod tests {
 
     /// The example in docs/service.md: every setting, each at its default.
     fn documented_example() -> String {
-        let doc = include_str!("../../../../docs/service.md");
+        let doc = include_str!("../../../docs/service.md");
         let start = doc.find("```toml\n# sluice service config").expect("docs/service.md has the example config");
         let body = &doc[start + "```toml\n".len()..];
         body[..body.find("```").expect("the example ends")].to_string()

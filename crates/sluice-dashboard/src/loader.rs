@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 
 use sluice_pipeline::{Loader, StatsSnapshot};
 
-use super::view::{ClientView, DispatcherView, Totals, WorkerView};
 use sluice_client::runtime::{runtime, Threads};
 
-use crate::error::ServiceError;
 use crate::metrics::{self, Scrape};
+use crate::view::{ClientView, DispatcherView, Totals, WorkerView};
+use crate::{page, DashboardError};
 
 /// The page's view of a loader: `threads` running, `stats` so far.
 pub(crate) fn loader_view(stats: &StatsSnapshot, threads: usize) -> DispatcherView {
@@ -118,15 +118,15 @@ impl LoaderDashboard {
 /// Serves `loader`'s dashboard (`/`), its state (`/api/state`), its autoscaler's
 /// decisions (`/api/autoscale`) and its metrics (`/metrics`) at `addr`, on a runtime of
 /// its own, until the returned handle is dropped.
-pub fn serve_loader(addr: &str, loader: Arc<Loader>) -> Result<LoaderDashboard, ServiceError> {
+pub fn serve_loader(addr: &str, loader: Arc<Loader>) -> Result<LoaderDashboard, DashboardError> {
     let runtime = runtime("dashboard", Threads::Workers(1))?;
     let source = Arc::new(Source { loader, frozen: Mutex::new(None) });
     let (state, render, scaling) = (Arc::clone(&source), Arc::clone(&source), Arc::clone(&source));
-    let routes = super::routes(Arc::new(move || {
+    let routes = page::routes(Arc::new(move || {
         let (stats, threads) = state.read();
         serde_json::to_string(&loader_view(&stats, threads)).unwrap_or_default()
     }))
-    .merge(super::autoscale_route(
+    .merge(page::autoscale_route(
         Arc::new(move || scaling.read().0.autoscale.and_then(|a| serde_json::to_string(&a).ok())),
         "this loader's thread count is fixed\n",
     ));

@@ -1,13 +1,7 @@
 //! The live dashboard: one static page (HTML, JS and hand-drawn SVG, embedded in the
-//! binary) that polls `/api/state` every second and draws what it gets. Served beside
-//! `/metrics` by the dispatcher (jobs, workers, clients: [`view`]) and, on request, by a
-//! local loader. The page also asks `/api/autoscale` for scaling decisions and shows
+//! binary) that polls `/api/state` every second and draws what it gets
+//! ([`crate::view`]). The page also asks `/api/autoscale` for scaling decisions and shows
 //! "autoscaling off" where that answers 404.
-
-mod local;
-pub(crate) mod view;
-
-pub use local::{serve_loader, LoaderDashboard};
 
 use std::sync::Arc;
 

@@ -29,7 +29,7 @@ fn set_fd_limit(soft: u64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_server_does_not_spin_when_accept_fails() {
-    let addr = sluice_service::metrics::serve("127.0.0.1:0", Arc::new(|| "up 1\n".to_string())).await.unwrap();
+    let addr = sluice_dashboard::metrics::serve("127.0.0.1:0", Arc::new(|| "up 1\n".to_string())).await.unwrap();
     let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
     let old = set_fd_limit(open + 8);
     // Connect until no descriptor is left: the last connections wait in the backlog and

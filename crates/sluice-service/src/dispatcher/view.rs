@@ -4,67 +4,13 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
+use sluice_dashboard::view::{ClientView, DispatcherView, JobView, Totals, WorkerView};
 
 use crate::dispatcher::state::State;
 
-#[derive(Debug, Serialize)]
-pub(crate) struct DispatcherView {
-    pub role: &'static str,
-    pub jobs: Vec<JobView>,
-    pub workers: Vec<WorkerView>,
-    pub clients: Vec<ClientView>,
-    pub totals: Totals,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct JobView {
-    pub id: u64,
-    pub name: String,
-    pub epoch: u64,
-    pub batches_per_epoch: u64,
-    pub pending: usize,
-    pub leased: usize,
-    pub acked: usize,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct WorkerView {
-    pub id: u64,
-    pub addr: String,
-    pub live: bool,
-    pub tasks_running: u64,
-    pub batches_produced: u64,
-    pub cache_hits: u64,
-    pub cache_lookups: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct ClientView {
-    pub id: String,
-    pub job_id: u64,
-    pub batches: u64,
-    pub elapsed_s: f64,
-    pub stall_fraction: f64,
-    pub batches_per_second: f64,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct Totals {
-    pub jobs: usize,
-    pub workers_live: usize,
-    pub batches_acked: u64,
-    /// Batches all workers produced, and all clients consumed (the page plots their rates).
-    pub batches_produced: u64,
-    pub batches_consumed: u64,
-    /// Waited ÷ elapsed over all clients together.
-    pub stall_fraction: f64,
-    /// Hits ÷ lookups over all workers' caches; `None` before any lookup.
-    pub cache_hit_rate: Option<f64>,
-}
-
-impl DispatcherView {
-    pub(crate) fn new(state: &State, batches_acked: u64, now: Instant) -> Self {
+/// The dashboard's view of the dispatcher's `state` at `now`.
+pub(crate) fn dispatcher_view(state: &State, batches_acked: u64, now: Instant) -> DispatcherView {
+    {
         let jobs = state
             .jobs
             .values()
@@ -116,7 +62,7 @@ impl DispatcherView {
             stall_fraction: if elapsed_s > 0.0 { stall_s / elapsed_s } else { 0.0 },
             cache_hit_rate: (lookups > 0).then(|| hits as f64 / lookups as f64),
         };
-        Self { role: "dispatcher", jobs, workers, clients, totals }
+        DispatcherView { role: "dispatcher", jobs, workers, clients, totals }
     }
 }
 
@@ -136,7 +82,7 @@ mod tests {
     fn totals_add_up_workers_and_clients() {
         let now = Instant::now();
         let mut state = State::new(1);
-        let view = DispatcherView::new(&state, 0, now);
+        let view = dispatcher_view(&state, 0, now);
         assert_eq!(view.totals.cache_hit_rate, None, "no lookup yet: no hit rate");
         assert_eq!(view.totals.stall_fraction, 0.0);
 
@@ -149,7 +95,7 @@ mod tests {
         state.client_heartbeat(1, "c2", report(20, 1.0, 4.0), now).unwrap();
         state.client_heartbeat(1, "c1", report(10, 3.0, 6.0), now).unwrap();
 
-        let view = DispatcherView::new(&state, 25, now);
+        let view = dispatcher_view(&state, 25, now);
         let t = &view.totals;
         assert_eq!((t.workers_live, t.batches_acked, t.batches_produced, t.batches_consumed), (2, 25, 40, 30));
         assert_eq!(t.cache_hit_rate, Some(30.0 / 50.0), "hits over lookups of both workers");
