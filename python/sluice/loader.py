@@ -271,7 +271,9 @@ class Loader(_Traced):
         pipeline: a :class:`sluice.Pipeline`, a spec dict, or the path of a ``.toml`` /
             ``.json`` spec file.
         rank, world_size: this process's share of the data (DDP). Each rank gets a
-            disjoint, equally long part of every epoch's global order. By default taken
+            disjoint, equally long part of every epoch's global order: step g's global
+            batch is the next ``batch size × world_size`` samples of it, the same on any
+            number of ranks (``docs/sharding.md``). By default taken
             from torch.distributed when it is initialised, else from the ``RANK`` and
             ``WORLD_SIZE`` environment variables, else 0 and 1.
         output: ``"numpy"`` (numpy arrays) or ``"torch"`` (CPU torch tensors). Either way
@@ -376,8 +378,11 @@ class Loader(_Traced):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Makes the next ``iter(loader)`` continue exactly where ``state`` was taken: the
         remaining batches of that epoch, then the following epochs, identical to an
-        uninterrupted run. Raises :class:`sluice.StateError` if the state belongs to
-        another dataset, seed or rank layout."""
+        uninterrupted run. A state of another ``world_size`` (any of its ranks') resumes
+        at the same global batch when ``batch size × world_size`` is the same: the rest of
+        the epoch, each sample once, in the same global batches (``docs/sharding.md``).
+        Raises :class:`sluice.StateError` if the state belongs to another dataset, seed
+        or rank layout, or the global batch cannot stay the same."""
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping (from Loader.state_dict()), not {type(state).__name__}")
         self._native.load_state_json(json.dumps(dict(state)))

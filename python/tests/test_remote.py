@@ -121,3 +121,28 @@ def test_stats_tell_the_jobs_cache_hits_by_the_local_loaders_names(service: Tupl
     assert cache["hits"] >= N_IMAGES and cache["misses"] >= N_IMAGES, cache
     assert cache["hit_rate"] == pytest.approx(cache["hits"] / (cache["hits"] + cache["misses"]))
     assert cache["entries"] == N_IMAGES, cache
+
+
+def test_a_checkpoint_resumes_on_a_service_with_another_worker_count(dataset: Path, tmp_path: Path) -> None:
+    # A remote job's state holds its epoch and the indices of the batches delivered, no
+    # worker count: batch i of an epoch is the same samples whichever worker builds it.
+    def by_index(batches: List[Any]) -> Dict[int, List[int]]:
+        return {int(b.index): sorted(int(k) for k in b.key) for b in batches}
+
+    with sluice_service([dataset], tmp_path / "two", workers=2) as addr:
+        loader = sluice.RemoteLoader(_pipeline(dataset, seed=4), dispatcher=addr, job="elastic")
+        it = iter(loader)
+        first = [next(it), next(it), next(it)]
+        state = loader.state_dict()
+        del it, loader
+    assert "workers" not in state
+    with sluice_service([dataset], tmp_path / "three", workers=3) as addr:
+        resumed = sluice.RemoteLoader(_pipeline(dataset, seed=4), dispatcher=addr, job="elastic")
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        whole = list(sluice.RemoteLoader(_pipeline(dataset, seed=4), dispatcher=addr, job="elastic-whole"))
+    got = by_index(first)
+    assert not set(got) & set(by_index(rest)), "a batch was delivered twice"
+    got.update(by_index(rest))
+    assert got == by_index(whole)
+    assert sorted(k for keys in got.values() for k in keys) == list(range(N_IMAGES))

@@ -3,8 +3,10 @@ remaining batches (keys and pixels) are those an uninterrupted run produces."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -90,8 +92,13 @@ def test_state_of_another_loader_is_refused(dataset: Path) -> None:
     with pytest.raises(sluice.StateError, match="seed") as info:
         other.load_state_dict(state)
     assert isinstance(info.value, ValueError)
-    with pytest.raises(sluice.StateError, match="rank/world_size"):
+    # Another world size resumes only with the same global batch (8 = 1 × 8, not 2 × 8).
+    with pytest.raises(sluice.StateError, match="same global batch"):
         sluice.Loader(pipe.seed(1), rank=0, world_size=2).load_state_dict(state)
+    with pytest.raises(sluice.StateError, match="rank/world_size"):
+        sluice.Loader(pipe.seed(1), rank=1, world_size=2).load_state_dict(
+            sluice.Loader(pipe.seed(1), rank=0, world_size=2).state_dict()
+        )
     with pytest.raises(sluice.StateError, match="not a sluice loader state"):
         other.load_state_dict({"epoch": 1})
     with pytest.raises(sluice.StateError, match="past the end"):
@@ -111,3 +118,46 @@ def test_state_dict_round_trips_in_process(dataset: Path) -> None:
     b.load_state_dict(state)
     assert [x.key.tolist() for x in b] == rest
     assert b.epoch == 1
+
+
+def _elastic_pipeline(data: Path, batch: int) -> sluice.Pipeline:
+    return sluice.Pipeline.image_folder(data).decode().random_resized_crop(16).batch(batch).seed(5).threads(1)
+
+
+def _global_batches(loaders: List[sluice.Loader], limit: int = -1) -> List[List[int]]:
+    """Each step's global batch: the sorted keys of every rank's batch of that step."""
+    per_rank = [
+        [b.key.tolist() for b in itertools.islice(iter(loader), None if limit < 0 else limit)] for loader in loaders
+    ]
+    assert len({len(r) for r in per_rank}) == 1, "ranks handed out different numbers of batches"
+    return [sorted(k for r in per_rank for k in r[g]) for g in range(len(per_rank[0]))]
+
+
+def test_a_two_rank_checkpoint_resumes_on_three_ranks_with_the_same_global_batches(dataset: Path) -> None:
+    # 48 samples, global batch 6: 2 ranks of 3, then 3 ranks of 2.
+    uninterrupted = _global_batches(
+        [sluice.Loader(_elastic_pipeline(dataset, 3), rank=r, world_size=2) for r in range(2)]
+    )
+    assert len(uninterrupted) == 8
+
+    two = [sluice.Loader(_elastic_pipeline(dataset, 3), rank=r, world_size=2) for r in range(2)]
+    before = _global_batches(two, limit=3)
+    states = [json.loads(json.dumps(loader.state_dict())) for loader in two]
+    assert [(s["epoch"], s["batch"], s["world_size"]) for s in states] == [(0, 3, 2)] * 2
+
+    three = [sluice.Loader(_elastic_pipeline(dataset, 2), rank=r, world_size=3) for r in range(3)]
+    for rank, loader in enumerate(three):
+        loader.load_state_dict(states[rank % 2])
+    after = _global_batches(three)
+
+    assert before + after == uninterrupted
+    delivered = [k for batch in before + after for k in batch]
+    assert sorted(delivered) == list(range(48)), "every sample exactly once"
+
+
+def test_a_resume_that_cannot_keep_the_global_batch_names_the_rule(dataset: Path) -> None:
+    state = sluice.Loader(_elastic_pipeline(dataset, 3), rank=0, world_size=2).state_dict()
+    with pytest.raises(sluice.StateError, match="does not split into 4 equal shares"):
+        sluice.Loader(_elastic_pipeline(dataset, 2), rank=0, world_size=4).load_state_dict(state)
+    with pytest.raises(sluice.StateError, match="set batch.size = 2"):
+        sluice.Loader(_elastic_pipeline(dataset, 3), rank=2, world_size=3).load_state_dict(state)

@@ -1,11 +1,13 @@
 //! Checkpoints: where a loader stands ([`LoaderState`]: epoch, batch, importance state
 //! and the spec fields that fix the order, locality included), and restoring it, refused
-//! when the dataset, seed, shard or order-deciding spec differ from the loader's.
+//! when the dataset, seed, shard or order-deciding spec differ from the loader's. A
+//! checkpoint of another world size resumes at the same global batch when the global batch
+//! (`batch.size × world_size`) is the same (elastic resume, `docs/sharding.md`).
 
 use serde::{Deserialize, Serialize};
 use sluice_core::{Assignment, BatchSpec, ImportanceSpec, PipelineSpec, SamplingSpec, ShuffleSpec};
 
-use super::Loader;
+use super::{batches_for, Loader};
 use crate::error::PipelineError;
 use crate::importance::ImportanceState;
 
@@ -71,10 +73,25 @@ impl OrderSpec {
     }
 
     /// The first difference between a checkpoint's (`self`) and this loader's, as
-    /// (what, theirs, ours).
-    fn difference(&self, ours: &Self) -> Option<(&'static str, String, String)> {
+    /// (what, theirs, ours). Across world sizes (an elastic resume, `worlds` = theirs,
+    /// ours) the global batch (`batch.size × world_size`) must match rather than the batch
+    /// size.
+    fn difference(&self, ours: &Self, worlds: (usize, usize)) -> Option<(&'static str, String, String)> {
         let differs = |what, theirs: String, ours: String| (theirs != ours).then_some((what, theirs, ours));
-        differs("batch size", self.batch.size.to_string(), ours.batch.size.to_string())
+        let batch = if worlds.0 == worlds.1 {
+            differs("batch size", self.batch.size.to_string(), ours.batch.size.to_string())
+        } else {
+            let global = |size: usize, world: usize| format!("{size} × {world} = {}", size.saturating_mul(world));
+            let (theirs, mine) = (self.batch.size.saturating_mul(worlds.0), ours.batch.size.saturating_mul(worlds.1));
+            (theirs != mine).then(|| {
+                (
+                    "global batch (batch.size × world_size)",
+                    global(self.batch.size, worlds.0),
+                    global(ours.batch.size, worlds.1),
+                )
+            })
+        };
+        batch
             .or_else(|| differs("batch.drop_last", self.batch.drop_last.to_string(), ours.batch.drop_last.to_string()))
             .or_else(|| differs("shuffle", format!("{:?}", self.shuffle), format!("{:?}", ours.shuffle)))
             .or_else(|| differs("sampling", format!("{:?}", self.sampling), format!("{:?}", ours.sampling)))
@@ -114,7 +131,9 @@ impl Loader {
         }
     }
 
-    /// Makes the next [`Loader::iter`] continue exactly where `state` was taken.
+    /// Makes the next [`Loader::iter`] continue exactly where `state` was taken. A state
+    /// of another world size (any of its ranks') continues at the same global batch, which
+    /// holds the same samples on any number of ranks (see [`crate::sampler::epoch_order`]).
     pub fn load_state(&self, state: &LoaderState) -> Result<(), PipelineError> {
         let me = self.state();
         let mismatch = |what: &str, theirs: String, ours: String| {
@@ -126,7 +145,8 @@ impl Loader {
         if state.seed != me.seed {
             return mismatch("seed", state.seed.to_string(), me.seed.to_string());
         }
-        if (state.rank, state.world_size) != (me.rank, me.world_size) {
+        let elastic = state.world_size != me.world_size;
+        if !elastic && state.rank != me.rank {
             return mismatch(
                 "rank/world_size",
                 format!("{}/{}", state.rank, state.world_size),
@@ -135,9 +155,19 @@ impl Loader {
         }
         match (&state.order, &me.order) {
             (Some(theirs), Some(ours)) => {
-                if let Some((what, theirs, ours)) = theirs.difference(ours) {
+                if elastic {
+                    check_elastic(theirs, state.world_size, ours, me.world_size)?;
+                }
+                if let Some((what, theirs, ours)) = theirs.difference(ours, (state.world_size, me.world_size)) {
                     return mismatch(what, theirs, ours);
                 }
+            }
+            _ if elastic => {
+                return Err(PipelineError::State(format!(
+                    "the checkpoint was taken with {} ranks and this loader is one of {}, but the checkpoint predates \
+                     sluice recording its batch size, so its global batches cannot be matched",
+                    state.world_size, me.world_size
+                )))
             }
             _ => tracing::warn!(
                 "this checkpoint predates sluice recording batch size, shuffle and sampling in it: \
@@ -147,21 +177,69 @@ impl Loader {
         if state.epoch == u64::MAX {
             return Err(PipelineError::State(format!("epoch {} leaves no epoch after it", state.epoch)));
         }
-        if state.batch > self.batches_per_epoch() {
+        // Global batch g holds the same samples whatever the world size (see
+        // `sampler::epoch_order`), so a checkpoint's batch index is every world size's.
+        let theirs_per_epoch = match &state.order {
+            Some(o) => batches_for_spec(self.manifest().len() / state.world_size.max(1), o.batch),
+            None => self.batches_per_epoch(),
+        };
+        if state.batch > theirs_per_epoch {
             return Err(PipelineError::State(format!(
                 "batch {} is past the end of the epoch ({} batches)",
-                state.batch,
-                self.batches_per_epoch()
+                state.batch, theirs_per_epoch
             )));
         }
+        // Without drop_last the epoch's short last global batch is cut to a multiple of the
+        // world size: resumed past where this world size's epoch ends, the epoch is over.
+        let batch = state.batch.min(self.batches_per_epoch());
         if let Some(imp) = &state.importance {
             self.shared.priority.importance.lock().restore(imp);
             self.shared.position.task_draws.lock().clear();
         }
         let mut p = self.shared.position.progress.lock();
         p.epoch = state.epoch;
-        p.batch = state.batch;
+        p.batch = batch;
         p.generation += 1;
         Ok(())
     }
+}
+
+fn batches_for_spec(samples: usize, batch: BatchSpec) -> u64 {
+    batches_for(samples, batch.size, batch.drop_last) as u64
+}
+
+/// Whether a checkpoint of `theirs_world` ranks can resume on `ours_world`: the global
+/// batch must split into equal shares on both, and each learner's share of a global batch
+/// must not follow from the world size (no `locality` section).
+fn check_elastic(
+    theirs: &OrderSpec,
+    theirs_world: usize,
+    ours: &OrderSpec,
+    ours_world: usize,
+) -> Result<(), PipelineError> {
+    let global = theirs.batch.size.saturating_mul(theirs_world);
+    if !global.is_multiple_of(ours_world) {
+        return Err(PipelineError::State(format!(
+            "a checkpoint of {theirs_world} ranks × batch.size {} resumes on {ours_world} ranks only with the same \
+             global batch of {global} samples, and {global} does not split into {ours_world} equal shares: resume on \
+             a number of ranks that divides {global}",
+            theirs.batch.size
+        )));
+    }
+    if ours.batch.size.saturating_mul(ours_world) != global {
+        return Err(PipelineError::State(format!(
+            "a checkpoint of {theirs_world} ranks × batch.size {} resumes on {ours_world} ranks only with the same \
+             global batch of {global} samples: set batch.size = {} on each of the {ours_world} ranks (it is {})",
+            theirs.batch.size,
+            global / ours_world,
+            ours.batch.size
+        )));
+    }
+    if theirs.locality.is_some() || ours.locality.is_some() {
+        return Err(PipelineError::State(format!(
+            "a job with a locality section places samples on its {theirs_world} learners by their cache budgets; it \
+             cannot resume on {ours_world} learners"
+        )));
+    }
+    Ok(())
 }

@@ -82,7 +82,10 @@ impl EpochIter {
         order: Arc<Vec<u32>>,
         weights: Option<Arc<Vec<f32>>>,
     ) -> Self {
-        let n_batches = batches_for(order.len(), &loader.shared.data.spec) as u64;
+        let n_batches = {
+            let b = loader.shared.data.spec.batch;
+            batches_for(order.len(), b.size, b.drop_last) as u64
+        };
         let (done_tx, done_rx) = crossbeam_channel::unbounded();
         Self {
             shared: loader.shared.clone(),

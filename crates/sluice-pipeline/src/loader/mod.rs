@@ -320,7 +320,8 @@ impl Loader {
 
     /// Batches per epoch for this rank (the short last batch counts unless `drop_last`).
     pub fn batches_per_epoch(&self) -> u64 {
-        batches_for(self.samples_per_epoch(), &self.shared.data.spec) as u64
+        batches_for(self.samples_per_epoch(), self.shared.data.spec.batch.size, self.shared.data.spec.batch.drop_last)
+            as u64
     }
 
     pub fn threads(&self) -> usize {
@@ -521,9 +522,8 @@ impl Loader {
     }
 }
 
-fn batches_for(samples: usize, spec: &PipelineSpec) -> usize {
-    let b = spec.batch.size;
-    if spec.batch.drop_last {
+fn batches_for(samples: usize, b: usize, drop_last: bool) -> usize {
+    if drop_last {
         samples / b
     } else {
         samples.div_ceil(b)

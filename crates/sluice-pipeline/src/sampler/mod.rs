@@ -45,6 +45,14 @@ impl Default for Shard {
 /// order (rank r takes positions r, r + w, r + 2w, ...); the last `n mod w` samples of the
 /// global order are left out of that epoch, and since the order changes every epoch, so do
 /// they.
+///
+/// The global order does not depend on the world size, and neither do the global batches:
+/// with `b` samples per rank, batch `g` of every rank together hold positions
+/// `g·b·w .. (g+1)·b·w` of the global order (rank r the ones ≡ r mod w), so for a constant
+/// global batch `B = b·w` global batch `g` is the same `B` samples on any number of ranks.
+/// That is what lets a checkpoint resume on another world size (elastic resume). Only the
+/// short last global batch of an epoch without `drop_last` depends on `w`, through the
+/// `n mod w` samples left out.
 pub fn epoch_order(n: usize, seed: u64, epoch: u64, shuffle: ShuffleSpec, shard: Shard) -> Vec<u32> {
     let global = match shuffle {
         ShuffleSpec::None => (0..n as u32).collect(),
@@ -162,6 +170,28 @@ mod tests {
         assert_eq!(all.len(), 100, "shards overlap");
         let global = epoch_order(n, 9, 2, ShuffleSpec::Global, Shard::default());
         assert_eq!(shards[1][..3], [global[1], global[5], global[9]]);
+    }
+
+    #[test]
+    fn global_batches_are_the_same_on_any_world_size_with_the_same_global_batch() {
+        // Random (n, global batch, world size): rank r's batch g, over all ranks, is
+        // positions g·B .. (g+1)·B of the one global order (the whole global batches).
+        for case in 0..500u64 {
+            let mut rng = SampleRng::new(7, 0, SampleKey(case), 0);
+            let world = 1 + rng.below(8) as usize;
+            let global = world * (1 + rng.below(6) as usize);
+            let n = rng.below(200) as usize;
+            let order = epoch_order(n, case, 1, ShuffleSpec::Global, Shard::default());
+            let ranks: Vec<Vec<u32>> = (0..world)
+                .map(|rank| epoch_order(n, case, 1, ShuffleSpec::Global, Shard { rank, world_size: world }))
+                .collect();
+            let b = global / world;
+            for g in 0..n / global {
+                let mut got: Vec<u32> = ranks.iter().flat_map(|r| r[g * b..(g + 1) * b].iter().copied()).collect();
+                got.sort_unstable();
+                assert_eq!(got, sorted(order[g * global..(g + 1) * global].to_vec()), "n {n} B {global} w {world}");
+            }
+        }
     }
 
     #[test]
