@@ -85,9 +85,9 @@ fn decode(params: &[u8; 8], file: &[u8]) {
     let limits = Limits { max_pixels: MAX_PIXELS, ..Limits::default() };
     let side = Size { height: target.1, width: target.0 };
     let plans = [
-        vec![OpSpec::Decode, OpSpec::RandomResizedCrop { size: side, scale: [0.08, 1.0], ratio: [0.75, 4.0 / 3.0] }],
+        vec![OpSpec::Decode, OpSpec::random_resized_crop(side, [0.08, 1.0], [0.75, 4.0 / 3.0])],
         vec![OpSpec::Decode, OpSpec::CenterCrop { size: side }],
-        vec![OpSpec::Decode, OpSpec::Resize { size: target.0 }, OpSpec::CenterCrop { size: side }],
+        vec![OpSpec::Decode, OpSpec::resize(target.0), OpSpec::CenterCrop { size: side }],
     ];
     let mut scratch = Scratch::new();
     for ops in plans {

@@ -45,7 +45,7 @@ fn check(spec: &PipelineSpec) {
     assert!(plan.output_bytes() > 0);
     assert_eq!(plan.output_bytes() as u64 * spec.batch.size as u64, bytes);
 
-    let small_resizes = spec.ops.iter().all(|op| !matches!(op, OpSpec::Resize { size } if *size > 1024));
+    let small_resizes = spec.ops.iter().all(|op| !matches!(op, OpSpec::Resize { size, .. } if *size > 1024));
     if plan.output_bytes() > 1 << 20 || !small_resizes {
         return; // valid, but too slow to run on every input
     }

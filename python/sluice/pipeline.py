@@ -94,6 +94,17 @@ def _size(size: Size) -> Union[int, List[int]]:
     return size  # type: ignore[return-value]
 
 
+def _resample(interpolation: str, antialias: bool) -> Dict[str, Any]:
+    """A resize's ``interpolation`` and ``antialias``, left out of the spec at torchvision's
+    defaults (bilinear, antialiased) so a spec that does not name them stays as it was."""
+    args: Dict[str, Any] = {}
+    if interpolation != "bilinear":
+        args["interpolation"] = interpolation
+    if not antialias:
+        args["antialias"] = False
+    return args
+
+
 class Pipeline:
     """An immutable description of a sluice input pipeline (source, storage, ops, shuffle,
     batch, prefetch, threads, seed, error policy).
@@ -226,9 +237,12 @@ class Pipeline:
         following ``random_resized_crop`` so only the crop window is decoded."""
         return self._op("decode")
 
-    def resize(self, size: int) -> "Pipeline":
-        """Resizes so the shorter side is ``size`` (aspect ratio kept)."""
-        return self._op("resize", size=size)
+    def resize(self, size: int, interpolation: str = "bilinear", antialias: bool = True) -> "Pipeline":
+        """Resizes so the shorter side is ``size`` (aspect ratio kept), torchvision's
+        ``Resize(size, interpolation, antialias=antialias)``: ``interpolation`` is
+        ``"bilinear"``, ``"bicubic"``, ``"nearest"`` or ``"nearest_exact"``; ``antialias``
+        widens the filter when shrinking (nearest ignores it). Defaults are torchvision v2's."""
+        return self._op("resize", size=size, **_resample(interpolation, antialias))
 
     def center_crop(self, size: Size) -> "Pipeline":
         """Crops the center ``size`` (one side, or ``(height, width)``)."""
@@ -239,10 +253,19 @@ class Pipeline:
         size: Size,
         scale: Tuple[float, float] = (0.08, 1.0),
         ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+        interpolation: str = "bilinear",
+        antialias: bool = True,
     ) -> "Pipeline":
         """torchvision's RandomResizedCrop: a random area fraction in ``scale`` and aspect
-        ratio (log-uniform) in ``ratio``, resized to ``size``. Seeded per sample."""
-        return self._op("random_resized_crop", size=_size(size), scale=list(scale), ratio=list(ratio))
+        ratio (log-uniform) in ``ratio``, resized to ``size`` with ``interpolation`` and
+        ``antialias`` as :meth:`resize`'s. Seeded per sample."""
+        return self._op(
+            "random_resized_crop",
+            size=_size(size),
+            scale=list(scale),
+            ratio=list(ratio),
+            **_resample(interpolation, antialias),
+        )
 
     def random_horizontal_flip(self, p: float = 0.5) -> "Pipeline":
         """Flips left-right with probability ``p``. Seeded per sample."""

@@ -38,6 +38,9 @@ class SluiceDataset(IterableDataset):  # type: ignore[type-arg]
     Args:
         pipeline: a :class:`sluice.Pipeline`, a spec dict or a spec file path.
         rank, world_size: DDP share (default: from torch.distributed or RANK/WORLD_SIZE).
+        fields: yield each batch as a tuple of these fields instead, e.g.
+            ``("image", "label")`` for a loop written for a torchvision DataLoader
+            (``for images, labels in loader``).
     """
 
     def __init__(
@@ -45,17 +48,22 @@ class SluiceDataset(IterableDataset):  # type: ignore[type-arg]
         pipeline: Union[Pipeline, Mapping[str, Any], PathLike],
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        fields: Optional[Sequence[str]] = None,
     ) -> None:
         super().__init__()
         self.loader = Loader(pipeline, rank=rank, world_size=world_size, output="torch")
+        self.fields = tuple(fields) if fields is not None else None
 
-    def __iter__(self) -> Iterator[Batch]:
-        """The next epoch's batches (see :class:`sluice.Loader`)."""
+    def __iter__(self) -> Iterator[Any]:
+        """The next epoch's batches (see :class:`sluice.Loader`), or their ``fields``."""
         info = get_worker_info()
         if info is not None and info.num_workers > 0:
             raise RuntimeError(
                 "SluiceDataset runs its own native threads: use DataLoader(..., batch_size=None, num_workers=0)"
             )
+        if self.fields is not None:
+            names = self.fields
+            return (tuple(batch[name] for name in names) for batch in self.loader)
         return iter(self.loader)
 
     def __len__(self) -> int:

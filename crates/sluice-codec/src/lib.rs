@@ -34,5 +34,5 @@ pub use jpeg::{ColorSpace, JpegDecoder, JpegHeader, RegionDecode, Subsampling};
 pub use ops::policy::{run_op as run_policy_op, space as policy_space, PolicyOp, Space as PolicySpace};
 pub use plan::{sniff_format, ImageFormat, Plan, Scratch, StepProbe};
 pub use png::decode_png;
-pub use resize::{Resizer, SubRect};
+pub use resize::{Resample, Resizer, SubRect};
 pub use transcode::add_restart_markers;

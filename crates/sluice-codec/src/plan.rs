@@ -28,7 +28,7 @@ use crate::error::CodecError;
 use crate::jpeg::JpegDecoder;
 use crate::ops;
 use crate::png::decode_png;
-use crate::resize::{shorter_side_size, Resizer, SubRect};
+use crate::resize::{shorter_side_size, Resample, Resizer, SubRect};
 
 /// The image formats sluice decodes, told apart by their magic bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,9 +104,9 @@ fn jpeg_in(slot: &mut Option<JpegDecoder>, max_pixels: u64) -> Result<&mut JpegD
 /// A geometric op.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Geo {
-    Resize { size: u32 },
+    Resize { size: u32, resample: Resample },
     CenterCrop { size: Size },
-    RandomResizedCrop { size: Size, scale: [f64; 2], ratio: [f64; 2] },
+    RandomResizedCrop { size: Size, scale: [f64; 2], ratio: [f64; 2], resample: Resample },
 }
 
 impl Geo {
@@ -128,7 +128,7 @@ impl Geo {
 
     fn output_dims(&self, w: u32, h: u32) -> (u32, u32) {
         match *self {
-            Geo::Resize { size } => shorter_side_size(w, h, size),
+            Geo::Resize { size, .. } => shorter_side_size(w, h, size),
             Geo::CenterCrop { size } | Geo::RandomResizedCrop { size, .. } => (size.width, size.height),
         }
     }
@@ -284,9 +284,13 @@ impl Plan {
 
     fn compile_steps(ops: &[OpSpec], decode: bool, write: bool, direct: bool) -> Steps {
         let geo = |op: &OpSpec| match *op {
-            OpSpec::Resize { size } => Some(Geo::Resize { size }),
+            OpSpec::Resize { size, interpolation, antialias } => {
+                Some(Geo::Resize { size, resample: Resample::new(interpolation, antialias) })
+            }
             OpSpec::CenterCrop { size } => Some(Geo::CenterCrop { size }),
-            OpSpec::RandomResizedCrop { size, scale, ratio } => Some(Geo::RandomResizedCrop { size, scale, ratio }),
+            OpSpec::RandomResizedCrop { size, scale, ratio, interpolation, antialias } => {
+                Some(Geo::RandomResizedCrop { size, scale, ratio, resample: Resample::new(interpolation, antialias) })
+            }
             _ => None,
         };
         // The last geometric op may write straight into the output slot when it fixes the
@@ -611,16 +615,20 @@ impl Plan {
         let (fw, fh) = (hdr.width, hdr.height);
         let (ow, oh) = self.output_dims(op, fw, fh)?;
         match op {
-            Geo::RandomResizedCrop { size, scale, ratio } => {
+            // The IDCT may shrink the window only for a filter that averages anyway
+            // (`Resample::allows_dct_scaling`); the others get it at full size.
+            Geo::RandomResizedCrop { size, scale, ratio, resample } => {
                 let r = random_resized_crop_params(fw, fh, scale, ratio, rng);
-                let got = dec.decode_region(bytes, rect_of(r), (size.width, size.height), a)?;
+                let shrink_to = if resample.allows_dct_scaling() { (size.width, size.height) } else { (r.w, r.h) };
+                let got = dec.decode_region(bytes, rect_of(r), shrink_to, a)?;
                 let dst = target(to_out, out, b, ow, oh)?;
-                resizer.resize_rect(a, got.width, got.height, got.rect, dst, ow, oh)?;
+                resizer.resize_rect_with(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
             }
-            Geo::Resize { .. } => {
-                let got = dec.decode_region(bytes, SubRect::full(fw, fh), (ow, oh), a)?;
+            Geo::Resize { resample, .. } => {
+                let shrink_to = if resample.allows_dct_scaling() { (ow, oh) } else { (fw, fh) };
+                let got = dec.decode_region(bytes, SubRect::full(fw, fh), shrink_to, a)?;
                 let dst = target(to_out, out, b, ow, oh)?;
-                resizer.resize_rect(a, got.width, got.height, got.rect, dst, ow, oh)?;
+                resizer.resize_rect_with(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
             }
             Geo::CenterCrop { .. } => {
                 let win = center_crop_window(fw, fh, ow, oh);
@@ -724,18 +732,18 @@ fn geometric(
 ) -> Result<(u32, u32), CodecError> {
     let (ow, oh) = op.output_dims(w, h);
     match op {
-        Geo::Resize { .. } => {
+        Geo::Resize { resample, .. } => {
             let dst = target(to_out, out, b, ow, oh)?;
-            resizer.resize_rect(src, w, h, SubRect::full(w, h), dst, ow, oh)?;
+            resizer.resize_rect_with(resample, src, w, h, SubRect::full(w, h), dst, ow, oh)?;
         }
         Geo::CenterCrop { .. } => {
             let dst = target(to_out, out, b, ow, oh)?;
             center_crop_window(w, h, ow, oh).copy_rgb(src, w, (0, 0), (w, h), dst);
         }
-        Geo::RandomResizedCrop { scale, ratio, .. } => {
+        Geo::RandomResizedCrop { scale, ratio, resample, .. } => {
             let r = random_resized_crop_params(w, h, scale, ratio, rng);
             let dst = target(to_out, out, b, ow, oh)?;
-            resizer.resize_rect(src, w, h, rect_of(r), dst, ow, oh)?;
+            resizer.resize_rect_with(resample, src, w, h, rect_of(r), dst, ow, oh)?;
         }
     }
     Ok((ow, oh))
@@ -778,7 +786,7 @@ mod tests {
     const RATIO: [f64; 2] = [3.0 / 4.0, 4.0 / 3.0];
 
     fn rrc(side: u32) -> OpSpec {
-        OpSpec::RandomResizedCrop { size: Size::square(side), scale: SCALE, ratio: RATIO }
+        OpSpec::random_resized_crop(Size::square(side), SCALE, RATIO)
     }
 
     fn rng(key: u64) -> SampleRng {
@@ -880,7 +888,7 @@ mod tests {
             assert!(diff < 1.0, "{cw}x{ch}: {diff}");
         }
         // decode+resize (DCT-scaled 1/2 here: 300x200 -> 150x100) then center crop.
-        let ops = [OpSpec::Decode, OpSpec::Resize { size: 100 }, OpSpec::CenterCrop { size: Size::square(96) }];
+        let ops = [OpSpec::Decode, OpSpec::resize(100), OpSpec::CenterCrop { size: Size::square(96) }];
         let plan = Plan::compile(&ops, Limits::default());
         assert_eq!(plan.step_names(), ["decode+resize", "center_crop", "write"]);
         let got = run(&plan, &jpg, 0, &mut scratch).unwrap();
@@ -1045,7 +1053,7 @@ mod tests {
         let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
         let ops = [
             OpSpec::Decode,
-            OpSpec::Resize { size: 64 },
+            OpSpec::resize(64),
             OpSpec::CenterCrop { size: Size::square(56) },
             OpSpec::Normalize { mean: [0.5; 3], std: [0.25; 3] },
         ];
@@ -1120,7 +1128,7 @@ mod tests {
         let mut out = vec![0u8; 5];
         assert!(matches!(fused.run(&jpg, &mut rng(0), &mut s, &mut out, &mut []), Err(CodecError::Shape(_))));
         // An unvalidated list without a fixed size fails cleanly.
-        let bad = Plan::compile(&[OpSpec::Decode, OpSpec::Resize { size: 10 }], Limits::default());
+        let bad = Plan::compile(&[OpSpec::Decode, OpSpec::resize(10)], Limits::default());
         assert_eq!(bad.output_bytes(), 0);
         assert!(matches!(bad.run(&jpg, &mut rng(0), &mut s, &mut [], &mut []), Err(CodecError::Shape(_))));
         let no_decode = Plan::compile(&[rrc(16)], Limits::default());
@@ -1137,9 +1145,9 @@ mod tests {
         let crop = OpSpec::CenterCrop { size: Size::square(32) };
         let thin_jpg = encode_jpeg(&test_rgb(2000, 1), 2000, 1, 90).unwrap();
         let thin_png = encode_png(&test_rgb(2000, 1), 2000, 1, png::ColorType::Rgb, png::BitDepth::Eight, None);
-        let fused = Plan::compile(&[OpSpec::Decode, OpSpec::Resize { size: 64 }, crop.clone()], limits);
+        let fused = Plan::compile(&[OpSpec::Decode, OpSpec::resize(64), crop.clone()], limits);
         let flip = OpSpec::RandomHorizontalFlip { p: 0.5 };
-        let stepwise = Plan::compile(&[OpSpec::Decode, flip, OpSpec::Resize { size: 64 }, crop], limits);
+        let stepwise = Plan::compile(&[OpSpec::Decode, flip, OpSpec::resize(64), crop], limits);
         for (what, plan, bytes) in
             [("jpeg", &fused, &thin_jpg), ("png", &fused, &thin_png), ("after a flip", &stepwise, &thin_jpg)]
         {

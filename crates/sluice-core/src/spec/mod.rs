@@ -262,7 +262,7 @@ impl PipelineSpec {
             storage: StorageSpec::Local,
             ops: vec![
                 OpSpec::Decode,
-                OpSpec::RandomResizedCrop { size: Size::square(size), scale: default_scale(), ratio: default_ratio() },
+                OpSpec::random_resized_crop(Size::square(size), default_scale(), default_ratio()),
                 OpSpec::RandomHorizontalFlip { p: default_flip_p() },
             ],
             shuffle: ShuffleSpec::Global,
@@ -511,10 +511,7 @@ size = 32
         assert_eq!(spec.seed, 7);
         assert_eq!(spec.shuffle, ShuffleSpec::Global);
         assert_eq!(spec.on_error, ErrorPolicy::Skip);
-        assert_eq!(
-            spec.ops[1],
-            OpSpec::RandomResizedCrop { size: Size::square(224), scale: [0.08, 1.0], ratio: [0.75, 4.0 / 3.0] }
-        );
+        assert_eq!(spec.ops[1], OpSpec::random_resized_crop(Size::square(224), [0.08, 1.0], [0.75, 4.0 / 3.0]));
         assert_eq!(spec.output(), (DType::F32, Layout::Chw, Size::square(224)));
         assert_eq!(spec.first_random_op(), Some(1));
         let json = spec.to_json_string().unwrap();
@@ -595,7 +592,7 @@ size = 32
         assert_eq!(spec.validate().unwrap_err().field, "ops[0]");
 
         let mut spec = PipelineSpec::train_default(SourceSpec::Tar { shards: vec!["a.tar".into()] }, 224, 8);
-        spec.ops = vec![OpSpec::Decode, OpSpec::Resize { size: 256 }];
+        spec.ops = vec![OpSpec::Decode, OpSpec::resize(256)];
         assert_eq!(spec.validate().unwrap_err().field, "ops");
 
         spec.ops = vec![
@@ -642,10 +639,10 @@ size = 32
         assert_eq!(cropped(Size { height: 1, width: 65_536 }, 1).validate().unwrap_err().field, "ops[1].size");
 
         let mut spec = cropped(Size::square(224), 8);
-        spec.ops.insert(1, OpSpec::Resize { size: 70_000 });
+        spec.ops.insert(1, OpSpec::resize(70_000));
         assert_eq!(spec.validate().unwrap_err().field, "ops[1].size");
         let mut spec = cropped(Size::square(224), 8);
-        spec.ops[1] = OpSpec::RandomResizedCrop { size: Size::square(100_000), scale: [0.5, 1.0], ratio: [1.0, 1.0] };
+        spec.ops[1] = OpSpec::random_resized_crop(Size::square(100_000), [0.5, 1.0], [1.0, 1.0]);
         assert_eq!(spec.validate().unwrap_err().field, "ops[1].size");
         let mut spec = cropped(Size::square(224), 8);
         spec.cache = Some(CacheSpec {

@@ -24,9 +24,17 @@ pub enum OpSpec {
     /// JPEG (libjpeg-turbo) or PNG to RGB u8. Fused with a following `random_resized_crop`
     /// so only the crop window is decoded.
     Decode,
-    /// Resize so the shorter side is `size` (aspect ratio kept).
+    /// Resize so the shorter side is `size` (aspect ratio kept), torchvision's
+    /// `Resize(size, interpolation, antialias)`.
     Resize {
         size: u32,
+        /// How pixels are sampled (`bilinear` by default, as torchvision's).
+        #[serde(default, skip_serializing_if = "is_default_interpolation")]
+        interpolation: Interpolation,
+        /// Widen the filter when shrinking (torchvision v2's default `true`); `nearest`
+        /// ignores it, as torchvision does.
+        #[serde(default = "default_antialias", skip_serializing_if = "is_true")]
+        antialias: bool,
     },
     CenterCrop {
         size: Size,
@@ -39,6 +47,11 @@ pub enum OpSpec {
         scale: [f64; 2],
         #[serde(default = "default_ratio")]
         ratio: [f64; 2],
+        /// As `resize`'s. The crop is resized on its own, so no pixel outside it counts.
+        #[serde(default, skip_serializing_if = "is_default_interpolation")]
+        interpolation: Interpolation,
+        #[serde(default = "default_antialias", skip_serializing_if = "is_true")]
+        antialias: bool,
     },
     RandomHorizontalFlip {
         #[serde(default = "default_flip_p")]
@@ -268,6 +281,15 @@ fn default_erasing_scale() -> [f64; 2] {
 fn default_erasing_ratio() -> [f64; 2] {
     [0.3, 3.3]
 }
+fn default_antialias() -> bool {
+    true
+}
+fn is_true(v: &bool) -> bool {
+    *v
+}
+fn is_default_interpolation(i: &Interpolation) -> bool {
+    *i == Interpolation::default()
+}
 fn default_warp_interpolation() -> Interpolation {
     Interpolation::Nearest
 }
@@ -286,7 +308,7 @@ fn default_rand_augment_magnitude() -> u32 {
 
 /// How a geometric op samples the input (torchvision's `InterpolationMode`). The warps
 /// (`random_rotation`, `random_affine`, `random_perspective`) take `nearest` or `bilinear`,
-/// as torchvision's tensor kernels do.
+/// as torchvision's tensor kernels do; `resize` and `random_resized_crop` take all four.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Interpolation {
@@ -294,6 +316,9 @@ pub enum Interpolation {
     #[default]
     Bilinear,
     Bicubic,
+    /// torchvision's `NEAREST_EXACT`: the source pixel under the output pixel's center
+    /// (`nearest` takes the one under its top-left corner).
+    NearestExact,
 }
 
 /// What padding puts outside the image (torchvision's `padding_mode`): the `fill` colour,
@@ -316,6 +341,17 @@ pub const MAX_SHEAR: f64 = 80.0;
 pub const MAX_AFFINE_SCALE: f64 = 100.0;
 
 impl OpSpec {
+    /// `resize` to a shorter side of `size`, resampled as torchvision's default (bilinear,
+    /// antialiased).
+    pub fn resize(size: u32) -> Self {
+        OpSpec::Resize { size, interpolation: Interpolation::default(), antialias: true }
+    }
+
+    /// `random_resized_crop`, resampled as torchvision's default (bilinear, antialiased).
+    pub fn random_resized_crop(size: Size, scale: [f64; 2], ratio: [f64; 2]) -> Self {
+        OpSpec::RandomResizedCrop { size, scale, ratio, interpolation: Interpolation::default(), antialias: true }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             OpSpec::Decode => "decode",
@@ -407,9 +443,9 @@ impl OpSpec {
             OpSpec::Decode | OpSpec::Layout { .. } | OpSpec::Dtype { .. } | OpSpec::Invert | OpSpec::Grayscale => {
                 Ok(())
             }
-            OpSpec::Resize { size } => check_count(&field("size"), u64::from(*size), 1, u64::from(MAX_SIDE)),
+            OpSpec::Resize { size, .. } => check_count(&field("size"), u64::from(*size), 1, u64::from(MAX_SIDE)),
             OpSpec::CenterCrop { size } => check_size(size, &field("size")),
-            OpSpec::RandomResizedCrop { size, scale, ratio } => {
+            OpSpec::RandomResizedCrop { size, scale, ratio, .. } => {
                 check_size(size, &field("size"))?;
                 if !(scale[0] > 0.0 && scale[0] <= scale[1] && scale[1] <= 1.0) {
                     return Err(SpecError::new(field("scale"), "needs 0 < min <= max <= 1"));
@@ -608,7 +644,7 @@ fn check_range(r: &[f64; 2], lo: f64, hi: f64, field: &str) -> Result<(), SpecEr
 
 /// The warps sample with `nearest` or `bilinear` (torchvision's tensor kernels).
 fn check_warp_interpolation(i: Interpolation, field: &str) -> Result<(), SpecError> {
-    if i == Interpolation::Bicubic {
+    if matches!(i, Interpolation::Bicubic | Interpolation::NearestExact) {
         return Err(SpecError::new(field, "must be `nearest` or `bilinear`"));
     }
     Ok(())
@@ -684,8 +720,8 @@ mod tests {
         let pad: OpSpec = serde_json::from_str(pad).unwrap();
         // A pad after a fixed size has a known size; after a resize it does not.
         assert_eq!(size(&[crop.clone(), pad.clone()]), Some(Size { height: 36, width: 34 }));
-        assert_eq!(size(&[OpSpec::Resize { size: 30 }, pad.clone()]), None);
-        let e = validate_ops(&[OpSpec::Decode, OpSpec::Resize { size: 30 }, pad.clone()]).unwrap_err();
+        assert_eq!(size(&[OpSpec::resize(30), pad.clone()]), None);
+        let e = validate_ops(&[OpSpec::Decode, OpSpec::resize(30), pad.clone()]).unwrap_err();
         assert_eq!(e.field, "ops");
         assert!(validate_ops(&[OpSpec::Decode, crop.clone(), pad]).is_ok());
         // The padded size stays within MAX_SIDE.
@@ -695,7 +731,7 @@ mod tests {
         // random_crop fixes the size (the CIFAR recipe ends with it).
         let cifar: OpSpec =
             serde_json::from_str(r#"{"op": "random_crop", "size": 32, "padding": [4, 4, 4, 4]}"#).unwrap();
-        assert_eq!(size(&[OpSpec::Resize { size: 30 }, cifar.clone()]), Some(Size::square(32)));
+        assert_eq!(size(&[OpSpec::resize(30), cifar.clone()]), Some(Size::square(32)));
         assert!(validate_ops(&[OpSpec::Decode, cifar.clone()]).is_ok());
         // An expanded rotation's size depends on the image: a crop must follow.
         let turn: OpSpec =
@@ -735,6 +771,29 @@ mod tests {
                 interpolation: Interpolation::Bilinear,
                 fill: [0; 3]
             }
+        );
+    }
+
+    #[test]
+    fn resize_modes_default_to_torchvisions_and_stay_out_of_the_json() {
+        let r: OpSpec = serde_json::from_str(r#"{"op": "resize", "size": 8}"#).unwrap();
+        assert_eq!(r, OpSpec::resize(8));
+        assert_eq!(serde_json::to_string(&r).unwrap(), r#"{"op":"resize","size":8}"#);
+        let rrc = r#"{"op": "random_resized_crop", "size": 16, "interpolation": "nearest_exact", "antialias": false}"#;
+        let op: OpSpec = serde_json::from_str(rrc).unwrap();
+        assert!(matches!(
+            op,
+            OpSpec::RandomResizedCrop { interpolation: Interpolation::NearestExact, antialias: false, .. }
+        ));
+        assert_eq!(serde_json::from_str::<OpSpec>(&serde_json::to_string(&op).unwrap()).unwrap(), op);
+        for mode in ["nearest", "nearest_exact", "bilinear", "bicubic"] {
+            assert!(check(&format!(r#"{{"op": "resize", "size": 20, "interpolation": "{mode}"}}"#)).is_ok(), "{mode}");
+        }
+        assert!(serde_json::from_str::<OpSpec>(r#"{"op": "resize", "size": 8, "interpolation": "area"}"#).is_err());
+        // The warps have no nearest-exact kernel.
+        assert_eq!(
+            field_of(r#"{"op": "random_affine", "degrees": [0, 0], "interpolation": "nearest_exact"}"#),
+            "ops[1].interpolation"
         );
     }
 

@@ -49,7 +49,7 @@ pub fn stream_spec(url: &str, stream: &str, group: &str, r: usize, b: usize, dir
         consumer: "learner-0".into(),
         ops: vec![
             OpSpec::Decode,
-            OpSpec::Resize { size: 20 },
+            OpSpec::resize(20),
             OpSpec::CenterCrop { size: Size::square(16) },
             OpSpec::RandomHorizontalFlip { p: 0.5 },
         ],
