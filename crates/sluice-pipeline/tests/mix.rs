@@ -162,3 +162,38 @@ fn bad_mixes_are_refused_naming_the_field() {
     let err = PipelineSpec::from_toml_str(&missing).unwrap_err();
     assert!(err.to_string().contains("needs a `weight`"), "{err}");
 }
+
+#[test]
+fn a_mixed_two_rank_checkpoint_resumes_on_three_ranks_in_the_same_global_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (folder(dir.path(), "a", 30), folder(dir.path(), "b", 20));
+    let ranks = |world: usize| -> Vec<Loader> {
+        (0..world)
+            .map(|rank| Loader::new(spec(&a, &b, (0.5, 0.5), 12 / world), Shard { rank, world_size: world }).unwrap())
+            .collect()
+    };
+    // Global batches: every rank's batch g, keys sorted.
+    let global = |loaders: &[Loader], limit: usize| -> Vec<Vec<u64>> {
+        let per_rank: Vec<Vec<Vec<u64>>> =
+            loaders.iter().map(|l| l.iter().take(limit).map(|b| b.unwrap().keys).collect()).collect();
+        (0..per_rank[0].len())
+            .map(|g| {
+                let mut k: Vec<u64> = per_rank.iter().flat_map(|r| r[g].clone()).collect();
+                k.sort_unstable();
+                k
+            })
+            .collect()
+    };
+    let reference = global(&ranks(2), usize::MAX);
+    // 6 + 6 per global batch of 12: b (20) runs out after 3.
+    assert_eq!(reference.len(), 3);
+    let two = ranks(2);
+    let mut got = global(&two, 1);
+    let states: Vec<_> = two.iter().map(Loader::state).collect();
+    let three = ranks(3);
+    for (rank, l) in three.iter().enumerate() {
+        l.load_state(&states[rank % 2]).unwrap();
+    }
+    got.extend(global(&three, usize::MAX));
+    assert_eq!(got, reference);
+}

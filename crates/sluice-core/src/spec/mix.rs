@@ -64,3 +64,47 @@ pub(super) fn validate(sources: &[MixedSource]) -> Result<(), SpecError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::PipelineSpec;
+
+    #[test]
+    fn a_mix_reads_and_writes_as_the_sources_own_tables_plus_weight() {
+        let toml = r#"
+            ops = [{ op = "decode" }, { op = "center_crop", size = 8 }]
+            [batch]
+            size = 4
+            [source]
+            kind = "mix"
+            sources = [
+                { kind = "image_folder", root = "/a", weight = 0.7 },
+                { kind = "tar", shards = ["/b.tar"], weight = 3 },
+            ]
+        "#;
+        let spec = PipelineSpec::from_toml_str(toml).unwrap_or_else(|e| panic!("{e}"));
+        let SourceSpec::Mix { sources } = &spec.source else { panic!("not a mix: {:?}", spec.source) };
+        assert_eq!(
+            sources[0],
+            MixedSource { source: SourceSpec::ImageFolder { root: PathBuf::from("/a") }, weight: 0.7 }
+        );
+        assert_eq!(sources[1].weight, 3.0);
+        let json = spec.to_json_string().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(PipelineSpec::from_json_str(&json).unwrap_or_else(|e| panic!("{e}")), spec);
+        let toml = spec.to_toml_string().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(PipelineSpec::from_toml_str(&toml).unwrap_or_else(|e| panic!("{e}")), spec);
+    }
+
+    #[test]
+    fn a_relative_root_in_a_mix_is_taken_from_the_spec_folder() {
+        let mut source = SourceSpec::Mix {
+            sources: vec![MixedSource { source: SourceSpec::ImageFolder { root: PathBuf::from("a") }, weight: 1.0 }],
+        };
+        source.resolve_relative(std::path::Path::new("/specs"));
+        let SourceSpec::Mix { sources } = source else { panic!("not a mix") };
+        assert_eq!(sources[0].source, SourceSpec::ImageFolder { root: PathBuf::from("/specs/a") });
+    }
+}
