@@ -35,22 +35,31 @@ impl MixPlan {
     /// Samples of each source in every global batch of an epoch of `global_batch`, batch
     /// after batch, until one source has too few left for the next.
     pub fn batch_counts(&self, global_batch: usize) -> Vec<Vec<usize>> {
+        let mut batches = Vec::new();
+        self.each_batch(global_batch, |counts| batches.push(counts.to_vec()));
+        batches
+    }
+
+    /// Calls `f` with each global batch's samples per source; returns how many batches.
+    fn each_batch(&self, global_batch: usize, mut f: impl FnMut(&[usize])) -> usize {
         let shares = self.shares();
         let quota: Vec<f64> = shares.iter().map(|s| s * global_batch as f64).collect();
         let base: Vec<usize> = quota.iter().map(|q| q.floor() as usize).collect();
         let extra = global_batch.saturating_sub(base.iter().sum());
         let mut taken = vec![0usize; self.sizes.len()];
-        let mut batches = Vec::new();
+        let mut batches = 0usize;
         if global_batch == 0 || self.sizes.is_empty() {
             return batches;
         }
+        let mut behind: Vec<(f64, usize)> = Vec::with_capacity(quota.len());
+        let mut counts = base.clone();
         loop {
-            let g = batches.len() as f64;
+            let g = batches as f64;
             // How far each source is behind its share, counting this batch's quota.
-            let mut behind: Vec<(f64, usize)> =
-                (0..quota.len()).map(|s| (quota[s] * (g + 1.0) - (taken[s] + base[s]) as f64, s)).collect();
+            behind.clear();
+            behind.extend((0..quota.len()).map(|s| (quota[s] * (g + 1.0) - (taken[s] + base[s]) as f64, s)));
             behind.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-            let mut counts = base.clone();
+            counts.copy_from_slice(&base);
             for &(_, s) in behind.iter().take(extra) {
                 counts[s] += 1;
             }
@@ -60,13 +69,14 @@ impl MixPlan {
             for (t, c) in taken.iter_mut().zip(&counts) {
                 *t += c;
             }
-            batches.push(counts);
+            f(&counts);
+            batches += 1;
         }
     }
 
     /// Global batches per epoch.
     pub fn batches(&self, global_batch: usize) -> usize {
-        self.batch_counts(global_batch).len()
+        self.each_batch(global_batch, |_| {})
     }
 
     /// The epoch's global order (manifest positions), `batches(global_batch)` batches of
@@ -87,24 +97,25 @@ impl MixPlan {
                 }
             })
             .collect();
-        let counts = self.batch_counts(global_batch);
         let mut next = vec![0usize; self.sizes.len()];
-        let mut order = Vec::with_capacity(counts.len() * global_batch);
-        for (g, batch) in counts.iter().enumerate() {
+        let mut order = Vec::with_capacity(self.sizes.iter().sum());
+        let mut g = 0u64;
+        self.each_batch(global_batch, |batch| {
             let first = order.len();
             for (s, &c) in batch.iter().enumerate() {
                 order.extend(per_source[s][next[s]..next[s] + c].iter().map(|&i| i + starts[s] as u32));
                 next[s] += c;
             }
             if shuffle != ShuffleSpec::None {
-                let mut rng = SampleRng::new(seed, epoch, sluice_core::SampleKey(g as u64), MIX_STREAM);
+                let mut rng = SampleRng::new(seed, epoch, sluice_core::SampleKey(g), MIX_STREAM);
                 let slots = &mut order[first..];
                 for i in (1..slots.len()).rev() {
                     let j = rng.below(i as u64 + 1) as usize;
                     slots.swap(i, j);
                 }
             }
-        }
+            g += 1;
+        });
         order
     }
 }
