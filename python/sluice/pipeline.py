@@ -148,6 +148,26 @@ class Pipeline:
             shards = [shards]
         return cls({"source": {"kind": "tar", "shards": [_path(s) for s in shards]}, "ops": []})
 
+    @classmethod
+    def mix(cls, sources: Sequence["Pipeline"], weights: Sequence[float]) -> "Pipeline":
+        """Several sources drawn by weight: every batch holds them in proportion to
+        ``weights`` (relative; ±1 sample), in an order fixed by the seed; an epoch ends when
+        the first source runs out. ``sources`` are pipelines made by the source
+        constructors alone (chain the ops after ``mix``)::
+
+            Pipeline.mix([Pipeline.image_folder("a"), Pipeline.tar("b.tar")], weights=[0.7, 0.3])
+
+        A checkpoint taken under other weights finishes its epoch with them; the next epoch
+        uses these (docs/sharding.md)."""
+        if len(sources) != len(weights):
+            raise ValueError(f"mix: {len(sources)} sources but {len(weights)} weights; give one weight per source")
+        mixed: List[Dict[str, Any]] = []
+        for i, (p, w) in enumerate(zip(sources, weights)):
+            if not isinstance(p, Pipeline) or set(p._spec) - {"source", "ops"} or p._spec["ops"]:
+                raise ValueError(f"mix: source {i} must be a bare source pipeline (Pipeline.image_folder/...), no ops")
+            mixed.append({**copy.deepcopy(p._spec["source"]), "weight": float(w)})
+        return cls({"source": {"kind": "mix", "sources": mixed}, "ops": []})
+
     # ---- (de)serialisation ---------------------------------------------------------------
 
     @classmethod

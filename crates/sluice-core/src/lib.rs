@@ -18,6 +18,6 @@ pub use placement::{Owners, Rendezvous};
 pub use rng::SampleRng;
 pub use spec::{
     Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy,
-    ImportanceSpec, Interpolation, Limits, LocalitySpec, OpSpec, PaddingMode, PeerToken, PipelineSpec, SamplingSpec,
-    ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
+    ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec, PaddingMode, PeerToken, PipelineSpec,
+    SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
 };

@@ -58,6 +58,10 @@ pub struct Manifest {
     /// Class names by label, where the source names classes (ImageFolder).
     pub classes: Vec<String>,
     pub fingerprint: u64,
+    /// The sizes of the manifests [`Manifest::join`] joined, in order (a mixed source's
+    /// sources); empty for one source.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<usize>,
 }
 
 impl Manifest {
@@ -69,7 +73,38 @@ impl Manifest {
             .map(|(i, (location, label, size))| Entry { key: SampleKey(i as u64), location, label, size })
             .collect();
         let fingerprint = fingerprint(&entries, &classes);
-        Self { root, entries, classes, fingerprint }
+        Self { root, entries, classes, fingerprint, parts: Vec::new() }
+    }
+
+    /// One manifest over several, in order (a mixed source): keys run on through the
+    /// parts, locations are made whole (each part's root joined on, the joined root is
+    /// empty), labels are kept, and the class names are kept where every part that names
+    /// classes names the same ones. The fingerprint is made of the parts' fingerprints, so
+    /// it stays put where theirs do.
+    pub fn join(parts: Vec<Manifest>) -> Self {
+        let mut h = Xxh3::new();
+        let sizes: Vec<usize> = parts.iter().map(Manifest::len).collect();
+        let mut named = parts.iter().map(|p| &p.classes).filter(|c| !c.is_empty());
+        let classes = match named.next() {
+            Some(first) if named.all(|c| c == first) => first.clone(),
+            _ => Vec::new(),
+        };
+        let mut entries = Vec::with_capacity(sizes.iter().sum());
+        for part in parts {
+            h.update(&part.fingerprint.to_le_bytes());
+            h.update(&(part.len() as u64).to_le_bytes());
+            let root = part.root;
+            for e in part.entries {
+                let location = match e.location {
+                    Location::File { path } => Location::File { path: root.join(path) },
+                    Location::TarMember { shard, member, offset, len } => {
+                        Location::TarMember { shard: root.join(shard), member, offset, len }
+                    }
+                };
+                entries.push(Entry { key: SampleKey(entries.len() as u64), location, ..e });
+            }
+        }
+        Self { root: PathBuf::new(), entries, classes, fingerprint: h.digest(), parts: sizes }
     }
 
     pub fn len(&self) -> usize {

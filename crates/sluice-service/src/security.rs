@@ -91,6 +91,7 @@ impl AllowedRoots {
                 root.as_deref().map_or(Ok(()), |r| self.check(r))
             }
             SourceSpec::Tar { shards } => shards.iter().try_for_each(|s| self.check(s)),
+            SourceSpec::Mix { sources } => sources.iter().try_for_each(|s| self.check_source(&s.source)),
         }
     }
 

@@ -16,11 +16,13 @@ use ops::{default_flip_p, default_ratio, default_scale};
 
 mod cache;
 mod locality;
+mod mix;
 mod ops;
 mod threads;
 
 pub use cache::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ImportanceSpec, SamplingSpec};
 pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
+pub use mix::{MixedSource, MAX_MIXED_SOURCES};
 pub use ops::{AutoAugmentPolicy, ErasingValue, Interpolation, KernelSize, OpSpec, PaddingMode, RandomTag, Range};
 pub use threads::Threads;
 
@@ -117,6 +119,10 @@ pub enum SourceSpec {
     /// `<basename>.cls` holding the integer label. Indexed once, read by offset. A shard
     /// may be an object, `s3://bucket/key.tar`, read by byte range.
     Tar { shards: Vec<PathBuf> },
+    /// Several sources mixed by weight: every batch holds them in proportion to their
+    /// weights (±1 sample), in an order fixed by the seed; an epoch ends when the first
+    /// source runs out (docs/sharding.md).
+    Mix { sources: Vec<MixedSource> },
 }
 
 /// Whether a spec path is a URL (`s3://bucket/prefix`, any `scheme://`) rather than a
@@ -384,6 +390,17 @@ impl PipelineSpec {
         check_count("limits.max_pixels", self.limits.max_pixels, 1, MAX_PIXELS)?;
         check_count("limits.max_file_bytes", self.limits.max_file_bytes, 1, MAX_FILE_BYTES)?;
         self.source.validate()?;
+        if matches!(self.source, SourceSpec::Mix { .. }) {
+            if self.sampling != SamplingSpec::Uniform {
+                return Err(SpecError::new(
+                    "sampling",
+                    "a mixed source is drawn by its weights; it needs uniform sampling",
+                ));
+            }
+            if self.locality.is_some() {
+                return Err(SpecError::new("locality", "a mixed source cannot be used with a locality section"));
+            }
+        }
         ops::validate_ops(&self.ops)?;
         if self.batch_bytes().is_none_or(|b| b > MAX_BATCH_BYTES) {
             let (dtype, _, size) = self.output();
@@ -445,6 +462,7 @@ impl SourceSpec {
             SourceSpec::Tar { shards } if shards.is_empty() => {
                 Err(SpecError::new("source.shards", "needs at least one shard"))
             }
+            SourceSpec::Mix { sources } => mix::validate(sources),
             _ => Ok(()),
         }
     }
@@ -465,6 +483,7 @@ impl SourceSpec {
                 }
             }
             SourceSpec::Tar { shards } => shards.iter_mut().for_each(fix),
+            SourceSpec::Mix { sources } => sources.iter_mut().for_each(|s| s.source.resolve_relative(dir)),
         }
     }
 }

@@ -10,6 +10,7 @@ use sluice_core::{Assignment, BatchSpec, ImportanceSpec, PipelineSpec, SamplingS
 use super::{batches_for, Loader};
 use crate::error::PipelineError;
 use crate::importance::ImportanceState;
+use crate::sampler::MixPlan;
 
 /// Where a loader stands: enough to resume to exactly the batches an uninterrupted run
 /// would have produced next.
@@ -45,6 +46,10 @@ pub struct OrderSpec {
     /// section (and in states saved before it was carried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locality: Option<LocalityOrder>,
+    /// A mixed source's weights for the checkpoint's epoch. Unlike the rest, they may
+    /// differ on restore: the epoch is finished with these, the next ones use the spec's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix: Option<Vec<f64>>,
 }
 
 /// The parts of a `locality` section that decide which samples of each global batch a
@@ -69,6 +74,7 @@ impl OrderSpec {
             sampling: spec.sampling,
             importance: spec.importance,
             locality,
+            mix: None,
         }
     }
 
@@ -119,6 +125,8 @@ impl OrderSpec {
 impl Loader {
     pub fn state(&self) -> LoaderState {
         let p = self.shared.position.progress.lock();
+        let mut order = OrderSpec::of(&self.shared.data.spec, self.shared.data.shard.world_size);
+        order.mix = self.mix_plan(p.epoch).map(|plan| plan.weights);
         LoaderState {
             epoch: p.epoch,
             batch: p.batch,
@@ -127,7 +135,7 @@ impl Loader {
             rank: self.shared.data.shard.rank,
             world_size: self.shared.data.shard.world_size,
             importance: Some(self.shared.priority.importance.lock().state()),
-            order: Some(OrderSpec::of(&self.shared.data.spec, self.shared.data.shard.world_size)),
+            order: Some(order),
         }
     }
 
@@ -179,9 +187,11 @@ impl Loader {
         }
         // Global batch g holds the same samples whatever the world size (see
         // `sampler::epoch_order`), so a checkpoint's batch index is every world size's.
-        let theirs_per_epoch = match &state.order {
-            Some(o) => batches_for_spec(self.manifest().len() / state.world_size.max(1), o.batch),
-            None => self.batches_per_epoch(),
+        let their_mix = self.their_mix(state)?;
+        let theirs_per_epoch = match (&state.order, &their_mix) {
+            (Some(o), Some(plan)) => plan.batches(o.batch.size.saturating_mul(state.world_size)) as u64,
+            (Some(o), None) => batches_for_spec(self.manifest().len() / state.world_size.max(1), o.batch),
+            (None, _) => self.batches_per_epoch(),
         };
         if state.batch > theirs_per_epoch {
             return Err(PipelineError::State(format!(
@@ -189,9 +199,22 @@ impl Loader {
                 state.batch, theirs_per_epoch
             )));
         }
+        // A mix: the checkpoint's epoch is finished with its weights; one taken at an
+        // epoch's start (or under the same weights) goes on with the spec's.
+        *self.shared.position.mix_weights.lock() = match their_mix {
+            Some(plan)
+                if state.batch > 0 && Some(&plan.weights) != self.shared.data.mix.as_ref().map(|m| &m.weights) =>
+            {
+                Some((state.epoch, plan.weights))
+            }
+            _ => None,
+        };
         // Without drop_last the epoch's short last global batch is cut to a multiple of the
         // world size: resumed past where this world size's epoch ends, the epoch is over.
-        let batch = state.batch.min(self.batches_per_epoch());
+        let batch = state.batch.min(match &self.mix_plan(state.epoch) {
+            Some(plan) => plan.batches(self.global_batch()) as u64,
+            None => self.batches_per_epoch(),
+        });
         if let Some(imp) = &state.importance {
             self.shared.priority.importance.lock().restore(imp);
             self.shared.position.task_draws.lock().clear();
@@ -201,6 +224,27 @@ impl Loader {
         p.batch = batch;
         p.generation += 1;
         Ok(())
+    }
+}
+
+impl Loader {
+    /// The mix (sources and the checkpoint's weights) `state` was taken under, for a loader
+    /// of a mixed source; refused when the checkpoint names another number of sources.
+    fn their_mix(&self, state: &LoaderState) -> Result<Option<MixPlan>, PipelineError> {
+        let Some(ours) = &self.shared.data.mix else { return Ok(None) };
+        let weights = match state.order.as_ref().and_then(|o| o.mix.clone()) {
+            Some(w) => w,
+            None => {
+                return Err(PipelineError::State("the checkpoint has no mix weights; this loader mixes sources".into()))
+            }
+        };
+        if weights.len() != ours.sizes.len() || !weights.iter().all(|w| *w > 0.0 && w.is_finite()) {
+            return Err(PipelineError::State(format!(
+                "the checkpoint's mix weights {weights:?} are not positive weights of this loader's {} sources",
+                ours.sizes.len()
+            )));
+        }
+        Ok(Some(MixPlan { sizes: ours.sizes.clone(), weights }))
     }
 }
 

@@ -39,14 +39,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
-use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, Tensor};
+use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, SourceSpec, Tensor};
 
 use crate::cache::{total_ram_bytes, Cache};
 use crate::error::PipelineError;
 use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceStore, ReportCounts};
 use crate::locality::peer::{PeerClient, PeerServer};
 use crate::locality::Locality;
-use crate::sampler::Shard;
+use crate::sampler::{EpochDraw, MixPlan, Shard};
 use crate::source::build_manifest;
 use crate::stats::StatsSnapshot;
 use crate::storage::{open_storage, open_storage_in, Roots, Storage};
@@ -90,12 +90,17 @@ struct Data {
     split: bool,
     /// Where the split path's step timings go in the stats' op list.
     steps: StepSlots,
+    /// The sources and weights of a mixed source (`kind = "mix"`).
+    mix: Option<MixPlan>,
 }
 
 struct Position {
     progress: Mutex<Progress>,
     /// Epoch orders drawn for task iterators ([`Loader::iter_range`]), newest last.
     task_draws: Mutex<Vec<TaskDraw>>,
+    /// A mix's weights for one epoch, when they differ from the spec's: a checkpoint taken
+    /// mid-epoch under other weights finishes that epoch with them.
+    mix_weights: Mutex<Option<(u64, Vec<f64>)>>,
 }
 
 struct Priority {
@@ -216,6 +221,23 @@ impl Loader {
             names.extend(plan.step_names().iter().map(|s| s.to_string()));
             StepSlots { prefix: 1..names.len(), resize: None, suffix: 1..names.len() }
         };
+        let mix = match &spec.source {
+            SourceSpec::Mix { sources } if manifest.parts.len() == sources.len() => {
+                Some(MixPlan { sizes: manifest.parts.clone(), weights: sources.iter().map(|s| s.weight).collect() })
+            }
+            SourceSpec::Mix { sources } => {
+                return Err(sluice_core::SpecError::new(
+                    "source.sources",
+                    format!(
+                        "the mix names {} sources but the manifest joins {} (it was not built from this spec)",
+                        sources.len(),
+                        manifest.parts.len()
+                    ),
+                )
+                .into())
+            }
+            _ => None,
+        };
         let locality = match &spec.locality {
             Some(l) => Some(Locality::new(l, manifest.len(), spec.seed, shard, spec.batch.size)?),
             None => None,
@@ -236,6 +258,7 @@ impl Loader {
             position: Position {
                 progress: Mutex::new(Progress { epoch: 0, batch: 0, generation: 0 }),
                 task_draws: Mutex::new(Vec::new()),
+                mix_weights: Mutex::new(None),
             },
             priority: Priority { cache, importance: Mutex::new(ImportanceStore::new(spec.importance.ema)) },
             peering: Peering { locality, peers, counters: peers::Counters::default() },
@@ -250,6 +273,7 @@ impl Loader {
                 manifest,
                 shard,
                 spec,
+                mix,
             },
         });
         Ok(Self { shared, engine, peer_server: None })
@@ -312,10 +336,31 @@ impl Loader {
         &self.shared.data.spec
     }
 
-    /// Samples this rank sees per epoch.
+    /// Samples this rank sees per epoch (of the current one, for a mix whose weights a
+    /// checkpoint changed for it).
     pub fn samples_per_epoch(&self) -> usize {
-        let n = self.shared.data.manifest.len();
-        n / self.shared.data.shard.world_size
+        let data = &self.shared.data;
+        let epoch = self.shared.position.progress.lock().epoch;
+        match self.mix_plan(epoch) {
+            Some(plan) => plan.batches(self.global_batch()) * data.spec.batch.size,
+            None => data.manifest.len() / data.shard.world_size,
+        }
+    }
+
+    /// Samples in one step of the whole job: every rank's batch.
+    fn global_batch(&self) -> usize {
+        self.shared.data.spec.batch.size.saturating_mul(self.shared.data.shard.world_size)
+    }
+
+    /// A mixed source's sources and the weights `epoch` is drawn with.
+    fn mix_plan(&self, epoch: u64) -> Option<MixPlan> {
+        let mut plan = self.shared.data.mix.clone()?;
+        if let Some((e, weights)) = &*self.shared.position.mix_weights.lock() {
+            if *e == epoch {
+                plan.weights = weights.clone();
+            }
+        }
+        Some(plan)
     }
 
     /// Batches per epoch for this rank (the short last batch counts unless `drop_last`).
@@ -444,6 +489,16 @@ impl Loader {
     /// cache its priorities for the epoch.
     fn draw_epoch(&self, epoch: u64) -> crate::sampler::EpochDraw {
         let shared = &self.shared;
+        if let Some(plan) = self.mix_plan(epoch) {
+            let order = plan.order(self.global_batch(), shared.data.spec.seed, epoch, shared.data.spec.shuffle);
+            let mut expected = vec![0.0; shared.data.manifest.len()];
+            order.iter().for_each(|&i| expected[i as usize] = 1.0);
+            let draw = EpochDraw { order, weights: None, expected }.shard(shared.data.shard);
+            if let Some(cache) = &shared.priority.cache {
+                cache.set_priorities_for(&draw, &shared.priority.importance.lock(), &shared.data.manifest);
+            }
+            return draw;
+        }
         // A rank's cache sees only its own shard, so its size in entries differs from rank to
         // rank; the draw, which must be the same on every rank, then ignores the cache.
         let hot = match shared.data.shard.world_size {

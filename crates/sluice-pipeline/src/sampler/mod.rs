@@ -7,7 +7,10 @@
 //! importance-driven samplers ([`importance_draw`], [`fastmatch_draw`], [`shade_draw`])
 //! are in `scored`.
 
+mod mix;
 mod scored;
+
+pub use mix::MixPlan;
 
 pub use scored::{
     fastmatch_draw, fastmatch_normalise, hot_set, importance_draw, shade_draw, ImportanceParams, ImportanceView,

@@ -68,6 +68,9 @@ pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
         },
         SourceSpec::FileList { path, root } => file_list::enumerate(path, root.as_deref())?,
         SourceSpec::Tar { shards } => self::tar::enumerate(shards)?,
+        SourceSpec::Mix { sources } => {
+            Manifest::join(sources.iter().map(|s| build_manifest(&s.source)).collect::<Result<_, _>>()?)
+        }
     };
     tracing::info!(
         samples = manifest.len(),

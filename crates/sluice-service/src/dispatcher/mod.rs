@@ -262,6 +262,12 @@ impl DispatcherService {
             )));
         }
         refuse_learner_only(&spec)?;
+        if matches!(spec.source, sluice_core::SourceSpec::Mix { .. }) {
+            return Err(ServiceError::Spec(sluice_core::SpecError::new(
+                "source.kind",
+                "a mixed source runs in a local loader (sluice.Loader, `sluice run`); the service does not mix sources",
+            )));
+        }
         self.inner.roots.check_source(&spec.source)?;
         let source = spec.source.clone();
         let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
