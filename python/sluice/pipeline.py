@@ -480,6 +480,34 @@ class Pipeline:
         probability. Seeded per sample."""
         return self._op("auto_augment", **_policy_args(interpolation, fill, policy=policy))
 
+    def augmix(
+        self,
+        severity: int = 3,
+        mixture_width: int = 3,
+        chain_depth: int = -1,
+        alpha: float = 1.0,
+        all_ops: bool = True,
+        interpolation: str = "bilinear",
+        fill: Optional[Fill] = None,
+    ) -> "Pipeline":
+        """torchvision's AugMix: per sample, ``mixture_width`` chains of ``chain_depth`` ops
+        (1 to 3, drawn per chain, when ``chain_depth <= 0``) at a magnitude bin below
+        ``severity`` (of 10), mixed with the image by Dirichlet(``alpha``) weights and a
+        Beta(``alpha``, ``alpha``) blend; ``all_ops`` adds brightness, colour, contrast and
+        sharpness to its 9 geometric and tone ops. Seeded per sample."""
+        return self._op(
+            "augmix",
+            **_policy_args(
+                interpolation,
+                fill,
+                severity=severity,
+                mixture_width=mixture_width,
+                chain_depth=chain_depth,
+                alpha=alpha,
+                all_ops=all_ops,
+            ),
+        )
+
     def sleep(self, us: int) -> "Pipeline":
         """Emulated per-sample cost: sleeps ``us`` microseconds per sample (at most one
         second). For benchmarks that need more preprocessing units than the machine has

@@ -540,7 +540,7 @@ pub(super) fn random_erasing(
 }
 
 /// A standard normal draw (Box-Muller; one of the pair is used).
-fn standard_normal(rng: &mut SampleRng) -> f64 {
+pub(super) fn standard_normal(rng: &mut SampleRng) -> f64 {
     let u1 = 1.0 - rng.next_f64();
     let u2 = rng.next_f64();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()

@@ -83,13 +83,20 @@ impl PolicyOp {
     }
 }
 
-/// Which `_AUGMENTATION_SPACE`: TrivialAugmentWide's, RandAugment's, or AutoAugment's.
+/// Which `_AUGMENTATION_SPACE`: TrivialAugmentWide's, RandAugment's, AutoAugment's or
+/// AugMix's (its `all_ops` space; the first 9 ops are its partial one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Space {
     TrivialAugmentWide,
     RandAugment,
     AutoAugment,
+    AugMix,
 }
+
+/// AugMix's ops without `all_ops` (its `_PARTIAL_AUGMENTATION_SPACE`, which comes first).
+const AUGMIX_PARTIAL: usize = 9;
+/// AugMix's magnitude bins (torchvision's `_PARAMETER_MAX`).
+const AUGMIX_BINS: u32 = 10;
 
 impl Space {
     pub fn from_name(name: &str) -> Option<Space> {
@@ -97,6 +104,7 @@ impl Space {
             "trivial_augment_wide" => Some(Space::TrivialAugmentWide),
             "rand_augment" => Some(Space::RandAugment),
             "auto_augment" => Some(Space::AutoAugment),
+            "augmix" => Some(Space::AugMix),
             _ => None,
         }
     }
@@ -136,9 +144,25 @@ impl Space {
             Equalize,
             Invert,
         ];
+        const AUGMIX: [PolicyOp; 13] = [
+            ShearX,
+            ShearY,
+            TranslateX,
+            TranslateY,
+            Rotate,
+            Posterize,
+            Solarize,
+            AutoContrast,
+            Equalize,
+            Brightness,
+            Color,
+            Contrast,
+            Sharpness,
+        ];
         match self {
             Space::TrivialAugmentWide | Space::RandAugment => &WIDE,
             Space::AutoAugment => &AUTO,
+            Space::AugMix => &AUGMIX,
         }
     }
 
@@ -153,6 +177,19 @@ impl Space {
         use PolicyOp::*;
         let wide = self == Space::TrivialAugmentWide;
         let lin = |end: f64| Some(linspace(0.0, end as f32, bins, i));
+        if self == Space::AugMix {
+            return match op {
+                Identity | AutoContrast | Equalize | Invert => None,
+                ShearX | ShearY => lin(0.3),
+                Brightness | Color | Contrast | Sharpness => lin(0.9),
+                TranslateX => lin(f64::from(width) / 3.0),
+                TranslateY => lin(f64::from(height) / 3.0),
+                Rotate => lin(30.0),
+                // (4 - (arange(bins) / ((bins - 1) / 4))).round().int(), in float32.
+                Posterize => Some((4.0 - i as f32 / ((f64::from(bins) - 1.0) / 4.0) as f32).round_ties_even()),
+                Solarize => Some(linspace(1.0, 0.0, bins, i)),
+            };
+        }
         match op {
             Identity | AutoContrast | Equalize | Invert => None,
             ShearX | ShearY => lin(if wide { 0.99 } else { 0.3 }),
@@ -282,7 +319,13 @@ fn sub_policies(policy: AutoAugmentPolicy) -> &'static [SubPolicy; 25] {
 }
 
 pub(super) fn runs(op: &OpSpec) -> bool {
-    matches!(op, OpSpec::TrivialAugmentWide { .. } | OpSpec::RandAugment { .. } | OpSpec::AutoAugment { .. })
+    matches!(
+        op,
+        OpSpec::TrivialAugmentWide { .. }
+            | OpSpec::RandAugment { .. }
+            | OpSpec::AutoAugment { .. }
+            | OpSpec::AugMix { .. }
+    )
 }
 
 thread_local! {
@@ -299,6 +342,9 @@ pub(super) fn apply(
     max_pixels: u64,
     dst: &mut Vec<u8>,
 ) -> Result<(u32, u32), CodecError> {
+    if let OpSpec::AugMix { .. } = op {
+        return augmix(op, src, w, h, rng, max_pixels, dst);
+    }
     // The sub-ops drawn, each with its signed magnitude, in order.
     let mut chosen: Vec<(PolicyOp, f32)> = Vec::with_capacity(2);
     let (interpolation, fill) = match *op {
@@ -358,6 +404,105 @@ pub(super) fn apply(
         }
         Ok((w, h))
     })
+}
+
+thread_local! {
+    /// AugMix's buffers: the f32 mix, and a chain's image before and after each op.
+    static AUGMIX: RefCell<(Vec<f32>, Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// torchvision's `AugMix.forward` on one image: draws, in its order, the Beta blend
+/// `m ~ Dirichlet([alpha, alpha])` and the chain weights `Dirichlet([alpha] * width)`,
+/// then per chain its depth (when drawn) and per op the op, its bin below `severity` and
+/// its sign; mixes in float32 as `m[0] * image + sum(m[1] * w_i * chain_i)` and truncates
+/// to u8 as `.to(uint8)` does.
+fn augmix(
+    op: &OpSpec,
+    src: &[u8],
+    w: u32,
+    h: u32,
+    rng: &mut SampleRng,
+    max_pixels: u64,
+    dst: &mut Vec<u8>,
+) -> Result<(u32, u32), CodecError> {
+    let OpSpec::AugMix { severity, mixture_width, chain_depth, alpha, all_ops, interpolation, fill } = *op else {
+        return Err(not_mine(op, "augmix"));
+    };
+    let space = Space::AugMix;
+    let ops = &space.ops()[..if all_ops { space.ops().len() } else { AUGMIX_PARTIAL }];
+    let warp = Warp { interpolation, fill };
+    let blend = dirichlet(alpha, 2, rng);
+    let weights: Vec<f32> =
+        dirichlet(alpha, mixture_width as usize, rng).into_iter().map(|d| d as f32 * blend[1] as f32).collect();
+    let (src, out) = frames(src, dst, w, h)?;
+    AUGMIX.with(|bufs| {
+        let (mix, a, b) = &mut *bufs.borrow_mut();
+        let keep = blend[0] as f32;
+        mix.clear();
+        mix.extend(src.iter().map(|&v| keep * f32::from(v)));
+        for &weight in &weights {
+            let depth = if chain_depth > 0 { chain_depth as u64 } else { 1 + rng.below(3) };
+            // The chain's image: `src` until the first op writes `a`.
+            let mut in_a = false;
+            for _ in 0..depth {
+                let pick = ops[rng.below(ops.len() as u64) as usize];
+                let m = match space.magnitude(pick, AUGMIX_BINS, 0, h, w) {
+                    Some(_) => {
+                        let bin = rng.below(u64::from(severity)) as u32;
+                        space.magnitude(pick, AUGMIX_BINS, bin, h, w).map_or(0.0, |m| signed(space, pick, m, rng))
+                    }
+                    None => 0.0,
+                };
+                apply_op(pick, m, if in_a { a } else { src }, w, h, warp, max_pixels, b)?;
+                std::mem::swap(a, b);
+                in_a = true;
+            }
+            let chain: &[u8] = if in_a { a } else { src };
+            for (acc, &v) in mix.iter_mut().zip(chain) {
+                *acc += weight * f32::from(v);
+            }
+        }
+        for (o, &v) in out.iter_mut().zip(mix.iter()) {
+            // `.to(uint8)`: truncated (the weights sum to 1, so v is in [0, 255]).
+            *o = v as u8;
+        }
+        Ok((w, h))
+    })
+}
+
+/// A Dirichlet draw with all `n` concentrations `alpha`: Gamma(alpha) draws, normalised.
+fn dirichlet(alpha: f64, n: usize, rng: &mut SampleRng) -> Vec<f64> {
+    let g: Vec<f64> = (0..n).map(|_| gamma(alpha, rng)).collect();
+    let sum: f64 = g.iter().sum();
+    if sum > 0.0 {
+        g.iter().map(|v| v / sum).collect()
+    } else {
+        // Every draw underflowed (a tiny alpha): one component takes all, as the limit does.
+        let one = rng.below(n as u64) as usize;
+        (0..n).map(|i| if i == one { 1.0 } else { 0.0 }).collect()
+    }
+}
+
+/// A Gamma(alpha, 1) draw (Marsaglia and Tsang; `alpha < 1` through `Gamma(alpha + 1) *
+/// U^(1 / alpha)`).
+fn gamma(alpha: f64, rng: &mut SampleRng) -> f64 {
+    if alpha < 1.0 {
+        let u = 1.0 - rng.next_f64();
+        return gamma(alpha + 1.0, rng) * u.powf(1.0 / alpha);
+    }
+    let d = alpha - 1.0 / 3.0;
+    let c = 1.0 / (9.0 * d).sqrt();
+    loop {
+        let x = color::standard_normal(rng);
+        let v = (1.0 + c * x).powi(3);
+        if v <= 0.0 {
+            continue;
+        }
+        let u = 1.0 - rng.next_f64();
+        if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
+            return d * v;
+        }
+    }
 }
 
 /// `m`, negated if `op` is signed and `rand <= 0.5`.
@@ -477,6 +622,41 @@ mod tests {
 
     fn image(w: u32, h: u32) -> Vec<u8> {
         (0..w * h * 3).map(|i| (i * 37 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn augmix_weights_are_dirichlet_and_the_mix_stays_within_the_chains() {
+        let mut rng = SampleRng::new(1, 0, SampleKey(0), 0);
+        let n = 4000;
+        for alpha in [0.3, 1.0, 4.0] {
+            let mean = (0..n).map(|_| gamma(alpha, &mut rng)).sum::<f64>() / f64::from(n);
+            assert!((mean - alpha).abs() < 0.1 * alpha.max(1.0), "Gamma({alpha}) mean {mean}");
+            let d = dirichlet(alpha, 3, &mut rng);
+            assert!((d.iter().sum::<f64>() - 1.0).abs() < 1e-12 && d.iter().all(|v| *v >= 0.0), "{d:?}");
+        }
+        // One chain of one op, only tone ops that keep a flat image flat or map it to a
+        // flat image: the mix of two flat images is flat, between them.
+        let (w, h) = (8, 6);
+        let flat = vec![100u8; (w * h * 3) as usize];
+        let op = OpSpec::AugMix {
+            severity: 10,
+            mixture_width: 1,
+            chain_depth: 1,
+            alpha: 1.0,
+            all_ops: false,
+            interpolation: Interpolation::Bilinear,
+            fill: None,
+        };
+        let mut out = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for key in 0..40 {
+            let mut rng = SampleRng::new(3, 0, SampleKey(key), 0);
+            apply(&op, &flat, w, h, &mut rng, u64::MAX, &mut out).unwrap();
+            assert_eq!(out.len(), flat.len());
+            seen.insert(out[(w * 3 * 3 + 12) as usize]);
+        }
+        // Different samples draw different ops and weights.
+        assert!(seen.len() > 3, "{seen:?}");
     }
 
     #[test]

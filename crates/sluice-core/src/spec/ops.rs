@@ -245,6 +245,27 @@ pub enum OpSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         fill: Option<[u8; 3]>,
     },
+    /// torchvision's AugMix: `mixture_width` chains of `chain_depth` ops (1 to 3, drawn per
+    /// chain, when `chain_depth <= 0`) at a bin below `severity` of 10, mixed with the
+    /// image by Dirichlet(`alpha`) weights and a Beta(`alpha`, `alpha`) blend. `all_ops`
+    /// adds brightness, colour, contrast and sharpness to the 9 geometric/tone ops.
+    #[serde(rename = "augmix")]
+    AugMix {
+        #[serde(default = "default_augmix_severity")]
+        severity: u32,
+        #[serde(default = "default_augmix_width")]
+        mixture_width: u32,
+        #[serde(default = "default_augmix_depth")]
+        chain_depth: i32,
+        #[serde(default = "default_augmix_alpha")]
+        alpha: f64,
+        #[serde(default = "default_antialias")]
+        all_ops: bool,
+        #[serde(default)]
+        interpolation: Interpolation,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fill: Option<[u8; 3]>,
+    },
     /// Emulated per-sample cost: the thread sleeps `us` microseconds. For benchmarks that
     /// need more preprocessing units than the machine has cores (autoscaling, many
     /// learners): a sleeping unit costs wall time, not CPU. Runs after the cache seam, so a
@@ -289,6 +310,18 @@ fn is_true(v: &bool) -> bool {
 }
 fn is_default_interpolation(i: &Interpolation) -> bool {
     *i == Interpolation::default()
+}
+fn default_augmix_severity() -> u32 {
+    3
+}
+fn default_augmix_width() -> u32 {
+    3
+}
+fn default_augmix_depth() -> i32 {
+    -1
+}
+fn default_augmix_alpha() -> f64 {
+    1.0
 }
 fn default_warp_interpolation() -> Interpolation {
     Interpolation::Nearest
@@ -382,6 +415,7 @@ impl OpSpec {
             OpSpec::TrivialAugmentWide { .. } => "trivial_augment_wide",
             OpSpec::RandAugment { .. } => "rand_augment",
             OpSpec::AutoAugment { .. } => "auto_augment",
+            OpSpec::AugMix { .. } => "augmix",
             OpSpec::Sleep { .. } => "sleep",
         }
     }
@@ -402,7 +436,8 @@ impl OpSpec {
             | OpSpec::RandomCrop { .. }
             | OpSpec::TrivialAugmentWide { .. }
             | OpSpec::RandAugment { .. }
-            | OpSpec::AutoAugment { .. } => true,
+            | OpSpec::AutoAugment { .. }
+            | OpSpec::AugMix { .. } => true,
             OpSpec::Solarize { p, .. }
             | OpSpec::Posterize { p, .. }
             | OpSpec::Equalize { p }
@@ -561,6 +596,23 @@ impl OpSpec {
                 check_warp_interpolation(*interpolation, &field("interpolation"))
             }
             OpSpec::AutoAugment { interpolation, .. } => {
+                check_warp_interpolation(*interpolation, &field("interpolation"))
+            }
+            OpSpec::AugMix { severity, mixture_width, chain_depth, alpha, interpolation, .. } => {
+                check_count(&field("severity"), u64::from(*severity), 1, u64::from(policy::AUGMIX_SEVERITY_MAX))?;
+                check_count(&field("mixture_width"), u64::from(*mixture_width), 1, u64::from(MAX_POLICY_OPS))?;
+                if *chain_depth > MAX_POLICY_OPS as i32 {
+                    return Err(SpecError::new(
+                        field("chain_depth"),
+                        format!("must be at most {MAX_POLICY_OPS} (<= 0: drawn from 1..=3); got {chain_depth}"),
+                    ));
+                }
+                if !(*alpha > 0.0 && *alpha <= policy::AUGMIX_ALPHA_MAX) {
+                    return Err(SpecError::new(
+                        field("alpha"),
+                        format!("must be in (0, {}]; got {alpha}", policy::AUGMIX_ALPHA_MAX),
+                    ));
+                }
                 check_warp_interpolation(*interpolation, &field("interpolation"))
             }
         }
@@ -795,6 +847,38 @@ mod tests {
             field_of(r#"{"op": "random_affine", "degrees": [0, 0], "interpolation": "nearest_exact"}"#),
             "ops[1].interpolation"
         );
+    }
+
+    #[test]
+    fn augmix_defaults_are_torchvisions_and_its_parameters_are_bounded() {
+        let op: OpSpec = serde_json::from_str(r#"{"op": "augmix"}"#).unwrap();
+        assert_eq!(
+            op,
+            OpSpec::AugMix {
+                severity: 3,
+                mixture_width: 3,
+                chain_depth: -1,
+                alpha: 1.0,
+                all_ops: true,
+                interpolation: Interpolation::Bilinear,
+                fill: None
+            }
+        );
+        assert!(op.is_random());
+        assert_eq!(serde_json::from_str::<OpSpec>(&serde_json::to_string(&op).unwrap()).unwrap(), op);
+        assert!(check(r#"{"op": "augmix", "severity": 10, "chain_depth": 0, "all_ops": false}"#).is_ok());
+        for (json, field) in [
+            (r#"{"op": "augmix", "severity": 0}"#, "ops[1].severity"),
+            (r#"{"op": "augmix", "severity": 11}"#, "ops[1].severity"),
+            (r#"{"op": "augmix", "mixture_width": 0}"#, "ops[1].mixture_width"),
+            (r#"{"op": "augmix", "mixture_width": 100000}"#, "ops[1].mixture_width"),
+            (r#"{"op": "augmix", "chain_depth": 2147483647}"#, "ops[1].chain_depth"),
+            (r#"{"op": "augmix", "alpha": 0}"#, "ops[1].alpha"),
+            (r#"{"op": "augmix", "alpha": 1e300}"#, "ops[1].alpha"),
+            (r#"{"op": "augmix", "interpolation": "bicubic"}"#, "ops[1].interpolation"),
+        ] {
+            assert_eq!(field_of(json), field, "{json}");
+        }
     }
 
     #[test]

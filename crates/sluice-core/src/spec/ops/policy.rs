@@ -20,6 +20,13 @@ pub const MAX_MAGNITUDE_BINS: u32 = 1024;
 /// The most ops `rand_augment` may chain per sample.
 pub const MAX_POLICY_OPS: u32 = 64;
 
+/// AugMix's largest severity (torchvision's `_PARAMETER_MAX`: its magnitude tables have 10
+/// bins and `severity` bounds the bin drawn).
+pub const AUGMIX_SEVERITY_MAX: u32 = 10;
+/// The largest AugMix `alpha`: far past any use, and small enough that the Gamma draws
+/// behind its Dirichlet weights stay finite.
+pub const AUGMIX_ALPHA_MAX: f64 = 1000.0;
+
 /// A bin count: at least 2 (torchvision's posterize table divides by `bins - 1`).
 pub(super) fn check_bins(bins: u32, field: &str) -> Result<(), SpecError> {
     if !(2..=MAX_MAGNITUDE_BINS).contains(&bins) {
