@@ -103,42 +103,13 @@ impl Space {
 
     /// The ops in torchvision's order (the order `randint` indexes).
     pub fn ops(self) -> &'static [PolicyOp] {
-        use PolicyOp::*;
-        const WIDE: [PolicyOp; 14] = [
-            Identity,
-            ShearX,
-            ShearY,
-            TranslateX,
-            TranslateY,
-            Rotate,
-            Brightness,
-            Color,
-            Contrast,
-            Sharpness,
-            Posterize,
-            Solarize,
-            AutoContrast,
-            Equalize,
-        ];
-        const AUTO: [PolicyOp; 14] = [
-            ShearX,
-            ShearY,
-            TranslateX,
-            TranslateY,
-            Rotate,
-            Brightness,
-            Color,
-            Contrast,
-            Sharpness,
-            Posterize,
-            Solarize,
-            AutoContrast,
-            Equalize,
-            Invert,
-        ];
+        // `ALL` is in torchvision's order: TrivialAugmentWide's and RandAugment's space is
+        // all but Invert, AutoAugment's all but Identity.
+        const WIDE: &[PolicyOp] = PolicyOp::ALL.split_at(14).0;
+        const AUTO: &[PolicyOp] = PolicyOp::ALL.split_at(1).1;
         match self {
-            Space::TrivialAugmentWide | Space::RandAugment => &WIDE,
-            Space::AutoAugment => &AUTO,
+            Space::TrivialAugmentWide | Space::RandAugment => WIDE,
+            Space::AutoAugment => AUTO,
         }
     }
 
