@@ -8,6 +8,24 @@ use tonic::{Code, Status};
 
 use crate::runtime::RuntimeError;
 
+/// An importance report whose keys and values do not pair up (the client checks before it
+/// sends one, the dispatcher again when one arrives).
+#[derive(Debug, thiserror::Error)]
+#[error("importance report for job {job_id}: {keys} keys and {values} values")]
+pub struct ReportLengths {
+    pub job_id: u64,
+    pub keys: usize,
+    pub values: usize,
+}
+
+/// An autoscaling request (`what`: `SetScale`, a client's `autoscale` option) to a
+/// dispatcher started without `--autoscale`.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: the dispatcher runs without autoscaling; start it with --autoscale POLICY (`sluice up --autoscale fastmatch --min-workers A --max-workers B`)")]
+pub struct AutoscaleOff {
+    pub what: &'static str,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// A spec that does not make sense; names the field.
@@ -19,12 +37,11 @@ pub enum ClientError {
     /// An option, checkpoint or token the client cannot use.
     #[error("invalid request: {0}")]
     InvalidArgument(String),
-    /// An importance report whose keys and values do not pair up.
-    #[error("importance report for job {job_id}: {keys} keys and {values} values")]
-    ReportLengths { job_id: u64, keys: usize, values: usize },
+    #[error(transparent)]
+    ReportLengths(#[from] ReportLengths),
     /// The client's `autoscale` option, against a dispatcher started without `--autoscale`.
-    #[error("{what}: the dispatcher runs without autoscaling; start it with --autoscale POLICY (`sluice up --autoscale fastmatch --min-workers A --max-workers B`)")]
-    AutoscaleOff { what: &'static str },
+    #[error(transparent)]
+    AutoscaleOff(#[from] AutoscaleOff),
     #[error("cannot reach {addr}: {message}")]
     Connect { addr: String, message: String },
     #[error("{what} failed: {status}")]
@@ -141,11 +158,9 @@ impl ClientError {
     pub fn kind(&self) -> ServiceErrorKind {
         use ServiceErrorKind as K;
         match self {
-            ClientError::Spec(_) | ClientError::InvalidArgument(_) | ClientError::ReportLengths { .. } => {
-                K::InvalidRequest
-            }
+            ClientError::Spec(_) | ClientError::InvalidArgument(_) | ClientError::ReportLengths(_) => K::InvalidRequest,
             ClientError::Pipeline(e) => K::of_pipeline(e),
-            ClientError::AutoscaleOff { .. } => K::FailedPrecondition,
+            ClientError::AutoscaleOff(_) => K::FailedPrecondition,
             ClientError::Connect { .. } | ClientError::Unavailable { .. } => K::Unavailable,
             ClientError::Rpc { status, .. } => K::of_status(status.code()),
             ClientError::Tls(_) => K::Tls,
@@ -167,9 +182,9 @@ impl ClientError {
             ClientError::Spec(_)
             | ClientError::InvalidArgument(_)
             | ClientError::BadBatch(_)
-            | ClientError::ReportLengths { .. } => Code::InvalidArgument,
+            | ClientError::ReportLengths(_) => Code::InvalidArgument,
             ClientError::Pipeline(e) => ServiceErrorKind::pipeline_code(e),
-            ClientError::AutoscaleOff { .. } | ClientError::Tls(_) => Code::FailedPrecondition,
+            ClientError::AutoscaleOff(_) | ClientError::Tls(_) => Code::FailedPrecondition,
             ClientError::Rpc { status, .. } => status.code(),
             ClientError::Unavailable { .. } | ClientError::Connect { .. } => Code::Unavailable,
             ClientError::Interrupted => Code::Cancelled,
@@ -198,8 +213,8 @@ mod tests {
         let errors = [
             ClientError::InvalidArgument("bad".into()),
             ClientError::Connect { addr: "127.0.0.1:1".into(), message: "refused".into() },
-            ClientError::ReportLengths { job_id: 1, keys: 2, values: 1 },
-            ClientError::AutoscaleOff { what: "RemoteLoader option `autoscale`" },
+            ReportLengths { job_id: 1, keys: 2, values: 1 }.into(),
+            AutoscaleOff { what: "RemoteLoader option `autoscale`" }.into(),
             ClientError::Unavailable { seconds: 60.0, last: "refused".into() },
             ClientError::StreamEnded { epoch: 3 },
         ];

@@ -34,7 +34,7 @@ pub mod tls;
 pub mod wire;
 
 pub use dispatcher_client::{dispatcher_client, DispatcherConn};
-pub use error::{ClientError, ServiceErrorKind};
+pub use error::{AutoscaleOff, ClientError, ReportLengths, ServiceErrorKind};
 pub use loader::{
     CacheStatsProbe, ClockOffset, DataPlane, RemoteEpoch, RemoteLoader, RemoteOptions, RemoteState, RemoteTrace,
     WorkerBuild,

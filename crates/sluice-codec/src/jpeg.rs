@@ -682,13 +682,19 @@ pub(crate) mod tests {
         assert!(mean_abs_diff(&out, &rgb) < 3.0, "{}", mean_abs_diff(&out, &rgb));
     }
 
-    #[test]
-    fn unscaled_region_matches_cropping_the_full_decode_with_unaligned_edges() {
-        let (w, h) = (300, 200);
-        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 90).unwrap();
+    /// [`test_rgb`] as a `w x h` JPEG of `quality`, a decoder, and the JPEG decoded whole.
+    fn test_jpeg_decoded(w: u32, h: u32, quality: u8) -> (Vec<u8>, JpegDecoder, Vec<u8>) {
+        let jpg = encode_jpeg(&test_rgb(w, h), w, h, quality).unwrap();
         let mut d = decoder();
         let mut full = Vec::new();
         d.decode_full(&jpg, &mut full).unwrap();
+        (jpg, d, full)
+    }
+
+    #[test]
+    fn unscaled_region_matches_cropping_the_full_decode_with_unaligned_edges() {
+        let (w, h) = (300, 200);
+        let (jpg, mut d, full) = test_jpeg_decoded(w, h, 90);
         // Left edges on and off the 16-pixel iMCU grid, including the right and bottom edges.
         for (x, y, cw, ch) in [(0, 0, 64, 64), (13, 7, 100, 90), (37, 101, 263, 99), (16, 0, 50, 200), (299, 199, 1, 1)]
         {
@@ -711,10 +717,7 @@ pub(crate) mod tests {
     #[test]
     fn half_scaled_region_matches_a_downscaled_full_decode() {
         let (w, h) = (320, 240);
-        let jpg = encode_jpeg(&test_rgb(w, h), w, h, 92).unwrap();
-        let mut d = decoder();
-        let mut full = Vec::new();
-        d.decode_full(&jpg, &mut full).unwrap();
+        let (jpg, mut d, full) = test_jpeg_decoded(w, h, 92);
         // 2x2 box filter of the full decode: what a 1/2 IDCT approximates.
         let half: Vec<u8> = {
             let mut v = Vec::new();
@@ -754,16 +757,28 @@ pub(crate) mod tests {
         let (w, h) = (40, 30);
         let gray: Vec<u8> = (0..w * h).map(|i| (i % 251) as u8).collect();
         let jpg = encode_jpeg_with(&gray, w, h, SourcePixels::Gray, Subsampling::Gray, 95).unwrap();
-        let mut d = decoder();
-        assert_eq!(d.header(&jpg).unwrap().colorspace, ColorSpace::Gray);
-        let mut out = Vec::new();
-        assert_eq!(d.decode_full(&jpg, &mut out).unwrap(), (w, h));
+        let window = SubRect { left: 9.0, top: 3.0, width: 20.0, height: 20.0 };
+        let (colorspace, size, out) = decode_whole_and_window_to_rgb(&jpg, window, (20, 20));
+        assert_eq!((colorspace, size), (ColorSpace::Gray, (w, h)));
         assert_eq!(out.len(), (w * h * 3) as usize);
         assert!(out.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]));
-        let r = d
-            .decode_region(&jpg, SubRect { left: 9.0, top: 3.0, width: 20.0, height: 20.0 }, (20, 20), &mut out)
-            .unwrap();
+    }
+
+    /// Decodes `jpg` whole, then its `window` at `size`, both as RGB (the window's pixels
+    /// checked for its size); returns its colour space and the whole image's size and pixels.
+    fn decode_whole_and_window_to_rgb(
+        jpg: &[u8],
+        window: SubRect,
+        size: (u32, u32),
+    ) -> (ColorSpace, (u32, u32), Vec<u8>) {
+        let mut d = decoder();
+        let colorspace = d.header(jpg).unwrap().colorspace;
+        let mut whole = Vec::new();
+        let whole_size = d.decode_full(jpg, &mut whole).unwrap();
+        let mut out = Vec::new();
+        let r = d.decode_region(jpg, window, size, &mut out).unwrap();
         assert_eq!(out.len(), (r.width * r.height * 3) as usize);
+        (colorspace, whole_size, whole)
     }
 
     #[test]
@@ -773,20 +788,15 @@ pub(crate) mod tests {
         let px = [200u8, 100, 50, 180];
         let cmyk: Vec<u8> = px.iter().copied().cycle().take((w * h * 4) as usize).collect();
         let jpg = encode_jpeg_with(&cmyk, w, h, SourcePixels::Cmyk, Subsampling::S444, 100).unwrap();
-        let mut d = decoder();
-        assert!(d.header(&jpg).unwrap().colorspace.is_cmyk());
-        let mut out = Vec::new();
-        d.decode_full(&jpg, &mut out).unwrap();
+        let window = SubRect { left: 8.0, top: 4.0, width: 16.0, height: 8.0 };
+        let (colorspace, _, out) = decode_whole_and_window_to_rgb(&jpg, window, (16, 8));
+        assert!(colorspace.is_cmyk());
         let want = [200 * 180 / 255, 100 * 180 / 255, 50 * 180 / 255];
         for p in out.chunks_exact(3) {
             for c in 0..3 {
                 assert!((i32::from(p[c]) - want[c]).abs() <= 3, "{p:?} vs {want:?}");
             }
         }
-        let r = d
-            .decode_region(&jpg, SubRect { left: 8.0, top: 4.0, width: 16.0, height: 8.0 }, (16, 8), &mut out)
-            .unwrap();
-        assert_eq!(out.len(), (r.width * r.height * 3) as usize);
     }
 
     #[test]

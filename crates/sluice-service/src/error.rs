@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use sluice_client::runtime::RuntimeError;
-use sluice_client::{ClientError, ServiceErrorKind};
+use sluice_client::{AutoscaleOff, ClientError, ReportLengths, ServiceErrorKind};
 use sluice_core::SpecError;
 use sluice_pipeline::PipelineError;
 use tonic::{Code, Status};
@@ -37,18 +37,12 @@ pub enum ServiceError {
     Journal { path: PathBuf, message: String },
     #[error("cannot listen on {addr}: {message}")]
     Listen { addr: String, message: String },
-    #[error("{what} failed: {status}")]
-    Rpc {
-        what: &'static str,
-        #[source]
-        status: Box<Status>,
-    },
     /// A certificate or key file that is missing or not usable.
     #[error("TLS: {0}")]
     Tls(String),
     /// An importance report whose keys and values do not pair up.
-    #[error("importance report for job {job_id}: {keys} keys and {values} values")]
-    ReportLengths { job_id: u64, keys: usize, values: usize },
+    #[error(transparent)]
+    ReportLengths(#[from] ReportLengths),
     /// An importance report of another kind than the job's earlier ones.
     #[error("importance report for job {job_id}: {reported}, but the job's reports are {job}")]
     ReportKind { job_id: u64, job: String, reported: String },
@@ -68,8 +62,8 @@ pub enum ServiceError {
     AutoscaleConfig(#[from] sluice_autoscale::ConfigError),
     /// An autoscaling request (`SetScale`, a client's `autoscale` option) to a dispatcher
     /// started without `--autoscale`.
-    #[error("{what}: the dispatcher runs without autoscaling; start it with --autoscale POLICY (`sluice up --autoscale fastmatch --min-workers A --max-workers B`)")]
-    AutoscaleOff { what: &'static str },
+    #[error(transparent)]
+    AutoscaleOff(#[from] AutoscaleOff),
     /// The Kubernetes API refused or could not be reached (the autoscaler's actuator).
     #[error("Kubernetes, StatefulSet {statefulset}: {what}: {message}")]
     Kubernetes { statefulset: String, what: String, message: String },
@@ -143,23 +137,19 @@ impl From<sluice_dashboard::DashboardError> for ServiceError {
 }
 
 impl ServiceError {
-    pub fn rpc(what: &'static str, status: Status) -> Self {
-        ServiceError::Rpc { what, status: Box::new(status) }
-    }
-
     pub fn kind(&self) -> ServiceErrorKind {
         use ServiceErrorKind as K;
         match self {
             ServiceError::Spec(_)
             | ServiceError::InvalidArgument(_)
             | ServiceError::OverLimit { .. }
-            | ServiceError::ReportLengths { .. }
+            | ServiceError::ReportLengths(_)
             | ServiceError::ReportKind { .. } => K::InvalidRequest,
             ServiceError::AutoscaleConfig(_) => K::InvalidRequest,
             ServiceError::ReportEpoch { .. }
             | ServiceError::NotImportanceSampled { .. }
             | ServiceError::NoDraw { .. }
-            | ServiceError::AutoscaleOff { .. } => K::FailedPrecondition,
+            | ServiceError::AutoscaleOff(_) => K::FailedPrecondition,
             ServiceError::PathNotAllowed { .. }
             | ServiceError::OperatorOnly { .. }
             | ServiceError::ClientSecret { .. } => K::PermissionDenied,
@@ -183,7 +173,6 @@ impl ServiceError {
             | ServiceError::JournalStalled { .. }
             | ServiceError::Kubernetes { .. } => K::Unavailable,
             ServiceError::Tls(_) => K::Tls,
-            ServiceError::Rpc { status, .. } => K::of_status(status.code()),
         }
     }
 }
@@ -194,13 +183,13 @@ impl From<ServiceError> for Status {
             ServiceError::Spec(_)
             | ServiceError::InvalidArgument(_)
             | ServiceError::OverLimit { .. }
-            | ServiceError::ReportLengths { .. }
+            | ServiceError::ReportLengths(_)
             | ServiceError::ReportKind { .. } => Code::InvalidArgument,
             ServiceError::AutoscaleConfig(_) => Code::InvalidArgument,
             ServiceError::ReportEpoch { .. }
             | ServiceError::NotImportanceSampled { .. }
             | ServiceError::NoDraw { .. }
-            | ServiceError::AutoscaleOff { .. } => Code::FailedPrecondition,
+            | ServiceError::AutoscaleOff(_) => Code::FailedPrecondition,
             ServiceError::Pipeline(e) => ServiceErrorKind::pipeline_code(e),
             ServiceError::Client(e) => e.code(),
             ServiceError::PathNotAllowed { .. }
@@ -208,7 +197,6 @@ impl From<ServiceError> for Status {
             | ServiceError::ClientSecret { .. } => Code::PermissionDenied,
             ServiceError::NotFound { .. } => Code::NotFound,
             ServiceError::JobConflict { .. } => Code::AlreadyExists,
-            ServiceError::Rpc { status, .. } => status.code(),
             ServiceError::Kubernetes { .. } => Code::Unavailable,
             ServiceError::TooManyJobs { .. }
             | ServiceError::TooManyClients { .. }
@@ -228,7 +216,7 @@ mod tests {
 
     #[test]
     fn an_error_has_the_same_kind_after_crossing_grpc() {
-        let errors = [
+        let errors: [ServiceError; 15] = [
             ServiceError::InvalidArgument("bad".into()),
             ServiceError::PathNotAllowed { path: "/x".into(), allowed: "/data".into() },
             ServiceError::NotFound { what: "job", id: "7".into() },
@@ -236,23 +224,20 @@ mod tests {
             ServiceError::Client(ClientError::Connect { addr: "127.0.0.1:1".into(), message: "refused".into() }),
             ServiceError::NotLeasedAhead { job_id: 1, epoch: 2 },
             ServiceError::Journal { path: "/j".into(), message: "full".into() },
-            ServiceError::ReportLengths { job_id: 1, keys: 2, values: 1 },
+            ReportLengths { job_id: 1, keys: 2, values: 1 }.into(),
             ServiceError::ReportEpoch { job_id: 1, epoch: 0, current: 5 },
-            ServiceError::AutoscaleOff { what: "SetScale" },
+            AutoscaleOff { what: "SetScale" }.into(),
             ServiceError::TooManyClients { max: 10 },
             ServiceError::OperatorOnly { what: "SetScale" },
             ServiceError::ClientSecret { client: "c#00".into(), why: "no secret" },
             ServiceError::ReportBudget { job_id: 1, epoch: 0, limit: 64, per_sample: 4 },
             ServiceError::JournalStalled { path: "/j".into(), message: "full".into() },
         ];
+        // A client hears each with the kind the server gave it (the status codes'
+        // kinds are the client's test).
         for e in errors {
             let kind = e.kind();
-            assert_eq!(ServiceError::rpc("Call", Status::from(e)).kind(), kind);
+            assert_eq!(ClientError::rpc("Call", Status::from(e)).kind(), kind);
         }
-        let status = |code| ServiceError::rpc("Call", Status::new(code, "x")).kind();
-        assert_eq!(status(Code::Unauthenticated), ServiceErrorKind::Unauthenticated);
-        assert_eq!(status(Code::DeadlineExceeded), ServiceErrorKind::Timeout);
-        assert_eq!(status(Code::Unimplemented), ServiceErrorKind::Unsupported);
-        assert_eq!(status(Code::DataLoss), ServiceErrorKind::Internal);
     }
 }

@@ -24,7 +24,7 @@ use sluice_pipeline::{PipelineError, SkippedSample, TraceError};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::error::ClientError;
+use crate::error::{AutoscaleOff, ClientError, ReportLengths};
 use crate::proto::*;
 use crate::runtime::{runtime, Threads};
 use conn::{heartbeat, retry, with_retry, Conn};
@@ -138,7 +138,7 @@ impl RemoteLoader {
                 d.get_scale(crate::proto::GetScaleRequest {}).await
             }))?;
             if !scale.enabled {
-                return Err(ClientError::AutoscaleOff { what: "RemoteLoader option `autoscale`" });
+                return Err(AutoscaleOff { what: "RemoteLoader option `autoscale`" }.into());
             }
             tracing::info!(policy = %scale.policy, workers = scale.target, "the service autoscales its workers");
         }
@@ -274,7 +274,7 @@ impl RemoteLoader {
     pub fn report(&self, keys: &[u64], values: &[f64], kind: ReportKind) -> Result<ReportReply, ClientError> {
         let job_id = self.job.job_id;
         if keys.len() != values.len() {
-            return Err(ClientError::ReportLengths { job_id, keys: keys.len(), values: values.len() });
+            return Err(ReportLengths { job_id, keys: keys.len(), values: values.len() }.into());
         }
         let req = ReportRequest {
             job_id,

@@ -111,39 +111,11 @@ impl Space {
 
     /// The ops in torchvision's order (the order `randint` indexes).
     pub fn ops(self) -> &'static [PolicyOp] {
+        // `ALL` is in torchvision's order: TrivialAugmentWide's and RandAugment's space is
+        // all but Invert, AutoAugment's all but Identity. AugMix's has its own order.
+        const WIDE: &[PolicyOp] = PolicyOp::ALL.split_at(14).0;
+        const AUTO: &[PolicyOp] = PolicyOp::ALL.split_at(1).1;
         use PolicyOp::*;
-        const WIDE: [PolicyOp; 14] = [
-            Identity,
-            ShearX,
-            ShearY,
-            TranslateX,
-            TranslateY,
-            Rotate,
-            Brightness,
-            Color,
-            Contrast,
-            Sharpness,
-            Posterize,
-            Solarize,
-            AutoContrast,
-            Equalize,
-        ];
-        const AUTO: [PolicyOp; 14] = [
-            ShearX,
-            ShearY,
-            TranslateX,
-            TranslateY,
-            Rotate,
-            Brightness,
-            Color,
-            Contrast,
-            Sharpness,
-            Posterize,
-            Solarize,
-            AutoContrast,
-            Equalize,
-            Invert,
-        ];
         const AUGMIX: [PolicyOp; 13] = [
             ShearX,
             ShearY,
@@ -160,8 +132,8 @@ impl Space {
             Sharpness,
         ];
         match self {
-            Space::TrivialAugmentWide | Space::RandAugment => &WIDE,
-            Space::AutoAugment => &AUTO,
+            Space::TrivialAugmentWide | Space::RandAugment => WIDE,
+            Space::AutoAugment => AUTO,
             Space::AugMix => &AUGMIX,
         }
     }

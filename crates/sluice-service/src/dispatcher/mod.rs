@@ -30,6 +30,7 @@ use crate::error::ServiceError;
 use crate::security::{check_client, require_operator, AllowedRoots, TokenCheck};
 use autoscale::ServiceAutoscale;
 use journal::{Journal, Record};
+use sluice_client::AutoscaleOff;
 use sluice_dashboard::metrics::LatencyHistogram;
 use state::{ClientReport, JobImportance, State};
 
@@ -671,7 +672,7 @@ impl Dispatcher for DispatcherService {
         let r = async {
             operator?;
             let seq = {
-                let a = self.inner.autoscale.as_ref().ok_or(ServiceError::AutoscaleOff { what: "SetScale" })?;
+                let a = self.inner.autoscale.as_ref().ok_or(ServiceError::from(AutoscaleOff { what: "SetScale" }))?;
                 self.inner.journal.ready()?;
                 let mut a = a.lock();
                 if let Some(d) = a.set_target(workers, Instant::now()) {

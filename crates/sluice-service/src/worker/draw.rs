@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::{JobRunner, WorkerService};
 use crate::error::ServiceError;
 use sluice_client::proto::{EpochDrawReply, GetDrawRequest};
+use sluice_client::ClientError;
 
 /// Manifest positions in epoch order, and their weights.
 pub(super) type Draw = (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>);
@@ -54,7 +55,7 @@ impl WorkerService {
             .clone()
             .get_draw(GetDrawRequest { job_id, epoch })
             .await
-            .map_err(|s| ServiceError::rpc("GetDraw", s))?
+            .map_err(|s| ClientError::rpc("GetDraw", s))?
             .into_inner();
         let n = runner.loader.samples_per_epoch();
         let bad = |why: String| ServiceError::InvalidArgument(format!("job {job_id}, epoch {epoch}: the draw {why}"));

@@ -186,7 +186,7 @@ impl WorkerService {
             .clone()
             .get_job(GetJobRequest { job_id })
             .await
-            .map_err(|s| ServiceError::rpc("GetJob", s))?
+            .map_err(|s| sluice_client::ClientError::rpc("GetJob", s))?
             .into_inner();
         if !fingerprint.is_empty() && def.fingerprint != fingerprint {
             return Err(ServiceError::NotFound {

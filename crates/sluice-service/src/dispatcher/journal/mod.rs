@@ -466,19 +466,29 @@ mod tests {
         }
     }
 
+    fn rec(task: u64) -> Record {
+        Record::Ack { job_id: 1, epoch: 0, task }
+    }
+
+    /// A journal at `path` on a disk whose second write tears (a full disk), cut back
+    /// unless `cannot_cut`: its first record is written, and the request waiting for the
+    /// second has heard why that one was not.
+    async fn journal_torn_at_the_second_write(path: &Path, cannot_cut: bool) -> Journal {
+        let file = OpenOptions::new().create(true).append(true).open(path).unwrap();
+        let j = Journal::start(Flaky { file, appends: 0, fail_at: 2, cannot_cut }, 0, path).unwrap();
+        j.append(&rec(0)).unwrap();
+        j.durable(j.appended()).await.unwrap();
+        j.append(&rec(1)).unwrap();
+        let e = j.durable(j.appended()).await.unwrap_err().to_string();
+        assert!(e.contains("no space left on device"), "{e}");
+        j
+    }
+
     #[tokio::test]
     async fn a_failed_write_fails_its_request_and_the_journal_goes_on_once_the_disk_takes_writes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal.jsonl");
-        let file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
-        let j = Journal::start(Flaky { file, appends: 0, fail_at: 2, cannot_cut: false }, 0, &path).unwrap();
-        let rec = |task| Record::Ack { job_id: 1, epoch: 0, task };
-        j.append(&rec(0)).unwrap();
-        j.durable(j.appended()).await.unwrap();
-        // The second write tears (a full disk): the request waiting for it hears why.
-        j.append(&rec(1)).unwrap();
-        let e = j.durable(j.appended()).await.unwrap_err().to_string();
-        assert!(e.contains("no space left on device"), "{e}");
+        let j = journal_torn_at_the_second_write(&path, false).await;
         assert!(matches!(j.ready(), Err(ServiceError::JournalStalled { .. })), "changes are taken while it stalls");
         // The disk takes writes again: the journal goes on, the torn record written again
         // in its place, and takes new records.
@@ -499,16 +509,9 @@ mod tests {
     async fn a_torn_write_that_cannot_be_cut_back_stops_the_journal() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal.jsonl");
-        let file = OpenOptions::new().create(true).append(true).open(&path).unwrap();
-        let j = Journal::start(Flaky { file, appends: 0, fail_at: 2, cannot_cut: true }, 0, &path).unwrap();
-        let rec = |task| Record::Ack { job_id: 1, epoch: 0, task };
-        j.append(&rec(0)).unwrap();
-        j.durable(j.appended()).await.unwrap();
         // The second write tears and stays torn: its waiter hears of it, and so does the
         // dispatcher, which stops.
-        j.append(&rec(1)).unwrap();
-        let e = j.durable(j.appended()).await.unwrap_err().to_string();
-        assert!(e.contains("no space left on device"), "{e}");
+        let j = journal_torn_at_the_second_write(&path, true).await;
         let why = tokio::time::timeout(std::time::Duration::from_secs(5), j.failed()).await.unwrap();
         assert!(why.contains("input/output error"), "{why}");
         // Nothing more is taken.

@@ -14,6 +14,7 @@ use sluice_pipeline::{EpochDraw, Shard};
 use super::placement::{batch_owners, owners, regroup, routes, Member, Previous};
 use crate::error::ServiceError;
 use sluice_client::proto::{ReportKind, ReportReply};
+use sluice_client::ReportLengths;
 
 /// Draws kept for workers to fetch: the current epoch's, the next one's (leased ahead),
 /// and a couple more for clients that restart an epoch.
@@ -96,7 +97,7 @@ impl JobImportance {
         kind: ReportKind,
     ) -> Result<CheckedReport, ServiceError> {
         if keys.len() != values.len() {
-            return Err(ServiceError::ReportLengths { job_id, keys: keys.len(), values: values.len() });
+            return Err(ReportLengths { job_id, keys: keys.len(), values: values.len() }.into());
         }
         if let Some(k) = self.kind.filter(|&k| k != kind) {
             return Err(ServiceError::ReportKind {

@@ -668,6 +668,11 @@ mod tests {
     use sluice_client::proto::RegisterWorkerRequest;
 
     fn job_record(batches: u64, task_batches: u64) -> Record {
+        job_record_with_passes(batches, task_batches, 0)
+    }
+
+    /// Job 1's record: `batches` per epoch of 4 samples each, `task_batches` per task.
+    pub(super) fn job_record_with_passes(batches: u64, task_batches: u64, passes: u64) -> Record {
         Record::Job {
             job_id: 1,
             name: "j".into(),
@@ -677,7 +682,7 @@ mod tests {
             batches_per_epoch: batches,
             samples_per_epoch: batches * 4,
             task_batches,
-            passes: 0,
+            passes,
         }
     }
 

@@ -135,22 +135,9 @@ fn job_record(job: &Job) -> Record {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::job_record_with_passes as job_record;
     use super::*;
     use sluice_client::proto::RegisterWorkerRequest;
-
-    fn job_record(batches: u64, task_batches: u64, passes: u64) -> Record {
-        Record::Job {
-            job_id: 1,
-            name: "j".into(),
-            spec_json: "{}".into(),
-            fingerprint: "f".into(),
-            manifest_fingerprint: "m".into(),
-            batches_per_epoch: batches,
-            samples_per_epoch: batches * 4,
-            task_batches,
-            passes,
-        }
-    }
 
     /// What replay must give back: every job's epochs, tasks, leases and queues.
     fn picture(s: &State) -> String {
