@@ -91,6 +91,7 @@ impl AllowedRoots {
                 root.as_deref().map_or(Ok(()), |r| self.check(r))
             }
             SourceSpec::Tar { shards } => shards.iter().try_for_each(|s| self.check(s)),
+            SourceSpec::Parquet { path, .. } => self.check(path),
         }
     }
 
@@ -101,7 +102,7 @@ impl AllowedRoots {
         for e in &manifest.entries {
             match &e.location {
                 Location::File { path } => self.check(&manifest.root.join(path))?,
-                Location::TarMember { shard, .. } => {
+                Location::TarMember { shard, .. } | Location::ParquetRow { file: shard, .. } => {
                     if seen_shard != Some(shard.as_path()) {
                         self.check(&manifest.root.join(shard))?;
                         seen_shard = Some(shard.as_path());

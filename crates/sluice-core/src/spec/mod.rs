@@ -117,6 +117,23 @@ pub enum SourceSpec {
     /// `<basename>.cls` holding the integer label. Indexed once, read by offset. A shard
     /// may be an object, `s3://bucket/key.tar`, read by byte range.
     Tar { shards: Vec<PathBuf> },
+    /// Parquet files (the Hugging Face image-dataset layout): `path` is a `.parquet` file,
+    /// a folder (every `*.parquet` below it, sorted), or an object, `s3://bucket/x.parquet`,
+    /// or prefix, `s3://bucket/prefix`. Each row is a sample: its image from
+    /// `image_column` (binary, or a struct `{bytes, path}` as `datasets` writes it), its
+    /// label from `label_column` (an integer column; default: `label` when the files have
+    /// one). Indexed once from the footers; rows are read by row group.
+    Parquet {
+        path: PathBuf,
+        #[serde(default = "default_image_column")]
+        image_column: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        label_column: Option<String>,
+    },
+}
+
+fn default_image_column() -> String {
+    "image".into()
 }
 
 /// Whether a spec path is a URL (`s3://bucket/prefix`, any `scheme://`) rather than a
@@ -445,6 +462,12 @@ impl SourceSpec {
             SourceSpec::Tar { shards } if shards.is_empty() => {
                 Err(SpecError::new("source.shards", "needs at least one shard"))
             }
+            SourceSpec::Parquet { path, .. } if path.as_os_str().is_empty() => {
+                Err(SpecError::new("source.path", "must not be empty"))
+            }
+            SourceSpec::Parquet { image_column, .. } if image_column.is_empty() => {
+                Err(SpecError::new("source.image_column", "must not be empty"))
+            }
             _ => Ok(()),
         }
     }
@@ -465,6 +488,7 @@ impl SourceSpec {
                 }
             }
             SourceSpec::Tar { shards } => shards.iter_mut().for_each(fix),
+            SourceSpec::Parquet { path, .. } => fix(path),
         }
     }
 }
