@@ -378,7 +378,7 @@ pub(crate) fn read_column_chunk(
                 Ok(ChunkValues::Binary(out))
             }
             ColumnReader::Int32ColumnReader(mut r) => {
-                read_ints(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), |v| i64::from(v))
+                read_ints(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), i64::from)
             }
             ColumnReader::Int64ColumnReader(mut r) => {
                 read_ints(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), |v| v)
