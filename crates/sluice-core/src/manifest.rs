@@ -27,6 +27,9 @@ pub enum Location {
     File { path: PathBuf },
     /// A member of a tar shard, read by offset without unpacking the tar.
     TarMember { shard: PathBuf, member: String, offset: u64, len: u64 },
+    /// A row of a Parquet file: row `row` of row group `row_group` (counted within it),
+    /// its image in leaf column `column` of the file's schema.
+    ParquetRow { file: PathBuf, row_group: u32, row: u32, column: u32 },
 }
 
 impl Location {
@@ -36,6 +39,9 @@ impl Location {
             Location::File { path } => root.join(path),
             Location::TarMember { shard, member, .. } => {
                 PathBuf::from(format!("{}:{member}", root.join(shard).display()))
+            }
+            Location::ParquetRow { file, row_group, row, .. } => {
+                PathBuf::from(format!("{}:row_group={row_group}:row={row}", root.join(file).display()))
             }
         }
     }
@@ -150,6 +156,13 @@ fn fingerprint(entries: &[Entry], classes: &[String]) -> u64 {
                 h.update(member.as_bytes());
                 h.update(&offset.to_le_bytes());
                 h.update(&len.to_le_bytes());
+            }
+            Location::ParquetRow { file, row_group, row, column } => {
+                h.update(b"P");
+                h.update(file.as_os_str().as_encoded_bytes());
+                h.update(&row_group.to_le_bytes());
+                h.update(&row.to_le_bytes());
+                h.update(&column.to_le_bytes());
             }
         }
         h.update(&[0]);

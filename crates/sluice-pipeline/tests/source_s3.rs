@@ -420,3 +420,54 @@ fn child_build_fails_naming_the_bucket() {
     assert!(err.contains(&format!("bucket {bucket}")), "names the bucket: {err}");
     assert!(err.contains(&expect), "{err}");
 }
+
+/// Writes `images` as a Parquet file (`image: binary`, `label: int64 = i % 3`) in row
+/// groups of `per_group` rows.
+fn write_parquet(path: &Path, images: &[Vec<u8>], per_group: usize) {
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    let schema = "message schema { required binary image; required int64 label; }";
+    let schema = std::sync::Arc::new(parquet::schema::parser::parse_message_type(schema).unwrap());
+    let props = std::sync::Arc::new(parquet::file::properties::WriterProperties::builder().build());
+    let mut w =
+        parquet::file::writer::SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
+    for (g, group) in images.chunks(per_group).enumerate() {
+        let mut rg = w.next_row_group().unwrap();
+        let bytes: Vec<ByteArray> = group.iter().map(|b| ByteArray::from(b.clone())).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<ByteArrayType>().write_batch(&bytes, None, None).unwrap();
+        col.close().unwrap();
+        let labels: Vec<i64> = (0..group.len()).map(|i| ((g * per_group + i) % 3) as i64).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<Int64Type>().write_batch(&labels, None, None).unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_files_in_a_bucket_give_the_batches_of_the_same_files_on_disk() {
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("pq");
+    std::fs::create_dir_all(&data).unwrap();
+    let jpegs: Vec<Vec<u8>> = (0..14).map(|i| sluice_synth::noise_jpeg(i, 20).unwrap()).collect();
+    write_parquet(&data.join("a.parquet"), &jpegs[..9], 4);
+    write_parquet(&data.join("b.parquet"), &jpegs[9..], 4);
+    let b = bucket();
+    upload_tree(&b, "parquet/ds", &data);
+    let parquet = |path: PathBuf| SourceSpec::Parquet { path, image_column: "image".into(), label_column: None };
+
+    let local = collect(spec(parquet(data.clone())));
+    let remote = collect(spec(parquet(PathBuf::from(format!("s3://{b}/parquet/ds")))));
+    assert_eq!(local.len(), 3, "14 rows in batches of 5");
+    assert_eq!(remote, local, "the bucket's Parquet files give other batches than the local ones");
+    let one = build_manifest(&parquet(PathBuf::from(format!("s3://{b}/parquet/ds/b.parquet")))).unwrap();
+    assert_eq!(one.entries.iter().map(|e| e.label).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1]);
+
+    // A truncated object fails at indexing, naming it.
+    let bytes = std::fs::read(data.join("a.parquet")).unwrap();
+    put(&store(&b), "parquet/bad/x.parquet", bytes[..bytes.len() - 30].to_vec());
+    let e = build_manifest(&parquet(PathBuf::from(format!("s3://{b}/parquet/bad")))).unwrap_err().to_string();
+    assert!(e.contains(&format!("s3://{b}/parquet/bad/x.parquet")), "{e}");
+}

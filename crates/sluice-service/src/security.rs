@@ -92,6 +92,7 @@ impl AllowedRoots {
             }
             SourceSpec::Tar { shards } => shards.iter().try_for_each(|s| self.check(s)),
             SourceSpec::Mix { sources } => sources.iter().try_for_each(|s| self.check_source(&s.source)),
+            SourceSpec::Parquet { path, .. } => self.check(path),
         }
     }
 
@@ -102,7 +103,7 @@ impl AllowedRoots {
         for e in &manifest.entries {
             match &e.location {
                 Location::File { path } => self.check(&manifest.root.join(path))?,
-                Location::TarMember { shard, .. } => {
+                Location::TarMember { shard, .. } | Location::ParquetRow { file: shard, .. } => {
                     if seen_shard != Some(shard.as_path()) {
                         self.check(&manifest.root.join(shard))?;
                         seen_shard = Some(shard.as_path());

@@ -123,6 +123,23 @@ pub enum SourceSpec {
     /// weights (±1 sample), in an order fixed by the seed; an epoch ends when the first
     /// source runs out (docs/sharding.md).
     Mix { sources: Vec<MixedSource> },
+    /// Parquet files (the Hugging Face image-dataset layout): `path` is a `.parquet` file,
+    /// a folder (every `*.parquet` below it, sorted), or an object, `s3://bucket/x.parquet`,
+    /// or prefix, `s3://bucket/prefix`. Each row is a sample: its image from
+    /// `image_column` (binary, or a struct `{bytes, path}` as `datasets` writes it), its
+    /// label from `label_column` (an integer column; default: `label` when the files have
+    /// one). Indexed once from the footers; rows are read by row group.
+    Parquet {
+        path: PathBuf,
+        #[serde(default = "default_image_column")]
+        image_column: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        label_column: Option<String>,
+    },
+}
+
+fn default_image_column() -> String {
+    "image".into()
 }
 
 /// Whether a spec path is a URL (`s3://bucket/prefix`, any `scheme://`) rather than a
@@ -463,6 +480,12 @@ impl SourceSpec {
                 Err(SpecError::new("source.shards", "needs at least one shard"))
             }
             SourceSpec::Mix { sources } => mix::validate(sources),
+            SourceSpec::Parquet { path, .. } if path.as_os_str().is_empty() => {
+                Err(SpecError::new("source.path", "must not be empty"))
+            }
+            SourceSpec::Parquet { image_column, .. } if image_column.is_empty() => {
+                Err(SpecError::new("source.image_column", "must not be empty"))
+            }
             _ => Ok(()),
         }
     }
@@ -484,6 +507,7 @@ impl SourceSpec {
             }
             SourceSpec::Tar { shards } => shards.iter_mut().for_each(fix),
             SourceSpec::Mix { sources } => sources.iter_mut().for_each(|s| s.source.resolve_relative(dir)),
+            SourceSpec::Parquet { path, .. } => fix(path),
         }
     }
 }

@@ -6,6 +6,7 @@
 pub mod file_list;
 pub mod image_folder;
 pub mod object;
+pub mod parquet;
 pub mod tar;
 
 use std::io;
@@ -45,6 +46,10 @@ pub enum SourceError {
     /// server that does not answer after the retries).
     #[error(transparent)]
     Object(#[from] crate::storage::object::ObjectError),
+    /// A Parquet file that cannot be indexed: not Parquet, a corrupt footer, a missing or
+    /// mistyped column.
+    #[error(transparent)]
+    Parquet(#[from] crate::storage::ParquetError),
 }
 
 impl SourceError {
@@ -70,6 +75,9 @@ pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
         SourceSpec::Tar { shards } => self::tar::enumerate(shards)?,
         SourceSpec::Mix { sources } => {
             Manifest::join(sources.iter().map(|s| build_manifest(&s.source)).collect::<Result<_, _>>()?)
+        }
+        SourceSpec::Parquet { path, image_column, label_column } => {
+            self::parquet::enumerate(path, image_column, label_column.as_deref())?
         }
     };
     tracing::info!(

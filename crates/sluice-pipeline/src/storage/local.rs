@@ -101,6 +101,9 @@ impl Storage for LocalStorage {
             Location::TarMember { shard, offset, len, .. } => {
                 self.read_member(&root.join(shard), *offset, *len, max_bytes, buf)
             }
+            Location::ParquetRow { .. } => Err(SampleErrorKind::Refused(
+                "Parquet rows are read through the storage `open_storage` makes, not LocalStorage alone".into(),
+            )),
         }
     }
 

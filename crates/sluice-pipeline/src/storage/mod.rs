@@ -6,6 +6,8 @@
 pub mod confine;
 pub mod local;
 pub mod object;
+pub mod parquet;
+pub mod row_groups;
 pub mod throttled;
 mod url;
 
@@ -19,6 +21,8 @@ use sluice_core::{Location, SampleErrorKind, StorageSpec};
 pub use confine::{RootError, Roots};
 pub use local::LocalStorage;
 pub use object::{ObjectAware, ObjectUrl};
+pub use parquet::ParquetError;
+pub use row_groups::RowGroupCache;
 pub use throttled::{LinkError, ThrottledStorage};
 
 /// Reads whole samples into caller-owned buffers. Shared by all worker threads.

@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 use sluice_core::{Location, SampleErrorKind};
 
 use super::confine::Roots;
+use super::row_groups::RowGroupCache;
 pub use super::url::ObjectUrl;
 use super::{check_size, Storage};
 
@@ -172,6 +173,8 @@ fn sample_error(url: &ObjectUrl, e: &object_store::Error) -> SampleErrorKind {
 pub struct ObjectAware {
     local: Arc<dyn Storage>,
     roots: Option<Arc<Roots>>,
+    /// Parquet rows, local or in object storage, are read through this.
+    row_groups: RowGroupCache,
 }
 
 impl std::fmt::Debug for ObjectAware {
@@ -182,7 +185,8 @@ impl std::fmt::Debug for ObjectAware {
 
 impl ObjectAware {
     pub fn new(local: Arc<dyn Storage>, roots: Option<Arc<Roots>>) -> Self {
-        Self { local, roots }
+        let row_groups = RowGroupCache::from_env(roots.clone());
+        Self { local, roots, row_groups }
     }
 
     fn check_allowed(&self, url: &ObjectUrl) -> Result<(), SampleErrorKind> {
@@ -200,6 +204,9 @@ impl Storage for ObjectAware {
         let (rel, range) = match location {
             Location::File { path } => (path, None),
             Location::TarMember { shard, offset, len, .. } => (shard, Some((*offset, *len))),
+            Location::ParquetRow { file, row_group, row, column } => {
+                return self.row_groups.read(&root.join(file), *row_group, *row, *column, max_bytes, buf);
+            }
         };
         let Some(url) = ObjectUrl::parse(&root.join(rel)) else {
             return self.local.read(root, location, max_bytes, buf);
@@ -261,6 +268,25 @@ pub(crate) fn fetch(url: &ObjectUrl) -> Result<bytes::Bytes, ObjectError> {
         let got = store.get(&path).await.map_err(|e| failed(e.to_string()))?;
         got.bytes().await.map_err(|e| failed(e.to_string()))
     })
+}
+
+/// Bytes `range` of an object (a Parquet footer or column chunk).
+pub(crate) fn fetch_range(url: &ObjectUrl, range: Range<u64>) -> Result<bytes::Bytes, ObjectError> {
+    let failed = |message: String| ObjectError { url: url.to_string(), message };
+    let remote = remote().map_err(failed)?;
+    let store = remote.store(url)?;
+    let path = object_path(url)?;
+    remote.block_on(store.get_range(&path, range)).map_err(|e| failed(e.to_string()))
+}
+
+/// An object's size and ETag (one `HEAD`).
+pub(crate) fn head(url: &ObjectUrl) -> Result<(u64, String), ObjectError> {
+    let failed = |message: String| ObjectError { url: url.to_string(), message };
+    let remote = remote().map_err(failed)?;
+    let store = remote.store(url)?;
+    let path = object_path(url)?;
+    let meta = remote.block_on(store.head(&path)).map_err(|e| failed(e.to_string()))?;
+    Ok((meta.size, meta.e_tag.unwrap_or_default()))
 }
 
 /// One object of a listing.

@@ -1,0 +1,433 @@
+//! Parquet files, read with the low-level reader of the `parquet` crate (arrow-rs, no arrow
+//! arrays): the footer by two ranged reads from the end, and one column chunk of one row
+//! group by one ranged read, decoded in memory. Local files and objects (`s3://`) are read
+//! the same way, by byte range, so the reader never holds a whole file.
+//!
+//! The image column is a binary column, or a struct whose `bytes` field is binary (the
+//! Hugging Face `datasets` layout, `{bytes: binary, path: string}`); the label column is an
+//! integer column. Nothing here panics on a hostile file: sizes are checked against the
+//! file's length before anything is allocated, and the crate's own decoding runs under
+//! `catch_unwind`, its failures reported as errors naming the file and row group.
+
+use std::ops::Range;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use parquet::basic::Type as PhysicalType;
+use parquet::column::reader::{get_column_reader, ColumnReader};
+use parquet::data_type::ByteArray;
+use parquet::errors::ParquetError as CrateError;
+use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::serialized_reader::SerializedPageReader;
+
+use super::confine::{open_regular, Roots};
+use super::object::ObjectUrl;
+
+/// A column chunk (the image column of one row group) larger than this is refused, unless
+/// `SLUICE_PARQUET_MAX_CHUNK_BYTES` says otherwise: 1 GiB.
+pub const DEFAULT_MAX_CHUNK_BYTES: u64 = 1 << 30;
+/// A footer larger than this is refused (a real one is kilobytes to a few megabytes).
+pub const MAX_FOOTER_BYTES: u64 = 256 << 20;
+
+/// Why a Parquet file, or one of its row groups, could not be read. Every variant names
+/// the file, and the row group where there is one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParquetError {
+    #[error("{file}: cannot read bytes {start}..{end}: {message}")]
+    Read { file: String, start: u64, end: u64, message: String },
+    #[error("{file}: not a Parquet file: {why}")]
+    NotParquet { file: String, why: String },
+    #[error("{file}: corrupt footer: {message}")]
+    CorruptFooter { file: String, message: String },
+    #[error("{file}: no column `{column}` (the file has: {available})")]
+    MissingColumn { file: String, column: String, available: String },
+    #[error("{file}: column `{column}` is {found}; expected {expected}")]
+    WrongType { file: String, column: String, found: String, expected: &'static str },
+    #[error(
+        "{file}: row group {row_group}: column chunk of {bytes} bytes is over the limit of {limit} \
+         (SLUICE_PARQUET_MAX_CHUNK_BYTES); write smaller row groups"
+    )]
+    HugeRowGroup { file: String, row_group: usize, bytes: u64, limit: u64 },
+    #[error("{file}: row group {row_group}: {message}")]
+    CorruptRowGroup { file: String, row_group: usize, message: String },
+}
+
+impl ParquetError {
+    /// The file the error is about.
+    pub fn file(&self) -> &str {
+        match self {
+            Self::Read { file, .. }
+            | Self::NotParquet { file, .. }
+            | Self::CorruptFooter { file, .. }
+            | Self::MissingColumn { file, .. }
+            | Self::WrongType { file, .. }
+            | Self::HugeRowGroup { file, .. }
+            | Self::CorruptRowGroup { file, .. } => file,
+        }
+    }
+}
+
+/// A Parquet file: a local path (read beneath `roots` when confined) or an object.
+#[derive(Debug, Clone)]
+pub(crate) enum ParquetFile {
+    Local(PathBuf),
+    Object(ObjectUrl),
+}
+
+impl ParquetFile {
+    pub(crate) fn new(path: &Path) -> Self {
+        match ObjectUrl::parse(path) {
+            Some(url) => Self::Object(url),
+            None => Self::Local(path.to_path_buf()),
+        }
+    }
+
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Self::Local(p) => p.display().to_string(),
+            Self::Object(u) => u.to_string(),
+        }
+    }
+
+    /// Bytes `range` of the file, exactly (a short read is an error).
+    pub(crate) fn read_range(&self, range: Range<u64>, roots: Option<&Roots>) -> Result<Bytes, ParquetError> {
+        let failed =
+            |message: String| ParquetError::Read { file: self.name(), start: range.start, end: range.end, message };
+        let want = usize::try_from(range.end - range.start).map_err(|_| failed("range too large".into()))?;
+        let bytes = match self {
+            Self::Local(path) => {
+                use std::os::unix::fs::FileExt;
+                let file = open_regular(path, roots).map_err(|e| failed(e.to_string()))?;
+                let mut buf = Vec::new();
+                buf.try_reserve_exact(want).map_err(|e| failed(format!("cannot allocate {want} bytes: {e}")))?;
+                buf.resize(want, 0);
+                file.read_exact_at(&mut buf, range.start).map_err(|e| failed(e.to_string()))?;
+                Bytes::from(buf)
+            }
+            Self::Object(url) => {
+                if let Some(roots) = roots.filter(|r| !r.allows_url(url)) {
+                    return Err(failed(format!("outside the allowed roots ({})", roots.describe())));
+                }
+                super::object::fetch_range(url, range.clone()).map_err(|e| failed(e.message))?
+            }
+        };
+        if bytes.len() != want {
+            return Err(failed(format!("short read: {} bytes (truncated?)", bytes.len())));
+        }
+        Ok(bytes)
+    }
+
+    /// The file's length in bytes.
+    pub(crate) fn len(&self, roots: Option<&Roots>) -> Result<u64, ParquetError> {
+        let failed = |message: String| ParquetError::Read { file: self.name(), start: 0, end: 0, message };
+        match self {
+            Self::Local(path) => {
+                let file = open_regular(path, roots).map_err(|e| failed(e.to_string()))?;
+                file.metadata().map(|m| m.len()).map_err(|e| failed(e.to_string()))
+            }
+            Self::Object(url) => super::object::head(url).map(|h| h.0).map_err(|e| failed(e.message)),
+        }
+    }
+}
+
+/// A file's decoded footer and the raw bytes it was decoded from (for the fingerprint).
+pub(crate) struct Footer {
+    pub(crate) meta: ParquetMetaData,
+    pub(crate) raw: Bytes,
+}
+
+/// Reads and decodes the footer of `file` (`len` bytes long).
+pub(crate) fn read_footer(file: &ParquetFile, len: u64, roots: Option<&Roots>) -> Result<Footer, ParquetError> {
+    let name = file.name();
+    let not_parquet = |why: String| ParquetError::NotParquet { file: name.clone(), why };
+    if len < 12 {
+        return Err(not_parquet(format!("{len} bytes, shorter than the smallest Parquet file (12)")));
+    }
+    let tail = file.read_range(len - 8..len, roots)?;
+    if &tail[4..] != b"PAR1" {
+        return Err(not_parquet("no PAR1 magic at its end (truncated, or another format)".into()));
+    }
+    let meta_len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    if meta_len > len - 12 || meta_len > MAX_FOOTER_BYTES {
+        return Err(ParquetError::CorruptFooter {
+            file: name,
+            message: format!("declares {meta_len} bytes of metadata in a file of {len} bytes"),
+        });
+    }
+    let raw = file.read_range(len - 8 - meta_len..len - 8, roots)?;
+    let meta = guarded(|| ParquetMetaDataReader::decode_metadata(&raw))
+        .map_err(|message| ParquetError::CorruptFooter { file: name.clone(), message })?;
+    // Row groups and column chunks must lie inside the file before anything is read by them.
+    for (i, rg) in meta.row_groups().iter().enumerate() {
+        if rg.num_rows() < 0 || rg.num_rows() as u64 > len {
+            return Err(ParquetError::CorruptFooter {
+                file: name,
+                message: format!("row group {i} declares {} rows in a file of {len} bytes", rg.num_rows()),
+            });
+        }
+        for c in rg.columns() {
+            let (start, size) = chunk_range(c).unwrap_or((u64::MAX, u64::MAX));
+            if start.checked_add(size).is_none_or(|end| end > len) {
+                return Err(ParquetError::CorruptFooter {
+                    file: name,
+                    message: format!(
+                        "row group {i}: column `{}` lies at bytes {start}..+{size}, past the end ({len}) (truncated?)",
+                        c.column_path()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(Footer { meta, raw })
+}
+
+/// Where a column chunk lies (offset, length); `None` when the footer says a negative.
+fn chunk_range(c: &ColumnChunkMetaData) -> Option<(u64, u64)> {
+    let start = c.dictionary_page_offset().unwrap_or_else(|| c.data_page_offset());
+    Some((u64::try_from(start).ok()?, u64::try_from(c.compressed_size()).ok()?))
+}
+
+/// Runs the crate's decoding, turning its errors and any panic into a message.
+fn guarded<T>(f: impl FnOnce() -> Result<T, CrateError>) -> Result<T, String> {
+    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(payload) => Err(format!(
+            "the Parquet decoder failed: {}",
+            payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("panic")
+        )),
+    }
+}
+
+/// The leaf column (index into the schema's columns) holding the images: `column` itself
+/// when binary, or its `bytes` field when it is a struct.
+pub(crate) fn image_leaf(meta: &ParquetMetaData, file: &str, column: &str) -> Result<usize, ParquetError> {
+    let schema = meta.file_metadata().schema_descr();
+    let leaves = schema.columns();
+    let find = |path: &str| leaves.iter().position(|c| c.path().string() == path);
+    let Some(i) = find(column).or_else(|| find(&format!("{column}.bytes"))) else {
+        return Err(missing_or_wrong(meta, file, column, "a binary column or a struct {bytes: binary, path: string}"));
+    };
+    check_leaf(meta, file, i, &[PhysicalType::BYTE_ARRAY], "binary (BYTE_ARRAY)")?;
+    Ok(i)
+}
+
+/// The integer leaf column holding the labels.
+pub(crate) fn label_leaf(meta: &ParquetMetaData, file: &str, column: &str) -> Result<usize, ParquetError> {
+    let leaves = meta.file_metadata().schema_descr().columns();
+    let Some(i) = leaves.iter().position(|c| c.path().string() == column) else {
+        return Err(missing_or_wrong(meta, file, column, "an integer column"));
+    };
+    check_leaf(meta, file, i, &[PhysicalType::INT32, PhysicalType::INT64], "an integer (INT32 or INT64)")?;
+    Ok(i)
+}
+
+/// Whether the file has a leaf column named `column`.
+pub(crate) fn has_leaf(meta: &ParquetMetaData, column: &str) -> bool {
+    meta.file_metadata().schema_descr().columns().iter().any(|c| c.path().string() == column)
+}
+
+fn check_leaf(
+    meta: &ParquetMetaData,
+    file: &str,
+    i: usize,
+    types: &[PhysicalType],
+    expected: &'static str,
+) -> Result<(), ParquetError> {
+    let c = meta.file_metadata().schema_descr().column(i);
+    let wrong =
+        |found: String| ParquetError::WrongType { file: file.to_string(), column: c.path().string(), found, expected };
+    if !types.contains(&c.physical_type()) {
+        return Err(wrong(format!("{:?}", c.physical_type())));
+    }
+    if c.max_rep_level() > 0 {
+        return Err(wrong("a list (repeated)".into()));
+    }
+    Ok(())
+}
+
+fn missing_or_wrong(meta: &ParquetMetaData, file: &str, column: &str, expected: &'static str) -> ParquetError {
+    let leaves = meta.file_metadata().schema_descr().columns();
+    let under: Vec<String> = leaves
+        .iter()
+        .filter(|c| c.path().parts().first().is_some_and(|p| p == column))
+        .map(|c| format!("{} ({:?})", c.path().string(), c.physical_type()))
+        .collect();
+    if !under.is_empty() {
+        return ParquetError::WrongType {
+            file: file.to_string(),
+            column: column.to_string(),
+            found: under.join(", "),
+            expected,
+        };
+    }
+    let available: Vec<String> = leaves.iter().map(|c| c.path().string()).collect();
+    ParquetError::MissingColumn { file: file.to_string(), column: column.to_string(), available: available.join(", ") }
+}
+
+/// Bytes of a file read into memory from offset `start`, served to the crate's page reader
+/// as if they were the file (offsets outside them are an error, not a panic).
+struct InMemoryRange {
+    start: u64,
+    data: Bytes,
+}
+
+impl Length for InMemoryRange {
+    fn len(&self) -> u64 {
+        self.start + self.data.len() as u64
+    }
+}
+
+impl InMemoryRange {
+    fn slice(&self, start: u64, len: Option<usize>) -> Result<Bytes, CrateError> {
+        let outside = || CrateError::EOF(format!("offset {start} lies outside the column chunk read"));
+        let from = usize::try_from(start.checked_sub(self.start).ok_or_else(outside)?).map_err(|_| outside())?;
+        let to = match len {
+            Some(n) => from.checked_add(n).ok_or_else(outside)?,
+            None => self.data.len(),
+        };
+        if from > self.data.len() || to > self.data.len() {
+            return Err(outside());
+        }
+        Ok(self.data.slice(from..to))
+    }
+}
+
+impl ChunkReader for InMemoryRange {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> Result<Self::T, CrateError> {
+        Ok(self.slice(start, None)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes, CrateError> {
+        self.slice(start, Some(length))
+    }
+}
+
+/// The values of one column chunk, row by row: `None` for a null.
+pub(crate) enum ChunkValues {
+    Binary(Vec<Option<ByteArray>>),
+    Int(Vec<Option<i64>>),
+}
+
+/// Reads and decodes leaf column `leaf` of row group `row_group` (one ranged read).
+pub(crate) fn read_column_chunk(
+    file: &ParquetFile,
+    meta: &ParquetMetaData,
+    row_group: usize,
+    leaf: usize,
+    max_chunk_bytes: u64,
+    roots: Option<&Roots>,
+) -> Result<ChunkValues, ParquetError> {
+    let corrupt = |message: String| ParquetError::CorruptRowGroup { file: file.name(), row_group, message };
+    let rg = meta
+        .row_groups()
+        .get(row_group)
+        .ok_or_else(|| corrupt(format!("the file has {} row groups", meta.num_row_groups())))?;
+    let chunk = rg.columns().get(leaf).ok_or_else(|| corrupt(format!("no column chunk {leaf}")))?;
+    let (start, size) = chunk_range(chunk).ok_or_else(|| corrupt("negative column chunk range".into()))?;
+    let uncompressed = u64::try_from(chunk.uncompressed_size()).unwrap_or(u64::MAX);
+    let biggest = size.max(uncompressed);
+    if biggest > max_chunk_bytes {
+        return Err(ParquetError::HugeRowGroup {
+            file: file.name(),
+            row_group,
+            bytes: biggest,
+            limit: max_chunk_bytes,
+        });
+    }
+    let end = start.checked_add(size).ok_or_else(|| corrupt("column chunk range overflows".into()))?;
+    let data = file.read_range(start..end, roots)?;
+    let rows = usize::try_from(rg.num_rows()).map_err(|_| corrupt(format!("{} rows", rg.num_rows())))?;
+    let descr = rg
+        .schema_descr()
+        .columns()
+        .get(leaf)
+        .cloned()
+        .ok_or_else(|| corrupt(format!("the schema has no leaf column {leaf}")))?;
+    let max_def = descr.max_def_level();
+    let column = descr.path().string();
+    let values = guarded(|| {
+        let pages = SerializedPageReader::new(Arc::new(InMemoryRange { start, data }), chunk, rows, None)?;
+        let reader = get_column_reader(descr.clone(), Box::new(pages));
+        match reader {
+            ColumnReader::ByteArrayColumnReader(mut r) => {
+                let mut out = Vec::with_capacity(rows.min(1 << 16));
+                let (mut defs, mut values) = (Vec::new(), Vec::new());
+                while out.len() < rows {
+                    defs.clear();
+                    values.clear();
+                    let (records, _, _) = r.read_records(rows - out.len(), Some(&mut defs), None, &mut values)?;
+                    if records == 0 {
+                        break;
+                    }
+                    let mut vals = values.drain(..);
+                    for k in 0..records {
+                        let present = max_def == 0 || defs.get(k).is_some_and(|&d| d == max_def);
+                        out.push(if present { vals.next() } else { None });
+                    }
+                }
+                Ok(ChunkValues::Binary(out))
+            }
+            ColumnReader::Int32ColumnReader(mut r) => {
+                read_ints(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), i64::from)
+            }
+            ColumnReader::Int64ColumnReader(mut r) => {
+                read_ints(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), |v| v)
+            }
+            _ => Err(CrateError::General(format!("column `{column}` has an unsupported type"))),
+        }
+    })
+    .map_err(|m| corrupt(format!("column `{}`: {m}", descr.path())))?;
+    let got = match &values {
+        ChunkValues::Binary(v) => v.len(),
+        ChunkValues::Int(v) => v.len(),
+    };
+    if got != rows {
+        return Err(corrupt(format!(
+            "column `{}` holds {got} rows, the footer says {rows} (truncated or corrupt pages)",
+            descr.path()
+        )));
+    }
+    Ok(values)
+}
+
+fn read_ints<T: Copy>(
+    rows: usize,
+    max_def: i16,
+    mut read: impl FnMut(&mut Vec<i16>, &mut Vec<T>, usize) -> Result<(usize, usize, usize), CrateError>,
+    widen: impl Fn(T) -> i64,
+) -> Result<ChunkValues, CrateError> {
+    let mut out = Vec::with_capacity(rows.min(1 << 16));
+    let (mut defs, mut values) = (Vec::new(), Vec::new());
+    while out.len() < rows {
+        defs.clear();
+        values.clear();
+        let (records, _, _) = read(&mut defs, &mut values, rows - out.len())?;
+        if records == 0 {
+            break;
+        }
+        let mut vals = values.iter().copied();
+        for k in 0..records {
+            let present = max_def == 0 || defs.get(k).is_some_and(|&d| d == max_def);
+            out.push(if present { vals.next().map(&widen) } else { None });
+        }
+    }
+    Ok(ChunkValues::Int(out))
+}
+
+/// The limit on one column chunk's bytes (`SLUICE_PARQUET_MAX_CHUNK_BYTES`).
+pub(crate) fn max_chunk_bytes() -> u64 {
+    std::env::var("SLUICE_PARQUET_MAX_CHUNK_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_MAX_CHUNK_BYTES)
+}

@@ -1,0 +1,300 @@
+//! Parquet sources: files written here with the `parquet` crate's own writer in the
+//! Hugging Face layout (`image` a struct `{bytes, path}`, `label` an int64) or with a plain
+//! binary column, indexed from their footers, read back row by row through the storage
+//! the loader uses, shuffled through the loader, and hostile files refused with errors
+//! naming the file and row group.
+#![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parquet::basic::Compression;
+use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
+use sluice_core::{Batch, ErrorPolicy, Location, PipelineSpec, ShuffleSpec, SourceSpec, StorageSpec};
+use sluice_pipeline::source::{build_manifest, SourceError};
+use sluice_pipeline::storage::{open_storage, ParquetError, RowGroupCache};
+use sluice_pipeline::{Loader, Shard};
+use sluice_synth::noise_jpeg;
+
+/// How the image column is laid out.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// `image: struct {bytes: binary, path: string}`, `label: int64` (what `datasets` writes).
+    HuggingFace,
+    /// `image: binary`, no label.
+    Binary,
+}
+
+/// Writes `images` (with labels `i % 5`) to `path` in row groups of `per_group` rows.
+fn write_parquet(path: &Path, images: &[Vec<u8>], per_group: usize, layout: Layout) {
+    let schema = match layout {
+        Layout::HuggingFace => {
+            "message schema { optional group image { optional binary bytes; optional binary path (STRING); } \
+             optional int64 label; }"
+        }
+        Layout::Binary => "message schema { required binary image; }",
+    };
+    let schema = Arc::new(parse_message_type(schema).unwrap());
+    let props = Arc::new(WriterProperties::builder().set_compression(Compression::SNAPPY).build());
+    let mut w = SerializedFileWriter::new(File::create(path).unwrap(), schema, props).unwrap();
+    for (g, group) in images.chunks(per_group).enumerate() {
+        let mut rg = w.next_row_group().unwrap();
+        let bytes: Vec<ByteArray> = group.iter().map(|b| ByteArray::from(b.clone())).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        match layout {
+            Layout::HuggingFace => {
+                let defs = vec![2i16; group.len()];
+                col.typed::<ByteArrayType>().write_batch(&bytes, Some(&defs), None).unwrap();
+                col.close().unwrap();
+                let names: Vec<ByteArray> =
+                    (0..group.len()).map(|i| ByteArray::from(format!("{}.jpg", g * per_group + i).as_str())).collect();
+                let mut col = rg.next_column().unwrap().unwrap();
+                col.typed::<ByteArrayType>().write_batch(&names, Some(&defs), None).unwrap();
+                col.close().unwrap();
+                let labels: Vec<i64> = (0..group.len()).map(|i| ((g * per_group + i) % 5) as i64).collect();
+                let mut col = rg.next_column().unwrap().unwrap();
+                col.typed::<Int64Type>().write_batch(&labels, Some(&vec![1i16; group.len()]), None).unwrap();
+                col.close().unwrap();
+            }
+            Layout::Binary => {
+                col.typed::<ByteArrayType>().write_batch(&bytes, None, None).unwrap();
+                col.close().unwrap();
+            }
+        }
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+fn jpegs(n: usize, offset: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| noise_jpeg(offset + i, 24).unwrap()).collect()
+}
+
+fn source(path: &Path) -> SourceSpec {
+    SourceSpec::Parquet { path: path.to_path_buf(), image_column: "image".into(), label_column: None }
+}
+
+#[test]
+fn rows_of_a_folder_index_in_order_and_read_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (jpegs(23, 0), jpegs(9, 100));
+    std::fs::create_dir_all(dir.path().join("data/sub")).unwrap();
+    write_parquet(&dir.path().join("data/train-00000.parquet"), &a, 7, Layout::HuggingFace);
+    write_parquet(&dir.path().join("data/sub/train-00001.parquet"), &b, 4, Layout::HuggingFace);
+    std::fs::write(dir.path().join("data/README.md"), "not a parquet file").unwrap();
+
+    let m = build_manifest(&source(&dir.path().join("data"))).unwrap();
+    assert_eq!(m.len(), 32);
+    // Files in path order: sub/train-00001 sorts before train-00000.
+    let expected: Vec<&Vec<u8>> = b.iter().chain(&a).collect();
+    let first = &m.entries[0].location;
+    assert_eq!(
+        first,
+        &Location::ParquetRow { file: PathBuf::from("sub/train-00001.parquet"), row_group: 0, row: 0, column: 0 }
+    );
+    match &m.entries[9 + 15].location {
+        Location::ParquetRow { row_group, row, .. } => assert_eq!((*row_group, *row), (2, 1)),
+        other => panic!("not a row: {other:?}"),
+    }
+    let storage = open_storage(&StorageSpec::Local).unwrap();
+    let mut buf = Vec::new();
+    for (e, want) in m.entries.iter().zip(&expected) {
+        storage.read(&m.root, &e.location, 1 << 20, &mut buf).unwrap();
+        assert_eq!(&buf, *want, "sample {}", e.key);
+    }
+    let labels: Vec<i64> = m.entries.iter().map(|e| e.label).collect();
+    let want: Vec<i64> = (0..9).chain(0..23).map(|i| i % 5).collect();
+    assert_eq!(labels, want);
+
+    // A plain binary column without labels; a single file as the path.
+    let file = dir.path().join("plain.parquet");
+    write_parquet(&file, &a, 10, Layout::Binary);
+    let m = build_manifest(&source(&file)).unwrap();
+    assert_eq!(m.len(), 23);
+    assert!(m.entries.iter().all(|e| e.label == -1));
+    storage.read(&m.root, &m.entries[22].location, 1 << 20, &mut buf).unwrap();
+    assert_eq!(buf, a[22]);
+}
+
+#[test]
+fn the_fingerprint_covers_the_files_bytes_not_only_the_row_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.parquet");
+    write_parquet(&file, &jpegs(12, 0), 5, Layout::HuggingFace);
+    let before = build_manifest(&source(&file)).unwrap().fingerprint;
+    assert_eq!(build_manifest(&source(&file)).unwrap().fingerprint, before, "same files, same fingerprint");
+    // Same rows, row groups and labels; other images.
+    write_parquet(&file, &jpegs(12, 50), 5, Layout::HuggingFace);
+    assert_ne!(build_manifest(&source(&file)).unwrap().fingerprint, before);
+}
+
+#[test]
+fn a_shuffled_epoch_reads_each_row_group_once_when_the_window_holds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.parquet");
+    write_parquet(&file, &jpegs(60, 0), 10, Layout::HuggingFace);
+    let m = build_manifest(&source(&file)).unwrap();
+    // A scrambled order (a fixed permutation: 7 is coprime with 60).
+    let order: Vec<usize> = (0..60).map(|i| (i * 7 + 3) % 60).collect();
+    let read_all = |cache: &RowGroupCache| {
+        let mut buf = Vec::new();
+        for &i in &order {
+            let Location::ParquetRow { file, row_group, row, column } = &m.entries[i].location else { unreachable!() };
+            cache.read(&m.root.join(file), *row_group, *row, *column, 1 << 20, &mut buf).unwrap();
+        }
+    };
+    let roomy = RowGroupCache::new(64 << 20, None);
+    read_all(&roomy);
+    assert_eq!(roomy.reads(), 6, "6 row groups, each read once");
+    // A window of one row group's bytes: at most one read per sample, never more.
+    let tight = RowGroupCache::new(1, None);
+    read_all(&tight);
+    assert!(tight.reads() <= 60 && tight.reads() > 6, "{} reads", tight.reads());
+}
+
+fn loader_spec(path: &Path, on_error: ErrorPolicy) -> PipelineSpec {
+    let mut s = PipelineSpec::train_default(source(path), 16, 5);
+    s.threads = 2.into();
+    s.seed = 5;
+    s.shuffle = ShuffleSpec::Global;
+    s.on_error = on_error;
+    s
+}
+
+fn keys(batches: &[Batch]) -> Vec<u64> {
+    batches.iter().flat_map(|b| b.keys.clone()).collect()
+}
+
+#[test]
+fn the_loader_shuffles_rows_exactly_and_skips_a_non_image_by_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.parquet");
+    let mut images = jpegs(30, 0);
+    images[13] = b"this is not an image".to_vec();
+    write_parquet(&file, &images, 8, Layout::HuggingFace);
+    let run = || -> Vec<Batch> {
+        let l = Loader::new(loader_spec(&file, ErrorPolicy::Skip), Shard::default()).unwrap();
+        l.iter().map(|b| b.unwrap()).collect()
+    };
+    let (one, two) = (run(), run());
+    assert_eq!(one, two, "same seed, same batches");
+    let mut k = keys(&one);
+    assert_ne!(k, (0..30).filter(|&i| i != 13).collect::<Vec<_>>(), "shuffled");
+    k.sort_unstable();
+    assert_eq!(k, (0..30).filter(|&i| i != 13).collect::<Vec<_>>(), "every row but the bad one, once");
+    for b in &one {
+        for (key, label) in b.keys.iter().zip(&b.labels) {
+            assert_eq!(*label, (*key % 5) as i64);
+        }
+    }
+    // Failing instead: the error names the file, row group and row.
+    let l = Loader::new(loader_spec(&file, ErrorPolicy::Fail), Shard::default()).unwrap();
+    let err = l.iter().find_map(Result::err).expect("the bad row fails the run");
+    let text = err.to_string();
+    assert!(text.contains("d.parquet:row_group=1:row=5"), "{text}");
+}
+
+// ---- hostile files ----------------------------------------------------------------------
+
+fn index_error(path: &Path, spec: SourceSpec) -> String {
+    let _ = path;
+    match build_manifest(&spec) {
+        Ok(m) => panic!("indexed {} rows of a bad file", m.len()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn hostile_files_are_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.parquet");
+    write_parquet(&good, &jpegs(10, 0), 4, Layout::HuggingFace);
+    let bytes = std::fs::read(&good).unwrap();
+
+    // Truncated: the end (and its magic) is gone.
+    let truncated = dir.path().join("truncated.parquet");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let e = index_error(&truncated, source(&truncated));
+    assert!(e.contains("truncated.parquet") && e.contains("not a Parquet file"), "{e}");
+
+    // Corrupt footer: garbage metadata in front of a valid length and magic.
+    let corrupt = dir.path().join("corrupt.parquet");
+    let mut b = bytes.clone();
+    let meta_len = u32::from_le_bytes(b[b.len() - 8..b.len() - 4].try_into().unwrap()) as usize;
+    let start = b.len() - 8 - meta_len;
+    for (i, x) in b[start..start + meta_len].iter_mut().enumerate() {
+        *x = (i as u8).wrapping_mul(151).wrapping_add(7);
+    }
+    std::fs::write(&corrupt, &b).unwrap();
+    let e = index_error(&corrupt, source(&corrupt));
+    assert!(e.contains("corrupt.parquet") && e.contains("corrupt footer"), "{e}");
+
+    // A footer length past the start of the file.
+    let lying = dir.path().join("lying.parquet");
+    let mut b = bytes.clone();
+    let n = b.len();
+    b[n - 8..n - 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&lying, &b).unwrap();
+    let e = index_error(&lying, source(&lying));
+    assert!(e.contains("lying.parquet") && e.contains("declares 4294967295 bytes of metadata"), "{e}");
+
+    // Not Parquet at all, and an empty file.
+    let text = dir.path().join("text.parquet");
+    std::fs::write(&text, "hello, I am a CSV file\n1,2,3\n").unwrap();
+    assert!(index_error(&text, source(&text)).contains("no PAR1 magic"));
+    let empty = dir.path().join("empty.parquet");
+    std::fs::write(&empty, "").unwrap();
+    assert!(index_error(&empty, source(&empty)).contains("0 bytes"));
+
+    // A missing column, and columns of the wrong type.
+    let spec = |image: &str, label: Option<&str>| SourceSpec::Parquet {
+        path: good.clone(),
+        image_column: image.into(),
+        label_column: label.map(String::from),
+    };
+    let e = index_error(&good, spec("picture", None));
+    assert!(e.contains("good.parquet: no column `picture`") && e.contains("image.bytes"), "{e}");
+    let e = index_error(&good, spec("label", None));
+    assert!(e.contains("column `label` is INT64; expected binary"), "{e}");
+    let e = index_error(&good, spec("image", Some("image.path")));
+    assert!(e.contains("column `image.path` is BYTE_ARRAY; expected an integer"), "{e}");
+    let e = index_error(&good, spec("image", Some("class")));
+    assert!(e.contains("no column `class`"), "{e}");
+    assert!(matches!(build_manifest(&spec("image", Some("nope"))), Err(SourceError::Parquet(_))));
+}
+
+#[test]
+fn a_row_group_over_the_limit_fails_its_samples_not_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.parquet");
+    write_parquet(&file, &jpegs(6, 0), 3, Layout::Binary);
+    let cache = RowGroupCache::with_max_chunk(1 << 20, 100, None);
+    let mut buf = Vec::new();
+    let e = cache.read(&file, 1, 2, 0, 1 << 20, &mut buf).unwrap_err().to_string();
+    assert!(e.contains("big.parquet: row group 1: column chunk of") && e.contains("over the limit of 100"), "{e}");
+    // A row past the end of its group, and a group past the end of the file.
+    let cache = RowGroupCache::new(1 << 20, None);
+    let e = cache.read(&file, 0, 3, 0, 1 << 20, &mut buf).unwrap_err().to_string();
+    assert!(e.contains("row group 0 has 3 rows"), "{e}");
+    let e = cache.read(&file, 9, 0, 0, 1 << 20, &mut buf).unwrap_err().to_string();
+    assert!(e.contains("row group 9") && e.contains("has 2 row groups"), "{e}");
+    let _: Option<ParquetError> = None;
+}
+
+#[test]
+fn a_file_truncated_after_indexing_fails_its_rows_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("shrinks.parquet");
+    write_parquet(&file, &jpegs(10, 0), 5, Layout::HuggingFace);
+    let m = build_manifest(&source(&file)).unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 100]).unwrap();
+    let storage = open_storage(&StorageSpec::Local).unwrap();
+    let mut buf = Vec::new();
+    let e = storage.read(&m.root, &m.entries[0].location, 1 << 20, &mut buf).unwrap_err().to_string();
+    assert!(e.contains("shrinks.parquet"), "{e}");
+}
