@@ -76,14 +76,9 @@ def _worker_main(
 ) -> None:
     """One worker process: runs the batches of each epoch that are its share."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # Attaching registers the segment again with the resource tracker this process shares
+    # with the parent (a set: no change); the parent unlinks it.
     shm = shared_memory.SharedMemory(name=shm_name)
-    try:
-        # The parent owns the segment; this process must not unlink it when it exits.
-        from multiprocessing import resource_tracker
-
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    except Exception:  # pragma: no cover - the tracker is an implementation detail
-        pass
     native = _sluice.Loader(spec_json, rank, world_size)
     batch_size = int(json.loads(spec_json)["batch"]["size"])
     layout = _slot_layout(int(native.batch_bytes()), batch_size)
