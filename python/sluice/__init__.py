@@ -27,6 +27,7 @@ import os
 from typing import Any, Dict, Optional
 
 from . import _sluice
+from ._sluice import MapSample
 from .errors import (
     BrokerError,
     JobConflictError,
@@ -65,6 +66,7 @@ __all__ = [
     "RemoteLoader",
     "RemoteBatchIterator",
     "LoaderLike",
+    "MapSample",
     "generate_dataset",
     "pack",
     "profile",

@@ -49,6 +49,29 @@ def policy_op(
     ``magnitude`` on a ``width x height`` RGB8 HWC image as a policy that drew it does, and
     returns the pixels (for checking each branch against torchvision)."""
 
+def register_map(name: str) -> None:
+    """Imports the function ``name`` (``module:qualname``) and registers it for the
+    spec's ``map`` ops (a native ``Loader`` does this for every ``map`` op of its spec)."""
+
+@final
+class MapSample:
+    """What a ``map`` function is told about its sample besides the pixels."""
+
+    @property
+    def key(self) -> int:
+        """The sample's key (its position in the manifest)."""
+    @property
+    def label(self) -> int:
+        """Its class index; -1 where the source has none."""
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def seed(self) -> int:
+        """The seed drawn for this op from the sample's RNG (seed, epoch, key)."""
+    @property
+    def rng(self) -> Any:
+        """A ``numpy.random.Generator`` seeded with ``seed``, made on first use."""
+
 def spec_canonical_json(json: str) -> str:
     """Parses and validates a JSON spec; returns it canonical (defaults filled in)."""
 
@@ -99,6 +122,11 @@ class Loader:
     def __new__(cls, spec_json: str, rank: int = 0, world_size: int = 1) -> "Loader": ...
     def iter(self) -> "EpochIterator":
         """An iterator over the rest of the current epoch; retires any older one."""
+    def iter_range(self, epoch: int, start: int, end: int) -> "EpochIterator":
+        """Only batches ``start..end`` of ``epoch``, apart from the loader's own position
+        (one share of an epoch, as a ``map`` worker process runs it)."""
+    def batch_bytes(self) -> int:
+        """Bytes of one full batch's images."""
     def batches_per_epoch(self) -> int: ...
     def samples_per_epoch(self) -> int: ...
     def num_samples(self) -> int: ...

@@ -15,6 +15,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _sluice
+from .map_workers import MapWorkers, default_processes
 from .pipeline import PathLike, Pipeline
 
 __all__ = ["Loader", "Batch", "BatchIterator", "ImportanceRecorder"]
@@ -171,6 +172,66 @@ class BatchIterator(Iterator[Batch]):
         return self.remaining
 
 
+class _MapBatchIterator(BatchIterator):
+    """An epoch of a pipeline with ``map`` ops, made by the loader's worker processes."""
+
+    __slots__ = ("_loader", "_epoch", "_batches", "_next", "_end")
+
+    def __init__(self, loader: "Loader", workers: MapWorkers, epoch: int, first: int, torch: Any) -> None:
+        super().__init__(None, torch)
+        self._loader = loader
+        self._epoch = epoch
+        self._end = len(loader)
+        self._next = first
+        self._batches = workers.epoch(epoch, first, self._end)
+
+    def __next__(self) -> Batch:
+        for index, fields in self._batches:
+            self._next = index + 1
+            done = self._next == self._end
+            self._loader._map_pos = (self._epoch + 1, 0) if done else (self._epoch, self._next)
+            if fields is None:
+                continue  # every sample of this batch was skipped
+            layout = fields.pop("__layout__")
+            torch = self._torch
+            if torch is not None:
+                fields = {name: torch.from_numpy(arr) for name, arr in fields.items()}
+            return Batch(fields, self._epoch, index, layout, 0)
+        raise StopIteration
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def remaining(self) -> int:
+        return self._end - self._next
+
+
+def _merge_worker_stats(stats: Dict[str, Any], workers: MapWorkers) -> None:
+    """Adds up what the worker processes did into this loader's ``stats``."""
+    per_worker = workers.stats()
+    for name in ("samples", "batches", "bytes_read"):
+        stats[name] = sum(int(w[name]) for w in per_worker)
+    ops: Dict[str, float] = {}
+    percentiles: Dict[str, Dict[str, Any]] = {}
+    for w in per_worker:
+        for name, seconds in w["op_seconds"]:
+            ops[name] = ops.get(name, 0.0) + seconds
+        for p in w["op_percentiles"]:
+            # The busiest worker's percentiles stand for all (each saw a fair share).
+            if p["samples"] > percentiles.get(p["op"], {}).get("samples", -1):
+                percentiles[p["op"]] = {"samples": p["samples"], "p50_s": p["p50_s"], "p99_s": p["p99_s"]}
+    stats["op_seconds"] = ops
+    stats["op_percentiles"] = percentiles
+    stats["skipped"] = [s for w in per_worker for s in w["skipped"]]
+    stats["wait_s"] = workers.wait_s
+    if stats.get("elapsed_s"):
+        stats["samples_per_s"] = stats["samples"] / stats["elapsed_s"]
+    stats["processes"] = workers.processes
+    stats["process_restarts"] = workers.restarts
+
+
 def _to_numpy(x: Any) -> Any:
     import numpy as np
 
@@ -319,7 +380,10 @@ class Loader(_Traced):
         trace: Optional[PathLike] = None,
         locality: Optional[Mapping[str, Any]] = None,
         threads: Union[int, str, None] = None,
+        processes: Optional[int] = None,
     ) -> None:
+        if processes is not None and processes < 0:
+            raise ValueError(f"processes must be >= 0, not {processes}")
         if output not in ("numpy", "torch"):
             raise ValueError(f"output must be 'numpy' or 'torch', not {output!r}")
         if threads is not None and threads != "auto" and not (isinstance(threads, int) and threads >= 0):
@@ -337,6 +401,14 @@ class Loader(_Traced):
         if self._world_size < 1 or not 0 <= self._rank < self._world_size:
             raise ValueError(f"rank {self._rank} is not in 0..world_size ({self._world_size})")
         self._native = _sluice.Loader(spec_json, self._rank, self._world_size)
+        self._workers: Optional[MapWorkers] = None
+        spec = json.loads(spec_json)
+        if processes != 0 and any(op.get("op") == "map" for op in spec.get("ops", [])):
+            count = processes if processes is not None else default_processes(spec.get("threads"))
+            batch_bytes = int(self._native.batch_bytes())
+            self._workers = MapWorkers(spec_json, self._rank, self._world_size, count, batch_bytes)
+        # Where the worker processes' epochs stand: (epoch, batches of it handed out).
+        self._map_pos: Tuple[int, int] = tuple(self._native.position())
         self._record_trace(trace)
         # True after set_epoch / load_state_dict: the next iter() starts exactly there.
         self._positioned = False
@@ -344,6 +416,13 @@ class Loader(_Traced):
     def __iter__(self) -> BatchIterator:
         """Starts the next epoch (or resumes where :meth:`load_state_dict` /
         :meth:`set_epoch` put the loader). Retires any older iterator of this loader."""
+        if self._workers is not None:
+            epoch, done = self._map_pos
+            if done > 0 and not self._positioned:
+                epoch, done = epoch + 1, 0
+            self._positioned = False
+            self._map_pos = (epoch, done)
+            return _MapBatchIterator(self, self._workers, epoch, done, self._torch)
         if not self._positioned:
             epoch, done = self._native.position()
             if done > 0:
@@ -362,17 +441,22 @@ class Loader(_Traced):
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, not {epoch}")
         self._native.set_epoch(epoch)
+        self._map_pos = (epoch, 0)
         self._positioned = True
 
     @property
     def epoch(self) -> int:
         """The epoch the loader is in (or will start next)."""
+        if self._workers is not None:
+            return self._map_pos[0]
         return int(self._native.position()[0])
 
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader stands: epoch, batches of it already handed out, seed, dataset
         fingerprint, rank and world size. A plain dict (JSON- and torch.save-able)."""
         state: Dict[str, Any] = json.loads(self._native.state_json())
+        if self._workers is not None:
+            state["epoch"], state["batch"] = self._map_pos
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -386,6 +470,7 @@ class Loader(_Traced):
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping (from Loader.state_dict()), not {type(state).__name__}")
         self._native.load_state_json(json.dumps(dict(state)))
+        self._map_pos = tuple(self._native.position())
         self._positioned = True
 
     def stats(self) -> Dict[str, Any]:
@@ -414,7 +499,21 @@ class Loader(_Traced):
         }
         stats["threads"] = self.threads
         stats["buffers_reused"] = int(self._native.buffers_reused())
+        if self._workers is not None:
+            _merge_worker_stats(stats, self._workers)
         return stats
+
+    @property
+    def processes(self) -> int:
+        """Worker processes running the pipeline (0: it runs in this process); more than 0
+        only for a pipeline with ``map`` ops."""
+        return 0 if self._workers is None else self._workers.processes
+
+    def close(self) -> None:
+        """Stops the worker processes of a pipeline with ``map`` ops (also done when the
+        loader is garbage collected); a later ``iter(loader)`` starts them again."""
+        if self._workers is not None:
+            self._workers.close()
 
     def report(self, keys: Any, losses: Any) -> Dict[str, int]:
         """Reports per-sample importance (usually the per-sample loss, ``reduction="none"``)

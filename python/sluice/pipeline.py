@@ -20,12 +20,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _sluice
 from .errors import SpecError
 
-__all__ = ["Pipeline", "IMAGENET_MEAN", "IMAGENET_STD", "PathLike", "Size", "Span"]
+__all__ = ["Pipeline", "IMAGENET_MEAN", "IMAGENET_STD", "PathLike", "Size", "Span", "MapFn"]
 
 #: ImageNet channel means in [0, 1] units (RGB), torchvision's defaults.
 IMAGENET_MEAN: Tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -77,6 +78,31 @@ def _padding(padding: Padding) -> List[int]:
             return p * 2
         return p
     return [int(padding)] * 4  # type: ignore[arg-type]
+
+
+#: A ``map`` function: ``fn(image, sample) -> image`` (see :meth:`Pipeline.map`).
+MapFn = Callable[[Any, Any], Any]
+
+
+def _map_name(fn: MapFn) -> str:
+    """``module:qualname`` of ``fn``, checked to import back to ``fn`` itself."""
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    shown = f"{module}:{qualname}" if module and qualname else repr(fn)
+    if not module or not qualname or "<" in qualname:
+        raise SpecError(
+            f"map: {shown} is a lambda, a closure or a function defined inside another one; map needs a function "
+            "importable by name (defined at the top level of a module), because sluice runs it in worker processes",
+            field="ops.fn",
+        )
+    target: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        target = getattr(target, part, None)
+    if target is not fn:
+        raise SpecError(
+            f"map: {shown} is not importable: `{module}` has no `{qualname}` that is this function", field="ops.fn"
+        )
+    return f"{module}:{qualname}"
 
 
 def _path(p: PathLike) -> str:
@@ -529,6 +555,29 @@ class Pipeline:
         second). For benchmarks that need more preprocessing units than the machine has
         cores; it changes no pixel."""
         return self._op("sleep", us=us)
+
+    def map(self, fn: Union[MapFn, str]) -> "Pipeline":
+        """Runs ``fn`` on each sample's image, between the native ops (docs/map.md).
+
+        ``fn(image, sample) -> image``: ``image`` is the sample's pixels as a fresh uint8
+        numpy array ``[h, w, 3]``; ``sample`` has ``key``, ``label``, ``epoch``, ``seed``
+        and ``rng``, a ``numpy.random.Generator`` seeded from (seed, epoch, key), so a
+        random ``fn`` is deterministic and resumes exactly. It returns a uint8
+        ``[h', w', 3]`` array (any size; end with a crop if it changes the size). Like
+        the other image ops it comes before ``normalize``/``dtype``/``layout``.
+
+        ``fn`` must be importable by name (``module:qualname``: a function defined at the
+        top level of a module, or a static method of a top-level class): ``sluice.Loader`` runs
+        pipelines with ``map`` in worker processes, which import it. A string
+        ``"module:qualname"`` names it directly. What ``fn`` raises fails the sample,
+        named by key and path, under the pipeline's ``on_error``.
+
+        Raises:
+            SpecError: ``fn`` is a lambda, a closure or a function defined inside another,
+                or its name does not import back to it.
+        """
+        name = fn if isinstance(fn, str) else _map_name(fn)
+        return self._op("map", fn=name)
 
     def normalize(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> "Pipeline":
         """``(x / 255 - mean) / std`` per channel, as float32 (mean/std in [0, 1] units).

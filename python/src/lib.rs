@@ -5,6 +5,7 @@
 mod buffers;
 mod errors;
 mod loader;
+mod map_op;
 mod pack;
 mod policy;
 mod profile;
@@ -32,6 +33,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::PyLoader>()?;
     m.add_class::<loader::PyEpochIterator>()?;
     m.add_class::<loader::RawBatch>()?;
+    m.add_class::<map_op::MapSample>()?;
+    m.add_function(wrap_pyfunction!(map_op::register_map, m)?)?;
     m.add_class::<remote::PyRemoteLoader>()?;
     m.add_class::<stream::PyStreamLoader>()?;
     m.add_function(wrap_pyfunction!(stream::stream_push, m)?)?;

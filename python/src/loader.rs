@@ -4,6 +4,7 @@
 //! and a wait for a batch still answers Ctrl-C. An epoch iterator's `next()` holds the
 //! iterator while it waits ([`Serial`]); `remaining()` reads a count it leaves behind.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -15,13 +16,25 @@ use sluice_pipeline::{EpochIter, Loader, LoaderState, PipelineError, Shard};
 
 use crate::buffers::{image_array, BufferPool};
 use crate::errors::{pipeline_error, spec_error, state_error};
+use crate::map_op::register_spec_maps;
 use crate::serial::Serial;
 
 /// A loader over one pipeline spec, for one rank of `world_size`.
 #[pyclass(module = "sluice._sluice", name = "Loader", frozen)]
 pub struct PyLoader {
-    loader: Loader,
+    /// Dropped with the GIL released (see `Drop`).
+    loader: ManuallyDrop<Loader>,
     buffers: Arc<BufferPool>,
+}
+
+impl Drop for PyLoader {
+    /// The worker pool joins its threads on drop; one of them may be waiting for the GIL
+    /// to run a `map` function, so the GIL is released while they finish.
+    fn drop(&mut self) {
+        // SAFETY: `loader` is never used again: this is the last thing done with `self`.
+        let loader = unsafe { ManuallyDrop::take(&mut self.loader) };
+        Python::attach(|py| py.detach(move || drop(loader)));
+    }
 }
 
 #[pymethods]
@@ -31,10 +44,11 @@ impl PyLoader {
     #[pyo3(signature = (spec_json, rank = 0, world_size = 1))]
     fn new(py: Python<'_>, spec_json: &str, rank: usize, world_size: usize) -> PyResult<Self> {
         let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
+        register_spec_maps(py, &spec)?;
         // Enough spare buffers for the prefetch window and the batches being freed.
         let buffers = BufferPool::new(spec.prefetch + 2);
         let loader = py.detach(|| Loader::new(spec, Shard { rank, world_size })).map_err(|e| pipeline_error(py, e))?;
-        Ok(Self { loader, buffers })
+        Ok(Self { loader: ManuallyDrop::new(loader), buffers })
     }
 
     /// An iterator over the rest of the current epoch (all of it unless resuming).
@@ -45,9 +59,26 @@ impl PyLoader {
         PyEpochIterator {
             epoch: iter.epoch(),
             remaining: AtomicU64::new(iter.remaining()),
-            iter: Serial::new(iter, "EpochIterator"),
+            iter: ManuallyDrop::new(Serial::new(iter, "EpochIterator")),
             buffers: self.buffers.clone(),
         }
+    }
+
+    /// Only batches `start..end` of `epoch`, apart from the loader's own position (one
+    /// share of an epoch, as a `map` worker process runs it).
+    fn iter_range(&self, py: Python<'_>, epoch: u64, start: u64, end: u64) -> PyEpochIterator {
+        let iter = py.detach(|| self.loader.iter_range(epoch, start, end).with_buffers(self.buffers.source()));
+        PyEpochIterator {
+            epoch: iter.epoch(),
+            remaining: AtomicU64::new(iter.remaining()),
+            iter: ManuallyDrop::new(Serial::new(iter, "EpochIterator")),
+            buffers: self.buffers.clone(),
+        }
+    }
+
+    /// Bytes of one full batch's images.
+    fn batch_bytes(&self) -> usize {
+        self.loader.batch_bytes()
     }
 
     fn batches_per_epoch(&self) -> u64 {
@@ -155,10 +186,19 @@ impl PyLoader {
 #[pyclass(module = "sluice._sluice", name = "EpochIterator", frozen)]
 pub struct PyEpochIterator {
     epoch: u64,
-    iter: Serial<EpochIter>,
+    /// Dropped with the GIL released, as the loader is.
+    iter: ManuallyDrop<Serial<EpochIter>>,
     /// Batches left as of the last one handed out: read without waiting for `next()`.
     remaining: AtomicU64,
     buffers: Arc<BufferPool>,
+}
+
+impl Drop for PyEpochIterator {
+    fn drop(&mut self) {
+        // SAFETY: `iter` is never used again: this is the last thing done with `self`.
+        let iter = unsafe { ManuallyDrop::take(&mut self.iter) };
+        Python::attach(|py| py.detach(move || drop(iter)));
+    }
 }
 
 impl PyEpochIterator {

@@ -32,7 +32,17 @@ pub enum CodecError {
     /// wrong length. Only an op list that skipped `PipelineSpec::validate` can cause this.
     #[error("{0}")]
     Shape(String),
+    /// A `map` op's function failed on the sample (its message: for Python, the
+    /// exception's type and text).
+    #[error("`map` op `{op}` failed: {message}")]
+    UserOp { op: String, message: String },
+    /// A `map` op names a function nobody registered (see `register_user_op`).
+    #[error("`map` op `{0}`: {NOT_REGISTERED}")]
+    UnknownUserOp(String),
 }
+
+const NOT_REGISTERED: &str = "no function is registered under this name (Python registers it when a \
+     sluice.Loader is built; Rust code calls sluice_codec::register_user_op first)";
 
 impl From<CodecError> for SampleErrorKind {
     fn from(e: CodecError) -> Self {
@@ -46,6 +56,8 @@ impl From<CodecError> for SampleErrorKind {
             // The core has no "unsupported" kind; the message keeps the distinction.
             CodecError::Unsupported(m) => SampleErrorKind::Corrupt(format!("unsupported image: {m}")),
             CodecError::Shape(m) => SampleErrorKind::Shape(m),
+            CodecError::UserOp { op, message } => SampleErrorKind::UserOp { op, message },
+            CodecError::UnknownUserOp(op) => SampleErrorKind::UserOp { op, message: NOT_REGISTERED.into() },
         }
     }
 }

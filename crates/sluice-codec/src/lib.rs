@@ -10,6 +10,8 @@
 //! * `ops` (private): the colour and geometric ops the plan runs after decode, with
 //!   torchvision v2 semantics.
 //! * [`encode`]: JPEG encoding, for dataset generators and test fixtures.
+//! * [`user_op`]: the `map` op's registry of user functions ([`UserOp`]), the escape hatch
+//!   for Rust crates and the Python binding's `Pipeline.map`.
 //! * [`transcode`]: lossless rewriting with restart markers (`sluice pack`), which lets a crop
 //!   decode only its own MCUs (the private `restart` module).
 
@@ -26,6 +28,7 @@ pub mod png;
 pub mod resize;
 mod restart;
 pub mod transcode;
+pub mod user_op;
 
 pub use crop::{center_crop_window, random_resized_crop_params, CenterCropWindow, CropRect};
 pub use encode::{encode_jpeg, encode_jpeg_progressive, encode_jpeg_with, SourcePixels};
@@ -36,3 +39,4 @@ pub use plan::{sniff_format, ImageFormat, Plan, Scratch, StepProbe};
 pub use png::decode_png;
 pub use resize::{Resample, Resizer, SubRect};
 pub use transcode::add_restart_markers;
+pub use user_op::{register_user_op, user_op, ImageRef, SampleInfo, UserOp, UserOpError};

@@ -29,6 +29,7 @@ use crate::jpeg::JpegDecoder;
 use crate::ops;
 use crate::png::decode_png;
 use crate::resize::{shorter_side_size, Resample, Resizer, SubRect};
+use crate::user_op::{ImageRef, SampleInfo, UserOpSlot};
 
 /// The image formats sluice decodes, told apart by their magic bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,9 @@ pub struct Scratch {
     b: Vec<u8>,
     /// Told where each step starts and ends, when profiling counters are on.
     pub probe: Option<Box<dyn StepProbe>>,
+    /// The sample being run (key, label, epoch), for `map` ops: the caller sets it before
+    /// each run; `seed` is drawn by the op itself.
+    pub sample: SampleInfo,
 }
 
 /// Something that measures each step of a run (e.g. CPU counters read at step
@@ -167,6 +171,10 @@ enum Step {
     /// An op of the [`ops`](crate::ops) module (colour, geometry).
     Pixel {
         op: OpSpec,
+    },
+    /// A `map` op: a registered user function (`user_op.rs`).
+    Map {
+        op: UserOpSlot,
     },
     /// The `sleep` op's emulated cost.
     Sleep {
@@ -295,7 +303,7 @@ impl Plan {
         };
         // The last geometric op may write straight into the output slot when it fixes the
         // output size, no pixel op runs after it, and the write is a plain u8 HWC copy.
-        let last_geo = ops.iter().rposition(|o| geo(o).is_some() || ops::runs(o));
+        let last_geo = ops.iter().rposition(|o| geo(o).is_some() || ops::runs(o) || matches!(o, OpSpec::Map { .. }));
         let to_out_at = last_geo.filter(|&i| direct && geo(&ops[i]).is_some_and(|g| g.fixes_size()));
 
         let mut steps = Vec::new();
@@ -324,6 +332,9 @@ impl Plan {
             } else if ops::runs(op) {
                 steps.push(Step::Pixel { op: op.clone() });
                 names.push(op.name());
+            } else if let OpSpec::Map { func } = op {
+                steps.push(Step::Map { op: UserOpSlot::resolve(func) });
+                names.push("map");
             } else if let OpSpec::Sleep { us } = *op {
                 steps.push(Step::Sleep { us });
                 names.push("sleep");
@@ -537,6 +548,19 @@ impl Plan {
                         flip = !flip;
                     }
                 }
+                Step::Map { ref op } => {
+                    if flip {
+                        flip_into(borrowed.unwrap_or(&scratch.a), w, h, &mut scratch.b);
+                        std::mem::swap(&mut scratch.a, &mut scratch.b);
+                        borrowed = None;
+                        flip = false;
+                    }
+                    (w, h) =
+                        self.user_op(op, borrowed.unwrap_or(&scratch.a), (w, h), rng, scratch.sample, &mut scratch.b)?;
+                    std::mem::swap(&mut scratch.a, &mut scratch.b);
+                    in_out = false;
+                    borrowed = None;
+                }
                 Step::Sleep { us } => std::thread::sleep(Duration::from_micros(u64::from(us))),
                 Step::Write => {
                     if (w, h) != (self.out_w, self.out_h) {
@@ -575,6 +599,35 @@ impl Plan {
         let limit = self.limits.max_pixels;
         if matches!(op, Geo::Resize { .. }) && u64::from(ow) * u64::from(oh) > limit {
             return Err(CodecError::ResizeTooLarge { width: ow.into(), height: oh.into(), limit });
+        }
+        Ok((ow, oh))
+    }
+
+    /// Runs a `map` op on the `w x h` RGB8 image in `src`, into `dst`; checks that what it
+    /// made is an image within `max_pixels` that `dst` holds.
+    fn user_op(
+        &self,
+        slot: &UserOpSlot,
+        src: &[u8],
+        (w, h): (u32, u32),
+        rng: &mut SampleRng,
+        sample: SampleInfo,
+        dst: &mut Vec<u8>,
+    ) -> Result<(u32, u32), CodecError> {
+        let op = slot.op().ok_or_else(|| CodecError::UnknownUserOp(slot.name.clone()))?;
+        let n = w as usize * h as usize * 3;
+        let pixels = src.get(..n).ok_or_else(|| CodecError::Shape(format!("a {w}x{h} image needs {n} bytes")))?;
+        let info = SampleInfo { seed: rng.next_u64(), ..sample };
+        let image = ImageRef { pixels, width: w, height: h };
+        let fail = |message: String| CodecError::UserOp { op: slot.name.clone(), message };
+        let (ow, oh) = op.apply(image, &info, dst).map_err(|e| fail(e.0))?;
+        let limit = self.limits.max_pixels;
+        if ow == 0 || oh == 0 || u64::from(ow) * u64::from(oh) > limit {
+            return Err(fail(format!("it returned a {ow}x{oh} image; an image needs 1..={limit} pixels")));
+        }
+        let need = ow as usize * oh as usize * 3;
+        if dst.len() < need {
+            return Err(fail(format!("it returned {} bytes for a {ow}x{oh} RGB image ({need})", dst.len())));
         }
         Ok((ow, oh))
     }

@@ -60,6 +60,9 @@ pub enum SampleErrorKind {
     Refused(String),
     /// sluice itself panicked on this sample: a bug, caught so the run does not hang.
     Panicked(String),
+    /// A `map` op's user function failed (for Python, `message` is the exception's type
+    /// and text).
+    UserOp { op: String, message: String },
 }
 
 impl fmt::Display for SampleErrorKind {
@@ -78,6 +81,7 @@ impl fmt::Display for SampleErrorKind {
             SampleErrorKind::Shape(m) => write!(f, "{m}"),
             SampleErrorKind::Refused(m) => write!(f, "refused: {m}"),
             SampleErrorKind::Panicked(m) => write!(f, "sluice panicked on this sample (a bug, please report it): {m}"),
+            SampleErrorKind::UserOp { op, message } => write!(f, "`map` op `{op}` failed: {message}"),
         }
     }
 }

@@ -23,5 +23,8 @@ pub use error::PipelineError;
 pub use importance::ImportanceState;
 pub use loader::{BufferSource, EpochIter, Loader, LoaderState, LocalityOrder, OrderSpec};
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
+/// User-defined ops (the spec's `map` op): implement [`UserOp`] and [`register_user_op`] it
+/// under the name a spec's `{op = "map", fn = "..."}` gives, before building the loader.
+pub use sluice_codec::user_op::{register_user_op, ImageRef, SampleInfo, UserOp, UserOpError};
 pub use stats::{OpPercentiles, SkippedSample, StatsSnapshot};
 pub use trace::{TraceData, TraceError, TraceFormat};

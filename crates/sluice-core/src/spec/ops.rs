@@ -273,7 +273,18 @@ pub enum OpSpec {
     Sleep {
         us: u32,
     },
+    /// A user function, called by name on each sample's RGB8 HWC image (docs/map.md):
+    /// `module:qualname` of an importable Python function (`Pipeline.map`), or the name a
+    /// Rust crate registered a `UserOp` under. It draws one number from the per-sample RNG
+    /// (the seed it is handed), so it counts as random and is never cached.
+    Map {
+        #[serde(rename = "fn")]
+        func: String,
+    },
 }
+
+/// The longest `fn` name a `map` op may give.
+pub const MAX_MAP_NAME: usize = 512;
 
 pub(super) fn default_scale() -> [f64; 2] {
     [0.08, 1.0]
@@ -417,6 +428,7 @@ impl OpSpec {
             OpSpec::AutoAugment { .. } => "auto_augment",
             OpSpec::AugMix { .. } => "augmix",
             OpSpec::Sleep { .. } => "sleep",
+            OpSpec::Map { .. } => "map",
         }
     }
 
@@ -437,7 +449,8 @@ impl OpSpec {
             | OpSpec::TrivialAugmentWide { .. }
             | OpSpec::RandAugment { .. }
             | OpSpec::AutoAugment { .. }
-            | OpSpec::AugMix { .. } => true,
+            | OpSpec::AugMix { .. }
+            | OpSpec::Map { .. } => true,
             OpSpec::Solarize { p, .. }
             | OpSpec::Posterize { p, .. }
             | OpSpec::Equalize { p }
@@ -615,6 +628,7 @@ impl OpSpec {
                 }
                 check_warp_interpolation(*interpolation, &field("interpolation"))
             }
+            OpSpec::Map { func } => check_map_name(func, &field("fn")),
         }
     }
 
@@ -708,6 +722,36 @@ fn check_padding(p: &[u32; 4], field: &str) -> Result<(), SpecError> {
         return Err(SpecError::new(field, format!("left + right and top + bottom must each be at most {MAX_SIDE}")));
     }
     Ok(())
+}
+
+/// A `map` op's function name: `module:qualname`, each part dotted identifiers. A
+/// lambda, a closure or a function defined inside another one (`<lambda>`, `<locals>`)
+/// has no such name: worker processes could not import it.
+fn check_map_name(name: &str, field: &str) -> Result<(), SpecError> {
+    let dotted = |s: &str| {
+        !s.is_empty()
+            && s.split('.').all(|part| {
+                let mut chars = part.chars();
+                chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
+                    && chars.all(|c| c.is_alphanumeric() || c == '_')
+            })
+    };
+    if name.len() > MAX_MAP_NAME {
+        return Err(SpecError::new(field, format!("at most {MAX_MAP_NAME} bytes; got {}", name.len())));
+    }
+    if name.contains("<lambda>") || name.contains("<locals>") {
+        return Err(SpecError::new(
+            field,
+            format!(
+                "`{name}` is a lambda or a function defined inside another one: map needs a function \
+                 importable by name (defined at the top level of a module)"
+            ),
+        ));
+    }
+    match name.split_once(':') {
+        Some((module, qualname)) if dotted(module) && dotted(qualname) => Ok(()),
+        _ => Err(SpecError::new(field, format!("must be `module:qualname` (e.g. `mypkg.augment:blur`); got `{name}`"))),
+    }
 }
 
 /// A probability: in [0, 1].
@@ -912,5 +956,32 @@ mod tests {
         let json = serde_json::to_string(&ta).unwrap();
         assert!(!json.contains("fill"), "{json}");
         assert_eq!(serde_json::from_str::<OpSpec>(&json).unwrap(), ta);
+    }
+
+    #[test]
+    fn a_map_op_names_an_importable_function_and_the_error_names_the_field() {
+        let op: OpSpec = serde_json::from_str(r#"{"op": "map", "fn": "my_pkg.aug:Blur.apply"}"#).unwrap();
+        assert_eq!(op, OpSpec::Map { func: "my_pkg.aug:Blur.apply".into() });
+        assert!(op.is_random());
+        assert_eq!(op.out_size(Some(Size::square(8))), Some(Size::square(8)));
+        assert_eq!(serde_json::from_str::<OpSpec>(&serde_json::to_string(&op).unwrap()).unwrap(), op);
+        assert!(check(r#"{"op": "map", "fn": "m:f"}"#).is_ok());
+        for bad in ["f", ":f", "m:", "m:f:g", "m:1f", "m..n:f", "m:f.", "m:f g", ""] {
+            assert_eq!(field_of(&format!(r#"{{"op": "map", "fn": "{bad}"}}"#)), "ops[1].fn", "{bad}");
+        }
+        let lambda = check(r#"{"op": "map", "fn": "tests:<lambda>"}"#).unwrap_err();
+        assert!(lambda.message.contains("lambda") && lambda.message.contains("importable"), "{lambda}");
+        let closure = check(r#"{"op": "map", "fn": "tests:outer.<locals>.inner"}"#).unwrap_err();
+        assert!(closure.message.contains("tests:outer.<locals>.inner"), "{closure}");
+        let long = format!(r#"{{"op": "map", "fn": "m:{}"}}"#, "f".repeat(MAX_MAP_NAME));
+        assert_eq!(field_of(&long), "ops[1].fn");
+        // Like any image op, it runs before the conversions.
+        let after = [
+            OpSpec::Decode,
+            OpSpec::CenterCrop { size: Size::square(8) },
+            OpSpec::Dtype { dtype: DType::F32 },
+            OpSpec::Map { func: "m:f".into() },
+        ];
+        assert_eq!(validate_ops(&after).unwrap_err().field, "ops[3]");
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use sluice_codec::{CodecError, Scratch};
+use sluice_codec::{CodecError, SampleInfo, Scratch};
 use sluice_core::{CacheLevel, Image, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage};
 
 use super::engine::{panic_message, probe, ChunkMeter, ChunkWork};
@@ -92,6 +92,8 @@ impl ChunkJob {
         let shared = &self.shared;
         let entry = &shared.data.manifest.entries[pos as usize];
         let mut rng = SampleRng::new(shared.data.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
+        // What a `map` op is told about the sample (its seed comes from `rng`).
+        local.scratch.sample = SampleInfo { key: entry.key.0, label: entry.label, epoch: self.epoch, seed: 0 };
         // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
         let out = unsafe { self.slab.slot(slot) };
         if let Some(cache) = &shared.priority.cache {
@@ -138,7 +140,12 @@ fn counters_base(local: &mut WorkerLocal, base: usize) {
 type SampleFailure = (Stage, SampleErrorKind);
 
 fn decode_err(e: CodecError) -> SampleFailure {
-    (Stage::Decode, e.into())
+    // A user function's failure is the transform's, not the decoder's.
+    let stage = match e {
+        CodecError::UserOp { .. } | CodecError::UnknownUserOp(_) => Stage::Transform,
+        _ => Stage::Decode,
+    };
+    (stage, e.into())
 }
 
 /// Shrinks a cached-path image so its shorter side is `size`.

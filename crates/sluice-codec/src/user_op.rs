@@ -1,0 +1,200 @@
+//! User-defined ops: the `map` op of a spec calls a function registered here by name.
+//!
+//! This is the escape hatch for code sluice does not ship. A Rust crate implements
+//! [`UserOp`] and registers it with [`register_user_op`] before it builds a loader; a spec
+//! then names it in a `{op = "map", fn = "mycrate:blur"}` op. The Python binding does the
+//! same for `Pipeline.map(fn)`, registering a `UserOp` that calls the function imported from
+//! `module:qualname`.
+//!
+//! A user op sees one sample's RGB8 HWC image and its [`SampleInfo`] (key, label, epoch and
+//! a seed drawn from the per-sample RNG at the op's place in the op list), so its output is
+//! a function of (bytes, seed, epoch, key) like the native ops': the same for any thread
+//! or process count, and exact across a checkpoint.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// A sample's RGB8 HWC pixels, `width x height`, as a user op receives them.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageRef<'a> {
+    pub pixels: &'a [u8],
+    pub width: u32,
+    pub height: u32,
+}
+
+/// What a user op is told about its sample besides the pixels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SampleInfo {
+    pub key: u64,
+    /// -1 where the source has no labels.
+    pub label: i64,
+    pub epoch: u64,
+    /// Drawn from the sample's RNG (seed, epoch, key) where the op stands in the op list:
+    /// seed the op's own generator with it.
+    pub seed: u64,
+}
+
+/// Why a user op failed on a sample: the message the user's code gave. The pipeline adds
+/// the sample's key and path, and `on_error` decides whether the sample is skipped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UserOpError(pub String);
+
+/// An op a crate (or the Python binding) supplies. Called from sluice's worker threads,
+/// once per sample, so it must be `Send + Sync`; keep per-call state on the stack.
+pub trait UserOp: Send + Sync {
+    /// Transforms `image` into `out` (cleared by the caller's previous use; resize it to
+    /// fit) as RGB8 HWC and returns the new `(width, height)`. `out` must then hold at
+    /// least `width * height * 3` bytes.
+    fn apply(&self, image: ImageRef<'_>, sample: &SampleInfo, out: &mut Vec<u8>) -> Result<(u32, u32), UserOpError>;
+}
+
+type Registry = RwLock<HashMap<String, Arc<dyn UserOp>>>;
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| RwLock::new(HashMap::new()))
+}
+
+/// Makes `op` the function that `map` ops naming `name` call, in plans compiled from now
+/// on (and in compiled plans that found no op under that name). Registering a name again
+/// replaces the op.
+pub fn register_user_op(name: &str, op: Arc<dyn UserOp>) {
+    // A poisoned lock only means another registration panicked; the map is still whole.
+    let mut map = registry().write().unwrap_or_else(|e| e.into_inner());
+    map.insert(name.to_owned(), op);
+}
+
+/// The op registered under `name`.
+pub fn user_op(name: &str) -> Option<Arc<dyn UserOp>> {
+    let map = registry().read().unwrap_or_else(|e| e.into_inner());
+    map.get(name).cloned()
+}
+
+/// A `map` op in a compiled plan: its name and the op found under it at compile time.
+#[derive(Clone)]
+pub(crate) struct UserOpSlot {
+    pub name: String,
+    op: Option<Arc<dyn UserOp>>,
+}
+
+impl UserOpSlot {
+    pub fn resolve(name: &str) -> Self {
+        Self { name: name.to_owned(), op: user_op(name) }
+    }
+
+    /// The op, looked up again if none was registered when the plan was compiled.
+    pub fn op(&self) -> Option<Arc<dyn UserOp>> {
+        self.op.clone().or_else(|| user_op(&self.name))
+    }
+}
+
+impl PartialEq for UserOpSlot {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl fmt::Debug for UserOpSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UserOpSlot").field("name", &self.name).field("registered", &self.op.is_some()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use sluice_core::{Limits, OpSpec, SampleKey, SampleRng, Size};
+
+    use super::*;
+    use crate::{encode_jpeg, CodecError, Plan, Scratch};
+
+    /// Inverts the image and remembers the sample it was told about.
+    struct Invert(Mutex<Vec<SampleInfo>>);
+
+    impl UserOp for Invert {
+        fn apply(
+            &self,
+            image: ImageRef<'_>,
+            sample: &SampleInfo,
+            out: &mut Vec<u8>,
+        ) -> Result<(u32, u32), UserOpError> {
+            self.0.lock().map_err(|e| UserOpError(e.to_string()))?.push(*sample);
+            out.clear();
+            out.extend(image.pixels.iter().map(|v| 255 - v));
+            Ok((image.width, image.height))
+        }
+    }
+
+    /// Fails, or returns a size its output does not hold.
+    struct Broken {
+        lie: bool,
+    }
+
+    impl UserOp for Broken {
+        fn apply(&self, image: ImageRef<'_>, _: &SampleInfo, out: &mut Vec<u8>) -> Result<(u32, u32), UserOpError> {
+            if self.lie {
+                out.clear();
+                return Ok((image.width * 2, image.height));
+            }
+            Err(UserOpError("ValueError: boom".into()))
+        }
+    }
+
+    fn ops(name: &str) -> Vec<OpSpec> {
+        vec![OpSpec::Decode, OpSpec::CenterCrop { size: Size::square(8) }, OpSpec::Map { func: name.into() }]
+    }
+
+    fn run(plan: &Plan, key: u64) -> Result<Vec<u8>, CodecError> {
+        let rgb: Vec<u8> = (0..16 * 12 * 3).map(|i| (i * 7 % 251) as u8).collect();
+        let jpeg = encode_jpeg(&rgb, 16, 12, 95).map_err(|e| CodecError::Corrupt(e.to_string()))?;
+        let mut scratch = Scratch::new();
+        scratch.sample = SampleInfo { key, label: 3, epoch: 1, seed: 0 };
+        let mut out = vec![0u8; plan.output_bytes()];
+        let mut times = vec![Duration::ZERO; plan.step_names().len()];
+        plan.run(&jpeg, &mut SampleRng::new(5, 1, SampleKey(key), 0), &mut scratch, &mut out, &mut times)?;
+        assert!(times.iter().all(|t| *t > Duration::ZERO), "every step timed: {times:?}");
+        Ok(out)
+    }
+
+    #[test]
+    fn a_registered_op_runs_between_native_ops_with_the_sample_and_a_seed_from_its_rng() {
+        let invert = Arc::new(Invert(Mutex::new(Vec::new())));
+        register_user_op("tests:invert", invert.clone());
+        let plain = Plan::compile(&ops("tests:invert")[..2], Limits::default());
+        let mapped = Plan::compile(&ops("tests:invert"), Limits::default());
+        assert_eq!(mapped.step_names(), ["decode+center_crop", "map", "write"]);
+        let (a, b) = (run(&plain, 7).unwrap(), run(&mapped, 7).unwrap());
+        assert_eq!(b, a.iter().map(|v| 255 - v).collect::<Vec<_>>());
+        // The seed is the sample RNG's next draw: the same for the same (seed, epoch, key).
+        run(&mapped, 7).unwrap();
+        run(&mapped, 8).unwrap();
+        let seen = invert.0.lock().unwrap().clone();
+        let first = SampleRng::new(5, 1, SampleKey(7), 0).next_u64();
+        assert_eq!(seen[0], SampleInfo { key: 7, label: 3, epoch: 1, seed: first });
+        assert_eq!(seen[1], seen[0]);
+        assert_ne!(seen[2].seed, first);
+    }
+
+    #[test]
+    fn a_failing_missing_or_lying_op_is_an_error_naming_the_op_not_a_panic() {
+        register_user_op("tests:boom", Arc::new(Broken { lie: false }));
+        register_user_op("tests:lie", Arc::new(Broken { lie: true }));
+        let err = |name: &str| run(&Plan::compile(&ops(name), Limits::default()), 1).unwrap_err();
+        assert_eq!(
+            err("tests:boom"),
+            CodecError::UserOp { op: "tests:boom".into(), message: "ValueError: boom".into() }
+        );
+        assert!(
+            matches!(err("tests:lie"), CodecError::UserOp { op, message } if op == "tests:lie" && message.contains("16x8"))
+        );
+        assert_eq!(err("tests:nobody"), CodecError::UnknownUserOp("tests:nobody".into()));
+        // A plan compiled before the registration finds the op when it runs.
+        let early = Plan::compile(&ops("tests:late"), Limits::default());
+        register_user_op("tests:late", Arc::new(Invert(Mutex::new(Vec::new()))));
+        assert!(run(&early, 1).is_ok());
+    }
+}

@@ -1,0 +1,308 @@
+"""Worker processes for pipelines with Python ``map`` ops (docs/map.md).
+
+Python holds the GIL, so a ``map`` function on sluice's threads runs one sample at a time.
+:class:`sluice.Loader` therefore runs such a pipeline in worker processes: worker ``w`` of
+``n`` runs the whole pipeline (native ops and the Python op, in-process) on batches
+``i`` with ``i % n == w``, writes each batch into a slot of its shared-memory segment and
+tells the parent, which copies it out and hands batches over in order. Every sample's
+randomness comes from (seed, epoch, key), so the batches are the same whatever ``n``.
+
+A worker that dies (killed, crashed) is restarted from its first batch the parent has not
+handed out: every sample is delivered once.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+import weakref
+from collections import deque
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from . import _sluice, errors
+
+__all__ = ["MapWorkers", "MapBatch"]
+
+#: Batches a worker may have written that the parent has not copied out yet.
+SLOTS = 2
+#: How often the parent checks that a worker it waits for is alive.
+POLL_S = 0.05
+#: Restarts of one worker while it owes the same batch before the epoch fails.
+MAX_RESTARTS = 3
+
+#: A batch as the parent copied it out of shared memory.
+MapBatch = Dict[str, Any]
+
+
+def _slot_layout(image_bytes: int, batch_size: int) -> Tuple[int, int, int, int]:
+    """Offsets of label, key and weight in a slot, and the slot's size."""
+    label = image_bytes
+    key = label + 8 * batch_size
+    weight = key + 8 * batch_size
+    return label, key, weight, weight + 4 * batch_size
+
+
+def _error_message(e: BaseException) -> Tuple[str, str, Dict[str, Any]]:
+    """An exception as plain data: sluice's classes carry their key and path as attributes."""
+    attrs = {k: v for k, v in vars(e).items() if isinstance(v, (str, int, float, type(None)))}
+    return type(e).__name__, str(e), attrs
+
+
+def _rebuild_error(name: str, message: str, attrs: Dict[str, Any]) -> BaseException:
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.SluiceError)):
+        return errors.SluiceError(f"{name}: {message}")
+    e: BaseException = cls.__new__(cls)
+    e.args = (message,)
+    e.__dict__.update(attrs)
+    return e
+
+
+def _put(buf: memoryview, offset: int, array: Any) -> None:
+    """Copies ``array``'s bytes into ``buf`` at ``offset``."""
+    flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    np.ndarray(flat.shape, np.uint8, buffer=buf, offset=offset)[:] = flat
+
+
+def _worker_main(
+    spec_json: str, rank: int, world_size: int, index: int, count: int, shm_name: str, conn: Connection
+) -> None:
+    """One worker process: runs the batches of each epoch that are its share."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # Attaching registers the segment again with the resource tracker this process shares
+    # with the parent (a set: no change); the parent unlinks it.
+    shm = shared_memory.SharedMemory(name=shm_name)
+    native = _sluice.Loader(spec_json, rank, world_size)
+    batch_size = int(json.loads(spec_json)["batch"]["size"])
+    layout = _slot_layout(int(native.batch_bytes()), batch_size)
+    buf = shm.buf
+    assert buf is not None
+    command: Optional[Tuple[Any, ...]] = None
+    while True:
+        msg = command if command is not None else conn.recv()
+        command = None
+        if msg[0] == "stop":
+            break
+        if msg[0] != "run":
+            continue  # a "free" of an abandoned run
+        _, run, epoch, first, end = msg
+        command = _run(native, conn, buf, layout, run, epoch, first, end, index, count)
+    del native
+    shm.close()
+
+
+def _run(
+    native: Any,
+    conn: Connection,
+    buf: memoryview,
+    layout: Tuple[int, int, int, int],
+    run: int,
+    epoch: int,
+    first: int,
+    end: int,
+    index: int,
+    count: int,
+) -> Optional[Tuple[Any, ...]]:
+    """Makes this worker's batches of ``first..end``; returns a command that interrupted it."""
+    mine = deque(i for i in range(first, end) if i % count == index)
+    free: List[int] = list(range(SLOTS))
+    ahead: Deque[Tuple[int, Any]] = deque()  # started batches, so the threads work ahead
+    label_at, key_at, weight_at, slot_bytes = layout
+    while mine or ahead:
+        while mine and len(ahead) <= SLOTS:
+            i = mine.popleft()
+            ahead.append((i, native.iter_range(epoch, i, i + 1)))
+        while not free or conn.poll():
+            msg = conn.recv()
+            if msg[0] == "free" and msg[1] == run:
+                free.append(msg[2])
+            elif msg[0] in ("run", "stop"):
+                return msg  # type: ignore[no-any-return]
+        i, it = ahead.popleft()
+        try:
+            raw = next(it, None)
+        except BaseException as e:
+            conn.send(("error", run, i, *_error_message(e)))
+            return None
+        if raw is None:  # every sample of the batch was skipped
+            conn.send(("batch", run, i, None, 0, None, None, None, native.stats_json()))
+            continue
+        slot = free.pop()
+        base = slot * slot_bytes
+        image = np.ascontiguousarray(raw.image)
+        _put(buf, base, image)
+        _put(buf, base + label_at, np.asarray(raw.label, np.int64))
+        _put(buf, base + key_at, np.asarray(raw.key, np.int64))
+        has_weight = raw.weight is not None
+        if has_weight:
+            _put(buf, base + weight_at, np.asarray(raw.weight, np.float32))
+        n = len(raw.label)
+        shape = (image.shape, str(image.dtype), raw.layout, has_weight)
+        conn.send(("batch", run, i, slot, n, shape, raw.index, None, native.stats_json()))
+    return None
+
+
+class MapWorkers:
+    """The worker processes of one loader, started on first use and kept across epochs."""
+
+    def __init__(self, spec_json: str, rank: int, world_size: int, processes: int, batch_bytes: int) -> None:
+        spec = json.loads(spec_json)
+        self._batch_size = int(spec["batch"]["size"])
+        # Each process runs one native thread: the processes are the parallelism.
+        self._spec_json = json.dumps({**spec, "threads": 1})
+        self._rank, self._world_size = rank, world_size
+        self._count = processes
+        self._slot_bytes = _slot_layout(batch_bytes, self._batch_size)[3]
+        self._label_at, self._key_at, self._weight_at, _ = _slot_layout(batch_bytes, self._batch_size)
+        self._ctx = mp.get_context("spawn")
+        self._shms: List[shared_memory.SharedMemory] = []
+        self._procs: List[Any] = []
+        self._conns: List[Connection] = []
+        self._run = 0
+        self._stats: List[Optional[str]] = [None] * processes
+        self.restarts = 0
+        self.wait_s = 0.0
+        self._finalizer = weakref.finalize(self, MapWorkers._shutdown, self._procs, self._conns, self._shms)
+
+    @property
+    def processes(self) -> int:
+        return self._count
+
+    def _start(self, w: int) -> None:
+        if w == len(self._shms):
+            self._shms.append(shared_memory.SharedMemory(create=True, size=max(1, SLOTS * self._slot_bytes)))
+            self._procs.append(None)
+            self._conns.append(None)  # type: ignore[arg-type]
+        parent, child = self._ctx.Pipe()
+        args = (self._spec_json, self._rank, self._world_size, w, self._count, self._shms[w].name, child)
+        proc = self._ctx.Process(target=_worker_main, args=args, daemon=True, name=f"sluice-map-{w}")
+        proc.start()
+        child.close()
+        self._procs[w], self._conns[w] = proc, parent
+
+    def pids(self) -> List[int]:
+        """The worker processes' ids (a restarted worker has a new one)."""
+        return [p.pid for p in self._procs if p is not None]
+
+    def epoch(self, epoch: int, first: int, end: int) -> Iterator[Tuple[int, Optional[MapBatch]]]:
+        """Batches ``first..end`` of ``epoch`` in order, as ``(index, batch)``; ``batch``
+        is None for a batch whose every sample was skipped."""
+        while len(self._shms) < self._count:
+            self._start(len(self._shms))
+        self._run += 1
+        run = self._run
+        for conn in self._conns:
+            conn.send(("run", run, epoch, first, end))
+        for i in range(first, end):
+            if self._run != run:
+                return  # a later epoch (a newer iterator) took the workers
+            w = i % self._count
+            yield i, self._receive(w, run, epoch, i, end)
+
+    def _receive(self, w: int, run: int, epoch: int, i: int, end: int) -> Optional[MapBatch]:
+        """Worker ``w``'s batch ``i`` of this run, restarting the worker if it died."""
+        restarts = 0
+        t0 = time.perf_counter()
+        while True:
+            conn, proc = self._conns[w], self._procs[w]
+            msg = None
+            try:
+                if conn.poll(POLL_S):
+                    msg = conn.recv()
+            except (EOFError, OSError):
+                msg = None
+            if msg is None:
+                if proc.is_alive():
+                    continue
+                restarts += 1
+                self.restarts += 1
+                if restarts > MAX_RESTARTS:
+                    raise errors.SluiceError(
+                        f"map worker process {w} died {restarts} times while making batch {i} of epoch {epoch} "
+                        f"(exit code {proc.exitcode})"
+                    )
+                conn.close()
+                proc.join(timeout=1)
+                self._start(w)
+                self._conns[w].send(("run", run, epoch, i, end))
+                continue
+            if msg[1] != run:
+                continue  # left over from an abandoned run
+            if msg[0] == "error":
+                self.wait_s += time.perf_counter() - t0
+                raise _rebuild_error(msg[3], msg[4], msg[5])
+            _, _, index, slot, n, shape, _, _, stats = msg
+            self._stats[w] = stats
+            if index != i:
+                continue  # cannot happen: a worker sends its batches in order
+            batch = None if slot is None else self._copy_out(w, slot, n, shape)
+            if slot is not None:
+                conn.send(("free", run, slot))
+            self.wait_s += time.perf_counter() - t0
+            return batch
+
+    def _copy_out(self, w: int, slot: int, n: int, shape: Tuple[Any, ...]) -> MapBatch:
+        (image_shape, dtype, layout, has_weight) = shape
+        buf = self._shms[w].buf
+        assert buf is not None
+        base = slot * self._slot_bytes
+        image = np.frombuffer(buf, dtype=np.dtype(dtype), count=int(np.prod(image_shape)), offset=base)
+        fields: MapBatch = {
+            "image": image.reshape(image_shape).copy(),
+            "label": np.frombuffer(buf, np.int64, n, base + self._label_at).copy(),
+            "key": np.frombuffer(buf, np.int64, n, base + self._key_at).copy(),
+        }
+        if has_weight:
+            fields["weight"] = np.frombuffer(buf, np.float32, n, base + self._weight_at).copy()
+        fields["__layout__"] = layout
+        return fields
+
+    def stats(self) -> List[Dict[str, Any]]:
+        """Each worker's latest native stats."""
+        return [json.loads(s) for s in self._stats if s is not None]
+
+    def close(self) -> None:
+        """Stops the workers and frees the shared memory; a later epoch starts them again."""
+        self._finalizer()
+        self._shms, self._procs, self._conns = [], [], []
+        self._stats = [None] * self._count
+        self._finalizer = weakref.finalize(self, MapWorkers._shutdown, self._procs, self._conns, self._shms)
+
+    @staticmethod
+    def _shutdown(procs: List[Any], conns: List[Connection], shms: List[shared_memory.SharedMemory]) -> None:
+        for conn in conns:
+            try:
+                conn.send(("stop",))
+            except (OSError, ValueError, AttributeError):
+                pass
+        deadline = time.monotonic() + 2.0
+        for proc in procs:
+            if proc is None:
+                continue
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=1.0)
+        for conn in conns:
+            if conn is not None:
+                conn.close()
+        for shm in shms:
+            shm.close()
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def default_processes(threads: Any) -> int:
+    """Worker processes when the loader is not told: its thread count, or one per core."""
+    if isinstance(threads, int) and threads > 0:
+        return threads
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
