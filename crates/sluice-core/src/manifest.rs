@@ -106,6 +106,9 @@ impl Manifest {
                     Location::TarMember { shard, member, offset, len } => {
                         Location::TarMember { shard: root.join(shard), member, offset, len }
                     }
+                    Location::ParquetRow { file, row_group, row, column } => {
+                        Location::ParquetRow { file: root.join(file), row_group, row, column }
+                    }
                 };
                 entries.push(Entry { key: SampleKey(entries.len() as u64), location, ..e });
             }

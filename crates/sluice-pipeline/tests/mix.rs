@@ -55,7 +55,7 @@ fn run(loader: &Loader, first: &Path) -> Vec<((usize, usize), Vec<u64>)> {
                 .iter()
                 .filter(|&&k| match &loader.manifest().entries[k as usize].location {
                     Location::File { path } => path.starts_with(first),
-                    Location::TarMember { .. } => false,
+                    Location::TarMember { .. } | Location::ParquetRow { .. } => false,
                 })
                 .count();
             ((from_first, b.keys.len() - from_first), b.keys)
