@@ -178,6 +178,8 @@ pub struct Batch {
     /// Per-sample weights that keep an importance-sampled loss unbiased; `None` when
     /// sampling is uniform.
     pub weights: Option<Vec<f32>>,
+    /// The samples' boxes, padded, when the source carries boxes; `None` otherwise.
+    pub boxes: Option<crate::record::BatchBoxes>,
 }
 
 impl Batch {

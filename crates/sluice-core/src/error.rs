@@ -60,6 +60,8 @@ pub enum SampleErrorKind {
     Refused(String),
     /// sluice itself panicked on this sample: a bug, caught so the run does not hang.
     Panicked(String),
+    /// The sample's boxes could not be read (malformed JSON, a NaN coordinate, too many).
+    BadAnnotation(String),
 }
 
 impl fmt::Display for SampleErrorKind {
@@ -78,6 +80,7 @@ impl fmt::Display for SampleErrorKind {
             SampleErrorKind::Shape(m) => write!(f, "{m}"),
             SampleErrorKind::Refused(m) => write!(f, "refused: {m}"),
             SampleErrorKind::Panicked(m) => write!(f, "sluice panicked on this sample (a bug, please report it): {m}"),
+            SampleErrorKind::BadAnnotation(m) => write!(f, "bad boxes: {m}"),
         }
     }
 }

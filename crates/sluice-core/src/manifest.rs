@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::record::Annotation;
+
 /// The stable name of a sample: its position in the manifest. Stable for as long as the
 /// manifest's fingerprint is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -58,6 +60,10 @@ pub struct Manifest {
     /// Class names by label, where the source names classes (ImageFolder).
     pub classes: Vec<String>,
     pub fingerprint: u64,
+    /// Each sample's boxes, by key, where the source carries them (COCO, sidecars);
+    /// `None` for image + label sources, which then pay nothing for records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<Vec<Annotation>>,
 }
 
 impl Manifest {
@@ -69,7 +75,40 @@ impl Manifest {
             .map(|(i, (location, label, size))| Entry { key: SampleKey(i as u64), location, label, size })
             .collect();
         let fingerprint = fingerprint(&entries, &classes);
-        Self { root, entries, classes, fingerprint }
+        Self { root, entries, classes, fingerprint, annotations: None }
+    }
+
+    /// Attaches each sample's boxes (`annotations[i]` is entry `i`'s); they join the
+    /// fingerprint, so a checkpoint or cache of other boxes no longer applies.
+    pub fn with_annotations(mut self, annotations: Vec<Annotation>) -> Self {
+        let mut h = Xxh3::new();
+        h.update(&self.fingerprint.to_le_bytes());
+        for a in &annotations {
+            match a {
+                Annotation::Boxes(b) => {
+                    h.update(b"B");
+                    b.hash_into(&mut h);
+                }
+                Annotation::Invalid(m) => {
+                    h.update(b"I");
+                    h.update(m.as_bytes());
+                }
+            }
+        }
+        self.fingerprint = h.digest();
+        self.annotations = Some(annotations);
+        self
+    }
+
+    /// Whether samples carry boxes.
+    pub fn has_boxes(&self) -> bool {
+        self.annotations.is_some()
+    }
+
+    /// The boxes of the sample at position `pos`: `None` when the source has none,
+    /// `Some(Err)` when they could not be read.
+    pub fn annotation(&self, pos: usize) -> Option<&Annotation> {
+        self.annotations.as_ref().and_then(|a| a.get(pos))
     }
 
     pub fn len(&self) -> usize {

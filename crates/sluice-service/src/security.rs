@@ -91,6 +91,10 @@ impl AllowedRoots {
                 root.as_deref().map_or(Ok(()), |r| self.check(r))
             }
             SourceSpec::Tar { shards } => shards.iter().try_for_each(|s| self.check(s)),
+            // The wire format carries no boxes yet: refuse rather than drop them.
+            SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. } => Err(ServiceError::InvalidArgument(
+                "sources with boxes (coco, sidecar) are not served yet; load them locally".into(),
+            )),
         }
     }
 

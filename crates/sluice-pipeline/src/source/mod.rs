@@ -3,9 +3,11 @@
 //! `stat` per file, tar headers by seeking); sample bytes are read later through
 //! [`crate::storage`].
 
+pub mod coco;
 pub mod file_list;
 pub mod image_folder;
 pub mod object;
+pub mod sidecar;
 pub mod tar;
 
 use std::io;
@@ -30,6 +32,8 @@ pub enum SourceError {
         #[source]
         source: io::Error,
     },
+    #[error("{}: not a COCO annotation file: {message}", path.display())]
+    BadAnnotations { path: PathBuf, message: String },
     #[error("{}:{line}: label `{text}` is not an integer (a line is `path` or `path <label>`)", path.display())]
     BadLabel { path: PathBuf, line: usize, text: String },
     #[error("{}: corrupt tar header at or after byte offset {offset}: {message}", shard.display())]
@@ -68,6 +72,8 @@ pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
         },
         SourceSpec::FileList { path, root } => file_list::enumerate(path, root.as_deref())?,
         SourceSpec::Tar { shards } => self::tar::enumerate(shards)?,
+        SourceSpec::Coco { annotations, images } => coco::enumerate(annotations, images)?,
+        SourceSpec::Sidecar { root } => sidecar::enumerate(root)?,
     };
     tracing::info!(
         samples = manifest.len(),
