@@ -166,7 +166,7 @@ mod tests {
         for (json, says) in [
             (r#"{"images": [{"id": 1}]}"#, "file_name"),
             (r#"{"images": [{"id": 1, "file_name": "a"}, {"id": 1, "file_name": "b"}]}"#, "listed twice"),
-            ("[1, 2", "EOF"),
+            (r#"{"images": ["#, "EOF"),
             (r#"{"images": []}"#, "no `images`"),
         ] {
             let path = write(dir.path(), json);
