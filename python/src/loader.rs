@@ -277,6 +277,7 @@ impl RawBatch {
         let n = keys.len();
         let (boxes, box_labels, box_count) = match boxes {
             Some(b) => {
+                let b = *b;
                 let m = b.max_boxes;
                 let arr = PyArray1::from_vec(py, b.boxes).reshape([n, m, 4])?.into_any().unbind();
                 let labels = PyArray1::from_vec(py, b.labels).reshape([n, m])?.into_any().unbind();

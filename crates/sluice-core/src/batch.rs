@@ -179,7 +179,8 @@ pub struct Batch {
     /// sampling is uniform.
     pub weights: Option<Vec<f32>>,
     /// The samples' boxes, padded, when the source carries boxes; `None` otherwise.
-    pub boxes: Option<crate::record::BatchBoxes>,
+    /// Boxed: most batches have none, and a `Batch` is moved around in enums.
+    pub boxes: Option<Box<crate::record::BatchBoxes>>,
 }
 
 impl Batch {

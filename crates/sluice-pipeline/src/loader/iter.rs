@@ -331,7 +331,7 @@ impl EpochIter {
             }
             images.truncate_rows(kept);
         }
-        let boxes = boxes.map(|b| BatchBoxes::pad(&b));
+        let boxes = boxes.map(|b| Box::new(BatchBoxes::pad(&b)));
         let layout = self.shared.data.layout;
         Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout, weights, boxes }))
     }
