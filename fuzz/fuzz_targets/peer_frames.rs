@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     // As a client: the whole input is a reply body, under small and default limits.
-    for limits in [Limits { max_pixels: 64, max_file_bytes: 256 }, Limits::default()] {
+    for limits in [Limits { max_pixels: 64, max_file_bytes: 256, ..Limits::default() }, Limits::default()] {
         let Ok(received) = locality::decode(data, &limits) else { continue };
         let check = |img: &Image| {
             let pixels = u64::from(img.width) * u64::from(img.height);

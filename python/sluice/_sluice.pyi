@@ -93,9 +93,11 @@ def generate_dataset(
     quality: Optional[int] = None,
     texture: Optional[int] = None,
     corrupt: Optional[int] = None,
+    boxes: bool = False,
 ) -> Dict[str, Any]:
     """Writes a deterministic ImageNet-like ImageFolder dataset (options left out take
-    sluice-synth's defaults); returns ``{"root", "images", "bad_files", "bytes"}``."""
+    sluice-synth's defaults; ``boxes`` also writes each image's boxes as a JSON sidecar and
+    ``root/instances.json``); returns ``{"root", "images", "bad_files", "bytes"}``."""
 
 def pack(src: str, out: str, interval: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:
     """Copies ``src`` to ``out`` with every JPEG rewritten losslessly with restart markers;
@@ -179,6 +181,15 @@ class RawBatch:
     def key(self) -> npt.NDArray[np.int64]: ...
     @property
     def weight(self) -> Optional[npt.NDArray[np.float32]]: ...
+    @property
+    def boxes(self) -> Optional[npt.NDArray[np.float32]]:
+        """``[n, max_boxes, 4]`` XYXY boxes padded with zeros; None when the source has no boxes."""
+    @property
+    def box_labels(self) -> Optional[npt.NDArray[np.int64]]:
+        """``[n, max_boxes]`` box labels, -1 in the padding; None without boxes."""
+    @property
+    def box_count(self) -> Optional[npt.NDArray[np.int32]]:
+        """``[n]``: the real box rows of each sample; None without boxes."""
     @property
     def epoch(self) -> int: ...
     @property

@@ -21,13 +21,20 @@ from .pipeline import PathLike, Pipeline
 __all__ = ["Loader", "Batch", "BatchIterator", "ImportanceRecorder"]
 
 
+#: The fields a batch from a source with boxes adds (docs/records.md).
+BOX_FIELDS = ("boxes", "box_labels", "box_count")
+
+
 class Batch(Mapping[str, Any]):
     """One batch: a read-only mapping of fields, also readable as attributes.
 
     Fields: ``image`` (``[n, h, w, 3]`` for layout ``hwc`` or ``[n, 3, h, w]`` for ``chw``,
     uint8 or float32), ``label`` (int64 ``[n]``, -1 where the source has none), ``key``
     (int64 ``[n]``, the samples' keys) and ``weight`` (float32 ``[n]``, only under
-    importance sampling). ``batch["image"]`` and ``batch.image`` are the same array;
+    importance sampling). A source with boxes (``coco``, ``sidecar``) adds ``boxes``
+    (float32 ``[n, max_boxes, 4]``, XYXY pixels of the output image, zeros in the padding),
+    ``box_labels`` (int64 ``[n, max_boxes]``, -1 in the padding) and ``box_count`` (int32
+    ``[n]``, the real rows of each sample); see docs/records.md. ``batch["image"]`` and ``batch.image`` are the same array;
     ``batch.weight`` is ``None`` when the batch has no weights.
 
     Attributes:
@@ -151,6 +158,10 @@ class BatchIterator(Iterator[Batch]):
         weight = raw.weight
         if weight is not None:
             fields["weight"] = weight
+        if raw.boxes is not None:
+            fields["boxes"] = raw.boxes
+            fields["box_labels"] = raw.box_labels
+            fields["box_count"] = raw.box_count
         torch = self._torch
         if torch is not None:
             # from_numpy shares the numpy array's memory: still no copy.

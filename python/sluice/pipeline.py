@@ -210,6 +210,20 @@ class Pipeline:
             source["label_column"] = label_column
         return cls({"source": source, "ops": []})
 
+    @classmethod
+    def coco(cls, annotations: PathLike, images: PathLike) -> "Pipeline":
+        """COCO-style detection: an ``instances_*.json`` and the folder of its images.
+        Batches gain ``boxes``, ``box_labels`` (the ``category_id``) and ``box_count``
+        (docs/records.md)."""
+        return cls({"source": {"kind": "coco", "annotations": _path(annotations), "images": _path(images)}, "ops": []})
+
+    @classmethod
+    def sidecar(cls, root: PathLike) -> "Pipeline":
+        """A folder of images, each with a JSON sidecar of the same stem (``0001.jpg`` +
+        ``0001.json`` holding ``{"boxes": [[x1, y1, x2, y2], ...], "labels": [...]}``).
+        Batches gain ``boxes``, ``box_labels`` and ``box_count`` (docs/records.md)."""
+        return cls({"source": {"kind": "sidecar", "root": _path(root)}, "ops": []})
+
     # ---- (de)serialisation ---------------------------------------------------------------
 
     @classmethod
@@ -640,14 +654,19 @@ class Pipeline:
         ``latency_ms`` and all reads share ``bandwidth_mb_s`` (MB = 10^6 bytes)."""
         return self._with(storage={"kind": "throttled", "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s})
 
-    def limits(self, max_pixels: Optional[int] = None, max_file_bytes: Optional[int] = None) -> "Pipeline":
+    def limits(
+        self, max_pixels: Optional[int] = None, max_file_bytes: Optional[int] = None, max_boxes: Optional[int] = None
+    ) -> "Pipeline":
         """Rejects (as bad samples) images whose header declares more than ``max_pixels``
-        pixels and files larger than ``max_file_bytes``."""
+        pixels, files larger than ``max_file_bytes`` and samples with more than
+        ``max_boxes`` boxes (default 10 000)."""
         limits = dict(self._spec.get("limits", {}))
         if max_pixels is not None:
             limits["max_pixels"] = max_pixels
         if max_file_bytes is not None:
             limits["max_file_bytes"] = max_file_bytes
+        if max_boxes is not None:
+            limits["max_boxes"] = max_boxes
         return self._with(limits=limits)
 
     def cache(

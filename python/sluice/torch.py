@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .loader import Batch, Loader
+from .loader import BOX_FIELDS, Batch, Loader
 from .mix import CutMix, MixUp, MixUpOrCutMix
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
 
@@ -129,8 +129,9 @@ def to_device(
         non_blocking: asynchronous host-to-device copies.
 
     Returns:
-        A :class:`sluice.Batch` with ``image`` (NCHW, ``dtype``), ``label`` and ``weight``
-        on ``device``; ``key`` stays on the CPU.
+        A :class:`sluice.Batch` with ``image`` (NCHW, ``dtype``), ``label``, ``weight`` and
+        the box fields (``boxes``, ``box_labels``, ``box_count``) on ``device``; ``key``
+        stays on the CPU.
     """
     device = torch.device(device)
     image = _as_tensor(batch["image"])
@@ -156,6 +157,9 @@ def to_device(
         fields["key"] = _as_tensor(batch["key"])
     if "weight" in batch and batch["weight"] is not None:
         fields["weight"] = _move(_as_tensor(batch["weight"]), device, non_blocking)
+    for name in BOX_FIELDS:
+        if name in batch:
+            fields[name] = _move(_as_tensor(batch[name]), device, non_blocking)
     return Batch(
         fields,
         epoch=getattr(batch, "epoch", -1),
@@ -420,6 +424,10 @@ class DeviceLoader:
             ready.record(stream)
         if "key" in raw:
             fields["key"] = _as_tensor(raw["key"])
+        for name in BOX_FIELDS:
+            if name in raw:
+                # Small next to the image: moved on their own, after it.
+                fields[name] = _move(_as_tensor(raw[name]), self.device, True)
         out = Batch(fields, getattr(raw, "epoch", -1), index, "chw", 0)
         return _InFlight(out, ready, index)
 

@@ -72,7 +72,8 @@ fn source_path(e: &SourceError) -> Option<&Path> {
         SourceError::NotFound { path, .. }
         | SourceError::NotADirectory { path }
         | SourceError::Io { path, .. }
-        | SourceError::BadLabel { path, .. } => Some(path),
+        | SourceError::BadLabel { path, .. }
+        | SourceError::BadAnnotations { path, .. } => Some(path),
         SourceError::NoClasses { root } => Some(root),
         SourceError::CorruptTar { shard, .. }
         | SourceError::BadClassFile { shard, .. }

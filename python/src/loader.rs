@@ -8,7 +8,7 @@ use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use numpy::PyArray1;
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 use sluice_core::{Batch, Layout, PipelineSpec, SampleKey};
@@ -286,6 +286,16 @@ pub struct RawBatch {
     /// float32 `[n]` importance weights, or None under uniform sampling.
     #[pyo3(get)]
     weight: Option<Py<PyAny>>,
+    /// float32 `[n, max_boxes, 4]` XYXY boxes padded with zeros, or None when the source
+    /// has no boxes.
+    #[pyo3(get)]
+    boxes: Option<Py<PyAny>>,
+    /// int64 `[n, max_boxes]` box labels, -1 in the padding (None without boxes).
+    #[pyo3(get)]
+    box_labels: Option<Py<PyAny>>,
+    /// int32 `[n]`: how many of each sample's box rows are real (None without boxes).
+    #[pyo3(get)]
+    box_count: Option<Py<PyAny>>,
     #[pyo3(get)]
     epoch: u64,
     #[pyo3(get)]
@@ -303,7 +313,18 @@ impl RawBatch {
     /// (borrowed memory, a service worker's, is copied into a pooled one); its image
     /// buffer goes back to `buffers` when numpy frees it.
     pub(crate) fn new(py: Python<'_>, batch: Batch, buffers: &Arc<BufferPool>) -> PyResult<Self> {
-        let Batch { epoch, index, keys, labels, images, layout, weights } = batch;
+        let Batch { epoch, index, keys, labels, images, layout, weights, boxes } = batch;
+        let n = keys.len();
+        let (boxes, box_labels, box_count) = match boxes {
+            Some(b) => {
+                let b = *b;
+                let m = b.max_boxes;
+                let arr = PyArray1::from_vec(py, b.boxes).reshape([n, m, 4])?.into_any().unbind();
+                let labels = PyArray1::from_vec(py, b.labels).reshape([n, m])?.into_any().unbind();
+                (Some(arr), Some(labels), Some(PyArray1::from_vec(py, b.counts).into_any().unbind()))
+            }
+            None => (None, None, None),
+        };
         let (image, buffer_address) = image_array(py, images, buffers)?;
         // Keys are manifest positions, far below i64::MAX; int64 is what torch indexes with.
         let keys: Vec<i64> = keys.into_iter().map(|k| k as i64).collect();
@@ -312,6 +333,9 @@ impl RawBatch {
             label: PyArray1::from_vec(py, labels).into_any().unbind(),
             key: PyArray1::from_vec(py, keys).into_any().unbind(),
             weight: weights.map(|w| PyArray1::from_vec(py, w).into_any().unbind()),
+            boxes,
+            box_labels,
+            box_count,
             epoch,
             index,
             layout: match layout {

@@ -24,6 +24,10 @@ pub struct Args {
     /// Also write this many bad files (truncated, empty, not an image, garbage, huge header).
     #[arg(long, default_value_t = 0)]
     pub corrupt: usize,
+    /// Also write each image's boxes (the shapes drawn on it): a JSON sidecar beside each
+    /// image and OUT/instances.json (COCO), for the `sidecar` and `coco` sources.
+    #[arg(long)]
+    pub boxes: bool,
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
@@ -53,6 +57,7 @@ fn generate(a: &Args) -> anyhow::Result<()> {
         seed: a.seed,
         quality: a.quality,
         corrupt: a.corrupt,
+        boxes: a.boxes,
         ..Default::default()
     };
     let pb = progress::bar(a.images as u64, "generating");
@@ -60,6 +65,9 @@ fn generate(a: &Args) -> anyhow::Result<()> {
         .with_context(|| format!("generating a dataset in {}", a.out.display()))?;
     pb.finish_and_clear();
     report(&summary, a.classes, &a.out);
+    if a.boxes {
+        eprintln!("boxes: a .json sidecar beside each image, and {}", a.out.join("instances.json").display());
+    }
     Ok(())
 }
 

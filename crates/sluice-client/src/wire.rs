@@ -316,6 +316,8 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
         images: Tensor { shape, data },
         layout,
         weights: m.has_weights.then_some(m.weights),
+        // The service does not carry boxes yet (docs/records.md).
+        boxes: None,
     })
 }
 
@@ -337,6 +339,7 @@ mod tests {
                 images,
                 layout: Layout::Chw,
                 weights: Some(vec![0.5, 2.0]),
+                boxes: None,
             };
             let back = message_to_batch(batch_to_message(b.clone())).map_err(|e| e.to_string());
             assert_eq!(back, Ok(b.clone()));
@@ -354,6 +357,7 @@ mod tests {
             images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
             layout: Layout::Hwc,
             weights: None,
+            boxes: None,
         });
         m.data.pop();
         assert!(matches!(message_to_batch(m), Err(ClientError::BadBatch(_))));
@@ -369,6 +373,7 @@ mod tests {
             images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
             layout: Layout::Hwc,
             weights: None,
+            boxes: None,
         };
         let t = BatchTrace { pid: 9, request_received_ns: 10, built_start_ns: 20, built_end_ns: 30, sent_ns: 0 };
         let before = sluice_pipeline::trace::now_ns();
@@ -404,6 +409,7 @@ mod tests {
             images,
             layout: Layout::Hwc,
             weights: None,
+            boxes: None,
         };
         let out = Outgoing::new(b.clone(), Compression::Zstd);
         assert!(out.payload().len() < b.images.as_bytes().len() / 4, "{} bytes", out.payload().len());

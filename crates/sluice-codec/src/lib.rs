@@ -17,6 +17,7 @@
 
 #[cfg(test)]
 mod alloc_probe;
+pub mod boxes;
 pub mod crop;
 pub mod encode;
 pub mod error;
@@ -30,6 +31,7 @@ mod restart;
 pub mod transcode;
 pub mod user_op;
 
+pub use boxes::{move_boxes, Motion};
 pub use crop::{center_crop_window, random_resized_crop_params, CenterCropWindow, CropRect};
 pub use encode::{encode_jpeg, encode_jpeg_progressive, encode_jpeg_with, SourcePixels};
 pub use error::CodecError;

@@ -21,7 +21,9 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_core::{DType, Image, Layout, Limits, OpSpec, Pixels, SampleRng, Size};
+use sluice_core::{BoxTargets, DType, Image, Layout, Limits, OpSpec, Pixels, SampleRng, Size};
+
+use crate::boxes::{move_boxes, Motion};
 
 use crate::crop::{center_crop_window, random_resized_crop_params, CropRect};
 use crate::error::CodecError;
@@ -433,7 +435,25 @@ impl Plan {
         times: &mut [Duration],
     ) -> Result<(), CodecError> {
         self.check_out(out)?;
-        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times)?;
+        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times, None)?;
+        Ok(())
+    }
+
+    /// [`Plan::run`] for a sample with boxes: `boxes` (XYXY pixels of the encoded image)
+    /// move with the pixels through every geometric op, the fused decode included, and
+    /// follow the stated rule after decode and after each op: clamped to the image, and
+    /// dropped when under one pixel a side ([`BoxTargets::sanitize`]).
+    pub fn run_with_boxes(
+        &self,
+        bytes: &[u8],
+        rng: &mut SampleRng,
+        scratch: &mut Scratch,
+        out: &mut [u8],
+        times: &mut [Duration],
+        boxes: &mut BoxTargets,
+    ) -> Result<(), CodecError> {
+        self.check_out(out)?;
+        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times, Some(boxes))?;
         Ok(())
     }
 
@@ -447,7 +467,7 @@ impl Plan {
     ) -> Result<Image, CodecError> {
         // No draws happen in the prefix; any generator will do.
         let mut rng = SampleRng::new(0, 0, sluice_core::SampleKey(0), 0);
-        let (w, h) = self.exec(&self.prefix.steps, Input::Bytes(bytes), &mut rng, scratch, &mut [], times)?;
+        let (w, h) = self.exec(&self.prefix.steps, Input::Bytes(bytes), &mut rng, scratch, &mut [], times, None)?;
         let n = w as usize * h as usize * 3;
         Ok(Image::rgb8(w, h, scratch.a[..n].to_vec()))
     }
@@ -477,11 +497,13 @@ impl Plan {
             )));
         }
         let input = Input::Pixels(px, image.width, image.height);
-        self.exec(&self.suffix.steps, input, rng, scratch, out, times)?;
+        self.exec(&self.suffix.steps, input, rng, scratch, out, times, None)?;
         Ok(())
     }
 
     /// Runs `steps`; returns the size of the image left in `scratch.a` (or in `out`).
+    /// `boxes`, when the sample has them, move with the pixels.
+    #[allow(clippy::too_many_arguments)]
     fn exec(
         &self,
         steps: &[Step],
@@ -490,6 +512,7 @@ impl Plan {
         scratch: &mut Scratch,
         out: &mut [u8],
         times: &mut [Duration],
+        mut boxes: Option<&mut BoxTargets>,
     ) -> Result<(u32, u32), CodecError> {
         let (bytes, mut borrowed, (mut w, mut h)) = match input {
             Input::Bytes(b) => (b, None, (0, 0)),
@@ -506,9 +529,12 @@ impl Plan {
                 Step::Decode => {
                     (w, h) = self.decode(bytes, scratch)?;
                     borrowed = None;
+                    if let Some(b) = boxes.as_deref_mut() {
+                        b.sanitize(w, h);
+                    }
                 }
                 Step::Fused { op, to_out } => {
-                    (w, h) = self.fused(op, bytes, rng, scratch, out, to_out)?;
+                    (w, h) = self.fused(op, bytes, rng, scratch, out, to_out, boxes.as_deref_mut())?;
                     in_out = to_out;
                     borrowed = None;
                 }
@@ -522,9 +548,13 @@ impl Plan {
                     self.output_dims(op, w, h)?;
                     let Scratch { a, b, resizer, .. } = &mut *scratch;
                     let src = borrowed.unwrap_or(a);
-                    (w, h) = geometric(op, src, w, h, rng, resizer, b, out, to_out)?;
+                    let motion;
+                    ((w, h), motion) = geometric(op, src, w, h, rng, resizer, b, out, to_out)?;
                     if !to_out {
                         std::mem::swap(a, b);
+                    }
+                    if let Some(t) = boxes.as_deref_mut() {
+                        move_boxes(t, motion, w, h);
                     }
                     in_out = to_out;
                     borrowed = None;
@@ -537,8 +567,14 @@ impl Plan {
                         flip = false;
                     }
                     let Scratch { a, b, .. } = &mut *scratch;
-                    (w, h) = ops::apply(op, borrowed.unwrap_or(a), w, h, rng, self.limits.max_pixels, b)?;
+                    let mut motion = Motion::Identity;
+                    (w, h) = ops::apply(op, borrowed.unwrap_or(a), w, h, rng, self.limits.max_pixels, b, &mut motion)?;
                     std::mem::swap(a, b);
+                    if let Some(t) = boxes.as_deref_mut() {
+                        if motion != Motion::Identity {
+                            move_boxes(t, motion, w, h);
+                        }
+                    }
                     in_out = false;
                     borrowed = None;
                 }
@@ -546,6 +582,9 @@ impl Plan {
                     // torchvision: flip if torch.rand(1) < p.
                     if rng.next_f64() < p {
                         flip = !flip;
+                        if let Some(t) = boxes.as_deref_mut() {
+                            move_boxes(t, Motion::HorizontalFlip { w: f64::from(w) }, w, h);
+                        }
                     }
                 }
                 Step::Map { ref op } => {
@@ -641,6 +680,8 @@ impl Plan {
     }
 
     /// Decode fused with `op`: the result goes to `scratch.a`, or to `out` when `to_out`.
+    /// `boxes` are clamped to the encoded image, then moved as the crop moved the pixels.
+    #[allow(clippy::too_many_arguments)]
     fn fused(
         &self,
         op: Geo,
@@ -649,16 +690,21 @@ impl Plan {
         scratch: &mut Scratch,
         out: &mut [u8],
         to_out: bool,
+        boxes: Option<&mut BoxTargets>,
     ) -> Result<(u32, u32), CodecError> {
         if sniff_format(bytes)? == ImageFormat::Png {
             let (w, h) = decode_png(bytes, self.limits.max_pixels, &mut scratch.a)?;
             self.output_dims(op, w, h)?;
             let Scratch { a, b, resizer, .. } = scratch;
-            let dims = geometric(op, a, w, h, rng, resizer, b, out, to_out)?;
+            let ((ow, oh), motion) = geometric(op, a, w, h, rng, resizer, b, out, to_out)?;
             if !to_out {
                 std::mem::swap(a, b);
             }
-            return Ok(dims);
+            if let Some(t) = boxes {
+                t.sanitize(w, h);
+                move_boxes(t, motion, ow, oh);
+            }
+            return Ok((ow, oh));
         }
 
         // Decode the window into `a`, then resample it into `b` (or `out`).
@@ -667,7 +713,7 @@ impl Plan {
         let hdr = dec.header(bytes)?;
         let (fw, fh) = (hdr.width, hdr.height);
         let (ow, oh) = self.output_dims(op, fw, fh)?;
-        match op {
+        let motion = match op {
             // The IDCT may shrink the window only for a filter that averages anyway
             // (`Resample::allows_dct_scaling`); the others get it at full size.
             Geo::RandomResizedCrop { size, scale, ratio, resample } => {
@@ -676,12 +722,14 @@ impl Plan {
                 let got = dec.decode_region(bytes, rect_of(r), shrink_to, a)?;
                 let dst = target(to_out, out, b, ow, oh)?;
                 resizer.resize_rect_with(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
+                crop_motion(r, ow, oh)
             }
             Geo::Resize { resample, .. } => {
                 let shrink_to = if resample.allows_dct_scaling() { (ow, oh) } else { (fw, fh) };
                 let got = dec.decode_region(bytes, SubRect::full(fw, fh), shrink_to, a)?;
                 let dst = target(to_out, out, b, ow, oh)?;
                 resizer.resize_rect_with(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
+                crop_motion(CropRect { x: 0, y: 0, w: fw, h: fh }, ow, oh)
             }
             Geo::CenterCrop { .. } => {
                 let win = center_crop_window(fw, fh, ow, oh);
@@ -695,10 +743,15 @@ impl Plan {
                     }
                     None => dst.fill(0),
                 }
+                Motion::crop(win.left as f64, win.top as f64)
             }
-        }
+        };
         if !to_out {
             std::mem::swap(a, b);
+        }
+        if let Some(t) = boxes {
+            t.sanitize(fw, fh);
+            move_boxes(t, motion, ow, oh);
         }
         Ok((ow, oh))
     }
@@ -751,6 +804,12 @@ impl Plan {
     }
 }
 
+/// The motion of a crop of `r` resized to `ow x oh`.
+fn crop_motion(r: CropRect, ow: u32, oh: u32) -> Motion {
+    let size = (f64::from(r.w), f64::from(r.h));
+    Motion::resized_crop(f64::from(r.x), f64::from(r.y), size, (f64::from(ow), f64::from(oh)))
+}
+
 fn rect_of(r: CropRect) -> SubRect {
     SubRect { left: r.x.into(), top: r.y.into(), width: r.w.into(), height: r.h.into() }
 }
@@ -782,24 +841,28 @@ fn geometric(
     b: &mut Vec<u8>,
     out: &mut [u8],
     to_out: bool,
-) -> Result<(u32, u32), CodecError> {
+) -> Result<((u32, u32), Motion), CodecError> {
     let (ow, oh) = op.output_dims(w, h);
-    match op {
+    let motion = match op {
         Geo::Resize { resample, .. } => {
             let dst = target(to_out, out, b, ow, oh)?;
             resizer.resize_rect_with(resample, src, w, h, SubRect::full(w, h), dst, ow, oh)?;
+            crop_motion(CropRect { x: 0, y: 0, w, h }, ow, oh)
         }
         Geo::CenterCrop { .. } => {
             let dst = target(to_out, out, b, ow, oh)?;
-            center_crop_window(w, h, ow, oh).copy_rgb(src, w, (0, 0), (w, h), dst);
+            let win = center_crop_window(w, h, ow, oh);
+            win.copy_rgb(src, w, (0, 0), (w, h), dst);
+            Motion::crop(win.left as f64, win.top as f64)
         }
         Geo::RandomResizedCrop { scale, ratio, resample, .. } => {
             let r = random_resized_crop_params(w, h, scale, ratio, rng);
             let dst = target(to_out, out, b, ow, oh)?;
             resizer.resize_rect_with(resample, src, w, h, rect_of(r), dst, ow, oh)?;
+            crop_motion(r, ow, oh)
         }
-    }
-    Ok((ow, oh))
+    };
+    Ok(((ow, oh), motion))
 }
 
 /// Mirrors RGB8 rows of width `w` from `src` into `dst` (same length).
@@ -833,7 +896,7 @@ mod tests {
     use crate::encode::encode_jpeg;
     use crate::jpeg::tests::{mean_abs_diff, patch_sof_dims, test_rgb};
     use crate::png::tests::encode_png;
-    use sluice_core::{PipelineSpec, SampleKey, SourceSpec};
+    use sluice_core::{BoxTargets, PipelineSpec, SampleKey, SourceSpec};
 
     const SCALE: [f64; 2] = [0.08, 1.0];
     const RATIO: [f64; 2] = [3.0 / 4.0, 4.0 / 3.0];
@@ -1212,6 +1275,85 @@ mod tests {
         // An ordinary image through the same plan is fine.
         let jpg = encode_jpeg(&test_rgb(128, 96), 128, 96, 90).unwrap();
         assert!(run(&fused, &jpg, 0, &mut Scratch::new()).is_ok());
+    }
+
+    /// A black `w x h` image with a white rectangle `[x1, y1, x2, y2]`.
+    fn white_rect(w: u32, h: u32, r: [u32; 4]) -> Vec<u8> {
+        let mut px = vec![0u8; (w * h * 3) as usize];
+        for y in r[1]..r[3] {
+            for x in r[0]..r[2] {
+                let o = ((y * w + x) * 3) as usize;
+                px[o..o + 3].copy_from_slice(&[255; 3]);
+            }
+        }
+        px
+    }
+
+    /// Asserts the white pixels of the `w x h` u8 HWC output are where box `b` says:
+    /// white more than `margin` inside it, black more than `margin` outside.
+    fn assert_box_encloses_white(out: &[u8], w: u32, b: [f32; 4], margin: f32, what: &str) {
+        for (i, p) in out.chunks_exact(3).enumerate() {
+            let (x, y) = ((i as u32 % w) as f32 + 0.5, (i as u32 / w) as f32 + 0.5);
+            let inside = x > b[0] + margin && x < b[2] - margin && y > b[1] + margin && y < b[3] - margin;
+            let outside = x < b[0] - margin || x > b[2] + margin || y < b[1] - margin || y > b[3] + margin;
+            assert!(!inside || p[0] > 128, "{what}: ({x}, {y}) inside {b:?} is {p:?}");
+            assert!(!outside || p[0] < 128, "{what}: ({x}, {y}) outside {b:?} is {p:?}");
+        }
+    }
+
+    #[test]
+    fn boxes_move_with_the_pixels_through_fused_and_stepwise_ops() {
+        let (w, h) = (200u32, 150u32);
+        let rect = [60, 40, 140, 110];
+        let px = white_rect(w, h, rect);
+        let png = encode_png(&px, w, h, png::ColorType::Rgb, png::BitDepth::Eight, None);
+        let jpg = encode_jpeg(&px, w, h, 95).unwrap();
+        let crop = |scale| OpSpec::RandomResizedCrop { size: Size::square(64), scale, ratio: RATIO };
+        let flip = OpSpec::RandomHorizontalFlip { p: 1.0 };
+        let vflip = OpSpec::RandomVerticalFlip { p: 1.0 };
+        let rot = OpSpec::RandomRotation {
+            degrees: [90.0, 90.0],
+            interpolation: sluice_core::Interpolation::Nearest,
+            expand: true,
+            center: None,
+            fill: [0; 3],
+        };
+        let pad = OpSpec::Pad { padding: [7, 3, 0, 9], fill: [0; 3], padding_mode: sluice_core::PaddingMode::Constant };
+        let plans = [
+            ("fused rrc + flip", vec![OpSpec::Decode, crop([0.6, 1.0]), flip.clone()]),
+            ("vflip, rrc", vec![OpSpec::Decode, vflip.clone(), crop([0.6, 1.0])]),
+            (
+                "rotate 90, pad, center_crop",
+                vec![OpSpec::Decode, rot, pad, OpSpec::CenterCrop { size: Size::square(120) }],
+            ),
+            (
+                "resize, center_crop, flip",
+                vec![OpSpec::Decode, OpSpec::Resize { size: 100 }, OpSpec::CenterCrop { size: Size::square(90) }, flip],
+            ),
+        ];
+        let mut kept = 0;
+        for (what, ops) in plans {
+            let plan = Plan::compile(&ops, Limits::default());
+            let mut out = vec![0u8; plan.output_bytes()];
+            let ow = plan.output_shape()[1] as u32;
+            for (fmt, bytes, margin) in [("png", &png, 1.0), ("jpeg", &jpg, 2.0)] {
+                for key in 0..8 {
+                    let mut t = BoxTargets { boxes: vec![rect.map(|v| v as f32)], labels: vec![3] };
+                    plan.run_with_boxes(bytes, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], &mut t).unwrap();
+                    let mut plain = vec![0u8; plan.output_bytes()];
+                    plan.run(bytes, &mut rng(key), &mut Scratch::new(), &mut plain, &mut []).unwrap();
+                    assert_eq!(plain, out, "{what}: boxes must not change the pixels");
+                    if let Some(&b) = t.boxes.first() {
+                        kept += 1;
+                        assert_eq!(t.labels, vec![3]);
+                        assert_box_encloses_white(&out, ow, b, margin, &format!("{what} {fmt} key {key}"));
+                    } else {
+                        assert!(out.chunks_exact(3).all(|p| p[0] < 128), "{what}: box dropped but white left");
+                    }
+                }
+            }
+        }
+        assert!(kept > 40, "only {kept} boxes kept");
     }
 
     #[test]

@@ -178,6 +178,9 @@ pub struct Batch {
     /// Per-sample weights that keep an importance-sampled loss unbiased; `None` when
     /// sampling is uniform.
     pub weights: Option<Vec<f32>>,
+    /// The samples' boxes, padded, when the source carries boxes; `None` otherwise.
+    /// Boxed: most batches have none, and a `Batch` is moved around in enums.
+    pub boxes: Option<Box<crate::record::BatchBoxes>>,
 }
 
 impl Batch {

@@ -63,6 +63,8 @@ pub enum SampleErrorKind {
     /// A `map` op's user function failed (for Python, `message` is the exception's type
     /// and text).
     UserOp { op: String, message: String },
+    /// The sample's boxes could not be read (malformed JSON, a NaN coordinate, too many).
+    BadAnnotation(String),
 }
 
 impl fmt::Display for SampleErrorKind {
@@ -82,6 +84,7 @@ impl fmt::Display for SampleErrorKind {
             SampleErrorKind::Refused(m) => write!(f, "refused: {m}"),
             SampleErrorKind::Panicked(m) => write!(f, "sluice panicked on this sample (a bug, please report it): {m}"),
             SampleErrorKind::UserOp { op, message } => write!(f, "`map` op `{op}` failed: {message}"),
+            SampleErrorKind::BadAnnotation(m) => write!(f, "bad boxes: {m}"),
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod error;
 pub mod image;
 pub mod manifest;
 pub mod placement;
+pub mod record;
 pub mod rng;
 pub mod spec;
 
@@ -15,6 +16,7 @@ pub use error::{SampleError, SampleErrorKind, SpecError, Stage};
 pub use image::{DType, Image, Layout, Pixels};
 pub use manifest::{Entry, Location, Manifest, SampleKey};
 pub use placement::{Owners, Rendezvous};
+pub use record::{Annotation, BatchBoxes, BoxTargets};
 pub use rng::SampleRng;
 pub use spec::{
     Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy,

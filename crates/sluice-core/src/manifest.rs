@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::record::Annotation;
+
 /// The stable name of a sample: its position in the manifest. Stable for as long as the
 /// manifest's fingerprint is unchanged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -68,6 +70,10 @@ pub struct Manifest {
     /// sources); empty for one source.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<usize>,
+    /// Each sample's boxes, by key, where the source carries them (COCO, sidecars);
+    /// `None` for image + label sources, which then pay nothing for records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<Vec<Annotation>>,
 }
 
 impl Manifest {
@@ -79,7 +85,7 @@ impl Manifest {
             .map(|(i, (location, label, size))| Entry { key: SampleKey(i as u64), location, label, size })
             .collect();
         let fingerprint = fingerprint(&entries, &classes);
-        Self { root, entries, classes, fingerprint, parts: Vec::new() }
+        Self { root, entries, classes, fingerprint, parts: Vec::new(), annotations: None }
     }
 
     /// One manifest over several, in order (a mixed source): keys run on through the
@@ -113,7 +119,41 @@ impl Manifest {
                 entries.push(Entry { key: SampleKey(entries.len() as u64), location, ..e });
             }
         }
-        Self { root: PathBuf::new(), entries, classes, fingerprint: h.digest(), parts: sizes }
+        Self { root: PathBuf::new(), entries, classes, fingerprint: h.digest(), parts: sizes, annotations: None }
+
+    }
+
+    /// Attaches each sample's boxes (`annotations[i]` is entry `i`'s); they join the
+    /// fingerprint, so a checkpoint or cache of other boxes no longer applies.
+    pub fn with_annotations(mut self, annotations: Vec<Annotation>) -> Self {
+        let mut h = Xxh3::new();
+        h.update(&self.fingerprint.to_le_bytes());
+        for a in &annotations {
+            match a {
+                Annotation::Boxes(b) => {
+                    h.update(b"B");
+                    b.hash_into(&mut h);
+                }
+                Annotation::Invalid(m) => {
+                    h.update(b"I");
+                    h.update(m.as_bytes());
+                }
+            }
+        }
+        self.fingerprint = h.digest();
+        self.annotations = Some(annotations);
+        self
+    }
+
+    /// Whether samples carry boxes.
+    pub fn has_boxes(&self) -> bool {
+        self.annotations.is_some()
+    }
+
+    /// The boxes of the sample at position `pos`: `None` when the source has none,
+    /// `Some(Err)` when they could not be read.
+    pub fn annotation(&self, pos: usize) -> Option<&Annotation> {
+        self.annotations.as_ref().and_then(|a| a.get(pos))
     }
 
     pub fn len(&self) -> usize {

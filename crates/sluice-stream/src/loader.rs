@@ -512,6 +512,7 @@ impl StreamLoader {
             images,
             layout: self.runner.plan().output_layout(),
             weights: None,
+            boxes: None,
         };
         Ok(StreamBatch { batch, rehearsal: kept.iter().map(|&i| who(i).3).collect() })
     }

@@ -27,11 +27,15 @@ pub struct DatasetOptions {
     pub texture: u8,
     /// Bad files to add (cycling through the kinds in [`BAD_KINDS`]).
     pub corrupt: usize,
+    /// Also write each image's boxes (the shapes drawn on it, labelled with its class): a
+    /// JSON sidecar beside each image (`img_XXXXXXX.json`, the `sidecar` source) and
+    /// `instances.json` at the root (the `coco` source, `images` = the root).
+    pub boxes: bool,
 }
 
 impl Default for DatasetOptions {
     fn default() -> Self {
-        Self { images: 1000, classes: 10, seed: 0, quality: 90, texture: 35, corrupt: 0 }
+        Self { images: 1000, classes: 10, seed: 0, quality: 90, texture: 35, corrupt: 0, boxes: false }
     }
 }
 
@@ -72,10 +76,17 @@ pub fn write_dataset(
                 s.spawn(move || -> Result<u64, SynthError> {
                     let mut bytes = 0;
                     for i in (t..options.images).step_by(threads) {
-                        let jpeg = image_jpeg(i, options)?;
+                        let (w, h, rgb, boxes) = image_pixels_with_boxes(i, options);
+                        let jpeg = sluice_codec::encode_jpeg(&rgb, w, h, options.quality)
+                            .map_err(|e| SynthError::Encode { index: i, message: e.to_string() })?;
                         let path = root.join(class_name(i % classes)).join(format!("img_{i:07}.jpg"));
                         bytes += jpeg.len() as u64;
-                        std::fs::write(&path, jpeg).map_err(|source| SynthError::Io { path, source })?;
+                        std::fs::write(&path, jpeg).map_err(|source| SynthError::Io { path: path.clone(), source })?;
+                        if options.boxes {
+                            let path = path.with_extension("json");
+                            let json = sidecar_json(&boxes, i % classes);
+                            std::fs::write(&path, json).map_err(|source| SynthError::Io { path, source })?;
+                        }
                         progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
                     }
                     Ok(bytes)
@@ -99,7 +110,52 @@ pub fn write_dataset(
         let path = write_bad_file(root, k, classes, options)?;
         summary.bad_files.push(path);
     }
+    if options.boxes {
+        write_coco(root, options)?;
+    }
     Ok(summary)
+}
+
+/// A sidecar: `{"boxes": [[x1, y1, x2, y2], ...], "labels": [...], "label": class}`.
+fn sidecar_json(boxes: &[[u32; 4]], class: usize) -> String {
+    let b: Vec<String> = boxes.iter().map(|b| format!("[{}, {}, {}, {}]", b[0], b[1], b[2], b[3])).collect();
+    let l = vec![class.to_string(); boxes.len()];
+    format!("{{\"boxes\": [{}], \"labels\": [{}], \"label\": {class}}}\n", b.join(", "), l.join(", "))
+}
+
+/// `root/instances.json`: the good images with their boxes, COCO style (`bbox` as
+/// `[x, y, width, height]`, `category_id` the class, image ids from 1).
+fn write_coco(root: &Path, options: &DatasetOptions) -> Result<(), SynthError> {
+    let classes = options.classes.max(1);
+    let mut images = Vec::with_capacity(options.images);
+    let mut annotations = Vec::new();
+    for i in 0..options.images {
+        let (w, h, boxes) = image_boxes(i, options);
+        let file = format!("{}/img_{i:07}.jpg", class_name(i % classes));
+        images.push(format!("{{\"id\": {}, \"file_name\": \"{file}\", \"width\": {w}, \"height\": {h}}}", i + 1));
+        for b in boxes {
+            let (bw, bh) = (b[2] - b[0], b[3] - b[1]);
+            annotations.push(format!(
+                "{{\"id\": {}, \"image_id\": {}, \"bbox\": [{}, {}, {bw}, {bh}], \"category_id\": {}, \"area\": {}, \"iscrowd\": 0}}",
+                annotations.len() + 1,
+                i + 1,
+                b[0],
+                b[1],
+                i % classes,
+                bw * bh
+            ));
+        }
+    }
+    let categories: Vec<String> =
+        (0..classes).map(|c| format!("{{\"id\": {c}, \"name\": \"{}\"}}", class_name(c))).collect();
+    let json = format!(
+        "{{\"images\": [\n{}\n], \"annotations\": [\n{}\n], \"categories\": [{}]}}\n",
+        images.join(",\n"),
+        annotations.join(",\n"),
+        categories.join(", ")
+    );
+    let path = root.join("instances.json");
+    std::fs::write(&path, json).map_err(|source| SynthError::Io { path, source })
 }
 
 /// The dataset the benchmarks and the demo use, in `root`: `images` JPEGs in 10 classes
@@ -136,6 +192,20 @@ pub fn image_jpeg(i: usize, options: &DatasetOptions) -> Result<Vec<u8>, SynthEr
 
 /// Pixels of image `i`: a two-colour gradient, class-coloured shapes and texture noise.
 pub fn image_pixels(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>) {
+    let (w, h, rgb, _) = image_pixels_with_boxes(i, options);
+    (w, h, rgb)
+}
+
+/// The size of image `i` and the boxes of its shapes, without drawing it.
+pub fn image_boxes(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<[u32; 4]>) {
+    let (w, h, _, boxes) = image_pixels_with_boxes(i, &DatasetOptions { texture: 0, ..options.clone() });
+    (w, h, boxes)
+}
+
+/// [`image_pixels`] and the box of each shape drawn, `[x1, y1, x2, y2]` in pixels (a shape
+/// covers pixels `x1..x2`, `y1..y2`; later shapes may hide parts of earlier ones).
+pub fn image_pixels_with_boxes(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>, Vec<[u32; 4]>) {
+    let mut boxes = Vec::new();
     let class = i % options.classes.max(1);
     let mut rng = SampleRng::new(options.seed, 0, SampleKey(i as u64), 0);
     let mut class_rng = SampleRng::new(options.seed, 1, SampleKey(class as u64), 0);
@@ -172,6 +242,9 @@ pub fn image_pixels(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>) {
         let ellipse = (class + s).is_multiple_of(2);
         let (x0, x1) = ((cx - rx).max(0.0) as usize, ((cx + rx) as usize).min(wu));
         let (y0, y1) = ((cy - ry).max(0.0) as usize, ((cy + ry) as usize).min(hu));
+        if x1 > x0 && y1 > y0 {
+            boxes.push([x0 as u32, y0 as u32, x1 as u32, y1 as u32]);
+        }
         for y in y0..y1 {
             for x in x0..x1 {
                 let (nx, ny) = ((x as f32 - cx) / rx, (y as f32 - cy) / ry);
@@ -183,7 +256,7 @@ pub fn image_pixels(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>) {
         }
     }
     add_texture(&mut rgb, w, h, options.texture, &mut rng);
-    (w, h, rgb)
+    (w, h, rgb, boxes)
 }
 
 /// Adds luminance texture with a natural-image (1/f-like) spectrum: value noise summed

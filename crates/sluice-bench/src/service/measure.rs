@@ -167,6 +167,7 @@ fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Re
                 images: Tensor::zeros(DType::U8, vec![n, side, side, 3]),
                 layout: Layout::Hwc,
                 weights: None,
+                boxes: None,
             };
             if tx.blocking_send(Ok(Outgoing::new(batch, Compression::None))).is_err() {
                 return;

@@ -12,6 +12,7 @@
 use sluice_core::{Interpolation, OpSpec, PaddingMode, SampleRng, Size};
 
 use super::{frames, not_mine};
+use crate::boxes::{self, Motion};
 use crate::CodecError;
 
 pub(super) fn runs(op: &OpSpec) -> bool {
@@ -28,6 +29,7 @@ pub(super) fn runs(op: &OpSpec) -> bool {
 
 /// Runs `op` on `src` (`w x h` RGB8) into `dst`; an output larger than `max_pixels` (an
 /// expanded rotation, a pad) is refused before anything is allocated.
+#[cfg(test)]
 pub(super) fn apply(
     op: &OpSpec,
     src: &[u8],
@@ -37,12 +39,30 @@ pub(super) fn apply(
     max_pixels: u64,
     dst: &mut Vec<u8>,
 ) -> Result<(u32, u32), CodecError> {
+    apply_moving(op, src, w, h, rng, max_pixels, dst, &mut Motion::Identity)
+}
+
+/// [`apply`], also saying in `motion` how the pixels moved (for the sample's boxes).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn apply_moving(
+    op: &OpSpec,
+    src: &[u8],
+    w: u32,
+    h: u32,
+    rng: &mut SampleRng,
+    max_pixels: u64,
+    dst: &mut Vec<u8>,
+    motion: &mut Motion,
+) -> Result<(u32, u32), CodecError> {
+    *motion = Motion::Identity;
     match *op {
         OpSpec::RandomRotation { degrees, interpolation, expand, center, fill } => {
             // torchvision: angle = uniform(degrees[0], degrees[1]).
             let angle = rng.uniform(degrees[0], degrees[1]);
             let warp = Warp { interpolation, fill: Some(fill) };
-            return rotate(src, w, h, angle, expand, center, warp, max_pixels, dst);
+            let out = rotate(src, w, h, angle, expand, center, warp, max_pixels, dst)?;
+            *motion = boxes::rotation(angle.rem_euclid(360.0), expand, center, (w, h));
+            return Ok(out);
         }
         OpSpec::RandomAffine { degrees, translate, scale, shear, interpolation, fill } => {
             // torchvision's RandomAffine.make_params, draw for draw.
@@ -63,6 +83,8 @@ pub(super) fn apply(
             let params = AffineParams { angle, translate: [tx, ty], scale, shear, center: None };
             let (src, out) = frames(src, dst, w, h)?;
             affine(src, w, h, &params, Warp { interpolation, fill: Some(fill) }, out);
+            let center = [f64::from(w) * 0.5, f64::from(h) * 0.5];
+            *motion = Motion::Affine(boxes::forward_affine(center, angle, [tx, ty], scale, shear));
         }
         OpSpec::RandomPerspective { distortion_scale, p, interpolation, fill } => {
             let (src, out) = frames(src, dst, w, h)?;
@@ -75,13 +97,19 @@ pub(super) fn apply(
                 let starts = [[0, 0], [r, 0], [r, b], [0, b]];
                 let coeffs = perspective_coefficients(&starts, &ends);
                 perspective(src, w, h, coeffs, Warp { interpolation, fill: Some(fill) }, out);
+                *motion = boxes::perspective(coeffs);
             }
         }
         OpSpec::Pad { padding, fill, padding_mode } => {
-            return pad(src, w, h, padding, fill, padding_mode, max_pixels, dst);
+            let out = pad(src, w, h, padding, fill, padding_mode, max_pixels, dst)?;
+            *motion = Motion::crop(-f64::from(padding[0]), -f64::from(padding[1]));
+            return Ok(out);
         }
         OpSpec::RandomCrop { size, padding, pad_if_needed, fill, padding_mode } => {
-            return random_crop(src, w, h, size, padding, pad_if_needed, fill, padding_mode, rng, dst);
+            let (out, (left, top)) =
+                random_crop(src, w, h, size, padding, pad_if_needed, fill, padding_mode, rng, dst)?;
+            *motion = Motion::crop(left as f64, top as f64);
+            return Ok(out);
         }
         _ => {}
     }
@@ -96,6 +124,7 @@ pub(super) fn apply(
             // torchvision: flip if torch.rand(1) < p.
             if rng.next_f64() < p {
                 vertical_flip(src, w, out);
+                *motion = Motion::VerticalFlip { h: f64::from(h) };
             } else {
                 out.copy_from_slice(src);
             }
@@ -526,6 +555,9 @@ pub(super) fn pad(
     Ok((ow, oh))
 }
 
+/// An output's size, and the input pixel at its top-left corner (negative: in the padding).
+type SizeAndOrigin = ((u32, u32), (i64, i64));
+
 /// torchvision RandomCrop: pad by `padding` (and to `size` when `pad_if_needed`), then a
 /// `size` window at a uniform position, read straight from the input (the padded image is
 /// never built). Draws the top, then the left, each only when there is a choice.
@@ -541,7 +573,7 @@ fn random_crop(
     mode: PaddingMode,
     rng: &mut SampleRng,
     dst: &mut Vec<u8>,
-) -> Result<(u32, u32), CodecError> {
+) -> Result<SizeAndOrigin, CodecError> {
     let src = src.get(..w as usize * h as usize * 3).ok_or_else(|| too_short(src, w, h))?;
     let [mut l, mut t, r, b] = padding.unwrap_or([0; 4]).map(i64::from);
     let (mut pw, mut ph) = (i64::from(w) + l + r, i64::from(h) + t + b);
@@ -567,7 +599,7 @@ fn random_crop(
     let n = size.width as usize * size.height as usize * 3;
     dst.resize(n, 0);
     padded_window(src, w, h, (left - l, top - t), (size.width, size.height), fill, mode, &mut dst[..n]);
-    Ok((size.width, size.height))
+    Ok(((size.width, size.height), (left - l, top - t)))
 }
 
 #[cfg(test)]

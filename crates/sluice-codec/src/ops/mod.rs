@@ -12,6 +12,7 @@
 
 use sluice_core::{DType, Layout, OpSpec, SampleRng};
 
+use crate::boxes::Motion;
 use crate::CodecError;
 
 mod color;
@@ -30,8 +31,10 @@ pub(crate) fn commutes_with_flip(op: &OpSpec) -> bool {
 }
 
 /// Runs `op` on `src` (`w x h` RGB8 HWC), writing the result into `dst` (resized to fit);
-/// returns the result's size. An op whose output would pass `max_pixels` (an expanded
-/// rotation, a pad) is refused.
+/// returns the result's size, and says in `motion` how the pixels moved (colour ops move
+/// nothing; the policies are refused with boxes by validation, so theirs is not tracked). An
+/// op whose output would pass `max_pixels` (an expanded rotation, a pad) is refused.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn apply(
     op: &OpSpec,
     src: &[u8],
@@ -40,13 +43,15 @@ pub(crate) fn apply(
     rng: &mut SampleRng,
     max_pixels: u64,
     dst: &mut Vec<u8>,
+    motion: &mut Motion,
 ) -> Result<(u32, u32), CodecError> {
+    *motion = Motion::Identity;
     if color::runs(op) {
         color::apply(op, src, w, h, rng, dst)
     } else if policy::runs(op) {
         policy::apply(op, src, w, h, rng, max_pixels, dst)
     } else {
-        geometry::apply(op, src, w, h, rng, max_pixels, dst)
+        geometry::apply_moving(op, src, w, h, rng, max_pixels, dst, motion)
     }
 }
 

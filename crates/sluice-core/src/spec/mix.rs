@@ -60,6 +60,9 @@ pub(super) fn validate(sources: &[MixedSource]) -> Result<(), SpecError> {
         if matches!(s.source, SourceSpec::Mix { .. }) {
             return Err(SpecError::new(format!("source.sources[{i}]"), "a mix cannot hold another mix"));
         }
+        if s.source.has_boxes() {
+            return Err(SpecError::new(format!("source.sources[{i}]"), "sources with boxes cannot be mixed yet"));
+        }
         s.source.validate().map_err(|e| SpecError::new(format!("source.sources[{i}]"), e.to_string()))?;
     }
     Ok(())

@@ -50,6 +50,8 @@ pub const MAX_FILE_BYTES: u64 = 4 << 30;
 pub const MAX_CACHE_BYTES: u64 = 1 << 50;
 /// Most ops in one pipeline.
 pub const MAX_OPS: usize = 64;
+/// Most boxes `limits.max_boxes` may allow in one sample.
+pub const MAX_BOXES: u64 = 1 << 24;
 /// Largest emulated storage latency (ms): a minute.
 pub const MAX_LATENCY_MS: f64 = 60_000.0;
 /// Largest emulated per-sample cost of a `sleep` op (µs): a second.
@@ -136,6 +138,21 @@ pub enum SourceSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         label_column: Option<String>,
     },
+    /// COCO-style detection: an `instances_*.json` (`images`, `annotations` with XYWH
+    /// `bbox` and `category_id`) and the folder its `file_name`s are in. Samples are the
+    /// listed images in `id` order; each box's label is its `category_id`.
+    Coco { annotations: PathBuf, images: PathBuf },
+    /// A folder of images, each with a JSON sidecar of the same stem (WebDataset's
+    /// convention: `0001.jpg` + `0001.json` holding `{"boxes": [[x1, y1, x2, y2], ...],
+    /// "labels": [...]}`, optionally `"label"`: the sample's own integer label).
+    Sidecar { root: PathBuf },
+}
+
+impl SourceSpec {
+    /// Whether the source's samples carry boxes.
+    pub fn has_boxes(&self) -> bool {
+        matches!(self, SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. })
+    }
 }
 
 fn default_image_column() -> String {
@@ -262,6 +279,13 @@ pub struct Limits {
     /// Files larger than this are rejected before reading.
     #[serde(default = "default_max_file_bytes")]
     pub max_file_bytes: u64,
+    /// A sample with more boxes than this fails (under `on_error`) instead of being loaded.
+    #[serde(default = "default_max_boxes")]
+    pub max_boxes: u64,
+}
+
+fn default_max_boxes() -> u64 {
+    10_000
 }
 
 fn default_max_pixels() -> u64 {
@@ -273,11 +297,33 @@ fn default_max_file_bytes() -> u64 {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_pixels: default_max_pixels(), max_file_bytes: default_max_file_bytes() }
+        Self {
+            max_pixels: default_max_pixels(),
+            max_file_bytes: default_max_file_bytes(),
+            max_boxes: default_max_boxes(),
+        }
     }
 }
 
 impl PipelineSpec {
+    /// What a source with boxes cannot do yet: the augmentation policies (their geometric
+    /// sub-ops do not move boxes yet) and a cache (it keeps pixels, not boxes).
+    fn validate_for_boxes(&self) -> Result<(), SpecError> {
+        for (i, op) in self.ops.iter().enumerate() {
+            if matches!(op, OpSpec::TrivialAugmentWide { .. } | OpSpec::RandAugment { .. } | OpSpec::AutoAugment { .. })
+            {
+                return Err(SpecError::new(
+                    format!("ops[{i}]"),
+                    format!("`{}` does not move boxes yet; a source with boxes cannot use it", op.name()),
+                ));
+            }
+        }
+        if self.cache.is_some() {
+            return Err(SpecError::new("cache", "a source with boxes cannot be cached yet (the cache keeps no boxes)"));
+        }
+        Ok(())
+    }
+
     /// The standard training pipeline: decode, RandomResizedCrop(size), flip, u8 HWC.
     pub fn train_default(source: SourceSpec, size: u32, batch: usize) -> Self {
         Self {
@@ -406,6 +452,7 @@ impl PipelineSpec {
         }
         check_count("limits.max_pixels", self.limits.max_pixels, 1, MAX_PIXELS)?;
         check_count("limits.max_file_bytes", self.limits.max_file_bytes, 1, MAX_FILE_BYTES)?;
+        check_count("limits.max_boxes", self.limits.max_boxes, 1, MAX_BOXES)?;
         self.source.validate()?;
         if matches!(self.source, SourceSpec::Mix { .. }) {
             if self.sampling != SamplingSpec::Uniform {
@@ -419,6 +466,9 @@ impl PipelineSpec {
             }
         }
         ops::validate_ops(&self.ops)?;
+        if self.source.has_boxes() {
+            self.validate_for_boxes()?;
+        }
         if self.batch_bytes().is_none_or(|b| b > MAX_BATCH_BYTES) {
             let (dtype, _, size) = self.output();
             return Err(SpecError::new(
@@ -470,6 +520,15 @@ fn check_count(field: &str, value: u64, min: u64, max: u64) -> Result<(), SpecEr
 impl SourceSpec {
     fn validate(&self) -> Result<(), SpecError> {
         match self {
+            SourceSpec::Coco { annotations, .. } if annotations.as_os_str().is_empty() => {
+                Err(SpecError::new("source.annotations", "must not be empty"))
+            }
+            SourceSpec::Coco { images, .. } if images.as_os_str().is_empty() => {
+                Err(SpecError::new("source.images", "must not be empty"))
+            }
+            SourceSpec::Sidecar { root } if root.as_os_str().is_empty() => {
+                Err(SpecError::new("source.root", "must not be empty"))
+            }
             SourceSpec::ImageFolder { root } if root.as_os_str().is_empty() => {
                 Err(SpecError::new("source.root", "must not be empty"))
             }
@@ -508,6 +567,11 @@ impl SourceSpec {
             SourceSpec::Tar { shards } => shards.iter_mut().for_each(fix),
             SourceSpec::Mix { sources } => sources.iter_mut().for_each(|s| s.source.resolve_relative(dir)),
             SourceSpec::Parquet { path, .. } => fix(path),
+            SourceSpec::Coco { annotations, images } => {
+                fix(annotations);
+                fix(images);
+            }
+            SourceSpec::Sidecar { root } => fix(root),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use sluice_core::{Batch, DType, ErrorPolicy, SampleError, Tensor};
+use sluice_core::{Batch, BatchBoxes, BoxTargets, DType, ErrorPolicy, SampleError, Tensor};
 
 use super::engine::{Engine, CHUNK};
 use super::sample::{ChunkDone, ChunkJob};
@@ -28,6 +28,8 @@ struct Assembly {
     keys: Vec<u64>,
     labels: Vec<i64>,
     weights: Option<Vec<f32>>,
+    /// Each slot's boxes, when the source carries boxes.
+    boxes: Option<Vec<BoxTargets>>,
     chunks_left: usize,
     failures: Vec<(usize, SampleError)>,
     /// When its first job was submitted, if a trace was being recorded then (or build
@@ -209,6 +211,7 @@ impl EpochIter {
                 keys,
                 labels,
                 weights,
+                boxes: self.shared.data.manifest.has_boxes().then(|| vec![BoxTargets::default(); indices.len()]),
                 chunks_left: chunks,
                 failures: Vec::new(),
                 submitted_ns,
@@ -254,6 +257,13 @@ impl EpochIter {
             if let Some(a) = self.pending.get_mut(&done.batch) {
                 a.chunks_left -= 1;
                 a.failures.extend(done.failures);
+                if let Some(slots) = a.boxes.as_mut() {
+                    for (slot, t) in done.boxes {
+                        if let Some(s) = slots.get_mut(slot) {
+                            *s = t;
+                        }
+                    }
+                }
                 if let (0, Some(start_ns)) = (a.chunks_left, a.submitted_ns) {
                     let end_ns = now_ns();
                     a.built_ns = Some(end_ns);
@@ -284,6 +294,7 @@ impl EpochIter {
         let mut keys = a.keys;
         let mut labels = a.labels;
         let mut weights = a.weights;
+        let mut boxes = a.boxes;
         if !a.failures.is_empty() {
             let mut stats = self.shared.observers.stats.lock();
             for (_, e) in &a.failures {
@@ -307,6 +318,9 @@ impl EpochIter {
                     if let Some(w) = weights.as_mut() {
                         w[kept] = w[slot];
                     }
+                    if let Some(b) = boxes.as_mut() {
+                        b.swap(kept, slot);
+                    }
                 }
                 kept += 1;
             }
@@ -315,9 +329,14 @@ impl EpochIter {
             if let Some(w) = weights.as_mut() {
                 w.truncate(kept);
             }
+            if let Some(b) = boxes.as_mut() {
+                b.truncate(kept);
+            }
             images.truncate_rows(kept);
         }
-        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout: self.shared.data.layout, weights }))
+        let boxes = boxes.map(|b| Box::new(BatchBoxes::pad(&b)));
+        let layout = self.shared.data.layout;
+        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout, weights, boxes }))
     }
 
     /// A batch-level trace event on the calling (consumer's) thread.

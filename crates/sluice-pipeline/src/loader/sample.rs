@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use sluice_codec::{CodecError, SampleInfo, Scratch};
-use sluice_core::{CacheLevel, Image, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage};
+use sluice_core::{
+    Annotation, BoxTargets, CacheLevel, Image, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage,
+};
 
 use super::engine::{panic_message, probe, ChunkMeter, ChunkWork};
 use super::slab::Slab;
@@ -38,6 +40,7 @@ impl ChunkJob {
         let ops = 1 + shared.data.steps.suffix.end.max(shared.data.steps.prefix.end);
         let mut meter = ChunkMeter::start(&shared.observers, local, ops, self.slots.len());
         let mut failures = Vec::new();
+        let mut boxes = Vec::new();
         for slot in self.slots.clone() {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
@@ -51,7 +54,7 @@ impl ChunkJob {
             // consumer waiting forever for a chunk that never reports.
             let times = &mut meter.sample;
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_sample(slot, pos, local, times, &mut stage, &mut cache_use)
+                self.run_sample(slot, pos, local, times, &mut stage, &mut cache_use, &mut boxes)
             }));
             let id = SampleId { key: entry.key.0, batch: self.batch, epoch: self.epoch };
             meter.end(local, cache_use, id);
@@ -75,11 +78,13 @@ impl ChunkJob {
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
-        let _ = reply.send(ChunkDone { batch, failures, work });
+        let _ = reply.send(ChunkDone { batch, failures, work, boxes });
     }
 
     /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
-    /// step it is in, for the report of a panic, and `cache_use` at what the cache did.
+    /// step it is in, for the report of a panic, and `cache_use` at what the cache did. A
+    /// sample with boxes pushes them, moved with its pixels, onto `boxes`.
+    #[allow(clippy::too_many_arguments)]
     fn run_sample(
         &self,
         slot: usize,
@@ -88,6 +93,7 @@ impl ChunkJob {
         times: &mut [Duration],
         stage: &mut Stage,
         cache_use: &mut CacheUse,
+        boxes: &mut Vec<(usize, BoxTargets)>,
     ) -> Result<u64, SampleFailure> {
         let shared = &self.shared;
         let entry = &shared.data.manifest.entries[pos as usize];
@@ -96,6 +102,19 @@ impl ChunkJob {
         local.scratch.sample = SampleInfo { key: entry.key.0, label: entry.label, epoch: self.epoch, seed: 0 };
         // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
         let out = unsafe { self.slab.slot(slot) };
+        // A source with boxes: checked before the read, so a bad annotation costs no I/O.
+        let mut targets = match shared.data.manifest.annotation(pos as usize) {
+            None => None,
+            Some(Annotation::Invalid(why)) => return Err((Stage::Read, SampleErrorKind::BadAnnotation(why.clone()))),
+            Some(Annotation::Boxes(t)) => {
+                let max = shared.data.spec.limits.max_boxes;
+                if t.len() as u64 > max {
+                    let why = format!("{} boxes, over the limit of {max} (limits.max_boxes)", t.len());
+                    return Err((Stage::Read, SampleErrorKind::BadAnnotation(why)));
+                }
+                Some(t.clone())
+            }
+        };
         if let Some(cache) = &shared.priority.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
             *stage = Stage::Decode;
@@ -120,11 +139,15 @@ impl ChunkJob {
         }
         read.map_err(|kind| (Stage::Read, kind))?;
         *stage = Stage::Decode;
-        shared
-            .data
-            .plan
-            .run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..])
-            .map_err(decode_err)?;
+        let plan = &shared.data.plan;
+        match targets.as_mut() {
+            None => plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]),
+            Some(t) => plan.run_with_boxes(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..], t),
+        }
+        .map_err(decode_err)?;
+        if let Some(t) = targets {
+            boxes.push((slot, t));
+        }
         Ok(local.read_buf.len() as u64)
     }
 }
@@ -330,6 +353,8 @@ pub(super) struct ChunkDone {
     pub(super) batch: u64,
     pub(super) failures: Vec<(usize, SampleError)>,
     pub(super) work: ChunkWork,
+    /// The boxes of each sample done, by slot, when the source carries boxes.
+    pub(super) boxes: Vec<(usize, BoxTargets)>,
 }
 
 #[cfg(test)]

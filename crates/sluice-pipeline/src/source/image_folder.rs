@@ -63,9 +63,9 @@ pub fn enumerate(root: &Path) -> Result<Manifest, SourceError> {
 }
 
 #[derive(Default)]
-struct WalkStats {
-    ignored: usize,
-    broken_links: usize,
+pub(super) struct WalkStats {
+    pub(super) ignored: usize,
+    pub(super) broken_links: usize,
 }
 
 /// A folder's image files as (name, size), to be sorted.
@@ -76,7 +76,7 @@ struct Folder {
 
 /// Walks one class folder. Folders are visited in the order of their root-relative path
 /// bytes (what Python's `sorted(os.walk(...))` gives), files sorted within each folder.
-fn walk_class(
+pub(super) fn walk_class(
     root: &Path,
     class: &Path,
     label: i64,

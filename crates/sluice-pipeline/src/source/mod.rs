@@ -3,10 +3,12 @@
 //! `stat` per file, tar headers by seeking); sample bytes are read later through
 //! [`crate::storage`].
 
+pub mod coco;
 pub mod file_list;
 pub mod image_folder;
 pub mod object;
 pub mod parquet;
+pub mod sidecar;
 pub mod tar;
 
 use std::io;
@@ -31,6 +33,8 @@ pub enum SourceError {
         #[source]
         source: io::Error,
     },
+    #[error("{}: not a COCO annotation file: {message}", path.display())]
+    BadAnnotations { path: PathBuf, message: String },
     #[error("{}:{line}: label `{text}` is not an integer (a line is `path` or `path <label>`)", path.display())]
     BadLabel { path: PathBuf, line: usize, text: String },
     #[error("{}: corrupt tar header at or after byte offset {offset}: {message}", shard.display())]
@@ -79,6 +83,8 @@ pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
         SourceSpec::Parquet { path, image_column, label_column } => {
             self::parquet::enumerate(path, image_column, label_column.as_deref())?
         }
+        SourceSpec::Coco { annotations, images } => coco::enumerate(annotations, images)?,
+        SourceSpec::Sidecar { root } => sidecar::enumerate(root)?,
     };
     tracing::info!(
         samples = manifest.len(),

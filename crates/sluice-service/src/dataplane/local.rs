@@ -334,7 +334,16 @@ mod tests {
     use sluice_core::{Batch, Layout};
 
     fn batch(images: Tensor) -> Batch {
-        Batch { epoch: 0, index: 0, keys: vec![0], labels: vec![0], images, layout: Layout::Hwc, weights: None }
+        Batch {
+            epoch: 0,
+            index: 0,
+            keys: vec![0],
+            labels: vec![0],
+            images,
+            layout: Layout::Hwc,
+            weights: None,
+            boxes: None,
+        }
     }
 
     #[test]

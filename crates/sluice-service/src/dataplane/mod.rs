@@ -306,6 +306,7 @@ mod tests {
                             images,
                             layout: Layout::Chw,
                             weights: None,
+                            boxes: None,
                         };
                         let _ = tx.send(Ok(Outgoing::new(b, Compression::from_wire(req.compression).unwrap()))).await;
                     }

@@ -188,6 +188,7 @@ fn run_task(
                 images: Tensor::zeros(DType::U8, vec![0]),
                 layout: Layout::Hwc,
                 weights: None,
+                boxes: None,
             };
             if !send(empty, of(index), trace(None)) {
                 complete = false;

@@ -1,0 +1,178 @@
+//! COCO-style detection: an `instances_*.json` and the folder its images are in. Samples are
+//! the file's `images` in `id` order (`file_name` relative to the image folder); each
+//! annotation's `bbox` (`[x, y, width, height]` in pixels) becomes an XYXY box labelled
+//! with its `category_id`, as torchvision's `wrap_dataset_for_transforms_v2(CocoDetection)`
+//! gives them. Other fields (`segmentation`, `area`, `iscrowd`, ...) are ignored.
+//!
+//! A malformed file fails enumeration (serde names the line and column); a malformed
+//! annotation (a `bbox` that is not 4 numbers, a negative width) fails only its image's
+//! sample, when it is loaded, under `on_error`.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use sluice_core::spec::MAX_BOXES;
+use sluice_core::{Annotation, BoxTargets, Location, Manifest};
+
+use super::SourceError;
+
+#[derive(Deserialize)]
+struct CocoFile {
+    images: Vec<CocoImage>,
+    #[serde(default)]
+    annotations: Vec<CocoAnnotation>,
+}
+
+#[derive(Deserialize)]
+struct CocoImage {
+    id: u64,
+    file_name: String,
+}
+
+#[derive(Deserialize)]
+struct CocoAnnotation {
+    #[serde(default)]
+    id: Option<u64>,
+    image_id: u64,
+    bbox: Vec<f64>,
+    category_id: i64,
+}
+
+/// Where an image's boxes stand while the annotations are read.
+enum Collecting {
+    Boxes(Vec<[f32; 4]>, Vec<i64>),
+    Invalid(String),
+}
+
+/// Enumerates a COCO detection dataset.
+pub fn enumerate(annotations: &Path, images: &Path) -> Result<Manifest, SourceError> {
+    let file = fs::File::open(annotations).map_err(|e| SourceError::io("COCO annotations", annotations, e))?;
+    let coco: CocoFile = serde_json::from_reader(std::io::BufReader::new(file))
+        .map_err(|e| SourceError::BadAnnotations { path: annotations.to_path_buf(), message: e.to_string() })?;
+    let meta = fs::metadata(images).map_err(|e| SourceError::io("COCO image folder", images, e))?;
+    if !meta.is_dir() {
+        return Err(SourceError::NotADirectory { path: images.to_path_buf() });
+    }
+    let mut list = coco.images;
+    list.sort_by_key(|i| i.id);
+    if let Some(w) = list.windows(2).find(|w| w[0].id == w[1].id) {
+        return Err(SourceError::BadAnnotations {
+            path: annotations.to_path_buf(),
+            message: format!("image id {} is listed twice", w[0].id),
+        });
+    }
+    let index: HashMap<u64, usize> = list.iter().enumerate().map(|(i, img)| (img.id, i)).collect();
+    let mut boxes: Vec<Collecting> = (0..list.len()).map(|_| Collecting::Boxes(Vec::new(), Vec::new())).collect();
+    let mut orphans = 0usize;
+    for a in coco.annotations {
+        let Some(&at) = index.get(&a.image_id) else {
+            orphans += 1;
+            continue;
+        };
+        let Collecting::Boxes(b, l) = &mut boxes[at] else { continue };
+        let what = a.id.map_or_else(|| "an annotation".to_string(), |id| format!("annotation {id}"));
+        let bad = match a.bbox[..] {
+            [x, y, w, h] if w >= 0.0 && h >= 0.0 => {
+                if b.len() as u64 >= MAX_BOXES {
+                    Some(format!("more than {MAX_BOXES} boxes"))
+                } else {
+                    b.push([x as f32, y as f32, (x + w) as f32, (y + h) as f32]);
+                    l.push(a.category_id);
+                    None
+                }
+            }
+            [_, _, _, _] => Some(format!("{what}: bbox {:?} has a negative width or height", a.bbox)),
+            _ => Some(format!("{what}: bbox {:?} is not [x, y, width, height]", a.bbox)),
+        };
+        if let Some(why) = bad {
+            boxes[at] = Collecting::Invalid(why);
+        }
+    }
+    if orphans > 0 {
+        tracing::warn!(orphans, file = %annotations.display(), "annotations whose image_id is not in `images` were ignored");
+    }
+    let mut items = Vec::with_capacity(list.len());
+    let mut anns = Vec::with_capacity(list.len());
+    for (img, collected) in list.into_iter().zip(boxes) {
+        let path = PathBuf::from(&img.file_name);
+        let size = fs::metadata(images.join(&path)).map(|m| m.len()).unwrap_or(0);
+        items.push((Location::File { path }, -1, size));
+        anns.push(match collected {
+            Collecting::Boxes(b, l) => match BoxTargets::checked(b, l, MAX_BOXES as usize) {
+                Ok(t) => Annotation::Boxes(t),
+                Err(why) => Annotation::Invalid(format!("image id {} in {}: {why}", img.id, annotations.display())),
+            },
+            Collecting::Invalid(why) => {
+                Annotation::Invalid(format!("image id {} in {}: {why}", img.id, annotations.display()))
+            }
+        });
+    }
+    if items.is_empty() {
+        return Err(SourceError::NoSamples {
+            dataset: annotations.display().to_string(),
+            hint: "the annotation file lists no `images`",
+        });
+    }
+    Ok(Manifest::new(images.to_path_buf(), items, Vec::new()).with_annotations(anns))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test fixtures: a failed setup is a failed test
+
+    use super::*;
+
+    fn write(dir: &Path, json: &str) -> PathBuf {
+        let path = dir.join("instances_train.json");
+        fs::write(&path, json).unwrap();
+        path
+    }
+
+    #[test]
+    fn images_in_id_order_with_xyxy_boxes_and_bad_annotations_failing_only_their_image() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("b.jpg"), b"12345").unwrap();
+        let path = write(
+            dir.path(),
+            r#"{"images": [{"id": 5, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}, {"id": 9, "file_name": "c.jpg"}],
+                "annotations": [
+                  {"id": 1, "image_id": 2, "bbox": [10, 20, 30, 40.5], "category_id": 18, "segmentation": [[1, 2]]},
+                  {"id": 2, "image_id": 2, "bbox": [0, 0, 1, 1], "category_id": 1},
+                  {"id": 3, "image_id": 5, "bbox": [0, 0, 1], "category_id": 1},
+                  {"id": 4, "image_id": 9, "bbox": [0, 0, -3, 1], "category_id": 1},
+                  {"id": 5, "image_id": 77, "bbox": [0, 0, 1, 1], "category_id": 1}],
+                "categories": []}"#,
+        );
+        let m = enumerate(&path, dir.path()).unwrap();
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.entries[0].location, Location::File { path: "b.jpg".into() });
+        assert_eq!((m.entries[0].label, m.entries[0].size, m.entries[1].size), (-1, 5, 0));
+        let want = BoxTargets { boxes: vec![[10.0, 20.0, 40.0, 60.5], [0.0, 0.0, 1.0, 1.0]], labels: vec![18, 1] };
+        assert_eq!(m.annotation(0), Some(&Annotation::Boxes(want)));
+        let Some(Annotation::Invalid(why)) = m.annotation(1) else { panic!("{:?}", m.annotation(1)) };
+        assert!(why.contains("image id 5") && why.contains("annotation 3") && why.contains("not [x, y"), "{why}");
+        let Some(Annotation::Invalid(why)) = m.annotation(2) else { panic!("{:?}", m.annotation(2)) };
+        assert!(why.contains("negative width"), "{why}");
+        // The boxes are part of the fingerprint.
+        let other = write(dir.path(), &fs::read_to_string(&path).unwrap().replace("30, 40.5", "30, 41"));
+        assert_ne!(enumerate(&other, dir.path()).unwrap().fingerprint, m.fingerprint);
+    }
+
+    #[test]
+    fn a_file_that_is_not_coco_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for (json, says) in [
+            (r#"{"images": [{"id": 1}]}"#, "file_name"),
+            (r#"{"images": [{"id": 1, "file_name": "a"}, {"id": 1, "file_name": "b"}]}"#, "listed twice"),
+            (r#"{"images": ["#, "EOF"),
+            (r#"{"images": []}"#, "no `images`"),
+        ] {
+            let path = write(dir.path(), json);
+            let err = enumerate(&path, dir.path()).unwrap_err().to_string();
+            assert!(err.contains(says), "{json}: {err}");
+            assert!(says == "no `images`" || err.contains("instances_train.json"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! A folder of images with a JSON sidecar each (WebDataset's convention: `0001.jpg` next
+//! to `0001.json`). The sidecar holds the sample's boxes, XYXY in pixels of the image:
+//! `{"boxes": [[x1, y1, x2, y2], ...], "labels": [l1, ...]}`, and optionally `"label"`, the
+//! sample's own integer label (-1 without). The folder is walked recursively in the order
+//! ImageFolder uses; only `.jpg`, `.jpeg` and `.png` files are samples.
+//!
+//! A sidecar that is missing, too large, not JSON, or whose boxes are not boxes (a NaN, `x2 <
+//! x1`, a count that does not match the labels) does not fail enumeration: its sample fails
+//! when loaded, under `on_error`, with the reason and the sample's path.
+
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+
+use serde::Deserialize;
+use sluice_core::spec::MAX_BOXES;
+use sluice_core::{Annotation, BoxTargets, Location, Manifest};
+
+use super::image_folder::{walk_class, WalkStats};
+use super::SourceError;
+
+/// Sidecars larger than this are refused (their sample fails): 16 MiB holds some 300 000
+/// boxes, far past any real sample.
+pub const MAX_SIDECAR_BYTES: u64 = 16 << 20;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Sidecar {
+    #[serde(default)]
+    boxes: Vec<[f32; 4]>,
+    #[serde(default)]
+    labels: Vec<i64>,
+    #[serde(default)]
+    label: Option<i64>,
+}
+
+/// Enumerates a folder of images with sidecars.
+pub fn enumerate(root: &Path) -> Result<Manifest, SourceError> {
+    let meta = fs::metadata(root).map_err(|e| SourceError::io("dataset root", root, e))?;
+    if !meta.is_dir() {
+        return Err(SourceError::NotADirectory { path: root.to_path_buf() });
+    }
+    let mut items = Vec::new();
+    walk_class(root, Path::new(""), -1, &mut items, &mut WalkStats::default())?;
+    if items.is_empty() {
+        return Err(SourceError::NoSamples {
+            dataset: root.display().to_string(),
+            hint: "no .jpg, .jpeg or .png files (each with a .json sidecar) under the folder",
+        });
+    }
+    let mut annotations = Vec::with_capacity(items.len());
+    let mut bad = 0usize;
+    for (location, label, _) in &mut items {
+        let Location::File { path } = location else { continue };
+        let sidecar = root.join(path.with_extension("json"));
+        let (annotation, own_label) = read_sidecar(&sidecar);
+        if let Annotation::Invalid(why) = &annotation {
+            if bad == 0 {
+                tracing::warn!(sidecar = %sidecar.display(), why, "a sample's sidecar cannot be read; it fails when loaded");
+            }
+            bad += 1;
+        }
+        *label = own_label.unwrap_or(-1);
+        annotations.push(annotation);
+    }
+    if bad > 1 {
+        tracing::warn!(bad, root = %root.display(), "samples whose sidecar cannot be read");
+    }
+    Ok(Manifest::new(root.to_path_buf(), items, Vec::new()).with_annotations(annotations))
+}
+
+/// Reads and checks one sidecar: its boxes (or why they cannot be used) and its label.
+fn read_sidecar(path: &Path) -> (Annotation, Option<i64>) {
+    let mut bytes = Vec::new();
+    let read = fs::File::open(path).and_then(|f| f.take(MAX_SIDECAR_BYTES + 1).read_to_end(&mut bytes));
+    match read {
+        Err(e) => (Annotation::Invalid(format!("sidecar {}: {e}", path.display())), None),
+        Ok(_) if bytes.len() as u64 > MAX_SIDECAR_BYTES => {
+            (Annotation::Invalid(format!("sidecar {} is over {} MiB", path.display(), MAX_SIDECAR_BYTES >> 20)), None)
+        }
+        Ok(_) => parse_sidecar(&bytes).map_or_else(
+            |why| (Annotation::Invalid(format!("sidecar {}: {why}", path.display())), None),
+            |(t, label)| (Annotation::Boxes(t), label),
+        ),
+    }
+}
+
+/// Parses a sidecar's bytes into checked boxes and the optional sample label.
+pub(crate) fn parse_sidecar(bytes: &[u8]) -> Result<(BoxTargets, Option<i64>), String> {
+    let s: Sidecar = serde_json::from_slice(bytes).map_err(|e| format!("not a boxes sidecar: {e}"))?;
+    let targets = BoxTargets::checked(s.boxes, s.labels, MAX_BOXES as usize)?;
+    Ok((targets, s.label))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidecars_parse_or_say_what_is_wrong() {
+        let ok = parse_sidecar(br#"{"boxes": [[1, 2, 30, 40.5]], "labels": [7], "label": 2}"#);
+        assert_eq!(ok, Ok((BoxTargets { boxes: vec![[1.0, 2.0, 30.0, 40.5]], labels: vec![7] }, Some(2))));
+        assert_eq!(parse_sidecar(b"{}"), Ok((BoxTargets::default(), None)));
+        for (bad, want) in [
+            (&br#"{"boxes": [[1, 2, 3]], "labels": [1]}"#[..], "not a boxes sidecar"),
+            (br#"{"boxes": [[1, 2, 3, 4]]"#, "EOF"),
+            (br#"{"boxes": [[1, 2, 3, 4]], "labels": []}"#, "1 boxes but 0 labels"),
+            (br#"{"boxes": [[1, 2, 1e39, 4]], "labels": [0]}"#, "finite"),
+            (br#"{"boxes": [[5, 2, 1, 4]], "labels": [0]}"#, "x2 < x1"),
+            (br#"{"bxoes": []}"#, "unknown field"),
+        ] {
+            match parse_sidecar(bad) {
+                Err(e) => assert!(e.contains(want), "{e} should say {want}"),
+                Ok(t) => panic!("{} parsed as {t:?}", String::from_utf8_lossy(bad)),
+            }
+        }
+    }
+}
