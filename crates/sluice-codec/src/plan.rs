@@ -1308,7 +1308,7 @@ mod tests {
         let px = white_rect(w, h, rect);
         let png = encode_png(&px, w, h, png::ColorType::Rgb, png::BitDepth::Eight, None);
         let jpg = encode_jpeg(&px, w, h, 95).unwrap();
-        let crop = |scale| OpSpec::RandomResizedCrop { size: Size::square(64), scale, ratio: RATIO };
+        let crop = |scale| OpSpec::random_resized_crop(Size::square(64), scale, RATIO);
         let flip = OpSpec::RandomHorizontalFlip { p: 1.0 };
         let vflip = OpSpec::RandomVerticalFlip { p: 1.0 };
         let rot = OpSpec::RandomRotation {
@@ -1328,7 +1328,7 @@ mod tests {
             ),
             (
                 "resize, center_crop, flip",
-                vec![OpSpec::Decode, OpSpec::Resize { size: 100 }, OpSpec::CenterCrop { size: Size::square(90) }, flip],
+                vec![OpSpec::Decode, OpSpec::resize(100), OpSpec::CenterCrop { size: Size::square(90) }, flip],
             ),
         ];
         let mut kept = 0;

@@ -120,7 +120,6 @@ impl Manifest {
             }
         }
         Self { root: PathBuf::new(), entries, classes, fingerprint: h.digest(), parts: sizes, annotations: None }
-
     }
 
     /// Attaches each sample's boxes (`annotations[i]` is entry `i`'s); they join the
