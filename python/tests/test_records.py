@@ -89,7 +89,12 @@ CASES: List[Tuple[str, Callable[[sluice.Pipeline], sluice.Pipeline], Callable[[A
         lambda b: tvf.resize(b, [24]),
         (20, 20),
     ),
-    ("pad", lambda p: p.pad((1, 2, 3, 4)), lambda b: tvf.pad(b, [1, 2, 3, 4]), (H + 6, W + 4)),
+    (
+        "pad",
+        lambda p: p.pad((1, 2, 3, 4)).center_crop((H + 6, W + 4)),
+        lambda b: tvf.pad(b, [1, 2, 3, 4]),
+        (H + 6, W + 4),
+    ),
     (
         "random_crop_padding",
         lambda p: p.random_crop((H + 8, W + 8), padding=4),
@@ -270,15 +275,15 @@ def test_bad_samples_are_skipped_and_outside_boxes_clamped(tmp_path: Path) -> No
 def test_a_coco_file_that_is_not_coco_is_refused_naming_it(tmp_path: Path) -> None:
     (tmp_path / "instances.json").write_text('{"images": [{"id": 1}]}')
     with pytest.raises(sluice.SluiceError, match="instances.json"):
-        sluice.Loader(sluice.Pipeline.coco(tmp_path / "instances.json", tmp_path).decode().center_crop(8))
+        sluice.Loader(sluice.Pipeline.coco(tmp_path / "instances.json", tmp_path).decode().center_crop(8).batch(1))
 
 
 def test_policies_and_cache_are_refused_with_boxes(picture: Path) -> None:
     base = sluice.Pipeline.sidecar(picture).decode()
     with pytest.raises(sluice.SpecError, match=r"ops\[1\].*trivial_augment_wide"):
-        sluice.Loader(base.trivial_augment_wide().center_crop(8))
+        sluice.Loader(base.trivial_augment_wide().center_crop(8).batch(1))
     with pytest.raises(sluice.SpecError, match="cache"):
-        sluice.Loader(base.center_crop(8).cache("1MB"))
+        sluice.Loader(base.center_crop(8).cache("1MB").batch(1))
 
 
 def test_image_sources_have_no_box_fields(picture: Path, tmp_path: Path) -> None:
