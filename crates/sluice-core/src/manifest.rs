@@ -223,6 +223,19 @@ mod tests {
     }
 
     #[test]
+    fn a_joined_manifest_makes_every_location_whole_parquet_rows_included() {
+        let a = Manifest::new("/a".into(), vec![(file("1.jpg"), 0, 10)], vec![]);
+        let row = |file: &str| Location::ParquetRow { file: PathBuf::from(file), row_group: 1, row: 5, column: 0 };
+        let p = Manifest::new("/p".into(), vec![(row("d.parquet"), 2, 30)], vec![]);
+        let joined = Manifest::join(vec![a, p]);
+        assert_eq!(joined.parts, vec![1, 1]);
+        assert_eq!(joined.entries[0].location, file("/a/1.jpg"));
+        assert_eq!(joined.entries[1].key, SampleKey(1));
+        assert_eq!(joined.entries[1].location, row("/p/d.parquet"));
+        assert_eq!(joined.display_path(SampleKey(1)), PathBuf::from("/p/d.parquet:row_group=1:row=5"));
+    }
+
+    #[test]
     fn keys_are_positions_and_fingerprint_tracks_content_not_root() {
         let items = || vec![(file("a/1.jpg"), 0, 10), (file("b/2.jpg"), 1, 20)];
         let m1 = Manifest::new("/x".into(), items(), vec!["a".into(), "b".into()]);

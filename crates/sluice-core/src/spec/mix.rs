@@ -76,6 +76,23 @@ mod tests {
     use crate::PipelineSpec;
 
     #[test]
+    fn a_source_with_boxes_is_refused_in_a_mix_rather_than_losing_its_boxes() {
+        let toml = r#"
+            ops = [{ op = "decode" }, { op = "center_crop", size = 8 }]
+            [batch]
+            size = 4
+            [source]
+            kind = "mix"
+            sources = [
+                { kind = "image_folder", root = "/a", weight = 1 },
+                { kind = "sidecar", root = "/b", weight = 1 },
+            ]
+        "#;
+        let err = PipelineSpec::from_toml_str(toml).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("source.sources[1]") && err.contains("boxes"), "{err}");
+    }
+
+    #[test]
     fn a_mix_reads_and_writes_as_the_sources_own_tables_plus_weight() {
         let toml = r#"
             ops = [{ op = "decode" }, { op = "center_crop", size = 8 }]
