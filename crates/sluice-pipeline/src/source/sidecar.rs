@@ -18,6 +18,7 @@ use sluice_core::{Annotation, BoxTargets, Location, Manifest};
 
 use super::image_folder::{walk_class, WalkStats};
 use super::SourceError;
+use crate::storage::confine::open_regular;
 
 /// Sidecars larger than this are refused (their sample fails): 16 MiB holds some 300 000
 /// boxes, far past any real sample.
@@ -72,8 +73,12 @@ pub fn enumerate(root: &Path) -> Result<Manifest, SourceError> {
 /// Reads and checks one sidecar: its boxes (or why they cannot be used) and its label.
 fn read_sidecar(path: &Path) -> (Annotation, Option<i64>) {
     let mut bytes = Vec::new();
-    let read = fs::File::open(path).and_then(|f| f.take(MAX_SIDECAR_BYTES + 1).read_to_end(&mut bytes));
-    match read {
+    // A regular file only, opened without blocking (a FIFO would hang indexing), as samples are.
+    let file = match open_regular(path, None) {
+        Ok(f) => f,
+        Err(e) => return (Annotation::Invalid(format!("sidecar {}: {e}", path.display())), None),
+    };
+    match file.take(MAX_SIDECAR_BYTES + 1).read_to_end(&mut bytes) {
         Err(e) => (Annotation::Invalid(format!("sidecar {}: {e}", path.display())), None),
         Ok(_) if bytes.len() as u64 > MAX_SIDECAR_BYTES => {
             (Annotation::Invalid(format!("sidecar {} is over {} MiB", path.display(), MAX_SIDECAR_BYTES >> 20)), None)
@@ -95,6 +100,23 @@ pub(crate) fn parse_sidecar(bytes: &[u8]) -> Result<(BoxTargets, Option<i64>), S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fifo_named_like_a_sidecar_is_refused_not_waited_on() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let fifo = dir.path().join("0001.json");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap_or_else(|e| panic!("{e}"));
+        assert!(made.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(read_sidecar(&fifo).0);
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(5)) {
+            Ok(Annotation::Invalid(why)) => assert!(why.contains("0001.json"), "{why}"),
+            Ok(other) => panic!("a FIFO gave boxes: {other:?}"),
+            Err(_) => panic!("reading a FIFO sidecar blocked for 5 s"),
+        }
+    }
 
     #[test]
     fn sidecars_parse_or_say_what_is_wrong() {
