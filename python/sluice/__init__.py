@@ -26,30 +26,9 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
-from . import _sluice
+from . import _sluice, errors
 from ._sluice import MapSample
-from .errors import (
-    BrokerError,
-    JobConflictError,
-    JobFailedError,
-    NotSupportedError,
-    SampleError,
-    ServiceAuthError,
-    ServiceError,
-    ServiceInternalError,
-    ServiceNotFoundError,
-    ServicePermissionError,
-    ServiceRequestError,
-    ServiceTimeoutError,
-    ServiceTlsError,
-    ServiceUnavailableError,
-    SluiceError,
-    SourceError,
-    SourceNotFoundError,
-    SpecError,
-    StateError,
-    StreamEntryError,
-)
+from .errors import *  # noqa: F403 (the exception family; its names are errors.__all__)
 from .loader import Batch, BatchIterator, Loader
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
 from .profile import ProfileRow, profile
@@ -74,28 +53,9 @@ __all__ = [
     "enable_logging",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
-    "SluiceError",
-    "SpecError",
-    "SourceError",
-    "SourceNotFoundError",
-    "SampleError",
-    "StateError",
-    "StreamEntryError",
-    "BrokerError",
-    "ServiceError",
-    "ServiceRequestError",
-    "ServicePermissionError",
-    "ServiceAuthError",
-    "ServiceNotFoundError",
-    "JobConflictError",
-    "JobFailedError",
-    "ServiceUnavailableError",
-    "ServiceTimeoutError",
-    "ServiceTlsError",
-    "NotSupportedError",
-    "ServiceInternalError",
     "__version__",
 ]
+__all__ += errors.__all__
 
 
 def generate_dataset(
