@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-data/bench/cache_policies.json}"
 mkdir -p "$(dirname "$out")"
-cargo build --release --quiet -p sluice-cli
+cargo build --release --quiet -p sluice-bench
 # shellcheck disable=SC2086
 ./target/release/sluice-bench cache --json ${SLUICE_BENCH_CACHE_ARGS:-} > "$out"
 echo "results in $out" >&2

@@ -9,13 +9,10 @@
 #
 #   cargo build --release -p sluice-cli && bench/service_trace_overhead.sh
 set -euo pipefail
-SLUICE=${SLUICE:-target/release/sluice}
-DATA=${DATA:-data/bench}
-IMAGES=${IMAGES:-1000}
+source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-5}
 WORKERS=${WORKERS:-2}
 EPOCHS=${EPOCHS:-2}
-[ -d "$DATA" ] || "$SLUICE" gen-images --out "$DATA" --images "$IMAGES"
 root=$(realpath "$DATA")
 work=$(mktemp -d)
 pids=()
@@ -24,22 +21,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-cat > "$work/spec.toml" <<TOML
-threads = 1
-prefetch = 4
-[source]
-kind = "image_folder"
-root = "$root"
-[[ops]]
-op = "decode"
-[[ops]]
-op = "random_resized_crop"
-size = 224
-[[ops]]
-op = "random_horizontal_flip"
-[batch]
-size = 64
-TOML
+standard_spec "$work/spec.toml" 1
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 addr=127.0.0.1:$port
 SLUICE_LOG=warn "$SLUICE" service dispatcher --listen "$addr" --allow-root "$root" --journal "$work/journal" &
@@ -65,12 +47,7 @@ one() {
   echo "$sps $cpu ${builds:-0}"
 }
 
-for r in $(seq 1 "$ROUNDS"); do
-  if [ $((r % 2)) = 1 ]; then order="off on"; else order="on off"; fi
-  for mode in $order; do
-    echo "$mode $(one "$mode")" | tee -a "$work/runs"
-  done
-done
+off_on_rounds "$ROUNDS" "$work/runs"
 python3 - "$work/runs" <<'PY'
 import statistics, sys
 runs = [l.split() for l in open(sys.argv[1])]

@@ -7,31 +7,13 @@
 #
 #   cargo build --release -p sluice-cli && bench/trace_overhead.sh
 set -euo pipefail
-SLUICE=${SLUICE:-target/release/sluice}
-DATA=${DATA:-data/bench}
-IMAGES=${IMAGES:-1000}
+source "$(dirname "$0")/lib.sh"
 ROUNDS=${ROUNDS:-5}
 THREADS=${THREADS:-2}
 EPOCHS=${EPOCHS:-3}
-[ -d "$DATA" ] || "$SLUICE" gen-images --out "$DATA" --images "$IMAGES"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cat > "$work/spec.toml" <<TOML
-threads = $THREADS
-prefetch = 4
-[source]
-kind = "image_folder"
-root = "$(realpath "$DATA")"
-[[ops]]
-op = "decode"
-[[ops]]
-op = "random_resized_crop"
-size = 224
-[[ops]]
-op = "random_horizontal_flip"
-[batch]
-size = 64
-TOML
+standard_spec "$work/spec.toml" "$THREADS"
 
 # One run: "samples/s cpu_s events".
 one() {
@@ -46,12 +28,7 @@ one() {
   echo "$sps $cpu ${events:-0}"
 }
 
-for r in $(seq 1 "$ROUNDS"); do
-  if [ $((r % 2)) = 1 ]; then order="off on"; else order="on off"; fi
-  for mode in $order; do
-    echo "$mode $(one "$mode")" | tee -a "$work/runs"
-  done
-done
+off_on_rounds "$ROUNDS" "$work/runs"
 python3 - "$work/runs" <<'PY'
 import statistics, sys
 runs = [l.split() for l in open(sys.argv[1])]
