@@ -124,9 +124,13 @@ class Loader:
     def __new__(cls, spec_json: str, rank: int = 0, world_size: int = 1) -> "Loader": ...
     def iter(self) -> "EpochIterator":
         """An iterator over the rest of the current epoch; retires any older one."""
-    def iter_range(self, epoch: int, start: int, end: int) -> "EpochIterator":
-        """Only batches ``start..end`` of ``epoch``, apart from the loader's own position
-        (one share of an epoch, as a ``map`` worker process runs it)."""
+    def epoch_draw(self, epoch: int) -> Tuple[bytes, Optional[bytes]]:
+        """``epoch``'s order (manifest positions, little-endian u32) and weights (f32, or
+        None), drawn once from this loader's importance state."""
+    def iter_draw(self, epoch: int, start: int, end: int, order: bytes, weights: Optional[bytes]) -> "EpochIterator":
+        """Only batches ``start..end`` of ``epoch``, over an order another loader of the
+        same spec drew (``epoch_draw``), apart from this loader's own position: one share
+        of an epoch, as a ``map`` worker process runs it."""
     def batch_bytes(self) -> int:
         """Bytes of one full batch's images."""
     def batches_per_epoch(self) -> int: ...

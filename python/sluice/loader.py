@@ -194,7 +194,8 @@ class _MapBatchIterator(BatchIterator):
         self._epoch = epoch
         self._end = len(loader)
         self._next = first
-        self._batches = workers.epoch(epoch, first, self._end)
+        # The parent draws the epoch: the trainer's importance reports come here.
+        self._batches = workers.epoch(epoch, loader._native.epoch_draw(epoch), first, self._end)
 
     def __next__(self) -> Batch:
         for index, fields in self._batches:

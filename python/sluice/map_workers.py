@@ -4,8 +4,10 @@ Python holds the GIL, so a ``map`` function on sluice's threads runs one sample 
 :class:`sluice.Loader` therefore runs such a pipeline in worker processes: worker ``w`` of
 ``n`` runs the whole pipeline (native ops and the Python op, in-process) on batches
 ``i`` with ``i % n == w``, writes each batch into a slot of its shared-memory segment and
-tells the parent, which copies it out and hands batches over in order. Every sample's
-randomness comes from (seed, epoch, key), so the batches are the same whatever ``n``.
+tells the parent, which copies it out and hands batches over in order. The parent draws
+each epoch's order (from its importance state: the trainer reports to the parent) and
+sends it with the epoch; every sample's randomness comes from (seed, epoch, key), so the
+batches are the same whatever ``n``.
 
 A worker that dies (killed, crashed) is restarted from its first batch the parent has not
 handed out: every sample is delivered once.
@@ -39,6 +41,8 @@ MAX_RESTARTS = 3
 
 #: A batch as the parent copied it out of shared memory.
 MapBatch = Dict[str, Any]
+#: An epoch's order and weights as the parent's native loader drew them (``epoch_draw``).
+Draw = Tuple[bytes, Optional[bytes]]
 
 
 def _slot_layout(image_bytes: int, batch_size: int) -> Tuple[int, int, int, int]:
@@ -92,8 +96,8 @@ def _worker_main(
             break
         if msg[0] != "run":
             continue  # a "free" of an abandoned run
-        _, run, epoch, first, end = msg
-        command = _run(native, conn, buf, layout, run, epoch, first, end, index, count)
+        _, run, epoch, first, end, draw = msg
+        command = _run(native, conn, buf, layout, run, (epoch, draw), first, end, index, count)
     del native
     shm.close()
 
@@ -104,13 +108,15 @@ def _run(
     buf: memoryview,
     layout: Tuple[int, int, int, int],
     run: int,
-    epoch: int,
+    drawn: Tuple[int, Draw],
     first: int,
     end: int,
     index: int,
     count: int,
 ) -> Optional[Tuple[Any, ...]]:
-    """Makes this worker's batches of ``first..end``; returns a command that interrupted it."""
+    """Makes this worker's batches of ``first..end`` of the epoch ``drawn`` (its number and
+    the parent's draw of it); returns a command that interrupted it."""
+    epoch, (order, weights) = drawn
     mine = deque(i for i in range(first, end) if i % count == index)
     free: List[int] = list(range(SLOTS))
     ahead: Deque[Tuple[int, Any]] = deque()  # started batches, so the threads work ahead
@@ -118,7 +124,7 @@ def _run(
     while mine or ahead:
         while mine and len(ahead) <= SLOTS:
             i = mine.popleft()
-            ahead.append((i, native.iter_range(epoch, i, i + 1)))
+            ahead.append((i, native.iter_draw(epoch, i, i + 1, order, weights)))
         while not free or conn.poll():
             msg = conn.recv()
             if msg[0] == "free" and msg[1] == run:
@@ -191,23 +197,24 @@ class MapWorkers:
         """The worker processes' ids (a restarted worker has a new one)."""
         return [p.pid for p in self._procs if p is not None]
 
-    def epoch(self, epoch: int, first: int, end: int) -> Iterator[Tuple[int, Optional[MapBatch]]]:
-        """Batches ``first..end`` of ``epoch`` in order, as ``(index, batch)``; ``batch``
-        is None for a batch whose every sample was skipped."""
+    def epoch(self, epoch: int, draw: Draw, first: int, end: int) -> Iterator[Tuple[int, Optional[MapBatch]]]:
+        """Batches ``first..end`` of ``epoch`` (drawn as ``draw``) in order, as ``(index,
+        batch)``; ``batch`` is None for a batch whose every sample was skipped."""
         while len(self._shms) < self._count:
             self._start(len(self._shms))
         self._run += 1
         run = self._run
         for conn in self._conns:
-            conn.send(("run", run, epoch, first, end))
+            conn.send(("run", run, epoch, first, end, draw))
         for i in range(first, end):
             if self._run != run:
                 return  # a later epoch (a newer iterator) took the workers
             w = i % self._count
-            yield i, self._receive(w, run, epoch, i, end)
+            yield i, self._receive(w, run, (epoch, draw), i, end)
 
-    def _receive(self, w: int, run: int, epoch: int, i: int, end: int) -> Optional[MapBatch]:
+    def _receive(self, w: int, run: int, drawn: Tuple[int, Draw], i: int, end: int) -> Optional[MapBatch]:
         """Worker ``w``'s batch ``i`` of this run, restarting the worker if it died."""
+        epoch, draw = drawn
         restarts = 0
         t0 = time.perf_counter()
         while True:
@@ -231,7 +238,7 @@ class MapWorkers:
                 conn.close()
                 proc.join(timeout=1)
                 self._start(w)
-                self._conns[w].send(("run", run, epoch, i, end))
+                self._conns[w].send(("run", run, epoch, i, end, draw))
                 continue
             if msg[1] != run:
                 continue  # left over from an abandoned run
@@ -244,7 +251,10 @@ class MapWorkers:
                 continue  # cannot happen: a worker sends its batches in order
             batch = None if slot is None else self._copy_out(w, slot, n, shape)
             if slot is not None:
-                conn.send(("free", run, slot))
+                try:
+                    conn.send(("free", run, slot))
+                except OSError:
+                    pass  # it died after sending this batch: the next receive restarts it
             self.wait_s += time.perf_counter() - t0
             return batch
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use sluice_core::{Batch, Layout, PipelineSpec, SampleKey};
 use sluice_pipeline::{EpochIter, Loader, LoaderState, PipelineError, Shard};
 
@@ -64,16 +65,49 @@ impl PyLoader {
         }
     }
 
-    /// Only batches `start..end` of `epoch`, apart from the loader's own position (one
-    /// share of an epoch, as a `map` worker process runs it).
-    fn iter_range(&self, py: Python<'_>, epoch: u64, start: u64, end: u64) -> PyEpochIterator {
-        let iter = py.detach(|| self.loader.iter_range(epoch, start, end).with_buffers(self.buffers.source()));
-        PyEpochIterator {
+    /// The order (manifest positions, little-endian u32) and weights (f32, or None) of
+    /// `epoch`, drawn once from this loader's importance state: what the `map` worker
+    /// processes run with `iter_draw`, so their epochs follow the trainer's reports.
+    fn epoch_draw<'py>(&self, py: Python<'py>, epoch: u64) -> (Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>) {
+        let (order, weights) = py.detach(|| self.loader.epoch_draw(epoch));
+        let order: Vec<u8> = order.iter().flat_map(|p| p.to_le_bytes()).collect();
+        let weights = weights.map(|w| w.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>());
+        (PyBytes::new(py, &order), weights.map(|w| PyBytes::new(py, &w)))
+    }
+
+    /// Batches `start..end` of `epoch` over an order another loader of the same spec
+    /// drew (`epoch_draw`).
+    fn iter_draw(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        start: u64,
+        end: u64,
+        order: &[u8],
+        weights: Option<&[u8]>,
+    ) -> PyResult<PyEpochIterator> {
+        let samples = self.loader.manifest().len();
+        let order: Vec<u32> = order.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let weights: Option<Vec<f32>> =
+            weights.map(|w| w.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect());
+        if let Some(bad) = order.iter().find(|&&p| p as usize >= samples) {
+            return Err(state_error(
+                py,
+                format!("epoch {epoch}'s draw names sample {bad}, past the {samples} samples"),
+            ));
+        }
+        if weights.as_ref().is_some_and(|w| w.len() != order.len()) {
+            return Err(state_error(py, format!("epoch {epoch}'s draw has weights for another number of samples")));
+        }
+        let (order, weights) = (Arc::new(order), weights.map(Arc::new));
+        let iter =
+            py.detach(|| self.loader.iter_draw(epoch, start, end, order, weights).with_buffers(self.buffers.source()));
+        Ok(PyEpochIterator {
             epoch: iter.epoch(),
             remaining: AtomicU64::new(iter.remaining()),
             iter: ManuallyDrop::new(Serial::new(iter, "EpochIterator")),
             buffers: self.buffers.clone(),
-        }
+        })
     }
 
     /// Bytes of one full batch's images.

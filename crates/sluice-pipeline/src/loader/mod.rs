@@ -541,7 +541,7 @@ impl Loader {
     /// can share the pool at once (the next task's samples fill the threads while the
     /// last one's finish). Each epoch's order is drawn once, for all its tasks.
     pub fn iter_range(&self, epoch: u64, start: u64, end: u64) -> EpochIter {
-        let (order, weights) = self.task_draw(epoch);
+        let (order, weights) = self.epoch_draw(epoch);
         EpochIter::new(self, epoch, start, None, order, weights).end_at(end)
     }
 
@@ -559,10 +559,12 @@ impl Loader {
         EpochIter::new(self, epoch, start, None, order, weights).end_at(end)
     }
 
-    /// The order and weights of `epoch` for [`Loader::iter_range`], drawn on first use.
-    /// The last two epochs are kept: a service client reads ahead into the next epoch
-    /// while the current one finishes.
-    fn task_draw(&self, epoch: u64) -> (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>) {
+    /// The order and weights of `epoch` for [`Loader::iter_range`], drawn on first use
+    /// from this loader's importance state. The last two epochs are kept: a service client
+    /// reads ahead into the next epoch while the current one finishes, and the `map`
+    /// worker processes of the Python loader run the parent's draw with
+    /// [`Loader::iter_draw`].
+    pub fn epoch_draw(&self, epoch: u64) -> (Arc<Vec<u32>>, Option<Arc<Vec<f32>>>) {
         let mut draws = self.shared.position.task_draws.lock();
         if let Some((_, order, weights)) = draws.iter().find(|d| d.0 == epoch) {
             return (order.clone(), weights.clone());
