@@ -303,14 +303,15 @@ class _Traced:
     :class:`sluice.RemoteLoader` (what a trace holds: their ``trace`` argument)."""
 
     _native: Any
-    _trace_writer: Optional[weakref.finalize[[str], "_Traced"]] = None
+    _workers: Optional[MapWorkers] = None
+    _trace_writer: Optional[weakref.finalize[[Any, Optional[MapWorkers], str], "_Traced"]] = None
 
     def _record_trace(self, trace: Optional[PathLike]) -> None:
         """Starts the whole-life trace of ``trace=``, written at :meth:`close_trace`,
         garbage collection or interpreter exit."""
         if trace is not None:
-            self._native.start_trace()
-            self._trace_writer = weakref.finalize(self, self._native.stop_trace, os.fspath(trace))
+            _start_trace(self._native, self._workers)
+            self._trace_writer = weakref.finalize(self, _stop_trace, self._native, self._workers, os.fspath(trace))
 
     def close_trace(self) -> Optional[int]:
         """Writes the trace asked for with ``trace=path`` now and stops recording; the
@@ -330,11 +331,26 @@ class _Traced:
             SluiceError: a trace is already being recorded.
             OSError: the file cannot be written.
         """
-        self._native.start_trace()
+        _start_trace(self._native, self._workers)
         try:
             yield
         finally:
-            self._native.stop_trace(os.fspath(path))
+            _stop_trace(self._native, self._workers, os.fspath(path))
+
+
+def _start_trace(native: Any, workers: Optional[MapWorkers]) -> None:
+    native.start_trace()
+    if workers is not None:
+        workers.start_trace()
+
+
+def _stop_trace(native: Any, workers: Optional[MapWorkers], path: str) -> Optional[int]:
+    """Writes the trace to ``path``: this process's events and, with ``map`` worker
+    processes, theirs; the number of events written (None if none was recorded)."""
+    written: Optional[int] = native.stop_trace(path)
+    if written is not None and workers is not None:
+        written += workers.stop_trace(path)
+    return written
 
 
 class Loader(_Traced):
@@ -357,7 +373,8 @@ class Loader(_Traced):
             thread, and each batch's preprocessing, the wait for it, its hand-over and
             the trainer's time with it; written when the loader is closed
             (:meth:`close_trace`, garbage collection or interpreter exit). For one block
-            only, use :meth:`trace`.
+            only, use :meth:`trace`. With ``map`` worker processes, their samples' ops
+            are in it too, each process on its own.
         locality: the spec's ``locality`` section for a multi-learner job (the pipeline
             needs a cache), e.g. ``{"cache_samples": [n], "assignment": "aware"}``: each
             learner caches the samples the seed places on it and loads mostly those,

@@ -11,6 +11,9 @@ batches are the same whatever ``n``.
 
 A worker that dies (killed, crashed) is restarted from its first batch the parent has not
 handed out: every sample is delivered once.
+
+While the loader records a trace, so does every worker; at the end each writes its own
+and the parent adds their events to its file (a process of its own each in the timeline).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import tempfile
 import time
 import weakref
 from collections import deque
@@ -75,6 +79,15 @@ def _put(buf: memoryview, offset: int, array: Any) -> None:
     np.ndarray(flat.shape, np.uint8, buffer=buf, offset=offset)[:] = flat
 
 
+def _trace(native: Any, conn: Connection, msg: Tuple[Any, ...]) -> None:
+    """``("trace", "start")`` starts recording; ``("trace", "stop", path)`` writes what
+    was recorded to ``path`` and answers ``("traced", events)``."""
+    if msg[1] == "start":
+        native.start_trace()
+    else:
+        conn.send(("traced", native.stop_trace(msg[2])))
+
+
 def _worker_main(
     spec_json: str, rank: int, world_size: int, index: int, count: int, shm_name: str, conn: Connection
 ) -> None:
@@ -94,6 +107,9 @@ def _worker_main(
         command = None
         if msg[0] == "stop":
             break
+        if msg[0] == "trace":
+            _trace(native, conn, msg)
+            continue
         if msg[0] != "run":
             continue  # a "free" of an abandoned run
         _, run, epoch, first, end, draw = msg
@@ -129,6 +145,8 @@ def _run(
             msg = conn.recv()
             if msg[0] == "free" and msg[1] == run:
                 free.append(msg[2])
+            elif msg[0] == "trace":
+                _trace(native, conn, msg)
             elif msg[0] in ("run", "stop"):
                 return msg  # type: ignore[no-any-return]
         i, it = ahead.popleft()
@@ -173,6 +191,9 @@ class MapWorkers:
         self._conns: List[Connection] = []
         self._run = 0
         self._stats: List[Optional[str]] = [None] * processes
+        # Messages read while waiting for a trace, per worker, for _receive.
+        self._early: List[Deque[Tuple[Any, ...]]] = [deque() for _ in range(processes)]
+        self._tracing = False
         self.restarts = 0
         self.wait_s = 0.0
         self._finalizer = weakref.finalize(self, MapWorkers._shutdown, self._procs, self._conns, self._shms)
@@ -192,6 +213,9 @@ class MapWorkers:
         proc.start()
         child.close()
         self._procs[w], self._conns[w] = proc, parent
+        self._early[w].clear()  # a dead worker's batches: the new one makes them again
+        if self._tracing:
+            parent.send(("trace", "start"))
 
     def pids(self) -> List[int]:
         """The worker processes' ids (a restarted worker has a new one)."""
@@ -221,7 +245,9 @@ class MapWorkers:
             conn, proc = self._conns[w], self._procs[w]
             msg = None
             try:
-                if conn.poll(POLL_S):
+                if self._early[w]:
+                    msg = self._early[w].popleft()
+                elif conn.poll(POLL_S):
                     msg = conn.recv()
             except (EOFError, OSError):
                 msg = None
@@ -274,6 +300,54 @@ class MapWorkers:
         fields["__layout__"] = layout
         return fields
 
+    def start_trace(self) -> None:
+        """Makes every worker record a trace: the running ones now, the others when they
+        start."""
+        self._tracing = True
+        for conn in self._conns:
+            try:
+                conn.send(("trace", "start"))
+            except OSError:
+                pass  # it died: its restart starts tracing
+
+    def stop_trace(self, path: str) -> int:
+        """Stops the workers' traces and adds their events to the trace file ``path`` that
+        the parent wrote (Perfetto: their packets appended, every worker a process of its
+        own with its own packet sequence; Chrome JSON: their events added to
+        ``traceEvents``). Returns the events added. A worker that died while tracing
+        leaves its events out."""
+        self._tracing = False
+        with tempfile.TemporaryDirectory(prefix="sluice-trace-") as tmp:
+            asked = []
+            for w, conn in enumerate(self._conns):
+                part = os.path.join(tmp, f"worker-{w}{os.path.splitext(path)[1]}")
+                try:
+                    conn.send(("trace", "stop", part))
+                    asked.append((w, part))
+                except OSError:
+                    pass
+            answers = [(part, self._traced(w)) for w, part in asked]
+            written = [(part, events) for part, events in answers if events is not None]
+            _append_traces(path, [part for part, _ in written])
+            return sum(events for _, events in written)
+
+    def _traced(self, w: int) -> Optional[int]:
+        """Worker ``w``'s answer to a trace stop (its events), keeping the batches it sends
+        meanwhile for :meth:`_receive`; None if it died first."""
+        conn, proc = self._conns[w], self._procs[w]
+        while True:
+            try:
+                if conn.poll(POLL_S):
+                    msg = conn.recv()
+                    if msg[0] == "traced":
+                        return msg[1]  # type: ignore[no-any-return]
+                    self._early[w].append(msg)
+                    continue
+            except (EOFError, OSError):
+                return None
+            if not proc.is_alive():
+                return None
+
     def stats(self) -> List[Dict[str, Any]]:
         """Each worker's latest native stats."""
         return [json.loads(s) for s in self._stats if s is not None]
@@ -309,6 +383,26 @@ class MapWorkers:
                 shm.unlink()
             except FileNotFoundError:
                 pass
+
+
+def _append_traces(path: str, parts: List[str]) -> None:
+    """Adds the events of the trace files ``parts`` to the trace file ``path`` (all of the
+    format its name asks for)."""
+    if path.lower().endswith(".json"):
+        with open(path) as f:
+            whole = json.load(f)
+        for part in parts:
+            with open(part) as f:
+                whole["traceEvents"].extend(json.load(f)["traceEvents"])
+        with open(path, "w") as f:
+            json.dump(whole, f)
+        return
+    with open(path, "ab") as out:
+        for part in parts:
+            with open(part, "rb") as f:
+                # A Perfetto trace is a sequence of packets: two files' bytes end to end
+                # are one trace holding both.
+                out.write(f.read())
 
 
 def default_processes(threads: Any) -> int:
