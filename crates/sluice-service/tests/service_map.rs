@@ -106,6 +106,31 @@ fn children_running(parent: u32, needle: &str) -> Vec<u32> {
     out
 }
 
+/// Slices named `name` begun in the Perfetto traces under `dir`, each with its `key`.
+fn trace_slices(dir: &Path, name: &str) -> Vec<u64> {
+    use prost::Message;
+    use sluice_pipeline::trace::pb;
+    use sluice_pipeline::trace::pb::debug_annotation::{NameField, Value};
+    use sluice_pipeline::trace::pb::trace_packet::Data;
+    use sluice_pipeline::trace::pb::track_event::{NameField as EventName, Type};
+    let mut keys = Vec::new();
+    for f in std::fs::read_dir(dir).unwrap() {
+        let trace = pb::Trace::decode(std::fs::read(f.unwrap().path()).unwrap().as_slice()).unwrap();
+        for p in trace.packet {
+            let Some(Data::TrackEvent(e)) = p.data else { continue };
+            let named = matches!(&e.name_field, Some(EventName::Name(n)) if n == name);
+            if named && e.r#type == Some(Type::SliceBegin as i32) {
+                let key = e.debug_annotations.iter().find_map(|a| match (&a.name_field, &a.value) {
+                    (Some(NameField::Name(n)), Some(Value::UintValue(v))) if n == "key" => Some(*v),
+                    _ => None,
+                });
+                keys.push(key.expect("a map slice without its sample's key"));
+            }
+        }
+    }
+    keys
+}
+
 fn metric(text: &str, op: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with("sluice_worker_op_seconds") && l.contains(&format!("op=\"{op}\"")))
@@ -121,7 +146,10 @@ fn a_python_map_runs_on_a_worker_once_per_sample_and_is_timed_as_an_op() {
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
     let metrics_port = free_addr().rsplit_once(':').unwrap().1.to_string();
-    let _w = python_worker(&addr, &root, &["--metrics-port", &metrics_port]);
+    let traces = dir.path().join("traces");
+    std::fs::create_dir(&traces).unwrap();
+    let trace_dir = traces.display().to_string();
+    let _w = python_worker(&addr, &root, &["--metrics-port", &metrics_port, "--trace-dir", &trace_dir]);
 
     let s = map_spec(&root, "service_map_fns:mark");
     let local = local_images(&s);
@@ -134,6 +162,19 @@ fn a_python_map_runs_on_a_worker_once_per_sample_and_is_timed_as_an_op() {
     // The function's time is the `map` op's, beside the native ones.
     let text = http_get(&format!("127.0.0.1:{metrics_port}"));
     assert!(metric(&text, "map") > 0.0, "no map op time in the worker's metrics:\n{text}");
+    // And a `map` slice for every sample in the worker's trace (written as each task ends;
+    // the client may have asked for the next epoch's first tasks too).
+    let t0 = Instant::now();
+    let traced = loop {
+        let mut keys = trace_slices(&traces, "map");
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() >= IMAGES || t0.elapsed() > Duration::from_secs(10) {
+            break keys;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_exactly_once(traced, "the samples with a map slice in the worker's trace");
 
     // What the function raises is the sample's error, skipped under on_error = "skip".
     let mut s = map_spec(&root, "service_map_fns:fail_on_key_5");
