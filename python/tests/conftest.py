@@ -90,10 +90,16 @@ def free_addr() -> str:
 
 @contextlib.contextmanager
 def sluice_service(
-    roots: Sequence[Path], journal: Path, token: Optional[str] = None, workers: int = 1
+    roots: Sequence[Path],
+    journal: Path,
+    token: Optional[str] = None,
+    workers: int = 1,
+    worker_args: Sequence[str] = (),
+    worker_env: Optional[Dict[str, str]] = None,
 ) -> Iterator[str]:
     """A real ``sluice dispatcher`` and ``workers`` worker processes on 127.0.0.1, allowed to
-    read under ``roots``; yields the dispatcher's address and kills them all at the end."""
+    read under ``roots`` (the workers with ``worker_args`` and ``worker_env`` added); yields
+    the dispatcher's address and kills them all at the end."""
     exe = str(sluice_binary())
     addr = free_addr()
     allow = [arg for root in roots for arg in ("--allow-root", str(root))]
@@ -103,9 +109,8 @@ def sluice_service(
     ]
     try:
         for _ in range(workers):
-            procs.append(
-                subprocess.Popen([exe, "service", "worker", "--dispatcher", addr, "--threads", "1", *allow, *auth])
-            )
+            cmd = [exe, "service", "worker", "--dispatcher", addr, "--threads", "1", *allow, *auth, *worker_args]
+            procs.append(subprocess.Popen(cmd, env={**os.environ, **(worker_env or {})}))
         yield addr
     finally:
         for p in procs:

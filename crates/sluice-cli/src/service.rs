@@ -231,6 +231,11 @@ pub struct WorkerArgs {
     /// A name to drain this worker by (`DrainWorker`); `sluice up` names its workers.
     #[arg(long)]
     name: Option<String>,
+    /// The Python that runs specs' `map` ops, one child process per pipeline thread; it
+    /// needs numpy and the functions' modules (on its path or `PYTHONPATH`)
+    /// [default: python3].
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
     #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
@@ -254,6 +259,7 @@ impl WorkerArgs {
         }
         w.trace_dir = self.trace_dir.or(w.trace_dir.take());
         flag(&mut w.name, self.name);
+        flag(&mut w.python, self.python);
         w.metrics_port = metrics_port.or(w.metrics_port);
         self.limits.apply(&mut c.limits);
         Ok(c)

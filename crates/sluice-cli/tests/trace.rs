@@ -138,6 +138,7 @@ fn workers_sharing_a_pid_merge_into_their_own_tracks_with_their_own_clock_offset
             limits: WorkerLimits::default(),
             trace_dir: Some(traces.clone()),
             name: String::new(),
+            python: "python3".into(),
         };
         rt.spawn(run_worker(worker, std::future::pending(), |_| {}));
     }

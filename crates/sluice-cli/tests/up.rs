@@ -219,3 +219,55 @@ fn sluice_up_serves_a_job_with_its_own_worker_processes() {
     });
     assert!(stopped, "the dispatcher still listens after `sluice up` stopped");
 }
+
+/// The repository's venv Python (the project's tests run with it: it has numpy), else
+/// `python3`.
+fn python() -> String {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
+    if venv.exists() {
+        venv.display().to_string()
+    } else {
+        "python3".into()
+    }
+}
+
+#[test]
+fn sluice_up_hands_python_to_its_workers_and_they_run_map_ops() {
+    let _watchdog = watchdog("sluice_up_hands_python_to_its_workers_and_they_run_map_ops", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    // The function's module in the folder `up` runs in: its workers' children import it
+    // from there, as `python -m` would.
+    let cwd = dir.path().join("project");
+    std::fs::create_dir(&cwd).unwrap();
+    std::fs::write(cwd.join("up_map_fns.py"), "def invert(image, sample):\n    return 255 - image\n").unwrap();
+    let mut s = spec(&root, 4);
+    s.ops.truncate(2);
+    let mut plain = s.clone();
+    plain.threads = 1.into();
+    s.ops.push(sluice_core::OpSpec::Map { func: "up_map_fns:invert".into() });
+
+    let addr = free_addr();
+    let (up, _lines) = up_in(&cwd, &addr, &root, &["--python", &python()]);
+    let mut loader = RemoteLoader::connect(&s, options(&addr, "mapped")).unwrap();
+    let remote: Vec<_> =
+        within(60, "an epoch of a map op under `up`", move || loader.iter().map(|b| b.unwrap()).collect());
+    let local = sluice_pipeline::Loader::new(plain, sluice_pipeline::Shard::default()).unwrap();
+    let mut expected = std::collections::HashMap::new();
+    for b in local.iter().map(|b| b.unwrap()) {
+        let per = b.images.as_bytes().len() / b.keys.len();
+        for (k, px) in b.keys.iter().zip(b.images.as_bytes().chunks(per)) {
+            expected.insert(*k, px.iter().map(|v| 255 - v).collect::<Vec<u8>>());
+        }
+    }
+    let mut keys = Vec::new();
+    for b in &remote {
+        let per = b.images.as_bytes().len() / b.keys.len();
+        for (k, px) in b.keys.iter().zip(b.images.as_bytes().chunks(per)) {
+            assert!(expected[k] == px, "sample {k}: not the local pixels inverted");
+            keys.push(*k);
+        }
+    }
+    assert_exactly_once(keys, "a map op under `up`");
+    sigterm_and_wait(up, "sluice up");
+}

@@ -117,6 +117,7 @@ impl ServiceConfig {
             limits: self.limits,
             trace_dir: w.trace_dir,
             name: w.name,
+            python: w.python,
         })
     }
 }
@@ -217,6 +218,9 @@ pub struct WorkerSettings {
     /// gets the dispatcher's port + 1 + i).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_port: Option<u16>,
+    /// The Python that runs specs' `map` ops (it needs numpy and the functions' modules,
+    /// found through its own path, `PYTHONPATH` and the worker's current folder).
+    pub python: PathBuf,
 }
 
 impl Default for WorkerSettings {
@@ -233,6 +237,7 @@ impl Default for WorkerSettings {
             trace_dir: None,
             name: String::new(),
             metrics_port: None,
+            python: "python3".into(),
         }
     }
 }

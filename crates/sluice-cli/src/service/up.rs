@@ -53,6 +53,10 @@ pub struct UpArgs {
     /// DIR/job-<job id>-worker-<worker id>.pftrace (as `sluice worker --trace-dir`).
     #[arg(long, value_name = "DIR")]
     trace_dir: Option<PathBuf>,
+    /// The Python every worker runs specs' `map` ops with (as `sluice worker --python`)
+    /// [default: python3].
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
     #[command(flatten)]
     autoscale: AutoscaleArgs,
     #[command(flatten)]
@@ -78,6 +82,7 @@ impl UpArgs {
             c.worker.tls_ca = self.tls_ca;
         }
         c.worker.trace_dir = self.trace_dir.or(c.worker.trace_dir.take());
+        flag(&mut c.worker.python, self.python);
         self.autoscale.apply(&mut c.autoscale);
         self.limits.apply(&mut c.limits);
         Ok(c)

@@ -7,6 +7,7 @@
 //! one job decoded is a hit for the others. Running a task is [`task`].
 
 mod draw;
+mod python_op;
 mod task;
 mod trace;
 
@@ -69,6 +70,8 @@ pub struct WorkerConfig {
     /// The name its supervisor knows it by (`sluice up`'s `worker-3`), for draining: a
     /// drained worker finishes its tasks and exits. Empty: none.
     pub name: String,
+    /// The interpreter that runs specs' Python `map` ops (see [`python_op`]).
+    pub python: PathBuf,
 }
 
 struct JobRunner {
@@ -129,6 +132,8 @@ struct Inner {
     /// Per cache (job fingerprint), the keys of the hot set placed on this worker by the
     /// latest draw: what its cache holds (see [`draw`]).
     shares: Mutex<HashMap<String, Vec<u64>>>,
+    /// The interpreter for Python `map` ops.
+    python: PathBuf,
 }
 
 #[derive(Clone)]
@@ -159,6 +164,7 @@ impl WorkerService {
                 trace_pid: sluice_pipeline::trace::random_pid(),
                 addr: std::sync::OnceLock::new(),
                 shares: Mutex::new(HashMap::new()),
+                python: config.python.clone(),
             }),
         })
     }
@@ -206,6 +212,7 @@ impl WorkerService {
         let ram = sluice_pipeline::cache::total_ram_bytes().unwrap_or(u64::MAX);
         self.inner.limits.check(&spec, ram)?;
         self.inner.roots.check_source(&spec.source)?;
+        python_op::register_spec_maps(&spec, &self.inner.python);
         let roots = self.inner.roots.clone();
         let inner = self.inner.clone();
         let loader = tokio::task::spawn_blocking(move || -> Result<Loader, ServiceError> {

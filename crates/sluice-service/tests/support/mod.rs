@@ -112,6 +112,7 @@ pub fn worker_config(flags: &[&str]) -> WorkerConfig {
         limits: WorkerLimits::default(),
         trace_dir: None,
         name: String::new(),
+        python: "python3".into(),
     };
     let (mut cert, mut key) = (None, None);
     for (flag, v) in pairs(flags) {
@@ -129,6 +130,7 @@ pub fn worker_config(flags: &[&str]) -> WorkerConfig {
             "--no-shared-memory" => c.shared_memory = false,
             "--trace-dir" => c.trace_dir = Some(v.into()),
             "--name" => c.name = v.into(),
+            "--python" => c.python = v.into(),
             "--max-jobs" => c.limits.max_jobs = v.parse().unwrap(),
             "--job-idle-secs" => c.limits.job_idle = Duration::from_secs(v.parse().unwrap()),
             other => panic!("the test support does not know the worker flag {other}"),
@@ -279,6 +281,15 @@ pub fn serve_process(what: &str, flags: &[&str]) -> Proc {
 
 fn process(what: &str, flags: &[String]) -> Proc {
     serve_process(what, &strs(flags))
+}
+
+/// [`worker_process`] with `env` set too (a `PYTHONPATH` for its `map` ops' children).
+pub fn worker_process_env(dispatcher: &str, root: &Path, extra: &[&str], env: &[(&str, &str)]) -> Proc {
+    let flags = worker_flags(dispatcher, root, extra);
+    let serve = std::iter::once("worker").chain(strs(&flags)).collect::<Vec<_>>().join("\u{1f}");
+    let mut all = vec![(SERVE_ENV, serve.as_str())];
+    all.extend_from_slice(env);
+    spawn_self(SERVE_ENTRY, &all)
 }
 
 /// A dispatcher process (this test binary re-run; the file needs [`serve_entry!`]), as

@@ -1,0 +1,27 @@
+"""Map functions the service tests (tests/service_map.rs) run on workers: numpy only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+
+def mark(image: np.ndarray, sample: Any) -> np.ndarray:
+    """Inverts the image and writes key, label and epoch into its first pixel."""
+    out = 255 - image
+    out[0, 0] = [sample.key % 256, sample.label % 256, sample.epoch % 256]
+    return out
+
+
+def slow_mark(image: np.ndarray, sample: Any) -> np.ndarray:
+    """``mark``, taking 40 ms a sample: an epoch lasts long enough to kill a child in."""
+    time.sleep(0.04)
+    return mark(image, sample)
+
+
+def fail_on_key_5(image: np.ndarray, sample: Any) -> np.ndarray:
+    if sample.key == 5:
+        raise ValueError(f"cannot augment sample {sample.key}")
+    return mark(image, sample)

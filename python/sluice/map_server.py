@@ -1,0 +1,152 @@
+"""The Python side of a service worker's ``map`` op (docs/map.md, "Through the service").
+
+A ``sluice worker`` is a Rust program; for a spec with a ``{op = "map", fn =
+"module:qualname"}`` op it starts this server (``python -c <this file> module:qualname``,
+one process per pipeline thread) and sends it each sample's image through its stdin,
+reading the result from its stdout. The worker embeds this file, so its Python needs
+numpy and the user's module only, not the ``sluice`` package; ``python -m
+sluice.map_server module:qualname`` runs the same server.
+
+The protocol, little-endian, one request at a time:
+
+* server, once started: a reply with status ``READY``, or ``FAILED`` (the function cannot
+  be imported) followed by the message, then it exits;
+* request: ``key u64, label i64, epoch u64, seed u64, width u32, height u32`` and the
+  ``height x width x 3`` RGB8 pixels;
+* reply: ``status u32, a u32, b u32``; ``IMAGE``: ``a x b`` (width, height) and the pixels;
+  ``FAILED``: ``a`` bytes of UTF-8 message, the sample's error (the function raised or
+  returned something other than an image).
+
+End of input (the worker closed the pipe or died) ends the server.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import struct
+import sys
+from typing import Any, BinaryIO, Callable, Optional, Tuple
+
+import numpy as np
+
+REQUEST = struct.Struct("<QqQQII")
+REPLY = struct.Struct("<III")
+READY, IMAGE, FAILED = 0, 1, 2
+
+
+class MapSample:
+    """What the function is told about its sample besides the pixels, as in-process
+    (``sluice.MapSample``): ``key``, ``label`` (-1 without labels), ``epoch``, ``seed``,
+    and ``rng``, a ``numpy.random.Generator`` seeded with ``seed``, made on first use."""
+
+    __slots__ = ("key", "label", "epoch", "seed", "_rng")
+
+    def __init__(self, key: int, label: int, epoch: int, seed: int) -> None:
+        self.key, self.label, self.epoch, self.seed = key, label, epoch, seed
+        self._rng: Optional[np.random.Generator] = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
+
+    def __repr__(self) -> str:
+        return f"MapSample(key={self.key}, label={self.label}, epoch={self.epoch}, seed={self.seed})"
+
+
+def import_function(name: str) -> Callable[..., Any]:
+    """The callable ``module:qualname`` names."""
+    module, sep, qualname = name.partition(":")
+    if not sep:
+        raise ValueError(f"map needs `module:qualname`; got `{name}`")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"map: `{name}` is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def as_image(result: Any) -> Tuple[np.ndarray, int, int]:
+    """``result`` as C-contiguous uint8 ``[h, w, 3]`` pixels and its width and height; the
+    messages are the in-process op's."""
+    if not isinstance(result, np.ndarray) or result.dtype != np.uint8:
+        shape = getattr(result, "shape", "no shape")
+        dtype = getattr(result, "dtype", type(result).__name__)
+        raise ValueError(f"it must return a uint8 numpy array [h, w, 3]; got {dtype} with shape {shape}")
+    if result.ndim != 3:
+        raise ValueError(f"it must return a 3-d array; got shape {list(result.shape)}")
+    h, w, c = result.shape
+    if c != 3:
+        raise ValueError(f"it must return [h, w, 3] RGB; got shape [{h}, {w}, {c}]")
+    if w >= 1 << 32 or h >= 1 << 32:
+        raise ValueError(f"it returned a {w}x{h} image, too large")
+    return np.ascontiguousarray(result), w, h
+
+
+def _read_exact(stream: BinaryIO, buf: memoryview) -> bool:
+    """Fills ``buf``; False at end of input before the first byte."""
+    got = 0
+    while got < len(buf):
+        n = stream.readinto(buf[got:])  # type: ignore[attr-defined]
+        if not n:
+            if got == 0:
+                return False
+            raise EOFError(f"the worker closed the pipe {got} bytes into a {len(buf)}-byte message")
+        got += n
+    return True
+
+
+def _reply(out: BinaryIO, status: int, a: int, b: int, payload: Any = b"") -> None:
+    out.write(REPLY.pack(status, a, b))
+    if len(payload):
+        out.write(memoryview(payload).cast("B"))
+    out.flush()
+
+
+def _failed(out: BinaryIO, message: str) -> None:
+    data = message.encode("utf-8", "replace")
+    _reply(out, FAILED, len(data), 0, data)
+
+
+def serve(name: str, inp: BinaryIO, out: BinaryIO) -> int:
+    """Imports ``name`` and answers requests on ``inp`` until it ends."""
+    try:
+        fn = import_function(name)
+    except BaseException as e:  # noqa: BLE001 - any import failure is the op's error
+        _failed(out, f"cannot import `{name}`: {type(e).__name__}: {e}")
+        return 1
+    _reply(out, READY, 0, 0)
+    head = memoryview(bytearray(REQUEST.size))
+    while _read_exact(inp, head):
+        key, label, epoch, seed, w, h = REQUEST.unpack(head)
+        pixels = bytearray(w * h * 3)
+        if not _read_exact(inp, memoryview(pixels)):
+            raise EOFError("the worker closed the pipe between a request's header and its pixels")
+        image = np.frombuffer(pixels, np.uint8).reshape(h, w, 3)
+        try:
+            result, ow, oh = as_image(fn(image, MapSample(key, label, epoch, seed)))
+        except Exception as e:  # noqa: BLE001 - whatever fn raises is the sample's error
+            _failed(out, f"{name} raised {type(e).__name__}: {e}")
+            continue
+        _reply(out, IMAGE, ow, oh, result.reshape(-1))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m sluice.map_server module:qualname", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the worker's to handle
+    # Replies go to the real stdout; whatever the function prints goes to stderr.
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return serve(argv[1], sys.stdin.buffer, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

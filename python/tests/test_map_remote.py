@@ -1,0 +1,99 @@
+"""Pipeline.map through the service (docs/map.md, "Through the service"): a real ``sluice
+service worker`` runs the function in Python children (``--python``), and a
+``sluice.RemoteLoader`` gets the same batches as a local ``sluice.Loader``.
+
+The map functions live at the top of this module so the workers' children can import them
+(``test_map_remote:...``, this folder on their ``PYTHONPATH``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, Tuple
+
+import numpy as np
+import pytest
+
+import sluice
+from conftest import N_IMAGES, sluice_service
+
+
+def mark(image: np.ndarray, sample: Any) -> np.ndarray:
+    """Adds noise from the sample's generator and writes key and label into pixel 0."""
+    out: np.ndarray = image ^ sample.rng.integers(0, 256, size=image.shape, dtype=np.uint8)
+    out[0, 0] = [sample.key % 256, sample.label % 256, sample.epoch % 256]
+    return out
+
+
+@pytest.fixture()
+def service(dataset: Path, tmp_path: Path) -> Iterator[Tuple[str, Path]]:
+    """A dispatcher and one worker whose map children run this Python with this folder on
+    their path."""
+    env = {"PYTHONPATH": str(Path(__file__).parent)}
+    with sluice_service([dataset], tmp_path / "journal", worker_args=["--python", sys.executable], worker_env=env) as a:
+        yield a, dataset
+
+
+def _pipeline(root: Path) -> sluice.Pipeline:
+    return sluice.Pipeline.image_folder(root).decode().random_resized_crop(16).map(mark).batch(8).seed(5)
+
+
+def _by_key(batches: Any) -> Dict[int, bytes]:
+    out: Dict[int, bytes] = {}
+    for b in batches:
+        for key, image in zip(np.asarray(b.key).tolist(), np.asarray(b.image)):
+            assert key not in out, f"sample {key} came twice"
+            out[key] = image.tobytes()
+    return out
+
+
+def test_a_map_runs_on_remote_workers_as_it_does_locally(service: Tuple[str, Path]) -> None:
+    addr, root = service
+    local = _by_key(sluice.Loader(_pipeline(root), processes=0, output="numpy"))
+    loader = sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="py-map", output="numpy")
+    remote = _by_key(loader)
+    assert sorted(remote) == list(range(N_IMAGES))
+    # The same function on the same (seed, epoch, key): the same pixels as in-process.
+    assert remote == local
+    first = np.frombuffer(remote[3], np.uint8)[:3].tolist()
+    assert first[0] == 3 and first[2] == 0
+
+
+def fail_on_key_5(image: np.ndarray, sample: Any) -> np.ndarray:
+    if sample.key == 5:
+        raise ValueError(f"cannot augment sample {sample.key}")
+    return image[:2]
+
+
+def test_the_map_server_answers_images_and_errors_over_its_pipes() -> None:
+    """``python -m sluice.map_server``, the worker's child, driven as the worker drives it."""
+    from sluice import map_server as ms
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "sluice.map_server", "test_map_remote:fail_on_key_5"]
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) as p:
+        assert p.stdin is not None and p.stdout is not None
+
+        def reply() -> Tuple[int, int, int, bytes]:
+            status, a, b = ms.REPLY.unpack(p.stdout.read(ms.REPLY.size))  # type: ignore[union-attr]
+            n = a * b * 3 if status == ms.IMAGE else a if status == ms.FAILED else 0
+            return status, a, b, p.stdout.read(n)  # type: ignore[union-attr]
+
+        assert reply()[0] == ms.READY
+        image = np.arange(4 * 3 * 3, dtype=np.uint8).reshape(4, 3, 3)
+        for key in (1, 5):
+            p.stdin.write(ms.REQUEST.pack(key, 2, 0, 9, 3, 4) + image.tobytes())
+            p.stdin.flush()
+        assert reply() == (ms.IMAGE, 3, 2, image[:2].tobytes())
+        status, _, _, message = reply()
+        assert status == ms.FAILED
+        assert message.decode() == "test_map_remote:fail_on_key_5 raised ValueError: cannot augment sample 5"
+        p.stdin.close()
+        assert p.wait(timeout=10) == 0
+
+    # A function it cannot import: one FAILED reply naming it, then it exits.
+    bad = subprocess.run([*cmd[:3], "no_such_module:f"], input=b"", capture_output=True, env=env, timeout=30)
+    assert bad.returncode == 1
+    assert b"cannot import `no_such_module:f`: ModuleNotFoundError" in bad.stdout
