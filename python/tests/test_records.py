@@ -278,12 +278,20 @@ def test_a_coco_file_that_is_not_coco_is_refused_naming_it(tmp_path: Path) -> No
         sluice.Loader(sluice.Pipeline.coco(tmp_path / "instances.json", tmp_path).decode().center_crop(8).batch(1))
 
 
-def test_policies_and_cache_are_refused_with_boxes(picture: Path) -> None:
+def test_policies_are_refused_with_boxes(picture: Path) -> None:
     base = sluice.Pipeline.sidecar(picture).decode()
     with pytest.raises(sluice.SpecError, match=r"ops\[1\].*trivial_augment_wide"):
         sluice.Loader(base.trivial_augment_wide().center_crop(8).batch(1))
-    with pytest.raises(sluice.SpecError, match="cache"):
-        sluice.Loader(base.center_crop(8).cache("1MB").batch(1))
+
+
+def test_a_cached_epoch_keeps_the_boxes(picture: Path) -> None:
+    pipe = sluice.Pipeline.sidecar(picture).decode().resize(40).random_resized_crop(24).random_horizontal_flip()
+    plain = sluice.Loader(pipe.batch(1).seed(2))
+    cached = sluice.Loader(pipe.cache("1MB", level="decoded").batch(1).seed(2))
+    for _ in range(2):
+        want, got = boxes_of(list(plain)), boxes_of(list(cached))
+        assert got == want and want[0][next(iter(want[0]))], (got, want)
+    assert cached.stats()["cache"]["hits"] == 1
 
 
 def test_image_sources_have_no_box_fields(picture: Path, tmp_path: Path) -> None:

@@ -4,10 +4,10 @@
 //! become runs of small values), then zstd level 1 (plain LZ4 left augmented pixels the
 //! same size; see BENCHMARKS).
 
-use sluice_core::{Batch, Layout, Tensor, TensorData};
+use sluice_core::{Batch, BatchBoxes, Layout, Tensor, TensorData};
 
 use crate::error::ClientError;
-use crate::proto::{self, BatchMessage, BatchTrace, SkippedSample};
+use crate::proto::{self, BatchMessage, BatchTargets, BatchTrace, SkippedSample};
 use crate::MAX_MESSAGE_BYTES;
 
 /// How pixels travel from workers to a client.
@@ -183,7 +183,38 @@ fn header(b: &Batch, compression: Compression) -> BatchMessage {
         compression: compression.to_wire(),
         skipped: Vec::new(),
         trace: None,
+        targets: b.boxes.as_deref().map(targets_to_message),
     }
+}
+
+fn targets_to_message(b: &BatchBoxes) -> BatchTargets {
+    BatchTargets {
+        max_boxes: b.max_boxes as u64,
+        boxes: b.boxes.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        labels: b.labels.clone(),
+        counts: b.counts.clone(),
+    }
+}
+
+/// A batch's targets from the wire, checked against its `n` samples: every length as the
+/// padding implies, each count within `0..=max_boxes`.
+fn message_to_targets(t: BatchTargets, n: usize, what: &str) -> Result<BatchBoxes, ClientError> {
+    let bad = |why: String| ClientError::BadBatch(format!("{what}: {why}"));
+    let max_boxes = usize::try_from(t.max_boxes).map_err(|_| bad(format!("max_boxes {}", t.max_boxes)))?;
+    let rows = n.checked_mul(max_boxes).ok_or_else(|| bad(format!("{n} samples of {max_boxes} boxes")))?;
+    if t.counts.len() != n || t.labels.len() != rows || t.boxes.len() != rows.saturating_mul(16) {
+        return Err(bad(format!(
+            "targets of {} counts, {} labels and {} box bytes for {n} samples of {max_boxes} boxes",
+            t.counts.len(),
+            t.labels.len(),
+            t.boxes.len()
+        )));
+    }
+    if let Some(c) = t.counts.iter().find(|&&c| c < 0 || c as u64 > t.max_boxes) {
+        return Err(bad(format!("a sample with {c} boxes of {max_boxes}")));
+    }
+    let boxes = t.boxes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Ok(BatchBoxes { max_boxes, boxes, labels: t.labels, counts: t.counts })
 }
 
 pub fn batch_to_message(batch: Batch) -> BatchMessage {
@@ -308,6 +339,13 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
             m.keys.len()
         )));
     }
+    let boxes = match m.targets {
+        Some(t) => {
+            let what = format!("batch {} of epoch {}", m.index, m.epoch);
+            Some(Box::new(message_to_targets(t, m.keys.len(), &what)?))
+        }
+        None => None,
+    };
     Ok(Batch {
         epoch: m.epoch,
         index: m.index,
@@ -316,8 +354,7 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
         images: Tensor { shape, data },
         layout,
         weights: m.has_weights.then_some(m.weights),
-        // The service does not carry boxes yet (docs/records.md).
-        boxes: None,
+        boxes,
     })
 }
 
@@ -361,6 +398,39 @@ mod tests {
         });
         m.data.pop();
         assert!(matches!(message_to_batch(m), Err(ClientError::BadBatch(_))));
+    }
+
+    #[test]
+    fn boxes_travel_with_their_batch_and_inconsistent_targets_are_refused() {
+        let targets =
+            sluice_core::BoxTargets { boxes: vec![[1.0, 2.5, 3.0, 4.0], [0.0, 0.0, 9.0, 9.0]], labels: vec![7, 8] };
+        let b = Batch {
+            epoch: 1,
+            index: 4,
+            keys: vec![3, 5],
+            labels: vec![-1, -1],
+            images: Tensor::zeros(DType::U8, vec![2, 2, 2, 3]),
+            layout: Layout::Hwc,
+            weights: None,
+            boxes: Some(Box::new(BatchBoxes::pad(&[sluice_core::BoxTargets::default(), targets]))),
+        };
+        for c in [Compression::None, Compression::Zstd] {
+            let out = Outgoing::new(b.clone(), c);
+            assert!(out.header().targets.is_some(), "the data plane's header carries them");
+            assert_eq!(message_to_batch(out.into_message()).map_err(|e| e.to_string()), Ok(b.clone()));
+        }
+        let good = batch_to_message(b.clone()).targets.unwrap();
+        for (t, says) in [
+            (BatchTargets { counts: vec![0, 3], ..good.clone() }, "a sample with 3 boxes of 2"),
+            (BatchTargets { counts: vec![-1, 2], ..good.clone() }, "a sample with -1 boxes"),
+            (BatchTargets { counts: vec![2], ..good.clone() }, "1 counts"),
+            (BatchTargets { boxes: vec![0; 3], ..good.clone() }, "3 box bytes"),
+            (BatchTargets { max_boxes: u64::MAX, ..good.clone() }, "boxes"),
+        ] {
+            let m = BatchMessage { targets: Some(t), ..batch_to_message(b.clone()) };
+            let e = message_to_batch(m).unwrap_err().to_string();
+            assert!(e.contains("batch 4 of epoch 1") && e.contains(says), "{e}");
+        }
     }
 
     #[test]

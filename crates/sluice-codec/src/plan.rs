@@ -465,9 +465,22 @@ impl Plan {
         scratch: &mut Scratch,
         times: &mut [Duration],
     ) -> Result<Image, CodecError> {
+        self.run_deterministic_prefix_with_boxes(bytes, scratch, times, None)
+    }
+
+    /// [`Plan::run_deterministic_prefix`] for a sample with boxes: `boxes` (XYXY pixels of
+    /// the encoded image) leave in pixels of the returned image, moved as in
+    /// [`Plan::run_with_boxes`] (the cache keeps them with the image).
+    pub fn run_deterministic_prefix_with_boxes(
+        &self,
+        bytes: &[u8],
+        scratch: &mut Scratch,
+        times: &mut [Duration],
+        boxes: Option<&mut BoxTargets>,
+    ) -> Result<Image, CodecError> {
         // No draws happen in the prefix; any generator will do.
         let mut rng = SampleRng::new(0, 0, sluice_core::SampleKey(0), 0);
-        let (w, h) = self.exec(&self.prefix.steps, Input::Bytes(bytes), &mut rng, scratch, &mut [], times, None)?;
+        let (w, h) = self.exec(&self.prefix.steps, Input::Bytes(bytes), &mut rng, scratch, &mut [], times, boxes)?;
         let n = w as usize * h as usize * 3;
         Ok(Image::rgb8(w, h, scratch.a[..n].to_vec()))
     }
@@ -481,6 +494,20 @@ impl Plan {
         scratch: &mut Scratch,
         out: &mut [u8],
         times: &mut [Duration],
+    ) -> Result<(), CodecError> {
+        self.run_from_image_with_boxes(image, rng, scratch, out, times, None)
+    }
+
+    /// [`Plan::run_from_image`] for a sample with boxes: `boxes` (in pixels of `image`)
+    /// move with the pixels through the ops after the cache split.
+    pub fn run_from_image_with_boxes(
+        &self,
+        image: &Image,
+        rng: &mut SampleRng,
+        scratch: &mut Scratch,
+        out: &mut [u8],
+        times: &mut [Duration],
+        boxes: Option<&mut BoxTargets>,
     ) -> Result<(), CodecError> {
         self.check_out(out)?;
         let Pixels::U8(px) = &image.pixels else {
@@ -497,7 +524,7 @@ impl Plan {
             )));
         }
         let input = Input::Pixels(px, image.width, image.height);
-        self.exec(&self.suffix.steps, input, rng, scratch, out, times, None)?;
+        self.exec(&self.suffix.steps, input, rng, scratch, out, times, boxes)?;
         Ok(())
     }
 

@@ -203,3 +203,103 @@ fn report_rejects_mismatched_lengths() {
     let e = loader.report(&[1, 2], &[0.5]).unwrap_err();
     assert!(e.to_string().contains("2 keys but 1 values"), "{e}");
 }
+
+/// Sources with boxes: `sidecar` and `coco` over the same generated images (shapes and
+/// their boxes).
+fn box_sources(dir: &Path, images: usize) -> Vec<SourceSpec> {
+    let root = dir.join("boxes");
+    let o = DatasetOptions { images, classes: 3, texture: 4, boxes: true, ..Default::default() };
+    write_dataset(&root, &o, &|_| {}).unwrap();
+    vec![
+        SourceSpec::Sidecar { root: root.clone() },
+        SourceSpec::Coco { annotations: root.join("instances.json"), images: root },
+    ]
+}
+
+#[test]
+fn a_cached_epoch_of_a_source_with_boxes_gives_the_boxes_of_an_uncached_one_at_every_level() {
+    let dir = tempfile::tempdir().unwrap();
+    for source in box_sources(dir.path(), 12) {
+        // A deterministic resize before the cache split moves the boxes the entries keep;
+        // the random crop and flip after it move them again every epoch.
+        let mut s = PipelineSpec::train_default(source.clone(), 32, 5);
+        s.ops.insert(1, sluice_core::OpSpec::resize(48));
+        (s.threads, s.seed, s.prefetch) = (2.into(), 5, 2);
+        let with =
+            |c: Option<CacheSpec>| Loader::new(PipelineSpec { cache: c, ..s.clone() }, Shard::default()).unwrap();
+        let plain = with(None);
+        let (u0, u1) = (collect(&plain), collect(&plain));
+        let boxes = |e: &[Batch]| e.iter().map(|b| b.boxes.clone().unwrap()).collect::<Vec<_>>();
+        assert!(boxes(&u0).iter().any(|b| b.counts.iter().any(|&c| c > 0)), "{source:?}: no boxes to compare");
+        for (level, resize) in [
+            (CacheLevel::Raw, None),
+            (CacheLevel::Decoded, None),
+            (CacheLevel::Resized, Some(40)),
+            (CacheLevel::Raw, Some(40)),
+        ] {
+            // A cache that holds everything (epoch 1 all hits) against one that holds
+            // nothing (every sample computed through the same path).
+            let big = with(cache(1 << 30, level, resize, CachePolicyKind::Lru));
+            let (e0, e1) = (collect(&big), collect(&big));
+            let st = big.stats().cache.unwrap();
+            assert_eq!((st.misses, st.hits), (12, 12), "{source:?} {level:?}");
+            let none = with(cache(1, level, resize, CachePolicyKind::Lru));
+            let (m0, m1) = (collect(&none), collect(&none));
+            assert_eq!(none.stats().cache.unwrap().hits, 0);
+            assert_eq!(boxes(&e0), boxes(&m0), "{source:?} {level:?} {resize:?}: epoch 0 boxes differ");
+            assert_eq!(boxes(&e1), boxes(&m1), "{source:?} {level:?} {resize:?}: boxes of hits differ from misses");
+            assert_eq!((e0.clone(), e1.clone()), (m0, m1), "{source:?} {level:?} {resize:?}: batches differ");
+            if resize.is_none() {
+                // No cache resize: the same boxes as without a cache at all.
+                assert_eq!(boxes(&e0), boxes(&u0), "{source:?} {level:?}: epoch 0 boxes differ from uncached");
+                assert_eq!(boxes(&e1), boxes(&u1), "{source:?} {level:?}: epoch 1 boxes differ from uncached");
+            }
+        }
+    }
+}
+
+#[test]
+fn importance_sampling_with_a_cache_over_boxes_resumes_mid_epoch_with_the_same_boxes() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = box_sources(dir.path(), 30).swap_remove(0);
+    let spec = || {
+        let mut s = PipelineSpec::train_default(source.clone(), 32, 6);
+        (s.threads, s.seed, s.prefetch) = (2.into(), 5, 2);
+        s.cache = cache(1 << 30, CacheLevel::Decoded, None, CachePolicyKind::Importance);
+        s.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 3, miss_discount: 0.5, max_draws: 4.0 };
+        s
+    };
+    let loader = Loader::new(spec(), Shard::default()).unwrap();
+    let e0 = collect(&loader);
+    report_all(&loader, &e0);
+    let e1 = collect(&loader);
+    let keys1: Vec<u64> = e1.iter().flat_map(|b| b.keys.clone()).collect();
+    let hard = keys1.iter().filter(|k| *k % 5 == 0).count();
+    assert!(hard > 12, "hard samples (6 of 30) should dominate epoch 1; drew {hard}");
+    // Every sample of the reshaped epoch carries its boxes, drawn again from the cache.
+    for b in &e1 {
+        let boxes = b.boxes.as_ref().unwrap();
+        assert_eq!(boxes.counts.len(), b.keys.len());
+        assert!(b.weights.is_some());
+    }
+    assert!(e1.iter().any(|b| b.boxes.as_ref().unwrap().counts.iter().any(|&c| c > 0)));
+    assert!(loader.stats().cache.unwrap().hits > 0);
+
+    // Checkpoint two batches into epoch 2, resume in a fresh loader: the same batches,
+    // boxes included, for the rest of the epoch and the next.
+    report_all(&loader, &e1);
+    let mut it = loader.iter();
+    let head: Vec<Batch> = (0..2).map(|_| it.next().unwrap().unwrap()).collect();
+    drop(it);
+    report_all(&loader, &head);
+    let saved = serde_json::to_string(&loader.state()).unwrap();
+    let rest = collect(&loader);
+    report_all(&loader, &rest);
+    let e3 = collect(&loader);
+    let resumed = Loader::new(spec(), Shard::default()).unwrap();
+    resumed.load_state(&serde_json::from_str::<LoaderState>(&saved).unwrap()).unwrap();
+    let rest_b = collect(&resumed);
+    assert_eq!(rest, rest_b, "the rest of the epoch after the resume");
+    report_all(&resumed, &rest_b);
+    assert_eq!(collect(&resumed), e3, "the epoch after the resume");
+}

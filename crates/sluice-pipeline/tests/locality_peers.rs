@@ -130,3 +130,69 @@ fn a_learner_with_peers_and_no_token_refuses_to_start() {
     let err = Loader::new(s, Shard { rank: 0, world_size: 2 }).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(err.contains("locality.token") && err.contains("SLUICE_PEER_TOKEN"), "{err}");
 }
+
+/// Each sample's boxes (as bits) and box labels in `batches`, by key.
+fn boxes_by_key(batches: &[sluice_core::Batch]) -> std::collections::BTreeMap<u64, (Vec<u32>, Vec<i64>)> {
+    let mut out = std::collections::BTreeMap::new();
+    for batch in batches {
+        let b = batch.boxes.as_ref().unwrap();
+        for (i, &key) in batch.keys.iter().enumerate() {
+            let rows = i * b.max_boxes..i * b.max_boxes + b.counts[i] as usize;
+            let bits = b.boxes[rows.start * 4..rows.end * 4].iter().map(|v| v.to_bits()).collect();
+            out.insert(key, (bits, b.labels[rows].to_vec()));
+        }
+    }
+    out
+}
+
+#[test]
+fn learners_of_a_source_with_boxes_take_only_raw_bytes_from_peers_and_keep_every_box() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("boxes");
+    let o = DatasetOptions { images: 24, classes: 3, texture: 4, boxes: true, ..Default::default() };
+    write_dataset(&root, &o, &|_| {}).unwrap();
+    let source = SourceSpec::Sidecar { root };
+    let plain = {
+        let mut s = PipelineSpec::train_default(source.clone(), 16, 4);
+        (s.threads, s.seed) = (2.into(), 3);
+        Loader::new(s, Shard::default()).unwrap()
+    };
+    let p = 2;
+    let peers = free_addrs(p);
+    let ls: Vec<Loader> = (0..p)
+        .map(|rank| {
+            let mut s = PipelineSpec::train_default(source.clone(), 16, 4);
+            (s.threads, s.seed, s.prefetch) = (2.into(), 3, 2);
+            s.cache = Some(CacheSpec {
+                budget: ByteBudget::Bytes(1 << 30),
+                level: CacheLevel::Decoded,
+                resize: None,
+                policy: CachePolicyKind::Lru,
+            });
+            s.locality = Some(LocalitySpec {
+                assignment: Assignment::Aware,
+                cache_samples: vec![12],
+                peers: peers.clone(),
+                peer_timeout_ms: 300,
+                token: Some(PeerToken::new("locality-boxes-test")),
+            });
+            Loader::new(s, Shard { rank, world_size: p }).unwrap()
+        })
+        .collect();
+    for epoch in 0..2 {
+        let want = boxes_by_key(&plain.iter().map(|b| b.unwrap()).collect::<Vec<_>>());
+        assert!(want.values().any(|b| !b.0.is_empty()));
+        let got: Vec<Vec<sluice_core::Batch>> = std::thread::scope(|scope| {
+            let hs: Vec<_> = ls.iter().map(|l| scope.spawn(move || l.iter().map(|b| b.unwrap()).collect())).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, batches) in got.iter().enumerate() {
+            for (key, boxes) in boxes_by_key(batches) {
+                assert_eq!(Some(&boxes), want.get(&key), "epoch {epoch}, rank {rank}, key {key}: boxes differ");
+            }
+        }
+    }
+    // The peers' decoded entries hold boxes the peer protocol cannot carry: not served.
+    assert!(ls.iter().all(|l| l.locality_stats().unwrap().from_peers == 0));
+    assert!(ls.iter().any(|l| l.locality_stats().unwrap().peer_fallbacks > 0));
+}

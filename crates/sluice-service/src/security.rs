@@ -93,10 +93,11 @@ impl AllowedRoots {
             SourceSpec::Tar { shards } => shards.iter().try_for_each(|s| self.check(s)),
             SourceSpec::Mix { sources } => sources.iter().try_for_each(|s| self.check_source(&s.source)),
             SourceSpec::Parquet { path, .. } => self.check(path),
-            // The wire format carries no boxes yet: refuse rather than drop them.
-            SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. } => Err(ServiceError::InvalidArgument(
-                "sources with boxes (coco, sidecar) are not served yet; load them locally".into(),
-            )),
+            SourceSpec::Coco { annotations, images } => {
+                self.check(annotations)?;
+                self.check(images)
+            }
+            SourceSpec::Sidecar { root } => self.check(root),
         }
     }
 

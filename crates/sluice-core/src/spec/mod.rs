@@ -307,7 +307,7 @@ impl Default for Limits {
 
 impl PipelineSpec {
     /// What a source with boxes cannot do yet: the augmentation policies (their geometric
-    /// sub-ops do not move boxes yet) and a cache (it keeps pixels, not boxes).
+    /// sub-ops do not move boxes yet).
     fn validate_for_boxes(&self) -> Result<(), SpecError> {
         for (i, op) in self.ops.iter().enumerate() {
             if matches!(op, OpSpec::TrivialAugmentWide { .. } | OpSpec::RandAugment { .. } | OpSpec::AutoAugment { .. })
@@ -317,9 +317,6 @@ impl PipelineSpec {
                     format!("`{}` does not move boxes yet; a source with boxes cannot use it", op.name()),
                 ));
             }
-        }
-        if self.cache.is_some() {
-            return Err(SpecError::new("cache", "a source with boxes cannot be cached yet (the cache keeps no boxes)"));
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use serde::Serialize;
-use sluice_core::{CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest};
+use sluice_core::{BoxTargets, CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest};
 
 pub use level::{choose_level, CostModel, LevelEstimate, SampleCost, MEASURE_SAMPLES};
 use policy::{make_policy, Policy};
@@ -26,32 +26,41 @@ pub use ram::total_ram_bytes;
 use crate::importance::ImportanceStore;
 use crate::sampler::{fastmatch_normalise, EpochDraw};
 
-/// What an entry holds.
+/// What an entry holds. The pixel levels keep the sample's targets (its boxes) moved by
+/// the same ops as the pixels, so a hit finishes the sample as a miss would; `None` for a
+/// source without them. Raw bytes need none: the source's own boxes go with them.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CachedData {
     /// Encoded file bytes.
     Raw(Vec<u8>),
-    /// RGB8 HWC pixels after the deterministic ops.
-    Decoded(Image),
+    /// RGB8 HWC pixels after the deterministic ops, and the targets in their pixels.
+    Decoded(Image, Option<BoxTargets>),
     /// As `Decoded`, then shrunk by the cache resize.
-    Resized(Image),
+    Resized(Image, Option<BoxTargets>),
 }
 
 impl CachedData {
     pub fn bytes(&self) -> u64 {
         match self {
             CachedData::Raw(b) => b.len() as u64,
-            CachedData::Decoded(img) | CachedData::Resized(img) => img.as_bytes().len() as u64,
+            CachedData::Decoded(img, t) | CachedData::Resized(img, t) => {
+                img.as_bytes().len() as u64 + t.as_ref().map_or(0, targets_bytes)
+            }
         }
     }
 
     pub fn level(&self) -> CacheLevel {
         match self {
             CachedData::Raw(_) => CacheLevel::Raw,
-            CachedData::Decoded(_) => CacheLevel::Decoded,
-            CachedData::Resized(_) => CacheLevel::Resized,
+            CachedData::Decoded(..) => CacheLevel::Decoded,
+            CachedData::Resized(..) => CacheLevel::Resized,
         }
     }
+}
+
+/// What a sample's targets take in an entry (counted against the budget).
+fn targets_bytes(t: &BoxTargets) -> u64 {
+    (t.boxes.len() * std::mem::size_of::<[f32; 4]>() + t.labels.len() * std::mem::size_of::<i64>()) as u64
 }
 
 /// The per-position priorities a policy ranks entries by in the epoch `draw` starts, from

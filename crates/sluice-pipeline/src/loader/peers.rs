@@ -62,6 +62,12 @@ impl Shared {
         let (locality, peers) = (self.peering.locality.as_ref()?, self.peering.peers.as_ref()?);
         let owner = locality.placement.owner(pos).filter(|&o| o != locality.shard.rank)?;
         match peers.fetch(owner, pos) {
+            // The peer protocol carries pixels without targets: a sample with boxes takes
+            // only raw bytes from a peer (its boxes come from the manifest).
+            Ok(Some(data)) if self.data.manifest.has_boxes() && !matches!(data, CachedData::Raw(_)) => {
+                self.peering.counters.peer_fallbacks.fetch_add(1, Ordering::Relaxed);
+                None
+            }
             Ok(Some(data)) => {
                 self.peering.counters.from_peers.fetch_add(1, Ordering::Relaxed);
                 Some(data)
@@ -110,13 +116,23 @@ impl Shared {
                 let data = match level {
                     CacheLevel::Raw | CacheLevel::Auto => CachedData::Raw(bytes),
                     CacheLevel::Decoded | CacheLevel::Resized => {
-                        let img =
-                            self.data.plan.run_deterministic_prefix(&bytes, &mut local.scratch, &mut times).ok()?;
+                        let mut targets = self.source_targets(pos).ok()?;
+                        let img = self
+                            .data
+                            .plan
+                            .run_deterministic_prefix_with_boxes(
+                                &bytes,
+                                &mut local.scratch,
+                                &mut times,
+                                targets.as_mut(),
+                            )
+                            .ok()?;
                         match (level, self.data.spec.cache.as_ref().and_then(|c| c.resize)) {
                             (CacheLevel::Resized, Some(side)) => {
-                                CachedData::Resized(resize_image(&img, side, &mut local.scratch).ok()?)
+                                let img = resize_image(&img, side, &mut local.scratch, targets.as_mut()).ok()?;
+                                CachedData::Resized(img, targets)
                             }
-                            _ => CachedData::Decoded(img),
+                            _ => CachedData::Decoded(img, targets),
                         }
                     }
                 };

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use sluice_codec::{CodecError, SampleInfo, Scratch};
+use sluice_codec::{move_boxes, CodecError, Motion, SampleInfo, Scratch};
 use sluice_core::{
     Annotation, BoxTargets, CacheLevel, Image, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage,
 };
@@ -103,23 +103,15 @@ impl ChunkJob {
         // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
         let out = unsafe { self.slab.slot(slot) };
         // A source with boxes: checked before the read, so a bad annotation costs no I/O.
-        let mut targets = match shared.data.manifest.annotation(pos as usize) {
-            None => None,
-            Some(Annotation::Invalid(why)) => return Err((Stage::Read, SampleErrorKind::BadAnnotation(why.clone()))),
-            Some(Annotation::Boxes(t)) => {
-                let max = shared.data.spec.limits.max_boxes;
-                if t.len() as u64 > max {
-                    let why = format!("{} boxes, over the limit of {max} (limits.max_boxes)", t.len());
-                    return Err((Stage::Read, SampleErrorKind::BadAnnotation(why)));
-                }
-                Some(t.clone())
-            }
-        };
+        let mut targets = shared.source_targets(pos)?;
         if let Some(cache) = &shared.priority.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
             *stage = Stage::Decode;
-            let (read, used) = shared.run_cached(cache, pos, local, &mut rng, out, times)?;
+            let (read, used) = shared.run_cached(cache, pos, local, &mut rng, out, times, &mut targets)?;
             *cache_use = used;
+            if let Some(t) = targets {
+                boxes.push((slot, t));
+            }
             return Ok(read);
         }
         if let Some(c) = probe(local) {
@@ -171,20 +163,51 @@ fn decode_err(e: CodecError) -> SampleFailure {
     (stage, e.into())
 }
 
-/// Shrinks a cached-path image so its shorter side is `size`.
-pub(super) fn resize_image(image: &Image, size: u32, scratch: &mut Scratch) -> Result<Image, CodecError> {
+/// Shrinks a cached-path image so its shorter side is `size`; the sample's targets, if
+/// any, are scaled with it.
+pub(super) fn resize_image(
+    image: &Image,
+    size: u32,
+    scratch: &mut Scratch,
+    targets: Option<&mut BoxTargets>,
+) -> Result<Image, CodecError> {
     let Pixels::U8(px) = &image.pixels else {
         return Err(CodecError::Shape("the cache resize takes u8 pixels".into()));
     };
     let mut dst = Vec::new();
     let (w, h) = scratch.resizer().resize_shorter_side(px, image.width, image.height, size, &mut dst)?;
+    if let Some(t) = targets {
+        let (sx, sy) = (f64::from(w) / f64::from(image.width), f64::from(h) / f64::from(image.height));
+        move_boxes(t, Motion::Scale { sx, sy, tx: 0.0, ty: 0.0 }, w, h);
+    }
     Ok(Image::rgb8(w, h, dst))
 }
 
 impl Shared {
+    /// The targets (boxes) the source read for the sample at `pos`, checked against the
+    /// spec's limits; `None` for a source without them. An invalid annotation fails the
+    /// sample.
+    pub(super) fn source_targets(&self, pos: u32) -> Result<Option<BoxTargets>, SampleFailure> {
+        match self.data.manifest.annotation(pos as usize) {
+            None => Ok(None),
+            Some(Annotation::Invalid(why)) => Err((Stage::Read, SampleErrorKind::BadAnnotation(why.clone()))),
+            Some(Annotation::Boxes(t)) => {
+                let max = self.data.spec.limits.max_boxes;
+                if t.len() as u64 > max {
+                    let why = format!("{} boxes, over the limit of {max} (limits.max_boxes)", t.len());
+                    return Err((Stage::Read, SampleErrorKind::BadAnnotation(why)));
+                }
+                Ok(Some(t.clone()))
+            }
+        }
+    }
+
     /// One sample through the cache: a hit skips the read (and the decode, and the resize,
     /// depending on its level); a miss reads, runs, measures its costs and offers an entry.
-    /// Returns the bytes read from storage and what the cache did.
+    /// Returns the bytes read from storage and what the cache did. `targets` (the source's
+    /// boxes) leave moved with the pixels: from the entry on a pixel-level hit, where they
+    /// were kept with the pixels.
+    #[allow(clippy::too_many_arguments)]
     fn run_cached(
         &self,
         cache: &Cache,
@@ -193,6 +216,7 @@ impl Shared {
         rng: &mut SampleRng,
         out: &mut [u8],
         times: &mut [Duration],
+        targets: &mut Option<BoxTargets>,
     ) -> Result<(u64, CacheUse), SampleFailure> {
         let entry = &self.data.manifest.entries[pos as usize];
         let key = entry.key.0;
@@ -203,12 +227,15 @@ impl Shared {
         if let Some(data) = hit.as_deref().or(peer.as_ref()) {
             match data {
                 CachedData::Raw(bytes) => {
-                    self.compute(bytes, local, rng, out, times, resize).map(|_| ())?;
+                    self.compute(bytes, local, rng, out, times, resize, targets.as_mut()).map(|_| ())?;
                 }
-                CachedData::Decoded(img) => {
+                CachedData::Decoded(img, kept) => {
+                    *targets = kept.clone();
                     let t = Instant::now();
                     let resized = match resize {
-                        Some(s) => Some(resize_image(img, s, &mut local.scratch).map_err(decode_err)?),
+                        Some(s) => {
+                            Some(resize_image(img, s, &mut local.scratch, targets.as_mut()).map_err(decode_err)?)
+                        }
                         None => None,
                     };
                     if let Some(slot) = steps.resize {
@@ -218,14 +245,29 @@ impl Shared {
                     counters_base(local, steps.suffix.start);
                     self.data
                         .plan
-                        .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+                        .run_from_image_with_boxes(
+                            img,
+                            rng,
+                            &mut local.scratch,
+                            out,
+                            &mut times[steps.suffix.clone()],
+                            targets.as_mut(),
+                        )
                         .map_err(decode_err)?;
                 }
-                CachedData::Resized(img) => {
+                CachedData::Resized(img, kept) => {
+                    *targets = kept.clone();
                     counters_base(local, steps.suffix.start);
                     self.data
                         .plan
-                        .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+                        .run_from_image_with_boxes(
+                            img,
+                            rng,
+                            &mut local.scratch,
+                            out,
+                            &mut times[steps.suffix.clone()],
+                            targets.as_mut(),
+                        )
                         .map_err(decode_err)?;
                 }
             }
@@ -248,7 +290,7 @@ impl Shared {
         }
         times[0] += read_time;
         let raw = std::mem::take(&mut local.read_buf);
-        let result = self.compute(&raw, local, rng, out, times, resize);
+        let result = self.compute(&raw, local, rng, out, times, resize, targets.as_mut());
         let read_bytes = raw.len() as u64;
         let level = cache.level();
         let computed = match result {
@@ -263,12 +305,12 @@ impl Shared {
             decode_s: computed.decode.as_secs_f64(),
             resize_s: computed.resize.as_secs_f64(),
             raw_bytes: read_bytes,
-            decoded_bytes: computed.decoded.as_ref().map_or(0, |i| i.as_bytes().len() as u64),
+            decoded_bytes: computed.decoded.as_ref().map_or(0, |i| i.0.as_bytes().len() as u64),
             resized_bytes: computed
                 .resized
                 .as_ref()
                 .or(computed.decoded.as_ref())
-                .map_or(0, |i| i.as_bytes().len() as u64),
+                .map_or(0, |i| i.0.as_bytes().len() as u64),
         });
         // With several learners, each caches only the samples placed on it.
         let level = level.filter(|_| self.peering.locality.as_ref().is_none_or(|l| l.caches(pos)));
@@ -278,13 +320,13 @@ impl Shared {
                 cache.offer(key, Arc::new(CachedData::Raw(raw.clone())));
             }
             Some(CacheLevel::Decoded) => {
-                if let Some(img) = computed.decoded {
-                    cache.offer(key, Arc::new(CachedData::Decoded(img)));
+                if let Some((img, t)) = computed.decoded {
+                    cache.offer(key, Arc::new(CachedData::Decoded(img, t)));
                 }
             }
             Some(CacheLevel::Resized) => {
-                if let Some(img) = computed.resized.or(computed.decoded) {
-                    cache.offer(key, Arc::new(CachedData::Resized(img)));
+                if let Some((img, t)) = computed.resized.or(computed.decoded) {
+                    cache.offer(key, Arc::new(CachedData::Resized(img, t)));
                 }
             }
             Some(CacheLevel::Auto) | None => {}
@@ -295,7 +337,9 @@ impl Shared {
     }
 
     /// Encoded bytes to the output slot: the fused plan, or (split path) the prefix, the
-    /// optional resize and the suffix, keeping the intermediate images for the cache.
+    /// optional resize and the suffix, keeping the intermediate images (with the targets in
+    /// their pixels) for the cache. `targets` move with the pixels to the output.
+    #[allow(clippy::too_many_arguments)]
     fn compute(
         &self,
         bytes: &[u8],
@@ -304,48 +348,58 @@ impl Shared {
         out: &mut [u8],
         times: &mut [Duration],
         resize: Option<u32>,
+        mut targets: Option<&mut BoxTargets>,
     ) -> Result<Computed, SampleFailure> {
         let steps = &self.data.steps;
         counters_base(local, steps.prefix.start);
         let t = Instant::now();
+        let plan = &self.data.plan;
         if !self.data.split {
-            self.data
-                .plan
-                .run(bytes, rng, &mut local.scratch, out, &mut times[steps.prefix.clone()])
-                .map_err(decode_err)?;
+            let times = &mut times[steps.prefix.clone()];
+            match targets {
+                None => plan.run(bytes, rng, &mut local.scratch, out, times),
+                Some(boxes) => plan.run_with_boxes(bytes, rng, &mut local.scratch, out, times, boxes),
+            }
+            .map_err(decode_err)?;
             return Ok(Computed { decode: t.elapsed(), resize: Duration::ZERO, decoded: None, resized: None });
         }
-        let decoded = self
-            .data
-            .plan
-            .run_deterministic_prefix(bytes, &mut local.scratch, &mut times[steps.prefix.clone()])
+        let decoded = plan
+            .run_deterministic_prefix_with_boxes(
+                bytes,
+                &mut local.scratch,
+                &mut times[steps.prefix.clone()],
+                targets.as_deref_mut(),
+            )
             .map_err(decode_err)?;
+        let decoded_targets = targets.as_deref().cloned();
         let decode = t.elapsed();
         let t = Instant::now();
         let resized = match resize {
-            Some(s) => Some(resize_image(&decoded, s, &mut local.scratch).map_err(decode_err)?),
+            Some(s) => {
+                let img = resize_image(&decoded, s, &mut local.scratch, targets.as_deref_mut()).map_err(decode_err)?;
+                Some((img, targets.as_deref().cloned()))
+            }
             None => None,
         };
         let resize_time = t.elapsed();
         if let Some(slot) = steps.resize {
             times[slot] += resize_time;
         }
-        let img = resized.as_ref().unwrap_or(&decoded);
+        let img = resized.as_ref().map_or(&decoded, |r| &r.0);
         counters_base(local, steps.suffix.start);
-        self.data
-            .plan
-            .run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()])
+        plan.run_from_image_with_boxes(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()], targets)
             .map_err(decode_err)?;
-        Ok(Computed { decode, resize: resize_time, decoded: Some(decoded), resized })
+        Ok(Computed { decode, resize: resize_time, decoded: Some((decoded, decoded_targets)), resized })
     }
 }
 
-/// What [`Shared::compute`] measured and kept.
+/// What [`Shared::compute`] measured and kept: the images for the cache, each with the
+/// sample's targets in its pixels (`None` for a source without them).
 struct Computed {
     decode: Duration,
     resize: Duration,
-    decoded: Option<Image>,
-    resized: Option<Image>,
+    decoded: Option<(Image, Option<BoxTargets>)>,
+    resized: Option<(Image, Option<BoxTargets>)>,
 }
 
 /// What a chunk reports when its samples are done (or cancelled).

@@ -1,0 +1,162 @@
+//! The hostile-input corpus for samples with boxes (docs/records.md, "Bad input"): sidecars
+//! and a COCO file that are malformed, hold NaN, infinite, inverted, negative or outside
+//! coordinates, mismatched labels, or 10^6 boxes in one sample. Each either fails its
+//! sample with an error naming the sample and what is wrong (`on_error = "fail"` stops the
+//! run with it; `"skip"` drops the sample and lists it) or is clamped by the stated rule;
+//! nothing panics.
+
+#![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use sluice_core::{Batch, ErrorPolicy, OpSpec, PipelineSpec, Size, SourceSpec};
+use sluice_pipeline::{Loader, Shard};
+use sluice_synth::{write_dataset, DatasetOptions};
+
+const SIDE: u32 = 64;
+
+fn options() -> DatasetOptions {
+    DatasetOptions { images: 9, classes: 1, texture: 4, boxes: true, ..Default::default() }
+}
+
+/// `n` boxes in a sidecar or a COCO file's annotations for one image.
+fn many_boxes(n: usize) -> String {
+    let mut s = String::with_capacity(n * 12);
+    for i in 0..n {
+        let _ = write!(s, "{}[0,0,5,5]", if i == 0 { "" } else { "," });
+    }
+    s
+}
+
+fn spec(source: SourceSpec, on_error: ErrorPolicy) -> PipelineSpec {
+    let mut s = PipelineSpec::train_default(source, SIDE, 16);
+    // Deterministic: resize the shorter side to SIDE, then the centre square.
+    s.ops = vec![OpSpec::Decode, OpSpec::resize(SIDE), OpSpec::CenterCrop { size: Size::square(SIDE) }];
+    s.shuffle = sluice_core::ShuffleSpec::None;
+    s.threads = 2.into();
+    s.on_error = on_error;
+    s
+}
+
+fn all(loader: &Loader) -> Result<Vec<Batch>, String> {
+    loader.iter().map(|b| b.map_err(|e| e.to_string())).collect()
+}
+
+/// The generated sample `i`'s sidecar.
+fn sidecar(root: &Path, i: usize) -> PathBuf {
+    root.join("class_000").join(format!("img_{i:07}.json"))
+}
+
+/// A box over the whole image and beyond, after the decode's clamp, the resize and the
+/// centre crop: the whole output.
+const CLAMPED: [f32; 4] = [0.0, 0.0, SIDE as f32, SIDE as f32];
+
+#[test]
+fn hostile_sidecars_fail_their_sample_by_name_or_are_clamped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    write_dataset(&root, &options(), &|_| {}).unwrap();
+    // (sample, sidecar text or None to delete it, what its error says; "" = loads, clamped)
+    let million =
+        format!("{{\"boxes\": [{}], \"labels\": [{}]}}", many_boxes(1_000_000), vec!["1"; 1_000_000].join(","));
+    let corpus: Vec<(usize, Option<String>, &str)> = vec![
+        (1, Some(r#"{"boxes": [[1, 2, 3, 4]"#.into()), "not a boxes sidecar"),
+        (2, Some(r#"{"boxes": [[NaN, 1, 2, 3]], "labels": [0]}"#.into()), "not a boxes sidecar"),
+        (3, Some(r#"{"boxes": [[1, 2, 1e39, 4]], "labels": [0]}"#.into()), "finite"),
+        (4, Some(r#"{"boxes": [[-50, -20, 1e6, 1e6], [-9, -9, -1, -1]], "labels": [4, 5]}"#.into()), ""),
+        (5, Some(million), "limits.max_boxes"),
+        (6, Some(r#"{"boxes": [[9, 0, 5, 5]], "labels": [0]}"#.into()), "x2 < x1"),
+        (7, Some(r#"{"boxes": [[0, 0, 5, 5], [1, 1, 6, 6]], "labels": [0]}"#.into()), "2 boxes but 1 labels"),
+        (8, None, "img_0000008.json"),
+    ];
+    for (i, text, _) in &corpus {
+        match text {
+            Some(t) => std::fs::write(sidecar(&root, *i), t).unwrap(),
+            None => std::fs::remove_file(sidecar(&root, *i)).unwrap(),
+        }
+    }
+    let source = SourceSpec::Sidecar { root: root.clone() };
+
+    // Skipped: the good and the clamped samples load; each bad one is listed by name.
+    let loader = Loader::new(spec(source.clone(), ErrorPolicy::Skip), Shard::default()).unwrap();
+    let batches = all(&loader).unwrap();
+    let keys: Vec<u64> = batches.iter().flat_map(|b| b.keys.clone()).collect();
+    assert_eq!(keys.len(), 2, "the good sample and the clamped one: {keys:?}");
+    let b = &batches[0];
+    let boxes = b.boxes.as_ref().unwrap();
+    let at = keys
+        .iter()
+        .position(|&k| loader.manifest().display_path(sluice_core::SampleKey(k)).ends_with("img_0000004.jpg"));
+    let at = at.expect("the sample with outside boxes loads");
+    assert_eq!(boxes.counts[at], 1, "the box wholly outside is dropped");
+    let row = at * boxes.max_boxes;
+    let got: [f32; 4] = boxes.boxes[row * 4..row * 4 + 4].try_into().unwrap();
+    assert_eq!(got, CLAMPED, "clamped to the image");
+    assert_eq!(boxes.labels[row], 4);
+    let skipped = loader.stats().skipped;
+    for (i, _, says) in corpus.iter().filter(|c| !c.2.is_empty()) {
+        let name = format!("img_{i:07}");
+        let s = skipped
+            .iter()
+            .find(|s| s.path.contains(&name))
+            .unwrap_or_else(|| panic!("{name} not skipped: {skipped:?}"));
+        assert!(s.error.contains("bad boxes") && s.error.contains(says), "{name}: {}", s.error);
+    }
+
+    // Failing: the run stops with the first bad sample's key, path and reason.
+    let e = all(&Loader::new(spec(source, ErrorPolicy::Fail), Shard::default()).unwrap()).unwrap_err();
+    assert!(e.contains("img_0000001") && e.contains("not a boxes sidecar"), "{e}");
+}
+
+#[test]
+fn a_hostile_coco_file_fails_only_the_images_it_damages_or_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    write_dataset(&root, &options(), &|_| {}).unwrap();
+    let images: Vec<String> =
+        (0..5).map(|i| format!(r#"{{"id": {i}, "file_name": "class_000/img_{i:07}.jpg"}}"#)).collect();
+    let million: Vec<String> =
+        (0..1_000_000).map(|_| r#"{"image_id":3,"bbox":[0,0,5,5],"category_id":1}"#.to_string()).collect();
+    let annotations = [
+        r#"{"id": 10, "image_id": 0, "bbox": [2, 3, 10, 10], "category_id": 1}"#.to_string(),
+        r#"{"id": 11, "image_id": 1, "bbox": [1, 2, 3], "category_id": 1}"#.to_string(),
+        r#"{"id": 12, "image_id": 2, "bbox": [1, 2, -3, 4], "category_id": 1}"#.to_string(),
+        r#"{"id": 14, "image_id": 4, "bbox": [-50, -20, 1000050, 1000050], "category_id": 4}"#.to_string(),
+        r#"{"id": 15, "image_id": 4, "bbox": [-9, -9, 8, 8], "category_id": 5}"#.to_string(),
+        r#"{"id": 16, "image_id": 77, "bbox": [0, 0, 1, 1], "category_id": 5}"#.to_string(),
+    ]
+    .into_iter()
+    .chain(million)
+    .collect::<Vec<_>>();
+    let path = root.join("instances.json");
+    std::fs::write(
+        &path,
+        format!(r#"{{"images": [{}], "annotations": [{}]}}"#, images.join(","), annotations.join(",")),
+    )
+    .unwrap();
+    let source = SourceSpec::Coco { annotations: path.clone(), images: root.clone() };
+    let loader = Loader::new(spec(source.clone(), ErrorPolicy::Skip), Shard::default()).unwrap();
+    let batches = all(&loader).unwrap();
+    let keys: Vec<u64> = batches.iter().flat_map(|b| b.keys.clone()).collect();
+    assert_eq!(keys.len(), 2, "images 0 and 4 load: {keys:?}");
+    let boxes = batches[0].boxes.as_ref().unwrap();
+    let row = boxes.max_boxes;
+    assert_eq!(boxes.counts[1], 1, "image 4's box wholly outside is dropped");
+    let got: [f32; 4] = boxes.boxes[row * 4..row * 4 + 4].try_into().unwrap();
+    assert_eq!(got, CLAMPED, "clamped to the image");
+    let skipped = loader.stats().skipped;
+    for (i, says) in [(1, "annotation 11"), (2, "negative width"), (3, "limits.max_boxes")] {
+        let name = format!("img_{i:07}");
+        let s = skipped
+            .iter()
+            .find(|s| s.path.contains(&name))
+            .unwrap_or_else(|| panic!("{name} not skipped: {skipped:?}"));
+        assert!(s.error.contains("bad boxes") && s.error.contains(says), "{name}: {}", s.error);
+    }
+
+    // NaN is not JSON: the whole file is refused, naming it with the line and column.
+    std::fs::write(&path, r#"{"images": [{"id": 0, "file_name": "a.jpg"}], "annotations": [{"image_id": 0, "bbox": [NaN, 0, 1, 1], "category_id": 1}]}"#).unwrap();
+    let e = Loader::new(spec(source, ErrorPolicy::Skip), Shard::default()).err().unwrap().to_string();
+    assert!(e.contains("instances.json") && e.contains("column"), "{e}");
+}
