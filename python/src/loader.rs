@@ -45,9 +45,9 @@ impl PyLoader {
     fn new(py: Python<'_>, spec_json: &str, rank: usize, world_size: usize) -> PyResult<Self> {
         let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
         register_spec_maps(py, &spec)?;
-        // Enough spare buffers for the prefetch window and the batches being freed.
-        let buffers = BufferPool::new(spec.prefetch + 2);
         let loader = py.detach(|| Loader::new(spec, Shard { rank, world_size })).map_err(|e| pipeline_error(py, e))?;
+        // Enough spare buffers for the prefetch window and the batches being freed.
+        let buffers = BufferPool::new(loader.prefetch_max_depth() + 2);
         Ok(Self { loader: ManuallyDrop::new(loader), buffers })
     }
 

@@ -162,6 +162,7 @@ impl Stats {
             importance_reports: self.importance_reports,
             cache: None,
             autoscale: None,
+            prefetch: None,
         }
     }
 }
@@ -198,6 +199,10 @@ pub struct StatsSnapshot {
     /// inputs, when the loader autoscales (`threads = "auto"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<sluice_autoscale::AutoscaleStats>,
+    /// The batches a loader keeps in flight now, and for `prefetch = "auto"` how its
+    /// autotuner got there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<crate::loader::PrefetchStats>,
 }
 
 /// One op's per-sample time distribution.

@@ -37,6 +37,7 @@ use sluice_codec::{CodecError, Plan};
 use sluice_core::{DType, SampleRng, Tensor, TensorData, Threads};
 
 use super::autoscale::{auto_threads_config, LocalAutoscale, Perturb};
+use super::prefetch::PrefetchTuner;
 use super::slab::Slab;
 use crate::counters::{CounterSource, ThreadCounters};
 use crate::error::PipelineError;
@@ -59,6 +60,10 @@ pub(super) struct Observers {
     pub(super) op_names: Vec<String>,
     /// Sizes the pool to the consumer, when autoscaling is on.
     pub(super) autoscale: LocalAutoscale,
+    /// How many batches a loader keeps in flight (`None` for a [`BatchRunner`]).
+    pub(super) prefetch: Mutex<Option<PrefetchTuner>>,
+    /// Samples per batch.
+    pub(super) batch_size: usize,
     /// Image buffers of batches their consumer is done with, for the next batches.
     spare: Mutex<Vec<Tensor>>,
     keep_spare: usize,
@@ -105,6 +110,8 @@ impl Engine {
             op_counters: AtomicBool::new(false),
             op_names,
             autoscale: LocalAutoscale::new(batch_size),
+            prefetch: Mutex::new(None),
+            batch_size,
             spare: Mutex::new(Vec::new()),
             keep_spare,
         });
@@ -166,7 +173,32 @@ impl Engine {
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = self.observers.stats.lock().snapshot();
         s.autoscale = self.observers.autoscale.stats();
+        s.prefetch = self
+            .observers
+            .prefetch
+            .lock()
+            .as_ref()
+            .map(|t| t.stats(self.pool.threads(), CHUNK, self.observers.batch_size));
         s
+    }
+
+    /// Keeps batches in flight as `tuner` says (a loader's prefetch).
+    pub(super) fn set_prefetch(&self, tuner: PrefetchTuner) {
+        *self.observers.prefetch.lock() = Some(tuner);
+    }
+
+    /// Batches to keep in flight now (1 without a prefetch).
+    pub(super) fn prefetch_depth(&self) -> usize {
+        let threads = self.pool.threads();
+        self.observers.prefetch.lock().as_ref().map_or(1, |t| t.depth(threads, CHUNK, self.observers.batch_size))
+    }
+
+    /// The consumer asked for a batch and found `ready` ready in order: the autotuner's reading.
+    pub(super) fn prefetch_consumed(&self, ready: usize) {
+        let threads = self.pool.threads();
+        if let Some(t) = self.observers.prefetch.lock().as_mut() {
+            t.record(ready, threads, CHUNK, self.observers.batch_size);
+        }
     }
 
     /// Takes back the image buffer of a batch whose pixels the consumer no longer needs: a
