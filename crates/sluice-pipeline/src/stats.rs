@@ -163,6 +163,7 @@ impl Stats {
             cache: None,
             autoscale: None,
             prefetch: None,
+            accelerator: None,
         }
     }
 }
@@ -203,6 +204,11 @@ pub struct StatsSnapshot {
     /// autotuner got there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<crate::loader::PrefetchStats>,
+    /// The consumer's accelerator busy fraction over the last few seconds: its own report
+    /// ([`crate::Loader::report_accelerator_busy`]) while fresh, else its step timing
+    /// (compute ÷ (compute + wait) between its `next()` calls); `None` before a step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<sluice_autoscale::AcceleratorBusy>,
 }
 
 /// One op's per-sample time distribution.

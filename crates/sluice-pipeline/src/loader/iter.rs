@@ -66,6 +66,8 @@ pub struct EpochIter {
     spans: bool,
     /// The build span of the last batch handed out, when stamped.
     built: Option<(u64, u64)>,
+    /// When the last batch was handed out: the consumer's step starts there.
+    handed_at: Option<Instant>,
 }
 
 /// Memory to build a batch's images in, asked for each batch with its dtype and element
@@ -109,6 +111,7 @@ impl EpochIter {
             handed: None,
             spans: false,
             built: None,
+            handed_at: None,
         }
     }
 
@@ -393,6 +396,7 @@ impl EpochIter {
     ) -> Option<Result<Batch, PipelineError>> {
         let recorder = self.shared.observers.trace.current();
         let asked_ns = recorder.as_ref().map(|_| now_ns());
+        let computed = self.handed_at.take().map(|t| t.elapsed());
         if let (Some(recorder), Some(now), Some((batch, handed_ns))) = (&recorder, asked_ns, self.handed.take()) {
             recorder.record(self.batch_event(batch, handed_ns, now, What::BatchConsumed));
         }
@@ -431,6 +435,10 @@ impl EpochIter {
                     }
                     let ready = self.pending.values().filter(|a| a.chunks_left == 0).count();
                     self.engine.batch_done(batch.len(), waited, ready);
+                    if let Some(computed) = computed {
+                        self.engine.step_done(computed, waited);
+                    }
+                    self.handed_at = Some(Instant::now());
                     // The slot it leaves goes to the next batch now, not when the
                     // consumer comes back: the whole depth is built while it computes.
                     self.submit_ahead();

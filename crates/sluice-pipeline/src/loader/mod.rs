@@ -418,6 +418,15 @@ impl Loader {
         self.engine.autoscale(config)
     }
 
+    /// The trainer's own reading of its accelerator's busy fraction (0..=1, e.g.
+    /// `torch.cuda.utilization() / 100`, or device time per step over step time): shown in
+    /// [`Loader::stats`] (`accelerator`) and read by the autoscaler's policy in place of
+    /// the step timing the loader measures itself, while fresh (10 s). NaN is ignored;
+    /// other values are clamped to 0..=1.
+    pub fn report_accelerator_busy(&self, fraction: f64) {
+        self.engine.report_accelerator_busy(fraction);
+    }
+
     /// As [`Loader::autoscale`], with each window's readings passed through `perturb`
     /// before the policy sees them: how `sluice-bench autoscale` injects noise.
     pub fn autoscale_perturbed(&self, config: AutoscaleConfig, perturb: Perturb) -> Result<(), PipelineError> {

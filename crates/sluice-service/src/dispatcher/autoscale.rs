@@ -208,6 +208,7 @@ impl ServiceAutoscale {
             queue: 0.0,
             unit_rates,
             jobs,
+            accelerator_busy: None,
         })
     }
 
