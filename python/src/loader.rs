@@ -180,6 +180,11 @@ impl PyLoader {
     fn buffers_reused(&self) -> u64 {
         self.buffers.reused()
     }
+
+    /// The trainer's own reading of its accelerator's busy fraction (0..=1).
+    fn report_accelerator_busy(&self, fraction: f64) {
+        self.loader.report_accelerator_busy(fraction);
+    }
 }
 
 /// The batches of one epoch, in order.
