@@ -157,6 +157,9 @@ class Loader:
     def threads(self) -> int: ...
     def buffers_reused(self) -> int:
         """Batches built in a buffer freed by an earlier batch rather than in fresh memory."""
+    def report_accelerator_busy(self, fraction: float) -> None:
+        """The trainer's own reading of its accelerator's busy fraction (0..=1); NaN is
+        ignored, other values clamped."""
 
 @final
 class EpochIterator:
@@ -238,7 +241,10 @@ class RemoteLoader:
     def shared_memory_batches(self) -> int: ...
     def stats(self) -> Dict[str, Any]:
         """``batches``, ``samples``, ``bytes``, ``wait_s``, ``elapsed_s``,
-        ``shared_memory_batches``, ``duplicates_dropped``."""
+        ``shared_memory_batches``, ``duplicates_dropped``, ``accelerator``."""
+    def report_accelerator_busy(self, fraction: float) -> None:
+        """The trainer's own reading of its accelerator's busy fraction (0..=1), sent to the
+        dispatcher with the next heartbeat; never waits."""
     def state_json(self) -> str: ...
     def load_state_json(self, state: str) -> None: ...
     def report(self, keys: Sequence[int], values: Sequence[float], kind: str) -> Tuple[int, int, int, int]:

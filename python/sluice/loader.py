@@ -519,6 +519,12 @@ class Loader(_Traced):
         With ``threads="auto"``, ``autoscale``: ``policy``, ``units`` (threads now),
         ``windows``, ``ups``, ``downs`` and the latest ``decisions`` (each with ``t_ms``,
         ``from``, ``to``, ``production``, ``consumption``, ``stall`` and ``reason``).
+        ``prefetch``: ``depth`` (batches kept in flight now), ``auto`` (``prefetch("auto")``),
+        ``ready_limit``, ``max_depth`` (what the memory bound allows) and ``grows``.
+        ``accelerator`` (after the first step): ``busy`` (the accelerator's busy fraction
+        over the last few seconds) and ``source``: ``"reported"``
+        (:meth:`report_accelerator_busy`) or ``"step_timing"`` (compute between ``next()``
+        calls over compute + wait).
         """
         stats: Dict[str, Any] = json.loads(self._native.stats_json())
         stats["op_seconds"] = {name: seconds for name, seconds in stats["op_seconds"]}
@@ -531,6 +537,17 @@ class Loader(_Traced):
         if self._workers is not None:
             _merge_worker_stats(stats, self._workers)
         return stats
+
+    def report_accelerator_busy(self, fraction: float) -> None:
+        """Reports the accelerator's busy fraction (0..1) as the trainer reads it: a device
+        counter (:func:`sluice.torch.report_cuda_utilization` reads
+        ``torch.cuda.utilization()``) or its own device time per step over step time. It
+        replaces the step timing the loader measures itself (compute between ``next()``
+        calls over compute + wait) in ``stats()["accelerator"]`` and in what the
+        autoscaler's policy reads, for 10 s; report again to keep it. With
+        ``threads="auto"``, FastMatch adds no threads while it is 0.95 or more.
+        NaN is ignored; other values are clamped to 0..1."""
+        self._native.report_accelerator_busy(float(fraction))
 
     @property
     def processes(self) -> int:

@@ -625,10 +625,18 @@ class Pipeline:
         """Samples per batch; ``drop_last`` drops each epoch's short last batch."""
         return self._with(batch={"size": size, "drop_last": drop_last})
 
-    def prefetch(self, batches: int) -> "Pipeline":
+    def prefetch(self, batches: Union[int, str], max_bytes: Optional[int] = None) -> "Pipeline":
         """Batches prepared ahead of the consumer (default 4). Peak memory is about
-        ``(prefetch + threads) x batch bytes``."""
-        return self._with(prefetch=batches)
+        ``(prefetch + threads) x batch bytes``. ``"auto"`` sizes it while the loader runs
+        (tf.data's buffer autotuning, docs/autoscaling.md): it starts at the batches the
+        threads can build at once plus one, and doubles the ready part each time the
+        training loop drains a full buffer, within ``max_bytes`` of batches in flight
+        (default 1 GiB; at most 64 batches). ``Loader.stats()["prefetch"]["depth"]`` shows it."""
+        if max_bytes is not None and batches != "auto":
+            raise ValueError('max_bytes bounds prefetch("auto") only')
+        if max_bytes is None:
+            return self._with(prefetch=batches)
+        return self._with(prefetch=batches, prefetch_max_bytes=max_bytes)
 
     def threads(self, threads: Union[int, str]) -> "Pipeline":
         """Worker threads; 0 (the default) means one per core, ``"auto"`` as many as the

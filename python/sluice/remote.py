@@ -207,13 +207,22 @@ class RemoteLoader(_Traced):
         ``{"key", "path", "error"}``, as the local loader's); ``bytes`` (image bytes
         received), ``shared_memory_batches`` and ``duplicates_dropped``; ``cache``: the job's
         caches on all workers (``hits``, ``misses``, ``hit_rate`` as in the local loader's
-        ``stats()["cache"]``, and ``entries``, ``hot``, ``hot_held``), or ``None``. Op
-        times are in the workers' metrics.
+        ``stats()["cache"]``, and ``entries``, ``hot``, ``hot_held``), or ``None``; ``accelerator``: ``{"busy", "source"}`` as
+        in :meth:`sluice.Loader.stats`, or ``None`` before the first step. Op times are in
+        the workers' metrics.
         """
         stats: Dict[str, Any] = dict(self._native.stats())
         elapsed = stats["elapsed_s"]
         stats["samples_per_s"] = stats["samples"] / elapsed if elapsed > 0 else 0.0
         return stats
+
+    def report_accelerator_busy(self, fraction: float) -> None:
+        """Reports the accelerator's busy fraction (0..1) as the trainer reads it, as
+        :meth:`sluice.Loader.report_accelerator_busy` does. Each heartbeat sends it to the
+        dispatcher in place of this client's step timing (for 10 s; report again to keep
+        it): the dispatcher shows it as ``sluice_client_accelerator_busy`` and its
+        autoscaler's policy reads it. Never waits for a batch."""
+        self._native.report_accelerator_busy(float(fraction))
 
     def report(self, keys: Any, losses: Any) -> Dict[str, int]:
         """Reports per-sample losses for the samples ``keys`` (a batch's ``key``), as

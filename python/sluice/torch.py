@@ -550,3 +550,25 @@ _TORCH_DTYPES: Dict[str, torch.dtype] = {
     "<f4": torch.float32,
     "<f2": torch.float16,
 }
+
+
+__all__ += ["report_cuda_utilization"]
+
+
+def report_cuda_utilization(loader: Any, device: Union[int, str, torch.device, None] = None) -> Optional[float]:
+    """Reads the GPU's utilisation (``torch.cuda.utilization``, NVML's busy share over its
+    last sample period) and reports it to ``loader`` (a :class:`sluice.Loader`,
+    :class:`sluice.RemoteLoader` or :class:`SluiceDataset`) as its accelerator's busy
+    fraction, as FastMatch reads the GPU next to the CPU. Call it every few steps: a report
+    counts for 10 s. Returns the fraction reported, or None where there is no counter (no
+    CUDA, or no NVML): the loader then keeps its own step timing."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        percent = torch.cuda.utilization(device)
+    except (RuntimeError, ModuleNotFoundError, ImportError):
+        return None
+    target = loader.loader if isinstance(loader, SluiceDataset) else loader
+    fraction = float(percent) / 100.0
+    target.report_accelerator_busy(fraction)
+    return fraction

@@ -46,9 +46,9 @@ impl PyLoader {
     fn new(py: Python<'_>, spec_json: &str, rank: usize, world_size: usize) -> PyResult<Self> {
         let spec = PipelineSpec::from_json_str(spec_json).map_err(|e| spec_error(py, e))?;
         register_spec_maps(py, &spec)?;
-        // Enough spare buffers for the prefetch window and the batches being freed.
-        let buffers = BufferPool::new(spec.prefetch + 2);
         let loader = py.detach(|| Loader::new(spec, Shard { rank, world_size })).map_err(|e| pipeline_error(py, e))?;
+        // Enough spare buffers for the prefetch window and the batches being freed.
+        let buffers = BufferPool::new(loader.prefetch_max_depth() + 2);
         Ok(Self { loader: ManuallyDrop::new(loader), buffers })
     }
 
@@ -213,6 +213,11 @@ impl PyLoader {
     /// Batches built in a buffer freed by an earlier batch rather than in fresh memory.
     fn buffers_reused(&self) -> u64 {
         self.buffers.reused()
+    }
+
+    /// The trainer's own reading of its accelerator's busy fraction (0..=1).
+    fn report_accelerator_busy(&self, fraction: f64) {
+        self.loader.report_accelerator_busy(fraction);
     }
 }
 

@@ -265,7 +265,22 @@ impl PyRemoteLoader {
             }
             None => out.set_item("cache", py.None())?,
         }
+        match self.probe.accelerator_busy() {
+            Some(a) => {
+                let d = PyDict::new(py);
+                d.set_item("busy", a.busy)?;
+                d.set_item("source", a.source.name())?;
+                out.set_item("accelerator", d)?;
+            }
+            None => out.set_item("accelerator", py.None())?,
+        }
         Ok(out)
+    }
+
+    /// The trainer's own reading of its accelerator's busy fraction (0..=1), sent to the
+    /// dispatcher with the next heartbeat. Never waits: callable while `next_batch` waits.
+    fn report_accelerator_busy(&self, fraction: f64) {
+        self.probe.report_accelerator_busy(fraction);
     }
 
     /// Waits for a `next_batch()` in progress: the state is the one after a batch.

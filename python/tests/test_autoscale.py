@@ -29,3 +29,30 @@ def test_bad_thread_settings_are_refused(dataset: Path) -> None:
         sluice.Loader(small_pipeline(dataset, batch=4, size=32), threads="many")
     loader = sluice.Loader(small_pipeline(dataset, batch=4, size=32), threads=1)
     assert loader.threads == 1 and "autoscale" not in loader.stats()
+
+
+def test_prefetch_auto_shows_its_depth_and_a_bound_caps_it(dataset: Path) -> None:
+    pipe = small_pipeline(dataset, batch=4, size=32).threads(1)
+    batch_bytes = 4 * 32 * 32 * 3
+    loader = sluice.Loader(pipe.prefetch("auto", max_bytes=3 * batch_bytes))
+    assert loader.stats()["prefetch"] == {"auto": True, "depth": 3, "ready_limit": 1, "max_depth": 3, "grows": 0}
+    for i, _ in enumerate(loader):
+        if i % 4 == 3:
+            time.sleep(0.1)  # a bursty training loop
+    p = loader.stats()["prefetch"]
+    assert p["depth"] <= p["max_depth"] == 3
+    fixed = sluice.Loader(pipe.prefetch(2)).stats()["prefetch"]
+    assert (fixed["auto"], fixed["depth"]) == (False, 2)
+    with pytest.raises(ValueError, match="max_bytes bounds"):
+        pipe.prefetch(2, max_bytes=1000)
+
+
+def test_a_reported_accelerator_busy_fraction_replaces_step_timing_in_the_stats(dataset: Path) -> None:
+    loader = sluice.Loader(small_pipeline(dataset, batch=4, size=32))
+    assert "accelerator" not in loader.stats()
+    for _ in loader:
+        time.sleep(0.005)  # a training step
+    measured = loader.stats()["accelerator"]
+    assert measured["source"] == "step_timing" and 0.0 < measured["busy"] <= 1.0
+    loader.report_accelerator_busy(0.5)
+    assert loader.stats()["accelerator"] == {"busy": 0.5, "source": "reported"}

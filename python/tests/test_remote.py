@@ -146,3 +146,17 @@ def test_a_checkpoint_resumes_on_a_service_with_another_worker_count(dataset: Pa
     got.update(by_index(rest))
     assert got == by_index(whole)
     assert sorted(k for keys in got.values() for k in keys) == list(range(N_IMAGES))
+
+
+def test_a_remote_loader_measures_and_takes_reports_of_the_accelerator_busy_fraction(
+    service: Tuple[str, Path],
+) -> None:
+    addr, root = service
+    loader = sluice.RemoteLoader(_pipeline(root), dispatcher=addr, job="accelerator")
+    assert loader.stats()["accelerator"] is None
+    for _ in loader:
+        time.sleep(0.005)  # a training step
+    measured = loader.stats()["accelerator"]
+    assert measured["source"] == "step_timing" and 0.0 < measured["busy"] <= 1.0, measured
+    loader.report_accelerator_busy(0.9)  # what the heartbeats send from now on
+    assert loader.stats()["accelerator"] == {"busy": 0.9, "source": "reported"}

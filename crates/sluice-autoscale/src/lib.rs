@@ -14,4 +14,6 @@ pub mod signals;
 
 pub use controller::{AutoscaleConfig, AutoscaleStats, Autoscaler, ConfigError, Decision};
 pub use policy::{Policy, PolicyKind, UnknownPolicy};
-pub use signals::{per_second, JobRates, Meter, RateMeter, Window, WindowBy};
+pub use signals::{
+    per_second, AcceleratorBusy, AcceleratorMeter, BusySource, JobRates, Meter, RateMeter, Window, WindowBy,
+};

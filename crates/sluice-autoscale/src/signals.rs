@@ -95,6 +95,11 @@ pub struct Window {
     /// job, whose rates are the window's own.
     #[serde(default)]
     pub jobs: Vec<JobRates>,
+    /// The accelerator's busy fraction (0..=1) as its trainers reported it from a device
+    /// counter (e.g. `torch.cuda.utilization()`, DCGM), FastMatch's GPU signal; `None`
+    /// when none reported one. The step-timing reading is `1 − stall` and needs no field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator_busy: Option<f64>,
 }
 
 /// One job's share of a window: its trainers' consumption and what a unit makes of it.
@@ -239,6 +244,7 @@ impl Meter {
             queue,
             unit_rates: Vec::new(),
             jobs: Vec::new(),
+            accelerator_busy: None,
         };
         self.start_s = self.last_s;
         (self.batches, self.wait_s, self.busy_s, self.produced) = (0, 0.0, 0.0, 0.0);
@@ -252,9 +258,109 @@ impl Meter {
     }
 }
 
+/// Where an [`AcceleratorMeter`]'s busy fraction came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BusySource {
+    /// The trainer reported it (a device counter, or its own measure of device time).
+    Reported,
+    /// The trainer's step timing: time between its `next()` calls not spent waiting for
+    /// data, over all of that time (compute ÷ (compute + wait)).
+    StepTiming,
+}
+
+impl BusySource {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Reported => "reported",
+            Self::StepTiming => "step_timing",
+        }
+    }
+}
+
+/// The accelerator's busy fraction now, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AcceleratorBusy {
+    pub busy: f64,
+    pub source: BusySource,
+}
+
+/// A reported fraction older than this no longer counts (the trainer stopped reporting).
+pub const REPORT_FRESH_S: f64 = 10.0;
+
+/// The accelerator's busy fraction over the last few seconds, from the trainer's step
+/// timing (each step's compute and wait, on the caller's clock) or, where the trainer
+/// reports one, its own reading, which wins while it is fresh.
+#[derive(Debug, Clone)]
+pub struct AcceleratorMeter {
+    /// Cumulative compute and wait, in microseconds.
+    totals: [u64; 2],
+    steps: RateMeter<2>,
+    reported: Option<(f64, f64)>,
+}
+
+impl AcceleratorMeter {
+    /// Step timing over the last `window_s` seconds.
+    pub fn new(window_s: f64) -> Self {
+        Self { totals: [0; 2], steps: RateMeter::new(window_s), reported: None }
+    }
+
+    /// A step ended at `now_s`: the trainer computed `compute_s` since it took its last
+    /// batch and then waited `wait_s` for the next one.
+    pub fn record_step(&mut self, now_s: f64, compute_s: f64, wait_s: f64) {
+        let us = |s: f64| (s.max(0.0) * 1e6) as u64;
+        self.totals[0] = self.totals[0].saturating_add(us(compute_s));
+        self.totals[1] = self.totals[1].saturating_add(us(wait_s));
+        self.steps.record(now_s, self.totals);
+    }
+
+    /// The trainer's own reading at `now_s`, clamped to 0..=1; NaN is ignored.
+    pub fn report(&mut self, now_s: f64, busy: f64) {
+        if !busy.is_nan() {
+            self.reported = Some((now_s, busy.clamp(0.0, 1.0)));
+        }
+    }
+
+    /// The fresh reported reading at `now_s`, if any.
+    pub fn reported(&self, now_s: f64) -> Option<f64> {
+        self.reported.filter(|&(t, _)| now_s - t <= REPORT_FRESH_S).map(|(_, b)| b)
+    }
+
+    /// The busy fraction at `now_s`: the fresh report, else step timing over the window
+    /// (the whole run while it is shorter than two steps apart); `None` before a step.
+    pub fn busy(&self, now_s: f64) -> Option<AcceleratorBusy> {
+        if let Some(busy) = self.reported(now_s) {
+            return Some(AcceleratorBusy { busy, source: BusySource::Reported });
+        }
+        let [c, w] = self.steps.rates();
+        let (c, w) = if c + w > 0.0 { (c, w) } else { (self.totals[0] as f64, self.totals[1] as f64) };
+        (c + w > 0.0).then(|| AcceleratorBusy { busy: (c / (c + w)).clamp(0.0, 1.0), source: BusySource::StepTiming })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_is_compute_over_step_time_unless_a_fresh_report_says_otherwise() {
+        let mut m = AcceleratorMeter::new(5.0);
+        assert_eq!(m.busy(0.0), None, "no step yet");
+        m.record_step(0.1, 0.07, 0.03);
+        let b = m.busy(0.1).unwrap_or(AcceleratorBusy { busy: -1.0, source: BusySource::Reported });
+        assert!((b.busy - 0.7).abs() < 1e-6 && b.source == BusySource::StepTiming, "{b:?}");
+        // Steps of 30 ms compute and 10 ms wait for a while: 0.75 over the window.
+        for i in 1..=200 {
+            m.record_step(0.1 + i as f64 * 0.04, 0.03, 0.01);
+        }
+        let b = m.busy(8.1).map(|b| b.busy).unwrap_or(-1.0);
+        assert!((b - 0.75).abs() < 1e-3, "{b}");
+        m.report(8.1, 1.7);
+        assert_eq!(m.busy(9.0), Some(AcceleratorBusy { busy: 1.0, source: BusySource::Reported }), "clamped");
+        m.report(9.0, f64::NAN);
+        assert_eq!(m.reported(9.0), Some(1.0), "NaN is ignored");
+        assert_eq!(m.busy(8.1 + REPORT_FRESH_S + 1.0).map(|b| b.source), Some(BusySource::StepTiming), "stale");
+    }
 
     #[test]
     fn rates_are_growth_per_second_over_the_sliding_window() {

@@ -35,6 +35,8 @@ pub(crate) fn loader_view(stats: &StatsSnapshot, threads: usize) -> DispatcherVi
         elapsed_s: stats.elapsed_s,
         stall_fraction: stall,
         batches_per_second: if stats.elapsed_s > 0.0 { stats.batches as f64 / stats.elapsed_s } else { 0.0 },
+        accelerator_busy: stats.accelerator.map(|a| a.busy),
+        accelerator_source: stats.accelerator.map(|a| a.source.name()),
     }];
     let totals = Totals {
         jobs: 0,
@@ -67,6 +69,17 @@ fn render_metrics(stats: &StatsSnapshot, threads: usize) -> String {
         stall_fraction(stats),
     );
     m.gauge("sluice_loader_threads", "the loader's threads now", threads as i64);
+    if let Some(a) = &stats.accelerator {
+        m.gauges(
+            "sluice_loader_accelerator_busy",
+            "the trainer's accelerator busy fraction over the last few seconds, as it reported it \
+             (source=\"reported\") or from its step timing",
+            [(vec![("source", a.source.name().to_string())], a.busy)],
+        );
+    }
+    if let Some(p) = &stats.prefetch {
+        m.gauge("sluice_loader_prefetch_depth", "batches the loader keeps in flight now", p.depth as i64);
+    }
     if let Some(c) = &stats.cache {
         m.gauge("sluice_loader_cache_hit_rate", "cache hits over lookups", c.hit_rate);
     }
@@ -160,6 +173,8 @@ mod tests {
             importance_reports: Default::default(),
             cache: None,
             autoscale: None,
+            prefetch: None,
+            accelerator: None,
         }
     }
 
@@ -178,5 +193,16 @@ mod tests {
         assert!(text.contains("sluice_loader_batches_total 30"), "{text}");
         assert!(text.contains("sluice_loader_stall_fraction 0.25"), "{text}");
         assert!(text.contains("sluice_loader_threads 3"), "{text}");
+        assert!(!text.contains("accelerator"), "no step yet: no series\n{text}");
+
+        let busy = sluice_autoscale::AcceleratorBusy { busy: 0.75, source: sluice_autoscale::BusySource::StepTiming };
+        let s = StatsSnapshot { accelerator: Some(busy), ..stats(30, 1.5, 6.0) };
+        let view = loader_view(&s, 3);
+        assert_eq!(
+            (view.clients[0].accelerator_busy, view.clients[0].accelerator_source),
+            (Some(0.75), Some("step_timing"))
+        );
+        let text = render_metrics(&s, 3);
+        assert!(text.contains("sluice_loader_accelerator_busy{source=\"step_timing\"} 0.75"), "{text}");
     }
 }

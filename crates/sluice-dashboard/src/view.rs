@@ -44,6 +44,10 @@ pub struct ClientView {
     pub elapsed_s: f64,
     pub stall_fraction: f64,
     pub batches_per_second: f64,
+    /// Its trainer's accelerator busy fraction over the last few seconds (`None` before a
+    /// step), and where it came from: `reported` by the trainer or its `step_timing`.
+    pub accelerator_busy: Option<f64>,
+    pub accelerator_source: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]

@@ -21,7 +21,7 @@ pub use cache::{CacheStats, CachedData};
 pub use counters::{CounterSource, OpCounters, COUNTER_NAMES};
 pub use error::PipelineError;
 pub use importance::ImportanceState;
-pub use loader::{BufferSource, EpochIter, Loader, LoaderState, LocalityOrder, OrderSpec};
+pub use loader::{BufferSource, EpochIter, Loader, LoaderState, LocalityOrder, OrderSpec, PrefetchStats};
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
 /// User-defined ops (the spec's `map` op): implement [`UserOp`] and [`register_user_op`] it
 /// under the name a spec's `{op = "map", fn = "..."}` gives, before building the loader.

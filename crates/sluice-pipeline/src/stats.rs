@@ -162,6 +162,8 @@ impl Stats {
             importance_reports: self.importance_reports,
             cache: None,
             autoscale: None,
+            prefetch: None,
+            accelerator: None,
         }
     }
 }
@@ -198,6 +200,15 @@ pub struct StatsSnapshot {
     /// inputs, when the loader autoscales (`threads = "auto"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<sluice_autoscale::AutoscaleStats>,
+    /// The batches a loader keeps in flight now, and for `prefetch = "auto"` how its
+    /// autotuner got there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<crate::loader::PrefetchStats>,
+    /// The consumer's accelerator busy fraction over the last few seconds: its own report
+    /// ([`crate::Loader::report_accelerator_busy`]) while fresh, else its step timing
+    /// (compute ÷ (compute + wait) between its `next()` calls); `None` before a step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<sluice_autoscale::AcceleratorBusy>,
 }
 
 /// One op's per-sample time distribution.

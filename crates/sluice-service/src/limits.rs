@@ -69,8 +69,12 @@ impl WorkerLimits {
         if spec.threads.count().is_some_and(|n| n > self.max_threads) {
             return over("threads", spec.threads.to_string(), self.max_threads.to_string(), "--max-threads");
         }
-        if spec.prefetch > self.max_prefetch {
-            return over("prefetch", spec.prefetch.to_string(), self.max_prefetch.to_string(), "--max-prefetch");
+        // `"auto"` may grow to what its memory bound holds.
+        let prefetch = spec.prefetch_max_depth(spec.batch_bytes().unwrap_or(1));
+        if prefetch > self.max_prefetch {
+            let asked =
+                if spec.prefetch_is_auto() { format!("auto (up to {prefetch} batches)") } else { prefetch.to_string() };
+            return over("prefetch", asked, self.max_prefetch.to_string(), "--max-prefetch");
         }
         if spec.limits.max_pixels > self.max_pixels {
             return over(
@@ -119,6 +123,13 @@ mod tests {
         let mut s = ok.clone();
         s.prefetch = 4;
         assert!(refused(s).contains("`prefetch` asks for 4, over this worker's limit of 3 (--max-prefetch)"));
+        // `"auto"` may grow to what its memory bound holds: 1 GiB of 12 KiB batches, 64.
+        let mut s = ok.clone();
+        s.prefetch = sluice_core::spec::PREFETCH_AUTO;
+        let e = limits.check(&s, 1 << 30).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("`prefetch` asks for auto (up to 64 batches), over this worker's limit of 3"), "{e:?}");
+        s.prefetch_max_bytes = Some(3 * 4 * 32 * 32 * 3);
+        limits.check(&s, 1 << 30).unwrap();
         let mut s = ok.clone();
         s.limits.max_pixels = u64::MAX;
         assert!(refused(s).contains("`limits.max_pixels`"));

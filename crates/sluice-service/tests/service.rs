@@ -339,6 +339,41 @@ fn metrics_endpoints_report_throughput_queue_depth_and_client_stalls() {
 }
 
 #[test]
+fn the_trainers_accelerator_busy_fraction_reaches_the_dispatchers_metrics() {
+    let _watchdog = watchdog("the_trainers_accelerator_busy_fraction_reaches_the_dispatchers_metrics", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let dm = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &["--metrics-port", &port_of(&dm)]);
+    let _w = worker(&addr, &root, &[]);
+    let mut loader = RemoteLoader::connect(&spec(&root, 1), options(&addr, "accelerator")).unwrap();
+    // The trainer computes 20 ms a step: its client measures the busy fraction itself.
+    for b in loader.iter() {
+        b.unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let busy = loader.accelerator_busy().unwrap();
+    assert_eq!(busy.source, sluice_autoscale::BusySource::StepTiming);
+    std::thread::sleep(Duration::from_millis(1200)); // a client heartbeat carries it
+    let series = |text: &str, source: &str| -> Option<f64> {
+        let l = text.lines().find(|l| {
+            l.starts_with("sluice_client_accelerator_busy{") && l.contains(&format!("source=\"{source}\""))
+        })?;
+        l.rsplit(' ').next()?.parse().ok()
+    };
+    let d = http_get(&dm);
+    let measured = series(&d, "step_timing").unwrap_or_else(|| panic!("no step-timing series in\n{d}"));
+    assert!((measured - busy.busy).abs() < 0.2 && measured > 0.0, "{measured} vs the client's {}", busy.busy);
+    // The trainer reads a device counter and reports it: the dispatcher shows that.
+    loader.report_accelerator_busy(0.83);
+    std::thread::sleep(Duration::from_millis(1200));
+    let d = http_get(&dm);
+    assert_eq!(series(&d, "reported"), Some(0.83), "{d}");
+    assert_eq!(series(&d, "step_timing"), None, "one series per client: {d}");
+}
+
+#[test]
 fn every_data_plane_and_compression_delivers_bit_identical_batches() {
     let _watchdog = watchdog("every_data_plane_and_compression_delivers_bit_identical_batches", 120);
     let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,13 @@
 //! current count (more to scale down, where overshooting stalls the trainer, than up), and
 //! `persist` readings in a row must agree; the step is sized from the latest. With ±10%
 //! noise on P and Q a lone reading crosses the band now and then, two in a row seldom.
+//!
+//! The GPU signal: FastMatch reads the GPU's utilisation (DCGM) next to the CPU's. Where
+//! the trainers report their accelerator's busy fraction ([`Window::accelerator_busy`])
+//! and it is at `busy_ceiling` or above, a scale-up is held: the accelerator is the
+//! bottleneck and more units would only idle (sluice's design: FastMatch feeds both
+//! utilisations to its matching; sluice reads the GPU's only as this guard, since the
+//! step-timing reading of it, `1 − stall`, is already in Q).
 
 use super::{Policy, Verdict};
 use crate::signals::Window;
@@ -24,13 +31,22 @@ pub struct FastMatch {
     pub headroom: f64,
     /// Readings in a row that must agree before acting.
     pub persist: usize,
+    /// No scale-up while the reported accelerator busy fraction is at least this.
+    pub busy_ceiling: f64,
     /// Units needed, per recent reading since the last change.
     needed: Vec<f64>,
 }
 
 impl Default for FastMatch {
     fn default() -> Self {
-        Self { up_tolerance: 0.05, down_tolerance: 0.15, headroom: 0.02, persist: 2, needed: Vec::new() }
+        Self {
+            up_tolerance: 0.05,
+            down_tolerance: 0.15,
+            headroom: 0.02,
+            persist: 2,
+            busy_ceiling: 0.95,
+            needed: Vec::new(),
+        }
     }
 }
 
@@ -69,6 +85,10 @@ impl Policy for FastMatch {
         }
         let lean = self.lean(self.needed[0], units);
         if lean == Lean::Stay || self.needed.iter().any(|&n| self.lean(n, units) != lean) {
+            return None;
+        }
+        if let Some(busy) = w.accelerator_busy.filter(|&b| lean == Lean::Up && b >= self.busy_ceiling) {
+            tracing::debug!(busy, "fastmatch: the accelerator is busy; holding the scale-up");
             return None;
         }
         // Sized from the latest reading: the earlier ones only confirm the direction, and
@@ -164,6 +184,21 @@ mod tests {
         for _ in 0..4 {
             assert_eq!(p.decide(&fed, 3), None);
         }
+    }
+
+    #[test]
+    fn a_fully_busy_accelerator_holds_a_scale_up_but_not_a_scale_down() {
+        let mut p = FastMatch::default();
+        let busy = |units, rate, demand, b| Window { accelerator_busy: Some(b), ..window(units, rate, demand) };
+        // 7.5 units' worth of demand on 2 units, but the GPU reports 97% busy: no more units.
+        for _ in 0..4 {
+            assert_eq!(p.decide(&busy(2, 2.0, 15.0, 0.97), 2), None);
+        }
+        // The GPU has room (60%): the same readings scale up.
+        assert_eq!(p.decide(&busy(2, 2.0, 15.0, 0.6), 2).map(|v| v.to), Some(8));
+        // Demand falls: a busy accelerator does not keep idle units.
+        assert_eq!(p.decide(&busy(8, 2.0, 5.0, 0.99), 8), None);
+        assert_eq!(p.decide(&busy(8, 2.0, 5.0, 0.99), 8).map(|v| v.to), Some(3));
     }
 
     #[test]

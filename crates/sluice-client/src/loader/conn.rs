@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use sluice_autoscale::{AcceleratorBusy, AcceleratorMeter, BusySource};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
@@ -49,6 +50,9 @@ pub(super) struct Conn {
     /// Trainer-side counters, reported in heartbeats (per-client metrics).
     pub(super) batches: AtomicU64,
     pub(super) stall_ns: AtomicU64,
+    /// The trainer's accelerator busy fraction: its step timing and its reports, on the
+    /// clock of `started`.
+    pub(super) accelerator: Mutex<AcceleratorMeter>,
     pub(super) started: Instant,
     pub(super) next_request: AtomicU64,
     /// The loader traces: tasks opened now ask their workers for batch times.
@@ -56,6 +60,22 @@ pub(super) struct Conn {
 }
 
 impl Conn {
+    /// The trainer's accelerator busy fraction now (its fresh report, else step timing).
+    pub(super) fn accelerator_busy(&self) -> Option<AcceleratorBusy> {
+        self.accelerator.lock().busy(self.started.elapsed().as_secs_f64())
+    }
+
+    /// The trainer's own reading of its accelerator's busy fraction.
+    pub(super) fn report_accelerator_busy(&self, fraction: f64) {
+        self.accelerator.lock().report(self.started.elapsed().as_secs_f64(), fraction);
+    }
+
+    /// The trainer computed `compute` since its last batch, then waited `waited`.
+    pub(super) fn step_done(&self, compute: Duration, waited: Duration) {
+        let now = self.started.elapsed().as_secs_f64();
+        self.accelerator.lock().record_step(now, compute.as_secs_f64(), waited.as_secs_f64());
+    }
+
     /// Connects (lazily) to the dispatcher named in `options`; the job is not known yet.
     /// Needs `rt`'s context, where the dispatcher's channel runs.
     pub(super) fn new(options: &RemoteOptions, rt: &tokio::runtime::Runtime) -> Result<Self, ClientError> {
@@ -85,6 +105,8 @@ impl Conn {
             client_secret: identity.secret().to_string(),
             batches: AtomicU64::new(0),
             stall_ns: AtomicU64::new(0),
+            // Step timing over the last 5 seconds.
+            accelerator: Mutex::new(AcceleratorMeter::new(5.0)),
             started: Instant::now(),
             next_request: AtomicU64::new(1),
             tracing: AtomicBool::new(false),
@@ -171,6 +193,7 @@ fn hostname() -> String {
 
 pub(super) async fn heartbeat(conn: Arc<Conn>) {
     loop {
+        let busy = conn.accelerator_busy();
         let req = ClientHeartbeatRequest {
             job_id: conn.job_id,
             client_id: conn.client_id.clone(),
@@ -178,6 +201,8 @@ pub(super) async fn heartbeat(conn: Arc<Conn>) {
             stall_s: conn.stall_ns.load(Ordering::Relaxed) as f64 / 1e9,
             elapsed_s: conn.started.elapsed().as_secs_f64(),
             client_secret: conn.client_secret.clone(),
+            accelerator_busy: busy.map(|b| b.busy),
+            accelerator_reported: busy.is_some_and(|b| b.source == BusySource::Reported),
         };
         match conn.dispatcher.clone().client_heartbeat(req).await {
             Ok(_) => {}

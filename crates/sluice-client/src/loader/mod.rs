@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use sluice_autoscale::AcceleratorBusy;
 use sluice_core::{Batch, PipelineSpec};
 use sluice_pipeline::{PipelineError, SkippedSample, TraceError};
 use tokio::runtime::Runtime;
@@ -64,6 +65,8 @@ pub struct RemoteLoader {
     current: Option<EpochStream>,
     /// Recording a trace ([`RemoteLoader::start_trace`]).
     trace: Option<trace::Recording>,
+    /// When the last batch went to the trainer: its step starts there.
+    handed_at: Option<Instant>,
 }
 
 /// The stream of batches, from the epoch it was started at on.
@@ -112,6 +115,16 @@ pub struct CacheStatsProbe {
 }
 
 impl CacheStatsProbe {
+    /// As [`RemoteLoader::report_accelerator_busy`], from any thread.
+    pub fn report_accelerator_busy(&self, fraction: f64) {
+        self.conn.report_accelerator_busy(fraction);
+    }
+
+    /// As [`RemoteLoader::accelerator_busy`], from any thread.
+    pub fn accelerator_busy(&self) -> Option<AcceleratorBusy> {
+        self.conn.accelerator_busy()
+    }
+
     /// As [`RemoteLoader::cache_stats`].
     pub fn cache_stats(&self) -> Result<JobCacheStats, ClientError> {
         let req = GetJobRequest { job_id: self.conn.job_id };
@@ -172,6 +185,7 @@ impl RemoteLoader {
             deferred_acks: (spec.sampling != sluice_core::SamplingSpec::Uniform).then(Vec::new),
             current: None,
             trace: None,
+            handed_at: None,
         })
     }
 
@@ -300,7 +314,24 @@ impl RemoteLoader {
         self.cache_stats_probe().cache_stats()
     }
 
-    /// Asks for [`RemoteLoader::cache_stats`] from another thread, without this loader.
+    /// The trainer's own reading of its accelerator's busy fraction (0..=1, e.g.
+    /// `torch.cuda.utilization() / 100`): sent to the dispatcher with each heartbeat in
+    /// place of the step timing this client measures (compute between `next_batch` calls
+    /// over compute + wait), while fresh (10 s). The dispatcher shows it per client
+    /// (`sluice_client_accelerator_busy`) and its autoscaler's policy reads it. NaN is
+    /// ignored; other values are clamped to 0..=1.
+    pub fn report_accelerator_busy(&self, fraction: f64) {
+        self.conn.report_accelerator_busy(fraction);
+    }
+
+    /// The trainer's accelerator busy fraction now, as the heartbeats send it; `None`
+    /// before its first step.
+    pub fn accelerator_busy(&self) -> Option<AcceleratorBusy> {
+        self.conn.accelerator_busy()
+    }
+
+    /// Asks for [`RemoteLoader::cache_stats`] from another thread, without this loader
+    /// (and takes the trainer's accelerator reports there).
     pub fn cache_stats_probe(&self) -> CacheStatsProbe {
         CacheStatsProbe { rt: self.rt.handle().clone(), conn: self.conn.clone() }
     }
@@ -380,6 +411,8 @@ impl RemoteLoader {
             self.ack(task);
         }
         let asked_ns = self.trace.as_mut().map(trace::Recording::asked);
+        let computed = self.handed_at.take().map(|t| t.elapsed());
+        let mut waited = Duration::ZERO;
         loop {
             let stream = self.current.as_mut()?;
             if stream.failed {
@@ -389,6 +422,7 @@ impl RemoteLoader {
             // The timer must be made inside the runtime: build it in the async block.
             let item =
                 self.rt.block_on(async { tokio::time::timeout(Duration::from_millis(50), stream.rx.recv()).await });
+            waited += t0.elapsed();
             self.conn.stall_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let item = match item {
                 Ok(item) => item,
@@ -448,6 +482,10 @@ impl RemoteLoader {
                         if let (Some(rec), Some(asked_ns)) = (self.trace.as_mut(), asked_ns) {
                             rec.handed(batch.epoch, batch.index, asked_ns, built);
                         }
+                        if let Some(computed) = computed {
+                            self.conn.step_done(computed, waited);
+                        }
+                        self.handed_at = Some(Instant::now());
                         return Some(Ok(batch));
                     }
                     self.duplicates += 1;

@@ -71,9 +71,15 @@ pub struct PipelineSpec {
     pub batch: BatchSpec,
     /// Batches prepared ahead of the consumer. Batch buffers take about
     /// `prefetch × batch bytes`, plus the batches the consumer still holds (the threads
-    /// write into those buffers, they hold none of their own).
-    #[serde(default = "default_prefetch")]
+    /// write into those buffers, they hold none of their own). `"auto"` (kept as 0, as
+    /// `threads = 0` is one per core): the loader sizes it while it runs from how the
+    /// consumer drains it, within [`PipelineSpec::prefetch_max_bytes`].
+    #[serde(default = "default_prefetch", with = "prefetch_auto")]
     pub prefetch: usize,
+    /// The memory bound of `prefetch = "auto"`: bytes of batches in flight at most
+    /// (default [`DEFAULT_PREFETCH_MAX_BYTES`]); at least one batch is always in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch_max_bytes: Option<u64>,
     /// Worker threads; 0 means one per available core, `"auto"` as many as the trainer
     /// needs (the autoscaler moves the count while it runs).
     #[serde(default)]
@@ -102,6 +108,58 @@ pub struct PipelineSpec {
 
 fn default_prefetch() -> usize {
     4
+}
+
+/// `prefetch = "auto"`, as the spec keeps it.
+pub const PREFETCH_AUTO: usize = 0;
+/// Most batches `prefetch = "auto"` keeps in flight, whatever its memory bound allows.
+pub const MAX_AUTO_PREFETCH: usize = 64;
+/// The default memory bound of `prefetch = "auto"`: 1 GiB of batches in flight.
+pub const DEFAULT_PREFETCH_MAX_BYTES: u64 = 1 << 30;
+
+/// `prefetch`: a count of batches or `"auto"` (0 in the struct).
+mod prefetch_auto {
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    use super::PREFETCH_AUTO;
+
+    pub fn serialize<S: Serializer>(n: &usize, s: S) -> Result<S::Ok, S::Error> {
+        if *n == PREFETCH_AUTO {
+            s.serialize_str("auto")
+        } else {
+            s.serialize_u64(*n as u64)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = usize;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a count of batches (at least 1) or \"auto\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<usize, E> {
+                match usize::try_from(v) {
+                    Ok(0) => Err(E::custom("prefetch must be at least 1 (or \"auto\")")),
+                    Ok(n) => Ok(n),
+                    Err(_) => Err(E::custom(format!("prefetch {v} is too many"))),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<usize, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("prefetch {v} is negative")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<usize, E> {
+                match v {
+                    "auto" => Ok(PREFETCH_AUTO),
+                    _ => Err(E::custom(format!("prefetch {v:?}: a count of batches or \"auto\""))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -334,6 +392,7 @@ impl PipelineSpec {
             shuffle: ShuffleSpec::Global,
             batch: BatchSpec { size: batch, drop_last: false },
             prefetch: default_prefetch(),
+            prefetch_max_bytes: None,
             threads: Threads::Count(0),
             seed: 0,
             on_error: ErrorPolicy::Fail,
@@ -419,7 +478,12 @@ impl PipelineSpec {
     /// Checks everything serde cannot: ranges, op order, a fixed output size.
     pub fn validate(&self) -> Result<(), SpecError> {
         check_count("batch.size", self.batch.size as u64, 1, MAX_BATCH_SIZE as u64)?;
-        check_count("prefetch", self.prefetch as u64, 1, MAX_PREFETCH as u64)?;
+        if !self.prefetch_is_auto() {
+            check_count("prefetch", self.prefetch as u64, 1, MAX_PREFETCH as u64)?;
+        }
+        if let Some(bytes) = self.prefetch_max_bytes {
+            check_count("prefetch_max_bytes", bytes, 1, MAX_CACHE_BYTES)?;
+        }
         if self.threads.count().is_some_and(|n| n > MAX_THREADS) {
             return Err(SpecError::new("threads", format!("must be at most {MAX_THREADS} (0: one per core)")));
         }
@@ -495,6 +559,22 @@ impl PipelineSpec {
 
     /// Bytes of a full batch's images (`batch.size × height × width × 3 × dtype size`);
     /// `None` if that does not fit in a `u64`.
+    /// `prefetch = "auto"`.
+    pub fn prefetch_is_auto(&self) -> bool {
+        self.prefetch == PREFETCH_AUTO
+    }
+
+    /// Most batches of `batch_bytes` each that may be in flight: the count, or for `auto`
+    /// what its memory bound holds (at least one, at most [`MAX_AUTO_PREFETCH`]).
+    pub fn prefetch_max_depth(&self, batch_bytes: u64) -> usize {
+        if !self.prefetch_is_auto() {
+            return self.prefetch;
+        }
+        let bound = self.prefetch_max_bytes.unwrap_or(DEFAULT_PREFETCH_MAX_BYTES);
+        let fits = bound.checked_div(batch_bytes).unwrap_or(u64::MAX);
+        usize::try_from(fits).unwrap_or(usize::MAX).clamp(1, MAX_AUTO_PREFETCH)
+    }
+
     pub fn batch_bytes(&self) -> Option<u64> {
         let (dtype, _, size) = self.output();
         [self.batch.size as u64, u64::from(size.height), u64::from(size.width), 3, dtype.size() as u64]
@@ -608,6 +688,26 @@ order = "chw"
 [batch]
 size = 32
 "#;
+
+    #[test]
+    fn prefetch_auto_round_trips_and_its_memory_bound_sizes_the_most_in_flight() {
+        let auto = TOML.replace("prefetch = 2", "prefetch = \"auto\"\nprefetch_max_bytes = 1000");
+        let spec = PipelineSpec::from_toml_str(&auto).unwrap();
+        assert!(spec.prefetch_is_auto() && spec.validate().is_ok());
+        let json = spec.to_json_string().unwrap();
+        assert!(json.contains(r#""prefetch": "auto""#), "{json}");
+        assert_eq!(PipelineSpec::from_json_str(&json).unwrap(), spec);
+        assert_eq!(spec.prefetch_max_depth(300), 3, "1000 bytes hold three batches of 300");
+        assert_eq!(spec.prefetch_max_depth(5000), 1, "one batch is always in flight");
+        assert_eq!(spec.prefetch_max_depth(1), MAX_AUTO_PREFETCH);
+        let fixed = PipelineSpec::from_toml_str(TOML).unwrap();
+        assert_eq!((fixed.prefetch_is_auto(), fixed.prefetch_max_depth(1)), (false, 2));
+        assert!(!fixed.to_json_string().unwrap().contains("prefetch_max_bytes"), "absent unless set");
+        for bad in ["prefetch = 0", "prefetch = \"many\"", "prefetch = -1"] {
+            let e = PipelineSpec::from_toml_str(&TOML.replace("prefetch = 2", bad));
+            assert!(e.is_err(), "{bad} is refused");
+        }
+    }
 
     #[test]
     fn toml_parses_with_defaults_and_round_trips_through_json_and_toml() {

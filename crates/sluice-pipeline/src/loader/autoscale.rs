@@ -66,14 +66,16 @@ impl LocalAutoscale {
         }
     }
 
-    /// A batch went to the consumer after it waited `wait`; `ready` batches wait behind it.
-    /// Resizes `pool` when the policy decides.
-    pub(super) fn on_batch(&self, wait: Duration, ready: usize, pool: &Pool) {
+    /// A batch went to the consumer after it waited `wait`; `ready` batches wait behind it;
+    /// the trainer last reported its accelerator `accelerator_busy`. Resizes `pool` when the
+    /// policy decides.
+    pub(super) fn on_batch(&self, wait: Duration, ready: usize, pool: &Pool, accelerator_busy: Option<f64>) {
         let mut guard = self.inner.lock();
         let Some(r) = guard.as_mut() else { return };
         let now = self.now();
         r.autoscaler.record_batch(now, wait.as_secs_f64());
         let Some(mut w) = r.autoscaler.close_window(now, ready as f64) else { return };
+        w.accelerator_busy = accelerator_busy;
         if let Some(perturb) = r.perturb.as_mut() {
             perturb(&mut w);
         }

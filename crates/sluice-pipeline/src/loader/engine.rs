@@ -32,11 +32,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use sluice_autoscale::AutoscaleConfig;
+use sluice_autoscale::{AcceleratorBusy, AcceleratorMeter, AutoscaleConfig};
 use sluice_codec::{CodecError, Plan};
 use sluice_core::{DType, SampleRng, Tensor, TensorData, Threads};
 
 use super::autoscale::{auto_threads_config, LocalAutoscale, Perturb};
+use super::prefetch::PrefetchTuner;
 use super::slab::Slab;
 use crate::counters::{CounterSource, ThreadCounters};
 use crate::error::PipelineError;
@@ -59,6 +60,12 @@ pub(super) struct Observers {
     pub(super) op_names: Vec<String>,
     /// Sizes the pool to the consumer, when autoscaling is on.
     pub(super) autoscale: LocalAutoscale,
+    /// The trainer's accelerator: step timing and what the trainer reports.
+    pub(super) accelerator: Accelerator,
+    /// How many batches a loader keeps in flight (`None` for a [`BatchRunner`]).
+    pub(super) prefetch: Mutex<Option<PrefetchTuner>>,
+    /// Samples per batch.
+    pub(super) batch_size: usize,
     /// Image buffers of batches their consumer is done with, for the next batches.
     spare: Mutex<Vec<Tensor>>,
     keep_spare: usize,
@@ -80,6 +87,33 @@ impl Observers {
         if let Some((source, per_op)) = &work.counters {
             stats.add_counters(*source, per_op);
         }
+    }
+}
+
+/// The consumer's accelerator, as its step timing and its own reports tell.
+pub(super) struct Accelerator {
+    clock: Instant,
+    meter: Mutex<AcceleratorMeter>,
+}
+
+impl Default for Accelerator {
+    fn default() -> Self {
+        // Step timing over the last 5 seconds.
+        Self { clock: Instant::now(), meter: Mutex::new(AcceleratorMeter::new(5.0)) }
+    }
+}
+
+impl Accelerator {
+    fn now(&self) -> f64 {
+        self.clock.elapsed().as_secs_f64()
+    }
+
+    fn busy(&self) -> Option<AcceleratorBusy> {
+        self.meter.lock().busy(self.now())
+    }
+
+    fn reported(&self) -> Option<f64> {
+        self.meter.lock().reported(self.now())
     }
 }
 
@@ -105,6 +139,9 @@ impl Engine {
             op_counters: AtomicBool::new(false),
             op_names,
             autoscale: LocalAutoscale::new(batch_size),
+            accelerator: Accelerator::default(),
+            prefetch: Mutex::new(None),
+            batch_size,
             spare: Mutex::new(Vec::new()),
             keep_spare,
         });
@@ -166,7 +203,33 @@ impl Engine {
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = self.observers.stats.lock().snapshot();
         s.autoscale = self.observers.autoscale.stats();
+        s.accelerator = self.observers.accelerator.busy();
+        s.prefetch = self
+            .observers
+            .prefetch
+            .lock()
+            .as_ref()
+            .map(|t| t.stats(self.pool.threads(), CHUNK, self.observers.batch_size));
         s
+    }
+
+    /// Keeps batches in flight as `tuner` says (a loader's prefetch).
+    pub(super) fn set_prefetch(&self, tuner: PrefetchTuner) {
+        *self.observers.prefetch.lock() = Some(tuner);
+    }
+
+    /// Batches to keep in flight now (1 without a prefetch).
+    pub(super) fn prefetch_depth(&self) -> usize {
+        let threads = self.pool.threads();
+        self.observers.prefetch.lock().as_ref().map_or(1, |t| t.depth(threads, CHUNK, self.observers.batch_size))
+    }
+
+    /// The consumer asked for a batch and found `ready` ready in order: the autotuner's reading.
+    pub(super) fn prefetch_consumed(&self, ready: usize) {
+        let threads = self.pool.threads();
+        if let Some(t) = self.observers.prefetch.lock().as_mut() {
+            t.record(ready, threads, CHUNK, self.observers.batch_size);
+        }
     }
 
     /// Takes back the image buffer of a batch whose pixels the consumer no longer needs: a
@@ -186,7 +249,23 @@ impl Engine {
     /// more batches built behind it: counted in the stats, and the autoscaler's signal.
     pub fn batch_done(&self, samples: usize, waited: Duration, ready: usize) {
         self.observers.stats.lock().add_batch(samples);
-        self.observers.autoscale.on_batch(waited, ready, &self.pool);
+        let reported = self.observers.accelerator.reported();
+        self.observers.autoscale.on_batch(waited, ready, &self.pool, reported);
+    }
+
+    /// The consumer computed for `compute` since it took its last batch, then waited
+    /// `waited` for the next: one step of its accelerator's busy fraction.
+    pub fn step_done(&self, compute: Duration, waited: Duration) {
+        let a = &self.observers.accelerator;
+        a.meter.lock().record_step(a.now(), compute.as_secs_f64(), waited.as_secs_f64());
+    }
+
+    /// The trainer's own reading of its accelerator's busy fraction (0..=1, e.g.
+    /// `torch.cuda.utilization() / 100`): shown in the stats and read by the autoscaler's
+    /// policy in place of step timing for the next 10 s. NaN is ignored; others are clamped.
+    pub fn report_accelerator_busy(&self, fraction: f64) {
+        let a = &self.observers.accelerator;
+        a.meter.lock().report(a.now(), fraction);
     }
 }
 

@@ -66,6 +66,8 @@ pub struct EpochIter {
     spans: bool,
     /// The build span of the last batch handed out, when stamped.
     built: Option<(u64, u64)>,
+    /// When the last batch was handed out: the consumer's step starts there.
+    handed_at: Option<Instant>,
 }
 
 /// Memory to build a batch's images in, asked for each batch with its dtype and element
@@ -109,6 +111,7 @@ impl EpochIter {
             handed: None,
             spans: false,
             built: None,
+            handed_at: None,
         }
     }
 
@@ -160,7 +163,7 @@ impl EpochIter {
     }
 
     fn submit_ahead(&mut self) {
-        let window = self.shared.data.spec.prefetch as u64;
+        let window = self.engine.prefetch_depth() as u64;
         while self.next_submit < self.n_batches && self.next_submit < self.next_emit + window {
             self.submit_batch(self.next_submit);
             self.next_submit += 1;
@@ -253,24 +256,39 @@ impl EpochIter {
             };
             let waited = t0.elapsed();
             total += waited;
-            self.shared.observers.fold(waited, &done.work);
-            if let Some(a) = self.pending.get_mut(&done.batch) {
-                a.chunks_left -= 1;
-                a.failures.extend(done.failures);
-                if let Some(slots) = a.boxes.as_mut() {
-                    for (slot, t) in done.boxes {
-                        if let Some(s) = slots.get_mut(slot) {
-                            *s = t;
-                        }
-                    }
+            self.absorb(done, waited);
+        }
+    }
+
+    /// Batches ready in order from the next one out, after taking in every chunk already
+    /// done (without waiting): what the consumer finds when it asks.
+    fn ready_in_order(&mut self) -> usize {
+        while let Ok(done) = self.done_rx.try_recv() {
+            self.absorb(done, Duration::ZERO);
+        }
+        (self.next_emit..self.next_submit)
+            .take_while(|b| self.pending.get(b).is_some_and(|a| a.chunks_left == 0))
+            .count()
+    }
+
+    /// A chunk came back after the consumer waited `waited` for it.
+    fn absorb(&mut self, done: ChunkDone, waited: Duration) {
+        self.shared.observers.fold(waited, &done.work);
+        let Some(a) = self.pending.get_mut(&done.batch) else { return };
+        a.chunks_left -= 1;
+        a.failures.extend(done.failures);
+        if let Some(slots) = a.boxes.as_mut() {
+            for (slot, t) in done.boxes {
+                if let Some(s) = slots.get_mut(slot) {
+                    *s = t;
                 }
-                if let (0, Some(start_ns)) = (a.chunks_left, a.submitted_ns) {
-                    let end_ns = now_ns();
-                    a.built_ns = Some(end_ns);
-                    if let Some(recorder) = self.shared.observers.trace.current() {
-                        recorder.record(self.batch_event(done.batch, start_ns, end_ns, What::BatchPreprocessed));
-                    }
-                }
+            }
+        }
+        if let (0, Some(start_ns)) = (a.chunks_left, a.submitted_ns) {
+            let end_ns = now_ns();
+            a.built_ns = Some(end_ns);
+            if let Some(recorder) = self.shared.observers.trace.current() {
+                recorder.record(self.batch_event(done.batch, start_ns, end_ns, What::BatchPreprocessed));
             }
         }
     }
@@ -378,6 +396,7 @@ impl EpochIter {
     ) -> Option<Result<Batch, PipelineError>> {
         let recorder = self.shared.observers.trace.current();
         let asked_ns = recorder.as_ref().map(|_| now_ns());
+        let computed = self.handed_at.take().map(|t| t.elapsed());
         if let (Some(recorder), Some(now), Some((batch, handed_ns))) = (&recorder, asked_ns, self.handed.take()) {
             recorder.record(self.batch_event(batch, handed_ns, now, What::BatchConsumed));
         }
@@ -391,6 +410,8 @@ impl EpochIter {
                 self.finish();
                 return None;
             }
+            let ready = self.ready_in_order();
+            self.engine.prefetch_consumed(ready);
             self.submit_ahead();
             let b = self.next_emit;
             let waited = match self.wait_for(b, interrupted) {
@@ -414,6 +435,13 @@ impl EpochIter {
                     }
                     let ready = self.pending.values().filter(|a| a.chunks_left == 0).count();
                     self.engine.batch_done(batch.len(), waited, ready);
+                    if let Some(computed) = computed {
+                        self.engine.step_done(computed, waited);
+                    }
+                    self.handed_at = Some(Instant::now());
+                    // The slot it leaves goes to the next batch now, not when the
+                    // consumer comes back: the whole depth is built while it computes.
+                    self.submit_ahead();
                     return Some(Ok(batch));
                 }
                 Some(Err(e)) => {

@@ -23,6 +23,7 @@ mod checkpoint;
 mod engine;
 mod iter;
 mod peers;
+mod prefetch;
 mod sample;
 mod slab;
 
@@ -31,6 +32,7 @@ pub use checkpoint::{LoaderState, LocalityOrder, OrderSpec};
 pub use engine::{BatchRunner, BytesJob, Engine, JobBytes, PendingBatch, RanBatch, RunError};
 pub use iter::{BufferSource, EpochIter};
 pub use peers::LocalityStats;
+pub use prefetch::PrefetchStats;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -243,7 +245,13 @@ impl Loader {
             None => None,
         };
         // Up to `prefetch` batches in flight, one being built, and the one handed out.
-        let engine = Engine::new(names, spec.threads, spec.batch.size, spec.prefetch + 2)?;
+        let max_depth = spec.prefetch_max_depth(batch_bytes.unwrap_or(0) as u64);
+        let engine = Engine::new(names, spec.threads, spec.batch.size, max_depth + 2)?;
+        engine.set_prefetch(if spec.prefetch_is_auto() {
+            prefetch::PrefetchTuner::auto(max_depth)
+        } else {
+            prefetch::PrefetchTuner::fixed(spec.prefetch)
+        });
         let peers = match spec.locality.as_ref().filter(|l| !l.peers.is_empty() && locality.is_some()) {
             Some(l) => Some(PeerClient::new(
                 l.peers.clone(),
@@ -386,6 +394,12 @@ impl Loader {
         self.engine.recycle(images);
     }
 
+    /// Most batches this loader keeps in flight: `prefetch`, or for `prefetch = "auto"`
+    /// what its memory bound holds.
+    pub fn prefetch_max_depth(&self) -> usize {
+        self.shared.data.spec.prefetch_max_depth(self.batch_bytes() as u64)
+    }
+
     /// Bytes of a full batch's images: the most any batch of this loader carries.
     pub fn batch_bytes(&self) -> usize {
         // Cannot wrap: `build` checked it.
@@ -402,6 +416,15 @@ impl Loader {
     /// [`auto_threads_config`]). Each decision is logged and listed in [`Loader::stats`].
     pub fn autoscale(&self, config: AutoscaleConfig) -> Result<(), PipelineError> {
         self.engine.autoscale(config)
+    }
+
+    /// The trainer's own reading of its accelerator's busy fraction (0..=1, e.g.
+    /// `torch.cuda.utilization() / 100`, or device time per step over step time): shown in
+    /// [`Loader::stats`] (`accelerator`) and read by the autoscaler's policy in place of
+    /// the step timing the loader measures itself, while fresh (10 s). NaN is ignored;
+    /// other values are clamped to 0..=1.
+    pub fn report_accelerator_busy(&self, fraction: f64) {
+        self.engine.report_accelerator_busy(fraction);
     }
 
     /// As [`Loader::autoscale`], with each window's readings passed through `perturb`

@@ -128,6 +128,9 @@ impl ServiceAutoscale {
         let (mut batches, mut consumption, mut waited, mut elapsed) = (0u64, 0.0, 0.0, 0.0);
         let mut per_job: BTreeMap<u64, (f64, f64, f64)> = BTreeMap::new();
         let mut clients = HashMap::with_capacity(state.clients.len());
+        // The accelerators' busy fractions their trainers reported, of clients that took
+        // batches in the window.
+        let mut reported_busy = Vec::new();
         for (id, r) in &state.clients {
             let mark = ClientMark { batches: r.batches, stall_s: r.stall_s, elapsed_s: r.elapsed_s };
             if let Some(prev) = self.clients.get(id) {
@@ -142,6 +145,9 @@ impl ServiceAutoscale {
                     elapsed += de;
                     let job = per_job.entry(r.job_id).or_default();
                     (job.0, job.1, job.2) = (job.0 + q, job.1 + dw, job.2 + de);
+                    if let Some(b) = r.accelerator_busy.filter(|_| r.accelerator_reported) {
+                        reported_busy.push(b);
+                    }
                 }
             }
             clients.insert(id.clone(), mark);
@@ -208,6 +214,9 @@ impl ServiceAutoscale {
             queue: 0.0,
             unit_rates,
             jobs,
+            // The trainers' mean: the accelerators as a whole.
+            accelerator_busy: (!reported_busy.is_empty())
+                .then(|| reported_busy.iter().sum::<f64>() / reported_busy.len() as f64),
         })
     }
 
@@ -240,6 +249,7 @@ mod tests {
             batches: prev.batches + batches,
             stall_s: prev.stall_s + wait,
             elapsed_s: t as f64,
+            ..ClientReport::default()
         };
         s.client_heartbeat(1, "c", report, now).unwrap();
         let ids: Vec<u64> = s.workers.keys().copied().collect();
@@ -298,6 +308,7 @@ mod tests {
                 batches: prev.batches + batches,
                 stall_s: prev.stall_s + wait,
                 elapsed_s: t as f64,
+                ..ClientReport::default()
             };
             s.client_heartbeat(job, client, report, now).unwrap_or_else(|e| panic!("{e}"));
         }

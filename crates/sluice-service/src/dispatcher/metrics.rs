@@ -142,6 +142,17 @@ impl DispatcherService {
             state.clients.iter().map(|(id, r)| (client(id, r), r.stall_fraction())),
         );
         m.gauges(
+            "sluice_client_accelerator_busy",
+            "the busy fraction of the client's accelerator over the last few seconds: as its trainer \
+             reported it (source=\"reported\", a device counter) or from its step timing (compute \
+             between next() calls over compute + wait)",
+            state.clients.iter().filter_map(|(id, r)| {
+                let mut labels = client(id, r);
+                labels.push(("source", r.accelerator_source().to_string()));
+                Some((labels, r.accelerator_busy?))
+            }),
+        );
+        m.gauges(
             "sluice_client_batches_per_second",
             "the client's mean consumption rate",
             state.clients.iter().map(|(id, r)| (client(id, r), r.batches_per_second())),

@@ -548,6 +548,8 @@ impl Dispatcher for DispatcherService {
                 batches: req.batches,
                 stall_s: req.stall_s,
                 elapsed_s: req.elapsed_s,
+                accelerator_busy: req.accelerator_busy.filter(|b| b.is_finite()).map(|b| b.clamp(0.0, 1.0)),
+                accelerator_reported: req.accelerator_reported,
             };
             self.inner.state.lock().client_heartbeat(req.job_id, &req.client_id, report, Instant::now())?;
             Ok(Empty {})

@@ -47,6 +47,8 @@ pub(crate) fn dispatcher_view(state: &State, batches_acked: u64, now: Instant) -
                 elapsed_s: r.elapsed_s,
                 stall_fraction: r.stall_fraction(),
                 batches_per_second: r.batches_per_second(),
+                accelerator_busy: r.accelerator_busy,
+                accelerator_source: r.accelerator_busy.map(|_| r.accelerator_source()),
             })
             .collect();
         clients.sort_by(|a, b| a.id.cmp(&b.id));
@@ -91,7 +93,8 @@ mod tests {
         state.worker_heartbeat(b, 1, 10, now);
         state.worker_cache(a, 30, 40);
         state.worker_cache(b, 0, 10);
-        let report = |batches, stall_s, elapsed_s| ClientReport { job_id: 1, batches, stall_s, elapsed_s };
+        let report =
+            |batches, stall_s, elapsed_s| ClientReport { job_id: 1, batches, stall_s, elapsed_s, ..Default::default() };
         state.client_heartbeat(1, "c2", report(20, 1.0, 4.0), now).unwrap();
         state.client_heartbeat(1, "c1", report(10, 3.0, 6.0), now).unwrap();
 

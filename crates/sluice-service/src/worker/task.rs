@@ -76,7 +76,7 @@ impl WorkerService {
         inner.counters.tasks_started.fetch_add(1, Ordering::Relaxed);
         inner.counters.tasks_running.fetch_add(1, Ordering::Relaxed);
         // The prefetch window, the channel to the connection, and one or two on their way.
-        let in_flight = runner.loader.spec().prefetch + 4;
+        let in_flight = runner.loader.prefetch_max_depth() + 4;
         let (buffers, memory) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             // The connection says where to build the batches (or drops the sender) first.

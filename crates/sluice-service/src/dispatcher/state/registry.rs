@@ -55,6 +55,12 @@ pub struct ClientReport {
     pub batches: u64,
     pub stall_s: f64,
     pub elapsed_s: f64,
+    /// Its trainer's accelerator busy fraction (0..=1) over the last few seconds; `None`
+    /// before its first step.
+    pub accelerator_busy: Option<f64>,
+    /// The trainer reported `accelerator_busy` (a device counter) rather than the client
+    /// measuring it from step timing.
+    pub accelerator_reported: bool,
 }
 
 impl WorkerEntry {
@@ -73,6 +79,15 @@ impl ClientReport {
     /// Share of the client's time its trainer waited for data.
     pub fn stall_fraction(&self) -> f64 {
         self.over_elapsed(self.stall_s)
+    }
+
+    /// Where [`ClientReport::accelerator_busy`] came from, as the metrics label it.
+    pub fn accelerator_source(&self) -> &'static str {
+        if self.accelerator_reported {
+            "reported"
+        } else {
+            "step_timing"
+        }
     }
 
     /// The client's mean consumption rate.
