@@ -32,6 +32,7 @@ from .errors import (
     BrokerError,
     JobConflictError,
     JobFailedError,
+    MapBatchError,
     NotSupportedError,
     SampleError,
     ServiceAuthError,
@@ -51,6 +52,7 @@ from .errors import (
     StreamEntryError,
 )
 from .loader import Batch, BatchIterator, Loader
+from .map_workers import MapBatchInfo
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
 from .profile import ProfileRow, profile
 from .protocol import LoaderLike
@@ -67,6 +69,7 @@ __all__ = [
     "RemoteBatchIterator",
     "LoaderLike",
     "MapSample",
+    "MapBatchInfo",
     "generate_dataset",
     "pack",
     "profile",
@@ -79,6 +82,7 @@ __all__ = [
     "SourceError",
     "SourceNotFoundError",
     "SampleError",
+    "MapBatchError",
     "StateError",
     "StreamEntryError",
     "BrokerError",
