@@ -177,8 +177,18 @@ def overhead(root: Path, rounds: int) -> None:
             plain = sluice.Loader(pipe(root, side), processes=0)
             results.setdefault(f"plain {side}", []).append(sluice_epoch_s(plain))
             inproc = sluice.Loader(pipe(root, side, identity), processes=0)
-            results.setdefault(f"identity in-process {side}", []).append(sluice_epoch_s(inproc))
-            results.setdefault(f"identity op time {side}", []).append(inproc.stats()["op_seconds"]["map"] / N)
+            results.setdefault(f"identity in-process {side}", []).append(
+                sluice_epoch_s(inproc)
+            )
+            results.setdefault(f"identity op time {side}", []).append(
+                inproc.stats()["op_seconds"]["map"] / N
+            )
+            one = sluice.Loader(pipe(root, side, identity), processes=1)
+            sluice_epoch_s(one)
+            results.setdefault(f"identity op time, 1 process {side}", []).append(
+                one.stats()["op_seconds"]["map"] / N
+            )
+            one.close()
     for k, v in results.items():
         print(f"{k}: {statistics.median(v) * 1e6:.2f} µs/sample")
 
