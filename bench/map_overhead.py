@@ -5,6 +5,10 @@ same function (num_workers 1 and 2) in the same run (docs/map.md).
 Configurations are interleaved, ROUNDS rounds each, medians reported.
 
     maturin develop --release -m python/Cargo.toml && python bench/map_overhead.py
+
+``--overhead-only`` measures only the no-op map (no heavy function, no torch), one round
+per run, for interleaving builds: run it alternately with each build's package first on
+``PYTHONPATH`` and take the medians.
 """
 
 from __future__ import annotations
@@ -100,13 +104,18 @@ def torch_epoch_s(dl: Any) -> float:
 
 
 def main() -> None:
-    import torch
-    from torch.utils.data import DataLoader
-
-    torch.set_num_threads(1)
+    overhead_only = "--overhead-only" in sys.argv[1:]
+    rounds = 1 if overhead_only else ROUNDS
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "train"
         sluice.generate_dataset(root, images=N, classes=4, seed=1)
+        if overhead_only:
+            overhead(root, rounds)
+            return
+        import torch
+        from torch.utils.data import DataLoader
+
+        torch.set_num_threads(1)
         rounds = calibrate(64)
         print(
             f"heavy map: {rounds} rounds of a 64x64 float32 box blur (~2 ms)",
@@ -117,7 +126,7 @@ def main() -> None:
         def record(name: str, seconds_per_sample: float) -> None:
             results.setdefault(name, []).append(seconds_per_sample)
 
-        for _ in range(ROUNDS):
+        for _ in range(rounds):
             for side in (64, 224):
                 # Overhead: the map op's own time in-process, and end to end in one process.
                 plain = sluice.Loader(pipe(root, side), processes=0)
@@ -158,6 +167,30 @@ def main() -> None:
         f"heavy map, sluice vs torch DataLoader: {med['heavy torch 1'] / med['heavy sluice 1']:.2f}x at 1, "
         f"{med['heavy torch 2'] / med['heavy sluice 2']:.2f}x at 2"
     )
+
+
+def overhead(root: Path, rounds: int) -> None:
+    """The no-op map's own time (stats' op seconds) and its end-to-end cost in-process."""
+    results: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for side in (64, 224):
+            plain = sluice.Loader(pipe(root, side), processes=0)
+            results.setdefault(f"plain {side}", []).append(sluice_epoch_s(plain))
+            inproc = sluice.Loader(pipe(root, side, identity), processes=0)
+            results.setdefault(f"identity in-process {side}", []).append(
+                sluice_epoch_s(inproc)
+            )
+            results.setdefault(f"identity op time {side}", []).append(
+                inproc.stats()["op_seconds"]["map"] / N
+            )
+            one = sluice.Loader(pipe(root, side, identity), processes=1)
+            sluice_epoch_s(one)
+            results.setdefault(f"identity op time, 1 process {side}", []).append(
+                one.stats()["op_seconds"]["map"] / N
+            )
+            one.close()
+    for k, v in results.items():
+        print(f"{k}: {statistics.median(v) * 1e6:.2f} µs/sample")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from . import _sluice, errors
 from ._sluice import MapSample
 from .errors import *  # noqa: F403 (the exception family; its names are errors.__all__)
 from .loader import Batch, BatchIterator, Loader
+from .map_workers import MapBatchInfo
 from .pipeline import IMAGENET_MEAN, IMAGENET_STD, PathLike, Pipeline
 from .profile import ProfileRow, profile
 from .protocol import LoaderLike
@@ -46,6 +47,7 @@ __all__ = [
     "RemoteBatchIterator",
     "LoaderLike",
     "MapSample",
+    "MapBatchInfo",
     "generate_dataset",
     "pack",
     "profile",

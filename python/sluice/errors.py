@@ -8,7 +8,7 @@ had: the spec field, or the sample's key and path.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 __all__ = [
     "SluiceError",
@@ -16,6 +16,7 @@ __all__ = [
     "SourceError",
     "SourceNotFoundError",
     "SampleError",
+    "MapBatchError",
     "StateError",
     "StreamEntryError",
     "BrokerError",
@@ -92,6 +93,31 @@ class SampleError(SluiceError, RuntimeError):
         self.path = path
         self.stage = stage
         self.reason = reason
+
+
+class MapBatchError(SluiceError, RuntimeError):
+    """A ``Pipeline.map_batch`` function raised on a batch (docs/map.md).
+
+    Attributes:
+        epoch: the epoch.
+        batch: the batch's index in the epoch.
+        keys: the keys of its samples.
+        fn: the function (``module:qualname``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        epoch: Optional[int] = None,
+        batch: Optional[int] = None,
+        keys: Optional[List[int]] = None,
+        fn: Optional[str] = None,
+    ) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.batch = batch
+        self.keys = keys
+        self.fn = fn
 
 
 class StateError(SluiceError, ValueError):

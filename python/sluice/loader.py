@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _sluice
-from .map_workers import MapWorkers, default_processes
+from .map_workers import MapWorkers, apply_map_batch, default_processes, import_map_batch
 from .pipeline import PathLike, Pipeline
 
 __all__ = ["Loader", "Batch", "BatchIterator", "ImportanceRecorder"]
@@ -142,12 +142,14 @@ def _import_torch() -> Any:
 class BatchIterator(Iterator[Batch]):
     """The batches of one epoch, in order (what ``iter(loader)`` returns)."""
 
-    __slots__ = ("_native", "_torch")
+    __slots__ = ("_native", "_torch", "_map_batch")
 
-    def __init__(self, native: Any, torch: Any) -> None:
-        """Wraps a native epoch iterator; ``torch`` is the torch module for torch output."""
+    def __init__(self, native: Any, torch: Any, map_batch: Optional[Tuple[Any, str, int, int]] = None) -> None:
+        """Wraps a native epoch iterator; ``torch`` is the torch module for torch output;
+        ``map_batch`` the spec's (function, name, seed, rank), run on each batch here."""
         self._native = native
         self._torch = torch
+        self._map_batch = map_batch
 
     def __iter__(self) -> "BatchIterator":
         return self
@@ -162,6 +164,9 @@ class BatchIterator(Iterator[Batch]):
             fields["boxes"] = raw.boxes
             fields["box_labels"] = raw.box_labels
             fields["box_count"] = raw.box_count
+        if self._map_batch is not None:
+            fn, name, seed, rank = self._map_batch
+            fields = apply_map_batch(fn, name, fields, raw.epoch, raw.index, seed, rank)
         torch = self._torch
         if torch is not None:
             # from_numpy shares the numpy array's memory: still no copy.
@@ -432,7 +437,9 @@ class Loader(_Traced):
         self._native = _sluice.Loader(spec_json, self._rank, self._world_size)
         self._workers: Optional[MapWorkers] = None
         spec = json.loads(spec_json)
-        if processes != 0 and any(op.get("op") == "map" for op in spec.get("ops", [])):
+        name = spec.get("map_batch")
+        self._map_batch = None if name is None else (import_map_batch(name), name, int(spec.get("seed", 0)), self._rank)
+        if processes != 0 and (name is not None or any(op.get("op") == "map" for op in spec.get("ops", []))):
             count = processes if processes is not None else default_processes(spec.get("threads"))
             batch_bytes = int(self._native.batch_bytes())
             self._workers = MapWorkers(spec_json, self._rank, self._world_size, count, batch_bytes)
@@ -458,7 +465,7 @@ class Loader(_Traced):
                 # The last iterator stopped mid-epoch: like a DataLoader, move on.
                 self._native.set_epoch(epoch + 1)
         self._positioned = False
-        return BatchIterator(self._native.iter(), self._torch)
+        return BatchIterator(self._native.iter(), self._torch, self._map_batch)
 
     def __len__(self) -> int:
         """Batches per epoch for this rank."""

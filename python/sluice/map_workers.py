@@ -18,6 +18,7 @@ and the parent adds their events to its file (a process of its own each in the t
 
 from __future__ import annotations
 
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -28,13 +29,13 @@ import weakref
 from collections import deque
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from . import _sluice, errors
 
-__all__ = ["MapWorkers", "MapBatch"]
+__all__ = ["MapWorkers", "MapBatch", "MapBatchInfo", "apply_map_batch"]
 
 #: Batches a worker may have written that the parent has not copied out yet.
 SLOTS = 2
@@ -59,7 +60,7 @@ def _slot_layout(image_bytes: int, batch_size: int) -> Tuple[int, int, int, int]
 
 def _error_message(e: BaseException) -> Tuple[str, str, Dict[str, Any]]:
     """An exception as plain data: sluice's classes carry their key and path as attributes."""
-    attrs = {k: v for k, v in vars(e).items() if isinstance(v, (str, int, float, type(None)))}
+    attrs = {k: v for k, v in vars(e).items() if isinstance(v, (str, int, float, list, type(None)))}
     return type(e).__name__, str(e), attrs
 
 
@@ -88,6 +89,95 @@ def _trace(native: Any, conn: Connection, msg: Tuple[Any, ...]) -> None:
         conn.send(("traced", native.stop_trace(msg[2])))
 
 
+class MapBatchInfo:
+    """What a ``map_batch`` function is told about its batch besides the arrays."""
+
+    __slots__ = ("epoch", "index", "seed", "rank", "keys", "_rng")
+
+    def __init__(self, epoch: int, index: int, seed: int, rank: int, keys: List[int]) -> None:
+        self.epoch, self.index, self.seed, self.rank, self.keys = epoch, index, seed, rank, keys
+        self._rng: Optional[np.random.Generator] = None
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """A ``numpy.random.Generator`` derived from (seed, epoch, index, rank), made on
+        first use: the same batch gets the same draws for any process count or resume."""
+        if self._rng is None:
+            self._rng = np.random.default_rng([self.seed, self.epoch, self.index, self.rank])
+        return self._rng
+
+    def __repr__(self) -> str:
+        return f"MapBatchInfo(epoch={self.epoch}, index={self.index}, seed={self.seed}, rank={self.rank})"
+
+
+def import_map_batch(name: str) -> Callable[..., Any]:
+    """The function ``module:qualname`` names (the spec checked the form)."""
+    module, _, qualname = name.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    if not callable(target):
+        raise errors.SpecError(f"map_batch: `{name}` is not callable", field="map_batch")
+    return target  # type: ignore[no-any-return]
+
+
+def raw_fields(raw: Any) -> Dict[str, Any]:
+    """A native batch's arrays, named as the loader yields them."""
+    fields: Dict[str, Any] = {"image": raw.image, "label": raw.label, "key": raw.key}
+    if raw.weight is not None:
+        fields["weight"] = raw.weight
+    if getattr(raw, "boxes", None) is not None:
+        fields["boxes"] = raw.boxes
+        fields["box_labels"] = raw.box_labels
+        fields["box_count"] = raw.box_count
+    return fields
+
+
+def apply_map_batch(
+    fn: Callable[..., Any], name: str, fields: Dict[str, Any], epoch: int, index: int, seed: int, rank: int
+) -> Dict[str, Any]:
+    """``fn`` on one batch; what it raises or a result that is not a dict of arrays
+    becomes a :class:`sluice.MapBatchError` naming the batch and its samples."""
+    keys = [int(k) for k in np.asarray(fields["key"]).reshape(-1)]
+    info = MapBatchInfo(epoch, index, seed, rank, keys)
+
+    def fail(what: str) -> errors.MapBatchError:
+        return errors.MapBatchError(
+            f"map_batch `{name}` failed on batch {index} of epoch {epoch} (sample keys {keys}): {what}",
+            epoch=epoch,
+            batch=index,
+            keys=keys,
+            fn=name,
+        )
+
+    try:
+        out = fn(fields, info)
+    except Exception as e:
+        raise fail(f"{type(e).__name__}: {e}") from e
+    if not isinstance(out, dict) or not all(isinstance(k, str) for k in out):
+        raise fail(f"it must return a dict of numpy arrays by name; got {type(out).__name__}")
+    result: Dict[str, Any] = {}
+    for k, v in out.items():
+        if not isinstance(v, np.ndarray):
+            raise fail(f"it must return numpy arrays; `{k}` is a {type(v).__name__}")
+        result[k] = v
+    return result
+
+
+def _pack(out: Dict[str, Any], slot_bytes: int) -> Optional[List[Tuple[str, Tuple[int, ...], str, int]]]:
+    """Where each array of ``out`` goes in a slot (name, shape, dtype, offset), or None
+    if they do not fit (or one holds Python objects)."""
+    metas = []
+    at = 0
+    for k, v in out.items():
+        if v.dtype.hasobject:
+            return None
+        at = (at + 15) // 16 * 16
+        metas.append((k, tuple(v.shape), v.dtype.str, at))
+        at += v.nbytes
+    return metas if at <= slot_bytes else None
+
+
 def _worker_main(
     spec_json: str, rank: int, world_size: int, index: int, count: int, shm_name: str, conn: Connection
 ) -> None:
@@ -97,8 +187,12 @@ def _worker_main(
     # with the parent (a set: no change); the parent unlinks it.
     shm = shared_memory.SharedMemory(name=shm_name)
     native = _sluice.Loader(spec_json, rank, world_size)
-    batch_size = int(json.loads(spec_json)["batch"]["size"])
+    spec = json.loads(spec_json)
+    batch_size = int(spec["batch"]["size"])
     layout = _slot_layout(int(native.batch_bytes()), batch_size)
+    name = spec.get("map_batch")
+    # (function, name, seed, rank) of the spec's map_batch, run on each batch made here.
+    batch_fn = None if name is None else (import_map_batch(name), name, int(spec.get("seed", 0)), rank)
     buf = shm.buf
     assert buf is not None
     command: Optional[Tuple[Any, ...]] = None
@@ -113,7 +207,7 @@ def _worker_main(
         if msg[0] != "run":
             continue  # a "free" of an abandoned run
         _, run, epoch, first, end, draw = msg
-        command = _run(native, conn, buf, layout, run, (epoch, draw), first, end, index, count)
+        command = _run(native, conn, buf, layout, run, (epoch, draw), first, end, index, count, batch_fn)
     del native
     shm.close()
 
@@ -129,6 +223,7 @@ def _run(
     end: int,
     index: int,
     count: int,
+    batch_fn: Optional[Tuple[Callable[..., Any], str, int, int]] = None,
 ) -> Optional[Tuple[Any, ...]]:
     """Makes this worker's batches of ``first..end`` of the epoch ``drawn`` (its number and
     the parent's draw of it); returns a command that interrupted it."""
@@ -152,11 +247,27 @@ def _run(
         i, it = ahead.popleft()
         try:
             raw = next(it, None)
+            if raw is not None and batch_fn is not None:
+                fn, name, seed, rank = batch_fn
+                out = apply_map_batch(fn, name, raw_fields(raw), epoch, i, seed, rank)
         except BaseException as e:
             conn.send(("error", run, i, *_error_message(e)))
             return None
         if raw is None:  # every sample of the batch was skipped
             conn.send(("batch", run, i, None, 0, None, None, None, native.stats_json()))
+            continue
+        if batch_fn is not None:
+            # Whatever map_batch made: into a slot where it fits, else through the pipe.
+            metas = _pack(out, slot_bytes)
+            if metas is None:
+                inline = ("inline", out, raw.layout)
+                conn.send(("batch", run, i, None, len(raw.label), None, raw.index, inline, native.stats_json()))
+                continue
+            slot = free.pop()
+            for (_, _, _, offset), v in zip(metas, out.values()):
+                _put(buf, slot * slot_bytes + offset, v)
+            packed = ("slot", metas, raw.layout)
+            conn.send(("batch", run, i, slot, len(raw.label), None, raw.index, packed, native.stats_json()))
             continue
         slot = free.pop()
         base = slot * slot_bytes
@@ -271,11 +382,15 @@ class MapWorkers:
             if msg[0] == "error":
                 self.wait_s += time.perf_counter() - t0
                 raise _rebuild_error(msg[3], msg[4], msg[5])
-            _, _, index, slot, n, shape, _, _, stats = msg
+            _, _, index, slot, n, shape, _, fields, stats = msg
             self._stats[w] = stats
             if index != i:
                 continue  # cannot happen: a worker sends its batches in order
-            batch = None if slot is None else self._copy_out(w, slot, n, shape)
+            batch: Optional[MapBatch] = None
+            if fields is not None:
+                batch = self._copy_fields(w, slot, fields)
+            elif slot is not None:
+                batch = self._copy_out(w, slot, n, shape)
             if slot is not None:
                 try:
                     conn.send(("free", run, slot))
@@ -347,6 +462,23 @@ class MapWorkers:
                 return None
             if not proc.is_alive():
                 return None
+
+    def _copy_fields(self, w: int, slot: Optional[int], fields: Tuple[str, Any, str]) -> MapBatch:
+        """A ``map_batch`` result: sent through the pipe, or copied out of its slot."""
+        kind, data, layout = fields
+        if kind == "inline":
+            batch: MapBatch = dict(data)
+        else:
+            buf = self._shms[w].buf
+            assert buf is not None and slot is not None
+            base = slot * self._slot_bytes
+            batch = {}
+            for name, shape, dtype, offset in data:
+                dt = np.dtype(dtype)
+                flat = np.frombuffer(buf, dt, int(np.prod(shape, dtype=np.int64)), base + offset)
+                batch[name] = flat.reshape(shape).copy()
+        batch["__layout__"] = layout
+        return batch
 
     def stats(self) -> List[Dict[str, Any]]:
         """Each worker's latest native stats."""

@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from . import _sluice
 from .errors import SpecError
 
-__all__ = ["Pipeline", "IMAGENET_MEAN", "IMAGENET_STD", "PathLike", "Size", "Span", "MapFn"]
+__all__ = ["Pipeline", "IMAGENET_MEAN", "IMAGENET_STD", "PathLike", "Size", "Span", "MapFn", "MapBatchFn"]
 
 #: ImageNet channel means in [0, 1] units (RGB), torchvision's defaults.
 IMAGENET_MEAN: Tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -82,25 +82,27 @@ def _padding(padding: Padding) -> List[int]:
 
 #: A ``map`` function: ``fn(image, sample) -> image`` (see :meth:`Pipeline.map`).
 MapFn = Callable[[Any, Any], Any]
+#: A ``map_batch`` function: ``fn(batch, info) -> batch`` (see :meth:`Pipeline.map_batch`).
+MapBatchFn = Callable[[Dict[str, Any], Any], Dict[str, Any]]
 
 
-def _map_name(fn: MapFn) -> str:
+def _map_name(fn: Callable[..., Any], field: str = "ops.fn", what: str = "map") -> str:
     """``module:qualname`` of ``fn``, checked to import back to ``fn`` itself."""
     module = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
     shown = f"{module}:{qualname}" if module and qualname else repr(fn)
     if not module or not qualname or "<" in qualname:
         raise SpecError(
-            f"map: {shown} is a lambda, a closure or a function defined inside another one; map needs a function "
+            f"{what}: {shown} is a lambda, a closure or a function defined inside another one; {what} needs a function "
             "importable by name (defined at the top level of a module), because sluice runs it in worker processes",
-            field="ops.fn",
+            field=field,
         )
     target: Any = sys.modules.get(module)
     for part in qualname.split("."):
         target = getattr(target, part, None)
     if target is not fn:
         raise SpecError(
-            f"map: {shown} is not importable: `{module}` has no `{qualname}` that is this function", field="ops.fn"
+            f"{what}: {shown} is not importable: `{module}` has no `{qualname}` that is this function", field=field
         )
     return f"{module}:{qualname}"
 
@@ -573,8 +575,9 @@ class Pipeline:
     def map(self, fn: Union[MapFn, str]) -> "Pipeline":
         """Runs ``fn`` on each sample's image, between the native ops (docs/map.md).
 
-        ``fn(image, sample) -> image``: ``image`` is the sample's pixels as a fresh uint8
-        numpy array ``[h, w, 3]``; ``sample`` has ``key``, ``label``, ``epoch``, ``seed``
+        ``fn(image, sample) -> image``: ``image`` is the sample's pixels as a uint8 numpy
+        array ``[h, w, 3]``, a writable view of sluice's buffer for the call (edit it in
+        place and return it: nothing is copied); ``sample`` has ``key``, ``label``, ``epoch``, ``seed``
         and ``rng``, a ``numpy.random.Generator`` seeded from (seed, epoch, key), so a
         random ``fn`` is deterministic and resumes exactly. It returns a uint8
         ``[h', w', 3]`` array (any size; end with a crop if it changes the size). Like
@@ -592,6 +595,29 @@ class Pipeline:
         """
         name = fn if isinstance(fn, str) else _map_name(fn)
         return self._op("map", fn=name)
+
+    def map_batch(self, fn: Union[MapBatchFn, str]) -> "Pipeline":
+        """Runs ``fn`` on each whole batch, after every op (docs/map.md); spec key
+        ``map_batch``. One per pipeline: a second call replaces the first.
+
+        ``fn(batch, info) -> batch``: ``batch`` is the dict of numpy arrays the loader
+        would yield (``image``, ``label``, ``key``, and ``weight``/boxes where the pipeline
+        has them); ``info`` has ``epoch``, ``index`` (the batch's index in the epoch),
+        ``seed``, ``rank``, ``keys`` and ``rng``, a ``numpy.random.Generator`` derived from
+        (seed, epoch, index, rank). It returns a dict of numpy arrays (any names, dtypes
+        and shapes), which the loader yields instead. ``sluice.Loader`` runs it in its
+        worker processes (``processes=0``: in this process), so the batches are the same
+        for any process count and a ``state_dict`` resumes exactly.
+
+        ``fn`` must be importable by name, as for :meth:`map`. What it raises fails the
+        epoch with a :class:`sluice.MapBatchError` naming the batch and its sample keys.
+
+        Raises:
+            SpecError: ``fn`` is a lambda, a closure or a function defined inside another,
+                or its name does not import back to it.
+        """
+        name = fn if isinstance(fn, str) else _map_name(fn, field="map_batch", what="map_batch")
+        return self._with(map_batch=name)
 
     def normalize(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> "Pipeline":
         """``(x / 255 - mean) / std`` per channel, as float32 (mean/std in [0, 1] units).

@@ -1,7 +1,9 @@
 //! `Pipeline.map(fn)`: the spec's `map` op calls a Python function imported by name
 //! (`module:qualname`), registered with the engine as a `UserOp` when a loader is built.
 //!
-//! The function gets the image as a fresh numpy array (`[h, w, 3]` uint8) and a
+//! The function gets the image as a numpy array (`[h, w, 3]` uint8), a writable view of
+//! sluice's buffer for the call's duration (nothing copied; an array returned as given is
+//! not copied back either), and a
 //! [`MapSample`] (key, label, epoch, and `rng`, a `numpy.random.Generator` seeded from the
 //! seed the engine drew from the sample's RNG), and returns a `[h', w', 3]` uint8 array.
 //! Whatever it raises becomes the sample's error, naming the op; the engine adds key and
@@ -11,7 +13,8 @@
 
 use std::sync::Arc;
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray3, PyUntypedArrayMethods};
+use numpy::ndarray::ArrayView3;
+use numpy::{PyArray3, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -53,6 +56,14 @@ impl MapSample {
     }
 }
 
+/// The base object of the array a map function gets: the array is a view of sluice's
+/// buffer, valid while the call runs. Should the array (or a view of it) outlive the call,
+/// the buffer is moved in here, so the array stays valid and sluice goes on with a copy.
+#[pyclass(module = "sluice._sluice", name = "MapPixels", frozen)]
+struct MapPixels {
+    kept: std::sync::OnceLock<Vec<u8>>,
+}
+
 /// A Python function as the engine's `UserOp`.
 struct PyMapOp {
     name: String,
@@ -60,15 +71,27 @@ struct PyMapOp {
 }
 
 impl PyMapOp {
+    /// Calls the function on a writable view of `pixels[..w * h * 3]`; the result goes
+    /// back to `pixels` (nothing to copy when the function returned the view itself,
+    /// C-contiguous and whole, i.e. edited the image in place), else through `spare`.
+    #[allow(clippy::too_many_arguments)]
     fn call(
         &self,
         py: Python<'_>,
-        image: ImageRef<'_>,
+        base: &Bound<'_, MapPixels>,
+        pixels: &mut Vec<u8>,
+        (w, h): (usize, usize),
         sample: &SampleInfo,
-        out: &mut Vec<u8>,
+        spare: &mut Vec<u8>,
     ) -> PyResult<(u32, u32)> {
-        let (w, h) = (image.width as usize, image.height as usize);
-        let array = PyArray1::from_slice(py, image.pixels).reshape([h, w, 3])?;
+        let n = w * h * 3;
+        let view = pixels.get(..n).ok_or_else(|| PyValueError::new_err(format!("a {w}x{h} image needs {n} bytes")))?;
+        let view = ArrayView3::from_shape((h, w, 3), view).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        // SAFETY: the array points into `pixels`, which this call holds mutably and does
+        // not reallocate while the array may be used: `apply_in_place` moves the buffer
+        // into `base` if the array outlives the call. The array is writable: the caller
+        // lent `pixels` mutably and reads it only after the call.
+        let array = unsafe { PyArray3::<u8>::borrow_from_array(&view, base.clone().into_any()) };
         let info = MapSample {
             key: sample.key,
             label: sample.label,
@@ -76,39 +99,108 @@ impl PyMapOp {
             seed: sample.seed,
             rng: PyOnceLock::new(),
         };
-        let result = self.func.bind(py).call1((array, info))?;
-        let Ok(pixels) = result.extract::<PyReadonlyArray3<'_, u8>>() else {
+        let result = self.func.bind(py).call1((&array, info))?;
+        if result.is(&array) {
+            return Ok((w as u32, h as u32)); // edited in place: the pixels are where they were
+        }
+        let Ok(out) = result.cast::<PyArray3<u8>>() else {
             let shape = result.getattr("shape").map_or_else(|_| "no shape".to_owned(), |s| s.to_string());
             let dtype = result.getattr("dtype").map_or_else(|_| result.get_type().to_string(), |d| d.to_string());
             return Err(PyValueError::new_err(format!(
                 "it must return a uint8 numpy array [h, w, 3]; got {dtype} with shape {shape}"
             )));
         };
-        let &[oh, ow, c] = pixels.shape() else {
-            return Err(PyValueError::new_err(format!("it must return a 3-d array; got shape {:?}", pixels.shape())));
+        let &[oh, ow, c] = out.shape() else {
+            return Err(PyValueError::new_err(format!("it must return a 3-d array; got shape {:?}", out.shape())));
         };
         if c != 3 {
             return Err(PyValueError::new_err(format!("it must return [h, w, 3] RGB; got shape [{oh}, {ow}, {c}]")));
         }
         let too_big = |_| PyValueError::new_err(format!("it returned a {ow}x{oh} image, too large"));
-        let (ow, oh) = (u32::try_from(ow).map_err(too_big)?, u32::try_from(oh).map_err(too_big)?);
-        out.clear();
-        match pixels.as_slice() {
-            Ok(contiguous) => out.extend_from_slice(contiguous),
-            Err(_) => out.extend(pixels.as_array().iter().copied()),
+        let size = (u32::try_from(ow).map_err(too_big)?, u32::try_from(oh).map_err(too_big)?);
+        let out = out.try_readonly().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        if out.is_c_contiguous() && (oh, ow) == (h, w) && out.data().cast_const() == pixels.as_ptr() {
+            return Ok(size); // a new array object over the same pixels (e.g. `image[...]`)
         }
-        Ok((ow, oh))
+        spare.clear();
+        match out.as_slice() {
+            Ok(contiguous) => spare.extend_from_slice(contiguous),
+            Err(_) => spare.extend(out.as_array().iter().copied()),
+        }
+        std::mem::swap(pixels, spare);
+        Ok(size)
     }
 }
 
 impl UserOp for PyMapOp {
     fn apply(&self, image: ImageRef<'_>, sample: &SampleInfo, out: &mut Vec<u8>) -> Result<(u32, u32), UserOpError> {
+        let mut pixels = image.pixels.to_vec();
+        let size = self.apply_in_place(&mut pixels, (image.width, image.height), sample, out)?;
+        std::mem::swap(out, &mut pixels);
+        Ok(size)
+    }
+
+    fn apply_in_place(
+        &self,
+        pixels: &mut Vec<u8>,
+        (w, h): (u32, u32),
+        sample: &SampleInfo,
+        spare: &mut Vec<u8>,
+    ) -> Result<(u32, u32), UserOpError> {
+        keep_thread_state();
         Python::attach(|py| {
-            self.call(py, image, sample, out).map_err(|e| {
+            let fail = |e: PyErr| {
                 let kind = e.get_type(py).name().map_or_else(|_| "Exception".to_owned(), |n| n.to_string());
                 UserOpError(format!("{} raised {kind}: {}", self.name, e.value(py)))
-            })
+            };
+            let base = Bound::new(py, MapPixels { kept: std::sync::OnceLock::new() }).map_err(fail)?;
+            let lent = pixels.as_ptr();
+            // The error (and its traceback, which may hold the array) is dropped before the
+            // check below.
+            let result = self.call(py, &base, pixels, (w as usize, h as usize), sample, spare).map_err(fail);
+            // SAFETY: `base` is a live object; reading its count needs the GIL, held here.
+            if unsafe { pyo3::ffi::Py_REFCNT(base.as_ptr()) } > 1 {
+                // The function kept the array (or a view of it): it keeps the buffer.
+                let buffer = if spare.as_ptr() == lent {
+                    std::mem::take(spare)
+                } else {
+                    let copy = pixels.clone();
+                    std::mem::replace(pixels, copy)
+                };
+                let _ = base.get().kept.set(buffer);
+            }
+            result
         })
+    }
+}
+
+std::thread_local! {
+    static THREAD_STATE_KEPT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Gives a sluice worker thread (not a Python thread) one Python thread state for its
+/// whole life. Without it, each `Python::attach` creates a thread state and destroys it
+/// on release, a large part of a cheap function's cost. The state is made with the GIL
+/// taken once and kept (its count never drops to zero); the GIL is then released, so a
+/// later `attach` only takes the GIL. Threads that already have a state (Python's own, or
+/// one that is attached now) are left alone. The state is not freed when the thread ends
+/// (one per worker thread; the interpreter frees them at exit): freeing it would take the
+/// GIL from a thread that may be joined by a Python thread holding it.
+fn keep_thread_state() {
+    if THREAD_STATE_KEPT.with(std::cell::Cell::get) {
+        return;
+    }
+    THREAD_STATE_KEPT.with(|k| k.set(true));
+    // SAFETY: `Py_IsInitialized` is always safe; the interpreter is running (a loader
+    // built from Python registered this op). A thread with no thread state is attached
+    // to nothing, so taking the GIL with `PyGILState_Ensure` and releasing it with
+    // `PyEval_SaveThread` leaves it as it was, plus its own (kept) thread state.
+    unsafe {
+        if pyo3::ffi::Py_IsInitialized() == 0 || !pyo3::ffi::PyGILState_GetThisThreadState().is_null() {
+            return;
+        }
+        let _ = pyo3::ffi::PyGILState_Ensure();
+        pyo3::ffi::PyEval_SaveThread();
     }
 }
 

@@ -181,3 +181,117 @@ def test_stats_show_the_map_op_with_its_own_time(dataset: Path) -> None:
     assert stats["op_seconds"]["map"] > stats["op_seconds"]["random_horizontal_flip"]
     assert stats["op_percentiles"]["map"]["p50_s"] >= 0.01
     loader.close()
+
+
+KEPT: List[np.ndarray] = []
+
+
+def invert_in_place_and_keep(image: np.ndarray, sample: Any) -> np.ndarray:
+    """Edits sluice's buffer in place and keeps the array past the call."""
+    np.subtract(255, image, out=image)
+    KEPT.append(image)
+    return image
+
+
+def test_an_in_place_map_edits_the_view_and_a_kept_array_stays_valid(dataset: Path) -> None:
+    plain = pipe(dataset).to_dict()
+    plain["ops"] = plain["ops"][:2]
+    want = np.concatenate([255 - b["image"] for b in epoch(sluice.Loader(sluice.Pipeline.from_dict(plain)))])
+    KEPT.clear()
+    loader = sluice.Loader(sluice.Pipeline.from_dict(plain).map(invert_in_place_and_keep), processes=0)
+    got = np.concatenate([b["image"] for b in epoch(loader)])
+    np.testing.assert_array_equal(got, want)
+    # Each array the function kept still holds what it returned (its buffer was handed
+    # over to it), though sluice went on with later samples in the same thread.
+    assert len(KEPT) == N
+    kept = {bytes(k.tobytes()) for k in KEPT}
+    assert kept == {bytes(img.tobytes()) for img in got}
+
+
+def batch_mark(batch: Dict[str, np.ndarray], info: Any) -> Dict[str, np.ndarray]:
+    """Flips the images, doubles the labels and adds a float field."""
+    return {
+        "image": batch["image"][:, :, ::-1].copy(),
+        "label": batch["label"] * 2,
+        "key": batch["key"],
+        "index": np.full(len(batch["key"]), info.index, np.int64),
+        "mean": batch["image"].reshape(len(batch["key"]), -1).mean(axis=1).astype(np.float32),
+    }
+
+
+def batch_noise(batch: Dict[str, np.ndarray], info: Any) -> Dict[str, np.ndarray]:
+    """Noise from the batch's generator, and a float32 image (4x the slot's bytes: it goes
+    through the pipe rather than shared memory)."""
+    image = batch["image"] ^ info.rng.integers(0, 256, size=batch["image"].shape, dtype=np.uint8)
+    return {"image": image, "key": batch["key"], "big": image.astype(np.float32) / 255}
+
+
+def batch_fail_on_key_5(batch: Dict[str, np.ndarray], info: Any) -> Dict[str, np.ndarray]:
+    if 5 in batch["key"]:
+        raise ValueError("no batch with sample 5")
+    return batch
+
+
+def test_map_batch_output_is_the_function_applied_to_each_batch(dataset: Path) -> None:
+    plain = epoch(sluice.Loader(pipe(dataset), processes=0))
+    want = [batch_mark(dict(b), _BatchInfo(i)) for i, b in enumerate(plain)]
+    mapped = pipe(dataset).map_batch(batch_mark)
+    assert mapped.to_dict()["map_batch"] == "test_map:batch_mark"
+    for processes in (0, 2):
+        loader = sluice.Loader(mapped, processes=processes)
+        got = epoch(loader)
+        assert_same(got, want)
+        assert got[0]["mean"].dtype == np.float32
+        loader.close()
+
+
+class _BatchInfo:
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def test_map_batch_is_the_same_for_any_process_count_and_resumes(dataset: Path) -> None:
+    runs = {}
+    for processes in (0, 1, 3):
+        loader = sluice.Loader(pipe(dataset, noise).map_batch(batch_noise), processes=processes)
+        runs[processes] = [epoch(loader), epoch(loader)]
+        loader.close()
+    first = runs[0]
+    assert not np.array_equal(first[0][0]["image"], first[1][0]["image"]), "the draws depend on the epoch"
+    assert not np.array_equal(first[0][0]["image"], first[0][1]["image"][: len(first[0][0]["image"])])
+    for run in runs.values():
+        for e in range(2):
+            assert_same(run[e], first[e])
+    loader = sluice.Loader(pipe(dataset, noise).map_batch(batch_noise), processes=2)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    loader.close()
+    for processes in (2, 0):
+        resumed = sluice.Loader(pipe(dataset, noise).map_batch(batch_noise), processes=processes)
+        resumed.load_state_dict(state)
+        assert_same(epoch(resumed), first[0][2:])
+        resumed.close()
+
+
+def test_a_map_batch_error_names_the_batch_and_its_keys(dataset: Path) -> None:
+    for processes in (2, 0):
+        loader = sluice.Loader(pipe(dataset).shuffle("none").map_batch(batch_fail_on_key_5), processes=processes)
+        with pytest.raises(sluice.MapBatchError) as e:
+            epoch(loader)
+        assert (e.value.epoch, e.value.batch) == (0, 0)
+        assert e.value.keys == list(range(8))
+        assert "test_map:batch_fail_on_key_5" in str(e.value) and "ValueError: no batch with sample 5" in str(e.value)
+        assert "batch 0 of epoch 0" in str(e.value)
+        loader.close()
+
+
+def test_a_map_batch_lambda_or_closure_is_refused(dataset: Path) -> None:
+    with pytest.raises(sluice.SpecError, match=r"map_batch: test_map:.*<lambda>.*importable") as e:
+        pipe(dataset).map_batch(lambda batch, info: batch)
+    assert e.value.field == "map_batch"
+    spec = pipe(dataset).to_dict()
+    spec["map_batch"] = "test_map:outer.<locals>.inner"
+    with pytest.raises(sluice.SpecError) as e:
+        sluice.Loader(spec)
+    assert e.value.field == "map_batch"

@@ -31,7 +31,7 @@ use crate::jpeg::JpegDecoder;
 use crate::ops;
 use crate::png::decode_png;
 use crate::resize::{shorter_side_size, Resample, Resizer, SubRect};
-use crate::user_op::{ImageRef, SampleInfo, UserOpSlot};
+use crate::user_op::{SampleInfo, UserOpSlot};
 
 /// The image formats sluice decodes, told apart by their magic bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -621,9 +621,12 @@ impl Plan {
                         borrowed = None;
                         flip = false;
                     }
-                    (w, h) =
-                        self.user_op(op, borrowed.unwrap_or(&scratch.a), (w, h), rng, scratch.sample, &mut scratch.b)?;
-                    std::mem::swap(&mut scratch.a, &mut scratch.b);
+                    if let Some(src) = borrowed {
+                        scratch.a.clear();
+                        scratch.a.extend_from_slice(src);
+                    }
+                    // The op edits `scratch.a` in place (a Python map gets a view of it).
+                    (w, h) = self.user_op(op, (w, h), rng, scratch.sample, &mut scratch.a, &mut scratch.b)?;
                     in_out = false;
                     borrowed = None;
                 }
@@ -669,31 +672,33 @@ impl Plan {
         Ok((ow, oh))
     }
 
-    /// Runs a `map` op on the `w x h` RGB8 image in `src`, into `dst`; checks that what it
-    /// made is an image within `max_pixels` that `dst` holds.
+    /// Runs a `map` op on the `w x h` RGB8 image in `pixels`, leaving its result there
+    /// (`spare` is scratch); checks that what it made is an image within `max_pixels` that
+    /// `pixels` holds.
     fn user_op(
         &self,
         slot: &UserOpSlot,
-        src: &[u8],
         (w, h): (u32, u32),
         rng: &mut SampleRng,
         sample: SampleInfo,
-        dst: &mut Vec<u8>,
+        pixels: &mut Vec<u8>,
+        spare: &mut Vec<u8>,
     ) -> Result<(u32, u32), CodecError> {
         let op = slot.op().ok_or_else(|| CodecError::UnknownUserOp(slot.name.clone()))?;
         let n = w as usize * h as usize * 3;
-        let pixels = src.get(..n).ok_or_else(|| CodecError::Shape(format!("a {w}x{h} image needs {n} bytes")))?;
+        if pixels.len() < n {
+            return Err(CodecError::Shape(format!("a {w}x{h} image needs {n} bytes")));
+        }
         let info = SampleInfo { seed: rng.next_u64(), ..sample };
-        let image = ImageRef { pixels, width: w, height: h };
         let fail = |message: String| CodecError::UserOp { op: slot.name.clone(), message };
-        let (ow, oh) = op.apply(image, &info, dst).map_err(|e| fail(e.0))?;
+        let (ow, oh) = op.apply_in_place(pixels, (w, h), &info, spare).map_err(|e| fail(e.0))?;
         let limit = self.limits.max_pixels;
         if ow == 0 || oh == 0 || u64::from(ow) * u64::from(oh) > limit {
             return Err(fail(format!("it returned a {ow}x{oh} image; an image needs 1..={limit} pixels")));
         }
         let need = ow as usize * oh as usize * 3;
-        if dst.len() < need {
-            return Err(fail(format!("it returned {} bytes for a {ow}x{oh} RGB image ({need})", dst.len())));
+        if pixels.len() < need {
+            return Err(fail(format!("it returned {} bytes for a {ow}x{oh} RGB image ({need})", pixels.len())));
         }
         Ok((ow, oh))
     }

@@ -48,6 +48,24 @@ pub trait UserOp: Send + Sync {
     /// fit) as RGB8 HWC and returns the new `(width, height)`. `out` must then hold at
     /// least `width * height * 3` bytes.
     fn apply(&self, image: ImageRef<'_>, sample: &SampleInfo, out: &mut Vec<u8>) -> Result<(u32, u32), UserOpError>;
+
+    /// Like [`apply`](Self::apply), but the result ends up in `pixels`, which holds the
+    /// `width x height` image (and may be longer): an op that edits the image in place
+    /// writes nothing else. `spare` is scratch it may use (and swap with `pixels`). The
+    /// default runs `apply` into `spare` and swaps.
+    fn apply_in_place(
+        &self,
+        pixels: &mut Vec<u8>,
+        (width, height): (u32, u32),
+        sample: &SampleInfo,
+        spare: &mut Vec<u8>,
+    ) -> Result<(u32, u32), UserOpError> {
+        let n = width as usize * height as usize * 3;
+        let image = ImageRef { pixels: pixels.get(..n).unwrap_or(pixels), width, height };
+        let size = self.apply(image, sample, spare)?;
+        std::mem::swap(pixels, spare);
+        Ok(size)
+    }
 }
 
 type Registry = RwLock<HashMap<String, Arc<dyn UserOp>>>;

@@ -104,6 +104,11 @@ pub struct PipelineSpec {
     /// batch and a collaborative cache (none by default: each rank takes its plain slice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locality: Option<LocalitySpec>,
+    /// `module:qualname` of a Python function run on each whole batch after the ops
+    /// (`Pipeline.map_batch`, docs/map.md). Only the Python `sluice.Loader` runs it (in its
+    /// worker processes); the native engine leaves it to that loader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map_batch: Option<String>,
 }
 
 fn default_prefetch() -> usize {
@@ -401,6 +406,7 @@ impl PipelineSpec {
             sampling: SamplingSpec::Uniform,
             importance: ImportanceSpec::default(),
             locality: None,
+            map_batch: None,
         }
     }
 
@@ -483,6 +489,9 @@ impl PipelineSpec {
         }
         if let Some(bytes) = self.prefetch_max_bytes {
             check_count("prefetch_max_bytes", bytes, 1, MAX_CACHE_BYTES)?;
+        }
+        if let Some(name) = &self.map_batch {
+            ops::check_map_name(name, "map_batch")?;
         }
         if self.threads.count().is_some_and(|n| n > MAX_THREADS) {
             return Err(SpecError::new("threads", format!("must be at most {MAX_THREADS} (0: one per core)")));
@@ -810,6 +819,22 @@ size = 32
         spec.ops =
             vec![OpSpec::Decode, OpSpec::Layout { order: Layout::Chw }, OpSpec::CenterCrop { size: Size::square(8) }];
         assert_eq!(spec.validate().unwrap_err().field, "ops[2]");
+    }
+
+    #[test]
+    fn map_batch_names_an_importable_function_and_round_trips() {
+        let mut spec = cropped(Size::square(32), 4);
+        let plain = serde_json::to_string(&spec).unwrap();
+        assert!(!plain.contains("map_batch"), "absent unless set: {plain}");
+        spec.map_batch = Some("my_pkg.aug:mix".into());
+        assert!(spec.validate().is_ok());
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(PipelineSpec::from_json_str(&json).unwrap(), spec);
+        for bad in ["tests:<lambda>", "tests:outer.<locals>.inner", "no_colon", ""] {
+            spec.map_batch = Some(bad.into());
+            let e = spec.validate().unwrap_err();
+            assert_eq!(e.field, "map_batch", "{bad}: {e}");
+        }
     }
 
     fn cropped(size: Size, batch: usize) -> PipelineSpec {

@@ -727,7 +727,7 @@ fn check_padding(p: &[u32; 4], field: &str) -> Result<(), SpecError> {
 /// A `map` op's function name: `module:qualname`, each part dotted identifiers. A
 /// lambda, a closure or a function defined inside another one (`<lambda>`, `<locals>`)
 /// has no such name: worker processes could not import it.
-fn check_map_name(name: &str, field: &str) -> Result<(), SpecError> {
+pub(super) fn check_map_name(name: &str, field: &str) -> Result<(), SpecError> {
     let dotted = |s: &str| {
         !s.is_empty()
             && s.split('.').all(|part| {
