@@ -221,6 +221,35 @@ mod tests {
     }
 
     #[test]
+    fn masks_take_each_images_segmentations_or_say_why_they_cannot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            r#"{"images": [{"id": 1, "file_name": "a.jpg", "width": 8, "height": 6}, {"id": 2, "file_name": "b.jpg"},
+                           {"id": 3, "file_name": "c.jpg", "width": 8, "height": 6}, {"id": 4, "file_name": "d.jpg", "width": 8, "height": 6}],
+                "annotations": [
+                  {"id": 1, "image_id": 1, "bbox": [0, 0, 2, 2], "category_id": 4, "segmentation": [[0, 0, 2, 0, 2, 2]]},
+                  {"id": 2, "image_id": 1, "bbox": [0, 0, 2, 2], "category_id": 5, "segmentation": {"counts": [3, 2], "size": [6, 8]}},
+                  {"id": 3, "image_id": 3, "bbox": [0, 0, 2, 2], "category_id": 300, "segmentation": [[0, 0, 2, 0, 2, 2]]},
+                  {"id": 4, "image_id": 4, "bbox": [0, 0, 2, 2], "category_id": 1}]}"#,
+        );
+        let m = enumerate(&path, dir.path(), true).unwrap();
+        let Some(MaskSource::Objects { width: 8, height: 6, objects }) = m.mask_source(0) else {
+            panic!("{:?}", m.mask_source(0))
+        };
+        assert_eq!(objects.iter().map(|o| o.0).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(objects[1].1, Segmentation::Rle { counts: vec![3, 2], size: [6, 8] });
+        for (pos, says) in
+            [(1, "no `width` and `height`"), (2, "category_id 300"), (3, "annotation 4 has no `segmentation`")]
+        {
+            let Some(MaskSource::Invalid(why)) = m.mask_source(pos) else { panic!("{:?}", m.mask_source(pos)) };
+            assert!(why.contains(says) && why.contains("instances_train.json"), "{why}");
+        }
+        assert_ne!(m.fingerprint, enumerate(&path, dir.path(), false).unwrap().fingerprint);
+        assert!(enumerate(&path, dir.path(), false).unwrap().masks.is_none());
+    }
+
+    #[test]
     fn a_file_that_is_not_coco_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         for (json, says) in [

@@ -168,6 +168,28 @@ mod tests {
     }
 
     #[test]
+    fn masks_are_named_by_the_sidecar_and_never_samples() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let sub = dir.path().join("s");
+        fs::create_dir_all(&sub).unwrap_or_else(|e| panic!("{e}"));
+        for (name, json) in
+            [("a", r#"{"mask": "a.mask.png"}"#), ("b", r#"{"boxes": []}"#), ("c", r#"{"mask": "../c.mask.png"}"#)]
+        {
+            fs::write(sub.join(format!("{name}.png")), b"x").unwrap_or_else(|e| panic!("{e}"));
+            fs::write(sub.join(format!("{name}.mask.png")), b"x").unwrap_or_else(|e| panic!("{e}"));
+            fs::write(sub.join(format!("{name}.json")), json).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let m = enumerate(dir.path(), true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(m.len(), 3, "the .mask.png files are not samples");
+        assert_eq!(m.mask_source(0), Some(&MaskSource::File(PathBuf::from("s/a.mask.png"))));
+        let Some(MaskSource::Invalid(why)) = m.mask_source(1) else { panic!("{:?}", m.mask_source(1)) };
+        assert!(why.contains("b.json") && why.contains("names no `mask`"), "{why}");
+        let Some(MaskSource::Invalid(why)) = m.mask_source(2) else { panic!("{:?}", m.mask_source(2)) };
+        assert!(why.contains("without `..`"), "{why}");
+        assert!(enumerate(dir.path(), false).unwrap_or_else(|e| panic!("{e}")).masks.is_none());
+    }
+
+    #[test]
     fn sidecars_parse_or_say_what_is_wrong() {
         let ok = parse_sidecar(br#"{"boxes": [[1, 2, 30, 40.5]], "labels": [7], "label": 2}"#);
         assert_eq!(ok, Ok((BoxTargets { boxes: vec![[1.0, 2.0, 30.0, 40.5]], labels: vec![7] }, Some(2))));
