@@ -94,10 +94,12 @@ def generate_dataset(
     texture: Optional[int] = None,
     corrupt: Optional[int] = None,
     boxes: bool = False,
+    masks: bool = False,
 ) -> Dict[str, Any]:
     """Writes a deterministic ImageNet-like ImageFolder dataset (options left out take
     sluice-synth's defaults; ``boxes`` also writes each image's boxes as a JSON sidecar and
-    ``root/instances.json``); returns ``{"root", "images", "bad_files", "bytes"}``."""
+    ``root/instances.json``; ``masks`` each image's mask too, ``img_XXXXXXX.mask.png``,
+    with box labels from 1); returns ``{"root", "images", "bad_files", "bytes"}``."""
 
 def pack(src: str, out: str, interval: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:
     """Copies ``src`` to ``out`` with every JPEG rewritten losslessly with restart markers;
@@ -197,6 +199,9 @@ class RawBatch:
     @property
     def box_count(self) -> Optional[npt.NDArray[np.int32]]:
         """``[n]``: the real box rows of each sample; None without boxes."""
+    @property
+    def masks(self) -> Optional[npt.NDArray[np.uint8]]:
+        """``[n, h, w]`` segmentation masks (class ids); None unless the source reads masks."""
     @property
     def epoch(self) -> int: ...
     @property

@@ -22,7 +22,7 @@ __all__ = ["Loader", "Batch", "BatchIterator", "ImportanceRecorder"]
 
 
 #: The fields a batch from a source with boxes adds (docs/records.md).
-BOX_FIELDS = ("boxes", "box_labels", "box_count")
+BOX_FIELDS = ("boxes", "box_labels", "box_count", "masks")
 
 
 class Batch(Mapping[str, Any]):
@@ -34,7 +34,8 @@ class Batch(Mapping[str, Any]):
     importance sampling). A source with boxes (``coco``, ``sidecar``) adds ``boxes``
     (float32 ``[n, max_boxes, 4]``, XYXY pixels of the output image, zeros in the padding),
     ``box_labels`` (int64 ``[n, max_boxes]``, -1 in the padding) and ``box_count`` (int32
-    ``[n]``, the real rows of each sample); see docs/records.md. ``batch["image"]`` and ``batch.image`` are the same array;
+    ``[n]``, the real rows of each sample), and with ``masks=True`` ``masks`` (uint8
+    ``[n, h, w]``, each sample's class-id mask moved with its pixels); see docs/records.md. ``batch["image"]`` and ``batch.image`` are the same array;
     ``batch.weight`` is ``None`` when the batch has no weights.
 
     Attributes:
@@ -164,6 +165,8 @@ class BatchIterator(Iterator[Batch]):
             fields["boxes"] = raw.boxes
             fields["box_labels"] = raw.box_labels
             fields["box_count"] = raw.box_count
+        if raw.masks is not None:
+            fields["masks"] = raw.masks
         if self._map_batch is not None:
             fn, name, seed, rank = self._map_batch
             fields = apply_map_batch(fn, name, fields, raw.epoch, raw.index, seed, rank)

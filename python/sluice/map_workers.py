@@ -130,6 +130,8 @@ def raw_fields(raw: Any) -> Dict[str, Any]:
         fields["boxes"] = raw.boxes
         fields["box_labels"] = raw.box_labels
         fields["box_count"] = raw.box_count
+    if getattr(raw, "masks", None) is not None:
+        fields["masks"] = raw.masks
     return fields
 
 

@@ -213,18 +213,27 @@ class Pipeline:
         return cls({"source": source, "ops": []})
 
     @classmethod
-    def coco(cls, annotations: PathLike, images: PathLike) -> "Pipeline":
+    def coco(cls, annotations: PathLike, images: PathLike, masks: bool = False) -> "Pipeline":
         """COCO-style detection: an ``instances_*.json`` and the folder of its images.
-        Batches gain ``boxes``, ``box_labels`` (the ``category_id``) and ``box_count``
-        (docs/records.md)."""
-        return cls({"source": {"kind": "coco", "annotations": _path(annotations), "images": _path(images)}, "ops": []})
+        Batches gain ``boxes``, ``box_labels`` (the ``category_id``) and ``box_count``;
+        with ``masks``, also ``masks``: each image's ``segmentation``s painted as a
+        class-id mask (docs/records.md)."""
+        source: Dict[str, Any] = {"kind": "coco", "annotations": _path(annotations), "images": _path(images)}
+        if masks:
+            source["masks"] = True
+        return cls({"source": source, "ops": []})
 
     @classmethod
-    def sidecar(cls, root: PathLike) -> "Pipeline":
+    def sidecar(cls, root: PathLike, masks: bool = False) -> "Pipeline":
         """A folder of images, each with a JSON sidecar of the same stem (``0001.jpg`` +
         ``0001.json`` holding ``{"boxes": [[x1, y1, x2, y2], ...], "labels": [...]}``).
-        Batches gain ``boxes``, ``box_labels`` and ``box_count`` (docs/records.md)."""
-        return cls({"source": {"kind": "sidecar", "root": _path(root)}, "ops": []})
+        Batches gain ``boxes``, ``box_labels`` and ``box_count``; with ``masks``, also
+        ``masks``, read from the PNG each sidecar names (``"mask": "0001.mask.png"``)
+        (docs/records.md)."""
+        source: Dict[str, Any] = {"kind": "sidecar", "root": _path(root)}
+        if masks:
+            source["masks"] = True
+        return cls({"source": source, "ops": []})
 
     # ---- (de)serialisation ---------------------------------------------------------------
 

@@ -130,7 +130,7 @@ def to_device(
 
     Returns:
         A :class:`sluice.Batch` with ``image`` (NCHW, ``dtype``), ``label``, ``weight`` and
-        the box fields (``boxes``, ``box_labels``, ``box_count``) on ``device``; ``key``
+        the box fields (``boxes``, ``box_labels``, ``box_count``, ``masks``) on ``device``; ``key``
         stays on the CPU.
     """
     device = torch.device(device)

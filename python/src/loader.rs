@@ -12,7 +12,7 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use sluice_core::{Batch, Layout, PipelineSpec, SampleKey};
+use sluice_core::{Batch, Layout, PipelineSpec, SampleKey, TensorData};
 use sluice_pipeline::{EpochIter, Loader, LoaderState, PipelineError, Shard};
 
 use crate::buffers::{image_array, BufferPool};
@@ -335,6 +335,9 @@ pub struct RawBatch {
     /// int32 `[n]`: how many of each sample's box rows are real (None without boxes).
     #[pyo3(get)]
     box_count: Option<Py<PyAny>>,
+    /// uint8 `[n, h, w]` segmentation masks (class ids), or None when the source reads none.
+    #[pyo3(get)]
+    masks: Option<Py<PyAny>>,
     #[pyo3(get)]
     epoch: u64,
     #[pyo3(get)]
@@ -354,15 +357,22 @@ impl RawBatch {
     pub(crate) fn new(py: Python<'_>, batch: Batch, buffers: &Arc<BufferPool>) -> PyResult<Self> {
         let Batch { epoch, index, keys, labels, images, layout, weights, boxes } = batch;
         let n = keys.len();
-        let (boxes, box_labels, box_count) = match boxes {
+        let (boxes, box_labels, box_count, masks) = match boxes {
             Some(b) => {
-                let b = *b;
+                let mut b = *b;
+                let masks = match b.masks.take() {
+                    Some(t) => match t.data {
+                        TensorData::U8(v) => Some(PyArray1::from_vec(py, v).reshape(t.shape)?.into_any().unbind()),
+                        _ => None,
+                    },
+                    None => None,
+                };
                 let m = b.max_boxes;
                 let arr = PyArray1::from_vec(py, b.boxes).reshape([n, m, 4])?.into_any().unbind();
                 let labels = PyArray1::from_vec(py, b.labels).reshape([n, m])?.into_any().unbind();
-                (Some(arr), Some(labels), Some(PyArray1::from_vec(py, b.counts).into_any().unbind()))
+                (Some(arr), Some(labels), Some(PyArray1::from_vec(py, b.counts).into_any().unbind()), masks)
             }
-            None => (None, None, None),
+            None => (None, None, None, None),
         };
         let (image, buffer_address) = image_array(py, images, buffers)?;
         // Keys are manifest positions, far below i64::MAX; int64 is what torch indexes with.
@@ -375,6 +385,7 @@ impl RawBatch {
             boxes,
             box_labels,
             box_count,
+            masks,
             epoch,
             index,
             layout: match layout {

@@ -13,9 +13,10 @@ use crate::errors::synth_error;
 /// Writes `images` JPEGs under `root/class_XXX/` (plus `corrupt` bad files) and returns a
 /// summary dict: `root`, `images`, `bad_files`, `bytes`. Options left out take
 /// sluice-synth's defaults; `boxes` also writes each image's boxes (sidecars and
-/// `root/instances.json`). The GIL is released meanwhile.
+/// `root/instances.json`), `masks` each image's mask too (docs/records.md). The GIL is
+/// released meanwhile.
 #[pyfunction]
-#[pyo3(signature = (root, images = None, classes = None, seed = None, quality = None, texture = None, corrupt = None, boxes = false))]
+#[pyo3(signature = (root, images = None, classes = None, seed = None, quality = None, texture = None, corrupt = None, boxes = false, masks = false))]
 #[allow(clippy::too_many_arguments)]
 pub fn generate_dataset<'py>(
     py: Python<'py>,
@@ -27,6 +28,7 @@ pub fn generate_dataset<'py>(
     texture: Option<u8>,
     corrupt: Option<usize>,
     boxes: bool,
+    masks: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = DatasetOptions::default();
     let options = DatasetOptions {
@@ -37,6 +39,7 @@ pub fn generate_dataset<'py>(
         texture: texture.unwrap_or(d.texture),
         corrupt: corrupt.unwrap_or(d.corrupt),
         boxes,
+        masks,
     };
     if !(1..=100).contains(&options.quality) {
         return Err(PyValueError::new_err(format!("quality must be in 1..=100, got {}", options.quality)));

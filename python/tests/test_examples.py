@@ -64,6 +64,26 @@ def test_cifar_recipe_trains_an_epoch(cifar_like: Path) -> None:
     assert steps == 3 and math.isfinite(loss) and loss > 0
 
 
+@pytest.fixture(scope="module")
+def detection_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 generated JPEGs in 3 classes with boxes (``sluice gen-images --boxes``)."""
+    from sluice import _sluice
+
+    root = tmp_path_factory.mktemp("det")
+    _sluice.generate_dataset(str(root), images=24, classes=3, boxes=True, texture=0)
+    return root
+
+
+@pytest.mark.parametrize("recipe", ["torchvision", "sluice"])
+def test_detection_recipe_trains_a_short_epoch(detection_data: Path, recipe: str) -> None:
+    """Both detection recipes train the tiny Faster R-CNN for 2 batches of 4 at 64 px with
+    a finite loss."""
+    args = ["--annotations", str(detection_data / "instances.json"), "--images", str(detection_data)]
+    args += ["--classes", "3", "--size", "64", "--batch", "4", "--workers", "1", "--steps", "2"]
+    steps, loss = train(f"detection_{recipe}.py", *args)
+    assert steps == 2 and math.isfinite(loss) and loss > 0
+
+
 def statements_but_data(path: Path) -> List[str]:
     """The module's code after its imports, statement by statement, without the ones whose
     first line is marked ``# data`` (and the module docstring)."""
@@ -89,7 +109,7 @@ def statements_but_data(path: Path) -> List[str]:
     return out
 
 
-@pytest.mark.parametrize("recipe", ["imagenet", "cifar"])
+@pytest.mark.parametrize("recipe", ["imagenet", "cifar", "detection"])
 def test_the_sluice_recipe_changes_only_its_data_statements(recipe: str) -> None:
     theirs = statements_but_data(EXAMPLES / f"{recipe}_torchvision.py")
     ours = statements_but_data(EXAMPLES / f"{recipe}_sluice.py")

@@ -28,6 +28,11 @@ pub struct Args {
     /// image and OUT/instances.json (COCO), for the `sidecar` and `coco` sources.
     #[arg(long)]
     pub boxes: bool,
+    /// Also write each image's segmentation mask (implies --boxes): a grey
+    /// `img_XXXXXXX.mask.png` beside each image (the shapes' pixels set to their box label,
+    /// counted from 1), named by the sidecar, and RLE segmentations in instances.json.
+    #[arg(long)]
+    pub masks: bool,
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
@@ -58,6 +63,7 @@ fn generate(a: &Args) -> anyhow::Result<()> {
         quality: a.quality,
         corrupt: a.corrupt,
         boxes: a.boxes,
+        masks: a.masks,
         ..Default::default()
     };
     let pb = progress::bar(a.images as u64, "generating");
@@ -65,7 +71,10 @@ fn generate(a: &Args) -> anyhow::Result<()> {
         .with_context(|| format!("generating a dataset in {}", a.out.display()))?;
     pb.finish_and_clear();
     report(&summary, a.classes, &a.out);
-    if a.boxes {
+    if a.masks {
+        eprintln!("masks: an .mask.png beside each image, named by its sidecar");
+    }
+    if a.boxes || a.masks {
         eprintln!("boxes: a .json sidecar beside each image, and {}", a.out.join("instances.json").display());
     }
     Ok(())

@@ -36,6 +36,9 @@ pub enum CodecError {
     /// exception's type and text).
     #[error("`map` op `{op}` failed: {message}")]
     UserOp { op: String, message: String },
+    /// The sample's mask is not the size of its image.
+    #[error("the mask is {}x{} but its image is {}x{}; a mask must be the size of its image", mask.0, mask.1, image.0, image.1)]
+    MaskSize { mask: (u32, u32), image: (u32, u32) },
     /// A `map` op names a function nobody registered (see `register_user_op`).
     #[error("`map` op `{0}`: {NOT_REGISTERED}")]
     UnknownUserOp(String),
@@ -58,6 +61,7 @@ impl From<CodecError> for SampleErrorKind {
             CodecError::Shape(m) => SampleErrorKind::Shape(m),
             CodecError::UserOp { op, message } => SampleErrorKind::UserOp { op, message },
             CodecError::UnknownUserOp(op) => SampleErrorKind::UserOp { op, message: NOT_REGISTERED.into() },
+            e @ CodecError::MaskSize { .. } => SampleErrorKind::BadMask(e.to_string()),
         }
     }
 }

@@ -21,9 +21,10 @@
 
 use std::time::{Duration, Instant};
 
-use sluice_core::{BoxTargets, DType, Image, Layout, Limits, OpSpec, Pixels, SampleRng, Size};
+use sluice_core::{BoxTargets, DType, Image, Layout, Limits, Mask, OpSpec, PaddingMode, Pixels, SampleRng, Size};
 
 use crate::boxes::{move_boxes, Motion};
+use crate::masks::{move_mask, MaskMove};
 
 use crate::crop::{center_crop_window, random_resized_crop_params, CropRect};
 use crate::error::CodecError;
@@ -404,6 +405,11 @@ impl Plan {
         }
     }
 
+    /// The output's `(width, height)`: every sample's, and its mask's.
+    pub fn output_size(&self) -> (u32, u32) {
+        (self.out_w, self.out_h)
+    }
+
     /// Bytes of one output sample: the size of the slot `run` writes.
     pub fn output_bytes(&self) -> usize {
         self.out_w as usize * self.out_h as usize * 3 * self.format.dtype.size()
@@ -435,7 +441,7 @@ impl Plan {
         times: &mut [Duration],
     ) -> Result<(), CodecError> {
         self.check_out(out)?;
-        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times, None)?;
+        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times, Records::default())?;
         Ok(())
     }
 
@@ -452,8 +458,27 @@ impl Plan {
         times: &mut [Duration],
         boxes: &mut BoxTargets,
     ) -> Result<(), CodecError> {
+        self.run_with_records(bytes, rng, scratch, out, times, boxes, None)
+    }
+
+    /// [`Plan::run_with_boxes`] with the sample's segmentation mask (the size of the encoded
+    /// image, else [`CodecError::MaskSize`]): it moves through every geometric op as
+    /// torchvision moves a `tv_tensors.Mask` (nearest-neighbour, 0 outside the image) and
+    /// ends the size of the output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with_records(
+        &self,
+        bytes: &[u8],
+        rng: &mut SampleRng,
+        scratch: &mut Scratch,
+        out: &mut [u8],
+        times: &mut [Duration],
+        boxes: &mut BoxTargets,
+        mask: Option<&mut Mask>,
+    ) -> Result<(), CodecError> {
         self.check_out(out)?;
-        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times, Some(boxes))?;
+        let records = Records { boxes: Some(boxes), mask };
+        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times, records)?;
         Ok(())
     }
 
@@ -480,7 +505,8 @@ impl Plan {
     ) -> Result<Image, CodecError> {
         // No draws happen in the prefix; any generator will do.
         let mut rng = SampleRng::new(0, 0, sluice_core::SampleKey(0), 0);
-        let (w, h) = self.exec(&self.prefix.steps, Input::Bytes(bytes), &mut rng, scratch, &mut [], times, boxes)?;
+        let records = Records { boxes, mask: None };
+        let (w, h) = self.exec(&self.prefix.steps, Input::Bytes(bytes), &mut rng, scratch, &mut [], times, records)?;
         let n = w as usize * h as usize * 3;
         Ok(Image::rgb8(w, h, scratch.a[..n].to_vec()))
     }
@@ -524,7 +550,7 @@ impl Plan {
             )));
         }
         let input = Input::Pixels(px, image.width, image.height);
-        self.exec(&self.suffix.steps, input, rng, scratch, out, times, boxes)?;
+        self.exec(&self.suffix.steps, input, rng, scratch, out, times, Records { boxes, mask: None })?;
         Ok(())
     }
 
@@ -539,8 +565,11 @@ impl Plan {
         scratch: &mut Scratch,
         out: &mut [u8],
         times: &mut [Duration],
-        mut boxes: Option<&mut BoxTargets>,
+        records: Records<'_>,
     ) -> Result<(u32, u32), CodecError> {
+        let Records { mut boxes, mut mask } = records;
+        let mut mask_tmp = Vec::new();
+        let max_pixels = self.limits.max_pixels;
         let (bytes, mut borrowed, (mut w, mut h)) = match input {
             Input::Bytes(b) => (b, None, (0, 0)),
             Input::Pixels(p, w, h) => (&[][..], Some(p), (w, h)),
@@ -559,9 +588,13 @@ impl Plan {
                     if let Some(b) = boxes.as_deref_mut() {
                         b.sanitize(w, h);
                     }
+                    if let Some(m) = mask.as_deref() {
+                        check_mask(m, w, h)?;
+                    }
                 }
                 Step::Fused { op, to_out } => {
-                    (w, h) = self.fused(op, bytes, rng, scratch, out, to_out, boxes.as_deref_mut())?;
+                    let records = Records { boxes: boxes.as_deref_mut(), mask: mask.as_deref_mut() };
+                    (w, h) = self.fused(op, bytes, rng, scratch, out, to_out, records)?;
                     in_out = to_out;
                     borrowed = None;
                 }
@@ -575,13 +608,16 @@ impl Plan {
                     self.output_dims(op, w, h)?;
                     let Scratch { a, b, resizer, .. } = &mut *scratch;
                     let src = borrowed.unwrap_or(a);
-                    let motion;
-                    ((w, h), motion) = geometric(op, src, w, h, rng, resizer, b, out, to_out)?;
+                    let (motion, mask_move);
+                    ((w, h), motion, mask_move) = geometric(op, src, w, h, rng, resizer, b, out, to_out)?;
                     if !to_out {
                         std::mem::swap(a, b);
                     }
                     if let Some(t) = boxes.as_deref_mut() {
                         move_boxes(t, motion, w, h);
+                    }
+                    if let Some(m) = mask.as_deref_mut() {
+                        move_mask(m, mask_move, &mut mask_tmp, max_pixels)?;
                     }
                     in_out = to_out;
                     borrowed = None;
@@ -594,13 +630,17 @@ impl Plan {
                         flip = false;
                     }
                     let Scratch { a, b, .. } = &mut *scratch;
-                    let mut motion = Motion::Identity;
-                    (w, h) = ops::apply(op, borrowed.unwrap_or(a), w, h, rng, self.limits.max_pixels, b, &mut motion)?;
+                    let (mut motion, mut mask_move) = (Motion::Identity, MaskMove::Identity);
+                    let src = borrowed.unwrap_or(a);
+                    (w, h) = ops::apply(op, src, w, h, rng, max_pixels, b, &mut motion, &mut mask_move)?;
                     std::mem::swap(a, b);
                     if let Some(t) = boxes.as_deref_mut() {
                         if motion != Motion::Identity {
                             move_boxes(t, motion, w, h);
                         }
+                    }
+                    if let Some(m) = mask.as_deref_mut() {
+                        move_mask(m, mask_move, &mut mask_tmp, max_pixels)?;
                     }
                     in_out = false;
                     borrowed = None;
@@ -612,9 +652,15 @@ impl Plan {
                         if let Some(t) = boxes.as_deref_mut() {
                             move_boxes(t, Motion::HorizontalFlip { w: f64::from(w) }, w, h);
                         }
+                        if let Some(m) = mask.as_deref_mut() {
+                            move_mask(m, MaskMove::HorizontalFlip, &mut mask_tmp, max_pixels)?;
+                        }
                     }
                 }
                 Step::Map { ref op } => {
+                    if mask.is_some() {
+                        return Err(CodecError::Unsupported("a `map` op cannot move a mask".into()));
+                    }
                     if flip {
                         flip_into(borrowed.unwrap_or(&scratch.a), w, h, &mut scratch.b);
                         std::mem::swap(&mut scratch.a, &mut scratch.b);
@@ -722,20 +768,20 @@ impl Plan {
         scratch: &mut Scratch,
         out: &mut [u8],
         to_out: bool,
-        boxes: Option<&mut BoxTargets>,
+        records: Records<'_>,
     ) -> Result<(u32, u32), CodecError> {
         if sniff_format(bytes)? == ImageFormat::Png {
             let (w, h) = decode_png(bytes, self.limits.max_pixels, &mut scratch.a)?;
+            if let Some(m) = records.mask.as_deref() {
+                check_mask(m, w, h)?;
+            }
             self.output_dims(op, w, h)?;
             let Scratch { a, b, resizer, .. } = scratch;
-            let ((ow, oh), motion) = geometric(op, a, w, h, rng, resizer, b, out, to_out)?;
+            let ((ow, oh), motion, mask_move) = geometric(op, a, w, h, rng, resizer, b, out, to_out)?;
             if !to_out {
                 std::mem::swap(a, b);
             }
-            if let Some(t) = boxes {
-                t.sanitize(w, h);
-                move_boxes(t, motion, ow, oh);
-            }
+            self.move_records(records, (w, h), motion, mask_move, (ow, oh))?;
             return Ok((ow, oh));
         }
 
@@ -744,8 +790,11 @@ impl Plan {
         let dec = jpeg_in(jpeg, self.limits.max_pixels)?;
         let hdr = dec.header(bytes)?;
         let (fw, fh) = (hdr.width, hdr.height);
+        if let Some(m) = records.mask.as_deref() {
+            check_mask(m, fw, fh)?;
+        }
         let (ow, oh) = self.output_dims(op, fw, fh)?;
-        let motion = match op {
+        let (motion, mask_move) = match op {
             // The IDCT may shrink the window only for a filter that averages anyway
             // (`Resample::allows_dct_scaling`); the others get it at full size.
             Geo::RandomResizedCrop { size, scale, ratio, resample } => {
@@ -754,14 +803,15 @@ impl Plan {
                 let got = dec.decode_region(bytes, rect_of(r), shrink_to, a)?;
                 let dst = target(to_out, out, b, ow, oh)?;
                 resizer.resize_rect_with(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
-                crop_motion(r, ow, oh)
+                (crop_motion(r, ow, oh), MaskMove::Resized { rect: r, size: (ow, oh) })
             }
             Geo::Resize { resample, .. } => {
                 let shrink_to = if resample.allows_dct_scaling() { (ow, oh) } else { (fw, fh) };
                 let got = dec.decode_region(bytes, SubRect::full(fw, fh), shrink_to, a)?;
                 let dst = target(to_out, out, b, ow, oh)?;
                 resizer.resize_rect_with(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
-                crop_motion(CropRect { x: 0, y: 0, w: fw, h: fh }, ow, oh)
+                let r = CropRect { x: 0, y: 0, w: fw, h: fh };
+                (crop_motion(r, ow, oh), MaskMove::Resized { rect: r, size: (ow, oh) })
             }
             Geo::CenterCrop { .. } => {
                 let win = center_crop_window(fw, fh, ow, oh);
@@ -775,17 +825,34 @@ impl Plan {
                     }
                     None => dst.fill(0),
                 }
-                Motion::crop(win.left as f64, win.top as f64)
+                (Motion::crop(win.left as f64, win.top as f64), window_move(&win))
             }
         };
         if !to_out {
             std::mem::swap(a, b);
         }
-        if let Some(t) = boxes {
-            t.sanitize(fw, fh);
+        self.move_records(records, (fw, fh), motion, mask_move, (ow, oh))?;
+        Ok((ow, oh))
+    }
+
+    /// After a fused decode of a `w x h` image to `ow x oh`: the boxes clamped to the
+    /// encoded image and moved, the mask moved.
+    fn move_records(
+        &self,
+        records: Records<'_>,
+        (w, h): (u32, u32),
+        motion: Motion,
+        mask_move: MaskMove,
+        (ow, oh): (u32, u32),
+    ) -> Result<(), CodecError> {
+        if let Some(t) = records.boxes {
+            t.sanitize(w, h);
             move_boxes(t, motion, ow, oh);
         }
-        Ok((ow, oh))
+        if let Some(m) = records.mask {
+            move_mask(m, mask_move, &mut Vec::new(), self.limits.max_pixels)?;
+        }
+        Ok(())
     }
 
     /// The final write: RGB8 HWC `src` (`w x h`) into `out` in the output dtype and layout,
@@ -836,6 +903,26 @@ impl Plan {
     }
 }
 
+/// What a sample carries besides its pixels through [`Plan::exec`]: its boxes and mask.
+#[derive(Default)]
+struct Records<'a> {
+    boxes: Option<&'a mut BoxTargets>,
+    mask: Option<&'a mut Mask>,
+}
+
+/// A mask must be the size of the image it was read with.
+fn check_mask(m: &Mask, w: u32, h: u32) -> Result<(), CodecError> {
+    if (m.width, m.height) != (w, h) {
+        return Err(CodecError::MaskSize { mask: (m.width, m.height), image: (w, h) });
+    }
+    Ok(())
+}
+
+/// A centre crop's window, as a mask sees it (zeros outside).
+fn window_move(win: &crate::crop::CenterCropWindow) -> MaskMove {
+    MaskMove::Window { origin: (win.left, win.top), size: (win.out_w, win.out_h), mode: PaddingMode::Constant }
+}
+
 /// The motion of a crop of `r` resized to `ow x oh`.
 fn crop_motion(r: CropRect, ow: u32, oh: u32) -> Motion {
     let size = (f64::from(r.w), f64::from(r.h));
@@ -873,28 +960,29 @@ fn geometric(
     b: &mut Vec<u8>,
     out: &mut [u8],
     to_out: bool,
-) -> Result<((u32, u32), Motion), CodecError> {
+) -> Result<((u32, u32), Motion, MaskMove), CodecError> {
     let (ow, oh) = op.output_dims(w, h);
-    let motion = match op {
+    let (motion, mask_move) = match op {
         Geo::Resize { resample, .. } => {
             let dst = target(to_out, out, b, ow, oh)?;
             resizer.resize_rect_with(resample, src, w, h, SubRect::full(w, h), dst, ow, oh)?;
-            crop_motion(CropRect { x: 0, y: 0, w, h }, ow, oh)
+            let r = CropRect { x: 0, y: 0, w, h };
+            (crop_motion(r, ow, oh), MaskMove::Resized { rect: r, size: (ow, oh) })
         }
         Geo::CenterCrop { .. } => {
             let dst = target(to_out, out, b, ow, oh)?;
             let win = center_crop_window(w, h, ow, oh);
             win.copy_rgb(src, w, (0, 0), (w, h), dst);
-            Motion::crop(win.left as f64, win.top as f64)
+            (Motion::crop(win.left as f64, win.top as f64), window_move(&win))
         }
         Geo::RandomResizedCrop { scale, ratio, resample, .. } => {
             let r = random_resized_crop_params(w, h, scale, ratio, rng);
             let dst = target(to_out, out, b, ow, oh)?;
             resizer.resize_rect_with(resample, src, w, h, rect_of(r), dst, ow, oh)?;
-            crop_motion(r, ow, oh)
+            (crop_motion(r, ow, oh), MaskMove::Resized { rect: r, size: (ow, oh) })
         }
     };
-    Ok(((ow, oh), motion))
+    Ok(((ow, oh), motion, mask_move))
 }
 
 /// Mirrors RGB8 rows of width `w` from `src` into `dst` (same length).

@@ -65,6 +65,49 @@ pub fn decode_png(bytes: &[u8], max_pixels: u64, out: &mut Vec<u8>) -> Result<(u
     Ok((width, height))
 }
 
+/// Decodes a segmentation mask PNG: 8-bit greyscale, or palette indices taken as they are
+/// (as PIL's mode `"P"` reads them, the VOC convention), one u8 class id per pixel. Other
+/// colour types are refused: a mask is one channel.
+pub fn decode_png_mask(bytes: &[u8], max_pixels: u64) -> Result<sluice_core::Mask, CodecError> {
+    if bytes.is_empty() {
+        return Err(CodecError::Empty);
+    }
+    let mut decoder = png::Decoder::new(bytes);
+    decoder.set_transformations(Transformations::IDENTITY);
+    let info = decoder.read_header_info().map_err(corrupt)?;
+    let (width, height) = (info.width, info.height);
+    if u64::from(width) * u64::from(height) > max_pixels {
+        return Err(CodecError::TooLarge { width: width.into(), height: height.into(), limit: max_pixels });
+    }
+    let (color, depth) = (info.color_type, info.bit_depth);
+    if !matches!(color, ColorType::Grayscale | ColorType::Indexed) || depth != BitDepth::Eight {
+        return Err(CodecError::Unsupported(format!(
+            "a mask PNG must be 8-bit greyscale or palette indices; this one is {color:?} {depth:?}"
+        )));
+    }
+    let mut reader = decoder.read_info().map_err(corrupt)?;
+    let mut data = vec![0u8; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut data).map_err(corrupt)?;
+    data.truncate(frame.buffer_size());
+    if (frame.width, frame.height) != (width, height) || data.len() != width as usize * height as usize {
+        return Err(CodecError::Corrupt(format!("a {width}x{height} mask decoded to {} bytes", data.len())));
+    }
+    Ok(sluice_core::Mask { width, height, data })
+}
+
+/// Encodes a `w x h` mask (one u8 a pixel) as an 8-bit greyscale PNG.
+pub fn encode_png_mask(data: &[u8], w: u32, h: u32) -> Result<Vec<u8>, CodecError> {
+    let mut buf = Vec::new();
+    let mut enc = png::Encoder::new(&mut buf, w, h);
+    enc.set_color(ColorType::Grayscale);
+    enc.set_depth(BitDepth::Eight);
+    let fail = |e: png::EncodingError| CodecError::Shape(format!("cannot encode a {w}x{h} mask: {e}"));
+    let mut writer = enc.write_header().map_err(fail)?;
+    writer.write_image_data(data).map_err(fail)?;
+    writer.finish().map_err(fail)?;
+    Ok(buf)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -90,6 +133,20 @@ pub(crate) mod tests {
             writer.write_image_data(data).unwrap();
         }
         buf
+    }
+
+    #[test]
+    fn masks_round_trip_and_colour_masks_are_refused() {
+        let data: Vec<u8> = (0..12).collect();
+        let png = encode_png_mask(&data, 4, 3).unwrap();
+        assert_eq!(decode_png_mask(&png, 100).unwrap(), sluice_core::Mask { width: 4, height: 3, data: data.clone() });
+        let palette: Vec<u8> = (0..12 * 3).map(|i| i as u8).collect();
+        let indexed = encode_png(&data, 4, 3, ColorType::Indexed, BitDepth::Eight, Some(&palette));
+        assert_eq!(decode_png_mask(&indexed, 100).unwrap().data, data, "palette indices are the class ids");
+        let rgb = encode_png(&[0; 36], 4, 3, ColorType::Rgb, BitDepth::Eight, None);
+        let err = decode_png_mask(&rgb, 100).unwrap_err().to_string();
+        assert!(err.contains("greyscale or palette"), "{err}");
+        assert!(matches!(decode_png_mask(&png, 5), Err(CodecError::TooLarge { .. })));
     }
 
     #[test]

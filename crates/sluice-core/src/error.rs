@@ -65,6 +65,9 @@ pub enum SampleErrorKind {
     UserOp { op: String, message: String },
     /// The sample's boxes could not be read (malformed JSON, a NaN coordinate, too many).
     BadAnnotation(String),
+    /// The sample's segmentation mask could not be read or does not fit its image (a
+    /// missing or undecodable mask file, a size other than the image's).
+    BadMask(String),
 }
 
 impl fmt::Display for SampleErrorKind {
@@ -85,6 +88,7 @@ impl fmt::Display for SampleErrorKind {
             SampleErrorKind::Panicked(m) => write!(f, "sluice panicked on this sample (a bug, please report it): {m}"),
             SampleErrorKind::UserOp { op, message } => write!(f, "`map` op `{op}` failed: {message}"),
             SampleErrorKind::BadAnnotation(m) => write!(f, "bad boxes: {m}"),
+            SampleErrorKind::BadMask(m) => write!(f, "bad mask (field `mask`): {m}"),
         }
     }
 }

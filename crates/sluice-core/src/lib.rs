@@ -16,7 +16,7 @@ pub use error::{SampleError, SampleErrorKind, SpecError, Stage};
 pub use image::{DType, Image, Layout, Pixels};
 pub use manifest::{Entry, Location, Manifest, SampleKey};
 pub use placement::{Owners, Rendezvous};
-pub use record::{Annotation, BatchBoxes, BoxTargets};
+pub use record::{Annotation, BatchBoxes, BoxTargets, Mask, MaskSource, Segmentation};
 pub use rng::SampleRng;
 pub use spec::{
     Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy,

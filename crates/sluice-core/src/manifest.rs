@@ -74,6 +74,9 @@ pub struct Manifest {
     /// `None` for image + label sources, which then pay nothing for records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<Vec<Annotation>>,
+    /// Where each sample's segmentation mask comes from, where the spec asks for masks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub masks: Option<Vec<crate::record::MaskSource>>,
 }
 
 impl Manifest {
@@ -85,7 +88,7 @@ impl Manifest {
             .map(|(i, (location, label, size))| Entry { key: SampleKey(i as u64), location, label, size })
             .collect();
         let fingerprint = fingerprint(&entries, &classes);
-        Self { root, entries, classes, fingerprint, parts: Vec::new(), annotations: None }
+        Self { root, entries, classes, fingerprint, parts: Vec::new(), annotations: None, masks: None }
     }
 
     /// One manifest over several, in order (a mixed source): keys run on through the
@@ -119,7 +122,15 @@ impl Manifest {
                 entries.push(Entry { key: SampleKey(entries.len() as u64), location, ..e });
             }
         }
-        Self { root: PathBuf::new(), entries, classes, fingerprint: h.digest(), parts: sizes, annotations: None }
+        Self {
+            root: PathBuf::new(),
+            entries,
+            classes,
+            fingerprint: h.digest(),
+            parts: sizes,
+            annotations: None,
+            masks: None,
+        }
     }
 
     /// Attaches each sample's boxes (`annotations[i]` is entry `i`'s); they join the
@@ -142,6 +153,25 @@ impl Manifest {
         self.fingerprint = h.digest();
         self.annotations = Some(annotations);
         self
+    }
+
+    /// Attaches where each sample's mask comes from (`masks[i]` is entry `i`'s); they join
+    /// the fingerprint.
+    pub fn with_masks(mut self, masks: Vec<crate::record::MaskSource>) -> Self {
+        let mut h = Xxh3::new();
+        h.update(&self.fingerprint.to_le_bytes());
+        h.update(b"masks");
+        for m in &masks {
+            m.hash_into(&mut h);
+        }
+        self.fingerprint = h.digest();
+        self.masks = Some(masks);
+        self
+    }
+
+    /// Where the mask of the sample at position `pos` comes from; `None` without masks.
+    pub fn mask_source(&self, pos: usize) -> Option<&crate::record::MaskSource> {
+        self.masks.as_ref().and_then(|m| m.get(pos))
     }
 
     /// Whether samples carry boxes.

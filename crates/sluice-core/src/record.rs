@@ -7,6 +7,10 @@
 //! with `format="XYXY"`. The rule after decode and after every geometric op is
 //! torchvision's `ClampBoundingBoxes` + `SanitizeBoundingBoxes(min_size=1)`: clamp each box
 //! to the image, then drop those narrower or shorter than [`MIN_BOX_SIDE`] pixels.
+//!
+//! A source may also give each sample a segmentation [`Mask`] (one u8 class id per pixel,
+//! the size of the image), as `torchvision.tv_tensors.Mask`: where it comes from is the
+//! manifest's [`MaskSource`]; the ops move it with nearest-neighbour sampling.
 
 use serde::{Deserialize, Serialize};
 
@@ -100,6 +104,8 @@ pub struct BatchBoxes {
     pub boxes: Vec<f32>,
     pub labels: Vec<i64>,
     pub counts: Vec<i32>,
+    /// The samples' masks, u8 `[n, h, w]`, when the source reads masks.
+    pub masks: Option<crate::batch::Tensor>,
 }
 
 impl BatchBoxes {
@@ -118,7 +124,46 @@ impl BatchBoxes {
             }
             counts.push(i32::try_from(s.len()).unwrap_or(i32::MAX));
         }
-        Self { max_boxes, boxes, labels, counts }
+        Self { max_boxes, boxes, labels, counts, masks: None }
+    }
+}
+
+/// One sample's segmentation mask: `width x height` u8 values, row-major (a class id per
+/// pixel, 0 for the background, as `tv_tensors.Mask` holds a semantic mask).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mask {
+    pub width: u32,
+    pub height: u32,
+    pub data: Vec<u8>,
+}
+
+/// A COCO `segmentation`: polygons (`[[x1, y1, x2, y2, ...], ...]` in pixels) or a
+/// run-length encoding of a `size = [height, width]` mask (column-major runs starting with
+/// zeros, `counts` as numbers or in COCO's compressed string form).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Segmentation {
+    Polygons(Vec<Vec<f64>>),
+    Rle { counts: Vec<u32>, size: [u32; 2] },
+    RleString { counts: String, size: [u32; 2] },
+}
+
+/// Where a sample's mask comes from, read when the sample is loaded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum MaskSource {
+    /// A single-channel PNG (grey or palette indices), relative to the manifest's root.
+    File(std::path::PathBuf),
+    /// COCO objects painted in order onto a `width x height` canvas of zeros, each object's
+    /// pixels set to its class id (so a later object covers an earlier one).
+    Objects { width: u32, height: u32, objects: Vec<(u8, Segmentation)> },
+    /// The mask cannot be had; the sample fails with this reason when loaded.
+    Invalid(String),
+}
+
+impl MaskSource {
+    /// Feeds the source to a hash (the manifest's fingerprint).
+    pub(crate) fn hash_into(&self, h: &mut xxhash_rust::xxh3::Xxh3) {
+        // serde_json of these plain types cannot fail; an empty hash input is still a hash.
+        h.update(serde_json::to_string(self).unwrap_or_default().as_bytes());
     }
 }
 

@@ -31,11 +31,17 @@ pub struct DatasetOptions {
     /// JSON sidecar beside each image (`img_XXXXXXX.json`, the `sidecar` source) and
     /// `instances.json` at the root (the `coco` source, `images` = the root).
     pub boxes: bool,
+    /// Also write each image's segmentation mask (implies `boxes`): `img_XXXXXXX.mask.png`
+    /// beside it (grey, each shape's pixels set to its box label, 0 elsewhere, later shapes
+    /// over earlier ones as drawn), named by the sidecar's `"mask"`, and each shape as an
+    /// RLE `segmentation` in `instances.json`. Box labels then count from 1 (class + 1),
+    /// so that 0 is the background.
+    pub masks: bool,
 }
 
 impl Default for DatasetOptions {
     fn default() -> Self {
-        Self { images: 1000, classes: 10, seed: 0, quality: 90, texture: 35, corrupt: 0, boxes: false }
+        Self { images: 1000, classes: 10, seed: 0, quality: 90, texture: 35, corrupt: 0, boxes: false, masks: false }
     }
 }
 
@@ -76,15 +82,24 @@ pub fn write_dataset(
                 s.spawn(move || -> Result<u64, SynthError> {
                     let mut bytes = 0;
                     for i in (t..options.images).step_by(threads) {
-                        let (w, h, rgb, boxes) = image_pixels_with_boxes(i, options);
+                        let (w, h, rgb, shapes) = draw(i, options);
+                        let boxes: Vec<[u32; 4]> = shapes.iter().map(|s| s.bbox).collect();
                         let jpeg = sluice_codec::encode_jpeg(&rgb, w, h, options.quality)
                             .map_err(|e| SynthError::Encode { index: i, message: e.to_string() })?;
                         let path = root.join(class_name(i % classes)).join(format!("img_{i:07}.jpg"));
                         bytes += jpeg.len() as u64;
                         std::fs::write(&path, jpeg).map_err(|source| SynthError::Io { path: path.clone(), source })?;
-                        if options.boxes {
+                        if options.masks {
+                            let mask = paint_mask(w, h, &shapes, i % classes + 1);
+                            let png = sluice_codec::encode_png_mask(&mask, w, h)
+                                .map_err(|e| SynthError::Encode { index: i, message: e.to_string() })?;
+                            let mask_path = path.with_extension("mask.png");
+                            std::fs::write(&mask_path, png)
+                                .map_err(|source| SynthError::Io { path: mask_path.clone(), source })?;
+                        }
+                        if options.boxes || options.masks {
                             let path = path.with_extension("json");
-                            let json = sidecar_json(&boxes, i % classes);
+                            let json = sidecar_json(&boxes, i % classes, options.masks.then_some(i));
                             std::fs::write(&path, json).map_err(|source| SynthError::Io { path, source })?;
                         }
                         progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
@@ -110,17 +125,72 @@ pub fn write_dataset(
         let path = write_bad_file(root, k, classes, options)?;
         summary.bad_files.push(path);
     }
-    if options.boxes {
+    if options.boxes || options.masks {
         write_coco(root, options)?;
     }
     Ok(summary)
 }
 
-/// A sidecar: `{"boxes": [[x1, y1, x2, y2], ...], "labels": [...], "label": class}`.
-fn sidecar_json(boxes: &[[u32; 4]], class: usize) -> String {
+/// A sidecar: `{"boxes": [[x1, y1, x2, y2], ...], "labels": [...], "label": class}`, with
+/// `"mask"` (and box labels from 1) when image `mask_of` has a mask.
+fn sidecar_json(boxes: &[[u32; 4]], class: usize, mask_of: Option<usize>) -> String {
     let b: Vec<String> = boxes.iter().map(|b| format!("[{}, {}, {}, {}]", b[0], b[1], b[2], b[3])).collect();
-    let l = vec![class.to_string(); boxes.len()];
-    format!("{{\"boxes\": [{}], \"labels\": [{}], \"label\": {class}}}\n", b.join(", "), l.join(", "))
+    let l = vec![(class + usize::from(mask_of.is_some())).to_string(); boxes.len()];
+    let mask = mask_of.map_or(String::new(), |i| format!(", \"mask\": \"img_{i:07}.mask.png\""));
+    format!("{{\"boxes\": [{}], \"labels\": [{}], \"label\": {class}{mask}}}\n", b.join(", "), l.join(", "))
+}
+
+/// One shape drawn on an image: its box, and whether it is the ellipse inscribed in it
+/// (centre `c`, radii `r`) or the whole box.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    bbox: [u32; 4],
+    ellipse: Option<([f32; 2], [f32; 2])>,
+}
+
+impl Shape {
+    /// Whether the shape covers pixel `(x, y)` (inside its box): the drawing's own test.
+    fn covers(&self, x: usize, y: usize) -> bool {
+        self.ellipse.is_none_or(|([cx, cy], [rx, ry])| {
+            let (nx, ny) = ((x as f32 - cx) / rx, (y as f32 - cy) / ry);
+            nx * nx + ny * ny <= 1.0
+        })
+    }
+}
+
+/// The `w x h` mask of `shapes` painted in order with `value`.
+fn paint_mask(w: u32, h: u32, shapes: &[Shape], value: usize) -> Vec<u8> {
+    let mut mask = vec![0u8; w as usize * h as usize];
+    let v = u8::try_from(value).unwrap_or(u8::MAX);
+    for s in shapes {
+        let [x0, y0, x1, y1] = s.bbox.map(|c| c as usize);
+        for y in y0..y1 {
+            for x in x0..x1 {
+                if s.covers(x, y) {
+                    mask[y * w as usize + x] = v;
+                }
+            }
+        }
+    }
+    mask
+}
+
+/// One shape's pixels as COCO's uncompressed RLE counts (column-major, from a run of zeros).
+fn shape_rle(w: u32, h: u32, s: &Shape) -> Vec<u32> {
+    let (mut counts, mut run, mut ones) = (Vec::new(), 0u32, false);
+    let [x0, y0, x1, y1] = s.bbox.map(|c| c as usize);
+    for x in 0..w as usize {
+        for y in 0..h as usize {
+            let on = (x0..x1).contains(&x) && (y0..y1).contains(&y) && s.covers(x, y);
+            if on != ones {
+                counts.push(run);
+                (run, ones) = (0, on);
+            }
+            run += 1;
+        }
+    }
+    counts.push(run);
+    counts
 }
 
 /// `root/instances.json`: the good images with their boxes, COCO style (`bbox` as
@@ -130,18 +200,25 @@ fn write_coco(root: &Path, options: &DatasetOptions) -> Result<(), SynthError> {
     let mut images = Vec::with_capacity(options.images);
     let mut annotations = Vec::new();
     for i in 0..options.images {
-        let (w, h, boxes) = image_boxes(i, options);
+        let (w, h, _, shapes) = draw(i, &DatasetOptions { texture: 0, ..options.clone() });
         let file = format!("{}/img_{i:07}.jpg", class_name(i % classes));
         images.push(format!("{{\"id\": {}, \"file_name\": \"{file}\", \"width\": {w}, \"height\": {h}}}", i + 1));
-        for b in boxes {
+        for s in shapes {
+            let b = s.bbox;
             let (bw, bh) = (b[2] - b[0], b[3] - b[1]);
+            let seg = if options.masks {
+                let counts: Vec<String> = shape_rle(w, h, &s).iter().map(u32::to_string).collect();
+                format!(", \"segmentation\": {{\"counts\": [{}], \"size\": [{h}, {w}]}}", counts.join(", "))
+            } else {
+                String::new()
+            };
             annotations.push(format!(
-                "{{\"id\": {}, \"image_id\": {}, \"bbox\": [{}, {}, {bw}, {bh}], \"category_id\": {}, \"area\": {}, \"iscrowd\": 0}}",
+                "{{\"id\": {}, \"image_id\": {}, \"bbox\": [{}, {}, {bw}, {bh}], \"category_id\": {}, \"area\": {}, \"iscrowd\": 0{seg}}}",
                 annotations.len() + 1,
                 i + 1,
                 b[0],
                 b[1],
-                i % classes,
+                i % classes + usize::from(options.masks),
                 bw * bh
             ));
         }
@@ -205,6 +282,12 @@ pub fn image_boxes(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<[u32; 4
 /// [`image_pixels`] and the box of each shape drawn, `[x1, y1, x2, y2]` in pixels (a shape
 /// covers pixels `x1..x2`, `y1..y2`; later shapes may hide parts of earlier ones).
 pub fn image_pixels_with_boxes(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>, Vec<[u32; 4]>) {
+    let (w, h, rgb, shapes) = draw(i, options);
+    (w, h, rgb, shapes.iter().map(|s| s.bbox).collect())
+}
+
+/// Draws image `i`: its size, pixels and shapes.
+fn draw(i: usize, options: &DatasetOptions) -> (u32, u32, Vec<u8>, Vec<Shape>) {
     let mut boxes = Vec::new();
     let class = i % options.classes.max(1);
     let mut rng = SampleRng::new(options.seed, 0, SampleKey(i as u64), 0);
@@ -243,7 +326,8 @@ pub fn image_pixels_with_boxes(i: usize, options: &DatasetOptions) -> (u32, u32,
         let (x0, x1) = ((cx - rx).max(0.0) as usize, ((cx + rx) as usize).min(wu));
         let (y0, y1) = ((cy - ry).max(0.0) as usize, ((cy + ry) as usize).min(hu));
         if x1 > x0 && y1 > y0 {
-            boxes.push([x0 as u32, y0 as u32, x1 as u32, y1 as u32]);
+            let bbox = [x0 as u32, y0 as u32, x1 as u32, y1 as u32];
+            boxes.push(Shape { bbox, ellipse: ellipse.then_some(([cx, cy], [rx, ry])) });
         }
         for y in y0..y1 {
             for x in x0..x1 {

@@ -13,6 +13,7 @@ use sluice_core::{Interpolation, OpSpec, PaddingMode, SampleRng, Size};
 
 use super::{frames, not_mine};
 use crate::boxes::{self, Motion};
+use crate::masks::MaskMove;
 use crate::CodecError;
 
 pub(super) fn runs(op: &OpSpec) -> bool {
@@ -39,10 +40,11 @@ pub(super) fn apply(
     max_pixels: u64,
     dst: &mut Vec<u8>,
 ) -> Result<(u32, u32), CodecError> {
-    apply_moving(op, src, w, h, rng, max_pixels, dst, &mut Motion::Identity)
+    apply_moving(op, src, w, h, rng, max_pixels, dst, &mut Motion::Identity, &mut MaskMove::Identity)
 }
 
-/// [`apply`], also saying in `motion` how the pixels moved (for the sample's boxes).
+/// [`apply`], also saying in `motion` how the pixels moved (for the sample's boxes) and in
+/// `mask_move` what to replay on its mask.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn apply_moving(
     op: &OpSpec,
@@ -53,8 +55,10 @@ pub(super) fn apply_moving(
     max_pixels: u64,
     dst: &mut Vec<u8>,
     motion: &mut Motion,
+    mask_move: &mut MaskMove,
 ) -> Result<(u32, u32), CodecError> {
     *motion = Motion::Identity;
+    *mask_move = MaskMove::Identity;
     match *op {
         OpSpec::RandomRotation { degrees, interpolation, expand, center, fill } => {
             // torchvision: angle = uniform(degrees[0], degrees[1]).
@@ -62,6 +66,7 @@ pub(super) fn apply_moving(
             let warp = Warp { interpolation, fill: Some(fill) };
             let out = rotate(src, w, h, angle, expand, center, warp, max_pixels, dst)?;
             *motion = boxes::rotation(angle.rem_euclid(360.0), expand, center, (w, h));
+            *mask_move = MaskMove::Rotate { angle, expand, center };
             return Ok(out);
         }
         OpSpec::RandomAffine { degrees, translate, scale, shear, interpolation, fill } => {
@@ -85,6 +90,7 @@ pub(super) fn apply_moving(
             affine(src, w, h, &params, Warp { interpolation, fill: Some(fill) }, out);
             let center = [f64::from(w) * 0.5, f64::from(h) * 0.5];
             *motion = Motion::Affine(boxes::forward_affine(center, angle, [tx, ty], scale, shear));
+            *mask_move = MaskMove::Affine(params);
         }
         OpSpec::RandomPerspective { distortion_scale, p, interpolation, fill } => {
             let (src, out) = frames(src, dst, w, h)?;
@@ -98,17 +104,21 @@ pub(super) fn apply_moving(
                 let coeffs = perspective_coefficients(&starts, &ends);
                 perspective(src, w, h, coeffs, Warp { interpolation, fill: Some(fill) }, out);
                 *motion = boxes::perspective(coeffs);
+                *mask_move = MaskMove::Perspective(coeffs);
             }
         }
         OpSpec::Pad { padding, fill, padding_mode } => {
             let out = pad(src, w, h, padding, fill, padding_mode, max_pixels, dst)?;
             *motion = Motion::crop(-f64::from(padding[0]), -f64::from(padding[1]));
+            let origin = (-i64::from(padding[0]), -i64::from(padding[1]));
+            *mask_move = MaskMove::Window { origin, size: out, mode: padding_mode };
             return Ok(out);
         }
         OpSpec::RandomCrop { size, padding, pad_if_needed, fill, padding_mode } => {
             let (out, (left, top)) =
                 random_crop(src, w, h, size, padding, pad_if_needed, fill, padding_mode, rng, dst)?;
             *motion = Motion::crop(left as f64, top as f64);
+            *mask_move = MaskMove::Window { origin: (left, top), size: out, mode: padding_mode };
             return Ok(out);
         }
         _ => {}
@@ -123,8 +133,9 @@ pub(super) fn apply_moving(
         OpSpec::RandomVerticalFlip { p } => {
             // torchvision: flip if torch.rand(1) < p.
             if rng.next_f64() < p {
-                vertical_flip(src, w, out);
+                vertical_flip::<3>(src, w, out);
                 *motion = Motion::VerticalFlip { h: f64::from(h) };
+                *mask_move = MaskMove::VerticalFlip;
             } else {
                 out.copy_from_slice(src);
             }
@@ -135,8 +146,8 @@ pub(super) fn apply_moving(
 }
 
 /// Rows of width `w` in reverse order.
-fn vertical_flip(src: &[u8], w: u32, out: &mut [u8]) {
-    let row = w as usize * 3;
+pub(crate) fn vertical_flip<const C: usize>(src: &[u8], w: u32, out: &mut [u8]) {
+    let row = w as usize * C;
     for (o, s) in out.chunks_exact_mut(row).zip(src.chunks_exact(row).rev()) {
         o.copy_from_slice(s);
     }
@@ -146,16 +157,16 @@ fn vertical_flip(src: &[u8], w: u32, out: &mut [u8]) {
 /// `fill: None` is torchvision's `fill=None`: zeros outside and no mask blend (the
 /// augmentation policies' default), which differs from `Some([0, 0, 0])` when bilinear.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Warp {
+pub(crate) struct Warp<const C: usize = 3> {
     pub interpolation: Interpolation,
-    pub fill: Option<[u8; 3]>,
+    pub fill: Option<[u8; C]>,
 }
 
 /// torchvision `affine`'s parameters: `angle` in degrees (clockwise on screen, as
 /// torchvision's), `translate` in pixels, `shear` `[x, y]` in degrees, `center` in pixel
 /// coordinates (the image centre when `None`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct AffineParams {
+pub(crate) struct AffineParams {
     pub angle: f64,
     pub translate: [f64; 2],
     pub scale: f64,
@@ -188,7 +199,7 @@ fn centred(center: Option<[f64; 2]>, w: u32, h: u32) -> [f64; 2] {
 }
 
 /// torchvision `affine` on a `w x h` RGB8 image into `out` (the same size).
-pub(super) fn affine(src: &[u8], w: u32, h: u32, p: &AffineParams, warp: Warp, out: &mut [u8]) {
+pub(crate) fn affine<const C: usize>(src: &[u8], w: u32, h: u32, p: &AffineParams, warp: Warp<C>, out: &mut [u8]) {
     let m = inverse_affine_matrix(centred(p.center, w, h), p.angle, p.translate, p.scale, p.shear);
     warp_affine(src, w, h, &m, (w, h), warp, out);
 }
@@ -197,14 +208,14 @@ pub(super) fn affine(src: &[u8], w: u32, h: u32, p: &AffineParams, warp: Warp, o
 /// output: the input's size, or with `expand` the size that holds the whole rotated image
 /// (refused past `max_pixels`). Returns the output size.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn rotate(
+pub(crate) fn rotate<const C: usize>(
     src: &[u8],
     w: u32,
     h: u32,
     angle: f64,
     expand: bool,
     center: Option<[f64; 2]>,
-    warp: Warp,
+    warp: Warp<C>,
     max_pixels: u64,
     dst: &mut Vec<u8>,
 ) -> Result<(u32, u32), CodecError> {
@@ -223,8 +234,8 @@ pub(super) fn rotate(
             None
         };
         if let Some(k) = quarter {
-            let (src, out) = frames(src, dst, w, h)?;
-            return Ok(rot90(src, w, h, k, out));
+            let (src, out) = frames_of::<C>(src, dst, w, h)?;
+            return Ok(rot90::<C>(src, w, h, k, out));
         }
     }
     // torchvision passes -angle: its rotate turns the other way from its affine.
@@ -234,11 +245,25 @@ pub(super) fn rotate(
         return Err(CodecError::OpTooLarge { op: "random_rotation", width: ow, height: oh, limit: max_pixels });
     }
     let (ow, oh) = (ow as u32, oh as u32);
-    let src = src.get(..w as usize * h as usize * 3).ok_or_else(|| too_short(src, w, h))?;
-    let n = ow as usize * oh as usize * 3;
+    let src = src.get(..w as usize * h as usize * C).ok_or_else(|| too_short(src, w, h))?;
+    let n = ow as usize * oh as usize * C;
     dst.resize(n, 0);
     warp_affine(src, w, h, &m, (ow, oh), warp, &mut dst[..n]);
     Ok((ow, oh))
+}
+
+/// The `w x h` image of `C` channels at the start of `src`, and `dst` sized to hold one.
+fn frames_of<'a, const C: usize>(
+    src: &'a [u8],
+    dst: &'a mut Vec<u8>,
+    w: u32,
+    h: u32,
+) -> Result<(&'a [u8], &'a mut [u8]), CodecError> {
+    let n = (w as usize).checked_mul(h as usize).and_then(|p| p.checked_mul(C));
+    let n = n.ok_or_else(|| CodecError::Shape(format!("a {w}x{h} image is too large to hold")))?;
+    let src = src.get(..n).ok_or_else(|| too_short(src, w, h))?;
+    dst.resize(n, 0);
+    Ok((src, &mut dst[..n]))
 }
 
 fn too_short(src: &[u8], w: u32, h: u32) -> CodecError {
@@ -246,22 +271,22 @@ fn too_short(src: &[u8], w: u32, h: u32) -> CodecError {
 }
 
 /// `torch.rot90(img, k)` (counter-clockwise quarter turns) into `out`; returns its size.
-fn rot90(src: &[u8], w: u32, h: u32, k: u8, out: &mut [u8]) -> (u32, u32) {
+fn rot90<const C: usize>(src: &[u8], w: u32, h: u32, k: u8, out: &mut [u8]) -> (u32, u32) {
     let (wu, hu) = (w as usize, h as usize);
-    let px = |x: usize, y: usize| &src[(y * wu + x) * 3..(y * wu + x) * 3 + 3];
+    let px = |x: usize, y: usize| &src[(y * wu + x) * C..(y * wu + x) * C + C];
     match k {
         1 => {
             // out[i][j] = in[j][w-1-i]: h wide, w tall.
-            for (i, row) in out.chunks_exact_mut(hu * 3).enumerate() {
-                for (j, o) in row.chunks_exact_mut(3).enumerate() {
+            for (i, row) in out.chunks_exact_mut(hu * C).enumerate() {
+                for (j, o) in row.chunks_exact_mut(C).enumerate() {
                     o.copy_from_slice(px(wu - 1 - i, j));
                 }
             }
             (h, w)
         }
         2 => {
-            for (i, row) in out.chunks_exact_mut(wu * 3).enumerate() {
-                for (j, o) in row.chunks_exact_mut(3).enumerate() {
+            for (i, row) in out.chunks_exact_mut(wu * C).enumerate() {
+                for (j, o) in row.chunks_exact_mut(C).enumerate() {
                     o.copy_from_slice(px(wu - 1 - j, hu - 1 - i));
                 }
             }
@@ -269,8 +294,8 @@ fn rot90(src: &[u8], w: u32, h: u32, k: u8, out: &mut [u8]) -> (u32, u32) {
         }
         3 => {
             // out[i][j] = in[h-1-j][i].
-            for (i, row) in out.chunks_exact_mut(hu * 3).enumerate() {
-                for (j, o) in row.chunks_exact_mut(3).enumerate() {
+            for (i, row) in out.chunks_exact_mut(hu * C).enumerate() {
+                for (j, o) in row.chunks_exact_mut(C).enumerate() {
                     o.copy_from_slice(px(i, hu - 1 - j));
                 }
             }
@@ -312,7 +337,15 @@ fn affine_output_size(m: &[f64; 6], w: u32, h: u32) -> (u64, u64) {
 
 /// Samples `src` (`w x h`) through the inverse affine map `m` (centred coordinates, as
 /// `_affine_grid` takes it) into `out` (`ow x oh`).
-fn warp_affine(src: &[u8], w: u32, h: u32, m: &[f64; 6], (ow, oh): (u32, u32), warp: Warp, out: &mut [u8]) {
+fn warp_affine<const C: usize>(
+    src: &[u8],
+    w: u32,
+    h: u32,
+    m: &[f64; 6],
+    (ow, oh): (u32, u32),
+    warp: Warp<C>,
+    out: &mut [u8],
+) {
     // _affine_grid: theta (f32) over half the input size, applied to the output pixel
     // centres relative to the output centre.
     let (sx, sy) = (0.5 * w as f32, 0.5 * h as f32);
@@ -335,22 +368,22 @@ fn warp_affine(src: &[u8], w: u32, h: u32, m: &[f64; 6], (ow, oh): (u32, u32), w
 /// The warp loop: for each output row, `coords` fills the input coordinates (grid_sample's
 /// unnormalized `ix, iy`) of its pixels; each is sampled into `out` (`ow` wide). The one
 /// allocation is a row of coordinates.
-fn warp_rows(
+fn warp_rows<const C: usize>(
     src: &[u8],
     w: u32,
     h: u32,
     ow: u32,
-    warp: Warp,
+    warp: Warp<C>,
     out: &mut [u8],
     mut coords: impl FnMut(usize, &mut [(f32, f32)]),
 ) {
     let (wi, hi) = (i64::from(w), i64::from(h));
-    let outside = warp.fill.unwrap_or([0; 3]);
+    let outside = warp.fill.unwrap_or([0; C]);
     let mut buf = vec![(0f32, 0f32); ow as usize];
-    let at = |x: i64, y: i64| ((y * wi + x) * 3) as usize;
-    for (y, row) in out.chunks_exact_mut(ow as usize * 3).enumerate() {
+    let at = |x: i64, y: i64| ((y * wi + x) * C as i64) as usize;
+    for (y, row) in out.chunks_exact_mut(ow as usize * C).enumerate() {
         coords(y, &mut buf);
-        for (o, &(ix, iy)) in row.chunks_exact_mut(3).zip(&buf) {
+        for (o, &(ix, iy)) in row.chunks_exact_mut(C).zip(&buf) {
             if !(ix.is_finite() && iy.is_finite()) {
                 o.copy_from_slice(&outside);
                 continue;
@@ -358,7 +391,7 @@ fn warp_rows(
             if warp.interpolation == Interpolation::Nearest {
                 let (nx, ny) = (ix.round_ties_even() as i64, iy.round_ties_even() as i64);
                 if (0..wi).contains(&nx) && (0..hi).contains(&ny) {
-                    o.copy_from_slice(&src[at(nx, ny)..at(nx, ny) + 3]);
+                    o.copy_from_slice(&src[at(nx, ny)..at(nx, ny) + C]);
                 } else {
                     o.copy_from_slice(&outside);
                 }
@@ -370,18 +403,18 @@ fn warp_rows(
             let (e, we, s, n) = (ix - fx, (fx + 1.0) - ix, iy - fy, (fy + 1.0) - iy);
             let weights = [we * n, e * n, we * s, e * s];
             let corners = [(x0, y0), (x0 + 1, y0), (x0, y0 + 1), (x0 + 1, y0 + 1)];
-            let mut acc = [0f32; 3];
+            let mut acc = [0f32; C];
             let mut mask = 0f32;
             for ((cx, cy), wt) in corners.into_iter().zip(weights) {
                 if (0..wi).contains(&cx) && (0..hi).contains(&cy) {
-                    let p = &src[at(cx, cy)..at(cx, cy) + 3];
-                    for c in 0..3 {
+                    let p = &src[at(cx, cy)..at(cx, cy) + C];
+                    for c in 0..C {
                         acc[c] += f32::from(p[c]) * wt;
                     }
                     mask += wt;
                 }
             }
-            for c in 0..3 {
+            for c in 0..C {
                 // _apply_grid_transform: (v - fill) * mask + fill, rounded half to even;
                 // without a fill, v as grid_sample leaves it.
                 let v = match warp.fill {
@@ -446,7 +479,14 @@ fn perspective_coefficients(starts: &[[i64; 2]; 4], ends: &[[i64; 2]; 4]) -> Opt
 
 /// torchvision `perspective` with `coefficients` on a `w x h` image into `out` (the same
 /// size); degenerate coefficients (`None`) copy the image.
-pub(super) fn perspective(src: &[u8], w: u32, h: u32, coeffs: Option<[f32; 8]>, warp: Warp, out: &mut [u8]) {
+pub(crate) fn perspective<const C: usize>(
+    src: &[u8],
+    w: u32,
+    h: u32,
+    coeffs: Option<[f32; 8]>,
+    warp: Warp<C>,
+    out: &mut [u8],
+) {
     let Some(c) = coeffs else {
         out.copy_from_slice(src);
         return;
@@ -500,29 +540,29 @@ fn pad_index(i: i64, n: i64, mode: PaddingMode) -> Option<usize> {
 /// The `ow x oh` window of the padded image whose top-left pixel is input pixel
 /// `(left, top)` (negative: in the padding), into `out`.
 #[allow(clippy::too_many_arguments)]
-fn padded_window(
+pub(crate) fn padded_window<const C: usize>(
     src: &[u8],
     w: u32,
     h: u32,
     (left, top): (i64, i64),
     (ow, oh): (u32, u32),
-    fill: [u8; 3],
+    fill: [u8; C],
     mode: PaddingMode,
     out: &mut [u8],
 ) {
     let cols: Vec<Option<usize>> = (0..i64::from(ow)).map(|x| pad_index(left + x, i64::from(w), mode)).collect();
-    let row_bytes = w as usize * 3;
-    for (y, row) in out.chunks_exact_mut(ow as usize * 3).enumerate().take(oh as usize) {
+    let row_bytes = w as usize * C;
+    for (y, row) in out.chunks_exact_mut(ow as usize * C).enumerate().take(oh as usize) {
         let Some(sy) = pad_index(top + y as i64, i64::from(h), mode) else {
-            for o in row.chunks_exact_mut(3) {
+            for o in row.chunks_exact_mut(C) {
                 o.copy_from_slice(&fill);
             }
             continue;
         };
         let s = &src[sy * row_bytes..(sy + 1) * row_bytes];
-        for (o, c) in row.chunks_exact_mut(3).zip(&cols) {
+        for (o, c) in row.chunks_exact_mut(C).zip(&cols) {
             match c {
-                Some(x) => o.copy_from_slice(&s[x * 3..x * 3 + 3]),
+                Some(x) => o.copy_from_slice(&s[x * C..x * C + C]),
                 None => o.copy_from_slice(&fill),
             }
         }
@@ -532,12 +572,12 @@ fn padded_window(
 /// torchvision `pad` (`padding` is `[left, top, right, bottom]`) into `dst`; returns the
 /// padded size, refused past `max_pixels`.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn pad(
+pub(crate) fn pad<const C: usize>(
     src: &[u8],
     w: u32,
     h: u32,
     padding: [u32; 4],
-    fill: [u8; 3],
+    fill: [u8; C],
     mode: PaddingMode,
     max_pixels: u64,
     dst: &mut Vec<u8>,
@@ -547,9 +587,9 @@ pub(super) fn pad(
     if ow * oh > max_pixels || ow > u64::from(u32::MAX) || oh > u64::from(u32::MAX) {
         return Err(CodecError::OpTooLarge { op: "pad", width: ow, height: oh, limit: max_pixels });
     }
-    let src = src.get(..w as usize * h as usize * 3).ok_or_else(|| too_short(src, w, h))?;
+    let src = src.get(..w as usize * h as usize * C).ok_or_else(|| too_short(src, w, h))?;
     let (ow, oh) = (ow as u32, oh as u32);
-    let n = ow as usize * oh as usize * 3;
+    let n = ow as usize * oh as usize * C;
     dst.resize(n, 0);
     padded_window(src, w, h, (-(l as i64), -(t as i64)), (ow, oh), fill, mode, &mut dst[..n]);
     Ok((ow, oh))

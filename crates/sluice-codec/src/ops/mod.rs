@@ -13,10 +13,11 @@
 use sluice_core::{DType, Layout, OpSpec, SampleRng};
 
 use crate::boxes::Motion;
+use crate::masks::MaskMove;
 use crate::CodecError;
 
 mod color;
-mod geometry;
+pub(crate) mod geometry;
 pub(crate) mod policy;
 
 /// Whether this module runs `op`.
@@ -31,9 +32,10 @@ pub(crate) fn commutes_with_flip(op: &OpSpec) -> bool {
 }
 
 /// Runs `op` on `src` (`w x h` RGB8 HWC), writing the result into `dst` (resized to fit);
-/// returns the result's size, and says in `motion` how the pixels moved (colour ops move
-/// nothing; the policies are refused with boxes by validation, so theirs is not tracked). An
-/// op whose output would pass `max_pixels` (an expanded rotation, a pad) is refused.
+/// returns the result's size, and says in `motion` how the pixels moved and in `mask_move`
+/// what to replay on a mask (colour ops move nothing; the policies are refused with boxes by
+/// validation, so theirs is not tracked). An op whose output would pass `max_pixels` (an
+/// expanded rotation, a pad) is refused.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn apply(
     op: &OpSpec,
@@ -44,14 +46,16 @@ pub(crate) fn apply(
     max_pixels: u64,
     dst: &mut Vec<u8>,
     motion: &mut Motion,
+    mask_move: &mut MaskMove,
 ) -> Result<(u32, u32), CodecError> {
     *motion = Motion::Identity;
+    *mask_move = MaskMove::Identity;
     if color::runs(op) {
         color::apply(op, src, w, h, rng, dst)
     } else if policy::runs(op) {
         policy::apply(op, src, w, h, rng, max_pixels, dst)
     } else {
-        geometry::apply_moving(op, src, w, h, rng, max_pixels, dst, motion)
+        geometry::apply_moving(op, src, w, h, rng, max_pixels, dst, motion, mask_move)
     }
 }
 

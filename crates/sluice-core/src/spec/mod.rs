@@ -203,18 +203,34 @@ pub enum SourceSpec {
     },
     /// COCO-style detection: an `instances_*.json` (`images`, `annotations` with XYWH
     /// `bbox` and `category_id`) and the folder its `file_name`s are in. Samples are the
-    /// listed images in `id` order; each box's label is its `category_id`.
-    Coco { annotations: PathBuf, images: PathBuf },
+    /// listed images in `id` order; each box's label is its `category_id`. With `masks`,
+    /// each sample also gets a semantic mask painted from the `segmentation`s.
+    Coco {
+        annotations: PathBuf,
+        images: PathBuf,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        masks: bool,
+    },
     /// A folder of images, each with a JSON sidecar of the same stem (WebDataset's
     /// convention: `0001.jpg` + `0001.json` holding `{"boxes": [[x1, y1, x2, y2], ...],
-    /// "labels": [...]}`, optionally `"label"`: the sample's own integer label).
-    Sidecar { root: PathBuf },
+    /// "labels": [...]}`, optionally `"label"`: the sample's own integer label). With
+    /// `masks`, each sidecar names its mask PNG: `"mask": "0001.mask.png"`.
+    Sidecar {
+        root: PathBuf,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        masks: bool,
+    },
 }
 
 impl SourceSpec {
     /// Whether the source's samples carry boxes.
     pub fn has_boxes(&self) -> bool {
         matches!(self, SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. })
+    }
+
+    /// Whether the source's samples carry segmentation masks.
+    pub fn has_masks(&self) -> bool {
+        matches!(self, SourceSpec::Coco { masks: true, .. } | SourceSpec::Sidecar { masks: true, .. })
     }
 }
 
@@ -384,6 +400,21 @@ impl PipelineSpec {
         Ok(())
     }
 
+    /// Masks move through the geometric ops; a `map` op (which may change the image's size
+    /// in ways no mask can follow) and a cache (which keeps no masks) are refused with them.
+    fn validate_for_masks(&self) -> Result<(), SpecError> {
+        if let Some(i) = self.ops.iter().position(|op| matches!(op, OpSpec::Map { .. })) {
+            return Err(SpecError::new(
+                format!("ops[{i}]"),
+                "`map` does not move masks; a source with masks cannot use it",
+            ));
+        }
+        if self.cache.is_some() {
+            return Err(SpecError::new("cache", "a source with masks cannot be cached (the cache keeps no masks)"));
+        }
+        Ok(())
+    }
+
     /// The standard training pipeline: decode, RandomResizedCrop(size), flip, u8 HWC.
     pub fn train_default(source: SourceSpec, size: u32, batch: usize) -> Self {
         Self {
@@ -539,6 +570,9 @@ impl PipelineSpec {
         if self.source.has_boxes() {
             self.validate_for_boxes()?;
         }
+        if self.source.has_masks() {
+            self.validate_for_masks()?;
+        }
         if self.batch_bytes().is_none_or(|b| b > MAX_BATCH_BYTES) {
             let (dtype, _, size) = self.output();
             return Err(SpecError::new(
@@ -612,7 +646,7 @@ impl SourceSpec {
             SourceSpec::Coco { images, .. } if images.as_os_str().is_empty() => {
                 Err(SpecError::new("source.images", "must not be empty"))
             }
-            SourceSpec::Sidecar { root } if root.as_os_str().is_empty() => {
+            SourceSpec::Sidecar { root, .. } if root.as_os_str().is_empty() => {
                 Err(SpecError::new("source.root", "must not be empty"))
             }
             SourceSpec::ImageFolder { root } if root.as_os_str().is_empty() => {
@@ -653,11 +687,11 @@ impl SourceSpec {
             SourceSpec::Tar { shards } => shards.iter_mut().for_each(fix),
             SourceSpec::Mix { sources } => sources.iter_mut().for_each(|s| s.source.resolve_relative(dir)),
             SourceSpec::Parquet { path, .. } => fix(path),
-            SourceSpec::Coco { annotations, images } => {
+            SourceSpec::Coco { annotations, images, .. } => {
                 fix(annotations);
                 fix(images);
             }
-            SourceSpec::Sidecar { root } => fix(root),
+            SourceSpec::Sidecar { root, .. } => fix(root),
         }
     }
 }

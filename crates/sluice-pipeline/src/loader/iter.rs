@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use sluice_core::{Batch, BatchBoxes, BoxTargets, DType, ErrorPolicy, SampleError, Tensor};
+use sluice_core::{Batch, BatchBoxes, BoxTargets, DType, ErrorPolicy, SampleError, Tensor, TensorData};
 
 use super::engine::{Engine, CHUNK};
 use super::sample::{ChunkDone, ChunkJob};
@@ -30,6 +30,8 @@ struct Assembly {
     weights: Option<Vec<f32>>,
     /// Each slot's boxes, when the source carries boxes.
     boxes: Option<Vec<BoxTargets>>,
+    /// Each slot's mask (the output's size), when the source reads masks.
+    masks: Option<Vec<Vec<u8>>>,
     chunks_left: usize,
     failures: Vec<(usize, SampleError)>,
     /// When its first job was submitted, if a trace was being recorded then (or build
@@ -215,6 +217,7 @@ impl EpochIter {
                 labels,
                 weights,
                 boxes: self.shared.data.manifest.has_boxes().then(|| vec![BoxTargets::default(); indices.len()]),
+                masks: self.shared.data.manifest.masks.is_some().then(|| vec![Vec::new(); indices.len()]),
                 chunks_left: chunks,
                 failures: Vec::new(),
                 submitted_ns,
@@ -284,6 +287,13 @@ impl EpochIter {
                 }
             }
         }
+        if let Some(slots) = a.masks.as_mut() {
+            for (slot, m) in done.masks {
+                if let Some(s) = slots.get_mut(slot) {
+                    *s = m;
+                }
+            }
+        }
         if let (0, Some(start_ns)) = (a.chunks_left, a.submitted_ns) {
             let end_ns = now_ns();
             a.built_ns = Some(end_ns);
@@ -313,6 +323,7 @@ impl EpochIter {
         let mut labels = a.labels;
         let mut weights = a.weights;
         let mut boxes = a.boxes;
+        let mut masks = a.masks;
         if !a.failures.is_empty() {
             let mut stats = self.shared.observers.stats.lock();
             for (_, e) in &a.failures {
@@ -339,6 +350,9 @@ impl EpochIter {
                     if let Some(b) = boxes.as_mut() {
                         b.swap(kept, slot);
                     }
+                    if let Some(m) = masks.as_mut() {
+                        m.swap(kept, slot);
+                    }
                 }
                 kept += 1;
             }
@@ -350,9 +364,18 @@ impl EpochIter {
             if let Some(b) = boxes.as_mut() {
                 b.truncate(kept);
             }
+            if let Some(m) = masks.as_mut() {
+                m.truncate(kept);
+            }
             images.truncate_rows(kept);
         }
-        let boxes = boxes.map(|b| Box::new(BatchBoxes::pad(&b)));
+        let (w, h) = self.shared.data.plan.output_size();
+        let boxes = boxes.map(|b| {
+            let mut padded = BatchBoxes::pad(&b);
+            padded.masks = masks
+                .map(|m| Tensor { shape: vec![m.len(), h as usize, w as usize], data: TensorData::U8(m.concat()) });
+            Box::new(padded)
+        });
         let layout = self.shared.data.layout;
         Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout, weights, boxes }))
     }

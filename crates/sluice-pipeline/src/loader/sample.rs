@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use sluice_codec::{move_boxes, CodecError, Motion, SampleInfo, Scratch};
+use sluice_codec::{decode_png_mask, move_boxes, CodecError, Motion, SampleInfo, Scratch};
 use sluice_core::{
-    Annotation, BoxTargets, CacheLevel, Image, Pixels, SampleError, SampleErrorKind, SampleKey, SampleRng, Stage,
+    Annotation, BoxTargets, CacheLevel, Image, Location, Mask, MaskSource, Pixels, SampleError, SampleErrorKind,
+    SampleKey, SampleRng, Stage,
 };
 
 use super::engine::{panic_message, probe, ChunkMeter, ChunkWork};
@@ -41,6 +42,7 @@ impl ChunkJob {
         let mut meter = ChunkMeter::start(&shared.observers, local, ops, self.slots.len());
         let mut failures = Vec::new();
         let mut boxes = Vec::new();
+        let mut masks = Vec::new();
         for slot in self.slots.clone() {
             if self.cancel.load(Ordering::Relaxed) {
                 break;
@@ -54,7 +56,8 @@ impl ChunkJob {
             // consumer waiting forever for a chunk that never reports.
             let times = &mut meter.sample;
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.run_sample(slot, pos, local, times, &mut stage, &mut cache_use, &mut boxes)
+                let records = (&mut boxes, &mut masks);
+                self.run_sample(slot, pos, local, times, &mut stage, &mut cache_use, records)
             }));
             let id = SampleId { key: entry.key.0, batch: self.batch, epoch: self.epoch };
             meter.end(local, cache_use, id);
@@ -78,12 +81,13 @@ impl ChunkJob {
         let Self { slab, reply, batch, .. } = self;
         // Release the buffer before reporting, so the consumer finds itself its only owner.
         drop(slab);
-        let _ = reply.send(ChunkDone { batch, failures, work, boxes });
+        let _ = reply.send(ChunkDone { batch, failures, work, boxes, masks });
     }
 
     /// One sample into its slot; returns the bytes read from storage. Keeps `stage` at the
     /// step it is in, for the report of a panic, and `cache_use` at what the cache did. A
-    /// sample with boxes pushes them, moved with its pixels, onto `boxes`.
+    /// sample with boxes pushes them, moved with its pixels, onto `boxes`; one with a mask
+    /// pushes it (the output's size) onto `masks`.
     #[allow(clippy::too_many_arguments)]
     fn run_sample(
         &self,
@@ -93,7 +97,7 @@ impl ChunkJob {
         times: &mut [Duration],
         stage: &mut Stage,
         cache_use: &mut CacheUse,
-        boxes: &mut Vec<(usize, BoxTargets)>,
+        (boxes, masks): SlotRecords<'_>,
     ) -> Result<u64, SampleFailure> {
         let shared = &self.shared;
         let entry = &shared.data.manifest.entries[pos as usize];
@@ -130,15 +134,23 @@ impl ChunkJob {
             c.base = 1;
         }
         read.map_err(|kind| (Stage::Read, kind))?;
+        let mut mask = match shared.data.manifest.mask_source(pos as usize) {
+            None => None,
+            Some(source) => Some(shared.load_mask(source).map_err(|why| (Stage::Read, SampleErrorKind::BadMask(why)))?),
+        };
         *stage = Stage::Decode;
         let plan = &shared.data.plan;
+        let (bytes, scratch, times) = (&local.read_buf, &mut local.scratch, &mut times[1..]);
         match targets.as_mut() {
-            None => plan.run(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..]),
-            Some(t) => plan.run_with_boxes(&local.read_buf, &mut rng, &mut local.scratch, out, &mut times[1..], t),
+            None => plan.run(bytes, &mut rng, scratch, out, times),
+            Some(t) => plan.run_with_records(bytes, &mut rng, scratch, out, times, t, mask.as_mut()),
         }
         .map_err(decode_err)?;
         if let Some(t) = targets {
             boxes.push((slot, t));
+        }
+        if let Some(m) = mask {
+            masks.push((slot, m.data));
         }
         Ok(local.read_buf.len() as u64)
     }
@@ -153,6 +165,9 @@ fn counters_base(local: &mut WorkerLocal, base: usize) {
 }
 
 type SampleFailure = (Stage, SampleErrorKind);
+
+/// Where a chunk collects its samples' boxes and masks, by slot.
+type SlotRecords<'a> = (&'a mut Vec<(usize, BoxTargets)>, &'a mut Vec<(usize, Vec<u8>)>);
 
 fn decode_err(e: CodecError) -> SampleFailure {
     // A user function's failure is the transform's, not the decoder's.
@@ -198,6 +213,28 @@ impl Shared {
                     return Err((Stage::Read, SampleErrorKind::BadAnnotation(why)));
                 }
                 Ok(Some(t.clone()))
+            }
+        }
+    }
+
+    /// Reads a sample's mask: a PNG file, or COCO objects painted; says what is wrong.
+    fn load_mask(&self, source: &MaskSource) -> Result<Mask, String> {
+        let limits = &self.data.spec.limits;
+        match source {
+            MaskSource::Invalid(why) => Err(why.clone()),
+            MaskSource::Objects { width, height, objects } => {
+                crate::source::segmentation::paint(*width, *height, objects, limits.max_pixels)
+            }
+            MaskSource::File(path) => {
+                let mut bytes = Vec::new();
+                let location = Location::File { path: path.clone() };
+                let root = &self.data.manifest.root;
+                let shown = root.join(path);
+                self.data
+                    .storage
+                    .read(root, &location, limits.max_file_bytes, &mut bytes)
+                    .map_err(|e| format!("mask {}: {e}", shown.display()))?;
+                decode_png_mask(&bytes, limits.max_pixels).map_err(|e| format!("mask {}: {e}", shown.display()))
             }
         }
     }
@@ -409,6 +446,8 @@ pub(super) struct ChunkDone {
     pub(super) work: ChunkWork,
     /// The boxes of each sample done, by slot, when the source carries boxes.
     pub(super) boxes: Vec<(usize, BoxTargets)>,
+    /// The mask of each sample done (the output's size), by slot, when the source reads masks.
+    pub(super) masks: Vec<(usize, Vec<u8>)>,
 }
 
 #[cfg(test)]

@@ -2,7 +2,10 @@
 //! the file's `images` in `id` order (`file_name` relative to the image folder); each
 //! annotation's `bbox` (`[x, y, width, height]` in pixels) becomes an XYXY box labelled
 //! with its `category_id`, as torchvision's `wrap_dataset_for_transforms_v2(CocoDetection)`
-//! gives them. Other fields (`segmentation`, `area`, `iscrowd`, ...) are ignored.
+//! gives them. With `masks`, each image also gets a semantic mask: its annotations'
+//! `segmentation`s (polygons or RLE) painted in file order onto zeros, each with its
+//! `category_id` (1..=255), rasterised when the sample is loaded (see
+//! [`super::segmentation`]). Other fields (`area`, `iscrowd`, ...) are ignored.
 //!
 //! A malformed file fails enumeration (serde names the line and column); a malformed
 //! annotation (a `bbox` that is not 4 numbers, a negative width) fails only its image's
@@ -14,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use sluice_core::spec::MAX_BOXES;
-use sluice_core::{Annotation, BoxTargets, Location, Manifest};
+use sluice_core::{Annotation, BoxTargets, Location, Manifest, MaskSource, Segmentation};
 
 use super::SourceError;
 
@@ -29,6 +32,10 @@ struct CocoFile {
 struct CocoImage {
     id: u64,
     file_name: String,
+    #[serde(default)]
+    width: Option<u32>,
+    #[serde(default)]
+    height: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -38,6 +45,33 @@ struct CocoAnnotation {
     image_id: u64,
     bbox: Vec<f64>,
     category_id: i64,
+    #[serde(default)]
+    segmentation: Option<CocoSegmentation>,
+}
+
+/// A `segmentation` as COCO writes it: polygons, or an RLE with numeric or compressed counts.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CocoSegmentation {
+    Polygons(Vec<Vec<f64>>),
+    Rle { counts: Vec<u32>, size: [u32; 2] },
+    RleString { counts: String, size: [u32; 2] },
+}
+
+impl From<CocoSegmentation> for Segmentation {
+    fn from(s: CocoSegmentation) -> Self {
+        match s {
+            CocoSegmentation::Polygons(p) => Segmentation::Polygons(p),
+            CocoSegmentation::Rle { counts, size } => Segmentation::Rle { counts, size },
+            CocoSegmentation::RleString { counts, size } => Segmentation::RleString { counts, size },
+        }
+    }
+}
+
+/// Where an image's mask stands while the annotations are read.
+enum MaskCollecting {
+    Objects(Vec<(u8, Segmentation)>),
+    Invalid(String),
 }
 
 /// Where an image's boxes stand while the annotations are read.
@@ -46,8 +80,8 @@ enum Collecting {
     Invalid(String),
 }
 
-/// Enumerates a COCO detection dataset.
-pub fn enumerate(annotations: &Path, images: &Path) -> Result<Manifest, SourceError> {
+/// Enumerates a COCO detection dataset; with `masks`, each sample's mask source too.
+pub fn enumerate(annotations: &Path, images: &Path, masks: bool) -> Result<Manifest, SourceError> {
     let file = fs::File::open(annotations).map_err(|e| SourceError::io("COCO annotations", annotations, e))?;
     let coco: CocoFile = serde_json::from_reader(std::io::BufReader::new(file))
         .map_err(|e| SourceError::BadAnnotations { path: annotations.to_path_buf(), message: e.to_string() })?;
@@ -65,12 +99,28 @@ pub fn enumerate(annotations: &Path, images: &Path) -> Result<Manifest, SourceEr
     }
     let index: HashMap<u64, usize> = list.iter().enumerate().map(|(i, img)| (img.id, i)).collect();
     let mut boxes: Vec<Collecting> = (0..list.len()).map(|_| Collecting::Boxes(Vec::new(), Vec::new())).collect();
+    let mut objects: Vec<MaskCollecting> = (0..list.len()).map(|_| MaskCollecting::Objects(Vec::new())).collect();
     let mut orphans = 0usize;
     for a in coco.annotations {
         let Some(&at) = index.get(&a.image_id) else {
             orphans += 1;
             continue;
         };
+        if masks {
+            if let MaskCollecting::Objects(o) = &mut objects[at] {
+                let what = a.id.map_or_else(|| "an annotation".to_string(), |id| format!("annotation {id}"));
+                match (u8::try_from(a.category_id), a.segmentation) {
+                    (Ok(class), Some(seg)) if class > 0 => o.push((class, seg.into())),
+                    (_, None) => objects[at] = MaskCollecting::Invalid(format!("{what} has no `segmentation`")),
+                    _ => {
+                        objects[at] = MaskCollecting::Invalid(format!(
+                            "{what}: category_id {} does not fit a u8 mask (1..=255)",
+                            a.category_id
+                        ))
+                    }
+                }
+            }
+        }
         let Collecting::Boxes(b, l) = &mut boxes[at] else { continue };
         let what = a.id.map_or_else(|| "an annotation".to_string(), |id| format!("annotation {id}"));
         let bad = match a.bbox[..] {
@@ -95,7 +145,16 @@ pub fn enumerate(annotations: &Path, images: &Path) -> Result<Manifest, SourceEr
     }
     let mut items = Vec::with_capacity(list.len());
     let mut anns = Vec::with_capacity(list.len());
-    for (img, collected) in list.into_iter().zip(boxes) {
+    let mut mask_sources = Vec::with_capacity(list.len());
+    for ((img, collected), objects) in list.into_iter().zip(boxes).zip(objects) {
+        let where_ = || format!("image id {} in {}", img.id, annotations.display());
+        mask_sources.push(match (objects, img.width, img.height) {
+            (MaskCollecting::Invalid(why), _, _) => MaskSource::Invalid(format!("{}: {why}", where_())),
+            (MaskCollecting::Objects(objects), Some(width), Some(height)) => {
+                MaskSource::Objects { width, height, objects }
+            }
+            _ => MaskSource::Invalid(format!("{}: no `width` and `height` to paint its mask on", where_())),
+        });
         let path = PathBuf::from(&img.file_name);
         let size = fs::metadata(images.join(&path)).map(|m| m.len()).unwrap_or(0);
         items.push((Location::File { path }, -1, size));
@@ -115,7 +174,8 @@ pub fn enumerate(annotations: &Path, images: &Path) -> Result<Manifest, SourceEr
             hint: "the annotation file lists no `images`",
         });
     }
-    Ok(Manifest::new(images.to_path_buf(), items, Vec::new()).with_annotations(anns))
+    let manifest = Manifest::new(images.to_path_buf(), items, Vec::new()).with_annotations(anns);
+    Ok(if masks { manifest.with_masks(mask_sources) } else { manifest })
 }
 
 #[cfg(test)]
@@ -145,7 +205,7 @@ mod tests {
                   {"id": 5, "image_id": 77, "bbox": [0, 0, 1, 1], "category_id": 1}],
                 "categories": []}"#,
         );
-        let m = enumerate(&path, dir.path()).unwrap();
+        let m = enumerate(&path, dir.path(), false).unwrap();
         assert_eq!(m.len(), 3);
         assert_eq!(m.entries[0].location, Location::File { path: "b.jpg".into() });
         assert_eq!((m.entries[0].label, m.entries[0].size, m.entries[1].size), (-1, 5, 0));
@@ -157,7 +217,36 @@ mod tests {
         assert!(why.contains("negative width"), "{why}");
         // The boxes are part of the fingerprint.
         let other = write(dir.path(), &fs::read_to_string(&path).unwrap().replace("30, 40.5", "30, 41"));
-        assert_ne!(enumerate(&other, dir.path()).unwrap().fingerprint, m.fingerprint);
+        assert_ne!(enumerate(&other, dir.path(), false).unwrap().fingerprint, m.fingerprint);
+    }
+
+    #[test]
+    fn masks_take_each_images_segmentations_or_say_why_they_cannot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            dir.path(),
+            r#"{"images": [{"id": 1, "file_name": "a.jpg", "width": 8, "height": 6}, {"id": 2, "file_name": "b.jpg"},
+                           {"id": 3, "file_name": "c.jpg", "width": 8, "height": 6}, {"id": 4, "file_name": "d.jpg", "width": 8, "height": 6}],
+                "annotations": [
+                  {"id": 1, "image_id": 1, "bbox": [0, 0, 2, 2], "category_id": 4, "segmentation": [[0, 0, 2, 0, 2, 2]]},
+                  {"id": 2, "image_id": 1, "bbox": [0, 0, 2, 2], "category_id": 5, "segmentation": {"counts": [3, 2], "size": [6, 8]}},
+                  {"id": 3, "image_id": 3, "bbox": [0, 0, 2, 2], "category_id": 300, "segmentation": [[0, 0, 2, 0, 2, 2]]},
+                  {"id": 4, "image_id": 4, "bbox": [0, 0, 2, 2], "category_id": 1}]}"#,
+        );
+        let m = enumerate(&path, dir.path(), true).unwrap();
+        let Some(MaskSource::Objects { width: 8, height: 6, objects }) = m.mask_source(0) else {
+            panic!("{:?}", m.mask_source(0))
+        };
+        assert_eq!(objects.iter().map(|o| o.0).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(objects[1].1, Segmentation::Rle { counts: vec![3, 2], size: [6, 8] });
+        for (pos, says) in
+            [(1, "no `width` and `height`"), (2, "category_id 300"), (3, "annotation 4 has no `segmentation`")]
+        {
+            let Some(MaskSource::Invalid(why)) = m.mask_source(pos) else { panic!("{:?}", m.mask_source(pos)) };
+            assert!(why.contains(says) && why.contains("instances_train.json"), "{why}");
+        }
+        assert_ne!(m.fingerprint, enumerate(&path, dir.path(), false).unwrap().fingerprint);
+        assert!(enumerate(&path, dir.path(), false).unwrap().masks.is_none());
     }
 
     #[test]
@@ -170,7 +259,7 @@ mod tests {
             (r#"{"images": []}"#, "no `images`"),
         ] {
             let path = write(dir.path(), json);
-            let err = enumerate(&path, dir.path()).unwrap_err().to_string();
+            let err = enumerate(&path, dir.path(), false).unwrap_err().to_string();
             assert!(err.contains(says), "{json}: {err}");
             assert!(says == "no `images`" || err.contains("instances_train.json"), "{err}");
         }

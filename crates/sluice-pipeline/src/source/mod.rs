@@ -8,6 +8,7 @@ pub mod file_list;
 pub mod image_folder;
 pub mod object;
 pub mod parquet;
+pub(crate) mod segmentation;
 pub mod sidecar;
 pub mod tar;
 
@@ -83,8 +84,8 @@ pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
         SourceSpec::Parquet { path, image_column, label_column } => {
             self::parquet::enumerate(path, image_column, label_column.as_deref())?
         }
-        SourceSpec::Coco { annotations, images } => coco::enumerate(annotations, images)?,
-        SourceSpec::Sidecar { root } => sidecar::enumerate(root)?,
+        SourceSpec::Coco { annotations, images, masks } => coco::enumerate(annotations, images, *masks)?,
+        SourceSpec::Sidecar { root, masks } => sidecar::enumerate(root, *masks)?,
     };
     tracing::info!(
         samples = manifest.len(),

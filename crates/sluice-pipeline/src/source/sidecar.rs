@@ -2,7 +2,9 @@
 //! to `0001.json`). The sidecar holds the sample's boxes, XYXY in pixels of the image:
 //! `{"boxes": [[x1, y1, x2, y2], ...], "labels": [l1, ...]}`, and optionally `"label"`, the
 //! sample's own integer label (-1 without). The folder is walked recursively in the order
-//! ImageFolder uses; only `.jpg`, `.jpeg` and `.png` files are samples.
+//! ImageFolder uses; only `.jpg`, `.jpeg` and `.png` files are samples. With `masks`, a
+//! sidecar names the sample's mask, a single-channel PNG beside it: `"mask": "0001.mask.png"`
+//! (a relative path under the sidecar's folder; no `..`).
 //!
 //! A sidecar that is missing, too large, not JSON, or whose boxes are not boxes (a NaN, `x2 <
 //! x1`, a count that does not match the labels) does not fail enumeration: its sample fails
@@ -10,15 +12,18 @@
 
 use std::fs;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 use sluice_core::spec::MAX_BOXES;
-use sluice_core::{Annotation, BoxTargets, Location, Manifest};
+use sluice_core::{Annotation, BoxTargets, Location, Manifest, MaskSource};
 
 use super::image_folder::{walk_class, WalkStats};
 use super::SourceError;
 use crate::storage::confine::open_regular;
+
+/// A file whose name ends so is a mask, never a sample.
+pub const MASK_SUFFIX: &str = ".mask.png";
 
 /// Sidecars larger than this are refused (their sample fails): 16 MiB holds some 300 000
 /// boxes, far past any real sample.
@@ -33,16 +38,29 @@ struct Sidecar {
     labels: Vec<i64>,
     #[serde(default)]
     label: Option<i64>,
+    #[serde(default)]
+    mask: Option<PathBuf>,
 }
 
-/// Enumerates a folder of images with sidecars.
-pub fn enumerate(root: &Path) -> Result<Manifest, SourceError> {
+/// What one sidecar gives its sample.
+struct SidecarRead {
+    annotation: Annotation,
+    label: Option<i64>,
+    mask: Option<PathBuf>,
+}
+
+/// Enumerates a folder of images with sidecars; with `masks`, where each sample's mask is.
+pub fn enumerate(root: &Path, masks: bool) -> Result<Manifest, SourceError> {
     let meta = fs::metadata(root).map_err(|e| SourceError::io("dataset root", root, e))?;
     if !meta.is_dir() {
         return Err(SourceError::NotADirectory { path: root.to_path_buf() });
     }
     let mut items = Vec::new();
     walk_class(root, Path::new(""), -1, &mut items, &mut WalkStats::default())?;
+    // Masks beside their images (`0001.mask.png`) are not samples.
+    items.retain(|(location, _, _)| {
+        !matches!(location, Location::File { path } if path.to_string_lossy().ends_with(MASK_SUFFIX))
+    });
     if items.is_empty() {
         return Err(SourceError::NoSamples {
             dataset: root.display().to_string(),
@@ -50,11 +68,15 @@ pub fn enumerate(root: &Path) -> Result<Manifest, SourceError> {
         });
     }
     let mut annotations = Vec::with_capacity(items.len());
+    let mut mask_sources = Vec::with_capacity(items.len());
     let mut bad = 0usize;
     for (location, label, _) in &mut items {
         let Location::File { path } = location else { continue };
         let sidecar = root.join(path.with_extension("json"));
-        let (annotation, own_label) = read_sidecar(&sidecar);
+        let SidecarRead { annotation, label: own_label, mask } = read_sidecar(&sidecar);
+        if masks {
+            mask_sources.push(mask_source(path, &sidecar, mask, &annotation));
+        }
         if let Annotation::Invalid(why) = &annotation {
             if bad == 0 {
                 tracing::warn!(sidecar = %sidecar.display(), why, "a sample's sidecar cannot be read; it fails when loaded");
@@ -67,34 +89,61 @@ pub fn enumerate(root: &Path) -> Result<Manifest, SourceError> {
     if bad > 1 {
         tracing::warn!(bad, root = %root.display(), "samples whose sidecar cannot be read");
     }
-    Ok(Manifest::new(root.to_path_buf(), items, Vec::new()).with_annotations(annotations))
+    let manifest = Manifest::new(root.to_path_buf(), items, Vec::new()).with_annotations(annotations);
+    Ok(if masks { manifest.with_masks(mask_sources) } else { manifest })
 }
 
-/// Reads and checks one sidecar: its boxes (or why they cannot be used) and its label.
-fn read_sidecar(path: &Path) -> (Annotation, Option<i64>) {
+/// Where the mask of the image at `image` (relative to the root) is: the sidecar's `mask`,
+/// relative to the image's folder, or why there is none.
+fn mask_source(image: &Path, sidecar: &Path, mask: Option<PathBuf>, annotation: &Annotation) -> MaskSource {
+    match mask {
+        _ if matches!(annotation, Annotation::Invalid(_)) => {
+            MaskSource::Invalid(format!("sidecar {} cannot be read (see its boxes' error)", sidecar.display()))
+        }
+        None => MaskSource::Invalid(format!("sidecar {} names no `mask`", sidecar.display())),
+        Some(m) if m.components().all(|c| matches!(c, Component::Normal(_))) => {
+            MaskSource::File(image.parent().unwrap_or(Path::new("")).join(m))
+        }
+        Some(m) => MaskSource::Invalid(format!(
+            "sidecar {}: mask {} must be a relative path without `..`",
+            sidecar.display(),
+            m.display()
+        )),
+    }
+}
+
+/// Reads and checks one sidecar: its boxes (or why they cannot be used), its label and mask.
+fn read_sidecar(path: &Path) -> SidecarRead {
     let mut bytes = Vec::new();
+    let invalid = |why: String| SidecarRead { annotation: Annotation::Invalid(why), label: None, mask: None };
     // A regular file only, opened without blocking (a FIFO would hang indexing), as samples are.
     let file = match open_regular(path, None) {
         Ok(f) => f,
-        Err(e) => return (Annotation::Invalid(format!("sidecar {}: {e}", path.display())), None),
+        Err(e) => return invalid(format!("sidecar {}: {e}", path.display())),
     };
     match file.take(MAX_SIDECAR_BYTES + 1).read_to_end(&mut bytes) {
-        Err(e) => (Annotation::Invalid(format!("sidecar {}: {e}", path.display())), None),
+        Err(e) => invalid(format!("sidecar {}: {e}", path.display())),
         Ok(_) if bytes.len() as u64 > MAX_SIDECAR_BYTES => {
-            (Annotation::Invalid(format!("sidecar {} is over {} MiB", path.display(), MAX_SIDECAR_BYTES >> 20)), None)
+            invalid(format!("sidecar {} is over {} MiB", path.display(), MAX_SIDECAR_BYTES >> 20))
         }
-        Ok(_) => parse_sidecar(&bytes).map_or_else(
-            |why| (Annotation::Invalid(format!("sidecar {}: {why}", path.display())), None),
-            |(t, label)| (Annotation::Boxes(t), label),
-        ),
+        Ok(_) => match parse_sidecar_full(&bytes) {
+            Err(why) => invalid(format!("sidecar {}: {why}", path.display())),
+            Ok((t, label, mask)) => SidecarRead { annotation: Annotation::Boxes(t), label, mask },
+        },
     }
 }
 
 /// Parses a sidecar's bytes into checked boxes and the optional sample label.
+#[cfg(test)]
 pub(crate) fn parse_sidecar(bytes: &[u8]) -> Result<(BoxTargets, Option<i64>), String> {
+    parse_sidecar_full(bytes).map(|(t, label, _)| (t, label))
+}
+
+/// Parses a sidecar's bytes into checked boxes, the optional sample label and mask.
+fn parse_sidecar_full(bytes: &[u8]) -> Result<(BoxTargets, Option<i64>, Option<PathBuf>), String> {
     let s: Sidecar = serde_json::from_slice(bytes).map_err(|e| format!("not a boxes sidecar: {e}"))?;
     let targets = BoxTargets::checked(s.boxes, s.labels, MAX_BOXES as usize)?;
-    Ok((targets, s.label))
+    Ok((targets, s.label, s.mask))
 }
 
 #[cfg(test)]
@@ -109,13 +158,35 @@ mod tests {
         assert!(made.success());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let _ = tx.send(read_sidecar(&fifo).0);
+            let _ = tx.send(read_sidecar(&fifo).annotation);
         });
         match rx.recv_timeout(std::time::Duration::from_secs(5)) {
             Ok(Annotation::Invalid(why)) => assert!(why.contains("0001.json"), "{why}"),
             Ok(other) => panic!("a FIFO gave boxes: {other:?}"),
             Err(_) => panic!("reading a FIFO sidecar blocked for 5 s"),
         }
+    }
+
+    #[test]
+    fn masks_are_named_by_the_sidecar_and_never_samples() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let sub = dir.path().join("s");
+        fs::create_dir_all(&sub).unwrap_or_else(|e| panic!("{e}"));
+        for (name, json) in
+            [("a", r#"{"mask": "a.mask.png"}"#), ("b", r#"{"boxes": []}"#), ("c", r#"{"mask": "../c.mask.png"}"#)]
+        {
+            fs::write(sub.join(format!("{name}.png")), b"x").unwrap_or_else(|e| panic!("{e}"));
+            fs::write(sub.join(format!("{name}.mask.png")), b"x").unwrap_or_else(|e| panic!("{e}"));
+            fs::write(sub.join(format!("{name}.json")), json).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let m = enumerate(dir.path(), true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(m.len(), 3, "the .mask.png files are not samples");
+        assert_eq!(m.mask_source(0), Some(&MaskSource::File(PathBuf::from("s/a.mask.png"))));
+        let Some(MaskSource::Invalid(why)) = m.mask_source(1) else { panic!("{:?}", m.mask_source(1)) };
+        assert!(why.contains("b.json") && why.contains("names no `mask`"), "{why}");
+        let Some(MaskSource::Invalid(why)) = m.mask_source(2) else { panic!("{:?}", m.mask_source(2)) };
+        assert!(why.contains("without `..`"), "{why}");
+        assert!(enumerate(dir.path(), false).unwrap_or_else(|e| panic!("{e}")).masks.is_none());
     }
 
     #[test]
