@@ -68,6 +68,8 @@ def generate_dataset(
     quality: Optional[int] = None,
     texture: Optional[int] = None,
     corrupt: Optional[int] = None,
+    boxes: bool = False,
+    masks: bool = False,
 ) -> Dict[str, Any]:
     """Writes a deterministic, ImageNet-like ImageFolder dataset under ``root``.
 
@@ -76,14 +78,18 @@ def generate_dataset(
     ``root/class_{i % classes:03}/img_{i:07}.jpg`` (``classes`` default 10), with
     class-dependent content a model can learn. The same arguments write the same bytes
     (``seed`` default 0). ``corrupt`` (default 0) adds that many bad files (truncated,
-    empty, not an image, garbage, a huge header) for testing error policies. Options left
-    out take the Rust generator's defaults (the same as ``sluice gen-images``). Runs on all
-    cores with the GIL released.
+    empty, not an image, garbage, a huge header) for testing error policies. ``boxes``
+    also writes each image's boxes (the shapes drawn on it) as a JSON sidecar beside it and
+    ``root/instances.json`` (COCO), for :meth:`Pipeline.sidecar` and
+    :meth:`Pipeline.coco`; ``masks`` also each image's segmentation mask
+    (``img_XXXXXXX.mask.png``, box labels then counting from 1). Options left out take the
+    Rust generator's defaults (the same as ``sluice gen-images``). Runs on all cores with
+    the GIL released.
 
     Returns:
         ``{"root", "images", "bad_files" (list of paths), "bytes"}``.
     """
-    return _sluice.generate_dataset(os.fspath(root), images, classes, seed, quality, texture, corrupt)
+    return _sluice.generate_dataset(os.fspath(root), images, classes, seed, quality, texture, corrupt, boxes, masks)
 
 
 def pack(src: PathLike, out: PathLike, interval: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:

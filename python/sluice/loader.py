@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _sluice
-from .map_workers import MapWorkers, apply_map_batch, default_processes, import_map_batch
+from .map_workers import MapWorkers, apply_map_batch, default_processes, import_map_batch, raw_fields
 from .pipeline import PathLike, Pipeline
 
 __all__ = ["Loader", "Batch", "BatchIterator", "ImportanceRecorder"]
@@ -157,16 +157,7 @@ class BatchIterator(Iterator[Batch]):
 
     def __next__(self) -> Batch:
         raw = next(self._native)
-        fields: Dict[str, Any] = {"image": raw.image, "label": raw.label, "key": raw.key}
-        weight = raw.weight
-        if weight is not None:
-            fields["weight"] = weight
-        if raw.boxes is not None:
-            fields["boxes"] = raw.boxes
-            fields["box_labels"] = raw.box_labels
-            fields["box_count"] = raw.box_count
-        if raw.masks is not None:
-            fields["masks"] = raw.masks
+        fields = raw_fields(raw)
         if self._map_batch is not None:
             fn, name, seed, rank = self._map_batch
             fields = apply_map_batch(fn, name, fields, raw.epoch, raw.index, seed, rank)

@@ -126,11 +126,11 @@ def raw_fields(raw: Any) -> Dict[str, Any]:
     fields: Dict[str, Any] = {"image": raw.image, "label": raw.label, "key": raw.key}
     if raw.weight is not None:
         fields["weight"] = raw.weight
-    if getattr(raw, "boxes", None) is not None:
+    if raw.boxes is not None:
         fields["boxes"] = raw.boxes
         fields["box_labels"] = raw.box_labels
         fields["box_count"] = raw.box_count
-    if getattr(raw, "masks", None) is not None:
+    if raw.masks is not None:
         fields["masks"] = raw.masks
     return fields
 

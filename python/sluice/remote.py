@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _sluice
 from .loader import (
@@ -26,6 +26,7 @@ from .loader import (
     _spec_json,
     _Traced,
 )
+from .map_workers import apply_map_batch, import_map_batch, raw_fields
 from .pipeline import PathLike, Pipeline
 
 __all__ = ["RemoteLoader", "RemoteBatchIterator"]
@@ -34,13 +35,15 @@ __all__ = ["RemoteLoader", "RemoteBatchIterator"]
 class RemoteBatchIterator(Iterator[Batch]):
     """The batches of one epoch from the service, in arrival order."""
 
-    __slots__ = ("_native", "_torch", "_epoch", "_done")
+    __slots__ = ("_native", "_torch", "_epoch", "_done", "_map_batch")
 
-    def __init__(self, native: Any, torch: Any) -> None:
-        """Starts streaming the native loader's current epoch."""
+    def __init__(self, native: Any, torch: Any, map_batch: Optional[Tuple[Any, str, int, int]] = None) -> None:
+        """Starts streaming the native loader's current epoch; ``map_batch`` is the spec's
+        (function, name, seed, rank), run on each batch here as it arrives."""
         native.start_epoch()
         self._native = native
         self._torch = torch
+        self._map_batch = map_batch
         self._epoch = int(native.epoch())
         self._done = False
 
@@ -54,9 +57,10 @@ class RemoteBatchIterator(Iterator[Batch]):
         if raw is None:
             self._done = True
             raise StopIteration
-        fields: Dict[str, Any] = {"image": raw.image, "label": raw.label, "key": raw.key}
-        if raw.weight is not None:
-            fields["weight"] = raw.weight
+        fields = raw_fields(raw)
+        if self._map_batch is not None:
+            fn, name, seed, rank = self._map_batch
+            fields = apply_map_batch(fn, name, fields, raw.epoch, raw.index, seed, rank)
         if self._torch is not None:
             fields = {name: self._torch.from_numpy(arr) for name, arr in fields.items()}
         return Batch(fields, raw.epoch, raw.index, raw.layout, raw.buffer_address)
@@ -149,8 +153,12 @@ class RemoteLoader(_Traced):
         self._torch = _import_torch() if output == "torch" else None
         self._output = output
         self._rank, self._world_size = _default_shard(None, None)
+        spec_json = _spec_json(pipeline)
+        name = json.loads(spec_json).get("map_batch")
+        seed = int(json.loads(spec_json).get("seed", 0))
+        self._map_batch = None if name is None else (import_map_batch(name), name, seed, self._rank)
         self._native = _sluice.RemoteLoader(
-            _spec_json(pipeline),
+            spec_json,
             dispatcher,
             job,
             token,
@@ -167,7 +175,7 @@ class RemoteLoader(_Traced):
     def __iter__(self) -> RemoteBatchIterator:
         """Runs the rest of the current epoch; an epoch left unfinished is resumed exactly
         (without the batches already handed out)."""
-        return RemoteBatchIterator(self._native, self._torch)
+        return RemoteBatchIterator(self._native, self._torch, self._map_batch)
 
     def __len__(self) -> int:
         """Batches per epoch."""

@@ -97,3 +97,48 @@ def test_the_map_server_answers_images_and_errors_over_its_pipes() -> None:
     bad = subprocess.run([*cmd[:3], "no_such_module:f"], input=b"", capture_output=True, env=env, timeout=30)
     assert bad.returncode == 1
     assert b"cannot import `no_such_module:f`: ModuleNotFoundError" in bad.stdout
+
+
+def stamp(fields: Dict[str, np.ndarray], info: Any) -> Dict[str, np.ndarray]:
+    """A map_batch: noise from the batch's generator, and the batch's index per sample."""
+    out = dict(fields)
+    out["image"] = fields["image"] ^ info.rng.integers(0, 256, size=fields["image"].shape, dtype=np.uint8)
+    out["batch"] = np.full(len(fields["key"]), info.index, np.int64)
+    return out
+
+
+def test_a_remote_loader_runs_map_batch_on_each_batch_as_the_local_loader_does(service: Tuple[str, Path]) -> None:
+    addr, root = service
+    pipe = sluice.Pipeline.image_folder(root).decode().center_crop(16).batch(8).seed(5).map_batch(stamp)
+    local = {
+        int(k): (img.tobytes(), int(b))
+        for x in sluice.Loader(pipe, processes=0)
+        for k, img, b in zip(x.key, x.image, x.batch)
+    }
+    remote = {
+        int(k): (img.tobytes(), int(b))
+        for x in sluice.RemoteLoader(pipe, dispatcher=addr, job="py-map-batch")
+        for k, img, b in zip(x.key, x.image, x.batch)
+    }
+    assert sorted(remote) == list(range(N_IMAGES))
+    assert remote == local
+
+
+def test_a_remote_loader_yields_each_samples_boxes_as_the_local_loader_does(tmp_path: Path) -> None:
+    root = tmp_path / "boxes"
+    sluice.generate_dataset(root, images=16, classes=2, seed=3, boxes=True)
+    pipe = sluice.Pipeline.sidecar(root).decode().center_crop(32).random_horizontal_flip().batch(4).seed(1)
+
+    def by_key(loader: Any) -> Dict[int, Tuple[Any, ...]]:
+        out = {}
+        for b in loader:
+            for i, k in enumerate(np.asarray(b.key).tolist()):
+                n = int(b.box_count[i])
+                out[k] = (np.asarray(b.boxes[i][:n]).tolist(), np.asarray(b.box_labels[i][:n]).tolist())
+        return out
+
+    local = by_key(sluice.Loader(pipe))
+    assert sum(len(v[0]) for v in local.values()) > 0
+    with sluice_service([root], tmp_path / "journal") as addr:
+        remote = by_key(sluice.RemoteLoader(pipe, dispatcher=addr, job="boxes"))
+    assert remote == local

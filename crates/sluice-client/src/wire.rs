@@ -214,7 +214,7 @@ fn message_to_targets(t: BatchTargets, n: usize, what: &str) -> Result<BatchBoxe
         return Err(bad(format!("a sample with {c} boxes of {max_boxes}")));
     }
     let boxes = t.boxes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    Ok(BatchBoxes { max_boxes, boxes, labels: t.labels, counts: t.counts })
+    Ok(BatchBoxes { max_boxes, boxes, labels: t.labels, counts: t.counts, masks: None })
 }
 
 pub fn batch_to_message(batch: Batch) -> BatchMessage {
