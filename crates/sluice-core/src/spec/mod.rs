@@ -20,7 +20,10 @@ mod mix;
 mod ops;
 mod threads;
 
-pub use cache::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ImportanceSpec, SamplingSpec};
+pub use cache::{
+    ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec, DiskPolicyKind, ImportanceSpec, SamplingSpec,
+    MIN_DISK_CACHE_BYTES,
+};
 pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
 pub use mix::{MixedSource, MAX_MIXED_SOURCES};
 pub use ops::{AutoAugmentPolicy, ErasingValue, Interpolation, KernelSize, OpSpec, PaddingMode, RandomTag, Range};
@@ -385,6 +388,11 @@ impl PipelineSpec {
         };
         if let Some(dir) = path.parent() {
             spec.source.resolve_relative(dir);
+            if let Some(disk) = spec.cache.as_mut().and_then(|c| c.disk.as_mut()) {
+                if disk.dir.is_relative() {
+                    disk.dir = dir.join(&disk.dir);
+                }
+            }
         }
         Ok(spec)
     }
@@ -757,6 +765,7 @@ size = 32
             level: CacheLevel::Auto,
             resize: Some(1 << 20),
             policy: CachePolicyKind::Lru,
+            disk: None,
         });
         assert_eq!(spec.validate().unwrap_err().field, "cache.resize");
 
@@ -796,7 +805,13 @@ size = 32
             |latency_ms, bandwidth_mb_s| StorageSpec::Throttled { latency_ms, bandwidth_mb_s, shared_link: None };
         assert_eq!(field_of(&|s| s.storage = throttled(1e300, 100.0)), "storage.latency_ms");
         assert_eq!(field_of(&|s| s.storage = throttled(5.0, 1e-300)), "storage.bandwidth_mb_s");
-        let cache = |budget| CacheSpec { budget, level: CacheLevel::Auto, resize: None, policy: CachePolicyKind::Lru };
+        let cache = |budget| CacheSpec {
+            budget,
+            level: CacheLevel::Auto,
+            resize: None,
+            policy: CachePolicyKind::Lru,
+            disk: None,
+        };
         assert_eq!(field_of(&|s| s.cache = Some(cache(ByteBudget::Bytes(u64::MAX)))), "cache.budget");
         assert_eq!(field_of(&|s| s.cache = Some(cache(ByteBudget::Bytes(64 << 30)))), "");
 
