@@ -517,6 +517,10 @@ class Loader(_Traced):
         ``importance_reports``: ``{"accepted", "refused", "clamped"}``, what became of the
         values given to :meth:`report` (refused: NaN, infinite or negative; clamped: finite
         above 1e30, taken as 1e30; accepted includes the clamped).
+        With a cache, ``cache``: the memory tier's counters (``hits``, ``misses``,
+        ``hit_rate``, ``used_bytes``, ``evictions``, ...) and, with a disk tier, ``disk``:
+        ``hits``, ``misses``, ``hit_rate``, ``corrupt``, ``used_bytes``, ``evictions``,
+        ``rejected``, ``bytes_read``, ``bytes_written``, ``recovered``.
         With ``threads="auto"``, ``autoscale``: ``policy``, ``units`` (threads now),
         ``windows``, ``ups``, ``downs`` and the latest ``decisions`` (each with ``t_ms``,
         ``from``, ``to``, ``production``, ``consumption``, ``stall`` and ``reason``).

@@ -718,6 +718,7 @@ class Pipeline:
         level: str = "auto",
         resize: Optional[int] = None,
         policy: str = "importance",
+        disk: Optional[Dict[str, Any]] = None,
     ) -> "Pipeline":
         """Caches samples between the deterministic and the random ops.
 
@@ -731,6 +732,10 @@ class Pipeline:
                 by ``"resized"``; it changes the pipeline's pixels whatever the level).
             policy: which entries a full cache gives up: ``"lru"``, ``"shade"``,
                 ``"fastmatch"`` or ``"importance"``.
+            disk: a local-disk tier under the memory one, e.g.
+                ``{"dir": "/scratch/sluice", "budget": "200GiB"}`` (``budget`` in bytes or a
+                size string, not a fraction; optional ``"policy"``: ``"belady"``, the
+                default, or ``"lru"``). Entries survive a restart of the job.
         """
         if budget is None:
             spec = copy.deepcopy(self._spec)
@@ -739,6 +744,8 @@ class Pipeline:
         cache: Dict[str, Any] = {"budget": budget, "level": level, "policy": policy}
         if resize is not None:
             cache["resize"] = resize
+        if disk is not None:
+            cache["disk"] = {k: str(v) if k == "dir" else v for k, v in disk.items()}
         return self._with(cache=cache)
 
     def sampling(

@@ -126,6 +126,8 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         | PipelineError::AlreadyStarted
         | PipelineError::BufferStillShared { .. } => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
         PipelineError::Interrupted => PyKeyboardInterrupt::new_err(e.to_string()),
+        // The disk tier's folder cannot be created or listed.
+        PipelineError::DiskCache(_) => PyOSError::new_err(e.to_string()),
         PipelineError::Trace(TraceError::Write { .. } | TraceError::Read { .. }) => PyOSError::new_err(e.to_string()),
         PipelineError::Trace(
             TraceError::AlreadyTracing

@@ -104,6 +104,23 @@ def test_cache_sampling_and_importance_options_round_trip() -> None:
         assert info.value.field == field, str(info.value)
 
 
+def test_cache_disk_tier_round_trips_and_refuses_a_fraction(tmp_path: Path) -> None:
+    pipe = standard().cache("512MB", disk={"dir": tmp_path / "tier", "budget": "2GiB", "policy": "lru"})
+    d = pipe.to_dict()
+    assert d["cache"]["disk"] == {"dir": str(tmp_path / "tier"), "budget": 2 << 30, "policy": "lru"}
+    assert Pipeline.from_toml(pipe.to_toml()).to_dict() == d
+    assert (
+        standard().cache("1GB", disk={"dir": "/t", "budget": 1 << 30}).to_dict()["cache"]["disk"]["policy"] == "belady"
+    )
+    for disk, field in (
+        ({"dir": "/t", "budget": "25%"}, "cache.disk.budget"),
+        ({"dir": "", "budget": 1 << 30}, "cache.disk.dir"),
+    ):
+        with pytest.raises(SpecError) as info:
+            standard().cache("1GB", disk=disk).to_json()
+        assert info.value.field == field, str(info.value)
+
+
 def test_tar_source_and_shuffle_shortcuts() -> None:
     d = Pipeline.tar(["/s/a.tar", "/s/b.tar"]).decode().center_crop(8).shuffle(False).batch(2).to_dict()
     assert d["source"] == {"kind": "tar", "shards": ["/s/a.tar", "/s/b.tar"]}

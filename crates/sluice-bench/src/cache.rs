@@ -130,6 +130,7 @@ fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
         level: CacheLevel::Decoded,
         resize: None,
         policy: CachePolicyKind::Importance,
+        disk: None,
     };
     let lru = CacheSpec { policy: CachePolicyKind::Lru, ..importance.clone() };
     let runs = [

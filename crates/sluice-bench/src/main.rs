@@ -13,6 +13,7 @@
 mod autoscale;
 mod cache;
 mod dataset;
+mod disk_cache;
 mod engine;
 mod locality;
 mod service;
@@ -39,6 +40,9 @@ enum Command {
     /// Cache policies compared: hit rate vs cache size, epoch time on throttled storage
     /// (`--service`: through a dispatcher and workers).
     Cache(cache::Args),
+    /// The cache's disk tier: epoch-2 hit rate of Belady vs LRU at half the dataset, and
+    /// warm-epoch throughput with the tier holding the dataset vs plain local files.
+    DiskCache(disk_cache::Args),
     /// The service against local mode, raw loopback TCP, and many clients.
     Service(service::Args),
     /// Autoscaling policies side by side on a changing demand (emulated per-sample cost);
@@ -59,6 +63,7 @@ fn main() -> std::process::ExitCode {
     let result = match Cli::parse().command {
         Command::Engine(a) => engine::main(a),
         Command::Cache(a) => cache::main(a),
+        Command::DiskCache(a) => disk_cache::main(a),
         Command::Service(a) => service::main(a),
         Command::Autoscale(a) => autoscale::main(a),
         Command::Locality(a) => locality::main(a),

@@ -62,6 +62,7 @@ fn dashboard_in_headless_chromium_shows_the_metrics_numbers() {
         level: CacheLevel::Decoded,
         resize: None,
         policy: CachePolicyKind::Lru,
+        disk: None,
     });
     let mut loader = RemoteLoader::connect(&s, options(&addr, "dash")).unwrap();
     for _ in 0..2 {

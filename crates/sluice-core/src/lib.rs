@@ -19,7 +19,7 @@ pub use placement::{Owners, Rendezvous};
 pub use record::{Annotation, BatchBoxes, BoxTargets, Mask, MaskSource, Segmentation};
 pub use rng::SampleRng;
 pub use spec::{
-    Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy,
-    ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec, PaddingMode, PeerToken, PipelineSpec,
-    SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
+    Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec,
+    DiskPolicyKind, ErrorPolicy, ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec, PaddingMode,
+    PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
 };

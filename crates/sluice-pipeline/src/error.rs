@@ -31,6 +31,9 @@ pub enum PipelineError {
          budget in bytes"
     )]
     RamUnknown,
+    /// The cache's disk tier cannot be opened.
+    #[error(transparent)]
+    DiskCache(#[from] crate::cache::DiskCacheError),
     /// A cache handed to [`crate::Loader::with_shared_cache`] that this loader cannot use.
     #[error("cannot share the cache: {0}")]
     SharedCache(String),

@@ -29,7 +29,7 @@ fn spec(root: &Path, batch: usize, threads: usize, cache: Option<CacheSpec>) -> 
 }
 
 fn cache(budget: u64, level: CacheLevel, resize: Option<u32>, policy: CachePolicyKind) -> Option<CacheSpec> {
-    Some(CacheSpec { budget: ByteBudget::Bytes(budget), level, resize, policy })
+    Some(CacheSpec { budget: ByteBudget::Bytes(budget), level, resize, policy, disk: None })
 }
 
 fn collect(loader: &Loader) -> Vec<Batch> {

@@ -49,6 +49,7 @@ fn learners(root: &Path, peers: &[String]) -> Vec<Loader> {
                 level: CacheLevel::Decoded,
                 resize: None,
                 policy: CachePolicyKind::Lru,
+                disk: None,
             });
             s.locality = Some(LocalitySpec {
                 assignment: Assignment::Aware,

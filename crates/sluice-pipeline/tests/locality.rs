@@ -29,6 +29,7 @@ fn spec(root: &Path, assignment: Assignment, cache_samples: Vec<u64>) -> Pipelin
         level: CacheLevel::Decoded,
         resize: None,
         policy: CachePolicyKind::Lru,
+        disk: None,
     });
     s.locality = Some(LocalitySpec { assignment, cache_samples, peers: vec![], peer_timeout_ms: 100, token: None });
     s

@@ -39,6 +39,7 @@ fn learners(root: &Path, p: usize, cache_samples: u64, peers: &[String]) -> Vec<
                 level: CacheLevel::Decoded,
                 resize: None,
                 policy: CachePolicyKind::Lru,
+                disk: None,
             });
             s.locality = Some(LocalitySpec {
                 assignment: Assignment::Aware,
@@ -119,6 +120,7 @@ fn a_learner_with_peers_and_no_token_refuses_to_start() {
         level: CacheLevel::Raw,
         resize: None,
         policy: CachePolicyKind::Lru,
+        disk: None,
     });
     s.locality = Some(LocalitySpec {
         assignment: Assignment::Aware,

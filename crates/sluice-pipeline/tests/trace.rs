@@ -113,6 +113,7 @@ fn cache_misses_fill_and_hits_skip_the_read() {
         level: CacheLevel::Decoded,
         resize: None,
         policy: CachePolicyKind::Lru,
+        disk: None,
     });
     let loader = Loader::new(s, Shard::default()).unwrap();
     loader.start_trace().unwrap();

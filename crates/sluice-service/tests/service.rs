@@ -286,6 +286,7 @@ fn a_job_spec_cannot_make_workers_dial_peers_or_create_link_files() {
         level: CacheLevel::Auto,
         resize: None,
         policy: CachePolicyKind::Lru,
+        disk: None,
     });
     peers.locality = Some(LocalitySpec {
         assignment: Assignment::Aware,
@@ -423,6 +424,7 @@ fn jobs_with_one_fingerprint_share_the_workers_cache() {
         level: CacheLevel::Decoded,
         resize: None,
         policy: CachePolicyKind::Lru,
+        disk: None,
     });
     let mut ids = Vec::new();
     for job in ["first", "second"] {

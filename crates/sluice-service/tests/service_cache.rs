@@ -38,6 +38,7 @@ fn cached_spec(root: &std::path::Path, budget: u64) -> PipelineSpec {
         level: CacheLevel::Raw,
         resize: None,
         policy: CachePolicyKind::Importance,
+        disk: None,
     });
     s
 }

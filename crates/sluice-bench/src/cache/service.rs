@@ -73,6 +73,7 @@ pub fn main(a: &Args) -> anyhow::Result<serde_json::Value> {
         level: CacheLevel::Decoded,
         resize: None,
         policy: CachePolicyKind::Importance,
+        disk: None,
     };
     let threads = a.threads.max(1);
     let services: Vec<(String, Vec<Proc>)> = ["aware", "blind"]

@@ -3,6 +3,7 @@
 //! the epoch order is drawn, and how reported importance is smoothed.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
@@ -141,6 +142,68 @@ pub struct CacheSpec {
     pub resize: Option<u32>,
     #[serde(default)]
     pub policy: CachePolicyKind,
+    /// A local-disk tier under the memory one (none by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskCacheSpec>,
+}
+
+/// Smallest disk tier budget: one filesystem block.
+pub const MIN_DISK_CACHE_BYTES: u64 = 4096;
+
+/// Which entries a full disk tier gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskPolicyKind {
+    /// Belady's rule over the known order of the coming epoch(s): give up the entry needed
+    /// furthest in the future, and admit nothing needed later than everything held.
+    #[default]
+    Belady,
+    /// Least recently used (for comparison).
+    Lru,
+}
+
+/// A local-disk tier of the cache: entries the memory tier gives up or refuses are kept
+/// in files under `dir`, within `budget` bytes, and survive a restart of the job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskCacheSpec {
+    /// The folder for entry files (created if missing); relative to the spec file's folder.
+    pub dir: PathBuf,
+    /// Bytes of entry files: a number of bytes or `"50GiB"`, `"500MB"` (not a fraction).
+    pub budget: ByteBudget,
+    #[serde(default)]
+    pub policy: DiskPolicyKind,
+}
+
+impl DiskCacheSpec {
+    /// The budget in bytes (validated specs only hold byte counts).
+    pub fn budget_bytes(&self) -> u64 {
+        match self.budget {
+            ByteBudget::Bytes(b) => b,
+            ByteBudget::RamFraction(_) => 0,
+        }
+    }
+
+    fn validate(&self) -> Result<(), SpecError> {
+        if self.dir.as_os_str().is_empty() {
+            return Err(SpecError::new("cache.disk.dir", "must name a folder"));
+        }
+        match self.budget {
+            ByteBudget::RamFraction(_) => Err(SpecError::new(
+                "cache.disk.budget",
+                "a fraction of RAM is not a disk size: give bytes or a size such as \"50GiB\"",
+            )),
+            ByteBudget::Bytes(b) if b < MIN_DISK_CACHE_BYTES => Err(SpecError::new(
+                "cache.disk.budget",
+                format!("must be at least {MIN_DISK_CACHE_BYTES} bytes (got {b})"),
+            )),
+            ByteBudget::Bytes(b) if b > MAX_CACHE_BYTES => Err(SpecError::new(
+                "cache.disk.budget",
+                format!("must be at most 1 PiB ({MAX_CACHE_BYTES} bytes), got {b}"),
+            )),
+            ByteBudget::Bytes(_) => Ok(()),
+        }
+    }
 }
 
 impl CacheSpec {
@@ -160,6 +223,9 @@ impl CacheSpec {
         }
         if self.level == CacheLevel::Resized && self.resize.is_none() {
             return Err(SpecError::new("cache.level", "`resized` needs `cache.resize` (the shorter side)"));
+        }
+        if let Some(disk) = &self.disk {
+            disk.validate()?;
         }
         Ok(())
     }

@@ -20,7 +20,10 @@ mod mix;
 mod ops;
 mod threads;
 
-pub use cache::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ImportanceSpec, SamplingSpec};
+pub use cache::{
+    ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec, DiskPolicyKind, ImportanceSpec, SamplingSpec,
+    MIN_DISK_CACHE_BYTES,
+};
 pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
 pub use mix::{MixedSource, MAX_MIXED_SOURCES};
 pub use ops::{AutoAugmentPolicy, ErasingValue, Interpolation, KernelSize, OpSpec, PaddingMode, RandomTag, Range};
@@ -478,6 +481,11 @@ impl PipelineSpec {
         };
         if let Some(dir) = path.parent() {
             spec.source.resolve_relative(dir);
+            if let Some(disk) = spec.cache.as_mut().and_then(|c| c.disk.as_mut()) {
+                if disk.dir.is_relative() {
+                    disk.dir = dir.join(&disk.dir);
+                }
+            }
         }
         Ok(spec)
     }
@@ -800,6 +808,43 @@ size = 32
     }
 
     #[test]
+    fn a_disk_cache_tier_parses_resolves_relative_to_the_spec_and_refuses_absurd_budgets() {
+        let src = format!("{TOML}\n[cache]\nbudget = \"1GiB\"\ndisk = {{ dir = \"tier\", budget = \"50GiB\" }}\n");
+        let spec = PipelineSpec::from_toml_str(&src).unwrap();
+        let disk = spec.cache.clone().unwrap().disk.unwrap();
+        assert_eq!((disk.budget, disk.policy), (ByteBudget::Bytes(50 << 30), DiskPolicyKind::Belady));
+        assert_eq!(PipelineSpec::from_json_str(&spec.to_json_string().unwrap()).unwrap(), spec);
+        let lru = PipelineSpec::from_toml_str(&src.replace("\" }", "\", policy = \"lru\" }")).unwrap();
+        assert_eq!(lru.cache.unwrap().disk.unwrap().policy, DiskPolicyKind::Lru);
+
+        let dir = std::env::temp_dir().join(format!("sluice-disk-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("spec.toml");
+        std::fs::write(&file, &src).unwrap();
+        let from_file = PipelineSpec::from_path(&file);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(from_file.unwrap().cache.unwrap().disk.unwrap().dir, dir.join("tier"));
+
+        for (budget, why) in [
+            ("\"25%\"", "fraction of RAM"),
+            ("0", "at least 4096"),
+            ("100", "at least 4096"),
+            ("\"2PiB\"", "unknown unit"),
+            ("\"2000TiB\"", "at most 1 PiB"),
+        ] {
+            let bad = src.replace("\"50GiB\"", budget);
+            let msg = match PipelineSpec::from_toml_str(&bad) {
+                Err(e) => format!("{}: {}", e.field, e),
+                Ok(_) => panic!("{budget}: accepted"),
+            };
+            assert!(msg.contains("cache.disk.budget") || msg.contains("budget"), "{budget}: {msg}");
+            assert!(msg.contains(why), "{budget}: {msg}");
+        }
+        assert_eq!(err_of(&src.replace("dir = \"tier\"", "dir = \"\"")).field, "cache.disk.dir");
+        assert!(PipelineSpec::from_toml_str(&src.replace("}", ", size = 3 }")).is_err(), "unknown fields refused");
+    }
+
+    #[test]
     fn rectangular_size_round_trips() {
         let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: "/d".into() }, 224, 8);
         spec.ops[1] = OpSpec::CenterCrop { size: Size { height: 100, width: 50 } };
@@ -913,6 +958,7 @@ size = 32
             level: CacheLevel::Auto,
             resize: Some(1 << 20),
             policy: CachePolicyKind::Lru,
+            disk: None,
         });
         assert_eq!(spec.validate().unwrap_err().field, "cache.resize");
 
@@ -952,7 +998,13 @@ size = 32
             |latency_ms, bandwidth_mb_s| StorageSpec::Throttled { latency_ms, bandwidth_mb_s, shared_link: None };
         assert_eq!(field_of(&|s| s.storage = throttled(1e300, 100.0)), "storage.latency_ms");
         assert_eq!(field_of(&|s| s.storage = throttled(5.0, 1e-300)), "storage.bandwidth_mb_s");
-        let cache = |budget| CacheSpec { budget, level: CacheLevel::Auto, resize: None, policy: CachePolicyKind::Lru };
+        let cache = |budget| CacheSpec {
+            budget,
+            level: CacheLevel::Auto,
+            resize: None,
+            policy: CachePolicyKind::Lru,
+            disk: None,
+        };
         assert_eq!(field_of(&|s| s.cache = Some(cache(ByteBudget::Bytes(u64::MAX)))), "cache.budget");
         assert_eq!(field_of(&|s| s.cache = Some(cache(ByteBudget::Bytes(64 << 30)))), "");
 

@@ -3,10 +3,16 @@
 //! pixels or decoded-and-resized pixels ([`level`]), within a byte budget, and gives up
 //! entries by a named policy ([`policy`]: `lru`, `shade`, `fastmatch`, `importance`).
 //!
+//! Under the memory tier an optional local-disk tier ([`disk`], `cache.disk`) keeps
+//! entries in files within a budget of its own, evicts by Belady's rule over the known
+//! order of the coming epochs, and survives a restart.
+//!
 //! Whatever a hit returns, the loader finishes the sample through the same split path
 //! (deterministic prefix → optional resize → random suffix), so a sample's pixels do not
 //! depend on whether it was a hit: output stays independent of timing and thread count.
 
+pub mod disk;
+mod future;
 pub mod level;
 pub mod policy;
 pub mod ram;
@@ -19,6 +25,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use sluice_core::{BoxTargets, CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest};
 
+pub use disk::{namespace as disk_namespace, DiskCacheError, DiskStats, DiskTier};
 pub use level::{choose_level, CostModel, LevelEstimate, SampleCost, MEASURE_SAMPLES};
 use policy::{make_policy, Policy};
 pub use ram::total_ram_bytes;
@@ -139,6 +146,9 @@ pub struct CacheStats {
     pub costs: CostModel,
     /// The per-level estimates behind the last `auto` decision.
     pub estimates: Vec<LevelEstimate>,
+    /// The disk tier's counters (the fields above are the memory tier's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskStats>,
 }
 
 pub struct Cache {
@@ -146,6 +156,7 @@ pub struct Cache {
     budget: u64,
     has_resize: bool,
     dataset_len: usize,
+    disk: Option<DiskTier>,
 }
 
 impl Cache {
@@ -173,6 +184,27 @@ impl Cache {
             budget,
             has_resize: spec.resize.is_some(),
             dataset_len,
+            disk: None,
+        }
+    }
+
+    /// Puts `disk` under the memory tier: every entry offered is written through to it,
+    /// and a memory miss looks there.
+    pub fn with_disk(mut self, disk: DiskTier) -> Self {
+        self.disk = Some(disk);
+        self
+    }
+
+    pub fn disk(&self) -> Option<&DiskTier> {
+        self.disk.as_ref()
+    }
+
+    /// The keys the coming epoch(s) will look up, in order, from the first one not yet
+    /// looked up (Belady's rule in the disk tier), with each key's expected draws this
+    /// epoch (empty: all alike). Without a disk tier, nothing to do.
+    pub fn set_future(&self, keys: impl IntoIterator<Item = u64>, importance: HashMap<u64, f64>) {
+        if let Some(d) = &self.disk {
+            d.set_future(keys, importance);
         }
     }
 
@@ -185,8 +217,21 @@ impl Cache {
         self.budget
     }
 
-    /// The entry for `key`, counting a hit or a miss.
+    /// The entry for `key`, counting a hit or a miss: the memory tier, then the disk tier
+    /// (a disk hit is offered to memory again).
     pub fn get(&self, key: u64) -> Option<Arc<CachedData>> {
+        if let Some(data) = self.get_ram(key) {
+            if let Some(d) = &self.disk {
+                d.touch(key);
+            }
+            return Some(data);
+        }
+        let data = Arc::new(self.disk.as_ref()?.get(key)?);
+        self.offer_ram(key, data.clone());
+        Some(data)
+    }
+
+    fn get_ram(&self, key: u64) -> Option<Arc<CachedData>> {
         let mut g = self.inner.lock();
         let inner = &mut *g;
         let Some(e) = inner.entries.get_mut(&key) else {
@@ -232,9 +277,20 @@ impl Cache {
         }
     }
 
-    /// Offers an entry; stores it if it fits the budget and the policy admits it.
-    /// Returns whether it was stored.
+    /// Offers an entry; stores it if it fits the budget and the policy admits it, and
+    /// writes it through to the disk tier (within its own budget and policy). Returns
+    /// whether memory stored it.
     pub fn offer(&self, key: u64, data: Arc<CachedData>) -> bool {
+        let stored = self.offer_ram(key, data.clone());
+        if let Some(d) = &self.disk {
+            if self.inner.lock().share.as_ref().is_none_or(|s| s.contains(&key)) {
+                d.offer(key, &data);
+            }
+        }
+        stored
+    }
+
+    fn offer_ram(&self, key: u64, data: Arc<CachedData>) -> bool {
         let bytes = data.bytes();
         let mut g = self.inner.lock();
         let inner = &mut *g;
@@ -389,6 +445,7 @@ impl Cache {
             est_time_saved_s: g.saved_s,
             costs: g.costs,
             estimates: g.estimates.clone(),
+            disk: self.disk.as_ref().map(DiskTier::stats),
         }
     }
 }
@@ -399,7 +456,13 @@ mod tests {
     use sluice_core::ByteBudget;
 
     fn cache(policy: CachePolicyKind, entries: u64) -> Cache {
-        let spec = CacheSpec { budget: ByteBudget::Bytes(entries * 10), level: CacheLevel::Raw, resize: None, policy };
+        let spec = CacheSpec {
+            budget: ByteBudget::Bytes(entries * 10),
+            level: CacheLevel::Raw,
+            resize: None,
+            policy,
+            disk: None,
+        };
         Cache::new(&spec, entries * 10, 100)
     }
 
@@ -507,6 +570,7 @@ mod tests {
             level: CacheLevel::Auto,
             resize: None,
             policy: CachePolicyKind::Lru,
+            disk: None,
         };
         let c = Cache::new(&spec, 1 << 20, 1000);
         let cost = SampleCost {

@@ -41,14 +41,14 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
-use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, SourceSpec, Tensor};
+use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, SamplingSpec, SourceSpec, Tensor};
 
-use crate::cache::{total_ram_bytes, Cache};
+use crate::cache::{disk_namespace, total_ram_bytes, Cache, DiskTier};
 use crate::error::PipelineError;
 use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceStore, ReportCounts};
 use crate::locality::peer::{PeerClient, PeerServer};
 use crate::locality::Locality;
-use crate::sampler::{EpochDraw, MixPlan, Shard};
+use crate::sampler::{epoch_order, EpochDraw, MixPlan, Shard};
 use crate::source::build_manifest;
 use crate::stats::StatsSnapshot;
 use crate::storage::{open_storage, open_storage_in, Roots, Storage};
@@ -155,7 +155,11 @@ impl Loader {
                     ByteBudget::Bytes(b) => b,
                     ByteBudget::RamFraction(_) => c.budget.resolve(total_ram_bytes().ok_or(PipelineError::RamUnknown)?),
                 };
-                Some(Arc::new(Cache::new(c, budget, manifest.len())))
+                let mut cache = Cache::new(c, budget, manifest.len());
+                if let Some(disk) = &c.disk {
+                    cache = cache.with_disk(DiskTier::open(disk, disk_namespace(&spec, &manifest))?);
+                }
+                Some(Arc::new(cache))
             }
         };
         Self::build(spec, manifest, shard, cache)?.serving_peers()
@@ -510,7 +514,8 @@ impl Loader {
 
     /// Draws the order (and weights) of `epoch` from the importance state and hands the
     /// cache its priorities for the epoch.
-    fn draw_epoch(&self, epoch: u64) -> crate::sampler::EpochDraw {
+    /// `consumed`: samples of the epoch already delivered (a resumed epoch).
+    fn draw_epoch(&self, epoch: u64, consumed: usize) -> crate::sampler::EpochDraw {
         let shared = &self.shared;
         if let Some(plan) = self.mix_plan(epoch) {
             let order = plan.order(self.global_batch(), shared.data.spec.seed, epoch, shared.data.spec.shuffle);
@@ -519,6 +524,9 @@ impl Loader {
             let draw = EpochDraw { order, weights: None, expected }.shard(shared.data.shard);
             if let Some(cache) = &shared.priority.cache {
                 cache.set_priorities_for(&draw, &shared.priority.importance.lock(), &shared.data.manifest);
+                if cache.disk().is_some() {
+                    self.tell_future(cache, epoch, &draw, consumed);
+                }
             }
             return draw;
         }
@@ -540,8 +548,30 @@ impl Loader {
         let draw = store.draw(epoch, hot, &inputs);
         if let Some(cache) = &shared.priority.cache {
             cache.set_priorities_for(&draw, &store, &shared.data.manifest);
+            if cache.disk().is_some() {
+                self.tell_future(cache, epoch, &draw, consumed);
+            }
         }
         draw
+    }
+
+    /// Hands the disk tier the order of the rest of `epoch` and, when it is known from the
+    /// seed alone (uniform sampling without locality), of the next epoch too: Belady's rule
+    /// then keeps, across the epoch boundary, what the next epoch needs first. `consumed`
+    /// samples of `draw` were looked up already (a resumed epoch).
+    fn tell_future(&self, cache: &Cache, epoch: u64, draw: &EpochDraw, consumed: usize) {
+        let data = &self.shared.data;
+        let key = |&p: &u32| data.manifest.entries.get(p as usize).map(|e| e.key.0);
+        let mut keys: Vec<u64> = draw.order.iter().skip(consumed).filter_map(key).collect();
+        if data.spec.sampling == SamplingSpec::Uniform && data.mix.is_none() && self.shared.peering.locality.is_none() {
+            let next = epoch_order(data.manifest.len(), data.spec.seed, epoch + 1, data.spec.shuffle, data.shard);
+            keys.extend(next.iter().filter_map(key));
+        }
+        let importance = match data.spec.sampling {
+            SamplingSpec::Uniform => std::collections::HashMap::new(),
+            _ => data.manifest.entries.iter().zip(&draw.expected).map(|(e, &x)| (e.key.0, x)).collect(),
+        };
+        cache.set_future(keys, importance);
     }
 
     /// Iterates the rest of the current epoch (all of it, unless resuming). When the epoch
@@ -553,7 +583,8 @@ impl Loader {
             p.generation += 1;
             (p.epoch, p.batch, p.generation)
         };
-        let draw = self.draw_epoch(epoch);
+        let consumed = usize::try_from(start).unwrap_or(usize::MAX).saturating_mul(self.shared.data.spec.batch.size);
+        let draw = self.draw_epoch(epoch, consumed);
         EpochIter::new(self, epoch, start, Some(generation), Arc::new(draw.order), draw.weights.map(Arc::new))
     }
 
@@ -592,7 +623,7 @@ impl Loader {
         if let Some((_, order, weights)) = draws.iter().find(|d| d.0 == epoch) {
             return (order.clone(), weights.clone());
         }
-        let draw = self.draw_epoch(epoch);
+        let draw = self.draw_epoch(epoch, 0);
         let (order, weights) = (Arc::new(draw.order), draw.weights.map(Arc::new));
         if draws.len() == 2 {
             draws.remove(0);

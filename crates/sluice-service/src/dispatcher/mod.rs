@@ -95,7 +95,7 @@ pub struct DispatcherService {
 
 /// Refuses what only multi-learner local loaders may ask for. In the service, workers would
 /// act on it for any client: dial every address in `locality.peers`, create the
-/// `storage.shared_link` file; and the dispatcher assigns samples to workers itself.
+/// `storage.shared_link` file, write `cache.disk` files; and the dispatcher assigns samples to workers itself.
 fn refuse_learner_only(spec: &PipelineSpec) -> Result<(), ServiceError> {
     let refuse = |field: &str, why: &str| Err(ServiceError::Spec(sluice_core::SpecError::new(field, why)));
     if spec.locality.is_some() {
@@ -103,6 +103,12 @@ fn refuse_learner_only(spec: &PipelineSpec) -> Result<(), ServiceError> {
     }
     if matches!(spec.storage, sluice_core::StorageSpec::Throttled { shared_link: Some(_), .. }) {
         return refuse("storage.shared_link", "is for learner processes on one machine, not service jobs");
+    }
+    if spec.cache.as_ref().is_some_and(|c| c.disk.is_some()) {
+        return refuse(
+            "cache.disk",
+            "is for loaders on one machine (it writes files in the folder it names), not service jobs",
+        );
     }
     Ok(())
 }
@@ -942,5 +948,27 @@ mod tests {
         let len = reply.encoded_len();
         assert!(len <= MAX_CONTROL_MESSAGE_BYTES, "{len} bytes for {n} samples");
         assert!(len > MAX_CONTROL_MESSAGE_BYTES * 3 / 4, "{len} bytes: the bound wastes a quarter of the message");
+    }
+
+    #[test]
+    fn a_job_spec_with_a_disk_cache_tier_is_refused() {
+        // A client would otherwise make every worker write files in a folder it names.
+        let mut spec =
+            PipelineSpec::train_default(sluice_core::SourceSpec::ImageFolder { root: "/data".into() }, 32, 4);
+        spec.cache = Some(sluice_core::CacheSpec {
+            budget: sluice_core::ByteBudget::Bytes(1 << 20),
+            level: sluice_core::CacheLevel::Raw,
+            resize: None,
+            policy: sluice_core::CachePolicyKind::Lru,
+            disk: Some(sluice_core::DiskCacheSpec {
+                dir: "/etc/anywhere".into(),
+                budget: sluice_core::ByteBudget::Bytes(1 << 30),
+                policy: sluice_core::DiskPolicyKind::Belady,
+            }),
+        });
+        let err = refuse_learner_only(&spec).unwrap_err().to_string();
+        assert!(err.contains("cache.disk"), "{err}");
+        spec.cache.as_mut().unwrap().disk = None;
+        assert!(refuse_learner_only(&spec).is_ok());
     }
 }

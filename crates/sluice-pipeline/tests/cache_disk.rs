@@ -1,0 +1,168 @@
+//! The cache's disk tier inside the loader, on real files: a new loader over the same
+//! folder hits what an earlier one wrote (same pixels), a corrupt or half-written entry is
+//! a miss and never served, the tier keeps to its budget, and with half the dataset on
+//! disk Belady's rule over the known next epoch beats LRU on the second epoch.
+
+#![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
+
+use std::path::{Path, PathBuf};
+
+use sluice_core::{
+    Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec, DiskPolicyKind, PipelineSpec, SourceSpec,
+};
+use sluice_pipeline::cache::DiskStats;
+use sluice_pipeline::{Loader, Shard};
+use sluice_synth::{write_dataset, DatasetOptions};
+
+fn dataset(dir: &Path, images: usize) -> PathBuf {
+    let root = dir.join("train");
+    let o = DatasetOptions { images, classes: 3, texture: 4, ..Default::default() };
+    write_dataset(&root, &o, &|_| {}).unwrap();
+    root
+}
+
+/// A memory tier too small for any entry over a disk tier of `budget` bytes in `dir`.
+fn spec(root: &Path, dir: &Path, budget: u64, level: CacheLevel, policy: DiskPolicyKind) -> PipelineSpec {
+    let mut s = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 32, 4);
+    s.threads = 2.into();
+    s.seed = 5;
+    s.prefetch = 2;
+    s.cache = Some(CacheSpec {
+        budget: ByteBudget::Bytes(1),
+        level,
+        resize: None,
+        policy: CachePolicyKind::Lru,
+        disk: Some(DiskCacheSpec { dir: dir.to_path_buf(), budget: ByteBudget::Bytes(budget), policy }),
+    });
+    s
+}
+
+fn collect(loader: &Loader) -> Vec<Batch> {
+    loader.iter().map(|b| b.unwrap()).collect()
+}
+
+fn disk(loader: &Loader) -> DiskStats {
+    loader.stats().cache.unwrap().disk.unwrap()
+}
+
+/// The entry files of the one pipeline folder under `dir`, and their total size.
+fn entry_files(dir: &Path) -> (Vec<PathBuf>, u64) {
+    let mut files = Vec::new();
+    for ns in std::fs::read_dir(dir).unwrap() {
+        for f in std::fs::read_dir(ns.unwrap().path()).unwrap() {
+            files.push(f.unwrap().path());
+        }
+    }
+    files.sort();
+    let bytes = files.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
+    (files, bytes)
+}
+
+#[test]
+fn a_new_loader_over_the_same_folder_hits_what_an_earlier_one_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = dataset(tmp.path(), 12);
+    let dir = tmp.path().join("disk");
+    let s = spec(&root, &dir, 1 << 30, CacheLevel::Decoded, DiskPolicyKind::Belady);
+    let first = Loader::new(s.clone(), Shard::default()).unwrap();
+    let e0 = collect(&first);
+    let d = disk(&first);
+    assert_eq!((d.hits, d.misses, d.insertions, d.entries), (0, 12, 12, 12));
+    drop(first);
+
+    let second = Loader::new(s.clone(), Shard::default()).unwrap();
+    assert_eq!(disk(&second).recovered, 12);
+    assert_eq!(collect(&second), e0, "entries read back give the same pixels");
+    let d = disk(&second);
+    assert_eq!((d.hits, d.misses, d.corrupt, d.insertions), (12, 0, 0, 0));
+
+    // Another dataset (its manifest fingerprint differs, its keys overlap): none served.
+    let other_root = dataset(&tmp.path().join("other"), 11);
+    let third =
+        Loader::new(spec(&other_root, &dir, 1 << 30, CacheLevel::Decoded, DiskPolicyKind::Belady), Shard::default())
+            .unwrap();
+    assert_eq!(disk(&third).recovered, 0);
+    collect(&third);
+    assert_eq!(disk(&third).hits, 0);
+}
+
+#[test]
+fn a_truncated_or_corrupt_entry_is_a_counted_miss_and_never_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = dataset(tmp.path(), 12);
+    let dir = tmp.path().join("disk");
+    let s = spec(&root, &dir, 1 << 30, CacheLevel::Decoded, DiskPolicyKind::Belady);
+    let e0 = collect(&Loader::new(s.clone(), Shard::default()).unwrap());
+    let (files, _) = entry_files(&dir);
+    assert_eq!(files.len(), 12);
+    // A half-written entry (truncated), a flipped pixel byte, and a temporary file left by
+    // a write that never finished.
+    let len = std::fs::metadata(&files[0]).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&files[0]).unwrap().set_len(len / 2).unwrap();
+    let mut bytes = std::fs::read(&files[1]).unwrap();
+    bytes[100] ^= 0x55;
+    std::fs::write(&files[1], bytes).unwrap();
+    let leftover = files[2].with_extension("tmp.1.1");
+    std::fs::write(&leftover, b"half").unwrap();
+
+    let second = Loader::new(s, Shard::default()).unwrap();
+    assert!(!leftover.exists(), "a leftover temporary file is deleted at open");
+    assert_eq!(collect(&second), e0, "a bad entry is decoded again, not served");
+    let d = disk(&second);
+    assert_eq!((d.hits, d.misses, d.corrupt), (10, 2, 2));
+    // Both were written again, whole.
+    assert_eq!((d.insertions, d.entries), (2, 12));
+}
+
+#[test]
+fn the_disk_tier_keeps_to_its_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = dataset(tmp.path(), 16);
+    let dir = tmp.path().join("disk");
+    for policy in [DiskPolicyKind::Belady, DiskPolicyKind::Lru] {
+        let _ = std::fs::remove_dir_all(&dir);
+        // Raw entries of these images are a few KB each: about a third fit.
+        let full = Loader::new(spec(&root, &dir, 1 << 30, CacheLevel::Raw, policy), Shard::default()).unwrap();
+        collect(&full);
+        let total = disk(&full).used_bytes;
+        drop(full);
+        let _ = std::fs::remove_dir_all(&dir);
+        let budget = total / 3;
+        let loader = Loader::new(spec(&root, &dir, budget, CacheLevel::Raw, policy), Shard::default()).unwrap();
+        for _ in 0..3 {
+            collect(&loader);
+            let d = disk(&loader);
+            let (files, on_disk) = entry_files(&dir);
+            assert!(d.used_bytes <= budget && on_disk <= budget, "{policy:?}: {d:?}");
+            assert_eq!((files.len() as u64, on_disk), (d.entries, d.used_bytes), "{policy:?}");
+            assert!(d.entries >= 3, "{policy:?}: {d:?}");
+        }
+    }
+}
+
+/// Disk hits of epoch 1 over its lookups, with `budget` bytes of disk.
+fn second_epoch_hit_rate(root: &Path, dir: &Path, budget: u64, policy: DiskPolicyKind) -> f64 {
+    let _ = std::fs::remove_dir_all(dir);
+    let loader = Loader::new(spec(root, dir, budget, CacheLevel::Raw, policy), Shard::default()).unwrap();
+    collect(&loader);
+    let before = disk(&loader);
+    collect(&loader);
+    let after = disk(&loader);
+    let lookups = (after.hits + after.misses) - (before.hits + before.misses);
+    (after.hits - before.hits) as f64 / lookups as f64
+}
+
+#[test]
+fn belady_over_the_next_epochs_order_beats_lru_at_half_the_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = dataset(tmp.path(), 64);
+    let dir = tmp.path().join("disk");
+    let full = Loader::new(spec(&root, &dir, 1 << 30, CacheLevel::Raw, DiskPolicyKind::Lru), Shard::default()).unwrap();
+    collect(&full);
+    let half = disk(&full).used_bytes / 2;
+    drop(full);
+    let belady = second_epoch_hit_rate(&root, &dir, half, DiskPolicyKind::Belady);
+    let lru = second_epoch_hit_rate(&root, &dir, half, DiskPolicyKind::Lru);
+    assert!(belady >= 0.45, "belady {belady:.3}, lru {lru:.3}");
+    assert!(belady > lru + 0.1, "belady {belady:.3}, lru {lru:.3}");
+}
