@@ -211,8 +211,8 @@ fn box_sources(dir: &Path, images: usize) -> Vec<SourceSpec> {
     let o = DatasetOptions { images, classes: 3, texture: 4, boxes: true, ..Default::default() };
     write_dataset(&root, &o, &|_| {}).unwrap();
     vec![
-        SourceSpec::Sidecar { root: root.clone() },
-        SourceSpec::Coco { annotations: root.join("instances.json"), images: root },
+        SourceSpec::Sidecar { root: root.clone(), masks: false },
+        SourceSpec::Coco { annotations: root.join("instances.json"), images: root, masks: false },
     ]
 }
 

@@ -76,7 +76,7 @@ fn hostile_sidecars_fail_their_sample_by_name_or_are_clamped() {
             None => std::fs::remove_file(sidecar(&root, *i)).unwrap(),
         }
     }
-    let source = SourceSpec::Sidecar { root: root.clone() };
+    let source = SourceSpec::Sidecar { root: root.clone(), masks: false };
 
     // Skipped: the good and the clamped samples load; each bad one is listed by name.
     let loader = Loader::new(spec(source.clone(), ErrorPolicy::Skip), Shard::default()).unwrap();
@@ -135,7 +135,7 @@ fn a_hostile_coco_file_fails_only_the_images_it_damages_or_is_refused_by_name() 
         format!(r#"{{"images": [{}], "annotations": [{}]}}"#, images.join(","), annotations.join(",")),
     )
     .unwrap();
-    let source = SourceSpec::Coco { annotations: path.clone(), images: root.clone() };
+    let source = SourceSpec::Coco { annotations: path.clone(), images: root.clone(), masks: false };
     let loader = Loader::new(spec(source.clone(), ErrorPolicy::Skip), Shard::default()).unwrap();
     let batches = all(&loader).unwrap();
     let keys: Vec<u64> = batches.iter().flat_map(|b| b.keys.clone()).collect();

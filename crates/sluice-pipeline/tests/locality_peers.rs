@@ -153,7 +153,7 @@ fn learners_of_a_source_with_boxes_take_only_raw_bytes_from_peers_and_keep_every
     let root = dir.path().join("boxes");
     let o = DatasetOptions { images: 24, classes: 3, texture: 4, boxes: true, ..Default::default() };
     write_dataset(&root, &o, &|_| {}).unwrap();
-    let source = SourceSpec::Sidecar { root };
+    let source = SourceSpec::Sidecar { root, masks: false };
     let plain = {
         let mut s = PipelineSpec::train_default(source.clone(), 16, 4);
         (s.threads, s.seed) = (2.into(), 3);
@@ -170,6 +170,7 @@ fn learners_of_a_source_with_boxes_take_only_raw_bytes_from_peers_and_keep_every
                 level: CacheLevel::Decoded,
                 resize: None,
                 policy: CachePolicyKind::Lru,
+                disk: None,
             });
             s.locality = Some(LocalitySpec {
                 assignment: Assignment::Aware,

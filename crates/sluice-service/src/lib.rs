@@ -44,7 +44,7 @@ pub mod up;
 mod worker;
 
 pub use config::{ConfigError, ServiceConfig};
-pub use dispatcher::{run_dispatcher, DispatcherConfig};
+pub use dispatcher::{run_dispatcher, DispatcherConfig, DRAW_CHUNK};
 pub use error::ServiceError;
 pub use limits::WorkerLimits;
 pub use process::{serve_dispatcher, serve_worker, signal_flag};

@@ -93,11 +93,11 @@ impl AllowedRoots {
             SourceSpec::Tar { shards } => shards.iter().try_for_each(|s| self.check(s)),
             SourceSpec::Mix { sources } => sources.iter().try_for_each(|s| self.check_source(&s.source)),
             SourceSpec::Parquet { path, .. } => self.check(path),
-            SourceSpec::Coco { annotations, images } => {
+            SourceSpec::Coco { annotations, images, .. } => {
                 self.check(annotations)?;
                 self.check(images)
             }
-            SourceSpec::Sidecar { root } => self.check(root),
+            SourceSpec::Sidecar { root, .. } => self.check(root),
         }
     }
 

@@ -298,31 +298,3 @@ fn every_drawn_occurrence_arrives_once_across_20_worker_kills_and_a_dispatcher_r
     }
     eprintln!("duplicates dropped by the client: {}", remote.duplicates_dropped());
 }
-
-#[test]
-fn an_importance_job_whose_draw_cannot_fit_a_message_is_refused_with_its_size() {
-    let _watchdog = watchdog("an_importance_job_whose_draw_cannot_fit_a_message_is_refused_with_its_size", 120);
-    let dir = tempfile::tempdir().unwrap();
-    let root = dataset(dir.path());
-    // 300,000 samples: one of the dataset's images listed over and over.
-    let class = std::fs::read_dir(&root).unwrap().flatten().find(|e| e.path().is_dir()).unwrap().path();
-    let image = std::fs::read_dir(&class).unwrap().flatten().next().unwrap().path();
-    let line = format!("{} 0\n", image.strip_prefix(&root).unwrap().display());
-    let list = root.join("big.txt");
-    std::fs::write(&list, line.repeat(300_000)).unwrap();
-    let addr = free_addr();
-    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
-    let _w = worker(&addr, &root, &[]);
-    let mut s = importance_spec(&root);
-    s.source = sluice_core::SourceSpec::FileList { path: list, root: None };
-    // Before, the job was accepted: epoch 0 (uniform) went through, but the draw of an
-    // importance-sampled epoch (~4.5 MB for 300,000 samples) was over the 4 MiB message limit.
-    let e = within(60, "connect", move || RemoteLoader::connect(&s, options(&addr, "big")).err())
-        .expect("a job of 300,000 samples was accepted");
-    assert_eq!(e.kind(), ServiceErrorKind::InvalidRequest, "{e}");
-    let message = e.to_string();
-    assert!(
-        message.contains("sampling") && message.contains("300000") && message.contains("229376"),
-        "the error names neither the field nor the sizes: {message}"
-    );
-}

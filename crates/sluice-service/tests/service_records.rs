@@ -58,8 +58,8 @@ fn a_source_with_boxes_is_served_exactly_once_with_the_local_boxes_across_a_work
     let mut workers: Vec<Proc> = (0..2).map(|_| worker_process(&addr, &root, &[])).collect();
     let batches = IMAGES.div_ceil(BATCH) as u64;
     let sources = [
-        SourceSpec::Sidecar { root: root.clone() },
-        SourceSpec::Coco { annotations: root.join("instances.json"), images: root.clone() },
+        SourceSpec::Sidecar { root: root.clone(), masks: false },
+        SourceSpec::Coco { annotations: root.join("instances.json"), images: root.clone(), masks: false },
     ];
     for (round, source) in sources.into_iter().enumerate() {
         let spec = box_spec(source.clone());
@@ -117,13 +117,14 @@ fn importance_sampling_and_the_workers_cache_serve_boxes_as_the_local_loader_doe
     let addr = free_addr();
     let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
     let _w = worker(&addr, &root, &[]);
-    let mut spec = box_spec(SourceSpec::Sidecar { root: root.clone() });
+    let mut spec = box_spec(SourceSpec::Sidecar { root: root.clone(), masks: false });
     spec.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 4, miss_discount: 1.0, max_draws: 4.0 };
     spec.cache = Some(CacheSpec {
         budget: ByteBudget::Bytes(64 << 20),
         level: CacheLevel::Decoded,
         resize: None,
         policy: CachePolicyKind::Importance,
+        disk: None,
     });
     let loss = |k: u64| if k < 8 { 10.0 } else { 0.1 };
     let local = Loader::new(spec.clone(), Shard::default()).unwrap();

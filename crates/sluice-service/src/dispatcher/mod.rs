@@ -110,6 +110,12 @@ fn refuse_learner_only(spec: &PipelineSpec) -> Result<(), ServiceError> {
             "is for loaders on one machine (it writes files in the folder it names), not service jobs",
         );
     }
+    if spec.source.has_masks() {
+        return refuse(
+            "source.masks",
+            "segmentation masks are not served yet (batches on the wire carry no masks); load them locally",
+        );
+    }
     Ok(())
 }
 
@@ -136,12 +142,11 @@ fn replay_importance(state: &mut State, job_id: u64, spec_json: &str, manifest_f
     }
 }
 
-/// The most samples an importance-sampled job may have: each epoch's draw goes to every
-/// worker in one `EpochDrawReply` of at most [`MAX_CONTROL_MESSAGE_BYTES`]. Below 2^21
-/// samples each takes at most 16 bytes there (its position in the order, ≤ 3; its weight,
-/// 4; its place in the hot set, ≤ 3; its owner, ≤ 2; its cache priority, 4); an eighth of
-/// the message is left for the workers' addresses.
-pub const MAX_DRAWN_SAMPLES: u64 = (MAX_CONTROL_MESSAGE_BYTES as u64 / 8 * 7) / 16;
+/// Positions of an epoch's draw in one `EpochDrawReply` chunk, which must fit
+/// [`MAX_CONTROL_MESSAGE_BYTES`]: each position takes at most 20 bytes there (its place in
+/// the order, ≤ 5; its weight, 4; a place in the hot set, ≤ 5; its owner, ≤ 2; its cache
+/// priority, 4), and an eighth of the message is left for the workers' addresses.
+pub const DRAW_CHUNK: usize = (MAX_CONTROL_MESSAGE_BYTES / 8 * 7) / 20;
 
 fn valid_name(what: &str, s: &str) -> Result<(), ServiceError> {
     if s.is_empty() || s.len() > 256 || s.chars().any(|c| c.is_control()) {
@@ -286,15 +291,6 @@ impl DispatcherService {
         let manifest_fingerprint = manifest.fingerprint_hex();
         let manifest_hash = manifest.fingerprint;
         let importance = JobImportance::for_job(&spec, manifest);
-        if importance.is_some() && samples > MAX_DRAWN_SAMPLES {
-            return Err(ServiceError::Spec(sluice_core::SpecError::new(
-                "sampling",
-                format!(
-                    "importance sampling through the service draws each epoch into one control message, \
-                     which fits {MAX_DRAWN_SAMPLES} samples; this dataset has {samples}"
-                ),
-            )));
-        }
         let b = spec.batch.size as u64;
         let batches = if spec.batch.drop_last { samples / b } else { samples.div_ceil(b) };
         let canonical = serde_json::to_string(&spec)
@@ -653,14 +649,22 @@ impl Dispatcher for DispatcherService {
             // A draw is answered only once its record (and the reports before it) is on
             // disk: a restarted dispatcher draws the same.
             self.durable(seq).await?;
+            // Entries `first..first + DRAW_CHUNK` of each list, cut at its own length.
+            let first = usize::try_from(req.first).unwrap_or(usize::MAX);
+            fn chunk<T: Clone>(v: &[T], first: usize) -> Vec<T> {
+                v.get(first.min(v.len())..first.saturating_add(DRAW_CHUNK).min(v.len())).unwrap_or_default().to_vec()
+            }
+            let priorities: Vec<f32> = draw.priorities.iter().flatten().map(|&p| p as f32).collect();
             Ok(EpochDrawReply {
                 epoch: req.epoch,
-                order: draw.draw.order.clone(),
-                weights: draw.draw.weights.clone().unwrap_or_default(),
-                hot: draw.hot.clone(),
+                total: draw.draw.order.len() as u64,
+                hot_total: draw.hot.len() as u64,
+                order: chunk(&draw.draw.order, first),
+                weights: chunk(draw.draw.weights.as_deref().unwrap_or_default(), first),
+                hot: chunk(&draw.hot, first),
                 members: draw.members.iter().map(|m| m.addr.clone()).collect(),
-                owners: draw.owners.clone(),
-                priorities: draw.priorities.iter().flatten().map(|&p| p as f32).collect(),
+                owners: chunk(&draw.owners, first),
+                priorities: chunk(&priorities, first),
             })
         }
         .await;
@@ -930,14 +934,75 @@ mod tests {
         run_epochs(&service, job_id, 100..102).await;
     }
 
+    #[tokio::test]
+    async fn a_draw_larger_than_one_message_comes_in_chunks_that_add_up_to_it() {
+        // Before, a job this large was refused when created: "importance sampling through
+        // the service draws each epoch into one control message, which fits 229376 samples".
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("data");
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("tiny.jpg"), sluice_synth::noise_jpeg(0, 16).unwrap()).unwrap();
+        let n = DRAW_CHUNK + 1000;
+        std::fs::write(root.join("list.txt"), "tiny.jpg 0\n".repeat(n)).unwrap();
+        let config = DispatcherConfig {
+            listen: "127.0.0.1:0".into(),
+            journal: None,
+            allow_roots: vec![root.clone()],
+            token: None,
+            operator_token: None,
+            metrics_listen: None,
+            tls: None,
+            autoscale: None,
+            cache_aware: false,
+        };
+        let source = sluice_core::SourceSpec::FileList { path: root.join("list.txt"), root: None };
+        let mut spec = PipelineSpec::train_default(source, 16, 1024);
+        spec.sampling = sluice_core::SamplingSpec::Importance {
+            floor: 0.1,
+            coverage_epochs: 4,
+            miss_discount: 1.0,
+            max_draws: 4.0,
+        };
+        let create = CreateJobRequest {
+            job_name: "big".into(),
+            spec_json: serde_json::to_string(&spec).unwrap(),
+            task_batches: 16,
+            parallel_epochs: 0,
+        };
+        let service = DispatcherService::new(&config).unwrap();
+        let job_id = service.create_job(Request::new(create)).await.unwrap().into_inner().job_id;
+        run_epochs(&service, job_id, 0..1).await;
+        let keys: Vec<u64> = (0..n as u64).collect();
+        let losses: Vec<f64> = keys.iter().map(|&k| if k % 100 == 0 { 10.0 } else { 0.1 }).collect();
+        let report =
+            ReportRequest { job_id, client_id: "c".into(), epoch: 0, keys, values: losses, ..Default::default() };
+        service.report(Request::new(report)).await.unwrap();
+        let get = |first: usize| Request::new(GetDrawRequest { job_id, epoch: 1, first: first as u64 });
+        let a = service.get_draw(get(0)).await.unwrap().into_inner();
+        let b = service.get_draw(get(DRAW_CHUNK)).await.unwrap().into_inner();
+        assert_eq!((a.total, a.order.len(), a.weights.len()), (n as u64, DRAW_CHUNK, DRAW_CHUNK));
+        assert_eq!((b.total, b.order.len(), b.weights.len()), (n as u64, 1000, 1000));
+        assert!(a.encoded_len() <= MAX_CONTROL_MESSAGE_BYTES, "{} bytes", a.encoded_len());
+        // Every chunk comes from the one draw of the epoch: asked again, the same.
+        assert_eq!(service.get_draw(get(0)).await.unwrap().into_inner(), a);
+        let order = [a.order, b.order].concat();
+        assert!(order.iter().all(|&p| (p as usize) < n));
+        let hard = order.iter().filter(|&&p| p % 100 == 0).count();
+        assert!(hard > 2 * n / 100, "the reported samples are drawn more: {hard} of {n}");
+        let past = service.get_draw(get(n)).await.unwrap().into_inner();
+        assert!(past.order.is_empty() && past.weights.is_empty() && past.total == n as u64);
+    }
+
     #[test]
-    fn the_largest_draw_allowed_fits_one_control_message() {
-        // Every field at its widest: the last position everywhere, every sample hot, 1,024
+    fn the_largest_draw_chunk_fits_one_control_message() {
+        // Every field at its widest: the largest position everywhere, every sample hot, 1,024
         // workers with 256-character addresses, the last of them owning every sample.
-        let n = MAX_DRAWN_SAMPLES as usize;
-        let last = (n - 1) as u32;
+        let n = DRAW_CHUNK;
+        let last = u32::MAX;
         let reply = EpochDrawReply {
             epoch: u64::MAX,
+            total: u64::MAX,
+            hot_total: u64::MAX,
             order: vec![last; n],
             weights: vec![1.5; n],
             hot: vec![last; n],
@@ -970,5 +1035,14 @@ mod tests {
         assert!(err.contains("cache.disk"), "{err}");
         spec.cache.as_mut().unwrap().disk = None;
         assert!(refuse_learner_only(&spec).is_ok());
+    }
+
+    #[test]
+    fn a_job_spec_whose_source_has_masks_is_refused_rather_than_served_without_them() {
+        let sidecar = |masks| sluice_core::SourceSpec::Sidecar { root: "/data".into(), masks };
+        let spec = PipelineSpec::train_default(sidecar(true), 32, 4);
+        let err = refuse_learner_only(&spec).unwrap_err().to_string();
+        assert!(err.contains("source.masks"), "{err}");
+        assert!(refuse_learner_only(&PipelineSpec::train_default(sidecar(false), 32, 4)).is_ok());
     }
 }

@@ -1,6 +1,7 @@
 //! The epochs of an importance-sampled job: the dispatcher draws them (it holds the job's
-//! importance store), and a worker fetches each epoch's draw once, checks it against its
-//! dataset and keeps the last few for the epoch's tasks.
+//! importance store), and a worker fetches each epoch's draw once, in chunks that each fit
+//! a control message, checks it against its dataset and keeps the last few for the
+//! epoch's tasks.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -49,16 +50,9 @@ impl WorkerService {
         if let Some(d) = draws.get(epoch) {
             return Ok(d);
         }
-        let reply = self
-            .inner
-            .dispatcher
-            .clone()
-            .get_draw(GetDrawRequest { job_id, epoch })
-            .await
-            .map_err(|s| ClientError::rpc("GetDraw", s))?
-            .into_inner();
         let n = runner.loader.samples_per_epoch();
         let bad = |why: String| ServiceError::InvalidArgument(format!("job {job_id}, epoch {epoch}: the draw {why}"));
+        let reply = self.fetch_draw(job_id, epoch, n).await?;
         if reply.epoch != epoch {
             return Err(bad(format!("is for epoch {}", reply.epoch)));
         }
@@ -93,6 +87,44 @@ impl WorkerService {
 }
 
 impl WorkerService {
+    /// The whole draw of `epoch`, chunk by chunk: each chunk's lists are appended to the
+    /// first's until the order holds its `total` positions (at most `n`, the dataset's
+    /// samples: a dispatcher that claims more is refused before any is fetched).
+    async fn fetch_draw(&self, job_id: u64, epoch: u64, n: usize) -> Result<EpochDrawReply, ServiceError> {
+        let mut dispatcher = self.inner.dispatcher.clone();
+        let mut get = async |first: usize| {
+            let request = GetDrawRequest { job_id, epoch, first: first as u64 };
+            Ok::<_, ServiceError>(
+                dispatcher.get_draw(request).await.map_err(|s| ClientError::rpc("GetDraw", s))?.into_inner(),
+            )
+        };
+        let mut whole = get(0).await?;
+        let bad = |why: String| ServiceError::InvalidArgument(format!("job {job_id}, epoch {epoch}: the draw {why}"));
+        if whole.total != n as u64 || whole.hot_total > whole.total {
+            return Err(bad(format!(
+                "has {} positions ({} hot), the dataset {n} samples",
+                whole.total, whole.hot_total
+            )));
+        }
+        while whole.order.len() < n {
+            let chunk = get(whole.order.len()).await?;
+            if chunk.order.is_empty()
+                || (chunk.epoch, chunk.total, chunk.hot_total) != (epoch, whole.total, whole.hot_total)
+            {
+                return Err(bad(format!("changed or stopped at position {}", whole.order.len())));
+            }
+            whole.order.extend(chunk.order);
+            whole.weights.extend(chunk.weights);
+            whole.hot.extend(chunk.hot);
+            whole.owners.extend(chunk.owners);
+            whole.priorities.extend(chunk.priorities);
+        }
+        if whole.hot.len() as u64 != whole.hot_total {
+            return Err(bad(format!("sent {} hot positions of {}", whole.hot.len(), whole.hot_total)));
+        }
+        Ok(whole)
+    }
+
     /// Points the job's cache at the epoch's draw (checked): with a placement, at this
     /// worker's share of the hot set (every sample it owns, before there is a hot set) and
     /// nothing else; without one, at the policy's priorities over the whole dataset.
