@@ -31,14 +31,35 @@ impl Drop for Watchdog {
     }
 }
 
-/// Runs `f` on a thread and fails the test (instead of hanging it) if it takes over `secs`.
+/// Runs `f` on a thread and fails the test (instead of hanging it) if it takes over `secs`;
+/// a panic in `f` is the test's panic, at once and with its own message.
 pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let _ = tx.send(f());
     });
     match rx.recv_timeout(Duration::from_secs(secs)) {
         Ok(v) => v,
-        Err(_) => panic!("{what}: still not done after {secs} s"),
+        // The sender went away without sending: `f` panicked.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match thread.join() {
+            Err(payload) => std::panic::resume_unwind(payload),
+            Ok(()) => panic!("{what}: ended without a result"),
+        },
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still not done after {secs} s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_inside_within_is_reported_at_once_with_its_message() {
+        let t0 = std::time::Instant::now();
+        let caught = std::panic::catch_unwind(|| within(20, "the work", || -> u32 { panic!("the real reason") }));
+        let payload = caught.expect_err("within returned although f panicked");
+        let message = payload.downcast_ref::<&str>().map(|s| s.to_string()).unwrap_or_default();
+        assert_eq!(message, "the real reason");
+        assert!(t0.elapsed() < Duration::from_secs(10), "waited {:?} for a panicked closure", t0.elapsed());
     }
 }
