@@ -445,26 +445,13 @@ impl Plan {
         Ok(())
     }
 
-    /// [`Plan::run`] for a sample with boxes: `boxes` (XYXY pixels of the encoded image)
-    /// move with the pixels through every geometric op, the fused decode included, and
-    /// follow the stated rule after decode and after each op: clamped to the image, and
-    /// dropped when under one pixel a side ([`BoxTargets::sanitize`]).
-    pub fn run_with_boxes(
-        &self,
-        bytes: &[u8],
-        rng: &mut SampleRng,
-        scratch: &mut Scratch,
-        out: &mut [u8],
-        times: &mut [Duration],
-        boxes: &mut BoxTargets,
-    ) -> Result<(), CodecError> {
-        self.run_with_records(bytes, rng, scratch, out, times, boxes, None)
-    }
-
-    /// [`Plan::run_with_boxes`] with the sample's segmentation mask (the size of the encoded
-    /// image, else [`CodecError::MaskSize`]): it moves through every geometric op as
-    /// torchvision moves a `tv_tensors.Mask` (nearest-neighbour, 0 outside the image) and
-    /// ends the size of the output.
+    /// [`Plan::run`] for a sample with boxes and perhaps a mask: `boxes` (XYXY pixels of
+    /// the encoded image) move with the pixels through every geometric op, the fused decode
+    /// included, and follow the stated rule after decode and after each op: clamped to the
+    /// image, and dropped when under one pixel a side ([`BoxTargets::sanitize`]). `mask`
+    /// (the size of the encoded image, else [`CodecError::MaskSize`]) moves as torchvision
+    /// moves a `tv_tensors.Mask` (nearest-neighbour, 0 outside the image) and ends the size
+    /// of the output.
     #[allow(clippy::too_many_arguments)]
     pub fn run_with_records(
         &self,
@@ -483,20 +470,10 @@ impl Plan {
     }
 
     /// Runs the deterministic ops before the cache split on `bytes` and returns the RGB8 HWC
-    /// image to cache. Draws no random numbers.
+    /// image to cache. Draws no random numbers. A sample's `boxes` (XYXY pixels of the
+    /// encoded image) leave in pixels of the returned image, moved as in
+    /// [`Plan::run_with_records`] (the cache keeps them with the image).
     pub fn run_deterministic_prefix(
-        &self,
-        bytes: &[u8],
-        scratch: &mut Scratch,
-        times: &mut [Duration],
-    ) -> Result<Image, CodecError> {
-        self.run_deterministic_prefix_with_boxes(bytes, scratch, times, None)
-    }
-
-    /// [`Plan::run_deterministic_prefix`] for a sample with boxes: `boxes` (XYXY pixels of
-    /// the encoded image) leave in pixels of the returned image, moved as in
-    /// [`Plan::run_with_boxes`] (the cache keeps them with the image).
-    pub fn run_deterministic_prefix_with_boxes(
         &self,
         bytes: &[u8],
         scratch: &mut Scratch,
@@ -512,21 +489,9 @@ impl Plan {
     }
 
     /// Runs the ops after the cache split on `image` (an RGB8 HWC image from
-    /// [`Plan::run_deterministic_prefix`]) and writes the sample into `out`.
+    /// [`Plan::run_deterministic_prefix`]) and writes the sample into `out`; a sample's
+    /// `boxes` (in pixels of `image`) move with the pixels.
     pub fn run_from_image(
-        &self,
-        image: &Image,
-        rng: &mut SampleRng,
-        scratch: &mut Scratch,
-        out: &mut [u8],
-        times: &mut [Duration],
-    ) -> Result<(), CodecError> {
-        self.run_from_image_with_boxes(image, rng, scratch, out, times, None)
-    }
-
-    /// [`Plan::run_from_image`] for a sample with boxes: `boxes` (in pixels of `image`)
-    /// move with the pixels through the ops after the cache split.
-    pub fn run_from_image_with_boxes(
         &self,
         image: &Image,
         rng: &mut SampleRng,
@@ -1096,10 +1061,10 @@ mod tests {
             assert!(diff < 3.0, "key {key} crop {r:?}: mean abs diff {diff}");
 
             // The unfused split path (cache seam) is the reference exactly.
-            let img = plan.run_deterministic_prefix(&jpg, &mut scratch, &mut []).unwrap();
+            let img = plan.run_deterministic_prefix(&jpg, &mut scratch, &mut [], None).unwrap();
             assert_eq!((img.width, img.height), (w, h));
             let mut split = vec![0u8; plan.output_bytes()];
-            plan.run_from_image(&img, &mut rng(key), &mut scratch, &mut split, &mut []).unwrap();
+            plan.run_from_image(&img, &mut rng(key), &mut scratch, &mut split, &mut [], None).unwrap();
             assert_eq!(split, want, "key {key}");
         }
         assert!(worst > 0.0, "DCT scaling was never used");
@@ -1298,17 +1263,17 @@ mod tests {
         assert_eq!(plan.prefix_step_names(), ["decode+resize", "center_crop"]);
         assert_eq!(plan.suffix_step_names(), ["normalize"]);
         let mut s = Scratch::new();
-        let img = plan.run_deterministic_prefix(&jpg, &mut s, &mut []).unwrap();
+        let img = plan.run_deterministic_prefix(&jpg, &mut s, &mut [], None).unwrap();
         assert_eq!((img.width, img.height), (56, 56));
         let mut from_cache = vec![0u8; plan.output_bytes()];
-        plan.run_from_image(&img, &mut rng(0), &mut s, &mut from_cache, &mut []).unwrap();
+        plan.run_from_image(&img, &mut rng(0), &mut s, &mut from_cache, &mut [], None).unwrap();
         assert_eq!(from_cache, run(&plan, &jpg, 0, &mut s).unwrap());
 
         // A cached image of the wrong kind is an error.
         let bad = Image::rgb8(2, 2, vec![0; 12]);
         let mut small = vec![0u8; plan.output_bytes()];
         assert!(matches!(
-            plan.run_from_image(&bad, &mut rng(0), &mut s, &mut small, &mut []),
+            plan.run_from_image(&bad, &mut rng(0), &mut s, &mut small, &mut [], None),
             Err(CodecError::Shape(_))
         ));
     }
@@ -1459,7 +1424,8 @@ mod tests {
             for (fmt, bytes, margin) in [("png", &png, 1.0), ("jpeg", &jpg, 2.0)] {
                 for key in 0..8 {
                     let mut t = BoxTargets { boxes: vec![rect.map(|v| v as f32)], labels: vec![3] };
-                    plan.run_with_boxes(bytes, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], &mut t).unwrap();
+                    plan.run_with_records(bytes, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], &mut t, None)
+                        .unwrap();
                     let mut plain = vec![0u8; plan.output_bytes()];
                     plan.run(bytes, &mut rng(key), &mut Scratch::new(), &mut plain, &mut []).unwrap();
                     assert_eq!(plain, out, "{what}: boxes must not change the pixels");

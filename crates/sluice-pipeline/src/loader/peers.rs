@@ -120,12 +120,7 @@ impl Shared {
                         let img = self
                             .data
                             .plan
-                            .run_deterministic_prefix_with_boxes(
-                                &bytes,
-                                &mut local.scratch,
-                                &mut times,
-                                targets.as_mut(),
-                            )
+                            .run_deterministic_prefix(&bytes, &mut local.scratch, &mut times, targets.as_mut())
                             .ok()?;
                         match (level, self.data.spec.cache.as_ref().and_then(|c| c.resize)) {
                             (CacheLevel::Resized, Some(side)) => {

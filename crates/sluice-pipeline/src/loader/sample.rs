@@ -266,45 +266,23 @@ impl Shared {
                 CachedData::Raw(bytes) => {
                     self.compute(bytes, local, rng, out, times, resize, targets.as_mut()).map(|_| ())?;
                 }
-                CachedData::Decoded(img, kept) => {
+                CachedData::Decoded(img, kept) | CachedData::Resized(img, kept) => {
                     *targets = kept.clone();
-                    let t = Instant::now();
-                    let resized = match resize {
-                        Some(s) => {
-                            Some(resize_image(img, s, &mut local.scratch, targets.as_mut()).map_err(decode_err)?)
+                    // A decoded entry still takes the cache's resize; a resized one has had it.
+                    let mut resized = None;
+                    if let (CachedData::Decoded(..), Some(s)) = (data, resize) {
+                        let t = Instant::now();
+                        resized = Some(resize_image(img, s, &mut local.scratch, targets.as_mut()).map_err(decode_err)?);
+                        if let Some(slot) = steps.resize {
+                            times[slot] += t.elapsed();
                         }
-                        None => None,
-                    };
-                    if let Some(slot) = steps.resize {
-                        times[slot] += t.elapsed();
                     }
                     let img = resized.as_ref().unwrap_or(img);
                     counters_base(local, steps.suffix.start);
+                    let suffix_times = &mut times[steps.suffix.clone()];
                     self.data
                         .plan
-                        .run_from_image_with_boxes(
-                            img,
-                            rng,
-                            &mut local.scratch,
-                            out,
-                            &mut times[steps.suffix.clone()],
-                            targets.as_mut(),
-                        )
-                        .map_err(decode_err)?;
-                }
-                CachedData::Resized(img, kept) => {
-                    *targets = kept.clone();
-                    counters_base(local, steps.suffix.start);
-                    self.data
-                        .plan
-                        .run_from_image_with_boxes(
-                            img,
-                            rng,
-                            &mut local.scratch,
-                            out,
-                            &mut times[steps.suffix.clone()],
-                            targets.as_mut(),
-                        )
+                        .run_from_image(img, rng, &mut local.scratch, out, suffix_times, targets.as_mut())
                         .map_err(decode_err)?;
                 }
             }
@@ -395,13 +373,13 @@ impl Shared {
             let times = &mut times[steps.prefix.clone()];
             match targets {
                 None => plan.run(bytes, rng, &mut local.scratch, out, times),
-                Some(boxes) => plan.run_with_boxes(bytes, rng, &mut local.scratch, out, times, boxes),
+                Some(boxes) => plan.run_with_records(bytes, rng, &mut local.scratch, out, times, boxes, None),
             }
             .map_err(decode_err)?;
             return Ok(Computed { decode: t.elapsed(), resize: Duration::ZERO, decoded: None, resized: None });
         }
         let decoded = plan
-            .run_deterministic_prefix_with_boxes(
+            .run_deterministic_prefix(
                 bytes,
                 &mut local.scratch,
                 &mut times[steps.prefix.clone()],
@@ -424,7 +402,7 @@ impl Shared {
         }
         let img = resized.as_ref().map_or(&decoded, |r| &r.0);
         counters_base(local, steps.suffix.start);
-        plan.run_from_image_with_boxes(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()], targets)
+        plan.run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()], targets)
             .map_err(decode_err)?;
         Ok(Computed { decode, resize: resize_time, decoded: Some((decoded, decoded_targets)), resized })
     }
