@@ -700,7 +700,7 @@ impl Plan {
         if pixels.len() < n {
             return Err(CodecError::Shape(format!("a {w}x{h} image needs {n} bytes")));
         }
-        let info = SampleInfo { seed: rng.next_u64(), ..sample };
+        let info = SampleInfo { seed: rng.next_u64(), max_pixels: self.limits.max_pixels, ..sample };
         let fail = |message: String| CodecError::UserOp { op: slot.name.clone(), message };
         let (ow, oh) = op.apply_in_place(pixels, (w, h), &info, spare).map_err(|e| fail(e.0))?;
         let limit = self.limits.max_pixels;

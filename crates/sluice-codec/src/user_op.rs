@@ -33,6 +33,9 @@ pub struct SampleInfo {
     /// Drawn from the sample's RNG (seed, epoch, key) where the op stands in the op list:
     /// seed the op's own generator with it.
     pub seed: u64,
+    /// The most pixels the op's output may have (the spec's `limits.max_pixels`): an op
+    /// that reads its output from elsewhere checks it before allocating.
+    pub max_pixels: u64,
 }
 
 /// Why a user op failed on a sample: the message the user's code gave. The pipeline adds
@@ -170,7 +173,7 @@ mod tests {
         let rgb: Vec<u8> = (0..16 * 12 * 3).map(|i| (i * 7 % 251) as u8).collect();
         let jpeg = encode_jpeg(&rgb, 16, 12, 95).map_err(|e| CodecError::Corrupt(e.to_string()))?;
         let mut scratch = Scratch::new();
-        scratch.sample = SampleInfo { key, label: 3, epoch: 1, seed: 0 };
+        scratch.sample = SampleInfo { key, label: 3, epoch: 1, seed: 0, max_pixels: 0 };
         let mut out = vec![0u8; plan.output_bytes()];
         let mut times = vec![Duration::ZERO; plan.step_names().len()];
         plan.run(&jpeg, &mut SampleRng::new(5, 1, SampleKey(key), 0), &mut scratch, &mut out, &mut times)?;
@@ -192,7 +195,7 @@ mod tests {
         run(&mapped, 8).unwrap();
         let seen = invert.0.lock().unwrap().clone();
         let first = SampleRng::new(5, 1, SampleKey(7), 0).next_u64();
-        assert_eq!(seen[0], SampleInfo { key: 7, label: 3, epoch: 1, seed: first });
+        assert_eq!(seen[0], SampleInfo { key: 7, label: 3, epoch: 1, seed: first, max_pixels: 64 * 1024 * 1024 });
         assert_eq!(seen[1], seen[0]);
         assert_ne!(seen[2].seed, first);
     }

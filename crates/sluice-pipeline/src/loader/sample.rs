@@ -103,7 +103,8 @@ impl ChunkJob {
         let entry = &shared.data.manifest.entries[pos as usize];
         let mut rng = SampleRng::new(shared.data.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
         // What a `map` op is told about the sample (its seed comes from `rng`).
-        local.scratch.sample = SampleInfo { key: entry.key.0, label: entry.label, epoch: self.epoch, seed: 0 };
+        local.scratch.sample =
+            SampleInfo { key: entry.key.0, label: entry.label, epoch: self.epoch, seed: 0, max_pixels: 0 };
         // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
         let out = unsafe { self.slab.slot(slot) };
         // A source with boxes: checked before the read, so a bad annotation costs no I/O.

@@ -52,6 +52,9 @@ enum ChildError {
         "the Python process (pid {pid}) answered status {status}, not a reply (is its map_server.py another version?)"
     )]
     Protocol { pid: u32, status: u32 },
+    /// Checked before the pixels are read: the child is dropped, its pipe unread.
+    #[error("it returned a {w}x{h} image; an image needs 1..={limit} pixels (limits.max_pixels)")]
+    TooLarge { w: u32, h: u32, limit: u64 },
 }
 
 /// One `map_server.py` process.
@@ -141,6 +144,10 @@ impl MapChild {
         }
         match self.read_reply()? {
             (IMAGE, w, h) => {
+                let limit = sample.max_pixels;
+                if w == 0 || h == 0 || u64::from(w) * u64::from(h) > limit {
+                    return Err(ChildError::TooLarge { w, h, limit });
+                }
                 out.clear();
                 out.resize(w as usize * h as usize * 3, 0);
                 if let Err(e) = self.stdout.read_exact(out) {
@@ -238,5 +245,41 @@ pub fn register_spec_maps(spec: &PipelineSpec, python: &Path) {
         }
         register_user_op(func, Arc::new(PythonMapOp::new(func, python)));
         ours.insert(func.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The repository's venv Python (it has numpy), else `python3`.
+    fn python() -> PathBuf {
+        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
+        if venv.exists() {
+            venv
+        } else {
+            PathBuf::from("python3")
+        }
+    }
+
+    #[test]
+    fn an_image_over_the_pixel_limit_is_refused_before_it_is_read() {
+        // The child imports the function from the service tests' module.
+        let fns = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
+        std::env::set_var("PYTHONPATH", &fns);
+        let op = PythonMapOp::new("service_map_fns:grow", &python());
+        let pixels = vec![7u8; 4 * 4 * 3];
+        let image = ImageRef { pixels: &pixels, width: 4, height: 4 };
+        // The function returns 16x16 (256 pixels) where the limit is 100.
+        let sample = SampleInfo { key: 1, label: 0, epoch: 0, seed: 0, max_pixels: 100 };
+        let mut out = Vec::new();
+        let err = op.apply(image, &sample, &mut out).expect_err("a 16x16 image passed a 100-pixel limit");
+        assert!(err.0.contains("16x16") && err.0.contains("1..=100"), "{}", err.0);
+        assert!(out.is_empty(), "the pixels were read: {} bytes", out.len());
+        assert!(op.idle.lock().is_empty(), "a child with an unread reply went back to the pool");
+        // Within the limit the same function's image comes back whole.
+        let sample = SampleInfo { max_pixels: 256, ..sample };
+        assert_eq!(op.apply(image, &sample, &mut out).map_err(|e| e.0), Ok((16, 16)));
+        assert_eq!(out.len(), 16 * 16 * 3);
     }
 }
