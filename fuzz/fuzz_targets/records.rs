@@ -4,18 +4,24 @@
 //! the input and padded into a batch. Properties: nothing panics or aborts; a sample's
 //! boxes either fail it with a reason, or are finite, XYXY and within the limit; after the
 //! stated rule (clamp, then drop under one pixel) every box is inside the image and at
-//! least one pixel a side.
+//! least one pixel a side. The first byte's second bit asks for masks too: every COCO
+//! segmentation (polygons, RLE) is painted, and a sidecar's bytes are decoded as a PNG
+//! mask; either gives a mask of its stated size or an error with a reason.
 //!
 //! Seeds (fuzz/seeds/records): a COCO file and sidecars in the shapes the sources take.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sluice_codec::{move_boxes, Motion};
+use sluice_codec::{decode_png_mask, move_boxes, Motion};
 use sluice_core::spec::MAX_BOXES;
 use sluice_core::record::MIN_BOX_SIDE;
+use sluice_core::record::MaskSource;
 use sluice_core::{Annotation, BatchBoxes, BoxTargets};
-use sluice_pipeline::source::{coco, sidecar};
+use sluice_pipeline::source::{coco, segmentation, sidecar};
+
+/// Pixels a fuzzed mask may have: enough for any shape, small enough to stay fast.
+const MAX_MASK_PIXELS: u64 = 1 << 20;
 
 fn motion(bytes: &[u8]) -> Motion {
     let f = |i: usize| f64::from(bytes.get(i).copied().unwrap_or(0)) - 128.0;
@@ -38,12 +44,13 @@ fuzz_target!(|data: &[u8]| {
     if std::fs::create_dir_all(&dir).is_err() {
         return;
     }
+    let masks = kind & 2 != 0;
     let manifest = if kind % 2 == 0 {
         let path = dir.join("instances.json");
         if std::fs::write(&path, file).is_err() {
             return;
         }
-        match coco::enumerate(&path, &dir) {
+        match coco::enumerate(&path, &dir, masks) {
             Ok(m) => m,
             Err(e) => {
                 assert!(e.to_string().contains("instances.json"), "{e}");
@@ -55,9 +62,26 @@ fuzz_target!(|data: &[u8]| {
         {
             return;
         }
-        let Ok(m) = sidecar::enumerate(&dir) else { return };
+        if masks {
+            if let Ok(m) = decode_png_mask(file, MAX_MASK_PIXELS) {
+                assert_eq!(m.data.len() as u64, u64::from(m.width) * u64::from(m.height));
+            }
+        }
+        let Ok(m) = sidecar::enumerate(&dir, masks) else { return };
         m
     };
+    for i in 0..manifest.len().min(64) {
+        match manifest.mask_source(i) {
+            Some(MaskSource::Objects { width, height, objects }) => {
+                match segmentation::paint(*width, *height, objects, MAX_MASK_PIXELS) {
+                    Ok(m) => assert_eq!(m.data.len() as u64, u64::from(*width) * u64::from(*height)),
+                    Err(why) => assert!(!why.is_empty()),
+                }
+            }
+            Some(MaskSource::Invalid(why)) => assert!(!why.is_empty()),
+            Some(MaskSource::File(_)) | None => {}
+        }
+    }
     let (w, h) = (u32::from(how.get(1).copied().unwrap_or(7)) + 1, u32::from(how.get(2).copied().unwrap_or(5)) + 1);
     let mut moved = Vec::new();
     for i in 0..manifest.len().min(64) {

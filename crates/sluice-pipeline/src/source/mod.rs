@@ -8,7 +8,7 @@ pub mod file_list;
 pub mod image_folder;
 pub mod object;
 pub mod parquet;
-pub(crate) mod segmentation;
+pub mod segmentation;
 pub mod sidecar;
 pub mod tar;
 

@@ -11,7 +11,7 @@
 use sluice_core::{Mask, Segmentation};
 
 /// Paints `objects` onto a `width x height` mask; says what is wrong with a malformed one.
-pub(crate) fn paint(width: u32, height: u32, objects: &[(u8, Segmentation)], max_pixels: u64) -> Result<Mask, String> {
+pub fn paint(width: u32, height: u32, objects: &[(u8, Segmentation)], max_pixels: u64) -> Result<Mask, String> {
     let n = u64::from(width) * u64::from(height);
     if n > max_pixels {
         return Err(format!("a {width}x{height} mask is over the limit of {max_pixels} pixels (limits.max_pixels)"));
