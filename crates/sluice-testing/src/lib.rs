@@ -55,3 +55,15 @@ pub fn assert_each_once(mut ids: Vec<u64>, n: usize, what: &str) {
     let expected: Vec<u64> = (0..n as u64).collect();
     assert_eq!(ids, expected, "{what}: not each of 0..{n} exactly once");
 }
+
+/// The harness's name of test `$f` in the calling module, as `--exact` wants it when a test
+/// binary re-runs itself as a child: the module path without the crate (`liveness::learner_process`).
+#[macro_export]
+macro_rules! test_name {
+    ($f:expr) => {
+        match module_path!().split_once("::") {
+            Some((_, module)) => format!("{module}::{}", $f),
+            None => $f.to_string(),
+        }
+    };
+}

@@ -1,6 +1,6 @@
 //! What the service's tests share (sluice-service's and the `sluice` command's): the small
 //! dataset, spec and client options, and checks on what a client read. Starting the
-//! servers is sluice-service's own test support (`crates/sluice-service/tests/support`), so
+//! servers is sluice-service's own test support (`crates/sluice-service/tests/integration/support.rs`), so
 //! that this crate does not depend on the crate it tests.
 
 use std::path::{Path, PathBuf};

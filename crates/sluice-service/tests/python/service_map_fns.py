@@ -1,4 +1,4 @@
-"""Map functions the service tests (tests/service_map.rs) run on workers: numpy only."""
+"""Map functions the service tests (tests/integration/service_map.rs) run on workers: numpy only."""
 
 from __future__ import annotations
 

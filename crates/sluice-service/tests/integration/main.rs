@@ -1,0 +1,15 @@
+//! The service's integration tests, in one binary (one link, one executable on disk): each file is a
+//! module, named as its tests are (`cargo test -p sluice-service <module>::`).
+
+mod hostile;
+mod service;
+mod service_cache;
+mod service_failures;
+mod service_importance;
+mod service_map;
+mod service_records;
+mod service_trace;
+mod support;
+
+// The entry a dispatcher or worker process re-runs this binary as (support::spawn_*).
+support::serve_entry!();

@@ -1,0 +1,157 @@
+//! Samples with boxes through the service: a COCO or sidecar source read by a
+//! [`RemoteLoader`] through a dispatcher and workers gives every sample exactly once, with
+//! the boxes the local loader gives it, a worker SIGKILLed mid-epoch included.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use sluice_client::{RemoteLoader, ReportKind};
+use sluice_core::{Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec, SourceSpec};
+use sluice_pipeline::{Loader, Shard};
+use sluice_synth::DatasetOptions;
+
+use crate::support::*;
+
+/// Each sample's boxes and box labels in a batch, by key.
+type Boxes = HashMap<u64, (Vec<[f32; 4]>, Vec<i64>)>;
+
+fn boxes_by_key(batch: &Batch, into: &mut Boxes) {
+    let b = batch.boxes.as_ref().expect("a batch of a source with boxes carries them");
+    for (i, &key) in batch.keys.iter().enumerate() {
+        let rows = i * b.max_boxes..i * b.max_boxes + b.counts[i] as usize;
+        let boxes = rows.clone().map(|r| [b.boxes[r * 4], b.boxes[r * 4 + 1], b.boxes[r * 4 + 2], b.boxes[r * 4 + 3]]);
+        let previous = into.insert(key, (boxes.collect(), b.labels[rows].to_vec()));
+        assert!(previous.is_none(), "key {key} twice in one epoch");
+    }
+}
+
+/// [`IMAGES`] generated images with their boxes (a sidecar beside each, and
+/// `instances.json`).
+fn box_dataset(dir: &Path) -> std::path::PathBuf {
+    let root = dir.join("data");
+    let options = DatasetOptions { images: IMAGES, classes: 4, texture: 8, boxes: true, ..Default::default() };
+    sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
+    root
+}
+
+fn box_spec(source: SourceSpec) -> PipelineSpec {
+    let mut s = PipelineSpec::train_default(source, 32, BATCH);
+    s.seed = 11;
+    s.threads = 1.into();
+    s
+}
+
+#[test]
+fn a_source_with_boxes_is_served_exactly_once_with_the_local_boxes_across_a_worker_kill() {
+    let _watchdog =
+        watchdog("a_source_with_boxes_is_served_exactly_once_with_the_local_boxes_across_a_worker_kill", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = box_dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let mut workers: Vec<Proc> = (0..2).map(|_| worker_process(&addr, &root, &[])).collect();
+    let batches = IMAGES.div_ceil(BATCH) as u64;
+    let sources = [
+        SourceSpec::Sidecar { root: root.clone(), masks: false },
+        SourceSpec::Coco { annotations: root.join("instances.json"), images: root.clone(), masks: false },
+    ];
+    for (round, source) in sources.into_iter().enumerate() {
+        let spec = box_spec(source.clone());
+        let local = Loader::new(spec.clone(), Shard::default()).unwrap();
+        let mut remote = RemoteLoader::connect(&spec, options(&addr, &format!("boxes-{round}"))).unwrap();
+        // Killed mid-way through epoch 0 of the first source, restarted at once.
+        let kill_at = (round == 0).then_some(batches / 2);
+        let mut read = 0;
+        for epoch in 0..2 {
+            let mut want = Boxes::new();
+            for b in local.iter() {
+                boxes_by_key(&b.unwrap(), &mut want);
+            }
+            assert!(want.values().any(|(b, _)| !b.is_empty()), "{source:?}: no boxes to compare");
+            let (mut got, mut keys) = (Boxes::new(), Vec::new());
+            for b in remote.iter() {
+                let b = b.unwrap();
+                if Some(read) == kill_at {
+                    workers[0].kill();
+                    workers[0] = worker_process(&addr, &root, &[]);
+                }
+                read += 1;
+                assert_eq!(b.epoch, epoch);
+                keys.extend(b.keys.iter().copied());
+                boxes_by_key(&b, &mut got);
+            }
+            let what = format!("{source:?}, epoch {epoch}");
+            assert_exactly_once(keys, &what);
+            assert!(got == want, "{what}: the service's boxes differ from the local loader's");
+        }
+    }
+}
+
+/// Each drawn sample's key and boxes (as bits), sorted: an epoch as a multiset, so samples
+/// an importance draw repeats count once each time.
+fn drawn_with_boxes(batches: &[Batch]) -> Vec<(u64, Vec<u32>, Vec<i64>)> {
+    let mut out = Vec::new();
+    for batch in batches {
+        let b = batch.boxes.as_ref().expect("a batch of a source with boxes carries them");
+        for (i, &key) in batch.keys.iter().enumerate() {
+            let rows = i * b.max_boxes..i * b.max_boxes + b.counts[i] as usize;
+            let bits = b.boxes[rows.start * 4..rows.end * 4].iter().map(|v| v.to_bits()).collect();
+            out.push((key, bits, b.labels[rows].to_vec()));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[test]
+fn importance_sampling_and_the_workers_cache_serve_boxes_as_the_local_loader_does() {
+    let _watchdog = watchdog("importance_sampling_and_the_workers_cache_serve_boxes_as_the_local_loader_does", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = box_dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &[]);
+    let mut spec = box_spec(SourceSpec::Sidecar { root: root.clone(), masks: false });
+    spec.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 4, miss_discount: 1.0, max_draws: 4.0 };
+    spec.cache = Some(CacheSpec {
+        budget: ByteBudget::Bytes(64 << 20),
+        level: CacheLevel::Decoded,
+        resize: None,
+        policy: CachePolicyKind::Importance,
+        disk: None,
+    });
+    let loss = |k: u64| if k < 8 { 10.0 } else { 0.1 };
+    let local = Loader::new(spec.clone(), Shard::default()).unwrap();
+    let mut remote = RemoteLoader::connect(&spec, options(&addr, "boxes-importance")).unwrap();
+    for epoch in 0..3 {
+        // Each batch's losses reported as the trainer takes it, before it asks for the next.
+        let mut mine = Vec::new();
+        for b in local.iter() {
+            let b = b.unwrap();
+            local.report(&b.keys, &b.keys.iter().map(|&k| loss(k)).collect::<Vec<_>>()).unwrap();
+            mine.push(b);
+        }
+        let mut theirs = Vec::new();
+        remote.start_epoch();
+        while let Some(b) = remote.next_batch(&mut || false) {
+            let b = b.unwrap();
+            remote.report(&b.keys, &b.keys.iter().map(|&k| loss(k)).collect::<Vec<_>>(), ReportKind::Loss).unwrap();
+            theirs.push(b);
+        }
+        let keys = |e: &[Batch]| {
+            let mut k: Vec<u64> = e.iter().flat_map(|b| b.keys.clone()).collect();
+            k.sort_unstable();
+            k
+        };
+        assert_eq!(keys(&theirs), keys(&mine), "epoch {epoch}: the service drew other samples");
+        let (want, got) = (drawn_with_boxes(&mine), drawn_with_boxes(&theirs));
+        assert!(want.iter().any(|s| !s.1.is_empty()), "epoch {epoch}: no boxes to compare");
+        assert!(got == want, "epoch {epoch}: the service's draws or boxes differ from the local loader's");
+        if epoch == 2 {
+            let hard = got.iter().filter(|s| s.0 < 8).count();
+            assert!(hard > 16, "hard samples (8 of 48) should dominate a reshaped epoch; drew {hard}");
+        }
+    }
+}
