@@ -193,3 +193,31 @@ fn a_mix_is_refused_only_for_what_the_service_refuses_in_any_source() {
     let remote = RemoteLoader::connect(&mix_spec(&roots, 1), options(&addr, "mix-ok")).unwrap();
     assert_eq!(remote.batches_per_epoch(), MIX_BATCHES as u64);
 }
+
+#[test]
+fn parallel_epochs_of_a_mix_are_the_local_loaders_consecutive_epochs() {
+    let _watchdog = watchdog("parallel_epochs_of_a_mix_are_the_local_loaders_consecutive_epochs", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let (root, roots) = sources(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let spec = mix_spec(&roots, 6);
+    let local = Loader::new(spec.clone(), Shard::default()).unwrap();
+    let mut o = options(&addr, "mix-parallel");
+    o.parallel_epochs = 2;
+    let mut remote = RemoteLoader::connect(&spec, o).unwrap();
+    let pass = MIX_BATCHES as u64;
+    assert_eq!(remote.batches_per_epoch(), 2 * pass);
+    let mut got = BTreeMap::new();
+    for b in remote.iter() {
+        take(&mut got, b.unwrap(), "two passes");
+    }
+    // Pass p of service epoch 0 is the local loader's epoch p, its batches numbered on.
+    for p in 0..2 {
+        let want = local_epoch(&local);
+        let mine: BTreeMap<u64, Vec<u64>> =
+            got.range(p * pass..(p + 1) * pass).map(|(i, keys)| (i - p * pass, keys.clone())).collect();
+        assert_as_local(&mine, &want, &format!("pass {p}"));
+    }
+}
