@@ -189,6 +189,14 @@ fn a_mix_is_refused_only_for_what_the_service_refuses_in_any_source() {
     });
     let err = RemoteLoader::connect(&spec, options(&addr, "mix-disk")).err().unwrap().to_string();
     assert!(err.contains("cache.disk"), "{err}");
+    // A source the service would refuse for its masks cannot be mixed at all (its boxes):
+    // refused by the mixed source's field.
+    let mut spec = mix_spec(&roots, 1);
+    if let SourceSpec::Mix { sources } = &mut spec.source {
+        sources[1].source = SourceSpec::Sidecar { root: roots[1].clone(), masks: true };
+    }
+    let err = RemoteLoader::connect(&spec, options(&addr, "mix-masks")).err().unwrap().to_string();
+    assert!(err.contains("source.sources[1]") && err.contains("boxes"), "{err}");
     // Accepted now: the same mix within the root.
     let remote = RemoteLoader::connect(&mix_spec(&roots, 1), options(&addr, "mix-ok")).unwrap();
     assert_eq!(remote.batches_per_epoch(), MIX_BATCHES as u64);
