@@ -1,13 +1,13 @@
 """Mixed sources (``Pipeline.mix``, ``kind = "mix"``): every batch holds the sources in
 their weights' proportions, deterministically; a state_dict resumes exactly, and a spec
-with other weights takes them from the next epoch."""
+with other weights takes them from the next epoch. The service serves the same batches."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -86,8 +86,27 @@ def test_the_cli_runs_a_mixed_spec(two_sources: Tuple[Path, Path], tmp_path: Pat
     assert (stats["batches"], stats["samples"]) == (4, 32)
 
 
-def test_the_service_refuses_a_mixed_source(two_sources: Tuple[Path, Path], tmp_path: Path) -> None:
+def test_the_service_serves_a_mix_batch_by_batch_as_the_local_loader_and_resumes(
+    two_sources: Tuple[Path, Path], tmp_path: Path
+) -> None:
     a, b = two_sources
-    with sluice_service([a.parent], tmp_path / "journal") as addr:
-        with pytest.raises(sluice.ServiceRequestError, match="source.kind.*does not mix sources"):
-            sluice.RemoteLoader(_pipeline(a, b, [3, 1]), dispatcher=addr, job="mixed")
+    reference = _epoch(sluice.Loader(_pipeline(a, b, [3, 1])))
+
+    def by_index(batches: List[Any]) -> Dict[int, List[int]]:
+        return {int(batch.index): batch.key.tolist() for batch in batches}
+
+    with sluice_service([a.parent], tmp_path / "journal", workers=2) as addr:
+        first = sluice.RemoteLoader(_pipeline(a, b, [3, 1]), dispatcher=addr, job="mixed")
+        assert len(first) == 4
+        it = iter(first)
+        head = [next(it)]
+        state = json.loads(json.dumps(first.state_dict()))
+        del it, first
+        resumed = sluice.RemoteLoader(_pipeline(a, b, [3, 1]), dispatcher=addr, job="mixed")
+        resumed.load_state_dict(state)
+        got = by_index(head)
+        rest = by_index(list(resumed))
+        assert not set(got) & set(rest), "a batch was delivered twice"
+        got.update(rest)
+    # Batch i holds the local loader's batch i: 6 of a and 2 of b, each sample once.
+    assert got == dict(enumerate(reference))

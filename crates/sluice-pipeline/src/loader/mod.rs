@@ -41,7 +41,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
-use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, SamplingSpec, SourceSpec, Tensor};
+use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, SamplingSpec, Tensor};
 
 use crate::cache::{disk_namespace, total_ram_bytes, Cache, DiskTier};
 use crate::error::PipelineError;
@@ -227,23 +227,7 @@ impl Loader {
             names.extend(plan.step_names().iter().map(|s| s.to_string()));
             StepSlots { prefix: 1..names.len(), resize: None, suffix: 1..names.len() }
         };
-        let mix = match &spec.source {
-            SourceSpec::Mix { sources } if manifest.parts.len() == sources.len() => {
-                Some(MixPlan { sizes: manifest.parts.clone(), weights: sources.iter().map(|s| s.weight).collect() })
-            }
-            SourceSpec::Mix { sources } => {
-                return Err(sluice_core::SpecError::new(
-                    "source.sources",
-                    format!(
-                        "the mix names {} sources but the manifest joins {} (it was not built from this spec)",
-                        sources.len(),
-                        manifest.parts.len()
-                    ),
-                )
-                .into())
-            }
-            _ => None,
-        };
+        let mix = MixPlan::of(&spec.source, &manifest)?;
         let locality = match &spec.locality {
             Some(l) => Some(Locality::new(l, manifest.len(), spec.seed, shard, spec.batch.size)?),
             None => None,

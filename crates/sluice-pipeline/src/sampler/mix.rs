@@ -10,7 +10,7 @@
 //! for one source: a permutation, a shuffle buffer or none) and the order of the samples
 //! within each batch (unless `shuffle = "none"`).
 
-use sluice_core::{SampleRng, ShuffleSpec};
+use sluice_core::{Manifest, SampleRng, ShuffleSpec, SourceSpec, SpecError};
 
 use super::{buffer_shuffle, permutation, EPOCH_KEY};
 
@@ -26,6 +26,24 @@ pub struct MixPlan {
 }
 
 impl MixPlan {
+    /// The plan of `source` over its joined `manifest`: `None` unless it is a mix; refused
+    /// when the manifest was not built from this mix (another number of sources). The local
+    /// loader and the service's dispatcher both size a mix's epoch with it.
+    pub fn of(source: &SourceSpec, manifest: &Manifest) -> Result<Option<Self>, SpecError> {
+        let SourceSpec::Mix { sources } = source else { return Ok(None) };
+        if manifest.parts.len() != sources.len() {
+            return Err(SpecError::new(
+                "source.sources",
+                format!(
+                    "the mix names {} sources but the manifest joins {} (it was not built from this spec)",
+                    sources.len(),
+                    manifest.parts.len()
+                ),
+            ));
+        }
+        Ok(Some(Self { sizes: manifest.parts.clone(), weights: sources.iter().map(|s| s.weight).collect() }))
+    }
+
     /// The share of each source: weights normalised to add up to 1.
     fn shares(&self) -> Vec<f64> {
         let total: f64 = self.weights.iter().sum();

@@ -274,12 +274,6 @@ impl DispatcherService {
             )));
         }
         refuse_learner_only(&spec)?;
-        if matches!(spec.source, sluice_core::SourceSpec::Mix { .. }) {
-            return Err(ServiceError::Spec(sluice_core::SpecError::new(
-                "source.kind",
-                "a mixed source runs in a local loader (sluice.Loader, `sluice run`); the service does not mix sources",
-            )));
-        }
         self.inner.roots.check_source(&spec.source)?;
         let source = spec.source.clone();
         let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
@@ -287,7 +281,13 @@ impl DispatcherService {
             .map_err(|source| ServiceError::Blocking { what: "reading the manifest", source })?
             .map_err(sluice_pipeline::PipelineError::from)?;
         self.inner.roots.check_manifest(&manifest)?;
-        let samples = manifest.len() as u64;
+        // A mix's epoch is the global batches its weights fill before a source runs out,
+        // sized by the plan the workers' loaders draw it with (each worker orders the mix
+        // from the spec alone, as for one source, so no draw is shipped).
+        let samples = match sluice_pipeline::sampler::MixPlan::of(&spec.source, &manifest)? {
+            Some(plan) => (plan.batches(spec.batch.size) * spec.batch.size) as u64,
+            None => manifest.len() as u64,
+        };
         let manifest_fingerprint = manifest.fingerprint_hex();
         let manifest_hash = manifest.fingerprint;
         let importance = JobImportance::for_job(&spec, manifest);

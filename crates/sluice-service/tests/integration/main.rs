@@ -7,6 +7,7 @@ mod service_cache;
 mod service_failures;
 mod service_importance;
 mod service_map;
+mod service_mix;
 mod service_records;
 mod service_trace;
 mod support;
