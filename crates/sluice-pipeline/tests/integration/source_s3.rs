@@ -248,9 +248,12 @@ fn a_tar_shard_in_a_bucket_gives_the_batches_of_the_same_shard_on_disk() {
     let b = bucket();
     put(&store(&b), "tar/shards/shard-000.tar", std::fs::read(&shard).unwrap());
 
-    let local = collect(spec(SourceSpec::Tar { shards: vec![shard] }));
-    let remote =
-        collect(spec(SourceSpec::Tar { shards: vec![PathBuf::from(format!("s3://{b}/tar/shards/shard-000.tar"))] }));
+    let local = collect(spec(SourceSpec::Tar { shards: vec![shard], sidecars: false, masks: false }));
+    let remote = collect(spec(SourceSpec::Tar {
+        shards: vec![PathBuf::from(format!("s3://{b}/tar/shards/shard-000.tar"))],
+        sidecars: false,
+        masks: false,
+    }));
     assert_eq!(local.len(), 2);
     assert_eq!(remote, local, "the bucket's shard gives other batches than the local one");
 }
