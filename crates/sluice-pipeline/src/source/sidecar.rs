@@ -11,7 +11,7 @@
 //! when loaded, under `on_error`, with the reason and the sample's path.
 //!
 //! The tar source reads the same sidecars from shard members (`sidecars = true`), through
-//! [`sidecar_from_bytes`] and [`mask_name`] here.
+//! `sidecar_from_bytes` and `mask_name` here.
 
 use std::fs;
 use std::io::Read;
