@@ -233,7 +233,7 @@ fn index_archive<R: Read + Seek>(
             out.annotations.push(annotation);
             out.masks.extend(mask);
         }
-        if let Some((_, (member, _))) = sidecars.iter().next() {
+        if let Some(member) = sidecars.values().map(|(member, _)| member).min() {
             // As in a folder, a sidecar is not a sample: without its image it is unused.
             tracing::warn!(orphans = sidecars.len(), example = %shown(member), "sidecars without an image member; not samples");
         }
