@@ -79,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             Some(MaskSource::Invalid(why)) => assert!(!why.is_empty()),
-            Some(MaskSource::File(_)) | None => {}
+            Some(MaskSource::File(_) | MaskSource::Member(_)) | None => {}
         }
     }
     let (w, h) = (u32::from(how.get(1).copied().unwrap_or(7)) + 1, u32::from(how.get(2).copied().unwrap_or(5)) + 1);

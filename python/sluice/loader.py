@@ -31,7 +31,7 @@ class Batch(Mapping[str, Any]):
     Fields: ``image`` (``[n, h, w, 3]`` for layout ``hwc`` or ``[n, 3, h, w]`` for ``chw``,
     uint8 or float32), ``label`` (int64 ``[n]``, -1 where the source has none), ``key``
     (int64 ``[n]``, the samples' keys) and ``weight`` (float32 ``[n]``, only under
-    importance sampling). A source with boxes (``coco``, ``sidecar``) adds ``boxes``
+    importance sampling). A source with boxes (``coco``, ``sidecar``, ``tar`` with sidecars) adds ``boxes``
     (float32 ``[n, max_boxes, 4]``, XYXY pixels of the output image, zeros in the padding),
     ``box_labels`` (int64 ``[n, max_boxes]``, -1 in the padding) and ``box_count`` (int32
     ``[n]``, the real rows of each sample), and with ``masks=True`` ``masks`` (uint8

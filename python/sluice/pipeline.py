@@ -169,12 +169,26 @@ class Pipeline:
         return cls({"source": source, "ops": []})
 
     @classmethod
-    def tar(cls, shards: Union[PathLike, Iterable[PathLike]]) -> "Pipeline":
+    def tar(
+        cls,
+        shards: Union[PathLike, Iterable[PathLike]],
+        sidecars: bool = False,
+        masks: bool = False,
+    ) -> "Pipeline":
         """WebDataset-style tar shards: members ``<name>.jpg|jpeg|png`` with an optional
-        ``<name>.cls`` holding the integer label. One path or a list of paths."""
+        ``<name>.cls`` holding the integer label. One path or a list of paths. With
+        ``sidecars``, each image's ``<name>.json`` member holds its boxes, as for
+        :meth:`sidecar`, and batches gain ``boxes``, ``box_labels`` and ``box_count``; with
+        ``masks`` (needs ``sidecars``), also ``masks``, read from the PNG member each
+        sidecar names (docs/records.md)."""
         if isinstance(shards, (str, os.PathLike)):
             shards = [shards]
-        return cls({"source": {"kind": "tar", "shards": [_path(s) for s in shards]}, "ops": []})
+        source: Dict[str, Any] = {"kind": "tar", "shards": [_path(s) for s in shards]}
+        if sidecars:
+            source["sidecars"] = True
+        if masks:
+            source["masks"] = True
+        return cls({"source": source, "ops": []})
 
     @classmethod
     def mix(cls, sources: Sequence["Pipeline"], weights: Sequence[float]) -> "Pipeline":

@@ -107,7 +107,7 @@ pub fn stream_push(py: Python<'_>, dataset: &str, options_json: &str) -> PyResul
     let source = if path.is_dir() {
         SourceSpec::ImageFolder { root: path }
     } else if path.extension().is_some_and(|e| e == "tar") {
-        SourceSpec::Tar { shards: vec![path] }
+        SourceSpec::Tar { shards: vec![path], sidecars: false, masks: false }
     } else {
         SourceSpec::FileList { path, root: None }
     };

@@ -6,7 +6,9 @@ batches, ``sluice.torch`` and resume.
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -227,6 +229,55 @@ def test_coco_and_sidecar_sources_read_the_generated_boxes(tmp_path: Path) -> No
         np.testing.assert_allclose(b.boxes[3, :n], want)
         assert b.box_labels[3, :n].tolist() == side["labels"]
         assert (b.box_labels[3, n:] == -1).all() and (b.boxes[3, n:] == 0).all()
+
+
+def pack_shard(root: Path, shard: Path) -> None:
+    """The generated folder's samples (image, sidecar, mask) as members of one WebDataset
+    shard, in the folder source's order."""
+    with tarfile.open(shard, "w") as tar:
+        for image in sorted((root / "class_000").glob("*.jpg")):
+            for suffix in (".jpg", ".json", ".mask.png"):
+                member = image.with_name(image.stem + suffix)
+                if member.exists():
+                    tar.add(member, arcname=f"class_000/{member.name}")
+
+
+def test_a_tar_with_sidecars_yields_the_folder_sources_boxes_and_masks(tmp_path: Path) -> None:
+    root = tmp_path / "gen"
+    _sluice.generate_dataset(str(root), images=6, classes=1, masks=True, texture=0)
+    shard = tmp_path / "shard-000.tar"
+    pack_shard(root, shard)
+
+    def batches(pipe: sluice.Pipeline) -> List[sluice.Batch]:
+        return list(sluice.Loader(pipe.decode().center_crop(600).batch(3).shuffle(False).threads(1)))
+
+    folder = batches(sluice.Pipeline.sidecar(root, masks=True))
+    tar = batches(sluice.Pipeline.tar(shard, sidecars=True, masks=True))
+    assert len(folder) == len(tar) == 2
+    for f, t in zip(folder, tar):
+        for field in ("image", "label", "boxes", "box_labels", "box_count", "masks"):
+            np.testing.assert_array_equal(np.asarray(t[field]), np.asarray(f[field]), err_msg=field)
+    assert sum(int(b.box_count.sum()) for b in tar) > 0
+    # The shard without `sidecars` is images only.
+    assert all("boxes" not in b for b in batches(sluice.Pipeline.tar(shard)))
+
+
+def test_a_bad_tar_sidecar_fails_its_sample_naming_shard_and_member(tmp_path: Path) -> None:
+    png = io.BytesIO()
+    PIL_Image.fromarray(np.full((20, 30, 3), 100, np.uint8)).save(png, format="PNG")
+    shard = tmp_path / "bad.tar"
+    with tarfile.open(shard, "w") as tar:
+        for name, data in (("a.png", png.getvalue()), ("a.json", b'{"boxes": [[1, 2, 3, 4]')):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    pipe = sluice.Pipeline.tar(shard, sidecars=True).decode().center_crop((20, 30)).batch(1)
+    with pytest.raises(sluice.SampleError) as e:
+        list(sluice.Loader(pipe))
+    msg = str(e.value)
+    assert f"{shard}:a.json" in msg and "not a boxes sidecar" in msg, msg
+    with pytest.raises(ValueError, match="sidecars = true"):
+        sluice.Loader(sluice.Pipeline.tar(shard, masks=True).decode().center_crop(8).batch(1))
 
 
 def bad_folder(root: Path) -> None:

@@ -51,7 +51,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let source = if a.dataset.is_dir() {
         SourceSpec::ImageFolder { root: a.dataset.clone() }
     } else if a.dataset.extension().is_some_and(|e| e == "tar") {
-        SourceSpec::Tar { shards: vec![a.dataset.clone()] }
+        SourceSpec::Tar { shards: vec![a.dataset.clone()], sidecars: false, masks: false }
     } else {
         SourceSpec::FileList { path: a.dataset.clone(), root: None }
     };

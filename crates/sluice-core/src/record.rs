@@ -152,6 +152,9 @@ pub enum Segmentation {
 pub enum MaskSource {
     /// A single-channel PNG (grey or palette indices), relative to the manifest's root.
     File(std::path::PathBuf),
+    /// A single-channel PNG stored elsewhere than a file of its own: a tar shard's member
+    /// (`Location::TarMember`, its shard relative to the manifest's root), read by offset.
+    Member(crate::Location),
     /// COCO objects painted in order onto a `width x height` canvas of zeros, each object's
     /// pixels set to its class id (so a later object covers an earlier one).
     Objects { width: u32, height: u32, objects: Vec<(u8, Segmentation)> },

@@ -90,7 +90,7 @@ impl AllowedRoots {
                 self.check(path)?;
                 root.as_deref().map_or(Ok(()), |r| self.check(r))
             }
-            SourceSpec::Tar { shards } => shards.iter().try_for_each(|s| self.check(s)),
+            SourceSpec::Tar { shards, .. } => shards.iter().try_for_each(|s| self.check(s)),
             SourceSpec::Mix { sources } => sources.iter().try_for_each(|s| self.check_source(&s.source)),
             SourceSpec::Parquet { path, .. } => self.check(path),
             SourceSpec::Coco { annotations, images, .. } => {

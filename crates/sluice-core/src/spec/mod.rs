@@ -185,8 +185,17 @@ pub enum SourceSpec {
     },
     /// WebDataset-style tar shards: members `<basename>.jpg|jpeg|png` with an optional
     /// `<basename>.cls` holding the integer label. Indexed once, read by offset. A shard
-    /// may be an object, `s3://bucket/key.tar`, read by byte range.
-    Tar { shards: Vec<PathBuf> },
+    /// may be an object, `s3://bucket/key.tar`, read by byte range. With `sidecars`, each
+    /// image has a `<basename>.json` member in the same shard, the sidecar source's JSON
+    /// (boxes, labels, optional `label`); with `masks` (needs `sidecars`), each sidecar
+    /// names its mask PNG member: `"mask": "0001.mask.png"`.
+    Tar {
+        shards: Vec<PathBuf>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        sidecars: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        masks: bool,
+    },
     /// Several sources mixed by weight: every batch holds them in proportion to their
     /// weights (±1 sample), in an order fixed by the seed; an epoch ends when the first
     /// source runs out (docs/sharding.md).
@@ -228,12 +237,17 @@ pub enum SourceSpec {
 impl SourceSpec {
     /// Whether the source's samples carry boxes.
     pub fn has_boxes(&self) -> bool {
-        matches!(self, SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. })
+        matches!(self, SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. })
     }
 
     /// Whether the source's samples carry segmentation masks.
     pub fn has_masks(&self) -> bool {
-        matches!(self, SourceSpec::Coco { masks: true, .. } | SourceSpec::Sidecar { masks: true, .. })
+        matches!(
+            self,
+            SourceSpec::Coco { masks: true, .. }
+                | SourceSpec::Sidecar { masks: true, .. }
+                | SourceSpec::Tar { sidecars: true, masks: true, .. }
+        )
     }
 }
 
@@ -663,8 +677,11 @@ impl SourceSpec {
             SourceSpec::FileList { path, .. } if path.as_os_str().is_empty() => {
                 Err(SpecError::new("source.path", "must not be empty"))
             }
-            SourceSpec::Tar { shards } if shards.is_empty() => {
+            SourceSpec::Tar { shards, .. } if shards.is_empty() => {
                 Err(SpecError::new("source.shards", "needs at least one shard"))
+            }
+            SourceSpec::Tar { sidecars: false, masks: true, .. } => {
+                Err(SpecError::new("source.masks", "masks are named by the sidecars: set `sidecars = true` too"))
             }
             SourceSpec::Mix { sources } => mix::validate(sources),
             SourceSpec::Parquet { path, .. } if path.as_os_str().is_empty() => {
@@ -692,7 +709,7 @@ impl SourceSpec {
                     fix(r);
                 }
             }
-            SourceSpec::Tar { shards } => shards.iter_mut().for_each(fix),
+            SourceSpec::Tar { shards, .. } => shards.iter_mut().for_each(fix),
             SourceSpec::Mix { sources } => sources.iter_mut().for_each(|s| s.source.resolve_relative(dir)),
             SourceSpec::Parquet { path, .. } => fix(path),
             SourceSpec::Coco { annotations, images, .. } => {
@@ -877,13 +894,33 @@ size = 32
     }
 
     #[test]
+    fn tar_sidecars_and_masks_parse_round_trip_and_masks_need_sidecars() {
+        let src =
+            TOML.replace("kind = \"image_folder\"\nroot = \"/data/train\"", "kind = \"tar\"\nshards = [\"/d/a.tar\"]");
+        let plain = PipelineSpec::from_toml_str(&src).unwrap();
+        assert!(!plain.source.has_boxes() && !plain.source.has_masks());
+        let with = src.replace("shards = [", "sidecars = true\nmasks = true\nshards = [");
+        let spec = PipelineSpec::from_toml_str(&with).unwrap();
+        let want = SourceSpec::Tar { shards: vec!["/d/a.tar".into()], sidecars: true, masks: true };
+        assert_eq!(spec.source, want);
+        assert!(spec.source.has_boxes() && spec.source.has_masks());
+        assert_eq!(PipelineSpec::from_toml_str(&spec.to_toml_string().unwrap()).unwrap(), spec);
+        let e = PipelineSpec::from_toml_str(&src.replace("shards = [", "masks = true\nshards = [")).unwrap_err();
+        assert_eq!(e.field, "source.masks", "{e}");
+    }
+
+    #[test]
     fn op_order_and_fixed_size_are_enforced() {
         let src = SourceSpec::ImageFolder { root: "/d".into() };
         let mut spec = PipelineSpec::train_default(src, 224, 8);
         spec.ops.swap(0, 1);
         assert_eq!(spec.validate().unwrap_err().field, "ops[0]");
 
-        let mut spec = PipelineSpec::train_default(SourceSpec::Tar { shards: vec!["a.tar".into()] }, 224, 8);
+        let mut spec = PipelineSpec::train_default(
+            SourceSpec::Tar { shards: vec!["a.tar".into()], sidecars: false, masks: false },
+            224,
+            8,
+        );
         spec.ops = vec![OpSpec::Decode, OpSpec::resize(256)];
         assert_eq!(spec.validate().unwrap_err().field, "ops");
 

@@ -226,18 +226,22 @@ impl Shared {
             MaskSource::Objects { width, height, objects } => {
                 crate::source::segmentation::paint(*width, *height, objects, limits.max_pixels)
             }
-            MaskSource::File(path) => {
-                let mut bytes = Vec::new();
-                let location = Location::File { path: path.clone() };
-                let root = &self.data.manifest.root;
-                let shown = root.join(path);
-                self.data
-                    .storage
-                    .read(root, &location, limits.max_file_bytes, &mut bytes)
-                    .map_err(|e| format!("mask {}: {e}", shown.display()))?;
-                decode_png_mask(&bytes, limits.max_pixels).map_err(|e| format!("mask {}: {e}", shown.display()))
-            }
+            MaskSource::File(path) => self.load_png_mask(&Location::File { path: path.clone() }),
+            MaskSource::Member(location) => self.load_png_mask(location),
         }
+    }
+
+    /// Reads and decodes a mask PNG stored at `location`; says which mask on error.
+    fn load_png_mask(&self, location: &Location) -> Result<Mask, String> {
+        let limits = &self.data.spec.limits;
+        let mut bytes = Vec::new();
+        let root = &self.data.manifest.root;
+        let shown = location.display_path(root);
+        self.data
+            .storage
+            .read(root, location, limits.max_file_bytes, &mut bytes)
+            .map_err(|e| format!("mask {}: {e}", shown.display()))?;
+        decode_png_mask(&bytes, limits.max_pixels).map_err(|e| format!("mask {}: {e}", shown.display()))
     }
 
     /// One sample through the cache: a hit skips the read (and the decode, and the resize,

@@ -77,7 +77,9 @@ pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
             None => image_folder::enumerate(root)?,
         },
         SourceSpec::FileList { path, root } => file_list::enumerate(path, root.as_deref())?,
-        SourceSpec::Tar { shards } => self::tar::enumerate(shards)?,
+        SourceSpec::Tar { shards, sidecars, masks } => {
+            self::tar::enumerate_records(shards, self::tar::Records { sidecars: *sidecars, masks: *masks })?
+        }
         SourceSpec::Mix { sources } => {
             Manifest::join(sources.iter().map(|s| build_manifest(&s.source)).collect::<Result<_, _>>()?)
         }

@@ -9,6 +9,9 @@
 //! A sidecar that is missing, too large, not JSON, or whose boxes are not boxes (a NaN, `x2 <
 //! x1`, a count that does not match the labels) does not fail enumeration: its sample fails
 //! when loaded, under `on_error`, with the reason and the sample's path.
+//!
+//! The tar source reads the same sidecars from shard members (`sidecars = true`), through
+//! `sidecar_from_bytes` and `mask_name` here.
 
 use std::fs;
 use std::io::Read;
@@ -43,10 +46,17 @@ struct Sidecar {
 }
 
 /// What one sidecar gives its sample.
-struct SidecarRead {
-    annotation: Annotation,
-    label: Option<i64>,
-    mask: Option<PathBuf>,
+pub(super) struct SidecarRead {
+    pub(super) annotation: Annotation,
+    pub(super) label: Option<i64>,
+    pub(super) mask: Option<PathBuf>,
+}
+
+impl SidecarRead {
+    /// A sidecar that cannot be used: its sample fails with `why` when loaded.
+    pub(super) fn invalid(why: String) -> Self {
+        SidecarRead { annotation: Annotation::Invalid(why), label: None, mask: None }
+    }
 }
 
 /// Enumerates a folder of images with sidecars; with `masks`, where each sample's mask is.
@@ -96,26 +106,30 @@ pub fn enumerate(root: &Path, masks: bool) -> Result<Manifest, SourceError> {
 /// Where the mask of the image at `image` (relative to the root) is: the sidecar's `mask`,
 /// relative to the image's folder, or why there is none.
 fn mask_source(image: &Path, sidecar: &Path, mask: Option<PathBuf>, annotation: &Annotation) -> MaskSource {
+    match mask_name(&sidecar.display().to_string(), mask, annotation) {
+        Ok(m) => MaskSource::File(image.parent().unwrap_or(Path::new("")).join(m)),
+        Err(why) => MaskSource::Invalid(why),
+    }
+}
+
+/// The mask a sidecar (`shown` in errors) names, a path relative to the sidecar's folder,
+/// or why it names none that may be used: the sidecar cannot be read, has no `mask`, or
+/// names one outside its folder (absolute, or with `..`).
+pub(super) fn mask_name(shown: &str, mask: Option<PathBuf>, annotation: &Annotation) -> Result<PathBuf, String> {
     match mask {
         _ if matches!(annotation, Annotation::Invalid(_)) => {
-            MaskSource::Invalid(format!("sidecar {} cannot be read (see its boxes' error)", sidecar.display()))
+            Err(format!("sidecar {shown} cannot be read (see its boxes' error)"))
         }
-        None => MaskSource::Invalid(format!("sidecar {} names no `mask`", sidecar.display())),
-        Some(m) if m.components().all(|c| matches!(c, Component::Normal(_))) => {
-            MaskSource::File(image.parent().unwrap_or(Path::new("")).join(m))
-        }
-        Some(m) => MaskSource::Invalid(format!(
-            "sidecar {}: mask {} must be a relative path without `..`",
-            sidecar.display(),
-            m.display()
-        )),
+        None => Err(format!("sidecar {shown} names no `mask`")),
+        Some(m) if m.components().all(|c| matches!(c, Component::Normal(_))) => Ok(m),
+        Some(m) => Err(format!("sidecar {shown}: mask {} must be a relative path without `..`", m.display())),
     }
 }
 
 /// Reads and checks one sidecar: its boxes (or why they cannot be used), its label and mask.
 fn read_sidecar(path: &Path) -> SidecarRead {
     let mut bytes = Vec::new();
-    let invalid = |why: String| SidecarRead { annotation: Annotation::Invalid(why), label: None, mask: None };
+    let invalid = SidecarRead::invalid;
     // A regular file only, opened without blocking (a FIFO would hang indexing), as samples are.
     let file = match open_regular(path, None) {
         Ok(f) => f,
@@ -123,14 +137,25 @@ fn read_sidecar(path: &Path) -> SidecarRead {
     };
     match file.take(MAX_SIDECAR_BYTES + 1).read_to_end(&mut bytes) {
         Err(e) => invalid(format!("sidecar {}: {e}", path.display())),
-        Ok(_) if bytes.len() as u64 > MAX_SIDECAR_BYTES => {
-            invalid(format!("sidecar {} is over {} MiB", path.display(), MAX_SIDECAR_BYTES >> 20))
-        }
-        Ok(_) => match parse_sidecar_full(&bytes) {
-            Err(why) => invalid(format!("sidecar {}: {why}", path.display())),
-            Ok((t, label, mask)) => SidecarRead { annotation: Annotation::Boxes(t), label, mask },
-        },
+        Ok(_) => sidecar_from_bytes(&bytes, &path.display().to_string()),
     }
+}
+
+/// Checks a sidecar's bytes, read up to one past [`MAX_SIDECAR_BYTES`]; `shown` names the
+/// sidecar in what is wrong (a path, or `shard.tar:member`).
+pub(super) fn sidecar_from_bytes(bytes: &[u8], shown: &str) -> SidecarRead {
+    if bytes.len() as u64 > MAX_SIDECAR_BYTES {
+        return SidecarRead::invalid(too_large(shown));
+    }
+    match parse_sidecar_full(bytes) {
+        Err(why) => SidecarRead::invalid(format!("sidecar {shown}: {why}")),
+        Ok((t, label, mask)) => SidecarRead { annotation: Annotation::Boxes(t), label, mask },
+    }
+}
+
+/// Why a sidecar over [`MAX_SIDECAR_BYTES`] is refused.
+pub(super) fn too_large(shown: &str) -> String {
+    format!("sidecar {shown} is over {} MiB", MAX_SIDECAR_BYTES >> 20)
 }
 
 /// Parses a sidecar's bytes into checked boxes and the optional sample label.

@@ -5,6 +5,15 @@
 //! order, members in archive order, by reading headers and seeking over data; sample bytes
 //! are later read by offset without unpacking.
 //!
+//! With sidecars on (`sidecars = true` in the spec), a sample's boxes come from its
+//! `<key>.json` member, in the format and under the limits of the sidecar folder source
+//! ([`super::sidecar`]); with `masks`, the sidecar's `"mask"` names a PNG member of the same
+//! shard, relative to the sidecar's folder in the archive (`"mask": "0001.mask.png"`). As
+//! for folders, a sidecar that is missing, too large, not JSON or holds bad boxes does not
+//! fail indexing: its sample fails when loaded, under `on_error`, naming `shard.tar:member`.
+//! A sidecar without an image is not a sample (it is counted and logged). Member names are
+//! only keys, never paths: nothing is unpacked, and a mask named with `..` or `/` is refused.
+//!
 //! The manifest root is the folder the shards share; shard paths are stored relative to it.
 //! A shard may be an object (`s3://bucket/key.tar`): it is fetched once to be indexed, and
 //! its samples are later read by byte range.
@@ -15,32 +24,72 @@ use std::io::{self, BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 
 use ::tar::Archive;
-use sluice_core::{Location, Manifest};
+use sluice_core::{Annotation, Location, Manifest, MaskSource};
 
+use super::sidecar::{self, SidecarRead, MAX_SIDECAR_BYTES};
 use super::{is_image_extension, SourceError};
 use crate::storage::ObjectUrl;
 
 /// A `.cls` member longer than this is not a label.
 const MAX_CLS_BYTES: u64 = 64;
 
-/// Enumerates the samples of `shards`, in order.
+/// The extension of a sample's sidecar member.
+const SIDECAR_EXTENSION: &str = "json";
+
+/// Enumerates the samples of `shards`, in order (images and `.cls` labels only).
 pub fn enumerate(shards: &[PathBuf]) -> Result<Manifest, SourceError> {
+    enumerate_records(shards, Records { sidecars: false, masks: false })
+}
+
+/// What a tar source reads besides images and labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Records {
+    /// Each sample's boxes from its `<key>.json` member.
+    pub sidecars: bool,
+    /// Each sample's mask from the PNG member its sidecar names (needs `sidecars`).
+    pub masks: bool,
+}
+
+/// Enumerates the samples of `shards`, in order, with the records `records` asks for.
+pub fn enumerate_records(shards: &[PathBuf], records: Records) -> Result<Manifest, SourceError> {
     if shards.is_empty() {
         return Err(SourceError::NoSamples { dataset: "tar source".into(), hint: "no shards given" });
     }
     let root = common_folder(shards);
-    let mut items = Vec::new();
+    let mut out = Indexed::default();
     for shard in shards {
         let rel = shard.strip_prefix(&root).map(Path::to_path_buf).unwrap_or_else(|_| shard.clone());
-        index_shard(shard, &rel, &mut items)?;
+        index_shard(shard, &rel, records, &mut out)?;
     }
-    if items.is_empty() {
+    if out.items.is_empty() {
         return Err(SourceError::NoSamples {
             dataset: format!("{} tar shard(s) under {}", shards.len(), root.display()),
-            hint: "no .jpg, .jpeg or .png members",
+            hint: if records.sidecars {
+                "no .jpg, .jpeg or .png members (each with a .json sidecar)"
+            } else {
+                "no .jpg, .jpeg or .png members"
+            },
         });
     }
-    Ok(Manifest::new(root, items, Vec::new()))
+    if out.bad_sidecars > 0 {
+        tracing::warn!(bad = out.bad_sidecars, root = %root.display(), "tar samples whose sidecar cannot be used; they fail when loaded");
+    }
+    let manifest = Manifest::new(root, out.items, Vec::new());
+    Ok(match records {
+        Records { sidecars: false, .. } => manifest,
+        Records { masks: false, .. } => manifest.with_annotations(out.annotations),
+        Records { masks: true, .. } => manifest.with_annotations(out.annotations).with_masks(out.masks),
+    })
+}
+
+/// What indexing the shards gathers, one row per sample (annotations and masks only when
+/// the records are on).
+#[derive(Default)]
+struct Indexed {
+    items: Vec<(Location, i64, u64)>,
+    annotations: Vec<Annotation>,
+    masks: Vec<MaskSource>,
+    bad_sidecars: usize,
 }
 
 /// Splits a member name into (key, extension) the way WebDataset does; `None` when the
@@ -51,15 +100,15 @@ pub fn split_member_name(name: &str) -> Option<(&str, &str)> {
     Some((&name[..dot], &name[dot + 1..]))
 }
 
-fn index_shard(shard: &Path, rel: &Path, items: &mut Vec<(Location, i64, u64)>) -> Result<(), SourceError> {
+fn index_shard(shard: &Path, rel: &Path, records: Records, out: &mut Indexed) -> Result<(), SourceError> {
     if let Some(url) = ObjectUrl::parse(shard) {
         let bytes = crate::storage::object::fetch(&url)?;
         let file_len = bytes.len() as u64;
-        return index_archive(Cursor::new(bytes), file_len, shard, rel, items);
+        return index_archive(Cursor::new(bytes), file_len, shard, rel, records, out);
     }
     let file = File::open(shard).map_err(|e| SourceError::io("tar shard", shard, e))?;
     let file_len = file.metadata().map_err(|e| SourceError::io("tar shard", shard, e))?.len();
-    index_archive(ShardReader { inner: BufReader::new(file), pos: 0 }, file_len, shard, rel, items)
+    index_archive(ShardReader { inner: BufReader::new(file), pos: 0 }, file_len, shard, rel, records, out)
 }
 
 fn index_archive<R: Read + Seek>(
@@ -67,7 +116,8 @@ fn index_archive<R: Read + Seek>(
     file_len: u64,
     shard: &Path,
     rel: &Path,
-    items: &mut Vec<(Location, i64, u64)>,
+    records: Records,
+    out: &mut Indexed,
 ) -> Result<(), SourceError> {
     let mut archive = Archive::new(reader);
     let corrupt = |offset: u64, e: io::Error| SourceError::CorruptTar {
@@ -76,11 +126,18 @@ fn index_archive<R: Read + Seek>(
         message: e.to_string(),
     };
     let entries = archive.entries_with_seek().map_err(|e| corrupt(0, e))?;
+    // `shard.tar:member`, as errors name a member.
+    let shown = |member: &str| format!("{}:{member}", shard.display());
 
-    let first = items.len();
+    let first = out.items.len();
     // key → index in `items` of its image; key → label from its `.cls`.
     let mut samples: HashMap<String, usize> = HashMap::new();
     let mut labels: HashMap<String, i64> = HashMap::new();
+    // The key of each image this shard adds, in `items` order.
+    let mut keys: Vec<String> = Vec::new();
+    // key → (member name, what its sidecar gives); member name → (offset, len), for masks.
+    let mut sidecars: HashMap<String, (String, SidecarRead)> = HashMap::new();
+    let mut members: HashMap<String, (u64, u64)> = HashMap::new();
     let (mut ignored, mut duplicates) = (0usize, 0usize);
     // Where the next header should start: the offset reported if it turns out corrupt.
     let mut next_header = 0u64;
@@ -98,6 +155,9 @@ fn index_archive<R: Read + Seek>(
         if end > file_len {
             return Err(SourceError::TruncatedShard { shard: shard.to_path_buf(), member: name, end, file_len });
         }
+        if records.masks {
+            members.entry(name.clone()).or_insert((offset, len));
+        }
         let Some((key, ext)) = split_member_name(&name) else {
             ignored += 1;
             continue;
@@ -113,14 +173,30 @@ fn index_archive<R: Read + Seek>(
             let text = String::from_utf8_lossy(&bytes);
             let label = text.trim().parse::<i64>().map_err(|_| bad(text.trim().to_string()))?;
             labels.insert(key.to_string(), label);
+        } else if records.sidecars && ext == SIDECAR_EXTENSION {
+            if sidecars.contains_key(key) {
+                duplicates += 1;
+                continue;
+            }
+            // The header's size is checked before anything is read: a member declaring
+            // gigabytes costs nothing.
+            let read = if len > MAX_SIDECAR_BYTES {
+                SidecarRead::invalid(sidecar::too_large(&shown(&name)))
+            } else {
+                let mut bytes = Vec::with_capacity(len as usize);
+                entry.read_to_end(&mut bytes).map_err(|e| SourceError::io("tar shard", shard, e))?;
+                sidecar::sidecar_from_bytes(&bytes, &shown(&name))
+            };
+            sidecars.insert(key.to_string(), (name, read));
         } else if is_image_extension(ext) {
             if samples.contains_key(key) {
                 duplicates += 1;
                 continue;
             }
-            samples.insert(key.to_string(), items.len());
+            samples.insert(key.to_string(), out.items.len());
+            keys.push(key.to_string());
             let member = name.clone();
-            items.push((Location::TarMember { shard: rel.to_path_buf(), member, offset, len }, -1, len));
+            out.items.push((Location::TarMember { shard: rel.to_path_buf(), member, offset, len }, -1, len));
         } else {
             ignored += 1;
         }
@@ -128,14 +204,71 @@ fn index_archive<R: Read + Seek>(
 
     for (key, label) in labels {
         if let Some(&i) = samples.get(&key) {
-            items[i].1 = label;
+            out.items[i].1 = label;
+        }
+    }
+    if records.sidecars {
+        for (i, key) in (first..).zip(&keys) {
+            let Location::TarMember { member: image, .. } = &out.items[i].0 else { continue };
+            let (annotation, mask) = match sidecars.remove(key) {
+                None => {
+                    let why = format!("{} has no sidecar {key}.{SIDECAR_EXTENSION} in its shard", shown(image));
+                    (Annotation::Invalid(why.clone()), records.masks.then_some(MaskSource::Invalid(why)))
+                }
+                Some((member, read)) => {
+                    if let Some(label) = read.label {
+                        out.items[i].1 = label;
+                    }
+                    let mask =
+                        records.masks.then(|| mask_member(&member, read.mask, &read.annotation, rel, &members, &shown));
+                    (read.annotation, mask)
+                }
+            };
+            if let Annotation::Invalid(why) = &annotation {
+                if out.bad_sidecars == 0 {
+                    tracing::warn!(why, "a tar sample's sidecar cannot be used; it fails when loaded");
+                }
+                out.bad_sidecars += 1;
+            }
+            out.annotations.push(annotation);
+            out.masks.extend(mask);
+        }
+        if let Some(member) = sidecars.values().map(|(member, _)| member).min() {
+            // As in a folder, a sidecar is not a sample: without its image it is unused.
+            tracing::warn!(orphans = sidecars.len(), example = %shown(member), "sidecars without an image member; not samples");
         }
     }
     if duplicates > 0 {
-        tracing::warn!(shard = %shard.display(), duplicates, "keys with more than one image member; kept the first");
+        tracing::warn!(shard = %shard.display(), duplicates, "keys with more than one image or sidecar member; kept the first");
     }
-    tracing::debug!(shard = %shard.display(), samples = items.len() - first, ignored, "indexed tar shard");
+    tracing::debug!(shard = %shard.display(), samples = out.items.len() - first, ignored, "indexed tar shard");
     Ok(())
+}
+
+/// Where the mask named by the sidecar `member` is: a member of the same shard, its name
+/// relative to the sidecar's folder in the archive; or why there is none.
+fn mask_member(
+    member: &str,
+    mask: Option<PathBuf>,
+    annotation: &Annotation,
+    rel: &Path,
+    members: &HashMap<String, (u64, u64)>,
+    shown: &dyn Fn(&str) -> String,
+) -> MaskSource {
+    let name = match sidecar::mask_name(&shown(member), mask, annotation) {
+        Ok(m) => m,
+        Err(why) => return MaskSource::Invalid(why),
+    };
+    let folder = member.rfind('/').map_or("", |i| &member[..=i]);
+    let wanted = format!("{folder}{}", name.to_string_lossy());
+    match members.get(&wanted) {
+        Some(&(offset, len)) => {
+            MaskSource::Member(Location::TarMember { shard: rel.to_path_buf(), member: wanted, offset, len })
+        }
+        None => {
+            MaskSource::Invalid(format!("sidecar {}: its mask {} is not in the shard", shown(member), shown(&wanted)))
+        }
+    }
 }
 
 /// The folder all shards share (by whole components), or an empty path. Objects share

@@ -1,6 +1,7 @@
 //! The hostile-input corpus for samples with boxes (docs/records.md, "Bad input"): sidecars
 //! and a COCO file that are malformed, hold NaN, infinite, inverted, negative or outside
-//! coordinates, mismatched labels, or 10^6 boxes in one sample. Each either fails its
+//! coordinates, mismatched labels, 10^6 boxes in one sample, or over 16 MiB, read from a
+//! folder or from the members of a tar shard (`sidecars = true`). Each either fails its
 //! sample with an error naming the sample and what is wrong (`on_error = "fail"` stops the
 //! run with it; `"skip"` drops the sample and lists it) or is clamped by the stated rule;
 //! nothing panics.
@@ -17,7 +18,7 @@ use sluice_synth::{write_dataset, DatasetOptions};
 const SIDE: u32 = 64;
 
 fn options() -> DatasetOptions {
-    DatasetOptions { images: 9, classes: 1, texture: 4, boxes: true, ..Default::default() }
+    DatasetOptions { images: 10, classes: 1, texture: 4, boxes: true, ..Default::default() }
 }
 
 /// `n` boxes in a sidecar or a COCO file's annotations for one image.
@@ -52,15 +53,13 @@ fn sidecar(root: &Path, i: usize) -> PathBuf {
 /// centre crop: the whole output.
 const CLAMPED: [f32; 4] = [0.0, 0.0, SIDE as f32, SIDE as f32];
 
-#[test]
-fn hostile_sidecars_fail_their_sample_by_name_or_are_clamped() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("data");
-    write_dataset(&root, &options(), &|_| {}).unwrap();
-    // (sample, sidecar text or None to delete it, what its error says; "" = loads, clamped)
+/// The hostile sidecars: (sample, sidecar text or None to delete it, what its error
+/// says; "" = loads, clamped). Sample 0 keeps its good sidecar.
+fn hostile_sidecars() -> Vec<(usize, Option<String>, &'static str)> {
     let million =
         format!("{{\"boxes\": [{}], \"labels\": [{}]}}", many_boxes(1_000_000), vec!["1"; 1_000_000].join(","));
-    let corpus: Vec<(usize, Option<String>, &str)> = vec![
+    let too_large = format!("{}{{}}", " ".repeat(16 << 20));
+    vec![
         (1, Some(r#"{"boxes": [[1, 2, 3, 4]"#.into()), "not a boxes sidecar"),
         (2, Some(r#"{"boxes": [[NaN, 1, 2, 3]], "labels": [0]}"#.into()), "not a boxes sidecar"),
         (3, Some(r#"{"boxes": [[1, 2, 1e39, 4]], "labels": [0]}"#.into()), "finite"),
@@ -69,15 +68,15 @@ fn hostile_sidecars_fail_their_sample_by_name_or_are_clamped() {
         (6, Some(r#"{"boxes": [[9, 0, 5, 5]], "labels": [0]}"#.into()), "x2 < x1"),
         (7, Some(r#"{"boxes": [[0, 0, 5, 5], [1, 1, 6, 6]], "labels": [0]}"#.into()), "2 boxes but 1 labels"),
         (8, None, "img_0000008.json"),
-    ];
-    for (i, text, _) in &corpus {
-        match text {
-            Some(t) => std::fs::write(sidecar(&root, *i), t).unwrap(),
-            None => std::fs::remove_file(sidecar(&root, *i)).unwrap(),
-        }
-    }
-    let source = SourceSpec::Sidecar { root: root.clone(), masks: false };
+        (9, Some(too_large), "is over 16 MiB"),
+    ]
+}
 
+/// Loads `source` (the generated folder with [`hostile_sidecars`] written in, as a folder
+/// or packed into a shard) and checks every hostile sample: skipped naming `where_(i)` and
+/// what is wrong, or clamped; under "fail", the run stops on sample 1.
+fn check_hostile(source: SourceSpec, where_: &dyn Fn(usize) -> String) {
+    let corpus = hostile_sidecars();
     // Skipped: the good and the clamped samples load; each bad one is listed by name.
     let loader = Loader::new(spec(source.clone(), ErrorPolicy::Skip), Shard::default()).unwrap();
     let batches = all(&loader).unwrap();
@@ -88,7 +87,7 @@ fn hostile_sidecars_fail_their_sample_by_name_or_are_clamped() {
     let at = keys
         .iter()
         .position(|&k| loader.manifest().display_path(sluice_core::SampleKey(k)).ends_with("img_0000004.jpg"));
-    let at = at.expect("the sample with outside boxes loads");
+    let at = at.unwrap_or_else(|| panic!("the sample with outside boxes loads: {keys:?}"));
     assert_eq!(boxes.counts[at], 1, "the box wholly outside is dropped");
     let row = at * boxes.max_boxes;
     let got: [f32; 4] = boxes.boxes[row * 4..row * 4 + 4].try_into().unwrap();
@@ -96,17 +95,64 @@ fn hostile_sidecars_fail_their_sample_by_name_or_are_clamped() {
     assert_eq!(boxes.labels[row], 4);
     let skipped = loader.stats().skipped;
     for (i, _, says) in corpus.iter().filter(|c| !c.2.is_empty()) {
-        let name = format!("img_{i:07}");
+        let sample = format!("img_{i:07}.jpg");
         let s = skipped
             .iter()
-            .find(|s| s.path.contains(&name))
-            .unwrap_or_else(|| panic!("{name} not skipped: {skipped:?}"));
-        assert!(s.error.contains("bad boxes") && s.error.contains(says), "{name}: {}", s.error);
+            .find(|s| s.path.ends_with(&sample))
+            .unwrap_or_else(|| panic!("{sample} not skipped: {skipped:?}"));
+        let name = where_(*i);
+        assert!(
+            s.error.contains("bad boxes") && s.error.contains(says) && s.error.contains(&name),
+            "{name}: {}",
+            s.error
+        );
     }
 
     // Failing: the run stops with the first bad sample's key, path and reason.
     let e = all(&Loader::new(spec(source, ErrorPolicy::Fail), Shard::default()).unwrap()).unwrap_err();
-    assert!(e.contains("img_0000001") && e.contains("not a boxes sidecar"), "{e}");
+    assert!(e.contains(&where_(1)) && e.contains("not a boxes sidecar"), "{e}");
+}
+
+/// The generated folder, with the hostile sidecars written over its own.
+fn hostile_folder(root: &Path) {
+    write_dataset(root, &options(), &|_| {}).unwrap();
+    for (i, text, _) in &hostile_sidecars() {
+        match text {
+            Some(t) => std::fs::write(sidecar(root, *i), t).unwrap(),
+            None => std::fs::remove_file(sidecar(root, *i)).unwrap(),
+        }
+    }
+}
+
+#[test]
+fn hostile_sidecars_fail_their_sample_by_name_or_are_clamped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    hostile_folder(&root);
+    let shown = |i: usize| sidecar(&root, i).display().to_string();
+    check_hostile(SourceSpec::Sidecar { root: root.clone(), masks: false }, &|i| {
+        // Over `limits.max_boxes` is found at load time, naming the sample.
+        if i == 5 {
+            root.join(format!("class_000/img_{i:07}.jpg")).display().to_string()
+        } else {
+            shown(i)
+        }
+    });
+}
+
+#[test]
+fn hostile_tar_sidecars_fail_their_sample_naming_shard_and_member_or_are_clamped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    hostile_folder(&root);
+    let shard = dir.path().join("hostile.tar");
+    crate::source_tar_sidecars::pack_folder(&root, &shard);
+    let shown = shard.display().to_string();
+    check_hostile(SourceSpec::Tar { shards: vec![shard.clone()], sidecars: true, masks: false }, &|i| {
+        // A missing sidecar and one over `limits.max_boxes` are named by the image member.
+        let member = if i == 5 || i == 8 { format!("img_{i:07}.jpg") } else { format!("img_{i:07}.json") };
+        format!("{shown}:class_000/{member}")
+    });
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod source_image_folder;
 mod source_parquet;
 mod source_s3;
 mod source_tar;
+mod source_tar_sidecars;
 mod storage_local;
 mod storage_throttled;
 mod trace;

@@ -61,7 +61,8 @@ fn members_group_by_key_take_cls_labels_and_read_back_exactly() {
     );
     write_shard(&s1, &[("sub/d.cls", b"-2"), ("sub/d.jpg", &d), (long_name.as_str(), &l)]);
 
-    let m = build_manifest(&SourceSpec::Tar { shards: vec![s0.clone(), s1.clone()] }).unwrap();
+    let m = build_manifest(&SourceSpec::Tar { shards: vec![s0.clone(), s1.clone()], sidecars: false, masks: false })
+        .unwrap();
     assert_eq!(m.root, dir.path());
     let got: Vec<_> = m
         .entries
