@@ -21,5 +21,5 @@ pub use rng::SampleRng;
 pub use spec::{
     Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec,
     DiskPolicyKind, ErrorPolicy, ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec, PaddingMode,
-    PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
+    PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads, IOU_CROP_MAX_ROUNDS,
 };

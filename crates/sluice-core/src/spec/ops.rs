@@ -208,6 +208,27 @@ pub enum OpSpec {
         #[serde(default)]
         padding_mode: PaddingMode,
     },
+    /// torchvision v2's RandomIoUCrop (SSD): draws a minimum IoU from `sampler_options`
+    /// (1 keeps the image as it is), then up to `trials` crops of `[min_scale, max_scale]`
+    /// of each side with an aspect ratio in `[min_aspect_ratio, max_aspect_ratio]` until one
+    /// holds a box centre and overlaps such a box by that IoU. Boxes whose centre falls
+    /// outside the crop are dropped, the rest clipped. The crop's size depends on the draw.
+    /// A sample without boxes is left as it is (nothing drawn); after
+    /// [`IOU_CROP_MAX_ROUNDS`] options without a crop, the image is left as it is too.
+    RandomIouCrop {
+        #[serde(default = "default_iou_min_scale")]
+        min_scale: f64,
+        #[serde(default = "default_always")]
+        max_scale: f64,
+        #[serde(default = "default_iou_min_aspect")]
+        min_aspect_ratio: f64,
+        #[serde(default = "default_iou_max_aspect")]
+        max_aspect_ratio: f64,
+        #[serde(default = "default_iou_sampler_options")]
+        sampler_options: Vec<f64>,
+        #[serde(default = "default_iou_trials")]
+        trials: u32,
+    },
     // ---- augmentation policies (torchvision.transforms.v2; sluice-codec's ops/policy.rs):
     // each draws one or more sub-ops and their magnitudes per sample. `fill` left out is
     // torchvision's `fill=None` (zeros outside, no mask), which differs from `[0, 0, 0]`
@@ -292,6 +313,28 @@ pub(super) fn default_scale() -> [f64; 2] {
 pub(super) fn default_ratio() -> [f64; 2] {
     [3.0 / 4.0, 4.0 / 3.0]
 }
+fn default_iou_min_scale() -> f64 {
+    0.3
+}
+fn default_iou_min_aspect() -> f64 {
+    0.5
+}
+fn default_iou_max_aspect() -> f64 {
+    2.0
+}
+fn default_iou_sampler_options() -> Vec<f64> {
+    vec![0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]
+}
+fn default_iou_trials() -> u32 {
+    40
+}
+/// The most `sampler_options` a `random_iou_crop` may list.
+pub const IOU_CROP_MAX_OPTIONS: usize = 64;
+/// The most `trials` per option of a `random_iou_crop`.
+pub const IOU_CROP_MAX_TRIALS: u32 = 1000;
+/// How many options a `random_iou_crop` draws before it gives up and leaves the image as it
+/// is (torchvision draws for ever; a sample whose boxes no crop can satisfy would hang).
+pub const IOU_CROP_MAX_ROUNDS: u32 = 100;
 pub(super) fn default_flip_p() -> f64 {
     0.5
 }
@@ -423,6 +466,7 @@ impl OpSpec {
             OpSpec::RandomPerspective { .. } => "random_perspective",
             OpSpec::RandomCrop { .. } => "random_crop",
             OpSpec::Pad { .. } => "pad",
+            OpSpec::RandomIouCrop { .. } => "random_iou_crop",
             OpSpec::TrivialAugmentWide { .. } => "trivial_augment_wide",
             OpSpec::RandAugment { .. } => "rand_augment",
             OpSpec::AutoAugment { .. } => "auto_augment",
@@ -446,6 +490,7 @@ impl OpSpec {
             | OpSpec::RandomAffine { .. }
             | OpSpec::RandomPerspective { .. }
             | OpSpec::RandomCrop { .. }
+            | OpSpec::RandomIouCrop { .. }
             | OpSpec::TrivialAugmentWide { .. }
             | OpSpec::RandAugment { .. }
             | OpSpec::AutoAugment { .. }
@@ -468,7 +513,7 @@ impl OpSpec {
     /// image, as after `decode` or `resize`). Batches need `Some` after the last op.
     pub fn out_size(&self, before: Option<Size>) -> Option<Size> {
         match self {
-            OpSpec::Decode | OpSpec::Resize { .. } => None,
+            OpSpec::Decode | OpSpec::Resize { .. } | OpSpec::RandomIouCrop { .. } => None,
             OpSpec::CenterCrop { size } | OpSpec::RandomResizedCrop { size, .. } | OpSpec::RandomCrop { size, .. } => {
                 Some(*size)
             }
@@ -593,6 +638,43 @@ impl OpSpec {
                 Ok(())
             }
             OpSpec::Pad { padding, .. } => check_padding(padding, &field("padding")),
+            OpSpec::RandomIouCrop {
+                min_scale,
+                max_scale,
+                min_aspect_ratio,
+                max_aspect_ratio,
+                sampler_options,
+                trials,
+            } => {
+                if !(*min_scale > 0.0 && min_scale <= max_scale && *max_scale <= 1.0) {
+                    return Err(SpecError::new(
+                        field("min_scale"),
+                        format!("needs 0 < min_scale <= max_scale <= 1; got {min_scale} and {max_scale}"),
+                    ));
+                }
+                if !(*min_aspect_ratio > 0.0 && min_aspect_ratio <= max_aspect_ratio && max_aspect_ratio.is_finite()) {
+                    return Err(SpecError::new(
+                        field("min_aspect_ratio"),
+                        format!(
+                            "needs 0 < min_aspect_ratio <= max_aspect_ratio (finite); got {min_aspect_ratio} and \
+                             {max_aspect_ratio}"
+                        ),
+                    ));
+                }
+                if sampler_options.is_empty() || sampler_options.len() > IOU_CROP_MAX_OPTIONS {
+                    return Err(SpecError::new(
+                        field("sampler_options"),
+                        format!("needs 1 to {IOU_CROP_MAX_OPTIONS} values; got {}", sampler_options.len()),
+                    ));
+                }
+                if let Some(v) = sampler_options.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+                    return Err(SpecError::new(
+                        field("sampler_options"),
+                        format!("each minimum IoU must be in [0, 1] (1: no crop); got {v}"),
+                    ));
+                }
+                check_count(&field("trials"), u64::from(*trials), 1, u64::from(IOU_CROP_MAX_TRIALS))
+            }
             OpSpec::TrivialAugmentWide { num_magnitude_bins, interpolation, .. } => {
                 policy::check_bins(*num_magnitude_bins, &field("num_magnitude_bins"))?;
                 check_warp_interpolation(*interpolation, &field("interpolation"))
@@ -777,6 +859,87 @@ mod tests {
             Err(e) => e.field,
             Ok(()) => panic!("{op} validated"),
         }
+    }
+
+    #[test]
+    fn random_iou_crop_defaults_are_torchvisions_and_its_parameters_are_bounded() {
+        let op: OpSpec = serde_json::from_str(r#"{"op": "random_iou_crop"}"#).unwrap();
+        let OpSpec::RandomIouCrop {
+            min_scale,
+            max_scale,
+            min_aspect_ratio,
+            max_aspect_ratio,
+            ref sampler_options,
+            trials,
+        } = op
+        else {
+            panic!("{op:?}")
+        };
+        assert_eq!((min_scale, max_scale, min_aspect_ratio, max_aspect_ratio, trials), (0.3, 1.0, 0.5, 2.0, 40));
+        assert_eq!(sampler_options, &[0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]);
+        assert!(op.is_random());
+        assert_eq!(op.out_size(Some(Size::square(9))), None, "the crop's size depends on the draw");
+        assert!(check(r#"{"op": "random_iou_crop"}"#).is_ok());
+        // min_scale > max_scale, scale over 1, aspect bounds reversed.
+        assert_eq!(field_of(r#"{"op": "random_iou_crop", "min_scale": 0.8, "max_scale": 0.5}"#), "ops[1].min_scale");
+        assert_eq!(field_of(r#"{"op": "random_iou_crop", "max_scale": 1.5}"#), "ops[1].min_scale");
+        assert_eq!(field_of(r#"{"op": "random_iou_crop", "min_scale": 0}"#), "ops[1].min_scale");
+        assert_eq!(
+            field_of(r#"{"op": "random_iou_crop", "min_aspect_ratio": 3, "max_aspect_ratio": 2}"#),
+            "ops[1].min_aspect_ratio"
+        );
+        assert_eq!(field_of(r#"{"op": "random_iou_crop", "sampler_options": []}"#), "ops[1].sampler_options");
+        assert_eq!(field_of(r#"{"op": "random_iou_crop", "sampler_options": [0.5, 1.5]}"#), "ops[1].sampler_options");
+        assert_eq!(field_of(r#"{"op": "random_iou_crop", "trials": 0}"#), "ops[1].trials");
+        assert_eq!(field_of(r#"{"op": "random_iou_crop", "trials": 1001}"#), "ops[1].trials");
+        // NaN (TOML can spell it; JSON cannot) in any float field names that field.
+        let nan = |f: &dyn Fn(&mut OpSpec)| {
+            let mut op = OpSpec::RandomIouCrop {
+                min_scale: 0.3,
+                max_scale: 1.0,
+                min_aspect_ratio: 0.5,
+                max_aspect_ratio: 2.0,
+                sampler_options: vec![0.0, 1.0],
+                trials: 40,
+            };
+            f(&mut op);
+            let ops = [OpSpec::Decode, op, OpSpec::CenterCrop { size: Size::square(16) }];
+            validate_ops(&ops).err().map(|e| (e.field, e.message))
+        };
+        let set = |name: &'static str| {
+            move |op: &mut OpSpec| {
+                if let OpSpec::RandomIouCrop {
+                    min_scale,
+                    max_scale,
+                    min_aspect_ratio,
+                    max_aspect_ratio,
+                    sampler_options,
+                    ..
+                } = op
+                {
+                    match name {
+                        "min_scale" => *min_scale = f64::NAN,
+                        "max_scale" => *max_scale = f64::NAN,
+                        "min_aspect_ratio" => *min_aspect_ratio = f64::NAN,
+                        "max_aspect_ratio" => *max_aspect_ratio = f64::NAN,
+                        _ => sampler_options[0] = f64::NAN,
+                    }
+                }
+            }
+        };
+        for (name, field) in [
+            ("min_scale", "ops[1].min_scale"),
+            ("max_scale", "ops[1].min_scale"),
+            ("min_aspect_ratio", "ops[1].min_aspect_ratio"),
+            ("max_aspect_ratio", "ops[1].min_aspect_ratio"),
+            ("sampler_options", "ops[1].sampler_options"),
+        ] {
+            let got = nan(&set(name));
+            assert_eq!(got.as_ref().map(|g| g.0.as_str()), Some(field), "NaN {name}: {got:?}");
+        }
+        // Its size is the draw's: a fixed-size op must follow it before batching.
+        let alone = [OpSpec::Decode, serde_json::from_str(r#"{"op": "random_iou_crop"}"#).unwrap()];
+        assert_eq!(validate_ops(&alone).unwrap_err().field, "ops");
     }
 
     #[test]
