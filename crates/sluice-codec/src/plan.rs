@@ -597,11 +597,17 @@ impl Plan {
                     let Scratch { a, b, .. } = &mut *scratch;
                     let (mut motion, mut mask_move) = (Motion::Identity, MaskMove::Identity);
                     let src = borrowed.unwrap_or(a);
-                    (w, h) = ops::apply(op, src, w, h, rng, max_pixels, b, &mut motion, &mut mask_move)?;
-                    std::mem::swap(a, b);
-                    if let Some(t) = boxes.as_deref_mut() {
-                        if motion != Motion::Identity {
-                            move_boxes(t, motion, w, h);
+                    if matches!(op, OpSpec::RandomIouCrop { .. }) {
+                        // Chosen against the boxes, which it moves itself.
+                        ((w, h), mask_move) = ops::iou_crop::apply(op, src, w, h, boxes.as_deref_mut(), rng, b)?;
+                        std::mem::swap(a, b);
+                    } else {
+                        (w, h) = ops::apply(op, src, w, h, rng, max_pixels, b, &mut motion, &mut mask_move)?;
+                        std::mem::swap(a, b);
+                        if let Some(t) = boxes.as_deref_mut() {
+                            if motion != Motion::Identity {
+                                move_boxes(t, motion, w, h);
+                            }
                         }
                     }
                     if let Some(m) = mask.as_deref_mut() {

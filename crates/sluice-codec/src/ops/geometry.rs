@@ -25,6 +25,7 @@ pub(super) fn runs(op: &OpSpec) -> bool {
             | OpSpec::RandomPerspective { .. }
             | OpSpec::RandomCrop { .. }
             | OpSpec::Pad { .. }
+            | OpSpec::RandomIouCrop { .. }
     )
 }
 
@@ -114,6 +115,13 @@ pub(super) fn apply_moving(
             *mask_move = MaskMove::Window { origin, size: out, mode: padding_mode };
             return Ok(out);
         }
+        OpSpec::RandomIouCrop { .. } => {
+            // Without the sample's boxes (the plan passes them to `iou_crop::apply` itself)
+            // the image is left as it is.
+            let (out, mm) = super::iou_crop::apply(op, src, w, h, None, rng, dst)?;
+            *mask_move = mm;
+            return Ok(out);
+        }
         OpSpec::RandomCrop { size, padding, pad_if_needed, fill, padding_mode } => {
             let (out, (left, top)) =
                 random_crop(src, w, h, size, padding, pad_if_needed, fill, padding_mode, rng, dst)?;
@@ -129,7 +137,8 @@ pub(super) fn apply_moving(
         | OpSpec::RandomAffine { .. }
         | OpSpec::RandomPerspective { .. }
         | OpSpec::Pad { .. }
-        | OpSpec::RandomCrop { .. } => {}
+        | OpSpec::RandomCrop { .. }
+        | OpSpec::RandomIouCrop { .. } => {}
         OpSpec::RandomVerticalFlip { p } => {
             // torchvision: flip if torch.rand(1) < p.
             if rng.next_f64() < p {

@@ -18,6 +18,7 @@ use crate::CodecError;
 
 mod color;
 pub(crate) mod geometry;
+pub(crate) mod iou_crop;
 pub(crate) mod policy;
 
 /// Whether this module runs `op`.
