@@ -520,6 +520,34 @@ class Pipeline:
             args["padding"] = _padding(padding)
         return self._op("random_crop", **args, fill=_fill(fill), padding_mode=padding_mode)
 
+    def random_iou_crop(
+        self,
+        min_scale: float = 0.3,
+        max_scale: float = 1.0,
+        min_aspect_ratio: float = 0.5,
+        max_aspect_ratio: float = 2.0,
+        sampler_options: Optional[Sequence[float]] = None,
+        trials: int = 40,
+    ) -> "Pipeline":
+        """torchvision v2's RandomIoUCrop (SSD), for sources with boxes: draws a minimum IoU
+        from ``sampler_options`` (default ``[0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0]``; 1 leaves
+        the image as it is), then up to ``trials`` crops of ``[min_scale, max_scale]`` of each
+        side with an aspect ratio in ``[min_aspect_ratio, max_aspect_ratio]`` until one holds
+        a box centre and overlaps such a box by that IoU. Boxes whose centre is outside the
+        crop are dropped, the rest clipped (torchvision's crop + SanitizeBoundingBoxes); a
+        mask is cut with the image. A sample without boxes is left as it is. The crop's
+        size depends on the draw, so a fixed-size op must follow. Seeded per sample."""
+        options = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0] if sampler_options is None else list(sampler_options)
+        return self._op(
+            "random_iou_crop",
+            min_scale=min_scale,
+            max_scale=max_scale,
+            min_aspect_ratio=min_aspect_ratio,
+            max_aspect_ratio=max_aspect_ratio,
+            sampler_options=options,
+            trials=trials,
+        )
+
     def pad(self, padding: Padding, fill: Fill = 0, padding_mode: str = "constant") -> "Pipeline":
         """torchvision's Pad: ``padding`` is one value, ``(left/right, top/bottom)`` or
         ``(left, top, right, bottom)``; ``padding_mode`` as for :meth:`random_crop`."""
