@@ -123,3 +123,19 @@ def test_bad_parameters_are_refused_naming_the_field(tmp_path: Path) -> None:
     ]:
         with pytest.raises(sluice.SpecError, match=rf"ops\[1\]\.{field}"):
             sluice.Loader(base.random_iou_crop(**args).center_crop(8).batch(1))
+
+
+def test_the_mask_is_cut_with_the_image(tmp_path: Path) -> None:
+    """A mask equal to the red channel stays equal to it, the center crop's padding (0 in
+    both) included, whatever window is drawn."""
+    root = write(tmp_path / "d", BOXES, LABELS)
+    PIL_Image.fromarray(coded_image()[..., 0]).save(root / "a.mask.png")
+    (root / "a.json").write_text(json.dumps({"boxes": BOXES, "labels": LABELS, "mask": "a.mask.png"}))
+    crops = 0
+    for seed in range(12):
+        pipe = sluice.Pipeline.sidecar(root, masks=True).decode().random_iou_crop().center_crop((H, W))
+        (b,) = list(sluice.Loader(pipe.batch(1).threads(1).seed(seed)))
+        img = np.asarray(b.image)[0]
+        crops += window(img)[2:] != (H, W)
+        assert np.array_equal(np.asarray(b.masks)[0], img[..., 0]), f"seed {seed}"
+    assert crops >= 3
