@@ -1449,6 +1449,39 @@ mod tests {
     }
 
     #[test]
+    fn random_iou_crop_crops_against_the_boxes_and_leaves_a_sample_without_them() {
+        let (w, h) = (200u32, 150u32);
+        let rect = [60, 40, 140, 110];
+        let px = white_rect(w, h, rect);
+        let png = encode_png(&px, w, h, png::ColorType::Rgb, png::BitDepth::Eight, None);
+        let iou = OpSpec::RandomIouCrop {
+            min_scale: 0.3,
+            max_scale: 1.0,
+            min_aspect_ratio: 0.5,
+            max_aspect_ratio: 2.0,
+            sampler_options: vec![0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0],
+            trials: 40,
+        };
+        let ops = [OpSpec::Decode, iou, OpSpec::CenterCrop { size: Size { height: h, width: w } }];
+        let plan = Plan::compile(&ops, Limits::default());
+        let mut out = vec![0u8; plan.output_bytes()];
+        let mut cropped = 0;
+        for key in 0..16 {
+            let mut t = BoxTargets { boxes: vec![rect.map(|v| v as f32)], labels: vec![3] };
+            plan.run_with_records(&png, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], &mut t, None).unwrap();
+            // The crop holds the box's centre, so the box stays, on its pixels.
+            assert_eq!(t.labels, vec![3], "key {key}");
+            assert_box_encloses_white(&out, w, t.boxes[0], 1.0, &format!("key {key}"));
+            // A crop (re-centred by the center crop) moves the box.
+            cropped += usize::from(t.boxes[0] != rect.map(|v| v as f32));
+            // Without boxes (a source that has none) the image is left as it is.
+            plan.run(&png, &mut rng(key), &mut Scratch::new(), &mut out, &mut []).unwrap();
+            assert_eq!(out, px, "key {key}: a sample without boxes was changed");
+        }
+        assert!(cropped >= 4, "only {cropped} of 16 samples cropped");
+    }
+
+    #[test]
     fn an_output_too_large_to_count_leaves_the_plan_without_a_size() {
         // Only an unvalidated op list has one; `h × w × 3 × 4` does not fit in a usize.
         let huge = OpSpec::CenterCrop { size: Size { height: u32::MAX, width: u32::MAX } };
