@@ -154,15 +154,16 @@ pub(crate) fn apply(
         out.copy_from_slice(src);
         return Ok(((w, h), MaskMove::Identity));
     };
-    let (src, _) = frames(src, dst, w, h)?;
     let row = w as usize * 3;
+    let src = src.get(..row * h as usize).ok_or_else(|| {
+        CodecError::Shape(format!("a {w}x{h} RGB image needs {} bytes; got {}", row * h as usize, src.len()))
+    })?;
     let (x0, x1) = (c.left as usize * 3, (c.left + c.w) as usize * 3);
-    let mut out = Vec::with_capacity(c.w as usize * c.h as usize * 3);
-    for y in c.top..c.top + c.h {
-        let r = &src[y as usize * row..(y as usize + 1) * row];
-        out.extend_from_slice(&r[x0..x1]);
+    dst.clear();
+    for r in src.chunks_exact(row).skip(c.top as usize).take(c.h as usize) {
+        // `params` keeps the window inside the image.
+        dst.extend_from_slice(r.get(x0..x1).unwrap_or_default());
     }
-    *dst = out;
     if let Some(t) = boxes {
         // torchvision zeroes the boxes whose centre is outside for SanitizeBoundingBoxes to
         // drop; they are dropped here at once.
