@@ -405,15 +405,18 @@ impl Default for Limits {
 }
 
 impl PipelineSpec {
-    /// What a source with boxes cannot do yet: the augmentation policies (their geometric
-    /// sub-ops do not move boxes yet).
+    /// What a source with boxes cannot do: the augmentation policies, which torchvision v2
+    /// refuses boxes and masks in too (`_AutoAugmentBase` raises `TypeError`).
     fn validate_for_boxes(&self) -> Result<(), SpecError> {
         for (i, op) in self.ops.iter().enumerate() {
             if matches!(op, OpSpec::TrivialAugmentWide { .. } | OpSpec::RandAugment { .. } | OpSpec::AutoAugment { .. })
             {
                 return Err(SpecError::new(
                     format!("ops[{i}]"),
-                    format!("`{}` does not move boxes yet; a source with boxes cannot use it", op.name()),
+                    format!(
+                        "`{}` does not move boxes (nor does torchvision's); a source with boxes cannot use it",
+                        op.name()
+                    ),
                 ));
             }
         }
@@ -910,6 +913,24 @@ size = 32
         assert_eq!(PipelineSpec::from_toml_str(&spec.to_toml_string().unwrap()).unwrap(), spec);
         let e = PipelineSpec::from_toml_str(&src.replace("shards = [", "masks = true\nshards = [")).unwrap_err();
         assert_eq!(e.field, "source.masks", "{e}");
+    }
+
+    #[test]
+    fn augmentation_policies_are_refused_with_boxes_by_their_op_as_torchvision_refuses_them() {
+        for name in ["trivial_augment_wide", "rand_augment", "auto_augment"] {
+            let policy: OpSpec = serde_json::from_str(&format!(r#"{{"op": "{name}"}}"#)).unwrap();
+            let mut spec = PipelineSpec::train_default(
+                SourceSpec::Tar { shards: vec!["a.tar".into()], sidecars: false, masks: false },
+                224,
+                8,
+            );
+            spec.ops.insert(1, policy);
+            assert!(spec.validate().is_ok(), "{name} without boxes");
+            spec.source = SourceSpec::Tar { shards: vec!["a.tar".into()], sidecars: true, masks: false };
+            let e = spec.validate().unwrap_err();
+            assert_eq!(e.field, "ops[1]", "{name}: {e}");
+            assert!(e.message.contains(name) && e.message.contains("boxes"), "{name}: {e}");
+        }
     }
 
     #[test]
