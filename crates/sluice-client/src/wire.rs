@@ -7,7 +7,7 @@
 use sluice_core::{Batch, BatchBoxes, Layout, Tensor, TensorData};
 
 use crate::error::ClientError;
-use crate::proto::{self, BatchMessage, BatchTargets, BatchTrace, SkippedSample};
+use crate::proto::{self, BatchMasks, BatchMessage, BatchTargets, BatchTrace, SkippedSample};
 use crate::MAX_MESSAGE_BYTES;
 
 /// How pixels travel from workers to a client.
@@ -193,12 +193,36 @@ fn targets_to_message(b: &BatchBoxes) -> BatchTargets {
         boxes: b.boxes.iter().flat_map(|v| v.to_le_bytes()).collect(),
         labels: b.labels.clone(),
         counts: b.counts.clone(),
+        masks: b.masks.as_ref().map(masks_to_message),
     }
+}
+
+/// A batch's `[n, h, w]` u8 masks as they travel.
+fn masks_to_message(m: &Tensor) -> BatchMasks {
+    let dim = |i: usize| m.shape.get(i).and_then(|&d| u32::try_from(d).ok()).unwrap_or(0);
+    BatchMasks { height: dim(1), width: dim(2), data: m.as_bytes().to_vec() }
+}
+
+/// A batch's masks from the wire, checked against its `n` samples of `size` (height,
+/// width), the output images' size: each sample's mask is the size of its image.
+fn message_to_masks(m: BatchMasks, n: usize, size: (usize, usize), what: &str) -> Result<Tensor, ClientError> {
+    let (h, w) = (m.height as usize, m.width as usize);
+    if (h, w) != size {
+        return Err(ClientError::BadBatch(format!(
+            "{what}: masks of {h}x{w} for images of {}x{} (height x width)",
+            size.0, size.1
+        )));
+    }
+    // `h * w` fits: it is the images' own size, whose bytes were counted already.
+    if Some(m.data.len()) != n.checked_mul(h * w) {
+        return Err(ClientError::BadBatch(format!("{what}: {} mask bytes for {n} masks of {h}x{w}", m.data.len())));
+    }
+    Ok(Tensor { shape: vec![n, h, w], data: TensorData::U8(m.data) })
 }
 
 /// A batch's targets from the wire, checked against its `n` samples: every length as the
 /// padding implies, each count within `0..=max_boxes`.
-fn message_to_targets(t: BatchTargets, n: usize, what: &str) -> Result<BatchBoxes, ClientError> {
+fn message_to_targets(t: BatchTargets, n: usize, size: (usize, usize), what: &str) -> Result<BatchBoxes, ClientError> {
     let bad = |why: String| ClientError::BadBatch(format!("{what}: {why}"));
     let max_boxes = usize::try_from(t.max_boxes).map_err(|_| bad(format!("max_boxes {}", t.max_boxes)))?;
     let rows = n.checked_mul(max_boxes).ok_or_else(|| bad(format!("{n} samples of {max_boxes} boxes")))?;
@@ -213,8 +237,9 @@ fn message_to_targets(t: BatchTargets, n: usize, what: &str) -> Result<BatchBoxe
     if let Some(c) = t.counts.iter().find(|&&c| c < 0 || c as u64 > t.max_boxes) {
         return Err(bad(format!("a sample with {c} boxes of {max_boxes}")));
     }
+    let masks = t.masks.map(|m| message_to_masks(m, n, size, what)).transpose()?;
     let boxes = t.boxes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    Ok(BatchBoxes { max_boxes, boxes, labels: t.labels, counts: t.counts, masks: None })
+    Ok(BatchBoxes { max_boxes, boxes, labels: t.labels, counts: t.counts, masks })
 }
 
 pub fn batch_to_message(batch: Batch) -> BatchMessage {
@@ -342,7 +367,11 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
     let boxes = match m.targets {
         Some(t) => {
             let what = format!("batch {} of epoch {}", m.index, m.epoch);
-            Some(Box::new(message_to_targets(t, m.keys.len(), &what)?))
+            let size = match (layout, shape.as_slice()) {
+                (Layout::Hwc, [_, h, w, _]) | (Layout::Chw, [_, _, h, w]) => (*h, *w),
+                _ => (0, 0),
+            };
+            Some(Box::new(message_to_targets(t, m.keys.len(), size, &what)?))
         }
         None => None,
     };
@@ -431,6 +460,46 @@ mod tests {
             let e = message_to_batch(m).unwrap_err().to_string();
             assert!(e.contains("batch 4 of epoch 1") && e.contains(says), "{e}");
         }
+    }
+
+    #[test]
+    fn masks_travel_with_their_batch_and_malformed_or_hostile_masks_are_refused() {
+        let mut boxes = BatchBoxes::pad(&vec![sluice_core::BoxTargets::default(); 2]);
+        boxes.masks = Some(Tensor { shape: vec![2, 3, 2], data: TensorData::U8((0..12).collect()) });
+        let b = Batch {
+            epoch: 2,
+            index: 6,
+            keys: vec![3, 5],
+            labels: vec![-1, -1],
+            images: Tensor::zeros(DType::U8, vec![2, 3, 3, 2]),
+            layout: Layout::Chw,
+            weights: None,
+            boxes: Some(Box::new(boxes)),
+        };
+        for c in [Compression::None, Compression::Zstd] {
+            let out = Outgoing::new(b.clone(), c);
+            let head = out.header().targets.and_then(|t| t.masks);
+            assert_eq!(head.map(|m| (m.height, m.width, m.data.len())), Some((3, 2, 12)), "the header carries them");
+            assert_eq!(message_to_batch(out.into_message()).map_err(|e| e.to_string()), Ok(b.clone()));
+        }
+        let good = batch_to_message(b.clone()).targets.unwrap().masks.unwrap();
+        for (m, says) in [
+            (BatchMasks { data: vec![0; 11], ..good.clone() }, "11 mask bytes for 2 masks of 3x2"),
+            (BatchMasks { data: vec![0; 18], ..good.clone() }, "18 mask bytes for 2 masks of 3x2"),
+            (BatchMasks { height: 2, width: 3, ..good.clone() }, "masks of 2x3 for images of 3x2"),
+            (BatchMasks { height: u32::MAX, width: u32::MAX, ..good.clone() }, "for images of 3x2"),
+            (BatchMasks { height: 0, width: 0, data: Vec::new() }, "masks of 0x0"),
+        ] {
+            let mut msg = batch_to_message(b.clone());
+            msg.targets.as_mut().unwrap().masks = Some(m);
+            let e = message_to_batch(msg).unwrap_err().to_string();
+            assert!(e.contains("batch 6 of epoch 2") && e.contains(says), "{e}");
+        }
+        // A batch of a source without masks still comes without them.
+        let mut plain = b.clone();
+        plain.boxes.as_mut().unwrap().masks = None;
+        assert!(batch_to_message(plain.clone()).targets.unwrap().masks.is_none());
+        assert_eq!(message_to_batch(batch_to_message(plain.clone())).map_err(|e| e.to_string()), Ok(plain));
     }
 
     #[test]
