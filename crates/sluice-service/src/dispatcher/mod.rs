@@ -110,11 +110,35 @@ fn refuse_learner_only(spec: &PipelineSpec) -> Result<(), ServiceError> {
             "is for loaders on one machine (it writes files in the folder it names), not service jobs",
         );
     }
-    if spec.source.has_masks() {
-        return refuse(
+    Ok(())
+}
+
+/// Mask bytes a batch may carry: a batch's masks travel in its header, whose data-plane
+/// frame a client reads up to [`MAX_HEADER`](sluice_client::dataplane::MAX_HEADER) (16 MiB);
+/// 2 MiB of it are left for the keys, labels and boxes (26 bytes a box row: 256 samples of
+/// 300 boxes).
+pub const MAX_BATCH_MASK_BYTES: u64 = sluice_client::dataplane::MAX_HEADER as u64 - (2 << 20);
+
+/// Refuses a job whose batches' masks (`batch.size` × the output's height × width bytes)
+/// would not fit a batch header, rather than have every client refuse its batches.
+fn refuse_oversized_masks(spec: &PipelineSpec) -> Result<(), ServiceError> {
+    if !spec.source.has_masks() {
+        return Ok(());
+    }
+    let (_, _, size) = spec.output();
+    let bytes = [spec.batch.size as u64, u64::from(size.height), u64::from(size.width)]
+        .into_iter()
+        .try_fold(1u64, u64::checked_mul)
+        .unwrap_or(u64::MAX);
+    if bytes > MAX_BATCH_MASK_BYTES {
+        return Err(ServiceError::Spec(sluice_core::SpecError::new(
             "source.masks",
-            "segmentation masks are not served yet (batches on the wire carry no masks); load them locally",
-        );
+            format!(
+                "a batch's masks ({} x {}x{} = {bytes} bytes) are over the {MAX_BATCH_MASK_BYTES} bytes a \
+                 served batch carries; use a smaller batch.size or output, or load them locally",
+                spec.batch.size, size.height, size.width
+            ),
+        )));
     }
     Ok(())
 }
@@ -274,6 +298,7 @@ impl DispatcherService {
             )));
         }
         refuse_learner_only(&spec)?;
+        refuse_oversized_masks(&spec)?;
         self.inner.roots.check_source(&spec.source)?;
         let source = spec.source.clone();
         let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
@@ -1038,11 +1063,15 @@ mod tests {
     }
 
     #[test]
-    fn a_job_spec_whose_source_has_masks_is_refused_rather_than_served_without_them() {
+    fn masks_are_served_unless_a_batchs_masks_would_not_fit_its_header() {
         let sidecar = |masks| sluice_core::SourceSpec::Sidecar { root: "/data".into(), masks };
-        let spec = PipelineSpec::train_default(sidecar(true), 32, 4);
-        let err = refuse_learner_only(&spec).unwrap_err().to_string();
-        assert!(err.contains("source.masks"), "{err}");
-        assert!(refuse_learner_only(&PipelineSpec::train_default(sidecar(false), 32, 4)).is_ok());
+        // 256 masks of 224x224 (12.25 MiB) fit; 320 (15.3 MiB) would leave too little room.
+        let spec = PipelineSpec::train_default(sidecar(true), 224, 256);
+        assert!(refuse_learner_only(&spec).is_ok() && refuse_oversized_masks(&spec).is_ok());
+        let spec = PipelineSpec::train_default(sidecar(true), 224, 320);
+        let err = refuse_oversized_masks(&spec).unwrap_err().to_string();
+        assert!(err.contains("source.masks") && err.contains("320 x 224x224 = 16056320 bytes"), "{err}");
+        // Without masks the batch's size is no matter.
+        assert!(refuse_oversized_masks(&PipelineSpec::train_default(sidecar(false), 224, 320)).is_ok());
     }
 }

@@ -1,6 +1,7 @@
 //! Samples with boxes through the service: a COCO or sidecar source read by a
 //! [`RemoteLoader`] through a dispatcher and workers gives every sample exactly once, with
-//! the boxes the local loader gives it, a worker SIGKILLed mid-epoch included.
+//! the boxes (and, with `masks = true`, the masks) the local loader gives it, a worker
+//! SIGKILLed mid-epoch included.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -8,30 +9,49 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use sluice_client::{RemoteLoader, ReportKind};
-use sluice_core::{Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec, SourceSpec};
+use sluice_core::{
+    Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, Layout, PipelineSpec, SamplingSpec, SourceSpec,
+};
 use sluice_pipeline::{Loader, Shard};
 use sluice_synth::DatasetOptions;
 
 use crate::support::*;
 
-/// Each sample's boxes and box labels in a batch, by key.
-type Boxes = HashMap<u64, (Vec<[f32; 4]>, Vec<i64>)>;
+/// Each sample's boxes, box labels and mask (its bytes, when the source reads masks) in
+/// a batch, by key.
+type Boxes = HashMap<u64, (Vec<[f32; 4]>, Vec<i64>, Option<Vec<u8>>)>;
 
 fn boxes_by_key(batch: &Batch, into: &mut Boxes) {
     let b = batch.boxes.as_ref().expect("a batch of a source with boxes carries them");
+    let masks = b.masks.as_ref().map(|m| {
+        let (h, w) = match batch.layout {
+            Layout::Hwc => (batch.images.shape[1], batch.images.shape[2]),
+            Layout::Chw => (batch.images.shape[2], batch.images.shape[3]),
+        };
+        assert_eq!(m.shape, vec![batch.keys.len(), h, w], "batch {}: masks the images' size", batch.index);
+        m.as_bytes()
+    });
     for (i, &key) in batch.keys.iter().enumerate() {
         let rows = i * b.max_boxes..i * b.max_boxes + b.counts[i] as usize;
         let boxes = rows.clone().map(|r| [b.boxes[r * 4], b.boxes[r * 4 + 1], b.boxes[r * 4 + 2], b.boxes[r * 4 + 3]]);
-        let previous = into.insert(key, (boxes.collect(), b.labels[rows].to_vec()));
+        let mask = masks.map(|m| m.chunks_exact(m.len() / batch.keys.len()).nth(i).unwrap().to_vec());
+        let previous = into.insert(key, (boxes.collect(), b.labels[rows].to_vec(), mask));
         assert!(previous.is_none(), "key {key} twice in one epoch");
     }
 }
 
-/// [`IMAGES`] generated images with their boxes (a sidecar beside each, and
-/// `instances.json`).
+/// A batch's index, keys and masks (their bytes, as the batch holds them).
+fn masks_of(batch: &Batch) -> (u64, Vec<u64>, Option<Vec<u8>>) {
+    let masks = batch.boxes.as_ref().and_then(|b| b.masks.as_ref()).map(|m| m.as_bytes().to_vec());
+    (batch.index, batch.keys.clone(), masks)
+}
+
+/// [`IMAGES`] generated images with their boxes and masks (a sidecar and a mask beside
+/// each, and `instances.json` with RLE segmentations).
 fn box_dataset(dir: &Path) -> std::path::PathBuf {
     let root = dir.join("data");
-    let options = DatasetOptions { images: IMAGES, classes: 4, texture: 8, boxes: true, ..Default::default() };
+    let options =
+        DatasetOptions { images: IMAGES, classes: 4, texture: 8, boxes: true, masks: true, ..Default::default() };
     sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
     root
 }
@@ -44,9 +64,9 @@ fn box_spec(source: SourceSpec) -> PipelineSpec {
 }
 
 #[test]
-fn a_source_with_boxes_is_served_exactly_once_with_the_local_boxes_across_a_worker_kill() {
+fn a_source_with_boxes_or_masks_is_served_exactly_once_with_the_local_ones_across_a_worker_kill() {
     let _watchdog =
-        watchdog("a_source_with_boxes_is_served_exactly_once_with_the_local_boxes_across_a_worker_kill", 120);
+        watchdog("a_source_with_boxes_or_masks_is_served_exactly_once_with_the_local_ones_across_a_worker_kill", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = box_dataset(dir.path());
     let addr = free_addr();
@@ -55,22 +75,27 @@ fn a_source_with_boxes_is_served_exactly_once_with_the_local_boxes_across_a_work
     let batches = IMAGES.div_ceil(BATCH) as u64;
     let sources = [
         SourceSpec::Sidecar { root: root.clone(), masks: false },
-        SourceSpec::Coco { annotations: root.join("instances.json"), images: root.clone(), masks: false },
+        SourceSpec::Sidecar { root: root.clone(), masks: true },
+        SourceSpec::Coco { annotations: root.join("instances.json"), images: root.clone(), masks: true },
     ];
     for (round, source) in sources.into_iter().enumerate() {
         let spec = box_spec(source.clone());
         let local = Loader::new(spec.clone(), Shard::default()).unwrap();
         let mut remote = RemoteLoader::connect(&spec, options(&addr, &format!("boxes-{round}"))).unwrap();
-        // Killed mid-way through epoch 0 of the first source, restarted at once.
-        let kill_at = (round == 0).then_some(batches / 2);
+        // Killed mid-way through epoch 0 of the first two sources, restarted at once.
+        let kill_at = (round < 2).then_some(batches / 2);
         let mut read = 0;
         for epoch in 0..2 {
-            let mut want = Boxes::new();
+            let (mut want, mut want_batches) = (Boxes::new(), Vec::new());
             for b in local.iter() {
-                boxes_by_key(&b.unwrap(), &mut want);
+                let b = b.unwrap();
+                boxes_by_key(&b, &mut want);
+                want_batches.push(masks_of(&b));
             }
-            assert!(want.values().any(|(b, _)| !b.is_empty()), "{source:?}: no boxes to compare");
-            let (mut got, mut keys) = (Boxes::new(), Vec::new());
+            assert!(want.values().any(|(b, _, _)| !b.is_empty()), "{source:?}: no boxes to compare");
+            let masked = want.values().filter(|(_, _, m)| m.as_ref().is_some_and(|m| m.iter().any(|&v| v != 0)));
+            assert_eq!(masked.count() > 0, source.has_masks(), "{source:?}: masks to compare, and only with masks");
+            let (mut got, mut keys, mut got_batches) = (Boxes::new(), Vec::new(), Vec::new());
             for b in remote.iter() {
                 let b = b.unwrap();
                 if Some(read) == kill_at {
@@ -81,10 +106,16 @@ fn a_source_with_boxes_is_served_exactly_once_with_the_local_boxes_across_a_work
                 assert_eq!(b.epoch, epoch);
                 keys.extend(b.keys.iter().copied());
                 boxes_by_key(&b, &mut got);
+                got_batches.push(masks_of(&b));
             }
             let what = format!("{source:?}, epoch {epoch}");
             assert_exactly_once(keys, &what);
-            assert!(got == want, "{what}: the service's boxes differ from the local loader's");
+            assert!(got == want, "{what}: the service's boxes or masks differ from the local loader's");
+            got_batches.sort_unstable();
+            assert!(
+                got_batches == want_batches,
+                "{what}: the service's batches of masks differ from the local loader's"
+            );
         }
     }
 }
