@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 import pytest
@@ -141,4 +141,25 @@ def test_a_remote_loader_yields_each_samples_boxes_as_the_local_loader_does(tmp_
     assert sum(len(v[0]) for v in local.values()) > 0
     with sluice_service([root], tmp_path / "journal") as addr:
         remote = by_key(sluice.RemoteLoader(pipe, dispatcher=addr, job="boxes"))
+    assert remote == local
+
+
+def test_a_remote_loader_yields_each_batchs_masks_as_the_local_loader_does(tmp_path: Path) -> None:
+    root = tmp_path / "masks"
+    sluice.generate_dataset(root, images=16, classes=2, seed=3, masks=True)
+    # The flip moves each mask with its pixels: the workers must apply it as the local loader does.
+    pipe = sluice.Pipeline.sidecar(root, masks=True).decode().center_crop(32).random_horizontal_flip().batch(4).seed(1)
+
+    def batches(loader: Any) -> List[Tuple[Tuple[int, ...], bytes]]:
+        out = []
+        for b in loader:
+            masks = np.asarray(b.masks)
+            assert masks.dtype == np.uint8 and masks.shape == (len(b.key), 32, 32), masks.shape
+            out.append((tuple(np.asarray(b.key).tolist()), masks.tobytes()))
+        return sorted(out)
+
+    local = batches(sluice.Loader(pipe))
+    assert any(any(m) for _, m in local), "no mask pixels to compare"
+    with sluice_service([root], tmp_path / "journal") as addr:
+        remote = batches(sluice.RemoteLoader(pipe, dispatcher=addr, job="masks"))
     assert remote == local
