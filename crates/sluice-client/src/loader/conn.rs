@@ -43,6 +43,9 @@ pub(super) struct Conn {
     /// The job's fingerprint, sent with every task so a worker never serves another job
     /// that had this id.
     pub(super) fingerprint: String,
+    /// The job's source reads masks: a batch without them is refused (a worker that
+    /// predates masks on the wire would send none).
+    pub(super) masks: bool,
     /// This client's public id and the secret that proves it (every call in its name
     /// carries the secret).
     pub(super) client_id: String,
@@ -101,6 +104,7 @@ impl Conn {
             give_up_after: options.give_up_after,
             job_id: 0,
             fingerprint: String::new(),
+            masks: false,
             client_id: identity.id().to_string(),
             client_secret: identity.secret().to_string(),
             batches: AtomicU64::new(0),

@@ -229,6 +229,9 @@ async fn run_task(
                     batch.index, batch.epoch, task.epoch
                 )));
             }
+            if let Some(refused) = missing_masks(&batch, conn.masks, &task.worker_addr) {
+                return Err(refused);
+            }
             if gate.is_some() {
                 held.push((batch, skipped, built));
                 continue;
@@ -341,5 +344,49 @@ impl Source {
             },
             Source::Tcp(s) => s.next_received().await,
         }
+    }
+}
+
+/// A batch of a job whose source reads masks must carry them: a worker that predates
+/// masks on the wire (`BatchTargets.masks`) sends none, and its batches are refused
+/// rather than handed to the trainer without their masks: the status it fails with.
+fn missing_masks(batch: &Batch, masks: bool, worker: &str) -> Option<Status> {
+    if masks && batch.boxes.as_ref().is_none_or(|b| b.masks.is_none()) {
+        return Some(Status::failed_precondition(format!(
+            "worker {worker} sent batch {} of epoch {} without masks, and the job's source reads masks \
+             (a worker older than masks on the wire? upgrade it)",
+            batch.index, batch.epoch
+        )));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::{BatchBoxes, BoxTargets, DType, Layout, Tensor, TensorData};
+
+    #[test]
+    fn a_batch_of_a_masks_job_without_masks_is_refused_naming_it_and_its_worker() {
+        let mut boxes = BatchBoxes::pad(&[BoxTargets::default()]);
+        let b = Batch {
+            epoch: 3,
+            index: 7,
+            keys: vec![1],
+            labels: vec![0],
+            images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
+            layout: Layout::Hwc,
+            weights: None,
+            boxes: Some(Box::new(boxes.clone())),
+        };
+        // As an older worker sends it: boxes, no masks; or no targets at all.
+        for sent in [b.clone(), Batch { boxes: None, ..b.clone() }] {
+            let e = missing_masks(&sent, true, "10.0.0.5:7071").expect("refused");
+            assert_eq!(e.code(), Code::FailedPrecondition, "not retried elsewhere: every old worker does it");
+            assert!(e.message().contains("worker 10.0.0.5:7071 sent batch 7 of epoch 3 without masks"), "{e}");
+        }
+        assert!(missing_masks(&b, false, "w").is_none(), "a job without masks expects none");
+        boxes.masks = Some(Tensor { shape: vec![1, 2, 2], data: TensorData::U8(vec![0; 4]) });
+        assert!(missing_masks(&Batch { boxes: Some(Box::new(boxes)), ..b }, true, "w").is_none());
     }
 }

@@ -167,6 +167,7 @@ impl RemoteLoader {
         }))?;
         conn.job_id = job.job_id;
         conn.fingerprint = job.fingerprint.clone();
+        conn.masks = spec.source.has_masks();
         let conn = Arc::new(conn);
         rt.spawn(heartbeat(conn.clone()));
         tracing::info!(job_id = job.job_id, name = %job.job_name, epoch = job.epoch, "joined job");
