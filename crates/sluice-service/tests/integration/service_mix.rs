@@ -189,8 +189,8 @@ fn a_mix_is_refused_only_for_what_the_service_refuses_in_any_source() {
     });
     let err = RemoteLoader::connect(&spec, options(&addr, "mix-disk")).err().unwrap().to_string();
     assert!(err.contains("cache.disk"), "{err}");
-    // A source the service would refuse for its masks cannot be mixed at all (its boxes):
-    // refused by the mixed source's field.
+    // A source with masks cannot be mixed at all (its boxes): refused by the mixed
+    // source's field.
     let mut spec = mix_spec(&roots, 1);
     if let SourceSpec::Mix { sources } = &mut spec.source {
         sources[1].source = SourceSpec::Sidecar { root: roots[1].clone(), masks: true };
