@@ -97,6 +97,16 @@ pub(crate) fn move_mask(mask: &mut Mask, mv: MaskMove, tmp: &mut Vec<u8>, max_pi
     Ok(())
 }
 
+/// Resizes `mask` to `size` as torchvision's `F.resize(mask, size, NEAREST)` does (the
+/// cache's resize moves a kept mask this way).
+pub fn resize_mask(mask: &mut Mask, size: (u32, u32), max_pixels: u64) -> Result<(), CodecError> {
+    let rect = CropRect { x: 0, y: 0, w: mask.width, h: mask.height };
+    if rect.w == 0 || rect.h == 0 {
+        return Err(CodecError::Shape(format!("cannot resize an empty {}x{} mask", rect.w, rect.h)));
+    }
+    move_mask(mask, MaskMove::Resized { rect, size }, &mut Vec::new(), max_pixels)
+}
+
 /// torch's `nearest_idx`: the same index for an unchanged size, `i >> 1` when doubling,
 /// else `min(floor(i * (in as f32 / out as f32)), in - 1)` in f32.
 fn nearest_index(i: u32, input: u32, output: u32) -> u32 {
