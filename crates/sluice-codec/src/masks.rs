@@ -142,6 +142,16 @@ mod tests {
     }
 
     #[test]
+    fn resize_mask_takes_torch_nearest_rows_and_columns_and_refuses_an_empty_mask() {
+        // 5x3 -> 3x2: columns 0, 1, 3 (5 -> 3) and rows 0, 1 (3 -> 2, floor(i * 1.5)).
+        let mut m = mask(5, 3);
+        resize_mask(&mut m, (3, 2), u64::MAX).unwrap();
+        assert_eq!((m.width, m.height, m.data), (3, 2, vec![0, 1, 3, 5, 6, 8]));
+        let mut empty = Mask { width: 0, height: 0, data: Vec::new() };
+        assert!(matches!(resize_mask(&mut empty, (2, 2), u64::MAX), Err(CodecError::Shape(_))));
+    }
+
+    #[test]
     fn nearest_follows_torch_index_rule() {
         // torch.nn.functional.interpolate(arange(5), size=3, mode="nearest") -> 0, 1, 3.
         let got: Vec<u32> = (0..3).map(|i| nearest_index(i, 5, 3)).collect();

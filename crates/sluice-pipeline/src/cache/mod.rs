@@ -575,6 +575,22 @@ mod tests {
     }
 
     #[test]
+    fn a_pixel_entry_counts_its_boxes_and_mask_against_the_budget() {
+        let img = Image::rgb8(4, 2, vec![0; 24]);
+        let boxes = BoxTargets { boxes: vec![[0.0, 0.0, 1.0, 1.0]], labels: vec![1] };
+        let mask = Mask { width: 4, height: 2, data: vec![0; 8] };
+        let plain = CachedData::Decoded(img.clone(), None, None);
+        assert_eq!((plain.bytes(), plain.keeps_records()), (24, false));
+        let kept = CachedData::Resized(img, Some(boxes), Some(mask));
+        assert_eq!((kept.bytes(), kept.keeps_records()), (24 + 16 + 8 + 8, true));
+        assert!(!CachedData::Raw(vec![0; 3]).keeps_records());
+        // A budget that holds the pixels but not the mask refuses the entry.
+        let c = cache(CachePolicyKind::Lru, 5); // 50 bytes
+        assert!(!c.offer(1, Arc::new(kept)));
+        assert!(c.offer(2, Arc::new(plain)));
+    }
+
+    #[test]
     fn auto_measures_then_decides() {
         let spec = CacheSpec {
             budget: ByteBudget::Bytes(1 << 20),
