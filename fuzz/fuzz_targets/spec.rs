@@ -54,8 +54,8 @@ fn check(spec: &PipelineSpec) {
     let mut rng = SampleRng::new(spec.seed, 0, SampleKey(1), 0);
     let full = plan.run(image(), &mut rng, &mut scratch, &mut out, &mut []);
     let split = plan
-        .run_deterministic_prefix(image(), &mut scratch, &mut [], None)
-        .and_then(|cached| plan.run_from_image(&cached, &mut rng, &mut scratch, &mut out, &mut [], None));
+        .run_deterministic_prefix(image(), &mut scratch, &mut [], None, None)
+        .and_then(|cached| plan.run_from_image(&cached, &mut rng, &mut scratch, &mut out, &mut [], None, None));
     for result in [full, split] {
         match result {
             // A `map` op's function is registered by the program that runs the spec.

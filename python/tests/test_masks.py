@@ -323,10 +323,22 @@ def test_a_missing_mask_fails_its_sample_by_name(tmp_path: Path, problem: str, s
     assert says in msg and "bad mask" in msg, msg
 
 
-def test_a_cache_is_refused_with_masks(picture: Path) -> None:
-    base = sluice.Pipeline.sidecar(picture, masks=True).decode()
-    with pytest.raises(sluice.SpecError, match="cache"):
-        sluice.Loader(base.center_crop(8).cache("1MB").batch(1))
+@pytest.mark.parametrize("level", ["raw", "decoded", "resized"])
+def test_a_cached_epoch_gives_the_uncached_masks(tmp_path: Path, level: str) -> None:
+    for i in range(3):
+        write_sample(tmp_path, f"s{i}", np.roll(coords_image(), 5 * i, axis=1), np.roll(class_mask(), 7 * i, axis=0))
+    pipe = sluice.Pipeline.sidecar(tmp_path, masks=True).decode().resize(40)
+    pipe = pipe.random_resized_crop(24).random_horizontal_flip().batch(3).shuffle(False)
+    plain = sluice.Loader(pipe.seed(2))
+    # A cache resize to the same 40 the prefix already has: the same pixels and masks.
+    cached = sluice.Loader(pipe.cache("1MB", level=level, resize=40 if level == "resized" else None).seed(2))
+    for epoch in range(2):
+        (want,), (got,) = list(plain), list(cached)
+        assert want.masks.shape == (3, 24, 24) and len(np.unique(want.masks)) > 2
+        np.testing.assert_array_equal(got.masks, want.masks, err_msg=f"{level} epoch {epoch}")
+        np.testing.assert_array_equal(got.image, want.image, err_msg=f"{level} epoch {epoch}")
+    stats = cached.stats()["cache"]
+    assert (stats["hits"], stats["misses"]) == (3, 3), stats
 
 
 def test_torch_batches_carry_the_masks(picture: Path) -> None:

@@ -37,6 +37,7 @@ pub use crop::{center_crop_window, random_resized_crop_params, CenterCropWindow,
 pub use encode::{encode_jpeg, encode_jpeg_progressive, encode_jpeg_with, SourcePixels};
 pub use error::CodecError;
 pub use jpeg::{ColorSpace, JpegDecoder, JpegHeader, RegionDecode, Subsampling};
+pub use masks::resize_mask;
 pub use ops::policy::{run_op as run_policy_op, space as policy_space, PolicyOp, Space as PolicySpace};
 pub use plan::{sniff_format, ImageFormat, Plan, Scratch, StepProbe};
 pub use png::{decode_png, decode_png_mask, encode_png_mask};

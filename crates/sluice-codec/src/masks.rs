@@ -97,6 +97,16 @@ pub(crate) fn move_mask(mask: &mut Mask, mv: MaskMove, tmp: &mut Vec<u8>, max_pi
     Ok(())
 }
 
+/// Resizes `mask` to `size` as torchvision's `F.resize(mask, size, NEAREST)` does (the
+/// cache's resize moves a kept mask this way).
+pub fn resize_mask(mask: &mut Mask, size: (u32, u32), max_pixels: u64) -> Result<(), CodecError> {
+    let rect = CropRect { x: 0, y: 0, w: mask.width, h: mask.height };
+    if rect.w == 0 || rect.h == 0 {
+        return Err(CodecError::Shape(format!("cannot resize an empty {}x{} mask", rect.w, rect.h)));
+    }
+    move_mask(mask, MaskMove::Resized { rect, size }, &mut Vec::new(), max_pixels)
+}
+
 /// torch's `nearest_idx`: the same index for an unchanged size, `i >> 1` when doubling,
 /// else `min(floor(i * (in as f32 / out as f32)), in - 1)` in f32.
 fn nearest_index(i: u32, input: u32, output: u32) -> u32 {
@@ -129,6 +139,16 @@ mod tests {
 
     fn mask(w: u32, h: u32) -> Mask {
         Mask { width: w, height: h, data: (0..w * h).map(|i| i as u8).collect() }
+    }
+
+    #[test]
+    fn resize_mask_takes_torch_nearest_rows_and_columns_and_refuses_an_empty_mask() {
+        // 5x3 -> 3x2: columns 0, 1, 3 (5 -> 3) and rows 0, 1 (3 -> 2, floor(i * 1.5)).
+        let mut m = mask(5, 3);
+        resize_mask(&mut m, (3, 2), u64::MAX).unwrap();
+        assert_eq!((m.width, m.height, m.data), (3, 2, vec![0, 1, 3, 5, 6, 8]));
+        let mut empty = Mask { width: 0, height: 0, data: Vec::new() };
+        assert!(matches!(resize_mask(&mut empty, (2, 2), u64::MAX), Err(CodecError::Shape(_))));
     }
 
     #[test]

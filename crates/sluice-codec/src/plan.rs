@@ -471,18 +471,20 @@ impl Plan {
 
     /// Runs the deterministic ops before the cache split on `bytes` and returns the RGB8 HWC
     /// image to cache. Draws no random numbers. A sample's `boxes` (XYXY pixels of the
-    /// encoded image) leave in pixels of the returned image, moved as in
-    /// [`Plan::run_with_records`] (the cache keeps them with the image).
+    /// encoded image) leave in pixels of the returned image, and its `mask` (the encoded
+    /// image's size) the returned image's size, moved as in [`Plan::run_with_records`] (the
+    /// cache keeps them with the image).
     pub fn run_deterministic_prefix(
         &self,
         bytes: &[u8],
         scratch: &mut Scratch,
         times: &mut [Duration],
         boxes: Option<&mut BoxTargets>,
+        mask: Option<&mut Mask>,
     ) -> Result<Image, CodecError> {
         // No draws happen in the prefix; any generator will do.
         let mut rng = SampleRng::new(0, 0, sluice_core::SampleKey(0), 0);
-        let records = Records { boxes, mask: None };
+        let records = Records { boxes, mask };
         let (w, h) = self.exec(&self.prefix.steps, Input::Bytes(bytes), &mut rng, scratch, &mut [], times, records)?;
         let n = w as usize * h as usize * 3;
         Ok(Image::rgb8(w, h, scratch.a[..n].to_vec()))
@@ -490,7 +492,9 @@ impl Plan {
 
     /// Runs the ops after the cache split on `image` (an RGB8 HWC image from
     /// [`Plan::run_deterministic_prefix`]) and writes the sample into `out`; a sample's
-    /// `boxes` (in pixels of `image`) move with the pixels.
+    /// `boxes` (in pixels of `image`) move with the pixels, and its `mask` (the size of
+    /// `image`, else [`CodecError::MaskSize`]) ends the size of the output.
+    #[allow(clippy::too_many_arguments)]
     pub fn run_from_image(
         &self,
         image: &Image,
@@ -499,6 +503,7 @@ impl Plan {
         out: &mut [u8],
         times: &mut [Duration],
         boxes: Option<&mut BoxTargets>,
+        mask: Option<&mut Mask>,
     ) -> Result<(), CodecError> {
         self.check_out(out)?;
         let Pixels::U8(px) = &image.pixels else {
@@ -515,7 +520,10 @@ impl Plan {
             )));
         }
         let input = Input::Pixels(px, image.width, image.height);
-        self.exec(&self.suffix.steps, input, rng, scratch, out, times, Records { boxes, mask: None })?;
+        if let Some(m) = mask.as_deref() {
+            check_mask(m, image.width, image.height)?;
+        }
+        self.exec(&self.suffix.steps, input, rng, scratch, out, times, Records { boxes, mask })?;
         Ok(())
     }
 
@@ -1067,10 +1075,10 @@ mod tests {
             assert!(diff < 3.0, "key {key} crop {r:?}: mean abs diff {diff}");
 
             // The unfused split path (cache seam) is the reference exactly.
-            let img = plan.run_deterministic_prefix(&jpg, &mut scratch, &mut [], None).unwrap();
+            let img = plan.run_deterministic_prefix(&jpg, &mut scratch, &mut [], None, None).unwrap();
             assert_eq!((img.width, img.height), (w, h));
             let mut split = vec![0u8; plan.output_bytes()];
-            plan.run_from_image(&img, &mut rng(key), &mut scratch, &mut split, &mut [], None).unwrap();
+            plan.run_from_image(&img, &mut rng(key), &mut scratch, &mut split, &mut [], None, None).unwrap();
             assert_eq!(split, want, "key {key}");
         }
         assert!(worst > 0.0, "DCT scaling was never used");
@@ -1269,17 +1277,17 @@ mod tests {
         assert_eq!(plan.prefix_step_names(), ["decode+resize", "center_crop"]);
         assert_eq!(plan.suffix_step_names(), ["normalize"]);
         let mut s = Scratch::new();
-        let img = plan.run_deterministic_prefix(&jpg, &mut s, &mut [], None).unwrap();
+        let img = plan.run_deterministic_prefix(&jpg, &mut s, &mut [], None, None).unwrap();
         assert_eq!((img.width, img.height), (56, 56));
         let mut from_cache = vec![0u8; plan.output_bytes()];
-        plan.run_from_image(&img, &mut rng(0), &mut s, &mut from_cache, &mut [], None).unwrap();
+        plan.run_from_image(&img, &mut rng(0), &mut s, &mut from_cache, &mut [], None, None).unwrap();
         assert_eq!(from_cache, run(&plan, &jpg, 0, &mut s).unwrap());
 
         // A cached image of the wrong kind is an error.
         let bad = Image::rgb8(2, 2, vec![0; 12]);
         let mut small = vec![0u8; plan.output_bytes()];
         assert!(matches!(
-            plan.run_from_image(&bad, &mut rng(0), &mut s, &mut small, &mut [], None),
+            plan.run_from_image(&bad, &mut rng(0), &mut s, &mut small, &mut [], None, None),
             Err(CodecError::Shape(_))
         ));
     }

@@ -423,17 +423,15 @@ impl PipelineSpec {
         Ok(())
     }
 
-    /// Masks move through the geometric ops; a `map` op (which may change the image's size
-    /// in ways no mask can follow) and a cache (which keeps no masks) are refused with them.
+    /// Masks move through the geometric ops (and the cache keeps them with its entries); a
+    /// `map` op, which may change the image's size in ways no mask can follow, is refused
+    /// with them.
     fn validate_for_masks(&self) -> Result<(), SpecError> {
         if let Some(i) = self.ops.iter().position(|op| matches!(op, OpSpec::Map { .. })) {
             return Err(SpecError::new(
                 format!("ops[{i}]"),
                 "`map` does not move masks; a source with masks cannot use it",
             ));
-        }
-        if self.cache.is_some() {
-            return Err(SpecError::new("cache", "a source with masks cannot be cached (the cache keeps no masks)"));
         }
         Ok(())
     }
@@ -913,6 +911,24 @@ size = 32
         assert_eq!(PipelineSpec::from_toml_str(&spec.to_toml_string().unwrap()).unwrap(), spec);
         let e = PipelineSpec::from_toml_str(&src.replace("shards = [", "masks = true\nshards = [")).unwrap_err();
         assert_eq!(e.field, "source.masks", "{e}");
+    }
+
+    #[test]
+    fn masks_are_accepted_with_a_cache_and_refused_with_map() {
+        let source = SourceSpec::Tar { shards: vec!["a.tar".into()], sidecars: true, masks: true };
+        let mut spec = PipelineSpec::train_default(source, 224, 8);
+        spec.cache = Some(CacheSpec {
+            budget: ByteBudget::Bytes(1 << 20),
+            level: CacheLevel::Resized,
+            resize: Some(256),
+            policy: CachePolicyKind::Lru,
+            disk: None,
+        });
+        spec.validate().unwrap();
+        spec.ops.insert(1, OpSpec::Map { func: "aug:blur".into() });
+        let e = spec.validate().unwrap_err();
+        assert_eq!(e.field, "ops[1]", "{e}");
+        assert!(e.message.contains("`map` does not move masks"), "{e}");
     }
 
     #[test]

@@ -191,13 +191,14 @@ fn level_code(level: CacheLevel) -> u8 {
 }
 
 /// The payload and image size of an entry; `None` for what a file cannot hold: only u8 HWC
-/// images are stored, and not those kept with a sample's boxes (raw entries of a source
-/// with boxes are stored: its boxes come from the source again).
+/// images are stored, and not those kept with a sample's boxes or mask (raw entries of a
+/// source with boxes or masks are stored: its boxes come from the source again, and its
+/// mask is read again).
 fn payload(data: &CachedData) -> Option<(&[u8], u32, u32)> {
     match data {
         CachedData::Raw(b) => Some((b, 0, 0)),
-        CachedData::Decoded(_, Some(_)) | CachedData::Resized(_, Some(_)) => None,
-        CachedData::Decoded(img, None) | CachedData::Resized(img, None) => match (&img.pixels, img.layout) {
+        d if d.keeps_records() => None,
+        CachedData::Decoded(img, ..) | CachedData::Resized(img, ..) => match (&img.pixels, img.layout) {
             (Pixels::U8(px), Layout::Hwc) => Some((px, img.width, img.height)),
             _ => None,
         },
@@ -371,8 +372,8 @@ impl DiskTier {
         };
         let data = match level {
             0 => CachedData::Raw(buf),
-            1 => CachedData::Decoded(image(buf)?, None),
-            2 => CachedData::Resized(image(buf)?, None),
+            1 => CachedData::Decoded(image(buf)?, None, None),
+            2 => CachedData::Resized(image(buf)?, None, None),
             _ => return Err(EntryError::Corrupt("level")),
         };
         Ok((data, total))

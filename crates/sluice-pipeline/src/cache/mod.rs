@@ -23,7 +23,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use serde::Serialize;
-use sluice_core::{BoxTargets, CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest};
+use sluice_core::{BoxTargets, CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest, Mask};
 
 pub use disk::{namespace as disk_namespace, DiskCacheError, DiskStats, DiskTier};
 pub use level::{choose_level, CostModel, LevelEstimate, SampleCost, MEASURE_SAMPLES};
@@ -33,27 +33,38 @@ pub use ram::total_ram_bytes;
 use crate::importance::ImportanceStore;
 use crate::sampler::{fastmatch_normalise, EpochDraw};
 
-/// What an entry holds. The pixel levels keep the sample's targets (its boxes) moved by
-/// the same ops as the pixels, so a hit finishes the sample as a miss would; `None` for a
-/// source without them. Raw bytes need none: the source's own boxes go with them.
+/// What an entry holds. The pixel levels keep the sample's targets (its boxes) and its
+/// mask moved by the same ops as the pixels (the mask by the cache resize too, nearest),
+/// so a hit finishes the sample as a miss would; `None` for a source without them. Raw
+/// bytes need neither: the source's own boxes go with them, and its mask is read again.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CachedData {
     /// Encoded file bytes.
     Raw(Vec<u8>),
-    /// RGB8 HWC pixels after the deterministic ops, and the targets in their pixels.
-    Decoded(Image, Option<BoxTargets>),
+    /// RGB8 HWC pixels after the deterministic ops, with the targets in their pixels and
+    /// the mask their size.
+    Decoded(Image, Option<BoxTargets>, Option<Mask>),
     /// As `Decoded`, then shrunk by the cache resize.
-    Resized(Image, Option<BoxTargets>),
+    Resized(Image, Option<BoxTargets>, Option<Mask>),
 }
 
 impl CachedData {
+    /// What the entry takes against the budget: its bytes, pixels, boxes and mask.
     pub fn bytes(&self) -> u64 {
         match self {
             CachedData::Raw(b) => b.len() as u64,
-            CachedData::Decoded(img, t) | CachedData::Resized(img, t) => {
-                img.as_bytes().len() as u64 + t.as_ref().map_or(0, targets_bytes)
+            CachedData::Decoded(img, t, m) | CachedData::Resized(img, t, m) => {
+                img.as_bytes().len() as u64
+                    + t.as_ref().map_or(0, targets_bytes)
+                    + m.as_ref().map_or(0, |m| m.data.len() as u64)
             }
         }
+    }
+
+    /// Whether the entry keeps a sample's boxes or mask with its pixels (what the disk
+    /// tier and the peer protocol cannot carry).
+    pub fn keeps_records(&self) -> bool {
+        matches!(self, CachedData::Decoded(_, t, m) | CachedData::Resized(_, t, m) if t.is_some() || m.is_some())
     }
 
     pub fn level(&self) -> CacheLevel {
@@ -561,6 +572,22 @@ mod tests {
         assert!(c.get(99).is_none());
         let s = c.stats();
         assert_eq!((s.hits, s.misses, s.entries), (0, 1, 1));
+    }
+
+    #[test]
+    fn a_pixel_entry_counts_its_boxes_and_mask_against_the_budget() {
+        let img = Image::rgb8(4, 2, vec![0; 24]);
+        let boxes = BoxTargets { boxes: vec![[0.0, 0.0, 1.0, 1.0]], labels: vec![1] };
+        let mask = Mask { width: 4, height: 2, data: vec![0; 8] };
+        let plain = CachedData::Decoded(img.clone(), None, None);
+        assert_eq!((plain.bytes(), plain.keeps_records()), (24, false));
+        let kept = CachedData::Resized(img, Some(boxes), Some(mask));
+        assert_eq!((kept.bytes(), kept.keeps_records()), (24 + 16 + 8 + 8, true));
+        assert!(!CachedData::Raw(vec![0; 3]).keeps_records());
+        // A budget that holds the pixels but not the mask refuses the entry.
+        let c = cache(CachePolicyKind::Lru, 5); // 50 bytes
+        assert!(!c.offer(1, Arc::new(kept)));
+        assert!(c.offer(2, Arc::new(plain)));
     }
 
     #[test]

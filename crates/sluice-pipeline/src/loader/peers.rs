@@ -62,9 +62,13 @@ impl Shared {
         let (locality, peers) = (self.peering.locality.as_ref()?, self.peering.peers.as_ref()?);
         let owner = locality.placement.owner(pos).filter(|&o| o != locality.shard.rank)?;
         match peers.fetch(owner, pos) {
-            // The peer protocol carries pixels without targets: a sample with boxes takes
-            // only raw bytes from a peer (its boxes come from the manifest).
-            Ok(Some(data)) if self.data.manifest.has_boxes() && !matches!(data, CachedData::Raw(_)) => {
+            // The peer protocol carries pixels without targets: a sample with boxes or a mask
+            // takes only raw bytes from a peer (its boxes come from the manifest, its mask is
+            // read again).
+            Ok(Some(data))
+                if (self.data.manifest.has_boxes() || self.data.manifest.masks.is_some())
+                    && !matches!(data, CachedData::Raw(_)) =>
+            {
                 self.peering.counters.peer_fallbacks.fetch_add(1, Ordering::Relaxed);
                 None
             }
@@ -116,18 +120,28 @@ impl Shared {
                 let data = match level {
                     CacheLevel::Raw | CacheLevel::Auto => CachedData::Raw(bytes),
                     CacheLevel::Decoded | CacheLevel::Resized => {
+                        // Kept with the sample's boxes and mask: this learner's own hits need them.
                         let mut targets = self.source_targets(pos).ok()?;
+                        let mut mask = self.sample_mask(pos).ok()?;
                         let img = self
                             .data
                             .plan
-                            .run_deterministic_prefix(&bytes, &mut local.scratch, &mut times, targets.as_mut())
+                            .run_deterministic_prefix(
+                                &bytes,
+                                &mut local.scratch,
+                                &mut times,
+                                targets.as_mut(),
+                                mask.as_mut(),
+                            )
                             .ok()?;
                         match (level, self.data.spec.cache.as_ref().and_then(|c| c.resize)) {
                             (CacheLevel::Resized, Some(side)) => {
-                                let img = resize_image(&img, side, &mut local.scratch, targets.as_mut()).ok()?;
-                                CachedData::Resized(img, targets)
+                                let max_pixels = self.data.spec.limits.max_pixels;
+                                let (t, m) = (targets.as_mut(), mask.as_mut());
+                                let img = resize_image(&img, side, &mut local.scratch, t, m, max_pixels).ok()?;
+                                CachedData::Resized(img, targets, mask)
                             }
-                            _ => CachedData::Decoded(img, targets),
+                            _ => CachedData::Decoded(img, targets, mask),
                         }
                     }
                 };

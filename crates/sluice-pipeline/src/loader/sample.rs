@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use sluice_codec::{decode_png_mask, move_boxes, CodecError, Motion, SampleInfo, Scratch};
+use sluice_codec::{decode_png_mask, move_boxes, resize_mask, CodecError, Motion, SampleInfo, Scratch};
 use sluice_core::{
     Annotation, BoxTargets, CacheLevel, Image, Location, Mask, MaskSource, Pixels, SampleError, SampleErrorKind,
     SampleKey, SampleRng, Stage,
@@ -112,10 +112,14 @@ impl ChunkJob {
         if let Some(cache) = &shared.priority.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
             *stage = Stage::Decode;
-            let (read, used) = shared.run_cached(cache, pos, local, &mut rng, out, times, &mut targets)?;
+            let mut mask = None;
+            let (read, used) = shared.run_cached(cache, pos, local, &mut rng, out, times, (&mut targets, &mut mask))?;
             *cache_use = used;
             if let Some(t) = targets {
                 boxes.push((slot, t));
+            }
+            if let Some(m) = mask {
+                masks.push((slot, m.data));
             }
             return Ok(read);
         }
@@ -135,10 +139,7 @@ impl ChunkJob {
             c.base = 1;
         }
         read.map_err(|kind| (Stage::Read, kind))?;
-        let mut mask = match shared.data.manifest.mask_source(pos as usize) {
-            None => None,
-            Some(source) => Some(shared.load_mask(source).map_err(|why| (Stage::Read, SampleErrorKind::BadMask(why)))?),
-        };
+        let mut mask = shared.sample_mask(pos)?;
         *stage = Stage::Decode;
         let plan = &shared.data.plan;
         let (bytes, scratch, times) = (&local.read_buf, &mut local.scratch, &mut times[1..]);
@@ -167,6 +168,10 @@ fn counters_base(local: &mut WorkerLocal, base: usize) {
 
 type SampleFailure = (Stage, SampleErrorKind);
 
+/// A sample's boxes and mask on the cached path: in, the source's (the mask is loaded
+/// there, only when needed); out, moved with the pixels to the output.
+type SampleRecords<'a> = (&'a mut Option<BoxTargets>, &'a mut Option<Mask>);
+
 /// Where a chunk collects its samples' boxes and masks, by slot.
 type SlotRecords<'a> = (&'a mut Vec<(usize, BoxTargets)>, &'a mut Vec<(usize, Vec<u8>)>);
 
@@ -180,12 +185,14 @@ fn decode_err(e: CodecError) -> SampleFailure {
 }
 
 /// Shrinks a cached-path image so its shorter side is `size`; the sample's targets, if
-/// any, are scaled with it.
+/// any, are scaled with it, and its mask resized with it (nearest).
 pub(super) fn resize_image(
     image: &Image,
     size: u32,
     scratch: &mut Scratch,
     targets: Option<&mut BoxTargets>,
+    mask: Option<&mut Mask>,
+    max_pixels: u64,
 ) -> Result<Image, CodecError> {
     let Pixels::U8(px) = &image.pixels else {
         return Err(CodecError::Shape("the cache resize takes u8 pixels".into()));
@@ -195,6 +202,9 @@ pub(super) fn resize_image(
     if let Some(t) = targets {
         let (sx, sy) = (f64::from(w) / f64::from(image.width), f64::from(h) / f64::from(image.height));
         move_boxes(t, Motion::Scale { sx, sy, tx: 0.0, ty: 0.0 }, w, h);
+    }
+    if let Some(m) = mask {
+        resize_mask(m, (w, h), max_pixels)?;
     }
     Ok(Image::rgb8(w, h, dst))
 }
@@ -214,6 +224,17 @@ impl Shared {
                     return Err((Stage::Read, SampleErrorKind::BadAnnotation(why)));
                 }
                 Ok(Some(t.clone()))
+            }
+        }
+    }
+
+    /// The mask of the sample at `pos`, read (or painted) afresh; `None` for a source
+    /// without masks. A mask that cannot be read fails the sample.
+    pub(super) fn sample_mask(&self, pos: u32) -> Result<Option<Mask>, SampleFailure> {
+        match self.data.manifest.mask_source(pos as usize) {
+            None => Ok(None),
+            Some(source) => {
+                self.load_mask(source).map(Some).map_err(|why| (Stage::Read, SampleErrorKind::BadMask(why)))
             }
         }
     }
@@ -248,7 +269,8 @@ impl Shared {
     /// depending on its level); a miss reads, runs, measures its costs and offers an entry.
     /// Returns the bytes read from storage and what the cache did. `targets` (the source's
     /// boxes) leave moved with the pixels: from the entry on a pixel-level hit, where they
-    /// were kept with the pixels.
+    /// were kept with the pixels; so does `mask`, which comes from the entry on a
+    /// pixel-level hit and is read from the source otherwise (a raw hit, a miss).
     #[allow(clippy::too_many_arguments)]
     fn run_cached(
         &self,
@@ -258,8 +280,9 @@ impl Shared {
         rng: &mut SampleRng,
         out: &mut [u8],
         times: &mut [Duration],
-        targets: &mut Option<BoxTargets>,
+        (targets, mask): SampleRecords<'_>,
     ) -> Result<(u64, CacheUse), SampleFailure> {
+        let max_pixels = self.data.spec.limits.max_pixels;
         let entry = &self.data.manifest.entries[pos as usize];
         let key = entry.key.0;
         let resize = self.data.spec.cache.as_ref().and_then(|c| c.resize);
@@ -269,15 +292,19 @@ impl Shared {
         if let Some(data) = hit.as_deref().or(peer.as_ref()) {
             match data {
                 CachedData::Raw(bytes) => {
-                    self.compute(bytes, local, rng, out, times, resize, targets.as_mut()).map(|_| ())?;
+                    *mask = self.sample_mask(pos)?;
+                    let records = (targets.as_mut(), mask.as_mut());
+                    self.compute(bytes, local, rng, out, times, resize, records).map(|_| ())?;
                 }
-                CachedData::Decoded(img, kept) | CachedData::Resized(img, kept) => {
+                CachedData::Decoded(img, kept, kept_mask) | CachedData::Resized(img, kept, kept_mask) => {
                     *targets = kept.clone();
+                    *mask = kept_mask.clone();
                     // A decoded entry still takes the cache's resize; a resized one has had it.
                     let mut resized = None;
                     if let (CachedData::Decoded(..), Some(s)) = (data, resize) {
                         let t = Instant::now();
-                        resized = Some(resize_image(img, s, &mut local.scratch, targets.as_mut()).map_err(decode_err)?);
+                        let (b, m) = (targets.as_mut(), mask.as_mut());
+                        resized = Some(resize_image(img, s, &mut local.scratch, b, m, max_pixels).map_err(decode_err)?);
                         if let Some(slot) = steps.resize {
                             times[slot] += t.elapsed();
                         }
@@ -287,7 +314,15 @@ impl Shared {
                     let suffix_times = &mut times[steps.suffix.clone()];
                     self.data
                         .plan
-                        .run_from_image(img, rng, &mut local.scratch, out, suffix_times, targets.as_mut())
+                        .run_from_image(
+                            img,
+                            rng,
+                            &mut local.scratch,
+                            out,
+                            suffix_times,
+                            targets.as_mut(),
+                            mask.as_mut(),
+                        )
                         .map_err(decode_err)?;
                 }
             }
@@ -310,7 +345,14 @@ impl Shared {
         }
         times[0] += read_time;
         let raw = std::mem::take(&mut local.read_buf);
-        let result = self.compute(&raw, local, rng, out, times, resize, targets.as_mut());
+        *mask = match self.sample_mask(pos) {
+            Ok(m) => m,
+            Err(e) => {
+                local.read_buf = raw;
+                return Err(e);
+            }
+        };
+        let result = self.compute(&raw, local, rng, out, times, resize, (targets.as_mut(), mask.as_mut()));
         let read_bytes = raw.len() as u64;
         let level = cache.level();
         let computed = match result {
@@ -340,13 +382,13 @@ impl Shared {
                 cache.offer(key, Arc::new(CachedData::Raw(raw.clone())));
             }
             Some(CacheLevel::Decoded) => {
-                if let Some((img, t)) = computed.decoded {
-                    cache.offer(key, Arc::new(CachedData::Decoded(img, t)));
+                if let Some((img, t, m)) = computed.decoded {
+                    cache.offer(key, Arc::new(CachedData::Decoded(img, t, m)));
                 }
             }
             Some(CacheLevel::Resized) => {
-                if let Some((img, t)) = computed.resized.or(computed.decoded) {
-                    cache.offer(key, Arc::new(CachedData::Resized(img, t)));
+                if let Some((img, t, m)) = computed.resized.or(computed.decoded) {
+                    cache.offer(key, Arc::new(CachedData::Resized(img, t, m)));
                 }
             }
             Some(CacheLevel::Auto) | None => {}
@@ -358,7 +400,8 @@ impl Shared {
 
     /// Encoded bytes to the output slot: the fused plan, or (split path) the prefix, the
     /// optional resize and the suffix, keeping the intermediate images (with the targets in
-    /// their pixels) for the cache. `targets` move with the pixels to the output.
+    /// their pixels and the mask their size) for the cache. `targets` and `mask` move with
+    /// the pixels to the output.
     #[allow(clippy::too_many_arguments)]
     fn compute(
         &self,
@@ -368,8 +411,9 @@ impl Shared {
         out: &mut [u8],
         times: &mut [Duration],
         resize: Option<u32>,
-        mut targets: Option<&mut BoxTargets>,
+        (mut targets, mut mask): (Option<&mut BoxTargets>, Option<&mut Mask>),
     ) -> Result<Computed, SampleFailure> {
+        let max_pixels = self.data.spec.limits.max_pixels;
         let steps = &self.data.steps;
         counters_base(local, steps.prefix.start);
         let t = Instant::now();
@@ -378,7 +422,7 @@ impl Shared {
             let times = &mut times[steps.prefix.clone()];
             match targets {
                 None => plan.run(bytes, rng, &mut local.scratch, out, times),
-                Some(boxes) => plan.run_with_records(bytes, rng, &mut local.scratch, out, times, boxes, None),
+                Some(boxes) => plan.run_with_records(bytes, rng, &mut local.scratch, out, times, boxes, mask),
             }
             .map_err(decode_err)?;
             return Ok(Computed { decode: t.elapsed(), resize: Duration::ZERO, decoded: None, resized: None });
@@ -389,15 +433,17 @@ impl Shared {
                 &mut local.scratch,
                 &mut times[steps.prefix.clone()],
                 targets.as_deref_mut(),
+                mask.as_deref_mut(),
             )
             .map_err(decode_err)?;
-        let decoded_targets = targets.as_deref().cloned();
+        let decoded_records = (targets.as_deref().cloned(), mask.as_deref().cloned());
         let decode = t.elapsed();
         let t = Instant::now();
         let resized = match resize {
             Some(s) => {
-                let img = resize_image(&decoded, s, &mut local.scratch, targets.as_deref_mut()).map_err(decode_err)?;
-                Some((img, targets.as_deref().cloned()))
+                let (t, m) = (targets.as_deref_mut(), mask.as_deref_mut());
+                let img = resize_image(&decoded, s, &mut local.scratch, t, m, max_pixels).map_err(decode_err)?;
+                Some((img, targets.as_deref().cloned(), mask.as_deref().cloned()))
             }
             None => None,
         };
@@ -407,19 +453,23 @@ impl Shared {
         }
         let img = resized.as_ref().map_or(&decoded, |r| &r.0);
         counters_base(local, steps.suffix.start);
-        plan.run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()], targets)
+        plan.run_from_image(img, rng, &mut local.scratch, out, &mut times[steps.suffix.clone()], targets, mask)
             .map_err(decode_err)?;
-        Ok(Computed { decode, resize: resize_time, decoded: Some((decoded, decoded_targets)), resized })
+        let (dt, dm) = decoded_records;
+        Ok(Computed { decode, resize: resize_time, decoded: Some((decoded, dt, dm)), resized })
     }
 }
 
-/// What [`Shared::compute`] measured and kept: the images for the cache, each with the
-/// sample's targets in its pixels (`None` for a source without them).
+/// An image for the cache with the sample's targets in its pixels and its mask its size
+/// (`None` for a source without them).
+type Kept = (Image, Option<BoxTargets>, Option<Mask>);
+
+/// What [`Shared::compute`] measured and kept: the images for the cache.
 struct Computed {
     decode: Duration,
     resize: Duration,
-    decoded: Option<(Image, Option<BoxTargets>)>,
-    resized: Option<(Image, Option<BoxTargets>)>,
+    decoded: Option<Kept>,
+    resized: Option<Kept>,
 }
 
 /// What a chunk reports when its samples are done (or cancelled).

@@ -51,8 +51,8 @@ impl PeerClient {
         Ok(match received {
             locality::Received::None => None,
             locality::Received::Raw(bytes) => Some(CachedData::Raw(bytes)),
-            locality::Received::Decoded(img) => Some(CachedData::Decoded(img, None)),
-            locality::Received::Resized(img) => Some(CachedData::Resized(img, None)),
+            locality::Received::Decoded(img) => Some(CachedData::Decoded(img, None, None)),
+            locality::Received::Resized(img) => Some(CachedData::Resized(img, None, None)),
         })
     }
 }
@@ -72,11 +72,11 @@ impl PeerServer {
             let data = serve(pos);
             Ok(locality::encode(match data.as_deref() {
                 Some(CachedData::Raw(bytes)) => locality::Reply::Raw(bytes),
-                // The peer protocol carries pixels only: a sample with targets is not served
-                // from a pixel entry (the asking learner reads it from storage instead).
-                Some(CachedData::Decoded(img, None)) => locality::Reply::Decoded(img),
-                Some(CachedData::Resized(img, None)) => locality::Reply::Resized(img),
-                Some(CachedData::Decoded(_, Some(_)) | CachedData::Resized(_, Some(_))) => locality::Reply::None,
+                // The peer protocol carries pixels only: a sample with boxes or a mask is not
+                // served from a pixel entry (the asking learner reads it from storage instead).
+                Some(d) if d.keeps_records() => locality::Reply::None,
+                Some(CachedData::Decoded(img, ..)) => locality::Reply::Decoded(img),
+                Some(CachedData::Resized(img, ..)) => locality::Reply::Resized(img),
                 None => locality::Reply::None,
             }))
         });

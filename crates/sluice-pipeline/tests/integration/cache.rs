@@ -303,3 +303,78 @@ fn importance_sampling_with_a_cache_over_boxes_resumes_mid_epoch_with_the_same_b
     report_all(&resumed, &rest_b);
     assert_eq!(collect(&resumed), e3, "the epoch after the resume");
 }
+
+#[test]
+fn a_cached_epoch_of_a_source_with_masks_gives_the_masks_of_an_uncached_one_at_every_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("masks");
+    let o = DatasetOptions { images: 10, classes: 3, texture: 4, boxes: true, masks: true, ..Default::default() };
+    write_dataset(&root, &o, &|_| {}).unwrap();
+    let sources = [
+        SourceSpec::Sidecar { root: root.clone(), masks: true },
+        SourceSpec::Coco { annotations: root.join("instances.json"), images: root.clone(), masks: true },
+    ];
+    for source in sources {
+        // A deterministic resize before the cache split moves the masks the entries keep;
+        // the random crop and flip after it move them again every epoch.
+        let mut s = PipelineSpec::train_default(source.clone(), 32, 4);
+        s.ops.insert(1, sluice_core::OpSpec::resize(48));
+        (s.threads, s.seed, s.prefetch) = (2.into(), 5, 2);
+        let with =
+            |c: Option<CacheSpec>| Loader::new(PipelineSpec { cache: c, ..s.clone() }, Shard::default()).unwrap();
+        let plain = with(None);
+        let (u0, u1) = (collect(&plain), collect(&plain));
+        let masks =
+            |e: &[Batch]| e.iter().map(|b| b.boxes.as_ref().unwrap().masks.clone().unwrap()).collect::<Vec<_>>();
+        let classes = |e: &[Batch]| {
+            masks(e).iter().flat_map(|m| m.as_bytes().to_vec()).collect::<std::collections::BTreeSet<u8>>().len()
+        };
+        assert!(classes(&u0) > 1, "{source:?}: the masks must hold more than one class to compare");
+        let mut used = Vec::new();
+        for (level, resize) in [
+            (CacheLevel::Raw, None),
+            (CacheLevel::Decoded, None),
+            (CacheLevel::Resized, Some(40)),
+            (CacheLevel::Raw, Some(40)),
+        ] {
+            // A cache that holds everything (epoch 1 all hits) against one that holds
+            // nothing (every sample computed through the same path).
+            let big = with(cache(1 << 30, level, resize, CachePolicyKind::Lru));
+            let (e0, e1) = (collect(&big), collect(&big));
+            let st = big.stats().cache.unwrap();
+            assert_eq!((st.misses, st.hits, st.hit_rate), (10, 10, 0.5), "{source:?} {level:?} {resize:?}");
+            used.push(st.used_bytes);
+            let none = with(cache(1, level, resize, CachePolicyKind::Lru));
+            let (m0, m1) = (collect(&none), collect(&none));
+            assert_eq!(none.stats().cache.unwrap().hits, 0);
+            let what = format!("{source:?} {level:?} {resize:?}");
+            assert_eq!(masks(&e1).len(), e1.len(), "{what}: every batch of hits carries masks");
+            assert_eq!(masks(&e0), masks(&m0), "{what}: epoch 0 masks differ");
+            assert_eq!(masks(&e1), masks(&m1), "{what}: masks of hits differ from misses");
+            assert_eq!((e0.clone(), e1.clone()), (m0, m1), "{what}: batches (boxes, masks, pixels) differ");
+            if resize.is_none() {
+                // No cache resize: the same masks (and boxes) as without a cache at all.
+                assert_eq!(masks(&e1), masks(&u1), "{what}: masks of hits differ from uncached");
+                assert_eq!(e0, u0, "{what}: epoch 0 differs from uncached");
+                assert_eq!(e1, u1, "{what}: epoch 1 (hits) differs from uncached");
+            }
+        }
+        // A decoded entry counts its mask (48 px on the shorter side, one byte a pixel)
+        // against the budget besides its pixels (three bytes a pixel) and boxes.
+        let decoded = used[1];
+        let plain_boxes = SourceSpec::Sidecar { root: root.clone(), masks: false };
+        if matches!(source, SourceSpec::Sidecar { .. }) {
+            let c = cache(1 << 30, CacheLevel::Decoded, None, CachePolicyKind::Lru);
+            let no_masks =
+                Loader::new(PipelineSpec { cache: c, source: plain_boxes, ..s.clone() }, Shard::default()).unwrap();
+            collect(&no_masks);
+            let without = no_masks.stats().cache.unwrap().used_bytes;
+            // The masks are a quarter of what the entries hold, less the boxes.
+            let mask_bytes = decoded - without;
+            assert!(
+                mask_bytes > 0 && mask_bytes * 3 <= without && mask_bytes * 3 > without * 9 / 10,
+                "{mask_bytes} {without}"
+            );
+        }
+    }
+}

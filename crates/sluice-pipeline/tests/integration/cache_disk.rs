@@ -172,30 +172,43 @@ fn a_source_with_boxes_keeps_every_box_over_the_disk_tier() {
     // Raw entries go to disk (a sample's boxes come from its source again); pixel entries
     // carry the boxes the deterministic ops moved, which the disk's file format does not
     // hold, so they stay out of it rather than coming back without boxes.
+    records_over_the_disk_tier(false);
+}
+
+#[test]
+fn a_source_with_masks_keeps_every_mask_over_the_disk_tier() {
+    // As with boxes: raw entries go to disk (the mask is read again on a hit), pixel
+    // entries keep the moved mask in memory only.
+    records_over_the_disk_tier(true);
+}
+
+fn records_over_the_disk_tier(masks: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("boxes");
-    let o = DatasetOptions { images: 12, classes: 3, texture: 4, boxes: true, ..Default::default() };
+    let o = DatasetOptions { images: 12, classes: 3, texture: 4, boxes: true, masks, ..Default::default() };
     write_dataset(&root, &o, &|_| {}).unwrap();
     let boxes = |e: &[Batch]| e.iter().map(|b| b.boxes.clone().unwrap()).collect::<Vec<_>>();
     for level in [CacheLevel::Raw, CacheLevel::Decoded] {
         let dir = tmp.path().join(format!("disk-{level:?}"));
         let mut s = spec(&root, &dir, 1 << 30, level, DiskPolicyKind::Belady);
-        s.source = SourceSpec::Sidecar { root: root.clone(), masks: false };
+        s.source = SourceSpec::Sidecar { root: root.clone(), masks };
         let plain = Loader::new(PipelineSpec { cache: None, ..s.clone() }, Shard::default()).unwrap();
         let want = [collect(&plain), collect(&plain)];
         assert!(boxes(&want[0]).iter().any(|b| b.counts.iter().any(|&c| c > 0)), "no boxes to compare");
+        assert!(boxes(&want[0]).iter().all(|b| b.masks.is_some() == masks), "masks = {masks}");
         for run in 0..2 {
             // The second loader reads what the first left on disk.
             let cached = Loader::new(s.clone(), Shard::default()).unwrap();
             let got = [collect(&cached), collect(&cached)];
             for e in 0..2 {
-                assert_eq!(boxes(&got[e]), boxes(&want[e]), "{level:?} run {run} epoch {e}: boxes differ");
+                // `boxes` carries the masks too.
+                assert_eq!(boxes(&got[e]), boxes(&want[e]), "{level:?} run {run} epoch {e}: boxes or masks differ");
             }
             let d = disk(&cached);
             match level {
                 CacheLevel::Raw if run == 1 => assert!(d.hits >= 12, "{level:?}: {d:?}"),
                 CacheLevel::Raw => assert_eq!(d.insertions, 12, "{level:?}: {d:?}"),
-                _ => assert_eq!((d.insertions, d.hits), (0, 0), "{level:?}: entries with boxes reached the disk"),
+                _ => assert_eq!((d.insertions, d.hits), (0, 0), "{level:?}: entries with records reached the disk"),
             }
         }
     }

@@ -133,15 +133,22 @@ fn a_learner_with_peers_and_no_token_refuses_to_start() {
     assert!(err.contains("locality.token") && err.contains("SLUICE_PEER_TOKEN"), "{err}");
 }
 
-/// Each sample's boxes (as bits) and box labels in `batches`, by key.
-fn boxes_by_key(batches: &[sluice_core::Batch]) -> std::collections::BTreeMap<u64, (Vec<u32>, Vec<i64>)> {
+/// Each sample's boxes (as bits), box labels and mask (empty without masks) in
+/// `batches`, by key.
+type Records = (Vec<u32>, Vec<i64>, Vec<u8>);
+
+fn boxes_by_key(batches: &[sluice_core::Batch]) -> std::collections::BTreeMap<u64, Records> {
     let mut out = std::collections::BTreeMap::new();
     for batch in batches {
         let b = batch.boxes.as_ref().unwrap();
         for (i, &key) in batch.keys.iter().enumerate() {
             let rows = i * b.max_boxes..i * b.max_boxes + b.counts[i] as usize;
             let bits = b.boxes[rows.start * 4..rows.end * 4].iter().map(|v| v.to_bits()).collect();
-            out.insert(key, (bits, b.labels[rows].to_vec()));
+            let mask = b.masks.as_ref().map_or(Vec::new(), |m| {
+                let n = m.shape[1] * m.shape[2];
+                m.as_bytes()[i * n..(i + 1) * n].to_vec()
+            });
+            out.insert(key, (bits, b.labels[rows].to_vec(), mask));
         }
     }
     out
@@ -149,11 +156,24 @@ fn boxes_by_key(batches: &[sluice_core::Batch]) -> std::collections::BTreeMap<u6
 
 #[test]
 fn learners_of_a_source_with_boxes_take_only_raw_bytes_from_peers_and_keep_every_box() {
+    records_between_learners(false, CacheLevel::Decoded);
+}
+
+#[test]
+fn learners_of_a_source_with_masks_keep_every_mask_at_each_level() {
+    // Decoded: entries keep masks, so peers serve none of them (each learner reads storage
+    // instead); raw: peers serve file bytes, and the asking learner reads the mask again.
+    for level in [CacheLevel::Decoded, CacheLevel::Raw] {
+        records_between_learners(true, level);
+    }
+}
+
+fn records_between_learners(masks: bool, level: CacheLevel) {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("boxes");
-    let o = DatasetOptions { images: 24, classes: 3, texture: 4, boxes: true, ..Default::default() };
+    let o = DatasetOptions { images: 24, classes: 3, texture: 4, boxes: true, masks, ..Default::default() };
     write_dataset(&root, &o, &|_| {}).unwrap();
-    let source = SourceSpec::Sidecar { root, masks: false };
+    let source = SourceSpec::Sidecar { root, masks };
     let plain = {
         let mut s = PipelineSpec::train_default(source.clone(), 16, 4);
         (s.threads, s.seed) = (2.into(), 3);
@@ -167,7 +187,7 @@ fn learners_of_a_source_with_boxes_take_only_raw_bytes_from_peers_and_keep_every
             (s.threads, s.seed, s.prefetch) = (2.into(), 3, 2);
             s.cache = Some(CacheSpec {
                 budget: ByteBudget::Bytes(1 << 30),
-                level: CacheLevel::Decoded,
+                level,
                 resize: None,
                 policy: CachePolicyKind::Lru,
                 disk: None,
@@ -185,17 +205,25 @@ fn learners_of_a_source_with_boxes_take_only_raw_bytes_from_peers_and_keep_every
     for epoch in 0..2 {
         let want = boxes_by_key(&plain.iter().map(|b| b.unwrap()).collect::<Vec<_>>());
         assert!(want.values().any(|b| !b.0.is_empty()));
+        assert!(want.values().all(|b| b.2.is_empty() != masks), "masks = {masks}");
         let got: Vec<Vec<sluice_core::Batch>> = std::thread::scope(|scope| {
             let hs: Vec<_> = ls.iter().map(|l| scope.spawn(move || l.iter().map(|b| b.unwrap()).collect())).collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         for (rank, batches) in got.iter().enumerate() {
             for (key, boxes) in boxes_by_key(batches) {
-                assert_eq!(Some(&boxes), want.get(&key), "epoch {epoch}, rank {rank}, key {key}: boxes differ");
+                let what = format!("{level:?} epoch {epoch}, rank {rank}, key {key}");
+                assert_eq!(Some(&boxes), want.get(&key), "{what}: boxes or mask differ");
             }
         }
     }
-    // The peers' decoded entries hold boxes the peer protocol cannot carry: not served.
-    assert!(ls.iter().all(|l| l.locality_stats().unwrap().from_peers == 0));
-    assert!(ls.iter().any(|l| l.locality_stats().unwrap().peer_fallbacks > 0));
+    let from_peers: u64 = ls.iter().map(|l| l.locality_stats().unwrap().from_peers).sum();
+    if level == CacheLevel::Raw {
+        assert!(from_peers > 0, "raw entries are served to peers");
+    } else {
+        // The peers' decoded entries hold boxes (and masks) the peer protocol cannot carry:
+        // not served.
+        assert_eq!(from_peers, 0);
+        assert!(ls.iter().any(|l| l.locality_stats().unwrap().peer_fallbacks > 0));
+    }
 }
