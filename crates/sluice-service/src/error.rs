@@ -117,6 +117,10 @@ pub enum ServiceError {
     /// A draw asked for again right after its record was journaled, and still missing.
     #[error("job {job_id}: epoch {epoch} is not drawn after its draw was journaled")]
     DrawLost { job_id: u64, epoch: u64 },
+    /// A GetTask of a stream its client stopped (it restarted its iteration since): it
+    /// leases nothing, since no fetcher of the client would read the task.
+    #[error("client {client}: request {request} belongs to a stream it stopped (its requests now start at {first})")]
+    StoppedStream { client: String, request: u64, first: u64 },
     /// The journal cannot write now (the disk is full, say): nothing that depends on the
     /// record is answered; the journal writes it again until the disk takes it.
     #[error("journal {}: {message}; retrying, and refusing changes until it is written", path.display())]
@@ -149,6 +153,7 @@ impl ServiceError {
             ServiceError::ReportEpoch { .. }
             | ServiceError::NotImportanceSampled { .. }
             | ServiceError::NoDraw { .. }
+            | ServiceError::StoppedStream { .. }
             | ServiceError::AutoscaleOff(_) => K::FailedPrecondition,
             ServiceError::PathNotAllowed { .. }
             | ServiceError::OperatorOnly { .. }
@@ -189,6 +194,7 @@ impl From<ServiceError> for Status {
             ServiceError::ReportEpoch { .. }
             | ServiceError::NotImportanceSampled { .. }
             | ServiceError::NoDraw { .. }
+            | ServiceError::StoppedStream { .. }
             | ServiceError::AutoscaleOff(_) => Code::FailedPrecondition,
             ServiceError::Pipeline(e) => ServiceErrorKind::pipeline_code(e),
             ServiceError::Client(e) => e.code(),
@@ -216,7 +222,7 @@ mod tests {
 
     #[test]
     fn an_error_has_the_same_kind_after_crossing_grpc() {
-        let errors: [ServiceError; 15] = [
+        let errors: [ServiceError; 16] = [
             ServiceError::InvalidArgument("bad".into()),
             ServiceError::PathNotAllowed { path: "/x".into(), allowed: "/data".into() },
             ServiceError::NotFound { what: "job", id: "7".into() },
@@ -232,6 +238,7 @@ mod tests {
             ServiceError::ClientSecret { client: "c#00".into(), why: "no secret" },
             ServiceError::ReportBudget { job_id: 1, epoch: 0, limit: 64, per_sample: 4 },
             ServiceError::JournalStalled { path: "/j".into(), message: "full".into() },
+            ServiceError::StoppedStream { client: "c".into(), request: 3, first: 5 },
         ];
         // A client hears each with the kind the server gave it (the status codes'
         // kinds are the client's test).

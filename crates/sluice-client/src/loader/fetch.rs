@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sluice_core::Batch;
 use sluice_pipeline::trace::now_ns;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tonic::{Code, Status};
 
@@ -70,13 +70,31 @@ pub(super) struct Flow {
     pub(super) ahead: Arc<Semaphore>,
 }
 
-/// Runs `k` fetchers, epoch after epoch, until an error or the consumer goes away.
-pub(super) async fn drive(conn: Arc<Conn>, flow: Arc<Flow>, k: usize, tx: mpsc::Sender<Item>) {
+/// Runs `k` fetchers, epoch after epoch, until an error, the consumer goes away, or
+/// `stop` fires (or its sender is dropped): then it returns once no fetcher runs, so none
+/// sends a request after that.
+pub(super) async fn drive(
+    conn: Arc<Conn>,
+    flow: Arc<Flow>,
+    k: usize,
+    tx: mpsc::Sender<Item>,
+    mut stop: oneshot::Receiver<()>,
+) {
     let mut set = JoinSet::new();
     for _ in 0..k {
         set.spawn(fetcher(conn.clone(), flow.clone(), tx.clone()));
     }
-    while let Some(r) = set.join_next().await {
+    loop {
+        let r = tokio::select! {
+            r = set.join_next() => match r {
+                Some(r) => r,
+                None => return,
+            },
+            _ = &mut stop => {
+                set.shutdown().await;
+                return;
+            }
+        };
         let failed = match r {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
@@ -84,7 +102,7 @@ pub(super) async fn drive(conn: Arc<Conn>, flow: Arc<Flow>, k: usize, tx: mpsc::
         };
         if let Some(e) = failed {
             let _ = tx.send(Item::Error(e)).await;
-            set.abort_all();
+            set.shutdown().await;
             return;
         }
     }

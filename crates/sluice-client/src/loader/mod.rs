@@ -23,7 +23,7 @@ use sluice_autoscale::AcceleratorBusy;
 use sluice_core::{Batch, PipelineSpec};
 use sluice_pipeline::{PipelineError, SkippedSample, TraceError};
 use tokio::runtime::Runtime;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::error::{AutoscaleOff, ClientError, ReportLengths};
 use crate::proto::*;
@@ -73,6 +73,8 @@ pub struct RemoteLoader {
 struct EpochStream {
     rx: mpsc::Receiver<Item>,
     driver: tokio::task::JoinHandle<()>,
+    /// Dropped to stop the driver (see [`RemoteLoader::stop_stream`]).
+    stop: oneshot::Sender<()>,
     flow: Arc<Flow>,
     /// An error ended the stream; the epoch is not over.
     failed: bool,
@@ -257,16 +259,16 @@ impl RemoteLoader {
         state.check(&self.job)?;
         // The stream may be past `state` (an epoch ended since) or before it: it goes, with
         // whatever it fetched ahead, and the next iterator starts one at `state`.
-        if let Some(old) = self.current.take() {
-            old.driver.abort();
-        }
+        self.stop_stream();
         self.abandoned = false;
         let req = ResetJobRequest {
             job_id: self.job.job_id,
             epoch: state.epoch,
             delivered: state.delivered.clone(),
             release_client: String::new(),
-            client_secret: String::new(),
+            client_secret: self.conn.client_secret.clone(),
+            client_id: self.conn.client_id.clone(),
+            first_request: self.conn.next_request.load(Ordering::SeqCst),
         };
         self.job = self.reset(req)?;
         self.epoch = state.epoch;
@@ -344,6 +346,16 @@ impl RemoteLoader {
         }))
     }
 
+    /// Stops the current stream and waits until none of its fetchers runs: no request of
+    /// it is sent after this returns, so a reset's `first_request` (the next request id)
+    /// is above every id the stopped stream used.
+    fn stop_stream(&mut self) {
+        if let Some(EpochStream { rx, driver, stop, .. }) = self.current.take() {
+            drop((rx, stop));
+            let _ = self.rt.block_on(driver);
+        }
+    }
+
     /// After an iterator was dropped mid-epoch: hands this client's tasks back to the
     /// dispatcher, less the batches the trainer already has. Only this client's: in a
     /// shared job the others go on with the epoch (a reset would give them their batches
@@ -356,6 +368,8 @@ impl RemoteLoader {
             delivered,
             release_client: self.conn.client_id.clone(),
             client_secret: self.conn.client_secret.clone(),
+            client_id: self.conn.client_id.clone(),
+            first_request: self.conn.next_request.load(Ordering::SeqCst),
         };
         self.job = self.reset(req)?;
         self.open.clear();
@@ -383,9 +397,7 @@ impl RemoteLoader {
                 return;
             }
         }
-        if let Some(old) = self.current.take() {
-            old.driver.abort();
-        }
+        self.stop_stream();
         // An earlier iterator was dropped mid-epoch: its leases and half-read tasks are
         // handed back, without what the trainer already has.
         if self.abandoned {
@@ -400,8 +412,9 @@ impl RemoteLoader {
             reading: watch::Sender::new(self.epoch),
             ahead: Arc::new(Semaphore::new(self.tasks_in_flight - 1)),
         });
-        let driver = self.rt.spawn(drive(self.conn.clone(), flow.clone(), self.tasks_in_flight, tx));
-        self.current = Some(EpochStream { rx, driver, flow, failed: false });
+        let (stop, stopped) = oneshot::channel();
+        let driver = self.rt.spawn(drive(self.conn.clone(), flow.clone(), self.tasks_in_flight, tx, stopped));
+        self.current = Some(EpochStream { rx, driver, stop, flow, failed: false });
     }
 
     /// The next batch of the epoch started by [`RemoteLoader::start_epoch`]; `None` at its
@@ -541,9 +554,7 @@ impl Drop for RemoteEpoch<'_> {
         // Stop fetching if the epoch is unfinished (the next `iter` restarts it exactly);
         // after its end the stream goes on into the next epoch.
         if self.loader.abandoned {
-            if let Some(s) = self.loader.current.take() {
-                s.driver.abort();
-            }
+            self.loader.stop_stream();
         }
     }
 }

@@ -596,6 +596,11 @@ impl Dispatcher for DispatcherService {
                         job.batches_per_epoch
                     )));
                 }
+                if !req.client_id.is_empty() {
+                    valid_name("client_id", &req.client_id)?;
+                    check_client(&req.client_id, &req.client_secret)?;
+                    state.stop_stream(&req.client_id, req.first_request);
+                }
                 if req.release_client.is_empty() {
                     let record = Record::Epoch { job_id: req.job_id, epoch: req.epoch, skip: req.delivered.clone() };
                     self.commit(&mut state, &record, 0)?;

@@ -127,6 +127,73 @@ fn an_ack_sent_while_the_dispatcher_is_down_is_not_lost() {
     drop(d);
 }
 
+/// A client that drops its iterator stops its fetchers, but a GetTask of theirs may still
+/// be at the dispatcher, long-polling for a task. Its restart hands its tasks back, which
+/// wakes that request: it must lease nothing, or the task stays leased to a client whose
+/// new stream never reads it (and whose heartbeats keep the lease), and the epoch never
+/// ends. (What hung `a_checkpoint_resumes...` in CI once.) The client's protocol by hand.
+#[test]
+fn a_request_of_a_stopped_stream_leases_nothing_after_its_client_restarts() {
+    use sluice_client::proto::dispatcher_client::DispatcherClient;
+    use sluice_client::proto::{get_task_reply::Status, ClientHeartbeatRequest, GetTaskRequest, ResetJobRequest};
+
+    let _watchdog = watchdog("a_request_of_a_stopped_stream_leases_nothing_after_its_client_restarts", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &[]);
+    let job = RemoteLoader::connect(&spec(&root, 3), options(&addr, "stopped")).unwrap().job().clone();
+    let tasks = job.batches_per_epoch.div_ceil(job.task_batches);
+    assert!(tasks >= 2, "{tasks} tasks");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+        let mut d = DispatcherClient::new(channel);
+        let client = "restarting".to_string();
+        let hb = ClientHeartbeatRequest { job_id: job.job_id, client_id: client.clone(), ..Default::default() };
+        d.client_heartbeat(hb).await.unwrap();
+        let get = |request_id| GetTaskRequest {
+            job_id: job.job_id,
+            client_id: client.clone(),
+            request_id,
+            ..Default::default()
+        };
+        // The first stream leases every task of the epoch, then long-polls for more.
+        for r in 1..=tasks {
+            let reply = d.get_task(get(r)).await.unwrap().into_inner();
+            assert_eq!(reply.status(), Status::Task, "request {r}");
+        }
+        let mut polling = d.clone();
+        let stale = get(tasks + 1);
+        let stale = tokio::spawn(async move { polling.get_task(stale).await });
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        // The client restarts: its tasks go back, and its new stream's ids start above.
+        let first_request = tasks + 2;
+        let release = ResetJobRequest {
+            job_id: job.job_id,
+            release_client: client.clone(),
+            client_id: client.clone(),
+            first_request,
+            ..Default::default()
+        };
+        d.reset_job(release).await.unwrap();
+        match stale.await.unwrap() {
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+                assert!(e.message().contains("stopped"), "{}", e.message());
+            }
+            Ok(reply) => panic!("a request of the stopped stream was answered {:?}", reply.into_inner()),
+        }
+        // The new stream gets every task of the epoch back.
+        for r in first_request..first_request + tasks {
+            let reply = d.get_task(get(r)).await.unwrap().into_inner();
+            assert_eq!(reply.status(), Status::Task, "request {r} of the new stream");
+        }
+    });
+}
+
 #[test]
 fn a_client_restarting_its_epoch_in_a_shared_job_leaves_the_others_batches_alone() {
     let _watchdog = watchdog("a_client_restarting_its_epoch_in_a_shared_job_leaves_the_others_batches_alone", 120);

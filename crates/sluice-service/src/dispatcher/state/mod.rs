@@ -45,6 +45,9 @@ pub struct State {
     assigned_by_request: HashMap<(String, u64), (u64, u64, u64)>,
     /// Each client's last heartbeat.
     client_seen: HashMap<String, Instant>,
+    /// Where each client's current stream's request ids start, for clients that restarted
+    /// their iteration: GetTask requests below it come from the stream it stopped.
+    first_request: HashMap<String, u64>,
     /// When to look for clients to forget next.
     next_client_sweep: Option<Instant>,
     /// When a new client last made a full registry look for clients to forget.
@@ -69,6 +72,7 @@ impl State {
             clients: HashMap::new(),
             assigned_by_request: HashMap::new(),
             client_seen: HashMap::new(),
+            first_request: HashMap::new(),
             next_client_sweep: None,
             last_full_sweep: None,
             next_job_id: 1,
@@ -421,6 +425,11 @@ impl State {
         lookahead: bool,
         now: Instant,
     ) -> Result<(GetTaskReply, Option<Record>, u64), ServiceError> {
+        if let Some(&first) = self.first_request.get(client) {
+            if request < first {
+                return Err(ServiceError::StoppedStream { client: client.to_string(), request, first });
+            }
+        }
         if request != 0 {
             if let Some(reply) = self.repeat_assignment(job_id, client, epoch, request, now) {
                 return Ok((reply, None, 0));
@@ -623,6 +632,17 @@ impl State {
             return Ok(Some(Record::Ack { job_id, epoch, task }));
         }
         Ok(Some(Record::Requeue { job_id, epoch, task, start }))
+    }
+
+    /// `client` stopped its stream: its requests from now on have ids from `first` up, and
+    /// lower ones still in flight lease nothing. Kept for clients the dispatcher knows (a
+    /// client heartbeats from its start, and an unknown one's leases run out), and forgotten
+    /// with them.
+    pub fn stop_stream(&mut self, client: &str, first: u64) {
+        if self.client_seen.contains_key(client) {
+            let f = self.first_request.entry(client.to_string()).or_default();
+            *f = (*f).max(first);
+        }
     }
 
     /// Decides a client's restart of its own iteration (`ResetJobRequest::release_client`):

@@ -310,6 +310,7 @@ impl State {
         for c in &silent {
             self.client_seen.remove(c);
             self.clients.remove(c);
+            self.first_request.remove(c);
         }
         self.assigned_by_request.retain(|(c, _), _| !silent.contains(c));
         tracing::debug!(clients = silent.len(), "forgot clients that stopped heartbeating");
