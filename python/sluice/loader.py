@@ -518,7 +518,10 @@ class Loader(_Traced):
         values given to :meth:`report` (refused: NaN, infinite or negative; clamped: finite
         above 1e30, taken as 1e30; accepted includes the clamped).
         With a cache, ``cache``: the memory tier's counters (``hits``, ``misses``,
-        ``hit_rate``, ``used_bytes``, ``evictions``, ...) and, with a disk tier, ``disk``:
+        ``hit_rate``, ``used_bytes``, ``evictions``, ...), ``off`` (``None``, or when
+        ``level("auto")`` found that caching would save under 5% of the pipeline's time
+        per epoch and stores nothing: ``best``, ``saved_per_epoch_s``,
+        ``pipeline_per_epoch_s``, ``saved_fraction``, ``min_fraction``) and, with a disk tier, ``disk``:
         ``hits``, ``misses``, ``hit_rate``, ``corrupt``, ``used_bytes``, ``evictions``,
         ``rejected``, ``bytes_read``, ``bytes_written``, ``recovered``.
         With ``threads="auto"``, ``autoscale``: ``policy``, ``units`` (threads now),

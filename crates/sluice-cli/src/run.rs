@@ -224,6 +224,16 @@ pub fn print_report(s: &StatsSnapshot) {
             c.evictions,
             c.est_time_saved_s
         );
+        if let Some(off) = &c.off {
+            println!(
+                "cache off: at best ({:?}) it would save {:.2}s of {:.2}s per epoch ({:.1}%, under {:.0}%)",
+                off.best,
+                off.saved_per_epoch_s,
+                off.pipeline_per_epoch_s,
+                100.0 * off.saved_fraction,
+                100.0 * off.min_fraction
+            );
+        }
     }
     let busy: f64 = s.op_seconds.iter().map(|(_, t)| t).sum();
     println!("worker time per op:{:>25} {:>6}  {:>11}  {:>6} {:>7}", "total", "share", "mean/sample", "p50", "p99");

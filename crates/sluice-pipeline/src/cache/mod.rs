@@ -26,7 +26,7 @@ use serde::Serialize;
 use sluice_core::{BoxTargets, CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest, Mask};
 
 pub use disk::{namespace as disk_namespace, DiskCacheError, DiskStats, DiskTier};
-pub use level::{choose_level, CostModel, LevelEstimate, SampleCost, MEASURE_SAMPLES};
+pub use level::{choose_level, CostModel, LevelEstimate, NotWorth, SampleCost, MEASURE_SAMPLES, MIN_SAVED_FRACTION};
 use policy::{make_policy, Policy};
 pub use ram::total_ram_bytes;
 
@@ -122,6 +122,8 @@ struct Inner {
     level: Option<CacheLevel>,
     costs: CostModel,
     estimates: Vec<LevelEstimate>,
+    /// `auto` found that caching cannot pay: nothing is stored, for good.
+    off: Option<NotWorth>,
     /// Entry bytes of every key offered so far, to size the hot set.
     sizes: HashMap<u64, u64>,
     hits: u64,
@@ -157,6 +159,8 @@ pub struct CacheStats {
     pub costs: CostModel,
     /// The per-level estimates behind the last `auto` decision.
     pub estimates: Vec<LevelEstimate>,
+    /// Set when `auto` decided not to cache (Cachew's "don't cache"): why.
+    pub off: Option<NotWorth>,
     /// The disk tier's counters (the fields above are the memory tier's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskStats>,
@@ -183,6 +187,7 @@ impl Cache {
                 level,
                 costs: CostModel::default(),
                 estimates: Vec::new(),
+                off: None,
                 sizes: HashMap::new(),
                 hits: 0,
                 misses: 0,
@@ -261,7 +266,8 @@ impl Cache {
         Some(data)
     }
 
-    /// The level new entries are stored at; `None` while `auto` is measuring.
+    /// The level new entries are stored at; `None` while `auto` is measuring, and after it
+    /// decided not to cache.
     pub fn level(&self) -> Option<CacheLevel> {
         self.inner.lock().level
     }
@@ -270,10 +276,11 @@ impl Cache {
     pub fn observe(&self, cost: &SampleCost) {
         let mut g = self.inner.lock();
         g.costs.add(cost);
-        if g.level.is_none() && g.costs.samples >= MEASURE_SAMPLES {
+        if g.level.is_none() && g.off.is_none() && g.costs.samples >= MEASURE_SAMPLES {
             let (level, estimates) = choose_level(&g.costs, self.budget, self.dataset_len, self.has_resize);
             tracing::info!(
                 ?level,
+                sample_ms = g.costs.sample_s * 1e3,
                 read_ms = g.costs.read_s * 1e3,
                 decode_ms = g.costs.decode_s * 1e3,
                 resize_ms = g.costs.resize_s * 1e3,
@@ -283,7 +290,10 @@ impl Cache {
                 "cache level chosen: {:?}",
                 estimates
             );
-            g.level = Some(level);
+            match level {
+                Ok(level) => g.level = Some(level),
+                Err(why) => g.off = Some(why),
+            }
             g.estimates = estimates;
         }
     }
@@ -456,6 +466,7 @@ impl Cache {
             est_time_saved_s: g.saved_s,
             costs: g.costs,
             estimates: g.estimates.clone(),
+            off: g.off,
             disk: self.disk.as_ref().map(DiskTier::stats),
         }
     }
@@ -607,6 +618,7 @@ mod tests {
             raw_bytes: 1000,
             decoded_bytes: 3000,
             resized_bytes: 3000,
+            sample_s: 6e-3,
         };
         for _ in 0..MEASURE_SAMPLES - 1 {
             c.observe(&cost);
@@ -615,5 +627,17 @@ mod tests {
         c.observe(&cost);
         assert_eq!(c.level(), Some(CacheLevel::Decoded));
         assert_eq!(c.stats().estimates.len(), 2);
+        assert_eq!(c.stats().off, None);
+
+        // 5.1 ms of every 105.1 ms could be saved: under 5%, so nothing is cached, for good.
+        let c = Cache::new(&spec, 1 << 20, 1000);
+        let cheap = SampleCost { sample_s: 0.1051, ..cost };
+        for _ in 0..MEASURE_SAMPLES {
+            c.observe(&cheap);
+        }
+        let off = c.stats().off.expect("a cache saving 4.9% of the work was kept");
+        assert_eq!((c.level(), off.best), (None, CacheLevel::Decoded));
+        c.observe(&cost);
+        assert_eq!(c.level(), None, "decided once");
     }
 }

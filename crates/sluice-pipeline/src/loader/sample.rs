@@ -363,6 +363,7 @@ impl Shared {
             }
         };
         cache.observe(&SampleCost {
+            sample_s: t0.elapsed().as_secs_f64(),
             read_s: read_time.as_secs_f64(),
             decode_s: computed.decode.as_secs_f64(),
             resize_s: computed.resize.as_secs_f64(),

@@ -127,6 +127,33 @@ fn auto_caches_raw_bytes_on_slow_storage_and_pixels_on_fast_storage() {
     assert_eq!(s.estimates.len(), 3);
 }
 
+#[test]
+fn auto_caches_nothing_when_its_budget_could_save_under_a_twentieth_of_an_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 40);
+    // 100 KB holds two raw entries of the 40 (~49 KB each) and no decoded one (~560 KB):
+    // at most 2 reads skipped of 40 samples' work, under 5% whatever the machine's load.
+    let small = spec(&root, 8, 2, cache(100_000, CacheLevel::Auto, None, CachePolicyKind::Lru));
+    let loader = Loader::new(small, Shard::default()).unwrap();
+    collect(&loader);
+    collect(&loader);
+    let s = loader.stats().cache.unwrap();
+    let off = s.off.unwrap_or_else(|| panic!("auto cached at {:?}: {:?} {:?}", s.level, s.costs, s.estimates));
+    assert!(off.saved_fraction < 0.05 && off.pipeline_per_epoch_s > 0.0, "{off:?}");
+    assert_eq!((off.best, s.level), (CacheLevel::Raw, CacheLevel::Auto), "{off:?}");
+    assert_eq!((s.entries, s.used_bytes, s.hits, s.misses), (0, 0, 0, 80), "{s:?}");
+
+    // A budget for the whole dataset: auto caches, and the third epoch is all hits.
+    let large = spec(&root, 8, 2, cache(1 << 30, CacheLevel::Auto, None, CachePolicyKind::Lru));
+    let loader = Loader::new(large, Shard::default()).unwrap();
+    for _ in 0..3 {
+        collect(&loader);
+    }
+    let s = loader.stats().cache.unwrap();
+    assert_eq!((s.off, s.level), (None, CacheLevel::Decoded), "{:?} {:?}", s.costs, s.estimates);
+    assert!(s.hits >= 40, "{s:?}");
+}
+
 fn importance_spec(root: &Path, threads: usize) -> PipelineSpec {
     let mut s = spec(root, 6, threads, cache(1 << 30, CacheLevel::Decoded, None, CachePolicyKind::Importance));
     s.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 3, miss_discount: 0.5, max_draws: 4.0 };
