@@ -215,7 +215,9 @@ class RemoteLoader(_Traced):
         ``{"key", "path", "error"}``, as the local loader's); ``bytes`` (image bytes
         received), ``shared_memory_batches`` and ``duplicates_dropped``; ``cache``: the job's
         caches on all workers (``hits``, ``misses``, ``hit_rate`` as in the local loader's
-        ``stats()["cache"]``, and ``entries``, ``hot``, ``hot_held``), or ``None``; ``accelerator``: ``{"busy", "source"}`` as
+        ``stats()["cache"]``, and ``entries``, ``hot``, ``hot_held``, ``workers_off``: workers
+        whose ``level("auto")`` cache decided that caching cannot pay and stores nothing), or
+        ``None``; ``accelerator``: ``{"busy", "source"}`` as
         in :meth:`sluice.Loader.stats`, or ``None`` before the first step. Op times are in
         the workers' metrics.
         """

@@ -226,7 +226,8 @@ impl PyRemoteLoader {
     /// `shared_memory_batches`, `duplicates_dropped`, `skipped` (samples the workers left
     /// out under `on_error = "skip"`: `{key, path, error}`, once per epoch met), and
     /// `cache` (the job's caches on all workers: `hits`, `misses`, `hit_rate`, `entries`,
-    /// `hot`, `hot_held`; `None` when the dispatcher cannot say). Never waits for a batch;
+    /// `hot`, `hot_held`, `workers_off`: workers whose `auto` cache decided not to cache;
+    /// `None` when the dispatcher cannot say). Never waits for a batch;
     /// asks the dispatcher (a second at most) with the GIL released.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let cache = py.detach(|| self.probe.cache_stats()).ok();
@@ -261,6 +262,7 @@ impl PyRemoteLoader {
                 d.set_item("entries", c.entries)?;
                 d.set_item("hot", c.hot)?;
                 d.set_item("hot_held", c.hot_held)?;
+                d.set_item("workers_off", c.workers_off)?;
                 out.set_item("cache", d)?;
             }
             None => out.set_item("cache", py.None())?,

@@ -310,6 +310,7 @@ impl WorkerService {
                 entries: s.entries,
                 share: share.len() as u64,
                 share_held: cache.held(share),
+                off: s.off.is_some(),
             });
         }
         out

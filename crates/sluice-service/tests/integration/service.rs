@@ -439,6 +439,41 @@ fn jobs_with_one_fingerprint_share_the_workers_cache() {
 }
 
 #[test]
+fn a_workers_auto_cache_that_cannot_pay_stores_nothing_and_the_clients_stats_say_so() {
+    let _watchdog = watchdog("a_workers_auto_cache_that_cannot_pay_stores_nothing_and_the_clients_stats_say_so", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &[]);
+    // A budget of one byte holds no entry at any level: caching would save nothing.
+    let mut s = spec(&root, 1);
+    s.cache = Some(CacheSpec {
+        budget: ByteBudget::Bytes(1),
+        level: CacheLevel::Auto,
+        resize: None,
+        policy: CachePolicyKind::Lru,
+        disk: None,
+    });
+    let mut loader = RemoteLoader::connect(&s, options(&addr, "cannot-pay")).unwrap();
+    for _ in 0..2 {
+        assert_exactly_once(loader.iter().flat_map(|b| b.unwrap().keys).collect(), "cannot-pay");
+    }
+    // The worker's heartbeat brings its cache's decision to the dispatcher.
+    let t0 = std::time::Instant::now();
+    let stats = loop {
+        let c = loader.cache_stats().unwrap();
+        if c.workers_off == 1 || t0.elapsed() > std::time::Duration::from_secs(20) {
+            break c;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert_eq!((stats.workers_off, stats.entries, stats.hits), (1, 0, 0), "{stats:?}");
+    // Every lookup missed (the heartbeat may not have brought the last ones yet).
+    assert!(stats.misses >= sluice_pipeline::cache::MEASURE_SAMPLES, "{stats:?}");
+}
+
+#[test]
 fn a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_them() {
     let _watchdog = watchdog("a_worker_refuses_paths_outside_its_own_roots_even_if_the_dispatcher_allows_them", 120);
     let dir = tempfile::tempdir().unwrap();

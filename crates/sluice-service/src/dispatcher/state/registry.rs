@@ -211,6 +211,7 @@ impl State {
             out.misses += c.misses;
             out.entries += c.entries;
             out.hot_held += c.share_held;
+            out.workers_off += u64::from(c.off);
         }
         let lookups = out.hits + out.misses;
         out.hit_rate = if lookups > 0 { out.hits as f64 / lookups as f64 } else { 0.0 };
