@@ -105,6 +105,11 @@ impl DispatcherService {
         m.gauges("sluice_cache_entries", "entries the job's caches hold on all workers", each(|c| c.entries));
         m.gauges("sluice_cache_hot", "samples in the job's hot set", each(|c| c.hot));
         m.gauges("sluice_cache_hot_held", "samples of the hot set held in their owner's cache", each(|c| c.hot_held));
+        m.gauges(
+            "sluice_cache_workers_off",
+            "workers whose auto cache for the job stores nothing: caching would save under 5% of the pipeline",
+            each(|c| c.workers_off),
+        );
         let worker_caches: Vec<(Labels, &sluice_client::proto::CacheReport)> = state
             .jobs
             .values()

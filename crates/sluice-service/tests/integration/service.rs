@@ -444,7 +444,9 @@ fn a_workers_auto_cache_that_cannot_pay_stores_nothing_and_the_clients_stats_say
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
-    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let dm = free_addr();
+    let port = dm.rsplit(':').next().unwrap().to_string();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &["--metrics-port", &port]);
     let _w = worker(&addr, &root, &[]);
     // A budget of one byte holds no entry at any level: caching would save nothing.
     let mut s = spec(&root, 1);
@@ -471,6 +473,8 @@ fn a_workers_auto_cache_that_cannot_pay_stores_nothing_and_the_clients_stats_say
     assert_eq!((stats.workers_off, stats.entries, stats.hits), (1, 0, 0), "{stats:?}");
     // Every lookup missed (the heartbeat may not have brought the last ones yet).
     assert!(stats.misses >= sluice_pipeline::cache::MEASURE_SAMPLES, "{stats:?}");
+    let m = http_get(&dm);
+    assert_eq!(metric_value(&m, "sluice_cache_workers_off"), 1.0, "{m}");
 }
 
 #[test]
