@@ -226,7 +226,8 @@ pub fn print_report(s: &StatsSnapshot) {
         );
         if let Some(off) = &c.off {
             println!(
-                "cache off: at best ({:?}) it would save {:.2}s of {:.2}s per epoch ({:.1}%, under {:.0}%)",
+                "cache off: at best ({:?}) it would save {:.2}s of {:.2}s per epoch ({:.1}%, under {:.0}%); \
+                 drop the cache section (or use level = \"raw\") to keep the decode fused with the ops after it",
                 off.best,
                 off.saved_per_epoch_s,
                 off.pipeline_per_epoch_s,

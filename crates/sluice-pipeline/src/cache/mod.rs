@@ -292,7 +292,16 @@ impl Cache {
             );
             match level {
                 Ok(level) => g.level = Some(level),
-                Err(why) => g.off = Some(why),
+                Err(why) => {
+                    tracing::warn!(
+                        saved_per_epoch_s = why.saved_per_epoch_s,
+                        pipeline_per_epoch_s = why.pipeline_per_epoch_s,
+                        "the cache stores nothing: it would save {:.1}% of the pipeline's time; without a cache \
+                         section (or with level = \"raw\") the decode is not split from the ops after it",
+                        100.0 * why.saved_fraction
+                    );
+                    g.off = Some(why);
+                }
             }
             g.estimates = estimates;
         }
