@@ -16,6 +16,7 @@ mod dataset;
 mod disk_cache;
 mod engine;
 mod locality;
+mod manifest;
 mod service;
 mod workers;
 
@@ -53,6 +54,9 @@ enum Command {
     Locality(locality::Args),
     /// Service throughput from 1 to 64 worker processes (emulated per-sample cost) vs linear.
     Workers(workers::Args),
+    /// A manifest's cost per sample at 10^6 and 10^7 samples (index time, memory, first
+    /// batch, checkpoint size) vs issue 28's limits.
+    Manifest(manifest::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -68,6 +72,7 @@ fn main() -> std::process::ExitCode {
         Command::Autoscale(a) => autoscale::main(a),
         Command::Locality(a) => locality::main(a),
         Command::Workers(a) => workers::main(a),
+        Command::Manifest(a) => manifest::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
