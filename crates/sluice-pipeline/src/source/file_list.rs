@@ -21,8 +21,7 @@ pub fn enumerate(list: &Path, root: Option<&Path>) -> Result<Manifest, SourceErr
         None => list.parent().map(Path::to_path_buf).unwrap_or_default(),
     };
 
-    let mut items = Vec::new();
-    let mut missing = 0usize;
+    let mut listed = Vec::new();
     // Editors on Windows may start the file with a byte-order mark.
     let body = text.strip_prefix('\u{feff}').unwrap_or(&text);
     for (index, raw) in body.lines().enumerate() {
@@ -35,15 +34,20 @@ pub fn enumerate(list: &Path, root: Option<&Path>) -> Result<Manifest, SourceErr
             line: index + 1,
             text,
         })?;
-        let path = PathBuf::from(path);
-        let size = match fs::metadata(root.join(&path)) {
-            Ok(meta) => meta.len(),
+        listed.push((index + 1, PathBuf::from(path), label));
+    }
+    let sizes = sizes(&root, &listed);
+    let mut missing = 0usize;
+    let mut items = Vec::with_capacity(listed.len());
+    for ((line, path, label), size) in listed.into_iter().zip(sizes) {
+        let size = match size {
+            Ok(size) => size,
             Err(e) => {
                 if missing == 0 {
                     tracing::warn!(
                         path = %root.join(&path).display(),
                         list = %list.display(),
-                        line = index + 1,
+                        line,
                         error = %e,
                         "listed file cannot be found; it will fail at read time"
                     );
@@ -65,6 +69,24 @@ pub fn enumerate(list: &Path, root: Option<&Path>) -> Result<Manifest, SourceErr
         });
     }
     Ok(Manifest::new(root, items, Vec::new()))
+}
+
+/// Each listed file's size, `stat`ed on every core: a list of millions spends most of its
+/// indexing in the kernel's path lookups, which run in parallel.
+fn sizes(root: &Path, listed: &[(usize, PathBuf, i64)]) -> Vec<std::io::Result<u64>> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from).min(16);
+    let chunk = listed.len().div_ceil(threads).max(4096);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = listed
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter().map(|(_, path, _)| fs::metadata(root.join(path)).map(|m| m.len())).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        parts.into_iter().flat_map(|p| p.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
+    })
 }
 
 /// Splits `path [label]`; a line with whitespace must end in an integer label. On error,
