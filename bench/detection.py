@@ -19,6 +19,7 @@ reported, with sluice / DataLoader at the same core count. Needs the release bui
 
     .venv/bin/python bench/detection.py                    # data/detection: 400 images
     .venv/bin/python bench/detection.py --runs 5 --cores 1,2
+    .venv/bin/python bench/detection.py --crop iou   # SSD's RandomIoUCrop instead
 """
 
 from __future__ import annotations
@@ -41,13 +42,18 @@ sys.path.insert(0, str(REPO / "python" / "examples"))
 from detection_torchvision import CocoBoxes, pad_boxes
 
 
-def dataloader_epoch(root: Path, cores: int, size: int, batch: int) -> int:
-    transform = v2.Compose(
-        [
-            v2.RandomResizedCrop(size, scale=(0.3, 1.0), antialias=True),
-            v2.RandomHorizontalFlip(),
-            v2.SanitizeBoundingBoxes(min_size=1),
+def dataloader_epoch(root: Path, cores: int, size: int, batch: int, crop: str) -> int:
+    if crop == "iou":
+        # SSD's crop: its size depends on the draw, so a resize and a centre crop follow.
+        crops: list[v2.Transform] = [
+            v2.RandomIoUCrop(),
+            v2.Resize(size, antialias=True),
+            v2.CenterCrop(size),
         ]
+    else:
+        crops = [v2.RandomResizedCrop(size, scale=(0.3, 1.0), antialias=True)]
+    transform = v2.Compose(
+        [*crops, v2.RandomHorizontalFlip(), v2.SanitizeBoundingBoxes(min_size=1)]
     )
     data = CocoBoxes(str(root / "instances.json"), str(root), transform)
     loader = DataLoader(
@@ -60,16 +66,15 @@ def dataloader_epoch(root: Path, cores: int, size: int, batch: int) -> int:
     return n
 
 
-def sluice_epoch(root: Path, cores: int, size: int, batch: int, seed: int) -> int:
-    pipe = (
-        sluice.Pipeline.coco(root / "instances.json", root)
-        .decode()
-        .random_resized_crop(size, scale=(0.3, 1.0))
-        .random_horizontal_flip()
-        .batch(batch)
-        .threads(cores)
-        .seed(seed)
-    )
+def sluice_epoch(
+    root: Path, cores: int, size: int, batch: int, seed: int, crop: str
+) -> int:
+    pipe = sluice.Pipeline.coco(root / "instances.json", root).decode()
+    if crop == "iou":
+        pipe = pipe.random_iou_crop().resize(size).center_crop(size)
+    else:
+        pipe = pipe.random_resized_crop(size, scale=(0.3, 1.0))
+    pipe = pipe.random_horizontal_flip().batch(batch).threads(cores).seed(seed)
     n = 0
     for b in sluice.Loader(pipe):
         n += b.size
@@ -100,6 +105,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--size", type=int, default=384)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument(
+        "--crop",
+        choices=["rrc", "iou"],
+        default="rrc",
+        help="RandomResizedCrop, or RandomIoUCrop + Resize + CenterCrop",
+    )
     a = ap.parse_args()
     torch.set_num_threads(1)
     if not (a.data / "instances.json").exists():
@@ -111,8 +122,8 @@ def main() -> None:
 
     def epoch(kind: str, c: int, seed: int) -> float:
         if kind == "dataloader":
-            return rate(lambda: dataloader_epoch(a.data, c, a.size, a.batch))
-        return rate(lambda: sluice_epoch(a.data, c, a.size, a.batch, seed))
+            return rate(lambda: dataloader_epoch(a.data, c, a.size, a.batch, a.crop))
+        return rate(lambda: sluice_epoch(a.data, c, a.size, a.batch, seed, a.crop))
 
     for kind, c in configs:  # warm-up: page cache, imports, worker start-up code paths
         epoch(kind, c, 0)
@@ -126,8 +137,12 @@ def main() -> None:
                 file=sys.stderr,
             )
     n = len(CocoBoxes(str(a.data / "instances.json"), str(a.data), None))
+    crop_name = {
+        "rrc": "RandomResizedCrop",
+        "iou": "RandomIoUCrop + Resize + CenterCrop",
+    }[a.crop]
     print(
-        f"\n{n} images, RandomResizedCrop {a.size} + flip + boxes, batches of {a.batch}, median of {a.runs} runs\n"
+        f"\n{n} images, {crop_name} {a.size} + flip + boxes, batches of {a.batch}, median of {a.runs} runs\n"
     )
     print(
         "| cores | DataLoader + torchvision v2 (img/s) | sluice (img/s) | sluice / DataLoader |"
