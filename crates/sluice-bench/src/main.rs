@@ -16,6 +16,7 @@ mod dataset;
 mod disk_cache;
 mod engine;
 mod locality;
+mod prefetch;
 mod service;
 mod workers;
 
@@ -51,6 +52,9 @@ enum Command {
     /// Epoch times of learner processes on a shared throttled link: locality-aware with the
     /// collaborative cache vs the baseline, and the model's prediction for each.
     Locality(locality::Args),
+    /// `prefetch = "auto"` against fixed depths: trainer stall, throughput and peak RSS on a
+    /// producer with hiccups.
+    Prefetch(prefetch::Args),
     /// Service throughput from 1 to 64 worker processes (emulated per-sample cost) vs linear.
     Workers(workers::Args),
 }
@@ -67,6 +71,7 @@ fn main() -> std::process::ExitCode {
         Command::Service(a) => service::main(a),
         Command::Autoscale(a) => autoscale::main(a),
         Command::Locality(a) => locality::main(a),
+        Command::Prefetch(a) => prefetch::main(a),
         Command::Workers(a) => workers::main(a),
     };
     match result {
