@@ -17,6 +17,7 @@ mod disk_cache;
 mod engine;
 mod locality;
 mod manifest;
+mod prefetch;
 mod service;
 mod workers;
 
@@ -52,6 +53,9 @@ enum Command {
     /// Epoch times of learner processes on a shared throttled link: locality-aware with the
     /// collaborative cache vs the baseline, and the model's prediction for each.
     Locality(locality::Args),
+    /// `prefetch = "auto"` against fixed depths: trainer stall, throughput and peak RSS on a
+    /// producer with hiccups.
+    Prefetch(prefetch::Args),
     /// Service throughput from 1 to 64 worker processes (emulated per-sample cost) vs linear.
     Workers(workers::Args),
     /// A manifest's cost per sample at 10^6 and 10^7 samples (index time, memory, first
@@ -71,6 +75,7 @@ fn main() -> std::process::ExitCode {
         Command::Service(a) => service::main(a),
         Command::Autoscale(a) => autoscale::main(a),
         Command::Locality(a) => locality::main(a),
+        Command::Prefetch(a) => prefetch::main(a),
         Command::Workers(a) => workers::main(a),
         Command::Manifest(a) => manifest::main(a),
     };

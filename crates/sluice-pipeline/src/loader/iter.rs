@@ -434,7 +434,11 @@ impl EpochIter {
                 return None;
             }
             let ready = self.ready_in_order();
-            self.engine.prefetch_consumed(ready);
+            // At an epoch's start nothing was in flight yet: an empty buffer says nothing
+            // of the producers' pace.
+            if self.next_submit > self.next_emit {
+                self.engine.prefetch_consumed(ready);
+            }
             self.submit_ahead();
             let b = self.next_emit;
             let waited = match self.wait_for(b, interrupted) {

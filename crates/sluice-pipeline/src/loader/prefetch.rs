@@ -9,9 +9,13 @@
 //! sluice's design around it: a batch in flight here is either being built or ready,
 //! whereas tf.data's buffer holds ready elements only (its map has its own parallelism).
 //! So the depth is the batches the threads can build at once (`threads × CHUNK` samples)
-//! plus tf.data's ready limit, and the buffer is full when every batch of the depth is
-//! ready (the producers then stop for want of room, as tf.data's do on a full buffer);
-//! the ready limit doubles only while the whole depth stays within the memory bound
+//! plus tf.data's ready limit, and the buffer is full when the batches ready in order reach
+//! the ready limit, as tf.data's buffer of finished elements is full at its limit. (Not
+//! when every batch of the depth is ready: the batch submitted as the consumer took the
+//! last one is still being built when a consumer whose step is shorter than one batch's
+//! build comes back, so that buffer was never full however far ahead the producers ran.)
+//! An epoch's first batch is not a reading: nothing was in flight to be ready. The ready
+//! limit doubles only while the whole depth stays within the memory bound
 //! (`prefetch_max_bytes ÷ batch bytes`), and the depth never passes it.
 
 use serde::Serialize;
@@ -82,7 +86,7 @@ impl PrefetchTuner {
             return;
         }
         match self.swing {
-            Swing::Up if ready >= self.depth(threads, samples_per_job, batch_size) => self.swing = Swing::Down,
+            Swing::Up if ready >= self.ready_limit => self.swing = Swing::Down,
             Swing::Down if ready == 0 => {
                 let doubled = self.ready_limit.saturating_mul(2);
                 let room = self.max_depth.saturating_sub(Self::building(threads, samples_per_job, batch_size));
@@ -117,25 +121,24 @@ mod tests {
 
     #[test]
     fn a_full_buffer_that_runs_dry_doubles_the_ready_limit_within_the_bound() {
-        // 2 threads × 8 samples in batches of 8: two batches being built.
+        // 2 threads × 8 samples in batches of 8: two batches being built, one ready.
         let mut t = PrefetchTuner::auto(9);
         assert_eq!(t.depth(2, 8, 8), 3);
-        for ready in [0, 2, 0, 1, 0] {
-            t.record(ready, 2, 8, 8);
-        }
-        assert_eq!(t.depth(2, 8, 8), 3, "batches ready but some still building: the buffer was never full");
-        t.record(3, 2, 8, 8);
+        t.record(0, 2, 8, 8);
         t.record(1, 2, 8, 8);
-        assert_eq!(t.depth(2, 8, 8), 3, "full, but not yet dry");
+        assert_eq!(t.depth(2, 8, 8), 3, "full (one ready of a limit of one), but not yet dry");
         t.record(0, 2, 8, 8);
         assert_eq!((t.depth(2, 8, 8), t.stats(2, 8, 8).grows), (4, 1), "full, then dry: the ready limit doubles");
-        t.record(4, 2, 8, 8);
+        t.record(1, 2, 8, 8);
+        t.record(0, 2, 8, 8);
+        assert_eq!(t.depth(2, 8, 8), 4, "one ready of a limit of two: the buffer was never full");
+        t.record(2, 2, 8, 8);
         t.record(0, 2, 8, 8);
         assert_eq!(t.depth(2, 8, 8), 6);
-        t.record(6, 2, 8, 8);
+        t.record(4, 2, 8, 8);
         t.record(0, 2, 8, 8);
         assert_eq!(t.depth(2, 8, 8), 9, "the last step stops at the bound (2 building + 7 ready)");
-        t.record(9, 2, 8, 8);
+        t.record(7, 2, 8, 8);
         t.record(0, 2, 8, 8);
         assert_eq!((t.depth(2, 8, 8), t.stats(2, 8, 8).grows), (9, 3), "and never passes it");
     }

@@ -93,3 +93,54 @@ fn a_fast_consumer_of_a_slow_producer_keeps_the_depth_it_started_with() {
         "one building and one ready, less than the fixed default of 4: {end:?}"
     );
 }
+
+/// Sleeps `ms` on the sample with key 0 (once an epoch, where the shuffle puts it).
+struct Hiccup {
+    ms: u64,
+}
+
+impl sluice_pipeline::UserOp for Hiccup {
+    fn apply(
+        &self,
+        image: sluice_pipeline::ImageRef<'_>,
+        sample: &sluice_pipeline::SampleInfo,
+        out: &mut Vec<u8>,
+    ) -> Result<(u32, u32), sluice_pipeline::UserOpError> {
+        if sample.key == 0 {
+            std::thread::sleep(Duration::from_millis(self.ms));
+        }
+        out.clear();
+        out.extend_from_slice(image.pixels);
+        Ok((image.width, image.height))
+    }
+}
+
+#[test]
+fn a_steady_consumer_faster_than_one_batch_is_built_grows_the_depth_after_a_hiccup() {
+    let root = dataset();
+    sluice_pipeline::register_user_op("prefetch_auto_test:hiccup", std::sync::Arc::new(Hiccup { ms: 150 }));
+    // Batches of 4 on 2 threads, 8 ms a sample: a batch takes 32 ms to build, and the two
+    // threads make one every 16 ms. The trainer's 22 ms step is slower than the producers,
+    // so ready batches pile up, but faster than one batch's build, so the batch submitted
+    // as it took the last one is never ready yet: the depth is never all ready at once.
+    let mut spec = auto_spec(root, 4, 8000);
+    spec.ops.push(OpSpec::Map { func: "prefetch_auto_test:hiccup".into() });
+    let loader = Loader::new(spec, Shard::default()).unwrap();
+    let start = loader.stats().prefetch.unwrap();
+    // One sample an epoch holds its batch back 150 ms: the ready batches run dry.
+    let end = consume(&loader, 1, Duration::from_millis(22));
+    assert!(end.grows >= 1 && end.depth > start.depth, "a hiccup drained the ready batches: {start:?} → {end:?}");
+    assert!(end.depth <= 16, "an epoch start (nothing in flight yet) is not a drained buffer: {end:?}");
+}
+
+#[test]
+fn an_epoch_start_is_not_a_drained_buffer() {
+    let root = dataset();
+    // Producers far ahead of a steady 20 ms trainer: the ready batches never run dry
+    // within an epoch, but each epoch starts with nothing in flight.
+    let loader = Loader::new(auto_spec(root, 4, 0), Shard::default()).unwrap();
+    let end = consume(&loader, 1, Duration::from_millis(20));
+    // One grow of slack for a stall of the shared machine; an epoch start read as a drained
+    // buffer doubles the limit at each of the 3 epochs after the first.
+    assert!(end.grows <= 1, "the buffer never ran dry within an epoch: {end:?}");
+}
