@@ -132,7 +132,17 @@ def raw_fields(raw: Any) -> Dict[str, Any]:
         fields["box_count"] = raw.box_count
     if raw.masks is not None:
         fields["masks"] = raw.masks
+    if raw.fields is not None:
+        # The spec's metadata fields, under their names (validation keeps them apart from
+        # the entries above).
+        fields.update(raw.fields)
     return fields
+
+
+def as_torch(torch: Any, fields: Dict[str, Any]) -> Dict[str, Any]:
+    """numpy arrays as torch tensors sharing their memory (no copy); lists of str (text
+    and JSON fields) stay as they are."""
+    return {name: value if isinstance(value, list) else torch.from_numpy(value) for name, value in fields.items()}
 
 
 def apply_map_batch(

@@ -80,7 +80,7 @@ fn source_path(e: &SourceError) -> Option<&Path> {
         | SourceError::TruncatedShard { shard, .. } => Some(shard),
         SourceError::Object(e) => Some(Path::new(&e.url)),
         SourceError::Parquet(e) => Some(Path::new(e.file())),
-        SourceError::NoSamples { .. } => None,
+        SourceError::NoSamples { .. } | SourceError::NoFields { .. } => None,
     }
 }
 

@@ -384,6 +384,7 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
         layout,
         weights: m.has_weights.then_some(m.weights),
         boxes,
+        fields: None,
     })
 }
 
@@ -406,6 +407,7 @@ mod tests {
                 layout: Layout::Chw,
                 weights: Some(vec![0.5, 2.0]),
                 boxes: None,
+                fields: None,
             };
             let back = message_to_batch(batch_to_message(b.clone())).map_err(|e| e.to_string());
             assert_eq!(back, Ok(b.clone()));
@@ -424,6 +426,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: None,
+            fields: None,
         });
         m.data.pop();
         assert!(matches!(message_to_batch(m), Err(ClientError::BadBatch(_))));
@@ -442,6 +445,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: Some(Box::new(BatchBoxes::pad(&[sluice_core::BoxTargets::default(), targets]))),
+            fields: None,
         };
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
@@ -475,6 +479,7 @@ mod tests {
             layout: Layout::Chw,
             weights: None,
             boxes: Some(Box::new(boxes)),
+            fields: None,
         };
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
@@ -513,6 +518,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: None,
+            fields: None,
         };
         let t = BatchTrace { pid: 9, request_received_ns: 10, built_start_ns: 20, built_end_ns: 30, sent_ns: 0 };
         let before = sluice_pipeline::trace::now_ns();
@@ -549,6 +555,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: None,
+            fields: None,
         };
         let out = Outgoing::new(b.clone(), Compression::Zstd);
         assert!(out.payload().len() < b.images.as_bytes().len() / 4, "{} bytes", out.payload().len());

@@ -49,7 +49,7 @@ use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceS
 use crate::locality::peer::{PeerClient, PeerServer};
 use crate::locality::Locality;
 use crate::sampler::{epoch_order, EpochDraw, MixPlan, Shard};
-use crate::source::build_manifest;
+use crate::source::build_pipeline_manifest;
 use crate::stats::StatsSnapshot;
 use crate::storage::{open_storage, open_storage_in, Roots, Storage};
 use crate::trace::TraceData;
@@ -141,7 +141,7 @@ impl Loader {
     /// Enumerates the source and prepares the pipeline; no sample is read yet.
     pub fn new(spec: PipelineSpec, shard: Shard) -> Result<Self, PipelineError> {
         spec.validate()?;
-        let manifest = build_manifest(&spec.source)?;
+        let manifest = build_pipeline_manifest(&spec)?;
         Self::with_manifest(spec, manifest, shard)
     }
 

@@ -104,6 +104,12 @@ fn refuse_learner_only(spec: &PipelineSpec) -> Result<(), ServiceError> {
     if matches!(spec.storage, sluice_core::StorageSpec::Throttled { shared_link: Some(_), .. }) {
         return refuse("storage.shared_link", "is for learner processes on one machine, not service jobs");
     }
+    if !spec.fields.is_empty() {
+        return refuse(
+            "fields",
+            "metadata fields are not yet carried by the service; load a spec with fields locally (sluice.Loader)",
+        );
+    }
     if spec.cache.as_ref().is_some_and(|c| c.disk.is_some()) {
         return refuse(
             "cache.disk",
