@@ -186,3 +186,19 @@ fn importance_sampling_and_the_workers_cache_serve_boxes_as_the_local_loader_doe
         }
     }
 }
+
+#[test]
+fn a_spec_with_metadata_fields_is_refused_at_job_creation_saying_so() {
+    let _watchdog = watchdog("a_spec_with_metadata_fields_is_refused_at_job_creation_saying_so", 60);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let options_ = DatasetOptions { images: 4, classes: 2, texture: 0, fields: true, ..Default::default() };
+    sluice_synth::write_dataset(&root, &options_, &|_| {}).unwrap();
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let mut spec = box_spec(SourceSpec::Sidecar { root: root.clone(), masks: false });
+    spec.fields =
+        vec![sluice_core::FieldSpec { name: "score".into(), kind: sluice_core::FieldKindName::Float, classes: None }];
+    let err = RemoteLoader::connect(&spec, options(&addr, "fields")).err().unwrap().to_string();
+    assert!(err.contains("fields") && err.contains("not yet carried by the service"), "{err}");
+}
