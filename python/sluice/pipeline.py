@@ -726,8 +726,9 @@ class Pipeline:
 
     def fields(self, **fields: Union[str, Tuple[str, int]]) -> "Pipeline":
         """Metadata fields to read from each sample's sidecar (``sidecar`` sources and
-        ``tar`` with ``sidecars=True``): top-level keys of the JSON beside the image, named
-        with their kind (spec key ``fields``; docs/records.md)::
+        ``tar`` with ``sidecars=True``: top-level keys of the JSON beside the image) or from
+        a ``parquet`` source's columns of the same names (float, int, text and json only),
+        named with their kind (spec key ``fields``; docs/records.md)::
 
             Pipeline.sidecar("data").fields(caption="text", score="float", id="int",
                                             tags=("multi_label", 80), meta="json")

@@ -119,7 +119,8 @@ pub struct PipelineSpec {
     pub map_batch: Option<String>,
     /// Metadata fields each sample carries besides its image (a caption, a score, a
     /// multi-label vector, an id, JSON), read by sources that have them (sidecar folders,
-    /// tar shards with sidecars); batches carry one entry per field (docs/records.md).
+    /// tar shards with sidecars, Parquet columns); batches carry one entry per field
+    /// (docs/records.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<crate::fields::FieldSpec>,
 }
@@ -250,9 +251,9 @@ impl SourceSpec {
         matches!(self, SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. })
     }
 
-    /// Whether the source can read metadata fields (from its sidecars).
+    /// Whether the source can read metadata fields (from its sidecars, or Parquet columns).
     pub fn has_fields(&self) -> bool {
-        matches!(self, SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. })
+        matches!(self, SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. } | SourceSpec::Parquet { .. })
     }
 
     /// Whether the source's samples carry segmentation masks.
@@ -435,7 +436,7 @@ impl PipelineSpec {
             return Err(SpecError::new(
                 "fields",
                 "this source carries no metadata fields; they come from sidecars (a `sidecar` source, or `tar` \
-                 with `sidecars = true`)",
+                 with `sidecars = true`) or Parquet columns",
             ));
         }
         if self.fields.len() > crate::fields::MAX_FIELDS {
@@ -443,6 +444,12 @@ impl PipelineSpec {
         }
         for (i, f) in self.fields.iter().enumerate() {
             f.check(i).map_err(|(field, message)| SpecError::new(field, message))?;
+            if matches!(self.source, SourceSpec::Parquet { .. }) && f.kind == crate::fields::FieldKindName::MultiLabel {
+                return Err(SpecError::new(
+                    format!("fields[{i}].kind"),
+                    "a Parquet column gives float, int, text or json fields (list columns are not read)",
+                ));
+            }
             if self.fields[..i].iter().any(|g| g.name == f.name) {
                 return Err(SpecError::new(format!("fields[{i}].name"), format!("`{}` is named twice", f.name)));
             }

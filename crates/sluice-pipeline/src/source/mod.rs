@@ -56,7 +56,9 @@ pub enum SourceError {
     #[error(transparent)]
     Parquet(#[from] crate::storage::ParquetError),
     /// The spec asks for metadata fields from a source that carries none.
-    #[error("the {source_kind} source carries no metadata fields (`fields`); they come from sidecars")]
+    #[error(
+        "the {source_kind} source carries no metadata fields (`fields`); they come from sidecars or Parquet columns"
+    )]
     NoFields { source_kind: &'static str },
 }
 
@@ -82,6 +84,9 @@ pub fn build_pipeline_manifest(spec: &PipelineSpec) -> Result<Manifest, SourceEr
         SourceSpec::Sidecar { root, masks } => sidecar::enumerate_with_fields(root, *masks, fields)?,
         SourceSpec::Tar { shards, sidecars: true, masks } => {
             self::tar::enumerate_records(shards, self::tar::Records { sidecars: true, masks: *masks, fields })?
+        }
+        SourceSpec::Parquet { path, image_column, label_column } => {
+            self::parquet::enumerate_with_fields(path, image_column, label_column.as_deref(), fields)?
         }
         other => return Err(SourceError::NoFields { source_kind: source_kind(other) }),
     };

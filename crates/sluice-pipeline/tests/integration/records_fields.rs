@@ -259,3 +259,100 @@ fn absurd_field_specs_are_refused_with_the_fields_path() {
     let e = PipelineSpec::from_toml_str(toml).unwrap_err();
     assert_eq!(e.field, "fields[0].classes", "{e}");
 }
+
+/// `path`: 10 rows in row groups of 4: `image` (a JPEG), `id` (int64, the row), `score`
+/// (double, row / 4), `caption` (string, `"row i"`; null at row 7) and `meta` (string
+/// holding JSON `{"i": row}`; not JSON at row 8).
+fn write_fields_parquet(path: &Path) {
+    use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int64Type};
+    use std::sync::Arc;
+    let schema = "message schema { required binary image; required int64 id; required double score; \
+                  optional binary caption (STRING); required binary meta (STRING); }";
+    let schema = Arc::new(parquet::schema::parser::parse_message_type(schema).unwrap());
+    let props = Arc::new(parquet::file::properties::WriterProperties::builder().build());
+    let mut w =
+        parquet::file::writer::SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
+    let rows: Vec<usize> = (0..10).collect();
+    for group in rows.chunks(4) {
+        let mut rg = w.next_row_group().unwrap();
+        let images: Vec<ByteArray> =
+            group.iter().map(|&i| ByteArray::from(sluice_synth::noise_jpeg(i, 24).unwrap())).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<ByteArrayType>().write_batch(&images, None, None).unwrap();
+        col.close().unwrap();
+        let ids: Vec<i64> = group.iter().map(|&i| i as i64).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<Int64Type>().write_batch(&ids, None, None).unwrap();
+        col.close().unwrap();
+        let scores: Vec<f64> = group.iter().map(|&i| i as f64 / 4.0).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<DoubleType>().write_batch(&scores, None, None).unwrap();
+        col.close().unwrap();
+        let present: Vec<usize> = group.iter().copied().filter(|&i| i != 7).collect();
+        let captions: Vec<ByteArray> = present.iter().map(|i| ByteArray::from(format!("row {i}").as_str())).collect();
+        let defs: Vec<i16> = group.iter().map(|&i| i16::from(i != 7)).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<ByteArrayType>().write_batch(&captions, Some(&defs), None).unwrap();
+        col.close().unwrap();
+        let metas: Vec<ByteArray> = group
+            .iter()
+            .map(|&i| ByteArray::from(if i == 8 { "not json".to_string() } else { format!("{{\"i\": {i}}}") }.as_str()))
+            .collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<ByteArrayType>().write_batch(&metas, None, None).unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_columns_are_fields_in_their_rows_and_a_null_or_bad_value_fails_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data.parquet");
+    write_fields_parquet(&path);
+    let source = SourceSpec::Parquet { path: path.clone(), image_column: "image".into(), label_column: None };
+    let mut s = spec(source.clone(), 1, 2, ErrorPolicy::Skip);
+    s.fields = vec![
+        field("id", FieldKindName::Int, None),
+        field("score", FieldKindName::Float, None),
+        field("caption", FieldKindName::Text, None),
+        field("meta", FieldKindName::Json, None),
+    ];
+    let loader = Loader::new(s.clone(), Shard::default()).unwrap();
+    let batches = all(&loader).unwrap();
+    let mut ids = Vec::new();
+    for b in &batches {
+        let f = &b.fields.as_ref().unwrap().fields;
+        let (FieldValues::Int(id), FieldValues::Float(score), FieldValues::Text(caption), FieldValues::Json(meta)) =
+            (&f[0].values, &f[1].values, &f[2].values, &f[3].values)
+        else {
+            panic!("{f:?}")
+        };
+        for row in 0..b.len() {
+            let i = id[row];
+            assert_eq!(b.keys[row] as i64, i, "row {row}: key {} got row {i}'s fields", b.keys[row]);
+            assert_eq!((score[row], caption[row].as_str()), (i as f32 / 4.0, format!("row {i}").as_str()));
+            assert_eq!(meta[row], format!("{{\"i\":{i}}}"), "compact JSON");
+            ids.push(i);
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2, 3, 4, 5, 6, 9]);
+    let skipped = loader.stats().skipped;
+    for (row, says) in [(7, "field `caption` is missing"), (8, "field `meta`: the column's text is not JSON")] {
+        let s = skipped.iter().find(|s| s.key == row).unwrap_or_else(|| panic!("row {row}: {skipped:?}"));
+        assert!(s.error.contains(says) && s.path.contains("row=3") == (row == 7), "{s:?}");
+    }
+    // A field whose column is missing or of another type refuses the dataset, naming both.
+    s.fields[1].name = "nope".into();
+    let e = Loader::new(s.clone(), Shard::default()).err().unwrap().to_string();
+    assert!(e.contains("nope") && e.contains("data.parquet"), "{e}");
+    s.fields[1] = field("score", FieldKindName::Float, None);
+    s.fields[2] = field("caption", FieldKindName::Int, None);
+    let e = Loader::new(s.clone(), Shard::default()).err().unwrap().to_string();
+    assert!(e.contains("caption") && e.contains("integer"), "{e}");
+    // Lists are not read: a multi-label field on Parquet is refused at validation.
+    s.fields[2] = field("tags", FieldKindName::MultiLabel, Some(3));
+    assert_eq!(s.validate().unwrap_err().field, "fields[2].kind");
+}
