@@ -656,7 +656,7 @@ class Pipeline:
         has them); ``info`` has ``epoch``, ``index`` (the batch's index in the epoch),
         ``seed``, ``rank``, ``keys`` and ``rng``, a ``numpy.random.Generator`` derived from
         (seed, epoch, index, rank). It returns a dict of numpy arrays (any names, dtypes
-        and shapes), which the loader yields instead. ``sluice.Loader`` runs it in its
+        and shapes; a text or JSON field may stay a list of str), which the loader yields instead. ``sluice.Loader`` runs it in its
         worker processes (``processes=0``: in this process), so the batches are the same
         for any process count and a ``state_dict`` resumes exactly.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import tarfile
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -112,6 +112,30 @@ def test_torch_batches_have_tensors_for_numbers_and_lists_for_text(tmp_path: Pat
     out = to_device(b, "cpu")
     assert isinstance(out.tags, torch.Tensor) and out.tags.dtype == torch.float32
     assert torch.equal(out.id, b.id) and out.caption == b.caption and out.meta == b.meta
+
+
+def invert(image: Any, sample: Any) -> Any:
+    """A ``map`` op: the image inverted."""
+    return 255 - image
+
+
+def same_batch(batch: Dict[str, Any], info: Any) -> Dict[str, Any]:
+    """A ``map_batch`` that gives the batch back as it came (text fields included)."""
+    return batch
+
+
+@pytest.mark.parametrize("processes", [0, 2])
+def test_fields_pass_through_map_worker_processes(tmp_path: Path, processes: int) -> None:
+    root = generated(tmp_path)
+    pipe = with_fields(sluice.Pipeline.sidecar(root))
+    fields = sluice.Pipeline.sidecar(root).fields(
+        id="int", caption="text", score="float", tags=("multi_label", CLASSES), meta="json"
+    )
+    mapped = fields.decode().map(invert).resize(16).center_crop(16).batch(5).threads(2)
+    ids = check(list(sluice.Loader(mapped, processes=processes)))
+    assert sorted(ids) == list(range(12))
+    ids = check(list(sluice.Loader(pipe.map_batch(same_batch), processes=processes)))
+    assert sorted(ids) == list(range(12))
 
 
 def test_a_bad_field_fails_its_sample_naming_it(tmp_path: Path) -> None:
