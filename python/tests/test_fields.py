@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import sluice
+from conftest import sluice_service
 from sluice import _sluice
 
 CLASSES = 3
@@ -168,3 +169,14 @@ def test_absurd_field_specs_are_refused(tmp_path: Path) -> None:
             sluice.Loader(pipe)
     with pytest.raises(ValueError, match="sidecars"):
         sluice.Loader(sluice.Pipeline.image_folder(root).fields(score="float").decode().center_crop(8).batch(1))
+
+
+def test_a_remote_loader_yields_the_fields_a_local_one_does(tmp_path: Path) -> None:
+    root = generated(tmp_path)
+    pipe = with_fields(sluice.Pipeline.sidecar(root)).seed(2)
+    local = check(list(sluice.Loader(pipe)))
+    with sluice_service([root], tmp_path / "journal", workers=2) as addr:
+        remote = sluice.RemoteLoader(pipe, dispatcher=addr, job="fields")
+        batches = list(remote)
+    assert sorted(check(batches)) == sorted(local) == list(range(12))
+    assert isinstance(batches[0].caption, list) and batches[0].tags.shape[1] == CLASSES
