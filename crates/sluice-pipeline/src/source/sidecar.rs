@@ -208,7 +208,7 @@ fn parse_sidecar_with_fields(
 ) -> Result<((BoxTargets, Option<i64>, Option<PathBuf>), Option<SidecarFields>), String> {
     // serde_json refuses nesting past 128 levels: a hostile deep sidecar is an error here.
     let mut object: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(bytes).map_err(|e| format!("not a JSON object: {e}"))?;
+        serde_json::from_slice(bytes).map_err(|e| format!("not a boxes sidecar: {e}"))?;
     let values: Vec<_> = fields.specs.iter().map(|f| (f, object.remove(&f.name))).collect();
     let read = values.iter().map(|(f, v)| f.read(v.as_ref(), fields.max_bytes)).collect();
     let s: Sidecar =
