@@ -148,6 +148,9 @@ impl Loader {
     /// As [`Loader::new`], over a manifest built elsewhere (e.g. shared by a service).
     pub fn with_manifest(spec: PipelineSpec, manifest: Manifest, shard: Shard) -> Result<Self, PipelineError> {
         spec.validate()?;
+        if !spec.fields.is_empty() && manifest.fields.is_none() {
+            return Err(PipelineError::ManifestWithoutFields);
+        }
         let cache = match &spec.cache {
             None => None,
             Some(c) => {
@@ -176,6 +179,9 @@ impl Loader {
         cache: Arc<Cache>,
     ) -> Result<Self, PipelineError> {
         spec.validate()?;
+        if !spec.fields.is_empty() && manifest.fields.is_none() {
+            return Err(PipelineError::ManifestWithoutFields);
+        }
         if spec.cache.is_none() {
             return Err(PipelineError::SharedCache("it needs a pipeline with a cache section".into()));
         }

@@ -113,6 +113,11 @@ fn sidecar_fields_arrive_in_their_rows_after_shuffling_for_any_thread_count_and_
     let tail = all(&resumed).unwrap();
     assert_eq!(head, reference[..2]);
     assert_eq!(tail, reference[2..]);
+    // A manifest enumerated without the fields would give batches without them: refused.
+    let bare = sluice_pipeline::source::build_manifest(&SourceSpec::Sidecar { root, masks: false }).unwrap();
+    let spec = spec(SourceSpec::Sidecar { root: "unused".into(), masks: false }, CLASSES, 1, ErrorPolicy::Fail);
+    let e = Loader::with_manifest(spec, bare, Shard::default()).err().unwrap().to_string();
+    assert!(e.contains("enumerated without them"), "{e}");
 }
 
 #[test]
