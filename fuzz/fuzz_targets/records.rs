@@ -6,7 +6,9 @@
 //! stated rule (clamp, then drop under one pixel) every box is inside the image and at
 //! least one pixel a side. The first byte's second bit asks for masks too: every COCO
 //! segmentation (polygons, RLE) is painted, and a sidecar's bytes are decoded as a PNG
-//! mask; either gives a mask of its stated size or an error with a reason.
+//! mask; either gives a mask of its stated size or an error with a reason. The third bit
+//! asks a sidecar for metadata fields of every kind: one row per sample, each a value of
+//! its kind or the sample's error with a reason.
 //!
 //! Seeds (fuzz/seeds/records): a COCO file and sidecars in the shapes the sources take.
 
@@ -17,7 +19,7 @@ use sluice_codec::{decode_png_mask, move_boxes, Motion};
 use sluice_core::spec::MAX_BOXES;
 use sluice_core::record::MIN_BOX_SIDE;
 use sluice_core::record::MaskSource;
-use sluice_core::{Annotation, BatchBoxes, BoxTargets};
+use sluice_core::{Annotation, BatchBoxes, BoxTargets, FieldKindName, FieldSpec};
 use sluice_pipeline::source::{coco, segmentation, sidecar};
 
 /// Pixels a fuzzed mask may have: enough for any shape, small enough to stay fast.
@@ -67,7 +69,29 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(m.data.len() as u64, u64::from(m.width) * u64::from(m.height));
             }
         }
-        let Ok(m) = sidecar::enumerate(&dir, masks) else { return };
+        // The third bit asks the sidecar for a field of every kind too.
+        let fields: Vec<FieldSpec> = [
+            ("f", FieldKindName::Float, None),
+            ("i", FieldKindName::Int, None),
+            ("t", FieldKindName::MultiLabel, Some(5)),
+            ("c", FieldKindName::Text, None),
+            ("j", FieldKindName::Json, None),
+        ]
+        .into_iter()
+        .map(|(name, kind, classes)| FieldSpec { name: name.into(), kind, classes })
+        .collect();
+        let read = (kind & 4 != 0).then(|| sidecar::FieldsRead { specs: &fields, max_bytes: 1 << 10 });
+        let Ok(m) = sidecar::enumerate_with_fields(&dir, masks, read) else { return };
+        if let Some(t) = &m.fields {
+            // One row per sample; a sample's fields are values of their kinds or fail it.
+            assert_eq!(t.rows(), m.len() as u64);
+            let rows: Vec<u64> = (0..t.rows()).collect();
+            let b = t.gather(&rows);
+            assert_eq!(b.fields.len(), fields.len());
+            for (p, why) in &t.invalid {
+                assert!(*p < t.rows() && !why.is_empty());
+            }
+        }
         m
     };
     for i in 0..manifest.len().min(64) {

@@ -70,6 +70,7 @@ def generate_dataset(
     corrupt: Optional[int] = None,
     boxes: bool = False,
     masks: bool = False,
+    fields: bool = False,
 ) -> Dict[str, Any]:
     """Writes a deterministic, ImageNet-like ImageFolder dataset under ``root``.
 
@@ -82,14 +83,20 @@ def generate_dataset(
     also writes each image's boxes (the shapes drawn on it) as a JSON sidecar beside it and
     ``root/instances.json`` (COCO), for :meth:`Pipeline.sidecar` and
     :meth:`Pipeline.coco`; ``masks`` also each image's segmentation mask
-    (``img_XXXXXXX.mask.png``, box labels then counting from 1). Options left out take the
+    (``img_XXXXXXX.mask.png``, box labels then counting from 1); ``fields`` also writes
+    metadata fields into each sidecar, for :meth:`Pipeline.fields`: image ``i`` of class
+    ``c`` gets ``id`` (int, ``i``), ``caption`` (text, ``"image {i} of class {c}"``),
+    ``score`` (float, ``i / 8``) and ``tags`` (multi_label over ``classes``,
+    ``[c, (c + 1) % classes]``). Options left out take the
     Rust generator's defaults (the same as ``sluice gen-images``). Runs on all cores with
     the GIL released.
 
     Returns:
         ``{"root", "images", "bad_files" (list of paths), "bytes"}``.
     """
-    return _sluice.generate_dataset(os.fspath(root), images, classes, seed, quality, texture, corrupt, boxes, masks)
+    return _sluice.generate_dataset(
+        os.fspath(root), images, classes, seed, quality, texture, corrupt, boxes, masks, fields
+    )
 
 
 def pack(src: PathLike, out: PathLike, interval: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:

@@ -5,7 +5,7 @@ Rust buffers. The friendly API is the pure-Python package (:class:`sluice.Pipeli
 :class:`sluice.Loader`); errors are raised as the classes of :mod:`sluice.errors`.
 """
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple, final
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
 import numpy as np
 import numpy.typing as npt
@@ -95,11 +95,13 @@ def generate_dataset(
     corrupt: Optional[int] = None,
     boxes: bool = False,
     masks: bool = False,
+    fields: bool = False,
 ) -> Dict[str, Any]:
     """Writes a deterministic ImageNet-like ImageFolder dataset (options left out take
     sluice-synth's defaults; ``boxes`` also writes each image's boxes as a JSON sidecar and
     ``root/instances.json``; ``masks`` each image's mask too, ``img_XXXXXXX.mask.png``,
-    with box labels from 1); returns ``{"root", "images", "bad_files", "bytes"}``."""
+    with box labels from 1; ``fields`` metadata fields in each sidecar: ``id``,
+    ``caption``, ``score``, ``tags``); returns ``{"root", "images", "bad_files", "bytes"}``."""
 
 def pack(src: str, out: str, interval: Optional[int] = None, threads: Optional[int] = None) -> Dict[str, Any]:
     """Copies ``src`` to ``out`` with every JPEG rewritten losslessly with restart markers;
@@ -202,6 +204,11 @@ class RawBatch:
     @property
     def masks(self) -> Optional[npt.NDArray[np.uint8]]:
         """``[n, h, w]`` segmentation masks (class ids); None unless the source reads masks."""
+    @property
+    def fields(self) -> Optional[Dict[str, Union[npt.NDArray[Any], List[str]]]]:
+        """The spec's metadata fields by name: float32 ``[n]`` (float), int64 ``[n]`` (int),
+        float32 multi-hot ``[n, classes]`` (multi_label) or ``list[str]`` (text, json); None
+        when the spec names no fields."""
     @property
     def epoch(self) -> int: ...
     @property

@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from . import _sluice
-from .map_workers import MapWorkers, apply_map_batch, default_processes, import_map_batch, raw_fields
+from .map_workers import MapWorkers, apply_map_batch, as_torch, default_processes, import_map_batch, raw_fields
 from .pipeline import PathLike, Pipeline
 
 __all__ = ["Loader", "Batch", "BatchIterator", "ImportanceRecorder"]
@@ -35,7 +35,11 @@ class Batch(Mapping[str, Any]):
     (float32 ``[n, max_boxes, 4]``, XYXY pixels of the output image, zeros in the padding),
     ``box_labels`` (int64 ``[n, max_boxes]``, -1 in the padding) and ``box_count`` (int32
     ``[n]``, the real rows of each sample), and with ``masks=True`` ``masks`` (uint8
-    ``[n, h, w]``, each sample's class-id mask moved with its pixels); see docs/records.md. ``batch["image"]`` and ``batch.image`` are the same array;
+    ``[n, h, w]``, each sample's class-id mask moved with its pixels); see docs/records.md.
+    A pipeline with metadata fields (:meth:`sluice.Pipeline.fields`) adds one entry per
+    field under its name: float32 ``[n]`` (float), int64 ``[n]`` (int), float32 multi-hot
+    ``[n, classes]`` (multi_label) or a ``list[str]`` (text, and json as compact JSON
+    text). ``batch["image"]`` and ``batch.image`` are the same array;
     ``batch.weight`` is ``None`` when the batch has no weights.
 
     Attributes:
@@ -164,7 +168,7 @@ class BatchIterator(Iterator[Batch]):
         torch = self._torch
         if torch is not None:
             # from_numpy shares the numpy array's memory: still no copy.
-            fields = {name: torch.from_numpy(arr) for name, arr in fields.items()}
+            fields = as_torch(torch, fields)
         return Batch(fields, raw.epoch, raw.index, raw.layout, raw.buffer_address)
 
     @property
@@ -206,7 +210,7 @@ class _MapBatchIterator(BatchIterator):
             layout = fields.pop("__layout__")
             torch = self._torch
             if torch is not None:
-                fields = {name: torch.from_numpy(arr) for name, arr in fields.items()}
+                fields = as_torch(torch, fields)
             return Batch(fields, self._epoch, index, layout, 0)
         raise StopIteration
 

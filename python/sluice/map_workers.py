@@ -132,7 +132,17 @@ def raw_fields(raw: Any) -> Dict[str, Any]:
         fields["box_count"] = raw.box_count
     if raw.masks is not None:
         fields["masks"] = raw.masks
+    if raw.fields is not None:
+        # The spec's metadata fields, under their names (validation keeps them apart from
+        # the entries above).
+        fields.update(raw.fields)
     return fields
+
+
+def as_torch(torch: Any, fields: Dict[str, Any]) -> Dict[str, Any]:
+    """numpy arrays as torch tensors sharing their memory (no copy); lists of str (text
+    and JSON fields) stay as they are."""
+    return {name: value if isinstance(value, list) else torch.from_numpy(value) for name, value in fields.items()}
 
 
 def apply_map_batch(
@@ -160,8 +170,9 @@ def apply_map_batch(
         raise fail(f"it must return a dict of numpy arrays by name; got {type(out).__name__}")
     result: Dict[str, Any] = {}
     for k, v in out.items():
-        if not isinstance(v, np.ndarray):
-            raise fail(f"it must return numpy arrays; `{k}` is a {type(v).__name__}")
+        # Lists of str pass too: a text or JSON metadata field, as the batch gave it.
+        if not isinstance(v, np.ndarray) and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            raise fail(f"it must return numpy arrays (or lists of str); `{k}` is a {type(v).__name__}")
         result[k] = v
     return result
 
@@ -172,8 +183,8 @@ def _pack(out: Dict[str, Any], slot_bytes: int) -> Optional[List[Tuple[str, Tupl
     metas = []
     at = 0
     for k, v in out.items():
-        if v.dtype.hasobject:
-            return None
+        if not isinstance(v, np.ndarray) or v.dtype.hasobject:
+            return None  # e.g. a text field's list of str: through the pipe
         at = (at + 15) // 16 * 16
         metas.append((k, tuple(v.shape), v.dtype.str, at))
         at += v.nbytes
@@ -281,7 +292,8 @@ def _run(
         if has_weight:
             _put(buf, base + weight_at, np.asarray(raw.weight, np.float32))
         n = len(raw.label)
-        shape = (image.shape, str(image.dtype), raw.layout, has_weight)
+        # Metadata fields (small; lists of str among them) go through the pipe.
+        shape = (image.shape, str(image.dtype), raw.layout, has_weight, raw.fields)
         conn.send(("batch", run, i, slot, n, shape, raw.index, None, native.stats_json()))
     return None
 
@@ -402,7 +414,7 @@ class MapWorkers:
             return batch
 
     def _copy_out(self, w: int, slot: int, n: int, shape: Tuple[Any, ...]) -> MapBatch:
-        (image_shape, dtype, layout, has_weight) = shape
+        (image_shape, dtype, layout, has_weight, metadata) = shape
         buf = self._shms[w].buf
         assert buf is not None
         base = slot * self._slot_bytes
@@ -414,6 +426,8 @@ class MapWorkers:
         }
         if has_weight:
             fields["weight"] = np.frombuffer(buf, np.float32, n, base + self._weight_at).copy()
+        if metadata is not None:
+            fields.update(metadata)
         fields["__layout__"] = layout
         return fields
 

@@ -656,7 +656,7 @@ class Pipeline:
         has them); ``info`` has ``epoch``, ``index`` (the batch's index in the epoch),
         ``seed``, ``rank``, ``keys`` and ``rng``, a ``numpy.random.Generator`` derived from
         (seed, epoch, index, rank). It returns a dict of numpy arrays (any names, dtypes
-        and shapes), which the loader yields instead. ``sluice.Loader`` runs it in its
+        and shapes; a text or JSON field may stay a list of str), which the loader yields instead. ``sluice.Loader`` runs it in its
         worker processes (``processes=0``: in this process), so the batches are the same
         for any process count and a ``state_dict`` resumes exactly.
 
@@ -724,6 +724,31 @@ class Pipeline:
         """Seed of every random choice (epoch order and augmentations)."""
         return self._with(seed=seed)
 
+    def fields(self, **fields: Union[str, Tuple[str, int]]) -> "Pipeline":
+        """Metadata fields to read from each sample's sidecar (``sidecar`` sources and
+        ``tar`` with ``sidecars=True``: top-level keys of the JSON beside the image) or from
+        a ``parquet`` source's columns of the same names (float, int, text and json only),
+        named with their kind (spec key ``fields``; docs/records.md)::
+
+            Pipeline.sidecar("data").fields(caption="text", score="float", id="int",
+                                            tags=("multi_label", 80), meta="json")
+
+        Kinds: ``"float"`` (float32 ``[n]``), ``"int"`` (int64 ``[n]``),
+        ``("multi_label", classes)`` (a list of class indices in the sidecar, multi-hot
+        float32 ``[n, classes]`` in the batch: the target ``BCEWithLogitsLoss`` takes),
+        ``"text"`` (a string; ``list[str]`` in the batch) and ``"json"`` (any value; its
+        compact JSON text, ``list[str]``). Batches carry each field under its name. A
+        sample whose field is missing or of another kind is a bad sample (``on_error``),
+        its error naming the field and what was found. Calling again replaces the fields.
+        """
+        specs: List[Dict[str, Any]] = []
+        for name, kind in fields.items():
+            if isinstance(kind, tuple):
+                specs.append({"name": name, "kind": kind[0], "classes": kind[1]})
+            else:
+                specs.append({"name": name, "kind": kind})
+        return self._with(fields=specs)
+
     def on_error(self, policy: str) -> "Pipeline":
         """What a bad sample does: ``"fail"`` (raise :class:`sluice.SampleError` naming its
         key and path, the default) or ``"skip"`` (leave it out and report it in
@@ -740,12 +765,19 @@ class Pipeline:
         return self._with(storage={"kind": "throttled", "latency_ms": latency_ms, "bandwidth_mb_s": bandwidth_mb_s})
 
     def limits(
-        self, max_pixels: Optional[int] = None, max_file_bytes: Optional[int] = None, max_boxes: Optional[int] = None
+        self,
+        max_pixels: Optional[int] = None,
+        max_file_bytes: Optional[int] = None,
+        max_boxes: Optional[int] = None,
+        max_field_bytes: Optional[int] = None,
     ) -> "Pipeline":
         """Rejects (as bad samples) images whose header declares more than ``max_pixels``
-        pixels, files larger than ``max_file_bytes`` and samples with more than
-        ``max_boxes`` boxes (default 10 000)."""
+        pixels, files larger than ``max_file_bytes``, samples with more than
+        ``max_boxes`` boxes (default 10 000) and samples whose text or JSON field is longer
+        than ``max_field_bytes`` bytes (default 65 536)."""
         limits = dict(self._spec.get("limits", {}))
+        if max_field_bytes is not None:
+            limits["max_field_bytes"] = max_field_bytes
         if max_pixels is not None:
             limits["max_pixels"] = max_pixels
         if max_file_bytes is not None:

@@ -100,6 +100,18 @@ def _move(t: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Te
     return t.to(device, non_blocking=non_blocking)
 
 
+_BATCH_ENTRIES = frozenset(("image", "label", "key", "weight", *BOX_FIELDS))
+
+
+def _move_metadata(batch: Mapping[str, Any], fields: Dict[str, Any], device: torch.device, non_blocking: bool) -> None:
+    """The pipeline's metadata fields into ``fields``: numeric ones (float, int,
+    multi_label) as tensors on ``device``, text and JSON (lists of str) as they are."""
+    for name, value in batch.items():
+        if name in _BATCH_ENTRIES:
+            continue
+        fields[name] = value if isinstance(value, list) else _move(_as_tensor(value), device, non_blocking)
+
+
 def to_device(
     batch: Mapping[str, Any],
     device: Union[str, torch.device] = "cuda",
@@ -129,9 +141,10 @@ def to_device(
         non_blocking: asynchronous host-to-device copies.
 
     Returns:
-        A :class:`sluice.Batch` with ``image`` (NCHW, ``dtype``), ``label``, ``weight`` and
-        the box fields (``boxes``, ``box_labels``, ``box_count``, ``masks``) on ``device``; ``key``
-        stays on the CPU.
+        A :class:`sluice.Batch` with ``image`` (NCHW, ``dtype``), ``label``, ``weight``,
+        the box fields (``boxes``, ``box_labels``, ``box_count``, ``masks``) and the numeric
+        metadata fields on ``device``; ``key`` stays on the CPU, and text and JSON fields
+        stay lists of str.
     """
     device = torch.device(device)
     image = _as_tensor(batch["image"])
@@ -160,6 +173,7 @@ def to_device(
     for name in BOX_FIELDS:
         if name in batch:
             fields[name] = _move(_as_tensor(batch[name]), device, non_blocking)
+    _move_metadata(batch, fields, device, non_blocking)
     return Batch(
         fields,
         epoch=getattr(batch, "epoch", -1),
@@ -428,6 +442,7 @@ class DeviceLoader:
             if name in raw:
                 # Small next to the image: moved on their own, after it.
                 fields[name] = _move(_as_tensor(raw[name]), self.device, True)
+        _move_metadata(raw, fields, self.device, True)
         out = Batch(fields, getattr(raw, "epoch", -1), index, "chw", 0)
         return _InFlight(out, ready, index)
 

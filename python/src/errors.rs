@@ -80,7 +80,7 @@ fn source_path(e: &SourceError) -> Option<&Path> {
         | SourceError::TruncatedShard { shard, .. } => Some(shard),
         SourceError::Object(e) => Some(Path::new(&e.url)),
         SourceError::Parquet(e) => Some(Path::new(e.file())),
-        SourceError::NoSamples { .. } => None,
+        SourceError::NoSamples { .. } | SourceError::NoFields { .. } => None,
     }
 }
 
@@ -124,6 +124,7 @@ pub fn pipeline_error(py: Python<'_>, e: PipelineError) -> PyErr {
         | PipelineError::StorageLink(_)
         | PipelineError::Peer(_)
         | PipelineError::AlreadyStarted
+        | PipelineError::ManifestWithoutFields
         | PipelineError::BufferStillShared { .. } => raise(py, "SluiceError", e.to_string(), |_| Ok(())),
         PipelineError::Interrupted => PyKeyboardInterrupt::new_err(e.to_string()),
         // The disk tier's folder cannot be created or listed.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyIndexError, PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
-use sluice_core::{Batch, Layout, PipelineSpec, SampleKey, TensorData};
+use pyo3::types::{PyBytes, PyDict, PyList};
+use sluice_core::{Batch, BatchField, BatchFields, FieldValues, Layout, PipelineSpec, SampleKey, TensorData};
 use sluice_pipeline::{EpochIter, Loader, LoaderState, PipelineError, Shard};
 
 use crate::buffers::{image_array, BufferPool};
@@ -338,6 +338,10 @@ pub struct RawBatch {
     /// uint8 `[n, h, w]` segmentation masks (class ids), or None when the source reads none.
     #[pyo3(get)]
     masks: Option<Py<PyAny>>,
+    /// The spec's metadata fields by name (float32 `[n]`, int64 `[n]`, multi-hot float32
+    /// `[n, classes]`, or a list of str for text and JSON), or None when it asks for none.
+    #[pyo3(get)]
+    fields: Option<Py<PyAny>>,
     #[pyo3(get)]
     epoch: u64,
     #[pyo3(get)]
@@ -355,7 +359,8 @@ impl RawBatch {
     /// (borrowed memory, a service worker's, is copied into a pooled one); its image
     /// buffer goes back to `buffers` when numpy frees it.
     pub(crate) fn new(py: Python<'_>, batch: Batch, buffers: &Arc<BufferPool>) -> PyResult<Self> {
-        let Batch { epoch, index, keys, labels, images, layout, weights, boxes } = batch;
+        let Batch { epoch, index, keys, labels, images, layout, weights, boxes, fields } = batch;
+        let fields = fields.map(|f| fields_dict(py, *f, keys.len())).transpose()?;
         let n = keys.len();
         let (boxes, box_labels, box_count, masks) = match boxes {
             Some(b) => {
@@ -386,6 +391,7 @@ impl RawBatch {
             box_labels,
             box_count,
             masks,
+            fields,
             epoch,
             index,
             layout: match layout {
@@ -395,4 +401,21 @@ impl RawBatch {
             buffer_address,
         })
     }
+}
+
+/// A batch's metadata fields as a dict of numpy arrays (numbers) and lists of str.
+fn fields_dict(py: Python<'_>, fields: BatchFields, n: usize) -> PyResult<Py<PyAny>> {
+    let dict = PyDict::new(py);
+    for BatchField { name, values } in fields.fields {
+        let value = match values {
+            FieldValues::Float(v) => PyArray1::from_vec(py, v).into_any().unbind(),
+            FieldValues::Int(v) => PyArray1::from_vec(py, v).into_any().unbind(),
+            FieldValues::MultiHot { classes, values } => {
+                PyArray1::from_vec(py, values).reshape([n, classes])?.into_any().unbind()
+            }
+            FieldValues::Text(v) | FieldValues::Json(v) => PyList::new(py, v)?.into_any().unbind(),
+        };
+        dict.set_item(name, value)?;
+    }
+    Ok(dict.into_any().unbind())
 }

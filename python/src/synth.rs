@@ -13,10 +13,11 @@ use crate::errors::synth_error;
 /// Writes `images` JPEGs under `root/class_XXX/` (plus `corrupt` bad files) and returns a
 /// summary dict: `root`, `images`, `bad_files`, `bytes`. Options left out take
 /// sluice-synth's defaults; `boxes` also writes each image's boxes (sidecars and
-/// `root/instances.json`), `masks` each image's mask too (docs/records.md). The GIL is
+/// `root/instances.json`), `masks` each image's mask too, `fields` metadata fields in
+/// each sidecar (docs/records.md). The GIL is
 /// released meanwhile.
 #[pyfunction]
-#[pyo3(signature = (root, images = None, classes = None, seed = None, quality = None, texture = None, corrupt = None, boxes = false, masks = false))]
+#[pyo3(signature = (root, images = None, classes = None, seed = None, quality = None, texture = None, corrupt = None, boxes = false, masks = false, fields = false))]
 #[allow(clippy::too_many_arguments)]
 pub fn generate_dataset<'py>(
     py: Python<'py>,
@@ -29,6 +30,7 @@ pub fn generate_dataset<'py>(
     corrupt: Option<usize>,
     boxes: bool,
     masks: bool,
+    fields: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let d = DatasetOptions::default();
     let options = DatasetOptions {
@@ -40,6 +42,7 @@ pub fn generate_dataset<'py>(
         corrupt: corrupt.unwrap_or(d.corrupt),
         boxes,
         masks,
+        fields,
     };
     if !(1..=100).contains(&options.quality) {
         return Err(PyValueError::new_err(format!("quality must be in 1..=100, got {}", options.quality)));

@@ -33,6 +33,11 @@ pub struct Args {
     /// counted from 1), named by the sidecar, and RLE segmentations in instances.json.
     #[arg(long)]
     pub masks: bool,
+    /// Also write metadata fields into each sidecar (implies --boxes): `id` (int),
+    /// `caption` (text), `score` (float) and `tags` (multi_label, --classes classes), for a
+    /// spec's `fields` (docs/records.md).
+    #[arg(long)]
+    pub fields: bool,
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
@@ -64,6 +69,7 @@ fn generate(a: &Args) -> anyhow::Result<()> {
         corrupt: a.corrupt,
         boxes: a.boxes,
         masks: a.masks,
+        fields: a.fields,
         ..Default::default()
     };
     let pb = progress::bar(a.images as u64, "generating");
@@ -74,7 +80,13 @@ fn generate(a: &Args) -> anyhow::Result<()> {
     if a.masks {
         eprintln!("masks: an .mask.png beside each image, named by its sidecar");
     }
-    if a.boxes || a.masks {
+    if a.fields {
+        eprintln!(
+            "fields in each sidecar: id (int), caption (text), score (float), tags (multi_label, {} classes)",
+            a.classes
+        );
+    }
+    if a.boxes || a.masks || a.fields {
         eprintln!("boxes: a .json sidecar beside each image, and {}", a.out.join("instances.json").display());
     }
     Ok(())

@@ -4,7 +4,7 @@
 //! become runs of small values), then zstd level 1 (plain LZ4 left augmented pixels the
 //! same size; see BENCHMARKS).
 
-use sluice_core::{Batch, BatchBoxes, Layout, Tensor, TensorData};
+use sluice_core::{Batch, BatchBoxes, BatchField, BatchFields, FieldValues, Layout, Tensor, TensorData};
 
 use crate::error::ClientError;
 use crate::proto::{self, BatchMasks, BatchMessage, BatchTargets, BatchTrace, SkippedSample};
@@ -184,7 +184,87 @@ fn header(b: &Batch, compression: Compression) -> BatchMessage {
         skipped: Vec::new(),
         trace: None,
         targets: b.boxes.as_deref().map(targets_to_message),
+        fields: b.fields.as_deref().map(fields_to_message).unwrap_or_default(),
     }
+}
+
+/// A batch's metadata fields as they travel.
+fn fields_to_message(f: &BatchFields) -> Vec<proto::BatchField> {
+    f.fields
+        .iter()
+        .map(|f| {
+            let mut m = proto::BatchField { name: f.name.clone(), ..Default::default() };
+            match &f.values {
+                FieldValues::Float(v) => {
+                    m.kind = proto::FieldKind::Float.into();
+                    m.floats = v.clone();
+                }
+                FieldValues::Int(v) => {
+                    m.kind = proto::FieldKind::Int.into();
+                    m.ints = v.clone();
+                }
+                FieldValues::MultiHot { classes, values } => {
+                    m.kind = proto::FieldKind::MultiLabel.into();
+                    m.classes = *classes as u64;
+                    m.floats = values.clone();
+                }
+                FieldValues::Text(v) => {
+                    m.kind = proto::FieldKind::Text.into();
+                    m.texts = v.clone();
+                }
+                FieldValues::Json(v) => {
+                    m.kind = proto::FieldKind::Json.into();
+                    m.texts = v.clone();
+                }
+            }
+            m
+        })
+        .collect()
+}
+
+/// A batch's metadata fields from the wire, checked against its `n` samples: one value
+/// per sample (`classes` per sample for a multi-label field), the kind known.
+fn message_to_fields(fields: Vec<proto::BatchField>, n: usize, what: &str) -> Result<BatchFields, ClientError> {
+    let mut out = Vec::with_capacity(fields.len());
+    for f in fields {
+        let bad = |why: String| ClientError::BadBatch(format!("{what}: field `{}`: {why}", f.name));
+        let kind = proto::FieldKind::try_from(f.kind).map_err(|_| bad(format!("unknown kind {}", f.kind)))?;
+        let count = |len: usize, per: usize| -> Result<(), ClientError> {
+            if Some(len) == n.checked_mul(per) {
+                Ok(())
+            } else {
+                Err(bad(format!("{len} values for {n} samples of {per}")))
+            }
+        };
+        let values = match kind {
+            proto::FieldKind::Float => {
+                count(f.floats.len(), 1)?;
+                FieldValues::Float(f.floats)
+            }
+            proto::FieldKind::Int => {
+                count(f.ints.len(), 1)?;
+                FieldValues::Int(f.ints)
+            }
+            proto::FieldKind::MultiLabel => {
+                let classes = usize::try_from(f.classes)
+                    .ok()
+                    .filter(|&c| c > 0 && c as u64 <= sluice_core::fields::MAX_FIELD_CLASSES)
+                    .ok_or_else(|| bad(format!("{} classes", f.classes)))?;
+                count(f.floats.len(), classes)?;
+                FieldValues::MultiHot { classes, values: f.floats }
+            }
+            proto::FieldKind::Text => {
+                count(f.texts.len(), 1)?;
+                FieldValues::Text(f.texts)
+            }
+            proto::FieldKind::Json => {
+                count(f.texts.len(), 1)?;
+                FieldValues::Json(f.texts)
+            }
+        };
+        out.push(BatchField { name: f.name, values });
+    }
+    Ok(BatchFields { fields: out })
 }
 
 fn targets_to_message(b: &BatchBoxes) -> BatchTargets {
@@ -375,6 +455,12 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
         }
         None => None,
     };
+    let fields = if m.fields.is_empty() {
+        None
+    } else {
+        let what = format!("batch {} of epoch {}", m.index, m.epoch);
+        Some(Box::new(message_to_fields(std::mem::take(&mut m.fields), m.keys.len(), &what)?))
+    };
     Ok(Batch {
         epoch: m.epoch,
         index: m.index,
@@ -384,6 +470,7 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
         layout,
         weights: m.has_weights.then_some(m.weights),
         boxes,
+        fields,
     })
 }
 
@@ -406,6 +493,7 @@ mod tests {
                 layout: Layout::Chw,
                 weights: Some(vec![0.5, 2.0]),
                 boxes: None,
+                fields: None,
             };
             let back = message_to_batch(batch_to_message(b.clone())).map_err(|e| e.to_string());
             assert_eq!(back, Ok(b.clone()));
@@ -424,6 +512,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: None,
+            fields: None,
         });
         m.data.pop();
         assert!(matches!(message_to_batch(m), Err(ClientError::BadBatch(_))));
@@ -442,6 +531,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: Some(Box::new(BatchBoxes::pad(&[sluice_core::BoxTargets::default(), targets]))),
+            fields: None,
         };
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
@@ -463,6 +553,61 @@ mod tests {
     }
 
     #[test]
+    fn fields_travel_with_their_batch_and_inconsistent_fields_are_refused() {
+        let field = |name: &str, values| BatchField { name: name.into(), values };
+        let fields = BatchFields {
+            fields: vec![
+                field("score", FieldValues::Float(vec![0.5, 1.5])),
+                field("id", FieldValues::Int(vec![7, -2])),
+                field("tags", FieldValues::MultiHot { classes: 3, values: vec![1., 0., 1., 0., 1., 0.] }),
+                field("caption", FieldValues::Text(vec!["a".into(), "é".into()])),
+                field("meta", FieldValues::Json(vec!["{}".into(), "[1]".into()])),
+            ],
+        };
+        let b = Batch {
+            epoch: 1,
+            index: 4,
+            keys: vec![3, 5],
+            labels: vec![-1, -1],
+            images: Tensor::zeros(DType::U8, vec![2, 2, 2, 3]),
+            layout: Layout::Hwc,
+            weights: None,
+            boxes: None,
+            fields: Some(Box::new(fields)),
+        };
+        for c in [Compression::None, Compression::Zstd] {
+            let out = Outgoing::new(b.clone(), c);
+            assert_eq!(out.header().fields.len(), 5, "the data plane's header carries them");
+            assert_eq!(message_to_batch(out.into_message()).map_err(|e| e.to_string()), Ok(b.clone()));
+        }
+        let good = batch_to_message(b.clone()).fields;
+        for (edit, says) in [
+            (
+                &(|f: &mut Vec<proto::BatchField>| f[0].floats.push(1.0)) as &dyn Fn(&mut Vec<proto::BatchField>),
+                "field `score`: 3 values for 2 samples",
+            ),
+            (&|f| f[1].ints.clear(), "field `id`: 0 values"),
+            (&|f| f[2].classes = 4, "field `tags`: 6 values for 2 samples of 4"),
+            (&|f| f[2].classes = u64::MAX, "classes"),
+            (
+                &|f| {
+                    f[3].texts.pop();
+                },
+                "field `caption`: 1 values",
+            ),
+            (&|f| f[4].kind = 99, "unknown kind 99"),
+        ] {
+            let mut fields = good.clone();
+            edit(&mut fields);
+            let m = BatchMessage { fields, ..batch_to_message(b.clone()) };
+            let e = message_to_batch(m).unwrap_err().to_string();
+            assert!(e.contains("batch 4 of epoch 1") && e.contains(says), "{e}");
+        }
+        // A batch without fields sends none.
+        assert!(batch_to_message(Batch { fields: None, ..b }).fields.is_empty());
+    }
+
+    #[test]
     fn masks_travel_with_their_batch_and_malformed_or_hostile_masks_are_refused() {
         let mut boxes = BatchBoxes::pad(&vec![sluice_core::BoxTargets::default(); 2]);
         boxes.masks = Some(Tensor { shape: vec![2, 3, 2], data: TensorData::U8((0..12).collect()) });
@@ -475,6 +620,7 @@ mod tests {
             layout: Layout::Chw,
             weights: None,
             boxes: Some(Box::new(boxes)),
+            fields: None,
         };
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
@@ -513,6 +659,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: None,
+            fields: None,
         };
         let t = BatchTrace { pid: 9, request_received_ns: 10, built_start_ns: 20, built_end_ns: 30, sent_ns: 0 };
         let before = sluice_pipeline::trace::now_ns();
@@ -549,6 +696,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: None,
+            fields: None,
         };
         let out = Outgoing::new(b.clone(), Compression::Zstd);
         assert!(out.payload().len() < b.images.as_bytes().len() / 4, "{} bytes", out.payload().len());

@@ -181,6 +181,8 @@ pub struct Batch {
     /// The samples' boxes, padded, when the source carries boxes; `None` otherwise.
     /// Boxed: most batches have none, and a `Batch` is moved around in enums.
     pub boxes: Option<Box<crate::record::BatchBoxes>>,
+    /// The samples' metadata fields, when the spec asks for fields; `None` otherwise.
+    pub fields: Option<Box<crate::fields::BatchFields>>,
 }
 
 impl Batch {

@@ -68,6 +68,9 @@ pub enum SampleErrorKind {
     /// The sample's segmentation mask could not be read or does not fit its image (a
     /// missing or undecodable mask file, a size other than the image's).
     BadMask(String),
+    /// One of the sample's metadata fields is missing or not of its kind (the message
+    /// names the field and what was found).
+    BadField(String),
 }
 
 impl fmt::Display for SampleErrorKind {
@@ -89,6 +92,7 @@ impl fmt::Display for SampleErrorKind {
             SampleErrorKind::UserOp { op, message } => write!(f, "`map` op `{op}` failed: {message}"),
             SampleErrorKind::BadAnnotation(m) => write!(f, "bad boxes: {m}"),
             SampleErrorKind::BadMask(m) => write!(f, "bad mask (field `mask`): {m}"),
+            SampleErrorKind::BadField(m) => write!(f, "bad field: {m}"),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod error;
+pub mod fields;
 pub mod image;
 pub mod manifest;
 pub mod placement;
@@ -13,6 +14,7 @@ pub mod spec;
 
 pub use batch::{Batch, SharedBytes, Tensor, TensorData};
 pub use error::{SampleError, SampleErrorKind, SpecError, Stage};
+pub use fields::{BatchField, BatchFields, FieldKindName, FieldSpec, FieldTable, FieldValues};
 pub use image::{DType, Image, Layout, Pixels};
 pub use manifest::{Entry, Location, Manifest, SampleKey};
 pub use placement::{Owners, Rendezvous};

@@ -77,6 +77,9 @@ pub struct Manifest {
     /// Where each sample's segmentation mask comes from, where the spec asks for masks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub masks: Option<Vec<crate::record::MaskSource>>,
+    /// Each sample's metadata fields, where the spec asks for fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fields: Option<crate::fields::FieldTable>,
 }
 
 impl Manifest {
@@ -88,7 +91,7 @@ impl Manifest {
             .map(|(i, (location, label, size))| Entry { key: SampleKey(i as u64), location, label, size })
             .collect();
         let fingerprint = fingerprint(&entries, &classes);
-        Self { root, entries, classes, fingerprint, parts: Vec::new(), annotations: None, masks: None }
+        Self { root, entries, classes, fingerprint, parts: Vec::new(), annotations: None, masks: None, fields: None }
     }
 
     /// One manifest over several, in order (a mixed source): keys run on through the
@@ -130,6 +133,7 @@ impl Manifest {
             parts: sizes,
             annotations: None,
             masks: None,
+            fields: None,
         }
     }
 
@@ -166,6 +170,16 @@ impl Manifest {
         }
         self.fingerprint = h.digest();
         self.masks = Some(masks);
+        self
+    }
+
+    /// Attaches each sample's fields (row `i` is entry `i`'s); they join the fingerprint.
+    pub fn with_fields(mut self, fields: crate::fields::FieldTable) -> Self {
+        let mut h = Xxh3::new();
+        h.update(&self.fingerprint.to_le_bytes());
+        fields.hash_into(&mut h);
+        self.fingerprint = h.digest();
+        self.fields = Some(fields);
         self
     }
 

@@ -43,6 +43,13 @@ pub enum PipelineError {
     /// An allowed root that reads cannot be confined under (see [`crate::Loader::confine_reads`]).
     #[error(transparent)]
     Root(#[from] crate::storage::RootError),
+    /// A manifest built without the spec's metadata fields (by `source::build_manifest`
+    /// rather than `source::build_pipeline_manifest`): its batches would lack them.
+    #[error(
+        "the spec names metadata fields but the manifest was enumerated without them (build it with \
+         source::build_pipeline_manifest)"
+    )]
+    ManifestWithoutFields,
     /// The loader's storage was to be changed after it had started handing out work.
     #[error("a loader's reads can only be confined before it starts")]
     AlreadyStarted,

@@ -513,6 +513,7 @@ impl StreamLoader {
             layout: self.runner.plan().output_layout(),
             weights: None,
             boxes: None,
+            fields: None,
         };
         Ok(StreamBatch { batch, rehearsal: kept.iter().map(|&i| who(i).3).collect() })
     }

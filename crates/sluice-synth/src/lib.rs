@@ -37,11 +37,30 @@ pub struct DatasetOptions {
     /// RLE `segmentation` in `instances.json`. Box labels then count from 1 (class + 1),
     /// so that 0 is the background.
     pub masks: bool,
+    /// Also write metadata fields into each sidecar (implies `boxes`), see
+    /// [`SIDECAR_FIELDS`]: image `i` gets `"id": i`, `"caption": "image i of class c"`,
+    /// `"score": i / 8` and `"tags": [c, (c + 1) % classes]` (c = its class), so a reader
+    /// can check each value arrived in its sample's row.
+    pub fields: bool,
 }
+
+/// The fields `fields` writes, as a spec names them (`tags` has `classes` classes).
+pub const SIDECAR_FIELDS: [(&str, &str); 4] =
+    [("id", "int"), ("caption", "text"), ("score", "float"), ("tags", "multi_label")];
 
 impl Default for DatasetOptions {
     fn default() -> Self {
-        Self { images: 1000, classes: 10, seed: 0, quality: 90, texture: 35, corrupt: 0, boxes: false, masks: false }
+        Self {
+            images: 1000,
+            classes: 10,
+            seed: 0,
+            quality: 90,
+            texture: 35,
+            corrupt: 0,
+            boxes: false,
+            masks: false,
+            fields: false,
+        }
     }
 }
 
@@ -97,9 +116,12 @@ pub fn write_dataset(
                             std::fs::write(&mask_path, png)
                                 .map_err(|source| SynthError::Io { path: mask_path.clone(), source })?;
                         }
-                        if options.boxes || options.masks {
+                        if options.boxes || options.masks || options.fields {
                             let path = path.with_extension("json");
-                            let json = sidecar_json(&boxes, i % classes, options.masks.then_some(i));
+                            let mut json = sidecar_json(&boxes, i % classes, options.masks.then_some(i));
+                            if options.fields {
+                                json = with_fields(&json, i, classes);
+                            }
                             std::fs::write(&path, json).map_err(|source| SynthError::Io { path, source })?;
                         }
                         progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
@@ -125,10 +147,21 @@ pub fn write_dataset(
         let path = write_bad_file(root, k, classes, options)?;
         summary.bad_files.push(path);
     }
-    if options.boxes || options.masks {
+    if options.boxes || options.masks || options.fields {
         write_coco(root, options)?;
     }
     Ok(summary)
+}
+
+/// The sidecar `json` of image `i` with its metadata fields added ([`DatasetOptions::fields`]).
+fn with_fields(json: &str, i: usize, classes: usize) -> String {
+    let c = i % classes;
+    let fields = format!(
+        ", \"id\": {i}, \"caption\": \"image {i} of class {c}\", \"score\": {}, \"tags\": [{c}, {}]}}\n",
+        i as f64 / 8.0,
+        (c + 1) % classes
+    );
+    format!("{}{fields}", json.trim_end().trim_end_matches('}'))
 }
 
 /// A sidecar: `{"boxes": [[x1, y1, x2, y2], ...], "labels": [...], "label": class}`, with

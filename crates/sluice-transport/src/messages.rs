@@ -264,7 +264,8 @@ mod tests {
         body.extend_from_slice(&u32::MAX.to_le_bytes());
         body.extend_from_slice(&u32::MAX.to_le_bytes());
         body.extend_from_slice(&[1, 2]);
-        let unlimited = Limits { max_pixels: u64::MAX, max_file_bytes: u64::MAX, max_boxes: u64::MAX };
+        let unlimited =
+            Limits { max_pixels: u64::MAX, max_file_bytes: u64::MAX, max_boxes: u64::MAX, max_field_bytes: u64::MAX };
         assert!(matches!(locality::decode(&body, &unlimited), Err(Malformed::ImageSize { .. })));
 
         let limits = Limits { max_pixels: 100, ..Limits::default() };

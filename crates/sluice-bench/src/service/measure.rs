@@ -168,6 +168,7 @@ fn noop_batches(req: RunTaskRequest, n: usize, side: usize) -> mpsc::Receiver<Re
                 layout: Layout::Hwc,
                 weights: None,
                 boxes: None,
+                fields: None,
             };
             if tx.blocking_send(Ok(Outgoing::new(batch, Compression::None))).is_err() {
                 return;

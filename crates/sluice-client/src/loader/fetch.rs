@@ -396,6 +396,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: Some(Box::new(boxes.clone())),
+            fields: None,
         };
         // As an older worker sends it: boxes, no masks; or no targets at all.
         for sent in [b.clone(), Batch { boxes: None, ..b.clone() }] {

@@ -58,6 +58,8 @@ pub const MAX_CACHE_BYTES: u64 = 1 << 50;
 pub const MAX_OPS: usize = 64;
 /// Most boxes `limits.max_boxes` may allow in one sample.
 pub const MAX_BOXES: u64 = 1 << 24;
+/// Largest `limits.max_field_bytes`: 16 MiB, the size of the largest sidecar.
+pub const MAX_FIELD_BYTES: u64 = 16 << 20;
 /// Largest emulated storage latency (ms): a minute.
 pub const MAX_LATENCY_MS: f64 = 60_000.0;
 /// Largest emulated per-sample cost of a `sleep` op (µs): a second.
@@ -115,6 +117,12 @@ pub struct PipelineSpec {
     /// worker processes); the native engine leaves it to that loader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map_batch: Option<String>,
+    /// Metadata fields each sample carries besides its image (a caption, a score, a
+    /// multi-label vector, an id, JSON), read by sources that have them (sidecar folders,
+    /// tar shards with sidecars, Parquet columns); batches carry one entry per field
+    /// (docs/records.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<crate::fields::FieldSpec>,
 }
 
 fn default_prefetch() -> usize {
@@ -241,6 +249,11 @@ impl SourceSpec {
     /// Whether the source's samples carry boxes.
     pub fn has_boxes(&self) -> bool {
         matches!(self, SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. })
+    }
+
+    /// Whether the source can read metadata fields (from its sidecars, or Parquet columns).
+    pub fn has_fields(&self) -> bool {
+        matches!(self, SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. } | SourceSpec::Parquet { .. })
     }
 
     /// Whether the source's samples carry segmentation masks.
@@ -381,6 +394,14 @@ pub struct Limits {
     /// A sample with more boxes than this fails (under `on_error`) instead of being loaded.
     #[serde(default = "default_max_boxes")]
     pub max_boxes: u64,
+    /// A sample whose text or JSON field is longer than this (bytes) fails instead of
+    /// being loaded.
+    #[serde(default = "default_max_field_bytes")]
+    pub max_field_bytes: u64,
+}
+
+fn default_max_field_bytes() -> u64 {
+    64 * 1024
 }
 
 fn default_max_boxes() -> u64 {
@@ -400,11 +421,42 @@ impl Default for Limits {
             max_pixels: default_max_pixels(),
             max_file_bytes: default_max_file_bytes(),
             max_boxes: default_max_boxes(),
+            max_field_bytes: default_max_field_bytes(),
         }
     }
 }
 
 impl PipelineSpec {
+    /// Fields need a source that reads them, and each must be well formed and named once.
+    fn validate_fields(&self) -> Result<(), SpecError> {
+        if self.fields.is_empty() {
+            return Ok(());
+        }
+        if !self.source.has_fields() {
+            return Err(SpecError::new(
+                "fields",
+                "this source carries no metadata fields; they come from sidecars (a `sidecar` source, or `tar` \
+                 with `sidecars = true`) or Parquet columns",
+            ));
+        }
+        if self.fields.len() > crate::fields::MAX_FIELDS {
+            return Err(SpecError::new("fields", format!("at most {} fields", crate::fields::MAX_FIELDS)));
+        }
+        for (i, f) in self.fields.iter().enumerate() {
+            f.check(i).map_err(|(field, message)| SpecError::new(field, message))?;
+            if matches!(self.source, SourceSpec::Parquet { .. }) && f.kind == crate::fields::FieldKindName::MultiLabel {
+                return Err(SpecError::new(
+                    format!("fields[{i}].kind"),
+                    "a Parquet column gives float, int, text or json fields (list columns are not read)",
+                ));
+            }
+            if self.fields[..i].iter().any(|g| g.name == f.name) {
+                return Err(SpecError::new(format!("fields[{i}].name"), format!("`{}` is named twice", f.name)));
+            }
+        }
+        Ok(())
+    }
+
     /// What a source with boxes cannot do: the augmentation policies, which torchvision v2
     /// refuses boxes and masks in too (`_AutoAugmentBase` raises `TypeError`).
     fn validate_for_boxes(&self) -> Result<(), SpecError> {
@@ -459,6 +511,7 @@ impl PipelineSpec {
             importance: ImportanceSpec::default(),
             locality: None,
             map_batch: None,
+            fields: Vec::new(),
         }
     }
 
@@ -580,6 +633,8 @@ impl PipelineSpec {
         check_count("limits.max_pixels", self.limits.max_pixels, 1, MAX_PIXELS)?;
         check_count("limits.max_file_bytes", self.limits.max_file_bytes, 1, MAX_FILE_BYTES)?;
         check_count("limits.max_boxes", self.limits.max_boxes, 1, MAX_BOXES)?;
+        check_count("limits.max_field_bytes", self.limits.max_field_bytes, 1, MAX_FIELD_BYTES)?;
+        self.validate_fields()?;
         self.source.validate()?;
         if matches!(self.source, SourceSpec::Mix { .. }) {
             if self.sampling != SamplingSpec::Uniform {

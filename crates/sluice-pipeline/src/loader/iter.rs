@@ -377,7 +377,9 @@ impl EpochIter {
             Box::new(padded)
         });
         let layout = self.shared.data.layout;
-        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout, weights, boxes }))
+        // Keys are manifest positions: each kept sample's fields are its row of the table.
+        let fields = self.shared.data.manifest.fields.as_ref().map(|t| Box::new(t.gather(&keys)));
+        Some(Ok(Batch { epoch: self.epoch, index: b, keys, labels, images, layout, weights, boxes, fields }))
     }
 
     /// A batch-level trace event on the calling (consumer's) thread.

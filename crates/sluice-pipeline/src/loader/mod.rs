@@ -49,7 +49,7 @@ use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceS
 use crate::locality::peer::{PeerClient, PeerServer};
 use crate::locality::Locality;
 use crate::sampler::{epoch_order, EpochDraw, MixPlan, Shard};
-use crate::source::build_manifest;
+use crate::source::build_pipeline_manifest;
 use crate::stats::StatsSnapshot;
 use crate::storage::{open_storage, open_storage_in, Roots, Storage};
 use crate::trace::TraceData;
@@ -141,13 +141,16 @@ impl Loader {
     /// Enumerates the source and prepares the pipeline; no sample is read yet.
     pub fn new(spec: PipelineSpec, shard: Shard) -> Result<Self, PipelineError> {
         spec.validate()?;
-        let manifest = build_manifest(&spec.source)?;
+        let manifest = build_pipeline_manifest(&spec)?;
         Self::with_manifest(spec, manifest, shard)
     }
 
     /// As [`Loader::new`], over a manifest built elsewhere (e.g. shared by a service).
     pub fn with_manifest(spec: PipelineSpec, manifest: Manifest, shard: Shard) -> Result<Self, PipelineError> {
         spec.validate()?;
+        if !spec.fields.is_empty() && manifest.fields.is_none() {
+            return Err(PipelineError::ManifestWithoutFields);
+        }
         let cache = match &spec.cache {
             None => None,
             Some(c) => {
@@ -176,6 +179,9 @@ impl Loader {
         cache: Arc<Cache>,
     ) -> Result<Self, PipelineError> {
         spec.validate()?;
+        if !spec.fields.is_empty() && manifest.fields.is_none() {
+            return Err(PipelineError::ManifestWithoutFields);
+        }
         if spec.cache.is_none() {
             return Err(PipelineError::SharedCache("it needs a pipeline with a cache section".into()));
         }

@@ -108,6 +108,7 @@ impl ChunkJob {
         // SAFETY: this job is the only writer of its chunk's slots, and runs each slot once.
         let out = unsafe { self.slab.slot(slot) };
         // A source with boxes: checked before the read, so a bad annotation costs no I/O.
+        shared.check_fields(pos)?;
         let mut targets = shared.source_targets(pos)?;
         if let Some(cache) = &shared.priority.cache {
             // A panic on the cache path counts as the decode's: most of its work is.
@@ -225,6 +226,15 @@ impl Shared {
                 }
                 Ok(Some(t.clone()))
             }
+        }
+    }
+
+    /// Fails the sample at `pos` if its metadata fields could not be read at enumeration
+    /// (missing, mistyped, too long): the message names the field and what was found.
+    pub(super) fn check_fields(&self, pos: u32) -> Result<(), SampleFailure> {
+        match self.data.manifest.fields.as_ref().and_then(|t| t.invalid(u64::from(pos))) {
+            Some(why) => Err((Stage::Read, SampleErrorKind::BadField(why.to_string()))),
+            None => Ok(()),
         }
     }
 

@@ -15,7 +15,7 @@ pub mod tar;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use sluice_core::{Manifest, SourceSpec};
+use sluice_core::{Manifest, PipelineSpec, SourceSpec};
 
 /// Why a dataset could not be enumerated. Every variant names the path to look at.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,11 @@ pub enum SourceError {
     /// mistyped column.
     #[error(transparent)]
     Parquet(#[from] crate::storage::ParquetError),
+    /// The spec asks for metadata fields from a source that carries none.
+    #[error(
+        "the {source_kind} source carries no metadata fields (`fields`); they come from sidecars or Parquet columns"
+    )]
+    NoFields { source_kind: &'static str },
 }
 
 impl SourceError {
@@ -68,6 +73,43 @@ impl SourceError {
     }
 }
 
+/// Enumerates the dataset a pipeline spec describes, with the metadata fields it asks for
+/// (`spec.fields`; none: as [`build_manifest`]).
+pub fn build_pipeline_manifest(spec: &PipelineSpec) -> Result<Manifest, SourceError> {
+    if spec.fields.is_empty() {
+        return build_manifest(&spec.source);
+    }
+    let fields = Some(sidecar::FieldsRead { specs: &spec.fields, max_bytes: spec.limits.max_field_bytes });
+    let manifest = match &spec.source {
+        SourceSpec::Sidecar { root, masks } => sidecar::enumerate_with_fields(root, *masks, fields)?,
+        SourceSpec::Tar { shards, sidecars: true, masks } => {
+            self::tar::enumerate_records(shards, self::tar::Records { sidecars: true, masks: *masks, fields })?
+        }
+        SourceSpec::Parquet { path, image_column, label_column } => {
+            self::parquet::enumerate_with_fields(path, image_column, label_column.as_deref(), fields)?
+        }
+        other => return Err(SourceError::NoFields { source_kind: source_kind(other) }),
+    };
+    let bad = manifest.fields.as_ref().map_or(0, |t| t.invalid.len());
+    if let Some((pos, why)) = manifest.fields.as_ref().and_then(|t| t.invalid.first()) {
+        tracing::warn!(bad, first = pos, why, "samples whose fields cannot be read; they fail when loaded");
+    }
+    Ok(manifest)
+}
+
+/// The `kind` of a source, as a spec names it.
+fn source_kind(spec: &SourceSpec) -> &'static str {
+    match spec {
+        SourceSpec::ImageFolder { .. } => "image_folder",
+        SourceSpec::FileList { .. } => "file_list",
+        SourceSpec::Tar { .. } => "tar (without sidecars)",
+        SourceSpec::Mix { .. } => "mix",
+        SourceSpec::Parquet { .. } => "parquet",
+        SourceSpec::Coco { .. } => "coco",
+        SourceSpec::Sidecar { .. } => "sidecar",
+    }
+}
+
 /// Enumerates the dataset `spec` describes.
 pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
     let started = std::time::Instant::now();
@@ -77,9 +119,10 @@ pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
             None => image_folder::enumerate(root)?,
         },
         SourceSpec::FileList { path, root } => file_list::enumerate(path, root.as_deref())?,
-        SourceSpec::Tar { shards, sidecars, masks } => {
-            self::tar::enumerate_records(shards, self::tar::Records { sidecars: *sidecars, masks: *masks })?
-        }
+        SourceSpec::Tar { shards, sidecars, masks } => self::tar::enumerate_records(
+            shards,
+            self::tar::Records { sidecars: *sidecars, masks: *masks, fields: None },
+        )?,
         SourceSpec::Mix { sources } => {
             Manifest::join(sources.iter().map(|s| build_manifest(&s.source)).collect::<Result<_, _>>()?)
         }

@@ -13,12 +13,15 @@
 
 use std::path::{Path, PathBuf};
 
-use sluice_core::{Location, Manifest};
+use sluice_core::fields::FieldValue;
+use sluice_core::{FieldKindName, FieldSpec, FieldTable, Location, Manifest};
 use xxhash_rust::xxh3::Xxh3;
 
+use super::sidecar::FieldsRead;
 use super::SourceError;
 use crate::storage::parquet::{
-    has_leaf, image_leaf, label_leaf, max_chunk_bytes, read_column_chunk, read_footer, ChunkValues, ParquetFile,
+    field_leaf, has_leaf, image_leaf, label_leaf, max_chunk_bytes, read_column_chunk, read_footer, ChunkValues,
+    ParquetFile,
 };
 use crate::storage::ObjectUrl;
 
@@ -34,6 +37,20 @@ struct Listed {
 
 /// Enumerates the rows of the Parquet files at `path` (see the module docs).
 pub fn enumerate(path: &Path, image_column: &str, label_column: Option<&str>) -> Result<Manifest, SourceError> {
+    enumerate_with_fields(path, image_column, label_column, None)
+}
+
+/// As [`enumerate`], also reading the metadata fields `fields` names, each from the column
+/// of its name (`int`: an integer column; `float`: a number column; `text`: a string
+/// column; `json`: a string column holding JSON). A null, or a value that is not of its
+/// kind, fails that row's sample when loaded.
+pub fn enumerate_with_fields(
+    path: &Path,
+    image_column: &str,
+    label_column: Option<&str>,
+    fields: Option<FieldsRead<'_>>,
+) -> Result<Manifest, SourceError> {
+    let mut table = fields.map(|f| FieldTable::new(f.specs));
     let (root, files) = match ObjectUrl::parse(path) {
         Some(url) => list_objects(&url)?,
         None => list_local(path)?,
@@ -66,6 +83,12 @@ pub fn enumerate(path: &Path, image_column: &str, label_column: Option<&str>) ->
             None => None,
         };
         let column = u32::try_from(image).map_err(|_| too_many(&name, "columns"))?;
+        let field_leaves = match fields {
+            Some(f) => {
+                f.specs.iter().map(|s| field_leaf(meta, &name, &s.name, s.kind)).collect::<Result<Vec<_>, _>>()?
+            }
+            None => Vec::new(),
+        };
         for (g, rg) in meta.row_groups().iter().enumerate() {
             let rows = usize::try_from(rg.num_rows()).map_err(|_| too_many(&name, "rows"))?;
             let row_group = u32::try_from(g).map_err(|_| too_many(&name, "row groups"))?;
@@ -73,10 +96,21 @@ pub fn enumerate(path: &Path, image_column: &str, label_column: Option<&str>) ->
             let labels = match label {
                 Some(leaf) => match read_column_chunk(&file, meta, g, leaf, max_chunk, None)? {
                     ChunkValues::Int(v) => v,
-                    ChunkValues::Binary(_) => Vec::new(),
+                    ChunkValues::Binary(_) | ChunkValues::Float(_) => Vec::new(),
                 },
                 None => Vec::new(),
             };
+            if let (Some(t), Some(f)) = (table.as_mut(), fields) {
+                let columns = field_leaves
+                    .iter()
+                    .map(|&leaf| read_column_chunk(&file, meta, g, leaf, max_chunk, None))
+                    .collect::<Result<Vec<_>, _>>()?;
+                for row in 0..rows {
+                    let values =
+                        f.specs.iter().zip(&columns).map(|(s, c)| field_value(s, c, row, f.max_bytes)).collect();
+                    t.push(values);
+                }
+            }
             let bytes = rg.columns().get(image).map_or(0, |c| u64::try_from(c.uncompressed_size()).unwrap_or(0));
             let size = if rows == 0 { 0 } else { bytes / rows as u64 };
             items.try_reserve(rows).map_err(|_| too_many(&name, "rows to index in memory"))?;
@@ -97,7 +131,44 @@ pub fn enumerate(path: &Path, image_column: &str, label_column: Option<&str>) ->
     let mut manifest = Manifest::new(root, items, Vec::new());
     files_hash.update(&manifest.fingerprint.to_le_bytes());
     manifest.fingerprint = files_hash.digest();
-    Ok(manifest)
+    Ok(match table {
+        Some(t) => manifest.with_fields(t),
+        None => manifest,
+    })
+}
+
+/// Row `row`'s value of field `spec` from its column chunk, checked as a sidecar's is.
+fn field_value(spec: &FieldSpec, column: &ChunkValues, row: usize, max_bytes: u64) -> Result<FieldValue, String> {
+    let name = &spec.name;
+    let value = match column {
+        ChunkValues::Int(v) => v.get(row).copied().flatten().map(serde_json::Value::from),
+        ChunkValues::Float(v) => match v.get(row).copied().flatten() {
+            Some(x) if !x.is_finite() => return Err(format!("field `{name}`: {x} is not a finite number")),
+            x => x.map(serde_json::Value::from),
+        },
+        ChunkValues::Binary(v) => match v.get(row).cloned().flatten() {
+            None => None,
+            Some(bytes) => {
+                let len = bytes.len() as u64;
+                if len > max_bytes {
+                    return Err(format!(
+                        "field `{name}`: {len} bytes, over the limit of {max_bytes} (limits.max_field_bytes)"
+                    ));
+                }
+                let text = String::from_utf8(bytes.data().to_vec())
+                    .map_err(|_| format!("field `{name}`: the column's value is not UTF-8 text"))?;
+                if spec.kind == FieldKindName::Json {
+                    Some(
+                        serde_json::from_str(&text)
+                            .map_err(|e| format!("field `{name}`: the column's text is not JSON: {e}"))?,
+                    )
+                } else {
+                    Some(serde_json::Value::String(text))
+                }
+            }
+        },
+    };
+    spec.read(value.as_ref(), max_bytes)
 }
 
 fn too_many(file: &str, what: &str) -> SourceError {

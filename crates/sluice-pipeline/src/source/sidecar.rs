@@ -18,8 +18,9 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
+use sluice_core::fields::FieldValue;
 use sluice_core::spec::MAX_BOXES;
-use sluice_core::{Annotation, BoxTargets, Location, Manifest, MaskSource};
+use sluice_core::{Annotation, BoxTargets, FieldSpec, FieldTable, Location, Manifest, MaskSource};
 
 use super::image_folder::{walk_class, WalkStats};
 use super::SourceError;
@@ -45,22 +46,49 @@ struct Sidecar {
     mask: Option<PathBuf>,
 }
 
+/// The metadata fields a spec asks the sidecars for (top-level keys of each sidecar).
+#[derive(Debug, Clone, Copy)]
+pub struct FieldsRead<'a> {
+    pub specs: &'a [FieldSpec],
+    /// `limits.max_field_bytes`: the longest text or JSON value.
+    pub max_bytes: u64,
+}
+
+/// One sample's fields as read from its sidecar: a value per field, or why there are none.
+pub(super) type SidecarFields = Result<Vec<FieldValue>, String>;
+
 /// What one sidecar gives its sample.
 pub(super) struct SidecarRead {
     pub(super) annotation: Annotation,
     pub(super) label: Option<i64>,
     pub(super) mask: Option<PathBuf>,
+    /// The fields the spec asks for (`None` when it asks for none).
+    pub(super) fields: Option<SidecarFields>,
 }
 
 impl SidecarRead {
     /// A sidecar that cannot be used: its sample fails with `why` when loaded.
     pub(super) fn invalid(why: String) -> Self {
-        SidecarRead { annotation: Annotation::Invalid(why), label: None, mask: None }
+        SidecarRead { annotation: Annotation::Invalid(why.clone()), label: None, mask: None, fields: Some(Err(why)) }
     }
+}
+
+/// Appends one sample's fields to `table`.
+pub(super) fn push_fields(table: &mut FieldTable, fields: Option<SidecarFields>) {
+    table.push(fields.unwrap_or_else(|| Err("the sample has no sidecar".into())));
 }
 
 /// Enumerates a folder of images with sidecars; with `masks`, where each sample's mask is.
 pub fn enumerate(root: &Path, masks: bool) -> Result<Manifest, SourceError> {
+    enumerate_with_fields(root, masks, None)
+}
+
+/// As [`enumerate`], also reading the metadata fields `fields` names from each sidecar.
+pub fn enumerate_with_fields(
+    root: &Path,
+    masks: bool,
+    fields: Option<FieldsRead<'_>>,
+) -> Result<Manifest, SourceError> {
     let meta = fs::metadata(root).map_err(|e| SourceError::io("dataset root", root, e))?;
     if !meta.is_dir() {
         return Err(SourceError::NotADirectory { path: root.to_path_buf() });
@@ -79,11 +107,15 @@ pub fn enumerate(root: &Path, masks: bool) -> Result<Manifest, SourceError> {
     }
     let mut annotations = Vec::with_capacity(items.len());
     let mut mask_sources = Vec::with_capacity(items.len());
+    let mut table = fields.map(|f| FieldTable::new(f.specs));
     let mut bad = 0usize;
     for (location, label, _) in &mut items {
         let Location::File { path } = location else { continue };
         let sidecar = root.join(path.with_extension("json"));
-        let SidecarRead { annotation, label: own_label, mask } = read_sidecar(&sidecar);
+        let SidecarRead { annotation, label: own_label, mask, fields: read } = read_sidecar(&sidecar, fields);
+        if let Some(t) = table.as_mut() {
+            push_fields(t, read);
+        }
         if masks {
             mask_sources.push(mask_source(path, &sidecar, mask, &annotation));
         }
@@ -100,7 +132,11 @@ pub fn enumerate(root: &Path, masks: bool) -> Result<Manifest, SourceError> {
         tracing::warn!(bad, root = %root.display(), "samples whose sidecar cannot be read");
     }
     let manifest = Manifest::new(root.to_path_buf(), items, Vec::new()).with_annotations(annotations);
-    Ok(if masks { manifest.with_masks(mask_sources) } else { manifest })
+    let manifest = if masks { manifest.with_masks(mask_sources) } else { manifest };
+    Ok(match table {
+        Some(t) => manifest.with_fields(t),
+        None => manifest,
+    })
 }
 
 /// Where the mask of the image at `image` (relative to the root) is: the sidecar's `mask`,
@@ -127,7 +163,7 @@ pub(super) fn mask_name(shown: &str, mask: Option<PathBuf>, annotation: &Annotat
 }
 
 /// Reads and checks one sidecar: its boxes (or why they cannot be used), its label and mask.
-fn read_sidecar(path: &Path) -> SidecarRead {
+fn read_sidecar(path: &Path, fields: Option<FieldsRead<'_>>) -> SidecarRead {
     let mut bytes = Vec::new();
     let invalid = SidecarRead::invalid;
     // A regular file only, opened without blocking (a FIFO would hang indexing), as samples are.
@@ -137,20 +173,48 @@ fn read_sidecar(path: &Path) -> SidecarRead {
     };
     match file.take(MAX_SIDECAR_BYTES + 1).read_to_end(&mut bytes) {
         Err(e) => invalid(format!("sidecar {}: {e}", path.display())),
-        Ok(_) => sidecar_from_bytes(&bytes, &path.display().to_string()),
+        Ok(_) => sidecar_from_bytes(&bytes, &path.display().to_string(), fields),
     }
 }
 
 /// Checks a sidecar's bytes, read up to one past [`MAX_SIDECAR_BYTES`]; `shown` names the
 /// sidecar in what is wrong (a path, or `shard.tar:member`).
-pub(super) fn sidecar_from_bytes(bytes: &[u8], shown: &str) -> SidecarRead {
+pub(super) fn sidecar_from_bytes(bytes: &[u8], shown: &str, fields: Option<FieldsRead<'_>>) -> SidecarRead {
     if bytes.len() as u64 > MAX_SIDECAR_BYTES {
         return SidecarRead::invalid(too_large(shown));
     }
-    match parse_sidecar_full(bytes) {
+    let parsed = match fields {
+        None => parse_sidecar_full(bytes).map(|s| (s, None)),
+        Some(f) => parse_sidecar_with_fields(bytes, f),
+    };
+    match parsed {
         Err(why) => SidecarRead::invalid(format!("sidecar {shown}: {why}")),
-        Ok((t, label, mask)) => SidecarRead { annotation: Annotation::Boxes(t), label, mask },
+        Ok(((t, label, mask), fields)) => SidecarRead {
+            annotation: Annotation::Boxes(t),
+            label,
+            mask,
+            fields: fields.map(|r: SidecarFields| r.map_err(|why| format!("sidecar {shown}: {why}"))),
+        },
     }
+}
+
+/// As [`parse_sidecar_full`], taking the fields `fields` names out of the sidecar's
+/// top-level keys first (a missing or mistyped field fails only its sample's fields; the
+/// rest of the sidecar must still be a boxes sidecar).
+#[allow(clippy::type_complexity)]
+fn parse_sidecar_with_fields(
+    bytes: &[u8],
+    fields: FieldsRead<'_>,
+) -> Result<((BoxTargets, Option<i64>, Option<PathBuf>), Option<SidecarFields>), String> {
+    // serde_json refuses nesting past 128 levels: a hostile deep sidecar is an error here.
+    let mut object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a boxes sidecar: {e}"))?;
+    let values: Vec<_> = fields.specs.iter().map(|f| (f, object.remove(&f.name))).collect();
+    let read = values.iter().map(|(f, v)| f.read(v.as_ref(), fields.max_bytes)).collect();
+    let s: Sidecar =
+        serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| format!("not a boxes sidecar: {e}"))?;
+    let targets = BoxTargets::checked(s.boxes, s.labels, MAX_BOXES as usize)?;
+    Ok(((targets, s.label, s.mask), Some(read)))
 }
 
 /// Why a sidecar over [`MAX_SIDECAR_BYTES`] is refused.
@@ -183,7 +247,7 @@ mod tests {
         assert!(made.success());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let _ = tx.send(read_sidecar(&fifo).annotation);
+            let _ = tx.send(read_sidecar(&fifo, None).annotation);
         });
         match rx.recv_timeout(std::time::Duration::from_secs(5)) {
             Ok(Annotation::Invalid(why)) => assert!(why.contains("0001.json"), "{why}"),

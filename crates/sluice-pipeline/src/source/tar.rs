@@ -24,9 +24,9 @@ use std::io::{self, BufReader, Cursor, Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 
 use ::tar::Archive;
-use sluice_core::{Annotation, Location, Manifest, MaskSource};
+use sluice_core::{Annotation, FieldTable, Location, Manifest, MaskSource};
 
-use super::sidecar::{self, SidecarRead, MAX_SIDECAR_BYTES};
+use super::sidecar::{self, FieldsRead, SidecarRead, MAX_SIDECAR_BYTES};
 use super::{is_image_extension, SourceError};
 use crate::storage::ObjectUrl;
 
@@ -38,25 +38,27 @@ const SIDECAR_EXTENSION: &str = "json";
 
 /// Enumerates the samples of `shards`, in order (images and `.cls` labels only).
 pub fn enumerate(shards: &[PathBuf]) -> Result<Manifest, SourceError> {
-    enumerate_records(shards, Records { sidecars: false, masks: false })
+    enumerate_records(shards, Records { sidecars: false, masks: false, fields: None })
 }
 
 /// What a tar source reads besides images and labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Records {
+#[derive(Debug, Clone, Copy)]
+pub struct Records<'a> {
     /// Each sample's boxes from its `<key>.json` member.
     pub sidecars: bool,
     /// Each sample's mask from the PNG member its sidecar names (needs `sidecars`).
     pub masks: bool,
+    /// Each sample's metadata fields from its sidecar (needs `sidecars`).
+    pub fields: Option<FieldsRead<'a>>,
 }
 
 /// Enumerates the samples of `shards`, in order, with the records `records` asks for.
-pub fn enumerate_records(shards: &[PathBuf], records: Records) -> Result<Manifest, SourceError> {
+pub fn enumerate_records(shards: &[PathBuf], records: Records<'_>) -> Result<Manifest, SourceError> {
     if shards.is_empty() {
         return Err(SourceError::NoSamples { dataset: "tar source".into(), hint: "no shards given" });
     }
     let root = common_folder(shards);
-    let mut out = Indexed::default();
+    let mut out = Indexed { fields: records.fields.map(|f| FieldTable::new(f.specs)), ..Indexed::default() };
     for shard in shards {
         let rel = shard.strip_prefix(&root).map(Path::to_path_buf).unwrap_or_else(|_| shard.clone());
         index_shard(shard, &rel, records, &mut out)?;
@@ -75,10 +77,14 @@ pub fn enumerate_records(shards: &[PathBuf], records: Records) -> Result<Manifes
         tracing::warn!(bad = out.bad_sidecars, root = %root.display(), "tar samples whose sidecar cannot be used; they fail when loaded");
     }
     let manifest = Manifest::new(root, out.items, Vec::new());
-    Ok(match records {
+    let manifest = match records {
         Records { sidecars: false, .. } => manifest,
         Records { masks: false, .. } => manifest.with_annotations(out.annotations),
         Records { masks: true, .. } => manifest.with_annotations(out.annotations).with_masks(out.masks),
+    };
+    Ok(match out.fields {
+        Some(t) if records.sidecars => manifest.with_fields(t),
+        _ => manifest,
     })
 }
 
@@ -89,6 +95,8 @@ struct Indexed {
     items: Vec<(Location, i64, u64)>,
     annotations: Vec<Annotation>,
     masks: Vec<MaskSource>,
+    /// The samples' metadata fields, when the spec asks for them.
+    fields: Option<FieldTable>,
     bad_sidecars: usize,
 }
 
@@ -100,7 +108,7 @@ pub fn split_member_name(name: &str) -> Option<(&str, &str)> {
     Some((&name[..dot], &name[dot + 1..]))
 }
 
-fn index_shard(shard: &Path, rel: &Path, records: Records, out: &mut Indexed) -> Result<(), SourceError> {
+fn index_shard(shard: &Path, rel: &Path, records: Records<'_>, out: &mut Indexed) -> Result<(), SourceError> {
     if let Some(url) = ObjectUrl::parse(shard) {
         let bytes = crate::storage::object::fetch(&url)?;
         let file_len = bytes.len() as u64;
@@ -116,7 +124,7 @@ fn index_archive<R: Read + Seek>(
     file_len: u64,
     shard: &Path,
     rel: &Path,
-    records: Records,
+    records: Records<'_>,
     out: &mut Indexed,
 ) -> Result<(), SourceError> {
     let mut archive = Archive::new(reader);
@@ -185,7 +193,7 @@ fn index_archive<R: Read + Seek>(
             } else {
                 let mut bytes = Vec::with_capacity(len as usize);
                 entry.read_to_end(&mut bytes).map_err(|e| SourceError::io("tar shard", shard, e))?;
-                sidecar::sidecar_from_bytes(&bytes, &shown(&name))
+                sidecar::sidecar_from_bytes(&bytes, &shown(&name), records.fields)
             };
             sidecars.insert(key.to_string(), (name, read));
         } else if is_image_extension(ext) {
@@ -213,9 +221,15 @@ fn index_archive<R: Read + Seek>(
             let (annotation, mask) = match sidecars.remove(key) {
                 None => {
                     let why = format!("{} has no sidecar {key}.{SIDECAR_EXTENSION} in its shard", shown(image));
+                    if let Some(t) = out.fields.as_mut() {
+                        t.push_invalid(why.clone());
+                    }
                     (Annotation::Invalid(why.clone()), records.masks.then_some(MaskSource::Invalid(why)))
                 }
-                Some((member, read)) => {
+                Some((member, mut read)) => {
+                    if let Some(t) = out.fields.as_mut() {
+                        sidecar::push_fields(t, read.fields.take());
+                    }
                     if let Some(label) = read.label {
                         out.items[i].1 = label;
                     }

@@ -229,6 +229,31 @@ pub(crate) fn label_leaf(meta: &ParquetMetaData, file: &str, column: &str) -> Re
     Ok(i)
 }
 
+/// The leaf column holding a metadata field of `kind`: an integer column for `int`, a
+/// floating-point (or integer) one for `float`, a binary (string) one for `text`.
+pub(crate) fn field_leaf(
+    meta: &ParquetMetaData,
+    file: &str,
+    column: &str,
+    kind: sluice_core::FieldKindName,
+) -> Result<usize, ParquetError> {
+    use sluice_core::FieldKindName as K;
+    let (types, expected): (&[PhysicalType], &'static str) = match kind {
+        K::Int => (&[PhysicalType::INT32, PhysicalType::INT64], "an integer (INT32 or INT64)"),
+        K::Float => (
+            &[PhysicalType::FLOAT, PhysicalType::DOUBLE, PhysicalType::INT32, PhysicalType::INT64],
+            "a number (FLOAT, DOUBLE, INT32 or INT64)",
+        ),
+        K::Text | K::Json | K::MultiLabel => (&[PhysicalType::BYTE_ARRAY], "a string (BYTE_ARRAY)"),
+    };
+    let leaves = meta.file_metadata().schema_descr().columns();
+    let Some(i) = leaves.iter().position(|c| c.path().string() == column) else {
+        return Err(missing_or_wrong(meta, file, column, expected));
+    };
+    check_leaf(meta, file, i, types, expected)?;
+    Ok(i)
+}
+
 /// Whether the file has a leaf column named `column`.
 pub(crate) fn has_leaf(meta: &ParquetMetaData, column: &str) -> bool {
     meta.file_metadata().schema_descr().columns().iter().any(|c| c.path().string() == column)
@@ -316,6 +341,7 @@ impl ChunkReader for InMemoryRange {
 pub(crate) enum ChunkValues {
     Binary(Vec<Option<ByteArray>>),
     Int(Vec<Option<i64>>),
+    Float(Vec<Option<f64>>),
 }
 
 /// Reads and decodes leaf column `leaf` of row group `row_group` (one ranged read).
@@ -378,10 +404,18 @@ pub(crate) fn read_column_chunk(
                 Ok(ChunkValues::Binary(out))
             }
             ColumnReader::Int32ColumnReader(mut r) => {
-                read_ints(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), i64::from)
+                read_plain(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), i64::from)
+                    .map(ChunkValues::Int)
             }
             ColumnReader::Int64ColumnReader(mut r) => {
-                read_ints(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), |v| v)
+                read_plain(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), |v| v).map(ChunkValues::Int)
+            }
+            ColumnReader::FloatColumnReader(mut r) => {
+                read_plain(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), f64::from)
+                    .map(ChunkValues::Float)
+            }
+            ColumnReader::DoubleColumnReader(mut r) => {
+                read_plain(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), |v| v).map(ChunkValues::Float)
             }
             _ => Err(CrateError::General(format!("column `{column}` has an unsupported type"))),
         }
@@ -390,6 +424,7 @@ pub(crate) fn read_column_chunk(
     let got = match &values {
         ChunkValues::Binary(v) => v.len(),
         ChunkValues::Int(v) => v.len(),
+        ChunkValues::Float(v) => v.len(),
     };
     if got != rows {
         return Err(corrupt(format!(
@@ -400,12 +435,12 @@ pub(crate) fn read_column_chunk(
     Ok(values)
 }
 
-fn read_ints<T: Copy>(
+fn read_plain<T: Copy, U>(
     rows: usize,
     max_def: i16,
     mut read: impl FnMut(&mut Vec<i16>, &mut Vec<T>, usize) -> Result<(usize, usize, usize), CrateError>,
-    widen: impl Fn(T) -> i64,
-) -> Result<ChunkValues, CrateError> {
+    widen: impl Fn(T) -> U,
+) -> Result<Vec<Option<U>>, CrateError> {
     let mut out = Vec::with_capacity(rows.min(1 << 16));
     let (mut defs, mut values) = (Vec::new(), Vec::new());
     while out.len() < rows {
@@ -421,7 +456,7 @@ fn read_ints<T: Copy>(
             out.push(if present { vals.next().map(&widen) } else { None });
         }
     }
-    Ok(ChunkValues::Int(out))
+    Ok(out)
 }
 
 /// The limit on one column chunk's bytes (`SLUICE_PARQUET_MAX_CHUNK_BYTES`).

@@ -4,7 +4,8 @@
 //! folder or from the members of a tar shard (`sidecars = true`). Each either fails its
 //! sample with an error naming the sample and what is wrong (`on_error = "fail"` stops the
 //! run with it; `"skip"` drops the sample and lists it) or is clamped by the stated rule;
-//! nothing panics.
+//! nothing panics, also when the spec asks the sidecars for metadata fields (hostile field
+//! values themselves, a 1 MiB caption or JSON nested 5000 deep, are in records_fields.rs).
 
 #![allow(clippy::unwrap_used)] // test fixtures: a failure to set up is a test failure
 
@@ -205,4 +206,41 @@ fn a_hostile_coco_file_fails_only_the_images_it_damages_or_is_refused_by_name() 
     std::fs::write(&path, r#"{"images": [{"id": 0, "file_name": "a.jpg"}], "annotations": [{"image_id": 0, "bbox": [NaN, 0, 1, 1], "category_id": 1}]}"#).unwrap();
     let e = Loader::new(spec(source, ErrorPolicy::Skip), Shard::default()).err().unwrap().to_string();
     assert!(e.contains("instances.json") && e.contains("column"), "{e}");
+}
+
+#[test]
+fn hostile_sidecars_with_fields_asked_for_fail_each_sample_by_name_without_a_panic() {
+    // The same corpus, read for a `score` field none of them has, from a folder and a shard:
+    // every sample fails (naming its sidecar's own fault where it has one, else the missing
+    // field), and none panics the enumeration or the loader.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    hostile_folder(&root);
+    let shard = dir.path().join("hostile.tar");
+    crate::source_tar_sidecars::pack_folder(&root, &shard);
+    for source in [
+        SourceSpec::Sidecar { root: root.clone(), masks: false },
+        SourceSpec::Tar { shards: vec![shard.clone()], sidecars: true, masks: false },
+    ] {
+        let mut s = spec(source.clone(), ErrorPolicy::Skip);
+        s.fields = vec![sluice_core::FieldSpec {
+            name: "score".into(),
+            kind: sluice_core::FieldKindName::Float,
+            classes: None,
+        }];
+        let loader = Loader::new(s, Shard::default()).unwrap();
+        let batches = all(&loader).unwrap();
+        assert_eq!(batches.iter().map(Batch::len).sum::<usize>(), 0, "{source:?}: no sample has a score");
+        let skipped = loader.stats().skipped;
+        assert_eq!(skipped.len(), 10, "{source:?}: {skipped:?}");
+        for (i, _, says) in hostile_sidecars() {
+            let sample = format!("img_{i:07}.jpg");
+            let s = skipped.iter().find(|s| s.path.ends_with(&sample)).unwrap();
+            // Over `limits.max_boxes` is found at load time, after the fields.
+            let want = if says.is_empty() || i == 5 { "field `score` is missing" } else { says };
+            assert!(s.error.contains("bad field") && s.error.contains(want), "{sample}: {} should say {want}", s.error);
+        }
+        let good = skipped.iter().find(|s| s.path.ends_with("img_0000000.jpg")).unwrap();
+        assert!(good.error.contains("field `score` is missing"), "{}", good.error);
+    }
 }

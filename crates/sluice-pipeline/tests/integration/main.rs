@@ -15,6 +15,7 @@ mod locality;
 mod locality_peers;
 mod mix;
 mod prefetch_auto;
+mod records_fields;
 mod source_file_list;
 mod source_image_folder;
 mod source_parquet;

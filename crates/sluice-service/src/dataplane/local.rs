@@ -343,6 +343,7 @@ mod tests {
             layout: Layout::Hwc,
             weights: None,
             boxes: None,
+            fields: None,
         }
     }
 

@@ -307,6 +307,7 @@ mod tests {
                             layout: Layout::Chw,
                             weights: None,
                             boxes: None,
+                            fields: None,
                         };
                         let _ = tx.send(Ok(Outgoing::new(b, Compression::from_wire(req.compression).unwrap()))).await;
                     }

@@ -143,6 +143,44 @@ fn refuse_oversized_masks(spec: &PipelineSpec) -> Result<(), ServiceError> {
     Ok(())
 }
 
+/// Refuses a job whose batches' metadata fields could outgrow a batch header at their
+/// limits: `batch.size` × (each text or JSON field's `limits.max_field_bytes`, each
+/// multi-label field's classes × 4, 8 for the rest). Fields travel in the header beside
+/// the masks: they share [`MAX_BATCH_MASK_BYTES`] with them.
+fn refuse_oversized_fields(spec: &PipelineSpec) -> Result<(), ServiceError> {
+    use sluice_core::FieldKindName as K;
+    let per_sample: u64 = spec
+        .fields
+        .iter()
+        .map(|f| match f.kind {
+            K::Text | K::Json => spec.limits.max_field_bytes.saturating_add(8),
+            K::MultiLabel => f.classes.unwrap_or(0).saturating_mul(4),
+            K::Float | K::Int => 8,
+        })
+        .fold(0u64, u64::saturating_add);
+    let bytes = per_sample.saturating_mul(spec.batch.size as u64);
+    let (_, _, size) = spec.output();
+    let masks = match spec.source.has_masks() {
+        true => [spec.batch.size as u64, u64::from(size.height), u64::from(size.width)]
+            .into_iter()
+            .fold(1u64, u64::saturating_mul),
+        false => 0,
+    };
+    let budget = MAX_BATCH_MASK_BYTES.saturating_sub(masks);
+    if bytes > budget {
+        return Err(ServiceError::Spec(sluice_core::SpecError::new(
+            "limits.max_field_bytes",
+            format!(
+                "a batch's fields may take {bytes} bytes ({} samples of up to {per_sample}), over the \
+                 {budget} bytes a served batch's header has for them (besides its masks); lower \
+                 limits.max_field_bytes or batch.size",
+                spec.batch.size
+            ),
+        )));
+    }
+    Ok(())
+}
+
 /// Gives a replayed importance-sampled job its store again, from its dataset enumerated
 /// afresh. A dataset that cannot be read or changed leaves the job without one (its reports
 /// and draws are then refused) rather than keep the dispatcher from starting.
@@ -151,7 +189,7 @@ fn replay_importance(state: &mut State, job_id: u64, spec_json: &str, manifest_f
     if spec.sampling == sluice_core::SamplingSpec::Uniform {
         return;
     }
-    match sluice_pipeline::source::build_manifest(&spec.source) {
+    match sluice_pipeline::source::build_pipeline_manifest(&spec) {
         Ok(m) if m.fingerprint_hex() == manifest_fingerprint => {
             if let Some(importance) = JobImportance::for_job(&spec, m) {
                 let _ = state.attach_importance(job_id, importance);
@@ -299,12 +337,14 @@ impl DispatcherService {
         }
         refuse_learner_only(&spec)?;
         refuse_oversized_masks(&spec)?;
+        refuse_oversized_fields(&spec)?;
         self.inner.roots.check_source(&spec.source)?;
-        let source = spec.source.clone();
-        let manifest = tokio::task::spawn_blocking(move || sluice_pipeline::source::build_manifest(&source))
-            .await
-            .map_err(|source| ServiceError::Blocking { what: "reading the manifest", source })?
-            .map_err(sluice_pipeline::PipelineError::from)?;
+        let for_manifest = spec.clone();
+        let manifest =
+            tokio::task::spawn_blocking(move || sluice_pipeline::source::build_pipeline_manifest(&for_manifest))
+                .await
+                .map_err(|source| ServiceError::Blocking { what: "reading the manifest", source })?
+                .map_err(sluice_pipeline::PipelineError::from)?;
         self.inner.roots.check_manifest(&manifest)?;
         // A mix's epoch is the global batches its weights fill before a source runs out,
         // sized by the plan the workers' loaders draw it with (each worker orders the mix

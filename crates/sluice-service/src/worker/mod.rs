@@ -216,7 +216,7 @@ impl WorkerService {
         let roots = self.inner.roots.clone();
         let inner = self.inner.clone();
         let loader = tokio::task::spawn_blocking(move || -> Result<Loader, ServiceError> {
-            let manifest = sluice_pipeline::source::build_manifest(&spec.source).map_err(PipelineError::from)?;
+            let manifest = sluice_pipeline::source::build_pipeline_manifest(&spec).map_err(PipelineError::from)?;
             roots.check_manifest(&manifest)?;
             if manifest.fingerprint_hex() != def.manifest_fingerprint {
                 return Err(ServiceError::InvalidArgument(format!(

@@ -189,6 +189,7 @@ fn run_task(
                 layout: Layout::Hwc,
                 weights: None,
                 boxes: None,
+                fields: None,
             };
             if !send(empty, of(index), trace(None)) {
                 complete = false;

@@ -186,3 +186,76 @@ fn importance_sampling_and_the_workers_cache_serve_boxes_as_the_local_loader_doe
         }
     }
 }
+
+/// Each sample's metadata fields, by key: (key, field name, the value as text).
+fn fields_by_key(batch: &Batch, into: &mut Vec<(u64, String, String)>) {
+    let fields = batch.fields.as_ref().expect("a batch of a spec with fields carries them");
+    for f in &fields.fields {
+        for (row, &key) in batch.keys.iter().enumerate() {
+            let value = match &f.values {
+                sluice_core::FieldValues::Float(v) => v[row].to_bits().to_string(),
+                sluice_core::FieldValues::Int(v) => v[row].to_string(),
+                sluice_core::FieldValues::MultiHot { classes, values } => {
+                    format!("{:?}", &values[row * classes..(row + 1) * classes])
+                }
+                sluice_core::FieldValues::Text(v) | sluice_core::FieldValues::Json(v) => v[row].clone(),
+            };
+            into.push((key, f.name.clone(), value));
+        }
+    }
+}
+
+fn fields_spec(root: &Path) -> PipelineSpec {
+    use sluice_core::{FieldKindName as K, FieldSpec};
+    let mut spec = box_spec(SourceSpec::Sidecar { root: root.to_path_buf(), masks: false });
+    let field = |name: &str, kind, classes| FieldSpec { name: name.into(), kind, classes };
+    spec.fields = vec![
+        field("id", K::Int, None),
+        field("caption", K::Text, None),
+        field("score", K::Float, None),
+        field("tags", K::MultiLabel, Some(4)),
+    ];
+    spec
+}
+
+#[test]
+fn metadata_fields_are_served_exactly_once_with_the_local_ones_across_a_worker_kill() {
+    let _watchdog = watchdog("metadata_fields_are_served_exactly_once_with_the_local_ones_across_a_worker_kill", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let options_ = DatasetOptions { images: IMAGES, classes: 4, texture: 0, fields: true, ..Default::default() };
+    sluice_synth::write_dataset(&root, &options_, &|_| {}).unwrap();
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let mut workers: Vec<Proc> = (0..2).map(|_| worker_process(&addr, &root, &[])).collect();
+    let spec = fields_spec(&root);
+    let local = Loader::new(spec.clone(), Shard::default()).unwrap();
+    let mut want = Vec::new();
+    for b in local.iter() {
+        fields_by_key(&b.unwrap(), &mut want);
+    }
+    want.sort();
+    assert_eq!(want.len(), IMAGES * 4);
+    let mut remote = RemoteLoader::connect(&spec, options(&addr, "fields")).unwrap();
+    let kill_at = IMAGES.div_ceil(BATCH) / 2;
+    let (mut got, mut keys) = (Vec::new(), Vec::new());
+    for (read, b) in remote.iter().enumerate() {
+        let b = b.unwrap();
+        if read == kill_at {
+            workers[0].kill();
+            workers[0] = worker_process(&addr, &root, &[]);
+        }
+        keys.extend(b.keys.iter().copied());
+        fields_by_key(&b, &mut got);
+    }
+    assert_exactly_once(keys, "fields, epoch 0");
+    got.sort();
+    assert!(got == want, "the service's fields differ from the local loader's");
+
+    // A job whose batches' fields could outgrow a batch header is refused, naming the limit.
+    let mut big = spec;
+    big.batch.size = 512;
+    big.limits.max_field_bytes = 1 << 20;
+    let err = RemoteLoader::connect(&big, options(&addr, "fields-big")).err().unwrap().to_string();
+    assert!(err.contains("limits.max_field_bytes") && err.contains("header"), "{err}");
+}
