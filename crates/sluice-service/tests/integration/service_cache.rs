@@ -246,3 +246,22 @@ fn jobs_differing_in_seed_and_random_ops_share_the_workers_cache_other_prefixes_
     let (c, _c) = one_epoch(&addr, "c", &other, n);
     assert!(c.misses == n && c.hits < n, "another deterministic prefix does not share: {c:?}");
 }
+
+/// Importance-sampled jobs point the cache at their own draws, so two with other seeds
+/// (other fingerprints) keep a cache each, whatever their prefix (a documented limit).
+#[test]
+fn importance_sampled_jobs_with_other_seeds_do_not_share_the_workers_cache() {
+    let _watchdog = watchdog("importance_sampled_jobs_with_other_seeds_do_not_share", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let (root, total) = dataset_and_bytes(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &[]);
+    let n = IMAGES as u64;
+    let (a, _a) = one_epoch(&addr, "a", &cached_spec(&root, 2 * total), n);
+    assert_eq!(a.misses, n, "{a:?}");
+    let mut other = cached_spec(&root, 2 * total);
+    other.seed = 6;
+    let (b, _b) = one_epoch(&addr, "b", &other, n);
+    assert!(b.misses == n && b.hits < n, "the second importance job keeps a cache of its own: {b:?} after {a:?}");
+}
