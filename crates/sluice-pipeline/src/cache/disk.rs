@@ -4,7 +4,7 @@
 //! the tier holds the hot set again after a restart), and looks here on a memory miss.
 //!
 //! * One file per entry, `<key>.entry`, in a folder named for the dataset and the
-//!   deterministic part of the pipeline ([`namespace`]): an entry of another dataset or of
+//!   deterministic part of the pipeline ([`super::share_key`]): an entry of another dataset or of
 //!   other deterministic ops is never served. Each file is written to a temporary name
 //!   and renamed, and carries an xxh3 checksum over its header and payload: a half-written
 //!   or corrupt file is a miss (counted in `corrupt`), deleted, never served.
@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use serde::Serialize;
-use sluice_core::{CacheLevel, DiskCacheSpec, DiskPolicyKind, Image, Layout, Manifest, PipelineSpec, Pixels};
+use sluice_core::{CacheLevel, DiskCacheSpec, DiskPolicyKind, Image, Layout, Pixels};
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use super::future::NextUse;
@@ -52,21 +52,6 @@ enum EntryError {
     Io(#[from] io::Error),
     #[error("{0}")]
     Corrupt(&'static str),
-}
-
-/// The folder name entries of this dataset and pipeline live under: the manifest's
-/// fingerprint, the cache level and resize, and the deterministic ops (those before the
-/// first random one), which together decide what an entry holds.
-pub fn namespace(spec: &PipelineSpec, manifest: &Manifest) -> u64 {
-    let mut h = Xxh3::new();
-    h.update(b"sluice disk cache v1");
-    h.update(&manifest.fingerprint.to_le_bytes());
-    let det = spec.first_random_op().unwrap_or(spec.ops.len());
-    h.update(serde_json::to_string(&spec.ops[..det]).unwrap_or_default().as_bytes());
-    if let Some(c) = &spec.cache {
-        h.update(serde_json::to_string(&(c.level, c.resize)).unwrap_or_default().as_bytes());
-    }
-    h.digest()
 }
 
 /// Eviction rank: the lowest is the next victim.

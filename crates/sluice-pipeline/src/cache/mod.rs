@@ -16,6 +16,7 @@ mod future;
 pub mod level;
 pub mod policy;
 pub mod ram;
+pub mod share;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -25,10 +26,11 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use sluice_core::{BoxTargets, CacheLevel, CachePolicyKind, CacheSpec, Image, Manifest, Mask};
 
-pub use disk::{namespace as disk_namespace, DiskCacheError, DiskStats, DiskTier};
+pub use disk::{DiskCacheError, DiskStats, DiskTier};
 pub use level::{choose_level, CostModel, LevelEstimate, NotWorth, SampleCost, MEASURE_SAMPLES, MIN_SAVED_FRACTION};
 use policy::{make_policy, Policy};
 pub use ram::total_ram_bytes;
+pub use share::share_key;
 
 use crate::importance::ImportanceStore;
 use crate::sampler::{fastmatch_normalise, EpochDraw};

@@ -43,7 +43,7 @@ use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
 use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, SamplingSpec, Tensor};
 
-use crate::cache::{disk_namespace, total_ram_bytes, Cache, DiskTier};
+use crate::cache::{share_key, total_ram_bytes, Cache, DiskTier};
 use crate::error::PipelineError;
 use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceStore, ReportCounts};
 use crate::locality::peer::{PeerClient, PeerServer};
@@ -160,7 +160,7 @@ impl Loader {
                 };
                 let mut cache = Cache::new(c, budget, manifest.len());
                 if let Some(disk) = &c.disk {
-                    cache = cache.with_disk(DiskTier::open(disk, disk_namespace(&spec, &manifest))?);
+                    cache = cache.with_disk(DiskTier::open(disk, share_key(&spec, &manifest))?);
                 }
                 Some(Arc::new(cache))
             }

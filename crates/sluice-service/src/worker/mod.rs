@@ -117,8 +117,11 @@ struct Inner {
     threads: usize,
     limits: WorkerLimits,
     jobs: tokio::sync::Mutex<JobTable<u64, JobRunner>>,
-    /// Caches by job fingerprint (only taken while `jobs` is held).
+    /// Caches by job fingerprint (only taken while `jobs` is held); jobs of one
+    /// [`share_group`] hold the same cache.
     caches: Mutex<HashMap<String, Arc<Cache>>>,
+    /// The cache of each [`share_group`] (taken after `caches`).
+    groups: Mutex<HashMap<String, std::sync::Weak<Cache>>>,
     counters: Counters,
     started: Instant,
     trace_dir: Option<PathBuf>,
@@ -157,6 +160,7 @@ impl WorkerService {
                 limits: config.limits,
                 jobs: tokio::sync::Mutex::new(JobTable::new(config.limits.max_jobs, config.limits.job_idle)),
                 caches: Mutex::new(HashMap::new()),
+                groups: Mutex::new(HashMap::new()),
                 counters: Counters::default(),
                 started: Instant::now(),
                 trace_dir: config.trace_dir.clone(),
@@ -225,15 +229,19 @@ impl WorkerService {
                     def.manifest_fingerprint
                 )));
             }
+            let group = share_group(&spec, &manifest, &def.fingerprint);
             let mut caches = inner.caches.lock();
-            let loader = match caches.get(&def.fingerprint) {
+            let mut groups = inner.groups.lock();
+            let shared = caches.get(&def.fingerprint).cloned().or_else(|| groups.get(&group).and_then(|c| c.upgrade()));
+            let loader = match shared {
                 Some(cache) => {
-                    tracing::info!(job_id, fingerprint = %def.fingerprint, "job shares the cache of an earlier job");
-                    Loader::with_shared_cache(spec, manifest, Shard::default(), cache.clone())?
+                    tracing::info!(job_id, fingerprint = %def.fingerprint, %group, "job shares the cache of an earlier job");
+                    Loader::with_shared_cache(spec, manifest, Shard::default(), cache)?
                 }
                 None => Loader::with_manifest(spec, manifest, Shard::default())?,
             };
             if let Some(cache) = loader.cache() {
+                groups.entry(group).or_insert_with(|| Arc::downgrade(&cache));
                 caches.entry(def.fingerprint.clone()).or_insert(cache);
             }
             roots.confine(loader)
@@ -273,7 +281,13 @@ impl WorkerService {
     /// Drops the caches of fingerprints no kept loader uses (called with `jobs` held).
     fn forget_unused_caches(&self) {
         let mut caches = self.inner.caches.lock();
-        caches.retain(|_, cache| Arc::strong_count(cache) > 1);
+        // A cache several fingerprints share is held once by each of their entries.
+        let mut held: HashMap<*const Cache, usize> = HashMap::new();
+        for cache in caches.values() {
+            *held.entry(Arc::as_ptr(cache)).or_default() += 1;
+        }
+        caches.retain(|_, cache| Arc::strong_count(cache) > held.get(&Arc::as_ptr(cache)).copied().unwrap_or(1));
+        self.inner.groups.lock().retain(|_, cache| cache.strong_count() > 0);
     }
 
     /// Each job's seconds spent producing (its thread-busy time over its threads) and
@@ -297,10 +311,14 @@ impl WorkerService {
         let caches = self.inner.caches.lock();
         let shares = self.inner.shares.lock();
         let mut out = WorkerHeartbeatRequest::default();
+        let mut counted = std::collections::HashSet::new();
         for (fingerprint, cache) in caches.iter() {
             let s = cache.stats();
-            out.cache_hits += s.hits;
-            out.cache_lookups += s.hits + s.misses;
+            // Jobs sharing a cache each report it; the totals count it once.
+            if counted.insert(Arc::as_ptr(cache)) {
+                out.cache_hits += s.hits;
+                out.cache_lookups += s.hits + s.misses;
+            }
             let share = shares.get(fingerprint).map_or(&[][..], Vec::as_slice);
             out.caches.push(CacheReport {
                 fingerprint: fingerprint.clone(),
@@ -592,4 +610,19 @@ fn serve_local_data_plane(
     _: Option<String>,
 ) -> Option<(String, tokio::task::JoinHandle<()>)> {
     None
+}
+
+/// Which jobs on this worker fill and read one cache. A job drawn uniformly shares with
+/// every job of the same [`share_key`](sluice_pipeline::cache::share_key) (same data,
+/// record options, limits, deterministic ops before the cache seam, cache level and
+/// resize): jobs that differ only in seed, batch, random ops or the cache's budget and
+/// policy decode each sample once. A job with another sampling (importance) points its
+/// cache at its own epoch draws (priorities, its placement share), which another job's
+/// draws would overwrite, so it shares only with jobs of its own fingerprint.
+fn share_group(spec: &PipelineSpec, manifest: &sluice_core::Manifest, fingerprint: &str) -> String {
+    if spec.sampling == sluice_core::SamplingSpec::Uniform {
+        format!("prefix {:016x}", sluice_pipeline::cache::share_key(spec, manifest))
+    } else {
+        format!("job {fingerprint}")
+    }
 }

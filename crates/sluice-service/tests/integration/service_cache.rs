@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use sluice_client::{JobCacheStats, RemoteLoader, ReportKind};
-use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec};
+use sluice_core::{ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, OpSpec, PipelineSpec, SamplingSpec};
 use sluice_pipeline::{Loader, Shard};
 
 use crate::support::*;
@@ -183,4 +183,85 @@ fn workers_cache_disjoint_shares_of_the_hot_set_and_aware_assignment_hits_more_t
     // points: measured here aware 0.80-0.87, blind 0.74-0.76, local 0.93.
     assert!(aware.hit_rate > blind.hit_rate, "aware {} vs blind {}", aware.hit_rate, blind.hit_rate);
     assert!(aware.hit_rate > local - 0.2, "aware {} vs local {local}", aware.hit_rate);
+}
+
+/// Decoded pixels in an ample cache, uniform sampling: what a hyper-parameter search runs.
+fn search_spec(root: &std::path::Path, seed: u64) -> PipelineSpec {
+    let mut s = spec(root, seed);
+    s.cache = Some(CacheSpec {
+        budget: ByteBudget::Bytes(64 << 20),
+        level: CacheLevel::Decoded,
+        resize: None,
+        policy: CachePolicyKind::Lru,
+        disk: None,
+    });
+    s
+}
+
+/// One epoch of job `job` through the service; its cache stats once they count `lookups`,
+/// and the client (the job stays open while it is kept).
+fn one_epoch(addr: &str, job: &'static str, s: &PipelineSpec, lookups: u64) -> (JobCacheStats, RemoteLoader) {
+    let remote = RemoteLoader::connect(s, options(addr, job)).unwrap();
+    within(60, "one epoch through the service", move || {
+        let mut remote = remote;
+        remote.start_epoch();
+        let mut keys = Vec::new();
+        while let Some(b) = remote.next_batch(&mut || false) {
+            keys.extend(b.unwrap().keys);
+        }
+        assert_exactly_once(keys, job);
+        (settled(&remote, lookups), remote)
+    })
+}
+
+/// Jobs that differ only in seed and random ops share the worker's cache (keyed by the
+/// data and the deterministic ops before the cache seam): the second job's first epoch is
+/// all hits. A job with another deterministic prefix keeps a cache of its own.
+#[test]
+fn jobs_differing_in_seed_and_random_ops_share_the_workers_cache_other_prefixes_do_not() {
+    let _watchdog = watchdog("jobs_differing_in_seed_and_random_ops_share_the_workers_cache", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &[]);
+    let n = IMAGES as u64;
+
+    let first = search_spec(&root, 1);
+    let (a, _a) = one_epoch(&addr, "a", &first, n);
+    // Each sample decoded once (the client may have asked for more tasks than one epoch's).
+    assert_eq!(a.misses, n, "the first job fills the cache: {a:?}");
+
+    // Another seed, another flip probability, another batch size: the same entries.
+    let mut second = search_spec(&root, 2);
+    second.ops[2] = OpSpec::RandomHorizontalFlip { p: 0.25 };
+    second.batch.size = 8;
+    let (b, _b) = one_epoch(&addr, "b", &second, a.hits + a.misses + n);
+    assert_eq!(b.misses, n, "the second job decodes nothing: {b:?} after {a:?}");
+    assert!(b.hits >= a.hits + n, "the second job's first epoch is served from the first's cache: {b:?} after {a:?}");
+
+    // A resize before the random crop: other entries, a cache of its own.
+    let mut other = search_spec(&root, 1);
+    other.ops.insert(1, OpSpec::resize(40));
+    let (c, _c) = one_epoch(&addr, "c", &other, n);
+    assert!(c.misses == n && c.hits < n, "another deterministic prefix does not share: {c:?}");
+}
+
+/// Importance-sampled jobs point the cache at their own draws, so two with other seeds
+/// (other fingerprints) keep a cache each, whatever their prefix (a documented limit).
+#[test]
+fn importance_sampled_jobs_with_other_seeds_do_not_share_the_workers_cache() {
+    let _watchdog = watchdog("importance_sampled_jobs_with_other_seeds_do_not_share", 120);
+    let dir = tempfile::tempdir().unwrap();
+    let (root, total) = dataset_and_bytes(dir.path());
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker(&addr, &root, &[]);
+    let n = IMAGES as u64;
+    let (a, _a) = one_epoch(&addr, "a", &cached_spec(&root, 2 * total), n);
+    assert_eq!(a.misses, n, "{a:?}");
+    let mut other = cached_spec(&root, 2 * total);
+    other.seed = 6;
+    let (b, _b) = one_epoch(&addr, "b", &other, n);
+    assert!(b.misses == n && b.hits < n, "the second importance job keeps a cache of its own: {b:?} after {a:?}");
 }
