@@ -793,6 +793,7 @@ class Pipeline:
         resize: Optional[int] = None,
         policy: str = "importance",
         disk: Optional[Dict[str, Any]] = None,
+        share: bool = False,
     ) -> "Pipeline":
         """Caches samples between the deterministic and the random ops.
 
@@ -811,6 +812,12 @@ class Pipeline:
                 ``{"dir": "/scratch/sluice", "budget": "200GiB"}`` (``budget`` in bytes or a
                 size string, not a fraction; optional ``"policy"``: ``"belady"``, the
                 default, or ``"lru"``). Entries survive a restart of the job.
+            share: loaders of this process whose pipelines would cache the same bytes per
+                sample (same data, record options, limits, ops before the first random one,
+                level and resize; seeds, batch sizes, random ops and budgets may differ)
+                fill and read one memory cache, with the first loader's budget, policy and
+                disk tier: an ensemble or a hyper-parameter search decodes each sample once.
+                Needs uniform sampling and no locality section.
         """
         if budget is None:
             spec = copy.deepcopy(self._spec)
@@ -821,6 +828,8 @@ class Pipeline:
             cache["resize"] = resize
         if disk is not None:
             cache["disk"] = {k: str(v) if k == "dir" else v for k, v in disk.items()}
+        if share:
+            cache["share"] = True
         return self._with(cache=cache)
 
     def sampling(

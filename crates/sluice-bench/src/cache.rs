@@ -131,6 +131,7 @@ fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
         resize: None,
         policy: CachePolicyKind::Importance,
         disk: None,
+        share: false,
     };
     let lru = CacheSpec { policy: CachePolicyKind::Lru, ..importance.clone() };
     let runs = [

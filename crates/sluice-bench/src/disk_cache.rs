@@ -54,6 +54,7 @@ fn spec(a: &Args, root: &Path, disk: Option<(PathBuf, u64, DiskPolicyKind, Cache
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: Some(DiskCacheSpec { dir, budget: ByteBudget::Bytes(budget), policy }),
+        share: false,
     });
     s
 }

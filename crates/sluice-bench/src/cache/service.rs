@@ -74,6 +74,7 @@ pub fn main(a: &Args) -> anyhow::Result<serde_json::Value> {
         resize: None,
         policy: CachePolicyKind::Importance,
         disk: None,
+        share: false,
     };
     let threads = a.threads.max(1);
     let services: Vec<(String, Vec<Proc>)> = ["aware", "blind"]

@@ -112,8 +112,14 @@ pub fn simulate(policy: CachePolicyKind, sampling: SamplingSpec, cfg: &SimConfig
     let items = (0..n).map(|i| (Location::File { path: PathBuf::from(format!("{i}")) }, 0, cfg.entry_bytes)).collect();
     let manifest = Manifest::new(PathBuf::from("/sim"), items, Vec::new());
     let budget = (cfg.cache_fraction * (n as u64 * cfg.entry_bytes) as f64) as u64;
-    let spec =
-        CacheSpec { budget: ByteBudget::Bytes(budget), level: CacheLevel::Raw, resize: None, policy, disk: None };
+    let spec = CacheSpec {
+        budget: ByteBudget::Bytes(budget),
+        level: CacheLevel::Raw,
+        resize: None,
+        policy,
+        disk: None,
+        share: false,
+    };
     let cache = Cache::new(&spec, budget.max(1), n);
     let mut store = ImportanceStore::new(0.5);
     let inputs = DrawInputs {

@@ -61,6 +61,7 @@ fn dashboard_in_headless_chromium_shows_the_metrics_numbers() {
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     let mut loader = RemoteLoader::connect(&s, options(&addr, "dash")).unwrap();
     for _ in 0..2 {

@@ -26,6 +26,7 @@ fn local_loader_dashboard_in_headless_chromium_shows_its_metrics() {
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     let spec_path = dir.path().join("spec.json");
     std::fs::write(&spec_path, serde_json::to_string(&s).unwrap()).unwrap();

@@ -145,6 +145,13 @@ pub struct CacheSpec {
     /// A local-disk tier under the memory one (none by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<DiskCacheSpec>,
+    /// Loaders in one process whose pipelines put the same bytes in a sample's entry (the
+    /// same dataset, record options, limits, deterministic ops and cache level: see
+    /// `sluice_pipeline::cache::share_key`) fill and read one memory cache, with the first
+    /// one's budget, policy and disk tier: an ensemble, or a hyper-parameter search, decodes
+    /// each sample once. Off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share: bool,
 }
 
 /// Smallest disk tier budget: one filesystem block.

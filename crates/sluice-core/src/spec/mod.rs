@@ -670,6 +670,15 @@ impl PipelineSpec {
         }
         if let Some(cache) = &self.cache {
             cache.validate()?;
+            // Other samplers steer the cache by this loader's draws and reports, which a
+            // loader sharing it would overwrite.
+            if cache.share && (self.sampling != SamplingSpec::Uniform || self.locality.is_some()) {
+                return Err(SpecError::new(
+                    "cache.share",
+                    "a cache shared between loaders takes uniform sampling and no locality section: \
+                     importance-driven samplers and placements steer the cache by one loader's draws",
+                ));
+            }
         }
         self.sampling.validate()?;
         if let Some(locality) = &self.locality {
@@ -978,6 +987,7 @@ size = 32
             resize: Some(256),
             policy: CachePolicyKind::Lru,
             disk: None,
+            share: false,
         });
         spec.validate().unwrap();
         spec.ops.insert(1, OpSpec::Map { func: "aug:blur".into() });
@@ -1091,6 +1101,7 @@ size = 32
             resize: Some(1 << 20),
             policy: CachePolicyKind::Lru,
             disk: None,
+            share: false,
         });
         assert_eq!(spec.validate().unwrap_err().field, "cache.resize");
 
@@ -1136,6 +1147,7 @@ size = 32
             resize: None,
             policy: CachePolicyKind::Lru,
             disk: None,
+            share: false,
         };
         assert_eq!(field_of(&|s| s.cache = Some(cache(ByteBudget::Bytes(u64::MAX)))), "cache.budget");
         assert_eq!(field_of(&|s| s.cache = Some(cache(ByteBudget::Bytes(64 << 30)))), "");

@@ -30,7 +30,7 @@ pub use disk::{DiskCacheError, DiskStats, DiskTier};
 pub use level::{choose_level, CostModel, LevelEstimate, NotWorth, SampleCost, MEASURE_SAMPLES, MIN_SAVED_FRACTION};
 use policy::{make_policy, Policy};
 pub use ram::total_ram_bytes;
-pub use share::share_key;
+pub use share::{share_key, shared_in_process};
 
 use crate::importance::ImportanceStore;
 use crate::sampler::{fastmatch_normalise, EpochDraw};
@@ -495,6 +495,7 @@ mod tests {
             resize: None,
             policy,
             disk: None,
+            share: false,
         };
         Cache::new(&spec, entries * 10, 100)
     }
@@ -620,6 +621,7 @@ mod tests {
             resize: None,
             policy: CachePolicyKind::Lru,
             disk: None,
+            share: false,
         };
         let c = Cache::new(&spec, 1 << 20, 1000);
         let cost = SampleCost {

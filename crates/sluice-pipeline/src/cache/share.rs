@@ -5,9 +5,33 @@
 //! loaders may fill and read one cache: an ensemble or a hyper-parameter search decodes
 //! each sample once (Cachew reuses preprocessed data "within and across jobs").
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Weak};
+
+use parking_lot::Mutex;
 use serde_json::{json, Value};
 use sluice_core::{Manifest, PipelineSpec, SourceSpec};
 use xxhash_rust::xxh3::Xxh3;
+
+use super::Cache;
+
+/// This process's caches of `cache.share` pipelines, by [`share_key`]: held by their
+/// loaders, gone with the last of them.
+static IN_PROCESS: LazyLock<Mutex<HashMap<u64, Weak<Cache>>>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The cache of this process's live loaders with `key`, or a new one from `make`, kept
+/// for the loaders with `key` made while one of them lives.
+pub fn shared_in_process<E>(key: u64, make: impl FnOnce() -> Result<Arc<Cache>, E>) -> Result<Arc<Cache>, E> {
+    let mut caches = IN_PROCESS.lock();
+    caches.retain(|_, c| c.strong_count() > 0);
+    if let Some(cache) = caches.get(&key).and_then(Weak::upgrade) {
+        tracing::info!(key = format!("{key:016x}"), "loader shares the cache of an earlier loader in this process");
+        return Ok(cache);
+    }
+    let cache = make()?;
+    caches.insert(key, Arc::downgrade(&cache));
+    Ok(cache)
+}
 
 /// Everything that decides what a cache entry of a sample holds: the dataset (the
 /// manifest's fingerprint), the source's record options (sidecars, masks, columns: a
@@ -67,6 +91,7 @@ mod tests {
             resize: None,
             policy: CachePolicyKind::Lru,
             disk: None,
+            share: false,
         });
         s
     }

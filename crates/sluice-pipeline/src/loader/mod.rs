@@ -43,7 +43,7 @@ use sluice_autoscale::AutoscaleConfig;
 use sluice_codec::Plan;
 use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, SamplingSpec, Tensor};
 
-use crate::cache::{share_key, total_ram_bytes, Cache, DiskTier};
+use crate::cache::{share_key, shared_in_process, total_ram_bytes, Cache, DiskTier};
 use crate::error::PipelineError;
 use crate::importance::{checked_report, DrawInputs, ImportanceState, ImportanceStore, ReportCounts};
 use crate::locality::peer::{PeerClient, PeerServer};
@@ -154,15 +154,21 @@ impl Loader {
         let cache = match &spec.cache {
             None => None,
             Some(c) => {
-                let budget = match c.budget {
-                    ByteBudget::Bytes(b) => b,
-                    ByteBudget::RamFraction(_) => c.budget.resolve(total_ram_bytes().ok_or(PipelineError::RamUnknown)?),
+                let key = share_key(&spec, &manifest);
+                let make = || -> Result<Arc<Cache>, PipelineError> {
+                    let budget = match c.budget {
+                        ByteBudget::Bytes(b) => b,
+                        ByteBudget::RamFraction(_) => {
+                            c.budget.resolve(total_ram_bytes().ok_or(PipelineError::RamUnknown)?)
+                        }
+                    };
+                    let mut cache = Cache::new(c, budget, manifest.len());
+                    if let Some(disk) = &c.disk {
+                        cache = cache.with_disk(DiskTier::open(disk, key)?);
+                    }
+                    Ok(Arc::new(cache))
                 };
-                let mut cache = Cache::new(c, budget, manifest.len());
-                if let Some(disk) = &c.disk {
-                    cache = cache.with_disk(DiskTier::open(disk, share_key(&spec, &manifest))?);
-                }
-                Some(Arc::new(cache))
+                Some(if c.share { shared_in_process(key, make)? } else { make()? })
             }
         };
         Self::build(spec, manifest, shard, cache)?.serving_peers()

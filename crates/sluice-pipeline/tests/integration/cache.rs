@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use sluice_core::{
-    Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, PipelineSpec, SamplingSpec, SourceSpec, StorageSpec,
+    Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, OpSpec, PipelineSpec, SamplingSpec, SourceSpec,
+    StorageSpec,
 };
 use sluice_pipeline::{Loader, LoaderState, Shard};
 use sluice_synth::{write_dataset, DatasetOptions};
@@ -29,7 +30,7 @@ fn spec(root: &Path, batch: usize, threads: usize, cache: Option<CacheSpec>) -> 
 }
 
 fn cache(budget: u64, level: CacheLevel, resize: Option<u32>, policy: CachePolicyKind) -> Option<CacheSpec> {
-    Some(CacheSpec { budget: ByteBudget::Bytes(budget), level, resize, policy, disk: None })
+    Some(CacheSpec { budget: ByteBudget::Bytes(budget), level, resize, policy, disk: None, share: false })
 }
 
 fn collect(loader: &Loader) -> Vec<Batch> {
@@ -152,6 +153,48 @@ fn auto_caches_nothing_when_its_budget_could_save_under_a_twentieth_of_an_epoch(
     let s = loader.stats().cache.unwrap();
     assert_eq!((s.off, s.level), (None, CacheLevel::Decoded), "{:?} {:?}", s.costs, s.estimates);
     assert!(s.hits >= 40, "{s:?}");
+}
+
+#[test]
+fn loaders_of_one_process_with_cache_share_decode_each_sample_once_and_keep_their_own_pixels() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 24);
+    let shared = |seed: u64, batch: usize| {
+        let mut s = spec(&root, batch, 2, cache(1 << 30, CacheLevel::Decoded, None, CachePolicyKind::Lru));
+        s.seed = seed;
+        s.cache.as_mut().unwrap().share = true;
+        s
+    };
+    // An ensemble's first member fills the cache.
+    let a = Loader::new(shared(1, 4), Shard::default()).unwrap();
+    collect(&a);
+    let s = a.stats().cache.unwrap();
+    assert_eq!((s.misses, s.hits), (24, 0));
+    // A member with another seed, batch size and flip probability reads it: no decode.
+    let mut b_spec = shared(2, 6);
+    if let Some(OpSpec::RandomHorizontalFlip { p }) = b_spec.ops.last_mut() {
+        *p = 0.25;
+    }
+    let b = Loader::new(b_spec.clone(), Shard::default()).unwrap();
+    let from_shared = collect(&b);
+    let s = b.stats().cache.unwrap();
+    assert_eq!((s.misses, s.hits), (24, 24), "one cache: the second loader missed nothing");
+    // Its batches are those it makes alone.
+    b_spec.cache.as_mut().unwrap().share = false;
+    assert_eq!(from_shared, collect(&Loader::new(b_spec, Shard::default()).unwrap()));
+    // Another deterministic prefix (a resize before the random crop) has a cache of its own.
+    let mut c_spec = shared(1, 4);
+    c_spec.ops.insert(1, OpSpec::resize(40));
+    let c = Loader::new(c_spec, Shard::default()).unwrap();
+    collect(&c);
+    assert_eq!(c.stats().cache.unwrap().misses, 24);
+    assert_eq!(a.stats().cache.unwrap().misses, 24);
+
+    // A sampler that steers the cache by one loader's draws cannot share it.
+    let mut d_spec = shared(1, 4);
+    d_spec.sampling = SamplingSpec::Importance { floor: 0.1, coverage_epochs: 3, miss_discount: 0.5, max_draws: 4.0 };
+    let e = d_spec.validate().unwrap_err();
+    assert!(e.to_string().contains("cache.share"), "{e}");
 }
 
 fn importance_spec(root: &Path, threads: usize) -> PipelineSpec {

@@ -33,6 +33,7 @@ fn spec(root: &Path, dir: &Path, budget: u64, level: CacheLevel, policy: DiskPol
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: Some(DiskCacheSpec { dir: dir.to_path_buf(), budget: ByteBudget::Bytes(budget), policy }),
+        share: false,
     });
     s
 }

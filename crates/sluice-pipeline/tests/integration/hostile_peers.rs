@@ -50,6 +50,7 @@ fn learners(root: &Path, peers: &[String]) -> Vec<Loader> {
                 resize: None,
                 policy: CachePolicyKind::Lru,
                 disk: None,
+                share: false,
             });
             s.locality = Some(LocalitySpec {
                 assignment: Assignment::Aware,

@@ -30,6 +30,7 @@ fn spec(root: &Path, assignment: Assignment, cache_samples: Vec<u64>) -> Pipelin
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     s.locality = Some(LocalitySpec { assignment, cache_samples, peers: vec![], peer_timeout_ms: 100, token: None });
     s

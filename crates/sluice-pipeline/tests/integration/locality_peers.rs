@@ -40,6 +40,7 @@ fn learners(root: &Path, p: usize, cache_samples: u64, peers: &[String]) -> Vec<
                 resize: None,
                 policy: CachePolicyKind::Lru,
                 disk: None,
+                share: false,
             });
             s.locality = Some(LocalitySpec {
                 assignment: Assignment::Aware,
@@ -121,6 +122,7 @@ fn a_learner_with_peers_and_no_token_refuses_to_start() {
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     s.locality = Some(LocalitySpec {
         assignment: Assignment::Aware,
@@ -191,6 +193,7 @@ fn records_between_learners(masks: bool, level: CacheLevel) {
                 resize: None,
                 policy: CachePolicyKind::Lru,
                 disk: None,
+                share: false,
             });
             s.locality = Some(LocalitySpec {
                 assignment: Assignment::Aware,

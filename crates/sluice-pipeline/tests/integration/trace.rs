@@ -114,6 +114,7 @@ fn cache_misses_fill_and_hits_skip_the_read() {
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     let loader = Loader::new(s, Shard::default()).unwrap();
     loader.start_trace().unwrap();

@@ -1100,6 +1100,7 @@ mod tests {
                 budget: sluice_core::ByteBudget::Bytes(1 << 30),
                 policy: sluice_core::DiskPolicyKind::Belady,
             }),
+            share: false,
         });
         let err = refuse_learner_only(&spec).unwrap_err().to_string();
         assert!(err.contains("cache.disk"), "{err}");

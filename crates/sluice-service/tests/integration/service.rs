@@ -283,6 +283,7 @@ fn a_job_spec_cannot_make_workers_dial_peers_or_create_link_files() {
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     peers.locality = Some(LocalitySpec {
         assignment: Assignment::Aware,
@@ -421,6 +422,7 @@ fn jobs_with_one_fingerprint_share_the_workers_cache() {
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     let mut ids = Vec::new();
     for job in ["first", "second"] {
@@ -456,6 +458,7 @@ fn a_workers_auto_cache_that_cannot_pay_stores_nothing_and_the_clients_stats_say
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     let mut loader = RemoteLoader::connect(&s, options(&addr, "cannot-pay")).unwrap();
     for _ in 0..2 {

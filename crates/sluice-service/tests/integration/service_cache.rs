@@ -37,6 +37,7 @@ fn cached_spec(root: &std::path::Path, budget: u64) -> PipelineSpec {
         resize: None,
         policy: CachePolicyKind::Importance,
         disk: None,
+        share: false,
     });
     s
 }
@@ -194,6 +195,7 @@ fn search_spec(root: &std::path::Path, seed: u64) -> PipelineSpec {
         resize: None,
         policy: CachePolicyKind::Lru,
         disk: None,
+        share: false,
     });
     s
 }

@@ -186,6 +186,7 @@ fn a_mix_is_refused_only_for_what_the_service_refuses_in_any_source() {
             budget: sluice_core::ByteBudget::Bytes(1 << 20),
             policy: Default::default(),
         }),
+        share: false,
     });
     let err = RemoteLoader::connect(&spec, options(&addr, "mix-disk")).err().unwrap().to_string();
     assert!(err.contains("cache.disk"), "{err}");

@@ -152,6 +152,7 @@ fn importance_sampling_and_the_workers_cache_serve_boxes_as_the_local_loader_doe
         resize: None,
         policy: CachePolicyKind::Importance,
         disk: None,
+        share: false,
     });
     let loss = |k: u64| if k < 8 { 10.0 } else { 0.1 };
     let local = Loader::new(spec.clone(), Shard::default()).unwrap();
