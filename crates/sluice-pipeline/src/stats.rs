@@ -163,6 +163,7 @@ impl Stats {
             cache: None,
             autoscale: None,
             prefetch: None,
+            read_ahead: None,
             accelerator: None,
         }
     }
@@ -204,6 +205,10 @@ pub struct StatsSnapshot {
     /// autotuner got there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<crate::loader::PrefetchStats>,
+    /// Object storage's reads started ahead of the worker threads: reads they served,
+    /// read-aheads given up unread, and failed ones (read again); absent while none ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_ahead: Option<crate::storage::ReadAheadStats>,
     /// The consumer's accelerator busy fraction over the last few seconds: its own report
     /// ([`crate::Loader::report_accelerator_busy`]) while fresh, else its step timing
     /// (compute ÷ (compute + wait) between its `next()` calls); `None` before a step.

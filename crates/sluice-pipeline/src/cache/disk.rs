@@ -270,6 +270,11 @@ impl DiskTier {
         }
     }
 
+    /// Whether the tier holds `key` (its index says so; the file is not read).
+    pub fn contains(&self, key: u64) -> bool {
+        self.inner.lock().entries.contains_key(&key)
+    }
+
     /// A lookup of `key` that the memory tier answered: the disk tier only notes that the
     /// key was used.
     pub fn touch(&self, key: u64) {

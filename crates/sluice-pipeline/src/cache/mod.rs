@@ -455,8 +455,9 @@ impl Cache {
         Some((self.budget as f64 / mean.max(1.0)) as u64)
     }
 
+    /// Whether either tier holds `key` (a lookup now would hit, unless it is evicted first).
     pub fn contains(&self, key: u64) -> bool {
-        self.inner.lock().entries.contains_key(&key)
+        self.inner.lock().entries.contains_key(&key) || self.disk.as_ref().is_some_and(|d| d.contains(key))
     }
 
     pub fn stats(&self) -> CacheStats {

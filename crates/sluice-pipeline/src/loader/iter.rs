@@ -177,6 +177,7 @@ impl EpochIter {
         let start = b as usize * bs;
         let end = (start + bs).min(self.order.len());
         let indices = &self.order[start..end];
+        self.read_ahead(indices);
         let n = indices.len() * self.shared.data.sample_shape.iter().product::<usize>();
         let spare = match &self.buffers {
             Some(source) => source(self.shared.data.dtype, n),
@@ -224,6 +225,23 @@ impl EpochIter {
                 built_ns: None,
             },
         );
+    }
+
+    /// Names the batch's samples to the storage, which may start reading them now (object
+    /// storage does): all but those a cache holds, and none when peers serve samples.
+    fn read_ahead(&self, indices: &[u32]) {
+        if self.shared.peering.locality.is_some() {
+            return;
+        }
+        let data = &self.shared.data;
+        let cache = self.shared.priority.cache.as_deref();
+        let wanted: Vec<_> = indices
+            .iter()
+            .map(|&i| &data.manifest.entries[i as usize])
+            .filter(|e| cache.is_none_or(|c| !c.contains(e.key.0)))
+            .map(|e| (&e.location, e.size))
+            .collect();
+        data.storage.read_ahead(&data.manifest.root, &wanted, data.spec.limits.max_file_bytes);
     }
 
     fn finish(&mut self) {

@@ -51,7 +51,7 @@ use crate::locality::Locality;
 use crate::sampler::{epoch_order, EpochDraw, MixPlan, Shard};
 use crate::source::build_pipeline_manifest;
 use crate::stats::StatsSnapshot;
-use crate::storage::{open_storage, open_storage_in, Roots, Storage};
+use crate::storage::{open_storage, open_storage_in, ReadAheadStats, Roots, Storage};
 use crate::trace::TraceData;
 
 struct Progress {
@@ -470,6 +470,7 @@ impl Loader {
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = self.engine.stats();
         s.cache = self.shared.priority.cache.as_deref().map(Cache::stats);
+        s.read_ahead = self.shared.data.storage.read_ahead_stats().filter(|r| *r != ReadAheadStats::default());
         s
     }
 

@@ -7,6 +7,7 @@ pub mod confine;
 pub mod local;
 pub mod object;
 pub mod parquet;
+mod read_ahead;
 pub mod row_groups;
 pub mod throttled;
 mod url;
@@ -22,6 +23,7 @@ pub use confine::{RootError, Roots};
 pub use local::LocalStorage;
 pub use object::{ObjectAware, ObjectUrl};
 pub use parquet::ParquetError;
+pub use read_ahead::ReadAheadStats;
 pub use row_groups::RowGroupCache;
 pub use throttled::{LinkError, ThrottledStorage};
 
@@ -34,6 +36,16 @@ pub trait Storage: Send + Sync {
 
     /// A short name for logs and metrics.
     fn name(&self) -> &str;
+
+    /// Names reads the loader will ask for soon, in order, each with its size as
+    /// enumerated: a storage whose reads wait on a network (object storage) starts them now
+    /// ([`read_ahead`]). Nothing by default.
+    fn read_ahead(&self, _root: &Path, _wanted: &[(&Location, u64)], _max_bytes: u64) {}
+
+    /// The read-ahead's counters, for a storage that reads ahead.
+    fn read_ahead_stats(&self) -> Option<ReadAheadStats> {
+        None
+    }
 }
 
 /// The storage a spec asks for.

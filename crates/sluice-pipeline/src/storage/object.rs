@@ -10,11 +10,13 @@
 //! per read), and one client per bucket is kept.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
 use object_store::limit::LimitStore;
 use object_store::path::Path as ObjectPath;
@@ -23,6 +25,7 @@ use parking_lot::Mutex;
 use sluice_core::{Location, SampleErrorKind};
 
 use super::confine::Roots;
+use super::read_ahead::{ReadAhead, ReadAheadStats, Wanted};
 use super::row_groups::RowGroupCache;
 pub use super::url::ObjectUrl;
 use super::{check_size, Storage};
@@ -76,7 +79,7 @@ pub(crate) fn remote() -> Result<&'static Remote, String> {
         .map_err(Clone::clone)
 }
 
-fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
+pub(super) fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
 }
 
@@ -123,35 +126,33 @@ impl Remote {
         Ok(store)
     }
 
-    /// The whole object at `url`, refused before its body is read when over `max_bytes`.
-    fn get(&self, url: &ObjectUrl, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
-        let store = self.store(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
-        let path = object_path(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
-        self.block_on(async {
-            let got = store.get(&path).await.map_err(|e| sample_error(url, &e))?;
-            check_size(got.meta.size, max_bytes)?;
-            let bytes = got.bytes().await.map_err(|e| sample_error(url, &e))?;
-            copy_into(buf, &bytes);
-            Ok(())
-        })
-    }
-
-    /// Bytes `range` of the object at `url` (a tar member).
-    fn get_range(&self, url: &ObjectUrl, range: Range<u64>, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
-        let store = self.store(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
-        let path = object_path(url).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
-        let want = range.end - range.start;
-        let bytes = self.block_on(store.get_range(&path, range.clone())).map_err(|e| sample_error(url, &e))?;
-        if (bytes.len() as u64) < want {
-            return Err(SampleErrorKind::Io(format!(
-                "{url}: short read: {} of bytes {}..{} (the object ends early: truncated?)",
-                bytes.len(),
-                range.start,
-                range.end
-            )));
+    /// The read of a sample's bytes, to run on the shared runtime: the whole object at
+    /// `wanted.url`, refused before its body is read when over `max_bytes`, or its byte
+    /// range (a tar member), refused when the object ends early.
+    fn fetch(&self, wanted: &Wanted, max_bytes: u64) -> impl Future<Output = Result<Bytes, SampleErrorKind>> + 'static {
+        let url = wanted.url.clone();
+        let range = wanted.range;
+        let client = self.store(&url).and_then(|store| Ok((store, object_path(&url)?)));
+        async move {
+            let (store, path) = client.map_err(|e| SampleErrorKind::Io(e.to_string()))?;
+            let Some((offset, len)) = range else {
+                let got = store.get(&path).await.map_err(|e| sample_error(&url, &e))?;
+                check_size(got.meta.size, max_bytes)?;
+                return got.bytes().await.map_err(|e| sample_error(&url, &e));
+            };
+            check_size(len, max_bytes)?;
+            let end = offset
+                .checked_add(len)
+                .ok_or_else(|| SampleErrorKind::Io(format!("{url}: member range overflows")))?;
+            let bytes = store.get_range(&path, offset..end).await.map_err(|e| sample_error(&url, &e))?;
+            if (bytes.len() as u64) < len {
+                return Err(SampleErrorKind::Io(format!(
+                    "{url}: short read: {} of bytes {offset}..{end} (the object ends early: truncated?)",
+                    bytes.len(),
+                )));
+            }
+            Ok(bytes)
         }
-        copy_into(buf, &bytes);
-        Ok(())
     }
 }
 
@@ -175,6 +176,8 @@ pub struct ObjectAware {
     roots: Option<Arc<Roots>>,
     /// Parquet rows, local or in object storage, are read through this.
     row_groups: RowGroupCache,
+    /// Reads started before the worker threads ask for them.
+    read_ahead: ReadAhead,
 }
 
 impl std::fmt::Debug for ObjectAware {
@@ -186,7 +189,7 @@ impl std::fmt::Debug for ObjectAware {
 impl ObjectAware {
     pub fn new(local: Arc<dyn Storage>, roots: Option<Arc<Roots>>) -> Self {
         let row_groups = RowGroupCache::from_env(roots.clone());
-        Self { local, roots, row_groups }
+        Self { local, roots, row_groups, read_ahead: ReadAhead::from_env() }
     }
 
     fn check_allowed(&self, url: &ObjectUrl) -> Result<(), SampleErrorKind> {
@@ -197,36 +200,65 @@ impl ObjectAware {
             _ => Ok(()),
         }
     }
+
+    /// What a read of `location` under `root` asks object storage for: `None` for local
+    /// files and Parquet rows (which the row-group cache reads).
+    fn wanted(root: &Path, location: &Location) -> Option<Wanted> {
+        let (rel, range) = match location {
+            Location::File { path } => (path, None),
+            Location::TarMember { shard, offset, len, .. } => (shard, Some((*offset, *len))),
+            Location::ParquetRow { .. } => return None,
+        };
+        Some(Wanted { url: ObjectUrl::parse(&root.join(rel))?, range })
+    }
 }
 
 impl Storage for ObjectAware {
     fn read(&self, root: &Path, location: &Location, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
-        let (rel, range) = match location {
-            Location::File { path } => (path, None),
-            Location::TarMember { shard, offset, len, .. } => (shard, Some((*offset, *len))),
-            Location::ParquetRow { file, row_group, row, column } => {
-                return self.row_groups.read(&root.join(file), *row_group, *row, *column, max_bytes, buf);
-            }
-        };
-        let Some(url) = ObjectUrl::parse(&root.join(rel)) else {
+        if let Location::ParquetRow { file, row_group, row, column } = location {
+            return self.row_groups.read(&root.join(file), *row_group, *row, *column, max_bytes, buf);
+        }
+        let Some(wanted) = Self::wanted(root, location) else {
             return self.local.read(root, location, max_bytes, buf);
         };
-        self.check_allowed(&url)?;
+        self.check_allowed(&wanted.url)?;
         let remote = remote().map_err(SampleErrorKind::Io)?;
-        match range {
-            None => remote.get(&url, max_bytes, buf),
-            Some((offset, len)) => {
-                check_size(len, max_bytes)?;
-                let end = offset
-                    .checked_add(len)
-                    .ok_or_else(|| SampleErrorKind::Io(format!("{url}: member range overflows")))?;
-                remote.get_range(&url, offset..end, buf)
+        // A read started ahead is this read (its checks and errors are the same); one that
+        // was given up meanwhile is made again.
+        let ahead = match self.read_ahead.take(&wanted) {
+            Some(task) => remote.block_on(task).ok(),
+            None => None,
+        };
+        let bytes = match ahead {
+            Some(got) => {
+                self.read_ahead.served(got.is_ok());
+                got?
             }
-        }
+            None => remote.block_on(remote.fetch(&wanted, max_bytes))?,
+        };
+        copy_into(buf, &bytes);
+        Ok(())
     }
 
     fn name(&self) -> &str {
         self.local.name()
+    }
+
+    fn read_ahead(&self, root: &Path, wanted: &[(&Location, u64)], max_bytes: u64) {
+        if self.read_ahead.is_off() {
+            return;
+        }
+        let Ok(remote) = remote() else { return };
+        let objects = wanted.iter().filter_map(|(location, size)| {
+            let wanted = Self::wanted(root, location)?;
+            let fits = wanted.range.is_none_or(|(offset, len)| offset.checked_add(len).is_some() && len <= max_bytes);
+            (fits && self.check_allowed(&wanted.url).is_ok()).then_some((wanted, *size))
+        });
+        self.read_ahead.name(objects, |w| remote.runtime.spawn(remote.fetch(w, max_bytes)));
+    }
+
+    fn read_ahead_stats(&self) -> Option<ReadAheadStats> {
+        Some(self.read_ahead.stats())
     }
 }
 

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 /// `s3://bucket/key`, parsed from a spec path.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectUrl {
     pub bucket: String,
     /// The key (or key prefix), without a leading or trailing `/`; may be empty.

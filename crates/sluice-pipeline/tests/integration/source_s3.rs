@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use sluice_core::{Batch, ErrorPolicy, PipelineSpec, SourceSpec};
+use sluice_core::{
+    Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, PipelineSpec, SourceSpec,
+};
 use sluice_pipeline::source::build_manifest;
 use sluice_pipeline::{Loader, Shard};
 use sluice_synth::{write_dataset, DatasetOptions};
@@ -228,6 +230,34 @@ fn an_image_folder_in_a_bucket_gives_the_batches_of_the_same_files_on_disk() {
 }
 
 #[test]
+fn every_sample_of_an_epoch_is_read_ahead_and_a_cached_one_is_not() {
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 17, 0);
+    let b = bucket();
+    upload_tree(&b, "ahead/train", &root);
+    let mut s = spec(folder(&format!("s3://{b}/ahead/train")));
+    s.cache = Some(CacheSpec {
+        budget: ByteBudget::Bytes(1 << 30),
+        level: CacheLevel::Raw,
+        resize: None,
+        policy: CachePolicyKind::Lru,
+        disk: None,
+        share: false,
+    });
+    let loader = Loader::new(s, Shard::default()).unwrap();
+    let first: Vec<Batch> = loader.iter().map(|b| b.unwrap()).collect();
+    let ahead = loader.stats().read_ahead.expect("an epoch from a bucket reads ahead");
+    // Each batch's samples are named before any worker reads them: all 17 come from there.
+    assert_eq!((ahead.hits, ahead.failed, ahead.dropped), (17, 0, 0), "{ahead:?}");
+    assert_eq!(first, collect(spec(SourceSpec::ImageFolder { root })), "read ahead, the batches are the files'");
+    // The second epoch is served by the cache: nothing is read ahead (nor read).
+    let second: Vec<Batch> = loader.iter().map(|b| b.unwrap()).collect();
+    assert_eq!(second.len(), 4);
+    assert_eq!(loader.stats().read_ahead, Some(ahead), "a cached sample was read ahead");
+}
+
+#[test]
 fn a_tar_shard_in_a_bucket_gives_the_batches_of_the_same_shard_on_disk() {
     let _ = server();
     let dir = tempfile::tempdir().unwrap();
@@ -343,6 +373,8 @@ fn bad_objects_fail_naming_their_url_or_are_skipped_by_policy() {
     let err = loader.iter().next().unwrap().unwrap_err().to_string();
     assert!(err.contains(&format!("s3://{b}/bad/train/class_000/gone.jpg")), "the error names the object: {err}");
     assert!(err.contains("not found"), "{err}");
+    // The error came from the read started ahead: the same request, the same message.
+    assert_eq!(loader.stats().read_ahead.map(|r| r.failed), Some(1));
 
     let mut skip = fail;
     skip.on_error = ErrorPolicy::Skip;
