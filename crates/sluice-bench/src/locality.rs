@@ -20,8 +20,7 @@ use sluice_profile::median;
 
 use crate::dataset;
 
-mod netns;
-use netns::Net;
+use crate::netns::Net;
 
 #[derive(ClapArgs)]
 pub struct Args {

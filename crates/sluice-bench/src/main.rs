@@ -17,7 +17,9 @@ mod disk_cache;
 mod engine;
 mod locality;
 mod manifest;
+mod netns;
 mod prefetch;
+mod s3;
 mod service;
 mod workers;
 
@@ -58,6 +60,10 @@ enum Command {
     Prefetch(prefetch::Args),
     /// Service throughput from 1 to 64 worker processes (emulated per-sample cost) vs linear.
     Workers(workers::Args),
+    /// Cold epochs from a real S3 server (SeaweedFS) behind a shaped link (network
+    /// namespaces, `tc`): bytes/s against the link's rate, read-ahead on and off, and the
+    /// same pipeline on local files.
+    S3(s3::Args),
     /// A manifest's cost per sample at 10^6 and 10^7 samples (index time, memory, first
     /// batch, checkpoint size) vs issue 28's limits.
     Manifest(manifest::Args),
@@ -78,6 +84,7 @@ fn main() -> std::process::ExitCode {
         Command::Prefetch(a) => prefetch::main(a),
         Command::Workers(a) => workers::main(a),
         Command::Manifest(a) => manifest::main(a),
+        Command::S3(a) => s3::main(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

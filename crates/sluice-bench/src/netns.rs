@@ -1,8 +1,9 @@
-//! Learners on a real, bandwidth-limited network (`sluice-bench locality --netns-mbit`):
-//! each learner runs in a network namespace of its own, its `eth0` one end of a veth pair
-//! whose other end joins a bridge in a hub namespace, and its egress is shaped by `tc`
-//! (`tbf` for the rate, under `netem` for a delay when one is asked), as a node's NIC
-//! would be. Learner r is 10.77.0.(r + 1) inside its namespace; nothing leaves the
+//! Processes on a real, bandwidth-limited network (`sluice-bench locality --netns-mbit`,
+//! `sluice-bench s3`): each (a learner, a server) runs in a network namespace of its own,
+//! its `eth0` one end of a veth pair whose other end joins a bridge in a hub namespace,
+//! and its egress is shaped by `tc` (`tbf` for the rate, under `netem` for a delay when
+//! one is asked), as a node's NIC would be. Member r is 10.77.0.(r + 1) inside its
+//! namespace; nothing leaves the
 //! namespaces. Names carry the process id and a run number, and every namespace is
 //! deleted when the [`Net`] is dropped, also after a failure.
 
