@@ -12,6 +12,11 @@
 //! one request per worker thread at a time) and `ahead-N` (read-ahead of N objects).
 //! Each row gives the epoch's payload bytes ÷ its time against the link's rate. Runs
 //! interleave the configurations, their order rotating; the table shows medians.
+//!
+//! `--many N` measures the start of a job on a bucket of N small objects instead: the
+//! time to the first batch when the job must list the prefix, and when a listing cached
+//! by an earlier job is read instead (issue 28: within 3 s at 100,000 objects), each a
+//! fresh process.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -57,6 +62,10 @@ pub struct Args {
     pub images: usize,
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Instead of epochs: the first batch of a job on a bucket of this many small objects,
+    /// listing the prefix and reading a cached listing.
+    #[arg(long)]
+    pub many: Option<usize>,
     /// The `weed` binary (default: `SLUICE_WEED`, `.venv/bin/weed`, then `weed` on PATH).
     #[arg(long)]
     pub weed: Option<PathBuf>,
@@ -84,6 +93,22 @@ struct Epoch {
 pub fn main(a: Args) -> anyhow::Result<()> {
     match a.one.clone() {
         Some(what) if what == "upload" => upload(&a),
+        Some(what) if what == "upload-many" => upload_many(&a),
+        Some(what) if what.starts_with("first-batch") => {
+            let t0 = Instant::now();
+            let root = PathBuf::from(format!("s3://{BUCKET}/many"));
+            let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root }, 64, a.batch);
+            spec.threads = a.threads.into();
+            let loader = Loader::new(spec, Shard::default())?;
+            let built = t0.elapsed().as_secs_f64();
+            let n = loader.iter().next().context("an empty epoch")??.len();
+            println!(
+                "{{\"built_s\": {built}, \"first_batch_s\": {}, \"samples\": {n}, \"dataset\": {}}}",
+                t0.elapsed().as_secs_f64(),
+                loader.manifest().len()
+            );
+            Ok(())
+        }
         Some(config) => {
             let e = epoch(&a, &config)?;
             println!("{}", serde_json::to_string(&e)?);
@@ -163,6 +188,9 @@ fn child(
     if let Some(n) = read_ahead {
         c.env("SLUICE_OBJECT_READ_AHEAD", n.to_string());
     }
+    if let Some(n) = a.many {
+        c.args(["--many", &n.to_string()]);
+    }
     let out = c.stderr(Stdio::inherit()).output().with_context(|| format!("running the {one} child"))?;
     if !out.status.success() {
         bail!("the {one} child failed ({})", out.status);
@@ -188,6 +216,27 @@ fn cpu_of(pid: u32) -> anyhow::Result<f64> {
 
 fn measure(a: &Args, net: &Net, data: &Path, dir: &Path, server: u32) -> anyhow::Result<()> {
     let cache = dir.join("cache");
+    if let Some(n) = a.many {
+        eprintln!("uploading {n} small objects ...");
+        child(a, net, data, &cache, "upload-many", None)?;
+        println!("| run | listing | first batch (s) | of which the loader's build (s) | objects |");
+        println!("|---|---|---:|---:|---:|");
+        for run in 0..a.runs {
+            // A folder of its own: the first job lists, the second reads its listing.
+            let cache = dir.join(format!("cache-many-{run}"));
+            for what in ["listed", "cached"] {
+                let out = child(a, net, data, &cache, &format!("first-batch-{what}"), None)?;
+                let r: serde_json::Value = serde_json::from_str(out.trim()).with_context(|| out.clone())?;
+                println!(
+                    "| {run} | {what} | {:.2} | {:.2} | {} |",
+                    r["first_batch_s"].as_f64().unwrap_or(f64::NAN),
+                    r["built_s"].as_f64().unwrap_or(f64::NAN),
+                    r["dataset"]
+                );
+            }
+        }
+        return Ok(());
+    }
     eprintln!("uploading {} to the server across the link ...", data.display());
     child(a, net, data, &cache, "upload", None)?;
     let mut epochs: Vec<Epoch> = Vec::new();
@@ -302,6 +351,43 @@ fn upload(a: &Args) -> anyhow::Result<()> {
         results.into_iter().collect::<anyhow::Result<Vec<()>>>()
     })?;
     eprintln!("uploaded {} objects in {:.1} s", files.len(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// In the loader's namespace: `--many` copies of one small JPEG (64x64) under
+/// `many/class_XXX/`, 100 classes.
+fn upload_many(a: &Args) -> anyhow::Result<()> {
+    use object_store::aws::AmazonS3Builder;
+    use object_store::path::Path as ObjectPath;
+    use object_store::{ObjectStoreExt, PutPayload};
+    let n = a.many.unwrap_or(0);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let store = AmazonS3Builder::from_env().with_bucket_name(BUCKET).with_allow_http(true).build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let t0 = Instant::now();
+    while rt.block_on(store.put(&ObjectPath::from("probe"), PutPayload::from_static(b"x"))).is_err() {
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("the S3 server did not answer within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    rt.block_on(store.delete(&ObjectPath::from("probe")))?;
+    let rgb: Vec<u8> = (0..64 * 64 * 3).map(|i| (i * 7 % 251) as u8).collect();
+    let jpeg = bytes::Bytes::from(sluice_codec::encode_jpeg(&rgb, 64, 64, 80)?);
+    rt.block_on(async {
+        use futures::StreamExt;
+        let puts = (0..n).map(|i| {
+            let (store, jpeg) = (&store, jpeg.clone());
+            async move {
+                let key = format!("many/class_{:03}/img_{i:07}.jpg", i % 100);
+                store.put(&ObjectPath::from(key), PutPayload::from(jpeg)).await?;
+                anyhow::Ok(())
+            }
+        });
+        let results: Vec<anyhow::Result<()>> = futures::stream::iter(puts).buffer_unordered(64).collect().await;
+        results.into_iter().collect::<anyhow::Result<Vec<()>>>()
+    })?;
+    eprintln!("uploaded {n} objects of {} bytes in {:.1} s", jpeg.len(), t0.elapsed().as_secs_f64());
     Ok(())
 }
 

@@ -27,9 +27,9 @@ pub fn listing_cache_dir() -> Option<PathBuf> {
         .map(|d| d.join("listings"))
 }
 
-/// The endpoint listings are keyed by: the `AWS_ENDPOINT_URL` override, or AWS itself.
+/// The endpoint listings are keyed by: the S3-compatible store's, or AWS itself.
 fn endpoint() -> String {
-    std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT")).unwrap_or_else(|_| "aws".into())
+    crate::storage::object::endpoint().unwrap_or_else(|| "aws".into())
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]

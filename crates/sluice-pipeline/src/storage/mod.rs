@@ -7,6 +7,7 @@ pub mod confine;
 pub mod local;
 pub mod object;
 pub mod parquet;
+mod profile;
 mod read_ahead;
 pub mod row_groups;
 pub mod throttled;

@@ -2,7 +2,8 @@
 //! `object_store` crate (arrow-rs). Credentials, region and endpoint come from the standard
 //! `AWS_*` environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
 //! `AWS_REGION`/`AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL` for S3-compatible stores, and the
-//! container/web-identity variables the crate reads); requests are retried with
+//! container/web-identity variables the crate reads), then the AWS profile files
+//! ([`super::profile`]); requests are retried with
 //! exponential back-off, time out, and at most `SLUICE_OBJECT_MAX_REQUESTS` run at once.
 //!
 //! The loader's worker threads are plain threads: one process-wide tokio runtime, made on
@@ -79,6 +80,18 @@ pub(crate) fn remote() -> Result<&'static Remote, String> {
         .map_err(Clone::clone)
 }
 
+fn env_text(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The S3-compatible endpoint requests go to: `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT`), else
+/// the AWS profile's `endpoint_url`; `None` for AWS itself.
+pub(crate) fn endpoint() -> Option<String> {
+    env_text("AWS_ENDPOINT_URL")
+        .or_else(|| env_text("AWS_ENDPOINT"))
+        .or_else(|| super::profile::from_env().ok().flatten().and_then(|p| p.endpoint_url))
+}
+
 pub(super) fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(default)
 }
@@ -108,19 +121,31 @@ impl Remote {
             max_retries: retries,
             retry_timeout: timeout.saturating_mul(u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1)),
         };
+        let failed = |message: String| ObjectError { url: format!("s3://{}", url.bucket), message };
+        let profile = super::profile::from_env()
+            .map_err(|e| failed(format!("cannot configure the client of the bucket {}: {e}", url.bucket)))?
+            .unwrap_or_default();
         let mut builder =
             AmazonS3Builder::from_env().with_bucket_name(&url.bucket).with_retry(retry).with_client_options(
                 ClientOptions::new().with_timeout(timeout).with_connect_timeout(timeout.min(Duration::from_secs(10))),
             );
+        if let (Some(key), Some(secret)) = (profile.access_key_id, profile.secret_access_key) {
+            builder = builder.with_access_key_id(key).with_secret_access_key(secret);
+            if let Some(token) = profile.session_token {
+                builder = builder.with_token(token);
+            }
+        }
+        if let (None, None, Some(region)) = (env_text("AWS_REGION"), env_text("AWS_DEFAULT_REGION"), profile.region) {
+            builder = builder.with_region(region);
+        }
         // An S3-compatible store on plain HTTP (a local SeaweedFS or MinIO) needs no more
         // than its endpoint; path-style addressing works with all of them.
-        if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL").or_else(|_| std::env::var("AWS_ENDPOINT")) {
-            builder = builder.with_allow_http(endpoint.starts_with("http://"));
+        if let Some(endpoint) = endpoint() {
+            builder = builder.with_endpoint(&endpoint).with_allow_http(endpoint.starts_with("http://"));
         }
-        let store = builder.build().map_err(|e| ObjectError {
-            url: format!("s3://{}", url.bucket),
-            message: format!("cannot configure the S3 client (check the AWS_* environment): {e}"),
-        })?;
+        let store = builder
+            .build()
+            .map_err(|e| failed(format!("cannot configure the S3 client (check the AWS_* environment): {e}")))?;
         let store: Arc<dyn ObjectStore> = Arc::new(LimitStore::new(store, max_requests));
         stores.insert(url.bucket.clone(), Arc::clone(&store));
         Ok(store)
@@ -141,9 +166,8 @@ impl Remote {
                 return got.bytes().await.map_err(|e| sample_error(&url, &e));
             };
             check_size(len, max_bytes)?;
-            let end = offset
-                .checked_add(len)
-                .ok_or_else(|| SampleErrorKind::Io(format!("{url}: member range overflows")))?;
+            let end =
+                offset.checked_add(len).ok_or_else(|| SampleErrorKind::Io(format!("{url}: member range overflows")))?;
             let bytes = store.get_range(&path, offset..end).await.map_err(|e| sample_error(&url, &e))?;
             if (bytes.len() as u64) < len {
                 return Err(SampleErrorKind::Io(format!(

@@ -20,9 +20,7 @@ use std::time::{Duration, Instant};
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use sluice_core::{
-    Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, PipelineSpec, SourceSpec,
-};
+use sluice_core::{Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, ErrorPolicy, PipelineSpec, SourceSpec};
 use sluice_pipeline::source::build_manifest;
 use sluice_pipeline::{Loader, Shard};
 use sluice_synth::{write_dataset, DatasetOptions};
@@ -407,13 +405,20 @@ fn reads_confined_to_an_s3_prefix_refuse_other_prefixes() {
 
 /// Runs the `#[ignore]`d test `name` of this binary in a child process with `env` set.
 fn run_child(name: &str, env: &[(&str, String)]) -> (bool, String, Duration) {
+    run_child_without(name, env, &[])
+}
+
+/// As [`run_child`], with the variables `remove` taken out of the child's environment.
+fn run_child_without(name: &str, env: &[(&str, String)], remove: &[&str]) -> (bool, String, Duration) {
     let t0 = Instant::now();
     let name = sluice_testing::test_name!(name);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", &name, "--nocapture", "--test-threads=1"])
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", &name, "--nocapture", "--test-threads=1"])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+    for k in remove {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success() && text.contains("1 passed"), text, t0.elapsed())
 }
@@ -435,6 +440,74 @@ fn wrong_credentials_give_a_clear_error_naming_the_bucket() {
         ],
     );
     assert!(ok, "child failed:\n{text}");
+}
+
+/// The variables a profile stands in for: the child must find them in the profile files.
+/// (Every child names its profile: without keys the crate would ask the instance metadata
+/// service, off this machine.)
+const AWS_ENV: [&str; 5] =
+    ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION"];
+
+/// Profile files in `dir`: `[training]` with the server's keys and endpoint, and
+/// `[region-only]`, which has no keys.
+fn profile_files(dir: &Path, port: u16) -> Vec<(&'static str, String)> {
+    let credentials = dir.join("credentials");
+    let config = dir.join("config");
+    std::fs::write(
+        &credentials,
+        format!("# written by the test\n[training]\naws_access_key_id = {KEY}\naws_secret_access_key = {SECRET}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[profile training]\nregion = us-east-1\nendpoint_url = http://127.0.0.1:{port}\n\n[profile region-only]\nregion = eu-west-1\n"
+        ),
+    )
+    .unwrap();
+    vec![
+        ("AWS_SHARED_CREDENTIALS_FILE", credentials.display().to_string()),
+        ("AWS_CONFIG_FILE", config.display().to_string()),
+        ("SLUICE_CACHE_DIR", dir.join("cache").display().to_string()),
+    ]
+}
+
+#[test]
+fn a_profile_in_the_aws_files_gives_the_keys_region_and_endpoint() {
+    let server = server();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dataset(dir.path(), 6, 0);
+    let b = bucket();
+    upload_tree(&b, "profile/train", &root);
+    let url = format!("s3://{b}/profile/train");
+    let mut env = profile_files(dir.path(), server.port);
+    env.push(("AWS_PROFILE", "training".into()));
+    env.push(("SLUICE_TEST_URL", url.clone()));
+    let (ok, text, _) = run_child_without("child_reads_six_samples", &env, &AWS_ENV);
+    assert!(ok, "child failed:\n{text}");
+
+    // A named profile that no file has, and one without keys, are errors naming it.
+    for (profile, expect) in
+        [("nope", "\"nope\" (AWS_PROFILE) is in neither"), ("region-only", "has no aws_access_key_id")]
+    {
+        let mut env = profile_files(dir.path(), server.port);
+        env.extend([
+            ("AWS_PROFILE", profile.to_string()),
+            ("SLUICE_TEST_URL", url.clone()),
+            ("SLUICE_TEST_EXPECT", expect.to_string()),
+        ]);
+        let (ok, text, _) = run_child_without("child_build_fails_naming_the_bucket", &env, &AWS_ENV);
+        assert!(ok, "profile {profile}: child failed:\n{text}");
+    }
+}
+
+#[test]
+#[ignore = "run by the tests above in a child process with its own environment"]
+fn child_reads_six_samples() {
+    let url = std::env::var("SLUICE_TEST_URL").expect("run by the parent test with SLUICE_TEST_URL");
+    assert!(std::env::var_os("AWS_ACCESS_KEY_ID").is_none(), "the keys must come from the profile");
+    let batches = collect(spec(folder(&url)));
+    assert_eq!(batches.iter().map(Batch::len).sum::<usize>(), 6);
 }
 
 #[test]
