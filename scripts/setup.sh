@@ -25,11 +25,18 @@ command -v prometheus >/dev/null || need+=(prometheus)
 command -v redis-server >/dev/null || need+=(redis-server)
 # ip and tc: learners in network namespaces behind shaped links (crates/sluice-bench/tests/integration/locality.rs).
 { command -v ip >/dev/null && command -v tc >/dev/null; } || need+=(iproute2)
+# Node and npm: Azurite, the Azure Blob Storage emulator the az:// tests start (below).
+command -v npm >/dev/null || need+=(nodejs npm)
 if [ ${#need[@]} -gt 0 ]; then
   echo "==> installing system packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if [ ! -x .node/node_modules/.bin/azurite-blob ]; then
+  echo "==> installing Azurite (npm) into .node"
+  npm install --prefix .node --no-audit --no-fund --silent azurite@3.37.0 >/dev/null
 fi
 
 if [ "$release_binaries" = 1 ]; then

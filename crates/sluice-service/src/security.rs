@@ -2,8 +2,9 @@
 //!
 //! * [`AllowedRoots`]: every path a spec names, and every file its manifest lists, must
 //!   resolve (after `..` and symlinks, via `canonicalize`) under a root the operator allowed.
-//!   An allowed root may be an object-storage prefix, `s3://bucket/prefix`: then a URL the
-//!   spec or manifest names must lie in that bucket, under that prefix by whole segments.
+//!   An allowed root may be an object-storage prefix, `s3://bucket/prefix` (or `az://`):
+//!   then a URL the spec or manifest names must lie in that store and bucket, under that
+//!   prefix by whole segments.
 //!   That check runs once per job; the job's loader then reads through
 //!   [`AllowedRoots::confine`], which opens every file beneath its root, so a file swapped
 //!   for a symlink later is refused when it is read.
@@ -288,7 +289,13 @@ mod tests {
         for ok in ["s3://data/train", "s3://data/train/cat/x.jpg", "s3://data//train/x.tar"] {
             assert!(roots.check(Path::new(ok)).is_ok(), "{ok} is under s3://data/train");
         }
-        for refused in ["s3://data/training/x.jpg", "s3://data/x.jpg", "s3://other/train/x.jpg", "s3://data"] {
+        for refused in [
+            "s3://data/training/x.jpg",
+            "s3://data/x.jpg",
+            "s3://other/train/x.jpg",
+            "s3://data",
+            "az://data/train/x.jpg",
+        ] {
             let err = roots.check(Path::new(refused)).unwrap_err().to_string();
             assert!(err.contains(refused) && err.contains("s3://data/train"), "{err}");
         }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use sluice_core::{Location, Manifest};
 
 use super::{has_image_extension, SourceError};
-use crate::storage::object::{list, ListedObject, ObjectError, ObjectUrl};
+use crate::storage::object::{list, ListedObject, ObjectError, ObjectUrl, Scheme};
 
 /// The folder listings are cached in (see the module docs); `None` without a home.
 pub fn listing_cache_dir() -> Option<PathBuf> {
@@ -27,9 +27,14 @@ pub fn listing_cache_dir() -> Option<PathBuf> {
         .map(|d| d.join("listings"))
 }
 
-/// The endpoint listings are keyed by: the S3-compatible store's, or AWS itself.
-fn endpoint() -> String {
-    crate::storage::object::endpoint().unwrap_or_else(|| "aws".into())
+/// The endpoint listings of `url` are keyed by: the compatible store's or emulator's, or
+/// the cloud itself.
+fn endpoint(url: &ObjectUrl) -> String {
+    let cloud = match url.scheme {
+        Scheme::S3 => "aws",
+        Scheme::Azure => "azure",
+    };
+    crate::storage::object::endpoint(url.scheme).unwrap_or_else(|| cloud.into())
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -57,7 +62,7 @@ fn cache_file(dir: &Path, endpoint: &str, url: &ObjectUrl) -> PathBuf {
 /// The objects under `url`: from the listing cache when it holds them, else one LIST
 /// (then cached).
 pub fn listing(url: &ObjectUrl) -> Result<Vec<ListedObject>, ObjectError> {
-    let endpoint = endpoint();
+    let endpoint = endpoint(url);
     let file = listing_cache_dir().map(|d| cache_file(&d, &endpoint, url));
     if let Some(file) = &file {
         if let Ok(text) = std::fs::read_to_string(file) {

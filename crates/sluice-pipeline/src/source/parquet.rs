@@ -187,7 +187,7 @@ fn list_objects(url: &ObjectUrl) -> Result<(PathBuf, Vec<Listed>), SourceError> 
     if is_parquet(&url.key) {
         let (size, etag) = crate::storage::object::head(url)?;
         let (parent, name) = url.key.rsplit_once('/').unwrap_or(("", url.key.as_str()));
-        let root = ObjectUrl { bucket: url.bucket.clone(), key: parent.to_string() };
+        let root = url.with_key(parent);
         return Ok((PathBuf::from(root.to_string()), vec![Listed { rel: PathBuf::from(name), size, etag }]));
     }
     let files = super::object::listing(url)?

@@ -289,7 +289,8 @@ fn mask_member(
 /// the longest `/`-separated prefix of their URLs (at least their `s3://bucket`).
 fn common_folder(shards: &[PathBuf]) -> PathBuf {
     if let Some(urls) = shards.iter().map(|s| ObjectUrl::parse(s)).collect::<Option<Vec<_>>>() {
-        if let Some(first) = urls.first().filter(|f| urls.iter().all(|u| u.bucket == f.bucket)) {
+        if let Some(first) = urls.first().filter(|f| urls.iter().all(|u| u.scheme == f.scheme && u.bucket == f.bucket))
+        {
             let parents: Vec<Vec<&str>> = urls
                 .iter()
                 .map(|u| u.key.split('/').collect::<Vec<_>>())
@@ -303,7 +304,7 @@ fn common_folder(shards: &[PathBuf]) -> PathBuf {
                 let n = common.iter().zip(p).take_while(|(a, b)| a == b).count();
                 common.truncate(n);
             }
-            let root = ObjectUrl { bucket: first.bucket.clone(), key: common.join("/") };
+            let root = first.with_key(common.join("/"));
             return PathBuf::from(root.to_string());
         }
         // Several buckets: no common folder, each shard keeps its whole URL.

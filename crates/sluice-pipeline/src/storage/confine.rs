@@ -3,8 +3,8 @@
 //! when the operator allowed only some roots (the service), the open resolves beneath one
 //! of them (`openat2` with `RESOLVE_BENEATH`, Linux ≥ 5.6), whatever symlink is swapped
 //! in after the job's paths were checked. A root may also be an object-storage prefix
-//! (`s3://bucket/prefix`): then only objects of that bucket whose key lies under the prefix
-//! (whole `/` segments) are read.
+//! (`s3://bucket/prefix`, `az://container/prefix`): then only objects of that store and
+//! bucket whose key lies under the prefix (whole `/` segments) are read.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -46,7 +46,10 @@ impl Roots {
                 if url.bucket.is_empty() {
                     return Err(RootError {
                         path: root.clone(),
-                        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "an s3:// root names no bucket"),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::InvalidInput,
+                            "an object-storage root names no bucket",
+                        ),
                     });
                 }
                 urls.push(url);
@@ -66,7 +69,7 @@ impl Roots {
         paths.chain(self.urls.iter().map(ToString::to_string)).collect::<Vec<_>>().join(", ")
     }
 
-    /// Whether the object at `url` lies under an allowed `s3://` prefix.
+    /// Whether the object at `url` lies under an allowed object-storage prefix.
     pub fn allows_url(&self, url: &ObjectUrl) -> bool {
         self.urls.iter().any(|root| url.is_under(root))
     }

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
 use object_store::limit::LimitStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
@@ -28,7 +29,7 @@ use sluice_core::{Location, SampleErrorKind};
 use super::confine::Roots;
 use super::read_ahead::{ReadAhead, ReadAheadStats, Wanted};
 use super::row_groups::RowGroupCache;
-pub use super::url::ObjectUrl;
+pub use super::url::{ObjectUrl, Scheme};
 use super::{check_size, Storage};
 
 /// Requests in flight at once, per bucket, unless `SLUICE_OBJECT_MAX_REQUESTS` says otherwise.
@@ -56,7 +57,7 @@ pub struct ObjectError {
 /// The process-wide runtime and one client per bucket.
 pub(crate) struct Remote {
     runtime: tokio::runtime::Runtime,
-    stores: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+    stores: Mutex<HashMap<(Scheme, String), Arc<dyn ObjectStore>>>,
 }
 
 static REMOTE: OnceLock<Result<Remote, String>> = OnceLock::new();
@@ -84,12 +85,48 @@ fn env_text(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-/// The S3-compatible endpoint requests go to: `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT`), else
-/// the AWS profile's `endpoint_url`; `None` for AWS itself.
-pub(crate) fn endpoint() -> Option<String> {
-    env_text("AWS_ENDPOINT_URL")
-        .or_else(|| env_text("AWS_ENDPOINT"))
-        .or_else(|| super::profile::from_env().ok().flatten().and_then(|p| p.endpoint_url))
+/// The S3 client of `bucket`: the `AWS_*` environment, then the AWS profile files.
+fn s3_client(
+    bucket: &str,
+    retry: RetryConfig,
+    options: ClientOptions,
+    failed: &dyn Fn(String) -> ObjectError,
+) -> Result<object_store::aws::AmazonS3, ObjectError> {
+    let profile = super::profile::from_env()
+        .map_err(|e| failed(format!("cannot configure the client of the bucket {bucket}: {e}")))?
+        .unwrap_or_default();
+    let mut builder =
+        AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(retry).with_client_options(options);
+    if let (Some(key), Some(secret)) = (profile.access_key_id, profile.secret_access_key) {
+        builder = builder.with_access_key_id(key).with_secret_access_key(secret);
+        if let Some(token) = profile.session_token {
+            builder = builder.with_token(token);
+        }
+    }
+    if let (None, None, Some(region)) = (env_text("AWS_REGION"), env_text("AWS_DEFAULT_REGION"), profile.region) {
+        builder = builder.with_region(region);
+    }
+    // An S3-compatible store on plain HTTP (a local SeaweedFS or MinIO) needs no more
+    // than its endpoint; path-style addressing works with all of them.
+    if let Some(endpoint) = endpoint(Scheme::S3) {
+        builder = builder.with_endpoint(&endpoint).with_allow_http(endpoint.starts_with("http://"));
+    }
+    builder.build().map_err(|e| failed(format!("cannot configure the S3 client (check the AWS_* environment): {e}")))
+}
+
+/// Where requests to `scheme` go, when not to the cloud itself: for S3, `AWS_ENDPOINT_URL`
+/// (or `AWS_ENDPOINT`), else the AWS profile's `endpoint_url`; for Azure, the Azurite
+/// emulator's URL when `AZURE_STORAGE_USE_EMULATOR` is set, else the account's name.
+pub(crate) fn endpoint(scheme: Scheme) -> Option<String> {
+    match scheme {
+        Scheme::S3 => env_text("AWS_ENDPOINT_URL")
+            .or_else(|| env_text("AWS_ENDPOINT"))
+            .or_else(|| super::profile::from_env().ok().flatten().and_then(|p| p.endpoint_url)),
+        Scheme::Azure => match env_text("AZURE_STORAGE_USE_EMULATOR").is_some_and(|v| v == "true" || v == "1") {
+            true => Some(env_text("AZURITE_BLOB_STORAGE_URL").unwrap_or_else(|| "http://127.0.0.1:10000".into())),
+            false => env_text("AZURE_STORAGE_ACCOUNT_NAME").map(|a| format!("azure:{a}")),
+        },
+    }
 }
 
 pub(super) fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -102,10 +139,11 @@ impl Remote {
         self.runtime.block_on(fut)
     }
 
-    /// The client of `bucket`, configured from the environment on first use.
+    /// The client of `url`'s bucket, configured from the environment on first use.
     pub(crate) fn store(&self, url: &ObjectUrl) -> Result<Arc<dyn ObjectStore>, ObjectError> {
         let mut stores = self.stores.lock();
-        if let Some(s) = stores.get(&url.bucket) {
+        let id = (url.scheme, url.bucket.clone());
+        if let Some(s) = stores.get(&id) {
             return Ok(Arc::clone(s));
         }
         let timeout = env_number("SLUICE_OBJECT_TIMEOUT_S", DEFAULT_TIMEOUT_S).max(0.001);
@@ -121,33 +159,25 @@ impl Remote {
             max_retries: retries,
             retry_timeout: timeout.saturating_mul(u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1)),
         };
-        let failed = |message: String| ObjectError { url: format!("s3://{}", url.bucket), message };
-        let profile = super::profile::from_env()
-            .map_err(|e| failed(format!("cannot configure the client of the bucket {}: {e}", url.bucket)))?
-            .unwrap_or_default();
-        let mut builder =
-            AmazonS3Builder::from_env().with_bucket_name(&url.bucket).with_retry(retry).with_client_options(
-                ClientOptions::new().with_timeout(timeout).with_connect_timeout(timeout.min(Duration::from_secs(10))),
-            );
-        if let (Some(key), Some(secret)) = (profile.access_key_id, profile.secret_access_key) {
-            builder = builder.with_access_key_id(key).with_secret_access_key(secret);
-            if let Some(token) = profile.session_token {
-                builder = builder.with_token(token);
+        let options =
+            ClientOptions::new().with_timeout(timeout).with_connect_timeout(timeout.min(Duration::from_secs(10)));
+        let bucket = url.with_key("");
+        let failed = |message: String| ObjectError { url: bucket.to_string(), message };
+        let store: Arc<dyn ObjectStore> = match url.scheme {
+            Scheme::S3 => Arc::new(LimitStore::new(s3_client(&url.bucket, retry, options, &failed)?, max_requests)),
+            Scheme::Azure => {
+                let client = MicrosoftAzureBuilder::from_env()
+                    .with_container_name(&url.bucket)
+                    .with_retry(retry)
+                    .with_client_options(options)
+                    .build()
+                    .map_err(|e| {
+                        failed(format!("cannot configure the Azure client (check the AZURE_* environment): {e}"))
+                    })?;
+                Arc::new(LimitStore::new(client, max_requests))
             }
-        }
-        if let (None, None, Some(region)) = (env_text("AWS_REGION"), env_text("AWS_DEFAULT_REGION"), profile.region) {
-            builder = builder.with_region(region);
-        }
-        // An S3-compatible store on plain HTTP (a local SeaweedFS or MinIO) needs no more
-        // than its endpoint; path-style addressing works with all of them.
-        if let Some(endpoint) = endpoint() {
-            builder = builder.with_endpoint(&endpoint).with_allow_http(endpoint.starts_with("http://"));
-        }
-        let store = builder
-            .build()
-            .map_err(|e| failed(format!("cannot configure the S3 client (check the AWS_* environment): {e}")))?;
-        let store: Arc<dyn ObjectStore> = Arc::new(LimitStore::new(store, max_requests));
-        stores.insert(url.bucket.clone(), Arc::clone(&store));
+        };
+        stores.insert(id, Arc::clone(&store));
         Ok(store)
     }
 

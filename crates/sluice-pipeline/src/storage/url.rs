@@ -1,23 +1,49 @@
-//! `s3://bucket/key` URLs as spec paths hold them: parsing, and which lie under which.
+//! Object URLs as spec paths hold them (`s3://bucket/key`, `az://container/key`): parsing,
+//! and which lie under which.
 
 use std::path::Path;
 
-/// `s3://bucket/key`, parsed from a spec path.
+/// The object store a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// Amazon S3 and S3-compatible stores: `s3://` (or `s3a://`).
+    S3,
+    /// Azure Blob Storage: `az://` (or `azure://`), a container of the account the
+    /// environment names.
+    Azure,
+}
+
+impl Scheme {
+    /// The prefix a URL of this store is written with.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Scheme::S3 => "s3://",
+            Scheme::Azure => "az://",
+        }
+    }
+}
+
+/// `s3://bucket/key` or `az://container/key`, parsed from a spec path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectUrl {
+    pub scheme: Scheme,
+    /// The bucket (S3) or container (Azure).
     pub bucket: String,
     /// The key (or key prefix), without a leading or trailing `/`; may be empty.
     pub key: String,
 }
 
 impl ObjectUrl {
-    /// The URL a spec path holds, if it is one (`s3://` or `s3a://`). Local paths give `None`.
+    /// The URL a spec path holds, if it is one (`s3://`, `s3a://`, `az://`, `azure://`).
+    /// Local paths give `None`.
     pub fn parse(path: &Path) -> Option<Self> {
         let s = path.to_str()?;
-        let rest = s.strip_prefix("s3://").or_else(|| s.strip_prefix("s3a://"))?;
+        let schemes =
+            [("s3://", Scheme::S3), ("s3a://", Scheme::S3), ("az://", Scheme::Azure), ("azure://", Scheme::Azure)];
+        let (scheme, rest) = schemes.iter().find_map(|(p, scheme)| Some((*scheme, s.strip_prefix(p)?)))?;
         let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
         let key = key.split('/').filter(|c| !c.is_empty() && *c != ".").collect::<Vec<_>>().join("/");
-        Some(Self { bucket: bucket.to_string(), key })
+        Some(Self { scheme, bucket: bucket.to_string(), key })
     }
 
     /// Whether `path` names object storage rather than a local file.
@@ -25,9 +51,16 @@ impl ObjectUrl {
         Self::parse(path).is_some()
     }
 
-    /// Whether this URL lies under `root` (same bucket, key equal to or below its prefix).
+    /// The object `key` of the same bucket.
+    pub fn with_key(&self, key: impl Into<String>) -> Self {
+        Self { scheme: self.scheme, bucket: self.bucket.clone(), key: key.into() }
+    }
+
+    /// Whether this URL lies under `root` (same store and bucket, key equal to or below its
+    /// prefix).
     pub fn is_under(&self, root: &ObjectUrl) -> bool {
-        self.bucket == root.bucket
+        self.scheme == root.scheme
+            && self.bucket == root.bucket
             && (root.key.is_empty()
                 || self.key == root.key
                 || self.key.strip_prefix(&root.key).is_some_and(|rest| rest.starts_with('/')))
@@ -36,10 +69,30 @@ impl ObjectUrl {
 
 impl std::fmt::Display for ObjectUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = self.scheme.prefix();
         if self.key.is_empty() {
-            write!(f, "s3://{}", self.bucket)
+            write!(f, "{scheme}{}", self.bucket)
         } else {
-            write!(f, "s3://{}/{}", self.bucket, self.key)
+            write!(f, "{scheme}{}/{}", self.bucket, self.key)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_of_each_store_parse_and_lie_only_under_their_own_store() {
+        let s3 = ObjectUrl::parse(Path::new("s3a://b//train/./x.jpg")).unwrap();
+        assert_eq!((s3.scheme, s3.bucket.as_str(), s3.key.as_str()), (Scheme::S3, "b", "train/x.jpg"));
+        assert_eq!(s3.to_string(), "s3://b/train/x.jpg");
+        let az = ObjectUrl::parse(Path::new("azure://b/train/x.jpg")).unwrap();
+        assert_eq!((az.scheme, az.to_string().as_str()), (Scheme::Azure, "az://b/train/x.jpg"));
+        let az_root = ObjectUrl::parse(Path::new("az://b/train")).unwrap();
+        assert!(az.is_under(&az_root));
+        assert!(!s3.is_under(&az_root), "same bucket and key, another store");
+        assert!(ObjectUrl::parse(Path::new("gs://b/x")).is_none());
+        assert!(ObjectUrl::parse(Path::new("/data/s3://x")).is_none());
     }
 }

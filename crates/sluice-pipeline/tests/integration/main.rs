@@ -16,6 +16,7 @@ mod locality_peers;
 mod mix;
 mod prefetch_auto;
 mod records_fields;
+mod source_azure;
 mod source_file_list;
 mod source_image_folder;
 mod source_parquet;
