@@ -23,13 +23,19 @@ use sluice_profile::{median, self_cpu};
 
 use crate::dataset;
 
+mod importance_scale;
 mod measure;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// What to measure: all, throughput, dataplane, compression, dispatcher.
-    #[arg(long, default_value = "all", value_parser = ["all", "throughput", "dataplane", "compression", "dispatcher"])]
+    /// What to measure: all, throughput, dataplane, compression, dispatcher;
+    /// importance-scale (not in all): an importance-sampled job of --samples samples, each
+    /// epoch checked against the local loader's draw.
+    #[arg(long, default_value = "all", value_parser = ["all", "throughput", "dataplane", "compression", "dispatcher", "importance-scale"])]
     what: String,
+    /// Samples of the importance-scale job.
+    #[arg(long, default_value_t = 2_000_000)]
+    samples: usize,
     /// Batches per task in the throughput runs (0: the dispatcher's default).
     #[arg(long, default_value_t = 0)]
     task_batches: u64,
@@ -266,6 +272,11 @@ pub fn main(a: Args) -> Result<()> {
                    "compress_bytes_per_s": row.compress_bytes_per_s, "decompress_bytes_per_s": row.decompress_bytes_per_s,
                    "compress_us_per_img": row.compress_us_per_img, "decompress_us_per_img": row.decompress_us_per_img}),
         );
+    }
+
+    if a.what == "importance-scale" {
+        let workers = a.workers.first().copied().unwrap_or(2);
+        out.insert("importance_scale".into(), importance_scale::run(&work, a.samples, a.epochs, workers, threads)?);
     }
 
     if all || a.what == "dispatcher" {
