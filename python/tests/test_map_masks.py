@@ -108,6 +108,17 @@ def test_without_masks_the_sample_has_none_and_a_pair_is_refused(masked: Path) -
     assert "test_map_masks:pair_without_mask" in msg and "no mask" in msg, msg
 
 
+def test_worker_processes_give_the_in_process_masks(masked: Path) -> None:
+    pipe = _pipe(masked).random_horizontal_flip().map(noisy_mask).batch(5).shuffle(True)
+    want = _batches(sluice.Loader(pipe, processes=0))
+    got = _batches(sluice.Loader(pipe, processes=2))
+    assert len(got) == len(want) == 3
+    for w, g in zip(want, got):
+        assert set(g) == set(w)
+        for k in w:
+            np.testing.assert_array_equal(g[k], w[k], err_msg=k)
+
+
 @pytest.mark.parametrize("level", ["raw", "decoded"])
 def test_a_cached_epoch_gives_the_map_the_uncached_masks(masked: Path, level: str) -> None:
     # `map` is a user op: it runs after the cache, on the mask the entry kept (or re-read).
