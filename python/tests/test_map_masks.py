@@ -8,6 +8,9 @@ Python children can import them (``test_map_masks:...``, this folder on their pa
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 
 import sluice
+from conftest import sluice_service
 
 
 def flip_both(image: np.ndarray, sample: Any) -> np.ndarray:
@@ -117,6 +121,63 @@ def test_worker_processes_give_the_in_process_masks(masked: Path) -> None:
         assert set(g) == set(w)
         for k in w:
             np.testing.assert_array_equal(g[k], w[k], err_msg=k)
+
+
+def test_a_remote_loader_with_a_map_yields_the_local_masks(masked: Path, tmp_path: Path) -> None:
+    pipe = _pipe(masked).random_horizontal_flip().map(noisy_mask).map(corner_both).center_crop((16, 24)).batch(4)
+
+    def by_key(loader: Any) -> Dict[int, Tuple[bytes, bytes]]:
+        out = {}
+        for b in loader:
+            masks = np.asarray(b.masks)
+            assert masks.shape == (len(b.key), 16, 24), masks.shape
+            for k, img, m in zip(np.asarray(b.key).tolist(), np.asarray(b.image), masks):
+                out[k] = (img.tobytes(), m.tobytes())
+        return out
+
+    local = by_key(sluice.Loader(pipe, processes=0))
+    env = {"PYTHONPATH": str(Path(__file__).parent)}
+    args = ["--python", sys.executable]
+    with sluice_service([masked], tmp_path / "journal", worker_args=args, worker_env=env) as addr:
+        remote = by_key(sluice.RemoteLoader(pipe, dispatcher=addr, job="map-masks", output="numpy"))
+    assert sorted(remote) == list(range(12))
+    assert remote == local
+
+
+def test_the_map_server_takes_and_answers_masks_over_its_pipes() -> None:
+    """``python -m sluice.map_server``, driven as the worker drives it, with masks."""
+    from sluice import map_server as ms
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+
+    def serve(fn: str, requests: List[Tuple[int, np.ndarray, np.ndarray]]) -> List[Tuple[int, int, int, bytes, bytes]]:
+        cmd = [sys.executable, "-m", "sluice.map_server", f"test_map_masks:{fn}"]
+        with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) as p:
+            assert p.stdin is not None and p.stdout is not None
+            assert ms.REPLY.unpack(p.stdout.read(ms.REPLY.size))[0] == ms.READY
+            replies = []
+            for key, image, mask in requests:
+                h, w = mask.shape
+                p.stdin.write(ms.REQUEST.pack(key, 0, 0, 1, w, h, 1) + image.tobytes() + mask.tobytes())
+                p.stdin.flush()
+                status, a, b = ms.REPLY.unpack(p.stdout.read(ms.REPLY.size))
+                if status == ms.IMAGE:
+                    replies.append((status, a, b, p.stdout.read(a * b * 3), p.stdout.read(a * b)))
+                else:
+                    replies.append((status, a, b, p.stdout.read(a), b""))
+            p.stdin.close()
+            assert p.wait(timeout=10) == 0
+        return replies
+
+    image = np.arange(32 * 40 * 3, dtype=np.uint8).reshape(32, 40, 3)
+    mask = (np.arange(32 * 40) % 7).astype(np.uint8).reshape(32, 40)
+    ((status, w, h, pixels, got),) = serve("corner_both", [(1, image, mask)])
+    assert (status, w, h) == (ms.IMAGE, 24, 16)
+    assert pixels == image[:16, :24].tobytes() and got == mask[:16, :24].tobytes()
+    ((status, _, _, pixels, got),) = serve("flip_both", [(1, image, mask)])
+    assert pixels == image[:, ::-1].tobytes() and got == mask[:, ::-1].tobytes()
+    ((status, _, _, message, _),) = serve("corner_image_only", [(1, image, mask)])
+    assert (status, message.decode()) == (ms.FAILED, "it changed the image to 40x16 but returned no mask of that size")
 
 
 @pytest.mark.parametrize("level", ["raw", "decoded"])
