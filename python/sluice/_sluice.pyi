@@ -69,6 +69,11 @@ class MapSample:
     def seed(self) -> int:
         """The seed drawn for this op from the sample's RNG (seed, epoch, key)."""
     @property
+    def mask(self) -> Optional[npt.NDArray[np.uint8]]:
+        """The sample's segmentation mask (uint8 ``[h, w]``, a writable view for the call:
+        edit it in place, or return ``(image, mask)``); None where the source has no
+        masks."""
+    @property
     def rng(self) -> Any:
         """A ``numpy.random.Generator`` seeded with ``seed``, made on first use."""
 

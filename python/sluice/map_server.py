@@ -11,11 +11,14 @@ The protocol, little-endian, one request at a time:
 
 * server, once started: a reply with status ``READY``, or ``FAILED`` (the function cannot
   be imported) followed by the message, then it exits;
-* request: ``key u64, label i64, epoch u64, seed u64, width u32, height u32`` and the
-  ``height x width x 3`` RGB8 pixels;
-* reply: ``status u32, a u32, b u32``; ``IMAGE``: ``a x b`` (width, height) and the pixels;
+* request: ``key u64, label i64, epoch u64, seed u64, width u32, height u32, mask u32``,
+  the ``height x width x 3`` RGB8 pixels and, where ``mask`` is 1 (the source has
+  segmentation masks), the sample's ``height x width`` uint8 mask;
+* reply: ``status u32, a u32, b u32``; ``IMAGE``: ``a x b`` (width, height), the pixels
+  and, for a request with a mask, the ``b x a`` mask the function left (edited in place or
+  returned as ``(image, mask)``; this server checks that it has the image's size);
   ``FAILED``: ``a`` bytes of UTF-8 message, the sample's error (the function raised or
-  returned something other than an image).
+  returned something other than an image, or no mask of the image's size).
 
 End of input (the worker closed the pipe or died) ends the server.
 """
@@ -31,7 +34,7 @@ from typing import Any, BinaryIO, Callable, Optional, Tuple
 
 import numpy as np
 
-REQUEST = struct.Struct("<QqQQII")
+REQUEST = struct.Struct("<QqQQIII")
 REPLY = struct.Struct("<III")
 READY, IMAGE, FAILED = 0, 1, 2
 
@@ -39,12 +42,13 @@ READY, IMAGE, FAILED = 0, 1, 2
 class MapSample:
     """What the function is told about its sample besides the pixels, as in-process
     (``sluice.MapSample``): ``key``, ``label`` (-1 without labels), ``epoch``, ``seed``,
-    and ``rng``, a ``numpy.random.Generator`` seeded with ``seed``, made on first use."""
+    ``mask`` (the sample's uint8 ``[h, w]`` mask, writable; None without masks) and
+    ``rng``, a ``numpy.random.Generator`` seeded with ``seed``, made on first use."""
 
-    __slots__ = ("key", "label", "epoch", "seed", "_rng")
+    __slots__ = ("key", "label", "epoch", "seed", "mask", "_rng")
 
-    def __init__(self, key: int, label: int, epoch: int, seed: int) -> None:
-        self.key, self.label, self.epoch, self.seed = key, label, epoch, seed
+    def __init__(self, key: int, label: int, epoch: int, seed: int, mask: Optional[np.ndarray] = None) -> None:
+        self.key, self.label, self.epoch, self.seed, self.mask = key, label, epoch, seed, mask
         self._rng: Optional[np.random.Generator] = None
 
     @property
@@ -87,6 +91,46 @@ def as_image(result: Any) -> Tuple[np.ndarray, int, int]:
     return np.ascontiguousarray(result), w, h
 
 
+class NoMask(ValueError):
+    """The image changed size and no mask of the new size came with it: the in-process
+    op reports this without naming an exception, and so does this server."""
+
+
+def as_result(
+    result: Any, mask: Optional[np.ndarray], size: Tuple[int, int]
+) -> Tuple[np.ndarray, int, int, Optional[np.ndarray]]:
+    """What the function returned for a ``size`` (width, height) image and its ``mask``
+    (None without masks): the image (:func:`as_image`) and the C-contiguous mask of its
+    size that goes with it; the messages are the in-process op's."""
+    new_mask: Any = mask
+    if isinstance(result, tuple):
+        if mask is None:
+            raise ValueError(
+                f"it returned a tuple of {len(result)}, but the sample has no mask (the source has no masks): "
+                "return the image"
+            )
+        if len(result) != 2:
+            raise ValueError(f"it must return an image or (image, mask); got a tuple of {len(result)}")
+        result, new_mask = result
+    image, w, h = as_image(result)
+    if mask is None:
+        return image, w, h, None
+    if new_mask is mask:
+        if (w, h) != size:
+            raise NoMask(f"it changed the image to {w}x{h} but returned no mask of that size")
+        return image, w, h, mask
+    if not isinstance(new_mask, np.ndarray) or new_mask.dtype != np.uint8:
+        shape = getattr(new_mask, "shape", "no shape")
+        dtype = getattr(new_mask, "dtype", type(new_mask).__name__)
+        raise ValueError(f"it must return the mask as a uint8 numpy array [h, w]; got {dtype} with shape {shape}")
+    if new_mask.ndim != 2:
+        raise ValueError(f"the mask must be [h, w]; got shape {list(new_mask.shape)}")
+    mh, mw = new_mask.shape
+    if (mw, mh) != (w, h):
+        raise ValueError(f"it returned a {mw}x{mh} mask with a {w}x{h} image; the mask must have the image's size")
+    return image, w, h, np.ascontiguousarray(new_mask)
+
+
 def _read_exact(stream: BinaryIO, buf: memoryview) -> bool:
     """Fills ``buf``; False at end of input before the first byte."""
     got = 0
@@ -100,10 +144,11 @@ def _read_exact(stream: BinaryIO, buf: memoryview) -> bool:
     return True
 
 
-def _reply(out: BinaryIO, status: int, a: int, b: int, payload: Any = b"") -> None:
+def _reply(out: BinaryIO, status: int, a: int, b: int, *payload: Any) -> None:
     out.write(REPLY.pack(status, a, b))
-    if len(payload):
-        out.write(memoryview(payload).cast("B"))
+    for part in payload:
+        if len(part):
+            out.write(memoryview(part).cast("B"))
     out.flush()
 
 
@@ -122,17 +167,21 @@ def serve(name: str, inp: BinaryIO, out: BinaryIO) -> int:
     _reply(out, READY, 0, 0)
     head = memoryview(bytearray(REQUEST.size))
     while _read_exact(inp, head):
-        key, label, epoch, seed, w, h = REQUEST.unpack(head)
-        pixels = bytearray(w * h * 3)
+        key, label, epoch, seed, w, h, has_mask = REQUEST.unpack(head)
+        pixels = bytearray(w * h * 3 + (w * h if has_mask else 0))
         if not _read_exact(inp, memoryview(pixels)):
             raise EOFError("the worker closed the pipe between a request's header and its pixels")
-        image = np.frombuffer(pixels, np.uint8).reshape(h, w, 3)
+        image = np.frombuffer(pixels, np.uint8, w * h * 3).reshape(h, w, 3)
+        mask = np.frombuffer(pixels, np.uint8, w * h, w * h * 3).reshape(h, w) if has_mask else None
         try:
-            result, ow, oh = as_image(fn(image, MapSample(key, label, epoch, seed)))
+            result, ow, oh, new_mask = as_result(fn(image, MapSample(key, label, epoch, seed, mask)), mask, (w, h))
+        except NoMask as e:
+            _failed(out, str(e))
+            continue
         except Exception as e:  # noqa: BLE001 - whatever fn raises is the sample's error
             _failed(out, f"{name} raised {type(e).__name__}: {e}")
             continue
-        _reply(out, IMAGE, ow, oh, result.reshape(-1))
+        _reply(out, IMAGE, ow, oh, result.reshape(-1), *(() if new_mask is None else (new_mask.reshape(-1),)))
     return 0
 
 

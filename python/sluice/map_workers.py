@@ -4,7 +4,9 @@ Python holds the GIL, so a ``map`` function on sluice's threads runs one sample 
 :class:`sluice.Loader` therefore runs such a pipeline in worker processes: worker ``w`` of
 ``n`` runs the whole pipeline (native ops and the Python op, in-process) on batches
 ``i`` with ``i % n == w``, writes each batch into a slot of its shared-memory segment and
-tells the parent, which copies it out and hands batches over in order. The parent draws
+tells the parent, which copies it out and hands batches over in order. A batch's boxes and
+segmentation masks go into the slot too, after the labels, keys and weights (through
+the pipe where they do not fit). The parent draws
 each epoch's order (from its importance state: the trainer reports to the parent) and
 sends it with the epoch; every sample's randomness comes from (seed, epoch, key), so the
 batches are the same whatever ``n``.
@@ -50,12 +52,31 @@ MapBatch = Dict[str, Any]
 Draw = Tuple[bytes, Optional[bytes]]
 
 
-def _slot_layout(image_bytes: int, batch_size: int) -> Tuple[int, int, int, int]:
-    """Offsets of label, key and weight in a slot, and the slot's size."""
+#: A batch's fields from a source with boxes or masks, as the native batch names them.
+RECORD_FIELDS = ("boxes", "box_labels", "box_count", "masks")
+
+
+def _slot_layout(image_bytes: int, batch_size: int, record_bytes: int = 0) -> Tuple[int, int, int, int, int]:
+    """Offsets of label, key, weight and the records (boxes and masks) in a slot, and the
+    slot's size."""
     label = image_bytes
     key = label + 8 * batch_size
     weight = key + 8 * batch_size
-    return label, key, weight, weight + 4 * batch_size
+    records = (weight + 4 * batch_size + 15) // 16 * 16
+    return label, key, weight, records, records + record_bytes
+
+
+def _record_bytes(spec: Dict[str, Any], image_bytes: int) -> int:
+    """Room in a slot for a batch's masks where the spec's source has them: a one-byte
+    mask a pixel, at most a third of an RGB batch's bytes (any dtype), and some for its
+    boxes. Records that need more go through the pipe."""
+
+    def has_masks(v: Any) -> bool:
+        if isinstance(v, dict):
+            return v.get("masks") is True or any(has_masks(x) for x in v.values())
+        return isinstance(v, list) and any(has_masks(x) for x in v)
+
+    return image_bytes // 3 + (1 << 16) if has_masks(spec.get("source")) else 0
 
 
 def _error_message(e: BaseException) -> Tuple[str, str, Dict[str, Any]]:
@@ -202,7 +223,8 @@ def _worker_main(
     native = _sluice.Loader(spec_json, rank, world_size)
     spec = json.loads(spec_json)
     batch_size = int(spec["batch"]["size"])
-    layout = _slot_layout(int(native.batch_bytes()), batch_size)
+    image_bytes = int(native.batch_bytes())
+    layout = _slot_layout(image_bytes, batch_size, _record_bytes(spec, image_bytes))
     name = spec.get("map_batch")
     # (function, name, seed, rank) of the spec's map_batch, run on each batch made here.
     batch_fn = None if name is None else (import_map_batch(name), name, int(spec.get("seed", 0)), rank)
@@ -229,7 +251,7 @@ def _run(
     native: Any,
     conn: Connection,
     buf: memoryview,
-    layout: Tuple[int, int, int, int],
+    layout: Tuple[int, int, int, int, int],
     run: int,
     drawn: Tuple[int, Draw],
     first: int,
@@ -244,7 +266,7 @@ def _run(
     mine = deque(i for i in range(first, end) if i % count == index)
     free: List[int] = list(range(SLOTS))
     ahead: Deque[Tuple[int, Any]] = deque()  # started batches, so the threads work ahead
-    label_at, key_at, weight_at, slot_bytes = layout
+    label_at, key_at, weight_at, records_at, slot_bytes = layout
     while mine or ahead:
         while mine and len(ahead) <= SLOTS:
             i = mine.popleft()
@@ -292,8 +314,19 @@ def _run(
         if has_weight:
             _put(buf, base + weight_at, np.asarray(raw.weight, np.float32))
         n = len(raw.label)
+        # Boxes and masks: after the weights where they fit, else through the pipe.
+        found = {k: np.asarray(getattr(raw, k)) for k in RECORD_FIELDS if getattr(raw, k, None) is not None}
+        records: Optional[Tuple[str, Any]] = None
+        if found:
+            metas = _pack(found, slot_bytes - records_at)
+            if metas is None:
+                records = ("inline", found)
+            else:
+                for (_, _, _, offset), v in zip(metas, found.values()):
+                    _put(buf, base + records_at + offset, v)
+                records = ("slot", metas)
         # Metadata fields (small; lists of str among them) go through the pipe.
-        shape = (image.shape, str(image.dtype), raw.layout, has_weight, raw.fields)
+        shape = (image.shape, str(image.dtype), raw.layout, has_weight, raw.fields, records)
         conn.send(("batch", run, i, slot, n, shape, raw.index, None, native.stats_json()))
     return None
 
@@ -308,8 +341,8 @@ class MapWorkers:
         self._spec_json = json.dumps({**spec, "threads": 1})
         self._rank, self._world_size = rank, world_size
         self._count = processes
-        self._slot_bytes = _slot_layout(batch_bytes, self._batch_size)[3]
-        self._label_at, self._key_at, self._weight_at, _ = _slot_layout(batch_bytes, self._batch_size)
+        layout = _slot_layout(batch_bytes, self._batch_size, _record_bytes(spec, batch_bytes))
+        self._label_at, self._key_at, self._weight_at, self._records_at, self._slot_bytes = layout
         self._ctx = mp.get_context("spawn")
         self._shms: List[shared_memory.SharedMemory] = []
         self._procs: List[Any] = []
@@ -414,7 +447,7 @@ class MapWorkers:
             return batch
 
     def _copy_out(self, w: int, slot: int, n: int, shape: Tuple[Any, ...]) -> MapBatch:
-        (image_shape, dtype, layout, has_weight, metadata) = shape
+        (image_shape, dtype, layout, has_weight, metadata, records) = shape
         buf = self._shms[w].buf
         assert buf is not None
         base = slot * self._slot_bytes
@@ -426,6 +459,15 @@ class MapWorkers:
         }
         if has_weight:
             fields["weight"] = np.frombuffer(buf, np.float32, n, base + self._weight_at).copy()
+        if records is not None:
+            kind, data = records
+            if kind == "inline":
+                fields.update(data)
+            else:
+                for name, shape_, dtype_, offset in data:
+                    count = int(np.prod(shape_, dtype=np.int64))
+                    flat = np.frombuffer(buf, np.dtype(dtype_), count, base + self._records_at + offset)
+                    fields[name] = flat.reshape(shape_).copy()
         if metadata is not None:
             fields.update(metadata)
         fields["__layout__"] = layout

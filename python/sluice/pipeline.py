@@ -632,7 +632,10 @@ class Pipeline:
         and ``rng``, a ``numpy.random.Generator`` seeded from (seed, epoch, key), so a
         random ``fn`` is deterministic and resumes exactly. It returns a uint8
         ``[h', w', 3]`` array (any size; end with a crop if it changes the size). Like
-        the other image ops it comes before ``normalize``/``dtype``/``layout``.
+        the other image ops it comes before ``normalize``/``dtype``/``layout``. Where the
+        source has masks, ``sample.mask`` is the sample's uint8 ``[h, w]`` mask, writable
+        like the image: edit it in place, or return ``(image, mask)`` (docs/map.md,
+        "Masks").
 
         ``fn`` must be importable by name (``module:qualname``: a function defined at the
         top level of a module, or a static method of a top-level class): ``sluice.Loader`` runs

@@ -6,6 +6,9 @@
 //! not copied back either), and a
 //! [`MapSample`] (key, label, epoch, and `rng`, a `numpy.random.Generator` seeded from the
 //! seed the engine drew from the sample's RNG), and returns a `[h', w', 3]` uint8 array.
+//! Where the source has masks, `sample.mask` is the sample's mask (`[h, w]` uint8), a
+//! writable view of sluice's buffer like the image: the function edits it in place, or
+//! returns `(image, mask)` with a new one (`UserOp::apply_masked`).
 //! Whatever it raises becomes the sample's error, naming the op; the engine adds key and
 //! path and applies `on_error`. It runs on sluice's worker threads and takes the GIL for
 //! each call: `sluice.Loader` runs such pipelines in worker processes to scale
@@ -13,12 +16,13 @@
 
 use std::sync::Arc;
 
-use numpy::ndarray::ArrayView3;
-use numpy::{PyArray3, PyArrayMethods, PyUntypedArrayMethods};
+use numpy::ndarray::{ArrayView2, ArrayView3};
+use numpy::{PyArray2, PyArray3, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use sluice_core::{OpSpec, PipelineSpec};
+use pyo3::types::PyTuple;
+use sluice_core::{Mask, OpSpec, PipelineSpec};
 use sluice_pipeline::{register_user_op, ImageRef, SampleInfo, UserOp, UserOpError};
 
 /// What a map function is told about its sample besides the pixels.
@@ -35,6 +39,10 @@ pub struct MapSample {
     /// The seed drawn for this op from the sample's RNG (seed, epoch, key).
     #[pyo3(get)]
     seed: u64,
+    /// The sample's segmentation mask (uint8 `[h, w]`, a writable view for the call);
+    /// None where the source has no masks.
+    #[pyo3(get)]
+    mask: Option<Py<PyAny>>,
     rng: PyOnceLock<Py<PyAny>>,
 }
 
@@ -71,9 +79,11 @@ struct PyMapOp {
 }
 
 impl PyMapOp {
-    /// Calls the function on a writable view of `pixels[..w * h * 3]`; the result goes
-    /// back to `pixels` (nothing to copy when the function returned the view itself,
-    /// C-contiguous and whole, i.e. edited the image in place), else through `spare`.
+    /// Calls the function on a writable view of `pixels[..w * h * 3]` (and of the mask,
+    /// lent with its own base object); the image goes back to `pixels` (nothing to copy
+    /// when the function returned the view itself, C-contiguous and whole, i.e. edited the
+    /// image in place), else through `spare`. Returns the image's size and the new mask
+    /// the function returned, if any (one edited in place is where it was).
     #[allow(clippy::too_many_arguments)]
     fn call(
         &self,
@@ -81,9 +91,10 @@ impl PyMapOp {
         base: &Bound<'_, MapPixels>,
         pixels: &mut Vec<u8>,
         (w, h): (usize, usize),
+        mask: Option<(&Bound<'_, MapPixels>, &mut Mask)>,
         sample: &SampleInfo,
         spare: &mut Vec<u8>,
-    ) -> PyResult<(u32, u32)> {
+    ) -> PyResult<((u32, u32), Option<Mask>)> {
         let n = w * h * 3;
         let view = pixels.get(..n).ok_or_else(|| PyValueError::new_err(format!("a {w}x{h} image needs {n} bytes")))?;
         let view = ArrayView3::from_shape((h, w, 3), view).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -92,20 +103,66 @@ impl PyMapOp {
         // into `base` if the array outlives the call. The array is writable: the caller
         // lent `pixels` mutably and reads it only after the call.
         let array = unsafe { PyArray3::<u8>::borrow_from_array(&view, base.clone().into_any()) };
+        let mask_array = match mask {
+            Some((mask_base, m)) => {
+                let (mw, mh) = (m.width as usize, m.height as usize);
+                let bytes = m
+                    .data
+                    .get(..mw * mh)
+                    .ok_or_else(|| PyValueError::new_err(format!("a {mw}x{mh} mask needs {} bytes", mw * mh)))?;
+                let view = ArrayView2::from_shape((mh, mw), bytes).map_err(|e| PyValueError::new_err(e.to_string()))?;
+                // SAFETY: as for the image: `m.data` is held mutably by this call and moved
+                // into `mask_base` if the array outlives it.
+                Some(unsafe { PyArray2::<u8>::borrow_from_array(&view, mask_base.clone().into_any()) })
+            }
+            None => None,
+        };
         let info = MapSample {
             key: sample.key,
             label: sample.label,
             epoch: sample.epoch,
             seed: sample.seed,
+            mask: mask_array.as_ref().map(|a| a.clone().into_any().unbind()),
             rng: PyOnceLock::new(),
         };
         let result = self.func.bind(py).call1((&array, info))?;
-        if result.is(&array) {
+        let (image, new_mask) = match result.cast::<PyTuple>() {
+            Ok(pair) if mask_array.is_none() => {
+                return Err(PyValueError::new_err(format!(
+                    "it returned a tuple of {}, but the sample has no mask (the source has no masks): return the image",
+                    pair.len()
+                )));
+            }
+            Ok(pair) if pair.len() != 2 => {
+                return Err(PyValueError::new_err(format!(
+                    "it must return an image or (image, mask); got a tuple of {}",
+                    pair.len()
+                )));
+            }
+            Ok(pair) => (pair.get_item(0)?, Some(pair.get_item(1)?)),
+            Err(_) => (result, None),
+        };
+        let size = Self::image_back(&image, &array, pixels, (w, h), spare)?;
+        let new_mask = match (new_mask, &mask_array) {
+            (Some(m), Some(lent)) if !m.is(lent) => Some(Self::mask_back(&m, size)?),
+            _ => None,
+        };
+        Ok((size, new_mask))
+    }
+
+    /// The image the function returned, left in `pixels` (see [`call`](Self::call)).
+    fn image_back(
+        result: &Bound<'_, PyAny>,
+        array: &Bound<'_, PyArray3<u8>>,
+        pixels: &mut Vec<u8>,
+        (w, h): (usize, usize),
+        spare: &mut Vec<u8>,
+    ) -> PyResult<(u32, u32)> {
+        if result.is(array) {
             return Ok((w as u32, h as u32)); // edited in place: the pixels are where they were
         }
         let Ok(out) = result.cast::<PyArray3<u8>>() else {
-            let shape = result.getattr("shape").map_or_else(|_| "no shape".to_owned(), |s| s.to_string());
-            let dtype = result.getattr("dtype").map_or_else(|_| result.get_type().to_string(), |d| d.to_string());
+            let (dtype, shape) = describe(result);
             return Err(PyValueError::new_err(format!(
                 "it must return a uint8 numpy array [h, w, 3]; got {dtype} with shape {shape}"
             )));
@@ -130,6 +187,38 @@ impl PyMapOp {
         std::mem::swap(pixels, spare);
         Ok(size)
     }
+
+    /// The mask the function returned with an image of `(width, height)`: uint8 `[h, w]`
+    /// of that size, copied.
+    fn mask_back(result: &Bound<'_, PyAny>, (width, height): (u32, u32)) -> PyResult<Mask> {
+        let Ok(out) = result.cast::<PyArray2<u8>>() else {
+            let (dtype, shape) = describe(result);
+            return Err(PyValueError::new_err(format!(
+                "it must return the mask as a uint8 numpy array [h, w]; got {dtype} with shape {shape}"
+            )));
+        };
+        let &[mh, mw] = out.shape() else {
+            return Err(PyValueError::new_err(format!("the mask must be [h, w]; got shape {:?}", out.shape())));
+        };
+        if (mw, mh) != (width as usize, height as usize) {
+            return Err(PyValueError::new_err(format!(
+                "it returned a {mw}x{mh} mask with a {width}x{height} image; the mask must have the image's size"
+            )));
+        }
+        let out = out.try_readonly().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let data = match out.as_slice() {
+            Ok(contiguous) => contiguous.to_vec(),
+            Err(_) => out.as_array().iter().copied().collect(),
+        };
+        Ok(Mask { width, height, data })
+    }
+}
+
+/// A returned object's dtype and shape, for an error message.
+fn describe(result: &Bound<'_, PyAny>) -> (String, String) {
+    let shape = result.getattr("shape").map_or_else(|_| "no shape".to_owned(), |s| s.to_string());
+    let dtype = result.getattr("dtype").map_or_else(|_| result.get_type().to_string(), |d| d.to_string());
+    (dtype, shape)
 }
 
 impl UserOp for PyMapOp {
@@ -143,7 +232,33 @@ impl UserOp for PyMapOp {
     fn apply_in_place(
         &self,
         pixels: &mut Vec<u8>,
+        size: (u32, u32),
+        sample: &SampleInfo,
+        spare: &mut Vec<u8>,
+    ) -> Result<(u32, u32), UserOpError> {
+        self.run(pixels, size, None, sample, spare)
+    }
+
+    fn apply_masked(
+        &self,
+        pixels: &mut Vec<u8>,
+        size: (u32, u32),
+        mask: &mut Mask,
+        sample: &SampleInfo,
+        spare: &mut Vec<u8>,
+    ) -> Result<(u32, u32), UserOpError> {
+        self.run(pixels, size, Some(mask), sample, spare)
+    }
+}
+
+impl PyMapOp {
+    /// One call of the function, with the GIL, on the image and (where the source has
+    /// masks) the mask; a buffer the function kept a view of is handed over to that view.
+    fn run(
+        &self,
+        pixels: &mut Vec<u8>,
         (w, h): (u32, u32),
+        mut mask: Option<&mut Mask>,
         sample: &SampleInfo,
         spare: &mut Vec<u8>,
     ) -> Result<(u32, u32), UserOpError> {
@@ -153,11 +268,17 @@ impl UserOp for PyMapOp {
                 let kind = e.get_type(py).name().map_or_else(|_| "Exception".to_owned(), |n| n.to_string());
                 UserOpError(format!("{} raised {kind}: {}", self.name, e.value(py)))
             };
-            let base = Bound::new(py, MapPixels { kept: std::sync::OnceLock::new() }).map_err(fail)?;
+            let kept = || MapPixels { kept: std::sync::OnceLock::new() };
+            let base = Bound::new(py, kept()).map_err(fail)?;
+            let mask_base = match mask {
+                Some(_) => Some(Bound::new(py, kept()).map_err(fail)?),
+                None => None,
+            };
             let lent = pixels.as_ptr();
-            // The error (and its traceback, which may hold the array) is dropped before the
-            // check below.
-            let result = self.call(py, &base, pixels, (w as usize, h as usize), sample, spare).map_err(fail);
+            // The error (and its traceback, which may hold the arrays) is dropped before
+            // the checks below.
+            let lent_mask = mask_base.as_ref().zip(mask.as_deref_mut());
+            let result = self.call(py, &base, pixels, (w as usize, h as usize), lent_mask, sample, spare).map_err(fail);
             // SAFETY: `base` is a live object; reading its count needs the GIL, held here.
             if unsafe { pyo3::ffi::Py_REFCNT(base.as_ptr()) } > 1 {
                 // The function kept the array (or a view of it): it keeps the buffer.
@@ -169,7 +290,18 @@ impl UserOp for PyMapOp {
                 };
                 let _ = base.get().kept.set(buffer);
             }
-            result
+            if let (Some(mask_base), Some(m)) = (&mask_base, mask.as_deref_mut()) {
+                // SAFETY: as above.
+                if unsafe { pyo3::ffi::Py_REFCNT(mask_base.as_ptr()) } > 1 {
+                    let copy = m.data.clone();
+                    let _ = mask_base.get().kept.set(std::mem::replace(&mut m.data, copy));
+                }
+            }
+            let (size, new_mask) = result?;
+            if let (Some(new), Some(m)) = (new_mask, mask) {
+                *m = new;
+            }
+            Ok(size)
         })
     }
 }

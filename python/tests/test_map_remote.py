@@ -84,7 +84,7 @@ def test_the_map_server_answers_images_and_errors_over_its_pipes() -> None:
         assert reply()[0] == ms.READY
         image = np.arange(4 * 3 * 3, dtype=np.uint8).reshape(4, 3, 3)
         for key in (1, 5):
-            p.stdin.write(ms.REQUEST.pack(key, 2, 0, 9, 3, 4) + image.tobytes())
+            p.stdin.write(ms.REQUEST.pack(key, 2, 0, 9, 3, 4, 0) + image.tobytes())
             p.stdin.flush()
         assert reply() == (ms.IMAGE, 3, 2, image[:2].tobytes())
         status, _, _, message = reply()

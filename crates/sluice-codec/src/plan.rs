@@ -637,9 +637,6 @@ impl Plan {
                     }
                 }
                 Step::Map { ref op } => {
-                    if mask.is_some() {
-                        return Err(CodecError::Unsupported("a `map` op cannot move a mask".into()));
-                    }
                     if flip {
                         flip_into(borrowed.unwrap_or(&scratch.a), w, h, &mut scratch.b);
                         std::mem::swap(&mut scratch.a, &mut scratch.b);
@@ -651,7 +648,8 @@ impl Plan {
                         scratch.a.extend_from_slice(src);
                     }
                     // The op edits `scratch.a` in place (a Python map gets a view of it).
-                    (w, h) = self.user_op(op, (w, h), rng, scratch.sample, &mut scratch.a, &mut scratch.b)?;
+                    let images = (&mut scratch.a, &mut scratch.b);
+                    (w, h) = self.user_op(op, (w, h), rng, scratch.sample, images, mask.as_deref_mut())?;
                     in_out = false;
                     borrowed = None;
                 }
@@ -698,16 +696,16 @@ impl Plan {
     }
 
     /// Runs a `map` op on the `w x h` RGB8 image in `pixels`, leaving its result there
-    /// (`spare` is scratch); checks that what it made is an image within `max_pixels` that
-    /// `pixels` holds.
+    /// (`spare` is scratch), and on the sample's `mask` if it has one; checks that what it
+    /// made is an image within `max_pixels` that `pixels` holds, with a mask of its size.
     fn user_op(
         &self,
         slot: &UserOpSlot,
         (w, h): (u32, u32),
         rng: &mut SampleRng,
         sample: SampleInfo,
-        pixels: &mut Vec<u8>,
-        spare: &mut Vec<u8>,
+        (pixels, spare): (&mut Vec<u8>, &mut Vec<u8>),
+        mut mask: Option<&mut Mask>,
     ) -> Result<(u32, u32), CodecError> {
         let op = slot.op().ok_or_else(|| CodecError::UnknownUserOp(slot.name.clone()))?;
         let n = w as usize * h as usize * 3;
@@ -716,7 +714,11 @@ impl Plan {
         }
         let info = SampleInfo { seed: rng.next_u64(), max_pixels: self.limits.max_pixels, ..sample };
         let fail = |message: String| CodecError::UserOp { op: slot.name.clone(), message };
-        let (ow, oh) = op.apply_in_place(pixels, (w, h), &info, spare).map_err(|e| fail(e.0))?;
+        let result = match mask.as_deref_mut() {
+            Some(m) => op.apply_masked(pixels, (w, h), m, &info, spare),
+            None => op.apply_in_place(pixels, (w, h), &info, spare),
+        };
+        let (ow, oh) = result.map_err(|e| fail(e.0))?;
         let limit = self.limits.max_pixels;
         if ow == 0 || oh == 0 || u64::from(ow) * u64::from(oh) > limit {
             return Err(fail(format!("it returned a {ow}x{oh} image; an image needs 1..={limit} pixels")));
@@ -724,6 +726,16 @@ impl Plan {
         let need = ow as usize * oh as usize * 3;
         if pixels.len() < need {
             return Err(fail(format!("it returned {} bytes for a {ow}x{oh} RGB image ({need})", pixels.len())));
+        }
+        if let Some(m) = mask {
+            let fits = (m.width, m.height) == (ow, oh) && m.data.len() == ow as usize * oh as usize;
+            if !fits && (ow, oh) != (w, h) {
+                return Err(fail(format!("it changed the image to {ow}x{oh} but returned no mask of that size")));
+            }
+            if !fits {
+                let (mw, mh, n) = (m.width, m.height, m.data.len());
+                return Err(fail(format!("it left a {mw}x{mh} mask of {n} bytes for a {ow}x{oh} image")));
+            }
         }
         Ok((ow, oh))
     }

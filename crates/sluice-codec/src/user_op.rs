@@ -10,10 +10,18 @@
 //! a seed drawn from the per-sample RNG at the op's place in the op list), so its output is
 //! a function of (bytes, seed, epoch, key) like the native ops': the same for any thread
 //! or process count, and exact across a checkpoint.
+//!
+//! Where the source has segmentation masks, the op is called through
+//! [`UserOp::apply_masked`] with the sample's [`Mask`] as well: it may edit the mask in
+//! place or replace it. The plan then checks that the mask has the size of the image the
+//! op returned; an op that knows nothing of masks (the default) keeps the mask as it was,
+//! so it must not change the image's size.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, OnceLock, RwLock};
+
+use sluice_core::Mask;
 
 /// A sample's RGB8 HWC pixels, `width x height`, as a user op receives them.
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +76,23 @@ pub trait UserOp: Send + Sync {
         let size = self.apply(image, sample, spare)?;
         std::mem::swap(pixels, spare);
         Ok(size)
+    }
+
+    /// Like [`apply_in_place`](Self::apply_in_place) for a sample with a segmentation
+    /// mask (`width x height`, one byte a pixel, the image's size): the op may edit
+    /// `mask.data` in place or replace the whole mask, which must then have the size of
+    /// the image it returns (else the sample fails naming the op). The default runs
+    /// `apply_in_place` and leaves the mask alone.
+    fn apply_masked(
+        &self,
+        pixels: &mut Vec<u8>,
+        size: (u32, u32),
+        mask: &mut Mask,
+        sample: &SampleInfo,
+        spare: &mut Vec<u8>,
+    ) -> Result<(u32, u32), UserOpError> {
+        let _ = mask;
+        self.apply_in_place(pixels, size, sample, spare)
     }
 }
 
@@ -128,7 +153,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
-    use sluice_core::{Limits, OpSpec, SampleKey, SampleRng, Size};
+    use sluice_core::{BoxTargets, Limits, OpSpec, SampleKey, SampleRng, Size};
 
     use super::*;
     use crate::{encode_jpeg, CodecError, Plan, Scratch};
@@ -163,6 +188,71 @@ mod tests {
             }
             Err(UserOpError("ValueError: boom".into()))
         }
+    }
+
+    /// Inverts image and mask in place, or (`halve`) keeps the left half of the image and
+    /// leaves the mask to the default `apply_masked`.
+    struct Both {
+        halve: bool,
+    }
+
+    impl UserOp for Both {
+        fn apply(&self, image: ImageRef<'_>, _: &SampleInfo, out: &mut Vec<u8>) -> Result<(u32, u32), UserOpError> {
+            out.clear();
+            let (w, h) = (image.width as usize, image.height as usize);
+            let keep = if self.halve { w / 2 } else { w };
+            for row in image.pixels.chunks(w * 3).take(h) {
+                out.extend(row[..keep * 3].iter().map(|v| 255 - v));
+            }
+            Ok((keep as u32, image.height))
+        }
+
+        fn apply_masked(
+            &self,
+            pixels: &mut Vec<u8>,
+            size: (u32, u32),
+            mask: &mut Mask,
+            sample: &SampleInfo,
+            spare: &mut Vec<u8>,
+        ) -> Result<(u32, u32), UserOpError> {
+            if !self.halve {
+                mask.data.iter_mut().for_each(|v| *v = 255 - *v);
+            }
+            self.apply_in_place(pixels, size, sample, spare)
+        }
+    }
+
+    fn run_masked(plan: &Plan, key: u64) -> Result<(Vec<u8>, Mask), CodecError> {
+        let rgb: Vec<u8> = (0..16 * 12 * 3).map(|i| (i * 7 % 251) as u8).collect();
+        let jpeg = encode_jpeg(&rgb, 16, 12, 95).map_err(|e| CodecError::Corrupt(e.to_string()))?;
+        let mut mask = Mask { width: 16, height: 12, data: (0..16 * 12).map(|i| (i % 13) as u8).collect() };
+        let mut scratch = Scratch::new();
+        scratch.sample = SampleInfo { key, label: 3, epoch: 1, seed: 0, max_pixels: 0 };
+        let mut out = vec![0u8; plan.output_bytes()];
+        let mut times = vec![Duration::ZERO; plan.step_names().len()];
+        let mut rng = SampleRng::new(5, 1, SampleKey(key), 0);
+        let mut boxes = BoxTargets::default();
+        plan.run_with_records(&jpeg, &mut rng, &mut scratch, &mut out, &mut times, &mut boxes, Some(&mut mask))?;
+        Ok((out, mask))
+    }
+
+    #[test]
+    fn an_op_sees_and_edits_the_mask_and_one_that_resizes_the_image_alone_fails_the_sample() {
+        register_user_op("tests:both", Arc::new(Both { halve: false }));
+        register_user_op("tests:halve", Arc::new(Both { halve: true }));
+        let plain = run_masked(&Plan::compile(&ops("tests:both")[..2], Limits::default()), 2).unwrap();
+        let (image, mask) = run_masked(&Plan::compile(&ops("tests:both"), Limits::default()), 2).unwrap();
+        assert_eq!(image, plain.0.iter().map(|v| 255 - v).collect::<Vec<_>>());
+        assert_eq!((mask.width, mask.height), (8, 8));
+        assert_eq!(mask.data, plain.1.data.iter().map(|v| 255 - v).collect::<Vec<_>>());
+        let err = run_masked(&Plan::compile(&ops("tests:halve"), Limits::default()), 2).unwrap_err();
+        assert_eq!(
+            err,
+            CodecError::UserOp {
+                op: "tests:halve".into(),
+                message: "it changed the image to 4x8 but returned no mask of that size".into()
+            }
+        );
     }
 
     fn ops(name: &str) -> Vec<OpSpec> {

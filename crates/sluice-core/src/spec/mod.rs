@@ -475,19 +475,6 @@ impl PipelineSpec {
         Ok(())
     }
 
-    /// Masks move through the geometric ops (and the cache keeps them with its entries); a
-    /// `map` op, which may change the image's size in ways no mask can follow, is refused
-    /// with them.
-    fn validate_for_masks(&self) -> Result<(), SpecError> {
-        if let Some(i) = self.ops.iter().position(|op| matches!(op, OpSpec::Map { .. })) {
-            return Err(SpecError::new(
-                format!("ops[{i}]"),
-                "`map` does not move masks; a source with masks cannot use it",
-            ));
-        }
-        Ok(())
-    }
-
     /// The standard training pipeline: decode, RandomResizedCrop(size), flip, u8 HWC.
     pub fn train_default(source: SourceSpec, size: u32, batch: usize) -> Self {
         Self {
@@ -650,9 +637,6 @@ impl PipelineSpec {
         ops::validate_ops(&self.ops)?;
         if self.source.has_boxes() {
             self.validate_for_boxes()?;
-        }
-        if self.source.has_masks() {
-            self.validate_for_masks()?;
         }
         if self.batch_bytes().is_none_or(|b| b > MAX_BATCH_BYTES) {
             let (dtype, _, size) = self.output();
@@ -978,7 +962,7 @@ size = 32
     }
 
     #[test]
-    fn masks_are_accepted_with_a_cache_and_refused_with_map() {
+    fn masks_are_accepted_with_a_cache_and_with_map() {
         let source = SourceSpec::Tar { shards: vec!["a.tar".into()], sidecars: true, masks: true };
         let mut spec = PipelineSpec::train_default(source, 224, 8);
         spec.cache = Some(CacheSpec {
@@ -990,10 +974,9 @@ size = 32
             share: false,
         });
         spec.validate().unwrap();
+        // A `map` op gets the mask with the image (docs/map.md, "Masks").
         spec.ops.insert(1, OpSpec::Map { func: "aug:blur".into() });
-        let e = spec.validate().unwrap_err();
-        assert_eq!(e.field, "ops[1]", "{e}");
-        assert!(e.message.contains("`map` does not move masks"), "{e}");
+        spec.validate().unwrap();
     }
 
     #[test]

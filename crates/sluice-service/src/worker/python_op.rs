@@ -10,7 +10,10 @@
 //! is reaped and the sample retried on a fresh one, up to [`TRIES`] times; then the
 //! sample fails naming the op, and `on_error` decides. Whatever the function raises is the
 //! sample's error, with the in-process op's message. The op runs inside the plan like any
-//! op, so its time is the `map` op's in stats, metrics and traces.
+//! op, so its time is the `map` op's in stats, metrics and traces. Where the source has
+//! masks, each request carries the sample's mask too and the reply the mask the function
+//! left ([`UserOp::apply_masked`]); the protocol is described in `map_server.py`'s
+//! docstring.
 
 use std::collections::HashSet;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -19,7 +22,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
-use sluice_core::{OpSpec, PipelineSpec};
+use sluice_core::{Mask, OpSpec, PipelineSpec};
 use sluice_pipeline::{register_user_op, user_op, ImageRef, SampleInfo, UserOp, UserOpError};
 
 /// The child's program (see its docstring for the protocol).
@@ -31,8 +34,8 @@ pub const TRIES: usize = 3;
 const READY: u32 = 0;
 const IMAGE: u32 = 1;
 const FAILED: u32 = 2;
-/// `key u64, label i64, epoch u64, seed u64, width u32, height u32`.
-const REQUEST_BYTES: usize = 40;
+/// `key u64, label i64, epoch u64, seed u64, width u32, height u32, mask u32`.
+const REQUEST_BYTES: usize = 44;
 /// `status u32, a u32, b u32`.
 const REPLY_BYTES: usize = 12;
 /// Longest error message read from a child (a longer length is a broken child).
@@ -56,6 +59,10 @@ enum ChildError {
     #[error("it returned a {w}x{h} image; an image needs 1..={limit} pixels (limits.max_pixels)")]
     TooLarge { w: u32, h: u32, limit: u64 },
 }
+
+/// A child's answer to a sample: the image's `(width, height)` and, for a sample with a
+/// mask, the mask of that size the function left.
+type Served = ((u32, u32), Option<Vec<u8>>);
 
 /// One `map_server.py` process.
 struct MapChild {
@@ -124,13 +131,15 @@ impl MapChild {
         Ok(String::from_utf8_lossy(&text).into_owned())
     }
 
-    /// Runs the function on one sample: the new size, or the function's error.
+    /// Runs the function on one sample (and its mask, if it has one): the new size and
+    /// the mask that goes with it, or the function's error.
     fn call(
         &mut self,
         image: ImageRef<'_>,
+        mask: Option<&Mask>,
         sample: &SampleInfo,
         out: &mut Vec<u8>,
-    ) -> Result<Result<(u32, u32), String>, ChildError> {
+    ) -> Result<Result<Served, String>, ChildError> {
         let mut head = [0u8; REQUEST_BYTES];
         head[0..8].copy_from_slice(&sample.key.to_le_bytes());
         head[8..16].copy_from_slice(&sample.label.to_le_bytes());
@@ -138,7 +147,12 @@ impl MapChild {
         head[24..32].copy_from_slice(&sample.seed.to_le_bytes());
         head[32..36].copy_from_slice(&image.width.to_le_bytes());
         head[36..40].copy_from_slice(&image.height.to_le_bytes());
-        let sent = self.stdin.write_all(&head).and_then(|()| self.stdin.write_all(image.pixels));
+        head[40..44].copy_from_slice(&u32::from(mask.is_some()).to_le_bytes());
+        let mut sent = self.stdin.write_all(&head).and_then(|()| self.stdin.write_all(image.pixels));
+        if let Some(m) = mask {
+            // The plan checked that it has the image's size.
+            sent = sent.and_then(|()| self.stdin.write_all(&m.data));
+        }
         if let Err(e) = sent.and_then(|()| self.stdin.flush()) {
             return Err(self.gone("took no request", e));
         }
@@ -153,7 +167,15 @@ impl MapChild {
                 if let Err(e) = self.stdout.read_exact(out) {
                     return Err(self.gone("closed its pipe", e));
                 }
-                Ok(Ok((w, h)))
+                let mut new_mask = None;
+                if mask.is_some() {
+                    let mut data = vec![0u8; w as usize * h as usize];
+                    if let Err(e) = self.stdout.read_exact(&mut data) {
+                        return Err(self.gone("closed its pipe", e));
+                    }
+                    new_mask = Some(data);
+                }
+                Ok(Ok(((w, h), new_mask)))
             }
             (FAILED, len, _) => Ok(Err(self.read_message(len)?)),
             (status, _, _) => Err(ChildError::Protocol { pid: self.child.id(), status }),
@@ -198,18 +220,53 @@ impl PythonMapOp {
 
 impl UserOp for PythonMapOp {
     fn apply(&self, image: ImageRef<'_>, sample: &SampleInfo, out: &mut Vec<u8>) -> Result<(u32, u32), UserOpError> {
+        self.serve(image, None, sample, out)
+    }
+
+    fn apply_masked(
+        &self,
+        pixels: &mut Vec<u8>,
+        (width, height): (u32, u32),
+        mask: &mut Mask,
+        sample: &SampleInfo,
+        spare: &mut Vec<u8>,
+    ) -> Result<(u32, u32), UserOpError> {
+        let n = width as usize * height as usize * 3;
+        let image = ImageRef { pixels: pixels.get(..n).unwrap_or(pixels), width, height };
+        let size = self.serve(image, Some(mask), sample, spare)?;
+        std::mem::swap(pixels, spare);
+        Ok(size)
+    }
+}
+
+impl PythonMapOp {
+    /// One sample through a child, retried on a fresh child when one dies; the image goes
+    /// to `out`, the mask the function left (if the sample has one) to `mask`.
+    fn serve(
+        &self,
+        image: ImageRef<'_>,
+        mask: Option<&mut Mask>,
+        sample: &SampleInfo,
+        out: &mut Vec<u8>,
+    ) -> Result<(u32, u32), UserOpError> {
         let mut last = None;
         for attempt in 1..=TRIES {
             if let Some(e) = self.import_error.get() {
                 return Err(UserOpError(e.clone()));
             }
             let result = self.child().and_then(|mut child| {
-                let result = child.call(image, sample, out)?;
+                let result = child.call(image, mask.as_deref(), sample, out)?;
                 self.idle.lock().push(child);
                 Ok(result)
             });
             match result {
-                Ok(done) => return done.map_err(UserOpError),
+                Ok(Ok(((width, height), new_mask))) => {
+                    if let (Some(m), Some(data)) = (mask, new_mask) {
+                        *m = Mask { width, height, data };
+                    }
+                    return Ok((width, height));
+                }
+                Ok(Err(message)) => return Err(UserOpError(message)),
                 Err(ChildError::Import(message)) => {
                     tracing::warn!(op = %self.name, python = %self.python.display(), %message, "cannot import the map function");
                     let _ = self.import_error.set(message.clone());
