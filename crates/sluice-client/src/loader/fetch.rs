@@ -199,6 +199,8 @@ async fn run_task(
             compression: conn.compression.to_wire(),
             fingerprint: conn.fingerprint.clone(),
             trace,
+            // Masks over the header's 16 MiB travel after the pixels (a gRPC batch ignores it).
+            masks_in_body: true,
         };
         // Tracing: when the request went, and this connection's clock offset.
         let sent_ns = trace.then(now_ns);

@@ -7,7 +7,9 @@
 //!   `b"SLDP1"`, u32 token length, token, u32 request length, `RunTaskRequest` (prost).
 //! Worker → client, repeated, each frame starting with a kind byte:
 //!   `1` batch: u32 header length, `BatchMessage` without `data` (prost), u64 data length, data
-//!       (the pixels, compressed when the request asked and the header says so);
+//!       (the pixels, compressed when the request asked and the header says so), then, when
+//!       the request asked for `masks_in_body`, the batch's masks (as many bytes as the
+//!       header's `BatchMasks.body_bytes`; a header then carries none of their bytes);
 //!   `2` end of task;
 //!   `3` error: u32 gRPC status code, u32 message length, message (UTF-8).
 //! Integers are little-endian. Sizes are bounded before anything is allocated, and so are
@@ -19,7 +21,8 @@
 //! ([`sluice_client::shm`]). After the request the worker sends
 //!   `4` region: u64 id, u32 slots, u64 slot bytes, with the region's memfd attached;
 //! and then sends each batch as
-//!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length;
+//!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length, then the
+//!       masks as in `1`;
 //! (or as `1`, inline, when no slot is free or the batch is larger). The client copies the
 //! pixels out and hands the slot back with a u32 slot number; the worker reuses a slot
 //! only after that.
@@ -233,16 +236,30 @@ async fn write_error(w: &mut (impl AsyncWriteExt + Unpin), s: &Status) -> std::i
     w.flush().await
 }
 
-/// A batch with its pixels in the frame.
-async fn write_inline(w: &mut (impl AsyncWriteExt + Unpin), out: &Outgoing) -> std::io::Result<()> {
-    let head = out.header().encode_to_vec();
+/// A batch with its pixels in the frame (and its masks after them, `masks_in_body`).
+async fn write_inline(
+    w: &mut (impl AsyncWriteExt + Unpin),
+    out: &Outgoing,
+    masks_in_body: bool,
+) -> std::io::Result<()> {
+    let head = out.header(masks_in_body).encode_to_vec();
     let data = out.payload();
     w.write_u8(KIND_BATCH).await?;
     write_frame(w, Prefix::U32, &head).await?;
     write_len(w, Prefix::U64, data.len()).await?;
     // Large writes bypass the BufWriter's buffer: straight from the batch.
     w.write_all(data).await?;
+    write_masks(w, out, masks_in_body).await?;
     w.flush().await
+}
+
+/// The masks that follow a batch's pixels in its frame, when the request asked for them
+/// there (`RunTaskRequest.masks_in_body`; the header gives their length).
+async fn write_masks(w: &mut (impl AsyncWriteExt + Unpin), out: &Outgoing, masks_in_body: bool) -> std::io::Result<()> {
+    match masks_in_body {
+        true => w.write_all(out.masks()).await,
+        false => Ok(()),
+    }
 }
 
 async fn connection(
@@ -259,6 +276,7 @@ async fn connection(
         Ok(req) => req,
         Err(s) => return write_error(&mut w, &s).await,
     };
+    let masks_in_body = req.masks_in_body;
     let mut task = match service(req).await {
         Ok(task) => task,
         Err(s) => return write_error(&mut w, &s).await,
@@ -268,7 +286,7 @@ async fn connection(
     while let Some(item) = task.rx.recv().await {
         match item {
             Ok(out) => {
-                write_inline(&mut w, &out).await?;
+                write_inline(&mut w, &out, masks_in_body).await?;
                 task.sent(out);
             }
             Err(s) => return write_error(&mut w, &s).await,
