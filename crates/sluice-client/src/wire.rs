@@ -546,6 +546,19 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
     })
 }
 
+/// A batch as tests build one: no weights, boxes or fields.
+#[cfg(test)]
+pub(crate) fn test_batch(
+    epoch: u64,
+    index: u64,
+    keys: Vec<u64>,
+    labels: Vec<i64>,
+    images: Tensor,
+    layout: Layout,
+) -> Batch {
+    Batch { epoch, index, keys, labels, images, layout, weights: None, boxes: None, fields: None }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -557,15 +570,8 @@ mod tests {
             let mut images = Tensor::zeros(dt, vec![2, 3, 4, 3]);
             images.as_bytes_mut()[5] = 7;
             let b = Batch {
-                epoch: 3,
-                index: 9,
-                keys: vec![4, 8],
-                labels: vec![1, -1],
-                images,
-                layout: Layout::Chw,
                 weights: Some(vec![0.5, 2.0]),
-                boxes: None,
-                fields: None,
+                ..test_batch(3, 9, vec![4, 8], vec![1, -1], images, Layout::Chw)
             };
             let back = message_to_batch(batch_to_message(b.clone())).map_err(|e| e.to_string());
             assert_eq!(back, Ok(b.clone()));
@@ -575,17 +581,14 @@ mod tests {
                 assert_eq!(message_to_batch(m).map_err(|e| e.to_string()), Ok(b.clone()));
             }
         }
-        let mut m = batch_to_message(Batch {
-            epoch: 0,
-            index: 0,
-            keys: vec![1],
-            labels: vec![0],
-            images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
-            boxes: None,
-            fields: None,
-        });
+        let mut m = batch_to_message(test_batch(
+            0,
+            0,
+            vec![1],
+            vec![0],
+            Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
+            Layout::Hwc,
+        ));
         m.data.pop();
         assert!(matches!(message_to_batch(m), Err(ClientError::BadBatch(_))));
     }
@@ -595,15 +598,8 @@ mod tests {
         let targets =
             sluice_core::BoxTargets { boxes: vec![[1.0, 2.5, 3.0, 4.0], [0.0, 0.0, 9.0, 9.0]], labels: vec![7, 8] };
         let b = Batch {
-            epoch: 1,
-            index: 4,
-            keys: vec![3, 5],
-            labels: vec![-1, -1],
-            images: Tensor::zeros(DType::U8, vec![2, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
             boxes: Some(Box::new(BatchBoxes::pad(&[sluice_core::BoxTargets::default(), targets]))),
-            fields: None,
+            ..test_batch(1, 4, vec![3, 5], vec![-1, -1], Tensor::zeros(DType::U8, vec![2, 2, 2, 3]), Layout::Hwc)
         };
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
@@ -637,15 +633,8 @@ mod tests {
             ],
         };
         let b = Batch {
-            epoch: 1,
-            index: 4,
-            keys: vec![3, 5],
-            labels: vec![-1, -1],
-            images: Tensor::zeros(DType::U8, vec![2, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
-            boxes: None,
             fields: Some(Box::new(fields)),
+            ..test_batch(1, 4, vec![3, 5], vec![-1, -1], Tensor::zeros(DType::U8, vec![2, 2, 2, 3]), Layout::Hwc)
         };
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
@@ -679,21 +668,19 @@ mod tests {
         assert!(batch_to_message(Batch { fields: None, ..b }).fields.is_empty());
     }
 
-    #[test]
-    fn masks_travel_with_their_batch_and_malformed_or_hostile_masks_are_refused() {
+    /// Batch 6 of epoch 2: two 3x2 images (CHW) with their masks, bytes 0..12.
+    fn masked_batch() -> Batch {
         let mut boxes = BatchBoxes::pad(&vec![sluice_core::BoxTargets::default(); 2]);
         boxes.masks = Some(Tensor { shape: vec![2, 3, 2], data: TensorData::U8((0..12).collect()) });
-        let b = Batch {
-            epoch: 2,
-            index: 6,
-            keys: vec![3, 5],
-            labels: vec![-1, -1],
-            images: Tensor::zeros(DType::U8, vec![2, 3, 3, 2]),
-            layout: Layout::Chw,
-            weights: None,
+        Batch {
             boxes: Some(Box::new(boxes)),
-            fields: None,
-        };
+            ..test_batch(2, 6, vec![3, 5], vec![-1, -1], Tensor::zeros(DType::U8, vec![2, 3, 3, 2]), Layout::Chw)
+        }
+    }
+
+    #[test]
+    fn masks_travel_with_their_batch_and_malformed_or_hostile_masks_are_refused() {
+        let b = masked_batch();
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
             let head = out.header(false).targets.and_then(|t| t.masks);
@@ -723,19 +710,7 @@ mod tests {
 
     #[test]
     fn masks_after_the_pixels_come_back_whole_and_a_frame_that_disagrees_with_its_header_is_refused() {
-        let mut boxes = BatchBoxes::pad(&vec![sluice_core::BoxTargets::default(); 2]);
-        boxes.masks = Some(Tensor { shape: vec![2, 3, 2], data: TensorData::U8((0..12).collect()) });
-        let b = Batch {
-            epoch: 2,
-            index: 6,
-            keys: vec![3, 5],
-            labels: vec![-1, -1],
-            images: Tensor::zeros(DType::U8, vec![2, 3, 3, 2]),
-            layout: Layout::Chw,
-            weights: None,
-            boxes: Some(Box::new(boxes)),
-            fields: None,
-        };
+        let b = masked_batch();
         let frame = |c| {
             let out = Outgoing::new(b.clone(), c);
             let head = out.header(true);
@@ -767,17 +742,7 @@ mod tests {
 
     #[test]
     fn a_batchs_trace_times_travel_stamped_when_sent_and_out_of_order_ones_are_refused() {
-        let b = Batch {
-            epoch: 2,
-            index: 5,
-            keys: vec![1],
-            labels: vec![0],
-            images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
-            boxes: None,
-            fields: None,
-        };
+        let b = test_batch(2, 5, vec![1], vec![0], Tensor::zeros(DType::U8, vec![1, 2, 2, 3]), Layout::Hwc);
         let t = BatchTrace { pid: 9, request_received_ns: 10, built_start_ns: 20, built_end_ns: 30, sent_ns: 0 };
         let before = sluice_pipeline::trace::now_ns();
         let out = Outgoing::new(b.clone(), Compression::None).with_trace(t);
@@ -804,17 +769,7 @@ mod tests {
         for (i, px) in images.as_bytes_mut().iter_mut().enumerate() {
             *px = (i / 97 % 7) as u8; // runs, like flat image areas
         }
-        let b = Batch {
-            epoch: 1,
-            index: 2,
-            keys: vec![0, 1, 2, 3],
-            labels: vec![0; 4],
-            images,
-            layout: Layout::Hwc,
-            weights: None,
-            boxes: None,
-            fields: None,
-        };
+        let b = test_batch(1, 2, vec![0, 1, 2, 3], vec![0; 4], images, Layout::Hwc);
         let out = Outgoing::new(b.clone(), Compression::Zstd);
         assert!(out.payload().len() < b.images.as_bytes().len() / 4, "{} bytes", out.payload().len());
 

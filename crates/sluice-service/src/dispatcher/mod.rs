@@ -926,6 +926,21 @@ mod tests {
         }
     }
 
+    /// A dispatcher on a free port serving `root`, journaling to `journal`, with nothing else.
+    fn test_config(root: &std::path::Path, journal: Option<std::path::PathBuf>) -> DispatcherConfig {
+        DispatcherConfig {
+            listen: "127.0.0.1:0".into(),
+            journal,
+            allow_roots: vec![root.to_path_buf()],
+            token: None,
+            operator_token: None,
+            metrics_listen: None,
+            tls: None,
+            autoscale: None,
+            cache_aware: false,
+        }
+    }
+
     #[tokio::test]
     async fn a_long_run_keeps_its_journal_bounded_and_a_restart_resumes_it() {
         // In memory where there is a tmpfs: 2,400 fsyncs take seconds on a disk.
@@ -935,17 +950,7 @@ mod tests {
         let options = sluice_synth::DatasetOptions { images: 48, classes: 2, ..Default::default() };
         sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
         let journal = dir.path().join("journal.jsonl");
-        let config = DispatcherConfig {
-            listen: "127.0.0.1:0".into(),
-            journal: Some(journal.clone()),
-            allow_roots: vec![root.clone()],
-            token: None,
-            operator_token: None,
-            metrics_listen: None,
-            tls: None,
-            autoscale: None,
-            cache_aware: false,
-        };
+        let config = test_config(&root, Some(journal.clone()));
         let mut spec = PipelineSpec::train_default(sluice_core::SourceSpec::ImageFolder { root }, 16, 4);
         spec.shuffle = sluice_core::ShuffleSpec::None;
         let create = CreateJobRequest {
@@ -981,17 +986,7 @@ mod tests {
         std::fs::write(root.join("tiny.jpg"), sluice_synth::noise_jpeg(0, 16).unwrap()).unwrap();
         let n = DRAW_CHUNK + 1000;
         std::fs::write(root.join("list.txt"), "tiny.jpg 0\n".repeat(n)).unwrap();
-        let config = DispatcherConfig {
-            listen: "127.0.0.1:0".into(),
-            journal: None,
-            allow_roots: vec![root.clone()],
-            token: None,
-            operator_token: None,
-            metrics_listen: None,
-            tls: None,
-            autoscale: None,
-            cache_aware: false,
-        };
+        let config = test_config(&root, None);
         let source = sluice_core::SourceSpec::FileList { path: root.join("list.txt"), root: None };
         let mut spec = PipelineSpec::train_default(source, 16, 1024);
         spec.sampling = sluice_core::SamplingSpec::Importance {
