@@ -303,9 +303,16 @@ mod tests {
     use super::*;
     use sluice_client::dataplane::TaskStream;
     use sluice_client::wire::Compression;
-    use sluice_core::{Batch, DType, Layout, Tensor};
+    use sluice_core::{Batch, BatchBoxes, BoxTargets, DType, Layout, Tensor, TensorData};
     use tokio::net::TcpStream;
     use tonic::Code;
+
+    /// Batch `index`'s boxes (none) and mask: 2x3 bytes of `index + 1`.
+    pub(super) fn masks_of(index: u64) -> BatchBoxes {
+        let mut boxes = BatchBoxes::pad(&[BoxTargets::default()]);
+        boxes.masks = Some(Tensor { shape: vec![1, 2, 3], data: TensorData::U8(vec![index as u8 + 1; 6]) });
+        boxes
+    }
 
     pub(super) fn start() -> StartTask {
         Arc::new(|req: RunTaskRequest| {
@@ -324,7 +331,8 @@ mod tests {
                             images,
                             layout: Layout::Chw,
                             weights: None,
-                            boxes: None,
+                            // Job 9's source reads masks: 2x3, the images' size, naming the batch.
+                            boxes: (req.job_id == 9).then(|| Box::new(masks_of(index))),
                             fields: None,
                         };
                         let _ = tx.send(Ok(Outgoing::new(b, Compression::from_wire(req.compression).unwrap()))).await;
@@ -362,6 +370,18 @@ mod tests {
                 got.push(b.index);
             }
             assert_eq!(got, vec![3, 4, 5]);
+        }
+        // Masks come to a client that reads them after the pixels, and in the header to one
+        // that predates that.
+        for masks_in_body in [true, false] {
+            let req = RunTaskRequest { job_id: 9, start: 0, end: 3, masks_in_body, ..Default::default() };
+            let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
+            let mut got = Vec::new();
+            while let Some(b) = s.next().await.unwrap() {
+                assert_eq!(b.boxes.as_deref(), Some(&masks_of(b.index)), "masks_in_body {masks_in_body}");
+                got.push(b.index);
+            }
+            assert_eq!(got, vec![0, 1, 2]);
         }
         let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0, ..Default::default() };
 
@@ -505,6 +525,18 @@ mod local_tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(maps.len(), 1, "one region, reused for every task");
+
+        // Masks follow a batch in a slot, or travel in its header to an older client.
+        for masks_in_body in [true, false] {
+            let req = RunTaskRequest { job_id: 9, start: 0, end: 3, masks_in_body, ..Default::default() };
+            let mut s = open(req, "tok").await.unwrap();
+            let mut got = Vec::new();
+            while let Some(b) = s.next().await.unwrap() {
+                assert_eq!(b.boxes.as_deref(), Some(&super::tests::masks_of(b.index)), "masks_in_body {masks_in_body}");
+                got.push(b.index);
+            }
+            assert_eq!(got, vec![0, 1, 2]);
+        }
 
         // Batches larger than a slot travel inline on the same socket.
         let req = RunTaskRequest { job_id: 7, epoch: 2, start: 0, end: 3, compression: 0, ..Default::default() };
