@@ -246,15 +246,7 @@ impl PyEpochIterator {
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Batch>> {
         let mut signal: Option<PyErr> = None;
         let next = self.iter.with(py, "__next__", |iter| {
-            let next = iter.next_interruptible(&mut || {
-                Python::attach(|py| match py.check_signals() {
-                    Ok(()) => false,
-                    Err(e) => {
-                        signal = Some(e);
-                        true
-                    }
-                })
-            });
+            let next = iter.next_interruptible(&mut crate::serial::signal_check(&mut signal));
             self.remaining.store(iter.remaining(), Ordering::Relaxed);
             next
         })?;

@@ -160,15 +160,7 @@ impl PyRemoteLoader {
         let mut signal: Option<PyErr> = None;
         let t0 = Instant::now();
         let next = self.with_published(py, "next_batch", |loader| {
-            loader.next_batch(&mut || {
-                Python::attach(|py| match py.check_signals() {
-                    Ok(()) => false,
-                    Err(e) => {
-                        signal = Some(e);
-                        true
-                    }
-                })
-            })
+            loader.next_batch(&mut crate::serial::signal_check(&mut signal))
         })?;
         let mut received = self.received.lock();
         received.wait += t0.elapsed();

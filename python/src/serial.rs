@@ -81,3 +81,18 @@ impl<T: Send> Serial<T> {
         }
     }
 }
+
+/// The stop check of a wait with the GIL released (`next()`'s, every 50 ms): it takes the
+/// GIL to run Python's signal handlers, and stops the wait when one raises (Ctrl-C's
+/// `KeyboardInterrupt`), keeping the exception in `raised` for the caller to raise.
+pub fn signal_check(raised: &mut Option<PyErr>) -> impl FnMut() -> bool + Send + '_ {
+    move || {
+        Python::attach(|py| match py.check_signals() {
+            Ok(()) => false,
+            Err(e) => {
+                *raised = Some(e);
+                true
+            }
+        })
+    }
+}

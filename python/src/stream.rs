@@ -45,15 +45,7 @@ impl PyStreamLoader {
     fn next(&self, py: Python<'_>) -> PyResult<Option<(RawBatch, Py<PyAny>)>> {
         let mut signal: Option<PyErr> = None;
         let next = self.loader.with(py, "next", |loader| {
-            loader.next_batch_interruptible(&mut || {
-                Python::attach(|py| match py.check_signals() {
-                    Ok(()) => false,
-                    Err(e) => {
-                        signal = Some(e);
-                        true
-                    }
-                })
-            })
+            loader.next_batch_interruptible(&mut crate::serial::signal_check(&mut signal))
         })?;
         match next {
             Ok(Some(b)) => {

@@ -103,10 +103,21 @@ impl Outgoing {
         self.packed.as_deref().unwrap_or_else(|| self.batch.images.as_bytes())
     }
 
-    /// The batch's columns without its pixels.
-    pub fn header(&self) -> BatchMessage {
+    /// The batch's columns without its pixels; with `masks_in_body` (the request asked for
+    /// it), without its masks' bytes too: they follow the pixels ([`Outgoing::masks`]).
+    pub fn header(&self, masks_in_body: bool) -> BatchMessage {
         let compression = if self.packed.is_some() { Compression::Zstd } else { Compression::None };
-        BatchMessage { skipped: self.skipped.clone(), trace: self.trace_now(), ..header(&self.batch, compression) }
+        BatchMessage {
+            skipped: self.skipped.clone(),
+            trace: self.trace_now(),
+            ..header(&self.batch, compression, masks_in_body)
+        }
+    }
+
+    /// The bytes of the batch's masks (empty without masks): a data-plane frame whose
+    /// request asked for `masks_in_body` carries them after the pixels.
+    pub fn masks(&self) -> &[u8] {
+        self.batch.boxes.as_ref().and_then(|b| b.masks.as_ref()).map_or(&[], |m| m.as_bytes())
     }
 
     pub fn batch(&self) -> &Batch {
@@ -124,7 +135,9 @@ impl Outgoing {
         let skipped = self.skipped;
         match self.packed {
             None => BatchMessage { skipped, trace, ..batch_to_message(self.batch) },
-            Some(packed) => BatchMessage { data: packed, skipped, trace, ..header(&self.batch, Compression::Zstd) },
+            Some(packed) => {
+                BatchMessage { data: packed, skipped, trace, ..header(&self.batch, Compression::Zstd, false) }
+            }
         }
     }
 }
@@ -162,7 +175,7 @@ fn undelta(bytes: &mut [u8], stride: usize) {
     }
 }
 
-fn header(b: &Batch, compression: Compression) -> BatchMessage {
+fn header(b: &Batch, compression: Compression, masks_in_body: bool) -> BatchMessage {
     BatchMessage {
         epoch: b.epoch,
         index: b.index,
@@ -183,7 +196,7 @@ fn header(b: &Batch, compression: Compression) -> BatchMessage {
         compression: compression.to_wire(),
         skipped: Vec::new(),
         trace: None,
-        targets: b.boxes.as_deref().map(targets_to_message),
+        targets: b.boxes.as_deref().map(|t| targets_to_message(t, masks_in_body)),
         fields: b.fields.as_deref().map(fields_to_message).unwrap_or_default(),
     }
 }
@@ -267,26 +280,85 @@ fn message_to_fields(fields: Vec<proto::BatchField>, n: usize, what: &str) -> Re
     Ok(BatchFields { fields: out })
 }
 
-fn targets_to_message(b: &BatchBoxes) -> BatchTargets {
+fn targets_to_message(b: &BatchBoxes, masks_in_body: bool) -> BatchTargets {
     BatchTargets {
         max_boxes: b.max_boxes as u64,
         boxes: b.boxes.iter().flat_map(|v| v.to_le_bytes()).collect(),
         labels: b.labels.clone(),
         counts: b.counts.clone(),
-        masks: b.masks.as_ref().map(masks_to_message),
+        masks: b.masks.as_ref().map(|m| masks_to_message(m, masks_in_body)),
     }
 }
 
-/// A batch's `[n, h, w]` u8 masks as they travel.
-fn masks_to_message(m: &Tensor) -> BatchMasks {
+/// A batch's `[n, h, w]` u8 masks as they travel: their bytes in the message, or (`in_body`)
+/// only their length, the bytes following the pixels in the data-plane frame.
+fn masks_to_message(m: &Tensor, in_body: bool) -> BatchMasks {
     let dim = |i: usize| m.shape.get(i).and_then(|&d| u32::try_from(d).ok()).unwrap_or(0);
-    BatchMasks { height: dim(1), width: dim(2), data: m.as_bytes().to_vec() }
+    let (data, body_bytes) = match in_body {
+        true => (Vec::new(), m.as_bytes().len() as u64),
+        false => (m.as_bytes().to_vec(), 0),
+    };
+    BatchMasks { height: dim(1), width: dim(2), data, body_bytes }
+}
+
+/// A data-plane batch header (a `BatchMessage` without its pixels) from its bytes.
+pub fn decode_header(head: &[u8]) -> Result<BatchMessage, ClientError> {
+    use prost::Message;
+    BatchMessage::decode(head).map_err(|e| ClientError::BadBatch(format!("malformed batch header: {e}")))
+}
+
+/// How many bytes of masks follow a data-plane batch's pixels, as its header says (0: none,
+/// or they are in the header), at most [`MAX_MESSAGE_BYTES`]: read no more than that.
+pub fn masks_body_len(m: &BatchMessage) -> Result<usize, ClientError> {
+    let Some(masks) = m.targets.as_ref().and_then(|t| t.masks.as_ref()) else { return Ok(0) };
+    let bad = |why: String| ClientError::BadBatch(format!("batch {} of epoch {}: {why}", m.index, m.epoch));
+    if masks.body_bytes > MAX_MESSAGE_BYTES as u64 {
+        return Err(bad(format!("{} mask bytes are over the limit of {MAX_MESSAGE_BYTES}", masks.body_bytes)));
+    }
+    if masks.body_bytes > 0 && !masks.data.is_empty() {
+        return Err(bad(format!(
+            "masks both in the header ({} bytes) and after the pixels ({} bytes)",
+            masks.data.len(),
+            masks.body_bytes
+        )));
+    }
+    Ok(masks.body_bytes as usize)
+}
+
+/// A data-plane batch from its header, pixels and the masks that followed them (read as
+/// [`masks_body_len`] said), checked as [`message_to_received`] checks it.
+pub fn frame_to_received(mut m: BatchMessage, pixels: Vec<u8>, masks: Vec<u8>) -> Result<Received, ClientError> {
+    let announced = masks_body_len(&m)?;
+    if announced != masks.len() {
+        return Err(ClientError::BadBatch(format!(
+            "batch {} of epoch {}: {} mask bytes after the pixels where the header says {announced}",
+            m.index,
+            m.epoch,
+            masks.len()
+        )));
+    }
+    if let Some(header_masks) = m.targets.as_mut().and_then(|t| t.masks.as_mut()) {
+        if header_masks.body_bytes > 0 {
+            header_masks.data = masks;
+        }
+    }
+    m.data = pixels;
+    message_to_received(m)
 }
 
 /// A batch's masks from the wire, checked against its `n` samples of `size` (height,
 /// width), the output images' size: each sample's mask is the size of its image.
 fn message_to_masks(m: BatchMasks, n: usize, size: (usize, usize), what: &str) -> Result<Tensor, ClientError> {
     let (h, w) = (m.height as usize, m.width as usize);
+    // Masks announced in the frame's body arrive there (`frame_to_received`); any other
+    // path (gRPC) carries them in the message.
+    if m.body_bytes != 0 && m.body_bytes != m.data.len() as u64 {
+        return Err(ClientError::BadBatch(format!(
+            "{what}: {} mask bytes announced after the pixels, {} came",
+            m.body_bytes,
+            m.data.len()
+        )));
+    }
     if (h, w) != size {
         return Err(ClientError::BadBatch(format!(
             "{what}: masks of {h}x{w} for images of {}x{} (height x width)",
@@ -323,7 +395,7 @@ fn message_to_targets(t: BatchTargets, n: usize, size: (usize, usize), what: &st
 }
 
 pub fn batch_to_message(batch: Batch) -> BatchMessage {
-    let head = header(&batch, Compression::None);
+    let head = header(&batch, Compression::None, false);
     let data = match batch.images.data {
         TensorData::U8(v) => v,
         TensorData::SharedU8(s) => s.as_slice().to_vec(),
@@ -474,6 +546,19 @@ pub fn message_to_batch(mut m: BatchMessage) -> Result<Batch, ClientError> {
     })
 }
 
+/// A batch as tests build one: no weights, boxes or fields.
+#[cfg(test)]
+pub(crate) fn test_batch(
+    epoch: u64,
+    index: u64,
+    keys: Vec<u64>,
+    labels: Vec<i64>,
+    images: Tensor,
+    layout: Layout,
+) -> Batch {
+    Batch { epoch, index, keys, labels, images, layout, weights: None, boxes: None, fields: None }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,15 +570,8 @@ mod tests {
             let mut images = Tensor::zeros(dt, vec![2, 3, 4, 3]);
             images.as_bytes_mut()[5] = 7;
             let b = Batch {
-                epoch: 3,
-                index: 9,
-                keys: vec![4, 8],
-                labels: vec![1, -1],
-                images,
-                layout: Layout::Chw,
                 weights: Some(vec![0.5, 2.0]),
-                boxes: None,
-                fields: None,
+                ..test_batch(3, 9, vec![4, 8], vec![1, -1], images, Layout::Chw)
             };
             let back = message_to_batch(batch_to_message(b.clone())).map_err(|e| e.to_string());
             assert_eq!(back, Ok(b.clone()));
@@ -503,17 +581,14 @@ mod tests {
                 assert_eq!(message_to_batch(m).map_err(|e| e.to_string()), Ok(b.clone()));
             }
         }
-        let mut m = batch_to_message(Batch {
-            epoch: 0,
-            index: 0,
-            keys: vec![1],
-            labels: vec![0],
-            images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
-            boxes: None,
-            fields: None,
-        });
+        let mut m = batch_to_message(test_batch(
+            0,
+            0,
+            vec![1],
+            vec![0],
+            Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
+            Layout::Hwc,
+        ));
         m.data.pop();
         assert!(matches!(message_to_batch(m), Err(ClientError::BadBatch(_))));
     }
@@ -523,19 +598,12 @@ mod tests {
         let targets =
             sluice_core::BoxTargets { boxes: vec![[1.0, 2.5, 3.0, 4.0], [0.0, 0.0, 9.0, 9.0]], labels: vec![7, 8] };
         let b = Batch {
-            epoch: 1,
-            index: 4,
-            keys: vec![3, 5],
-            labels: vec![-1, -1],
-            images: Tensor::zeros(DType::U8, vec![2, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
             boxes: Some(Box::new(BatchBoxes::pad(&[sluice_core::BoxTargets::default(), targets]))),
-            fields: None,
+            ..test_batch(1, 4, vec![3, 5], vec![-1, -1], Tensor::zeros(DType::U8, vec![2, 2, 2, 3]), Layout::Hwc)
         };
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
-            assert!(out.header().targets.is_some(), "the data plane's header carries them");
+            assert!(out.header(false).targets.is_some(), "the data plane's header carries them");
             assert_eq!(message_to_batch(out.into_message()).map_err(|e| e.to_string()), Ok(b.clone()));
         }
         let good = batch_to_message(b.clone()).targets.unwrap();
@@ -565,19 +633,12 @@ mod tests {
             ],
         };
         let b = Batch {
-            epoch: 1,
-            index: 4,
-            keys: vec![3, 5],
-            labels: vec![-1, -1],
-            images: Tensor::zeros(DType::U8, vec![2, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
-            boxes: None,
             fields: Some(Box::new(fields)),
+            ..test_batch(1, 4, vec![3, 5], vec![-1, -1], Tensor::zeros(DType::U8, vec![2, 2, 2, 3]), Layout::Hwc)
         };
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
-            assert_eq!(out.header().fields.len(), 5, "the data plane's header carries them");
+            assert_eq!(out.header(false).fields.len(), 5, "the data plane's header carries them");
             assert_eq!(message_to_batch(out.into_message()).map_err(|e| e.to_string()), Ok(b.clone()));
         }
         let good = batch_to_message(b.clone()).fields;
@@ -607,24 +668,22 @@ mod tests {
         assert!(batch_to_message(Batch { fields: None, ..b }).fields.is_empty());
     }
 
-    #[test]
-    fn masks_travel_with_their_batch_and_malformed_or_hostile_masks_are_refused() {
+    /// Batch 6 of epoch 2: two 3x2 images (CHW) with their masks, bytes 0..12.
+    fn masked_batch() -> Batch {
         let mut boxes = BatchBoxes::pad(&vec![sluice_core::BoxTargets::default(); 2]);
         boxes.masks = Some(Tensor { shape: vec![2, 3, 2], data: TensorData::U8((0..12).collect()) });
-        let b = Batch {
-            epoch: 2,
-            index: 6,
-            keys: vec![3, 5],
-            labels: vec![-1, -1],
-            images: Tensor::zeros(DType::U8, vec![2, 3, 3, 2]),
-            layout: Layout::Chw,
-            weights: None,
+        Batch {
             boxes: Some(Box::new(boxes)),
-            fields: None,
-        };
+            ..test_batch(2, 6, vec![3, 5], vec![-1, -1], Tensor::zeros(DType::U8, vec![2, 3, 3, 2]), Layout::Chw)
+        }
+    }
+
+    #[test]
+    fn masks_travel_with_their_batch_and_malformed_or_hostile_masks_are_refused() {
+        let b = masked_batch();
         for c in [Compression::None, Compression::Zstd] {
             let out = Outgoing::new(b.clone(), c);
-            let head = out.header().targets.and_then(|t| t.masks);
+            let head = out.header(false).targets.and_then(|t| t.masks);
             assert_eq!(head.map(|m| (m.height, m.width, m.data.len())), Some((3, 2, 12)), "the header carries them");
             assert_eq!(message_to_batch(out.into_message()).map_err(|e| e.to_string()), Ok(b.clone()));
         }
@@ -634,7 +693,8 @@ mod tests {
             (BatchMasks { data: vec![0; 18], ..good.clone() }, "18 mask bytes for 2 masks of 3x2"),
             (BatchMasks { height: 2, width: 3, ..good.clone() }, "masks of 2x3 for images of 3x2"),
             (BatchMasks { height: u32::MAX, width: u32::MAX, ..good.clone() }, "for images of 3x2"),
-            (BatchMasks { height: 0, width: 0, data: Vec::new() }, "masks of 0x0"),
+            (BatchMasks { height: 0, width: 0, data: Vec::new(), body_bytes: 0 }, "masks of 0x0"),
+            (BatchMasks { body_bytes: 5, ..good.clone() }, "5 mask bytes announced after the pixels, 12 came"),
         ] {
             let mut msg = batch_to_message(b.clone());
             msg.targets.as_mut().unwrap().masks = Some(m);
@@ -649,22 +709,48 @@ mod tests {
     }
 
     #[test]
-    fn a_batchs_trace_times_travel_stamped_when_sent_and_out_of_order_ones_are_refused() {
-        let b = Batch {
-            epoch: 2,
-            index: 5,
-            keys: vec![1],
-            labels: vec![0],
-            images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
-            boxes: None,
-            fields: None,
+    fn masks_after_the_pixels_come_back_whole_and_a_frame_that_disagrees_with_its_header_is_refused() {
+        let b = masked_batch();
+        let frame = |c| {
+            let out = Outgoing::new(b.clone(), c);
+            let head = out.header(true);
+            (head, out.payload().to_vec(), out.masks().to_vec())
         };
+        for c in [Compression::None, Compression::Zstd] {
+            let (head, pixels, masks) = frame(c);
+            let m = head.targets.as_ref().and_then(|t| t.masks.clone()).unwrap();
+            assert_eq!((m.data.len(), m.body_bytes, masks.len()), (0, 12, 12), "the header has only their length");
+            let back = decode_header(&prost::Message::encode_to_vec(&head)).unwrap();
+            assert_eq!(masks_body_len(&back).unwrap(), 12);
+            let got = frame_to_received(back, pixels, masks).map(|r| r.batch).map_err(|e| e.to_string());
+            assert_eq!(got, Ok(b.clone()));
+        }
+        // An older worker's masks, in the header, are read as before.
+        let out = Outgoing::new(b.clone(), Compression::None);
+        let got = frame_to_received(out.header(false), out.payload().to_vec(), Vec::new()).map(|r| r.batch);
+        assert_eq!(got.map_err(|e| e.to_string()), Ok(b.clone()));
+        let (head, pixels, masks) = frame(Compression::None);
+        let e = frame_to_received(head.clone(), pixels.clone(), masks[..11].to_vec()).unwrap_err().to_string();
+        assert!(e.contains("batch 6 of epoch 2: 11 mask bytes after the pixels where the header says 12"), "{e}");
+        let mut both = head.clone();
+        both.targets.as_mut().unwrap().masks.as_mut().unwrap().data = vec![1];
+        let e = frame_to_received(both, pixels.clone(), masks.clone()).unwrap_err().to_string();
+        assert!(e.contains("batch 6 of epoch 2: masks both in the header"), "{e}");
+        let mut huge = head.clone();
+        huge.targets.as_mut().unwrap().masks.as_mut().unwrap().body_bytes = u64::MAX;
+        let e = masks_body_len(&huge).unwrap_err().to_string();
+        assert!(e.contains("batch 6 of epoch 2") && e.contains("over the limit"), "{e}");
+        let e = decode_header(&[0xff, 0xff]).unwrap_err().to_string();
+        assert!(e.contains("malformed batch header"), "{e}");
+    }
+
+    #[test]
+    fn a_batchs_trace_times_travel_stamped_when_sent_and_out_of_order_ones_are_refused() {
+        let b = test_batch(2, 5, vec![1], vec![0], Tensor::zeros(DType::U8, vec![1, 2, 2, 3]), Layout::Hwc);
         let t = BatchTrace { pid: 9, request_received_ns: 10, built_start_ns: 20, built_end_ns: 30, sent_ns: 0 };
         let before = sluice_pipeline::trace::now_ns();
         let out = Outgoing::new(b.clone(), Compression::None).with_trace(t);
-        let head = out.header();
+        let head = out.header(false);
         let got = message_to_received(out.into_message()).unwrap().trace.unwrap();
         assert!(got.sent_ns >= before && head.trace.unwrap().sent_ns >= before, "stamped as it goes out");
         assert_eq!(BatchTrace { sent_ns: 0, ..got }, t);
@@ -687,17 +773,7 @@ mod tests {
         for (i, px) in images.as_bytes_mut().iter_mut().enumerate() {
             *px = (i / 97 % 7) as u8; // runs, like flat image areas
         }
-        let b = Batch {
-            epoch: 1,
-            index: 2,
-            keys: vec![0, 1, 2, 3],
-            labels: vec![0; 4],
-            images,
-            layout: Layout::Hwc,
-            weights: None,
-            boxes: None,
-            fields: None,
-        };
+        let b = test_batch(1, 2, vec![0, 1, 2, 3], vec![0; 4], images, Layout::Hwc);
         let out = Outgoing::new(b.clone(), Compression::Zstd);
         assert!(out.payload().len() < b.images.as_bytes().len() / 4, "{} bytes", out.payload().len());
 

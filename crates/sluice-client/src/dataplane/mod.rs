@@ -7,7 +7,9 @@
 //!   `b"SLDP1"`, u32 token length, token, u32 request length, `RunTaskRequest` (prost).
 //! Worker → client, repeated, each frame starting with a kind byte:
 //!   `1` batch: u32 header length, `BatchMessage` without `data` (prost), u64 data length, data
-//!       (the pixels, compressed when the request asked and the header says so);
+//!       (the pixels, compressed when the request asked and the header says so), then, when
+//!       the request asked for `masks_in_body`, the batch's masks (as many bytes as the
+//!       header's `BatchMasks.body_bytes`; a header then carries none of their bytes);
 //!   `2` end of task;
 //!   `3` error: u32 gRPC status code, u32 message length, message (UTF-8).
 //! Integers are little-endian. Sizes are bounded before anything is allocated, and so are
@@ -19,7 +21,8 @@
 //! ([`crate::shm`]). After the request the worker sends
 //!   `4` region: u64 id, u32 slots, u64 slot bytes, with the region's memfd attached;
 //! and then sends each batch as
-//!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length;
+//!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length, then the
+//!       masks as in `1`;
 //! (or as `1`, inline, when no slot is free or the batch is larger). The client copies the
 //! pixels out and hands the slot back with a u32 slot number; the worker reuses a slot
 //! only after that.

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tonic::{Code, Status};
@@ -19,7 +18,7 @@ use super::{
 use crate::error::ClientError;
 use crate::proto::{BatchMessage, RunTaskRequest};
 use crate::tls::ClientTls;
-use crate::wire::{message_to_received, Received};
+use crate::wire::{decode_header, frame_to_received, masks_body_len, Received};
 use crate::MAX_MESSAGE_BYTES;
 
 /// A task's batches from a worker's data plane, one at a time.
@@ -116,20 +115,22 @@ impl TaskStream {
                 Err(Status::new(Code::from(code as i32), String::from_utf8_lossy(&msg).into_owned()))
             }
             KIND_BATCH => {
-                let mut m = read_header(r).await?;
+                let m = read_header(r).await?;
                 let len = read_pixels_len(r).await?;
-                m.data = read_body(r, len).await.map_err(io_status)?;
-                message_to_received(m).map(Some).map_err(|e: ClientError| Status::from(e))
+                let pixels = read_body(r, len).await.map_err(io_status)?;
+                let masks = read_masks(r, &m).await?;
+                frame_to_received(m, pixels, masks).map(Some).map_err(|e: ClientError| Status::from(e))
             }
             #[cfg(target_os = "linux")]
             KIND_SLOT => {
                 let Some(region) = self.region.clone() else {
                     return Err(Status::invalid_argument("a shared-memory batch on a connection without a region"));
                 };
-                let mut m = read_header(r).await?;
+                let m = read_header(r).await?;
                 let slot = r.read_u32_le().await.map_err(io_status)?;
                 let len = read_pixels_len(r).await?;
-                m.data =
+                let masks = read_masks(r, &m).await?;
+                let pixels =
                     region.read(slot, len).map_err(|e| Status::invalid_argument(format!("batch {}: {e}", m.index)))?;
                 // The slot is free again once its pixels are ours. A worker that has
                 // already ended the task (with an error) no longer listens: the batch is
@@ -143,7 +144,7 @@ impl TaskStream {
                 {
                     tracing::debug!(error = %e, "could not hand a slot back");
                 }
-                message_to_received(m).map(Some).map_err(|e: ClientError| Status::from(e))
+                frame_to_received(m, pixels, masks).map(Some).map_err(|e: ClientError| Status::from(e))
             }
             other => Err(Status::invalid_argument(format!("unknown data-plane frame kind {other}"))),
         }
@@ -152,7 +153,16 @@ impl TaskStream {
 
 async fn read_header(r: &mut (impl AsyncReadExt + Unpin)) -> Result<BatchMessage, Status> {
     let head = read_frame(r, Prefix::U32, MAX_HEADER.into()).await.map_err(frame_status("batch header"))?;
-    BatchMessage::decode(head.as_slice()).map_err(|e| Status::invalid_argument(format!("malformed batch header: {e}")))
+    decode_header(&head).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// The masks that follow a batch's pixels, as many bytes as its header says (none when
+/// they travel in the header or the batch has none).
+async fn read_masks(r: &mut (impl AsyncReadExt + Unpin), m: &BatchMessage) -> Result<Vec<u8>, Status> {
+    match masks_body_len(m).map_err(Status::from)? {
+        0 => Ok(Vec::new()),
+        len => read_body(r, len).await.map_err(io_status),
+    }
 }
 
 /// The length of a batch's pixels (a `u64`), at most [`MAX_MESSAGE_BYTES`].

@@ -199,6 +199,8 @@ async fn run_task(
             compression: conn.compression.to_wire(),
             fingerprint: conn.fingerprint.clone(),
             trace,
+            // Masks over the header's 16 MiB travel after the pixels (a gRPC batch ignores it).
+            masks_in_body: true,
         };
         // Tracing: when the request went, and this connection's clock offset.
         let sent_ns = trace.then(now_ns);
@@ -388,15 +390,8 @@ mod tests {
     fn a_batch_of_a_masks_job_without_masks_is_refused_naming_it_and_its_worker() {
         let mut boxes = BatchBoxes::pad(&[BoxTargets::default()]);
         let b = Batch {
-            epoch: 3,
-            index: 7,
-            keys: vec![1],
-            labels: vec![0],
-            images: Tensor::zeros(DType::U8, vec![1, 2, 2, 3]),
-            layout: Layout::Hwc,
-            weights: None,
             boxes: Some(Box::new(boxes.clone())),
-            fields: None,
+            ..crate::wire::test_batch(3, 7, vec![1], vec![0], Tensor::zeros(DType::U8, vec![1, 2, 2, 3]), Layout::Hwc)
         };
         // As an older worker sends it: boxes, no masks; or no targets at all.
         for sent in [b.clone(), Batch { boxes: None, ..b.clone() }] {

@@ -24,7 +24,7 @@ use sluice_client::MAX_MESSAGE_BYTES;
 use sluice_transport::frame::nonblocking::{write_frame, write_len};
 use sluice_transport::frame::Prefix;
 
-use super::{authenticate, refuse, write_error, write_inline, ConnectionLimits, Gate, StartTask};
+use super::{authenticate, refuse, write_error, write_inline, write_masks, ConnectionLimits, Gate, StartTask};
 
 /// Who a pooled region may be handed to again: the job, and the client process (uid and
 /// pid from the socket's credentials). A region goes back only to the task connections of
@@ -209,7 +209,7 @@ async fn local_connection(
         Ok(req) => req,
         Err(s) => return write_error(&mut sock, &s).await,
     };
-    let job_id = req.job_id;
+    let (job_id, masks_in_body) = (req.job_id, req.masks_in_body);
     let mut task = match service(req).await {
         Ok(task) => task,
         Err(s) => return write_error(&mut sock, &s).await,
@@ -274,14 +274,15 @@ async fn local_connection(
         };
         match slot {
             Some(slot) => {
-                let head = out.header().encode_to_vec();
+                let head = out.header(masks_in_body).encode_to_vec();
                 w.write_u8(KIND_SLOT).await?;
                 write_frame(&mut w, Prefix::U32, &head).await?;
                 w.write_u32_le(slot).await?;
                 write_len(&mut w, Prefix::U64, data.len()).await?;
+                write_masks(&mut w, &out, masks_in_body).await?;
                 w.flush().await?;
             }
-            None => write_inline(&mut w, &out).await?,
+            None => write_inline(&mut w, &out, masks_in_body).await?,
         }
         task.sent(out);
     }

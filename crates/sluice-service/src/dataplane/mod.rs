@@ -7,7 +7,9 @@
 //!   `b"SLDP1"`, u32 token length, token, u32 request length, `RunTaskRequest` (prost).
 //! Worker → client, repeated, each frame starting with a kind byte:
 //!   `1` batch: u32 header length, `BatchMessage` without `data` (prost), u64 data length, data
-//!       (the pixels, compressed when the request asked and the header says so);
+//!       (the pixels, compressed when the request asked and the header says so), then, when
+//!       the request asked for `masks_in_body`, the batch's masks (as many bytes as the
+//!       header's `BatchMasks.body_bytes`; a header then carries none of their bytes);
 //!   `2` end of task;
 //!   `3` error: u32 gRPC status code, u32 message length, message (UTF-8).
 //! Integers are little-endian. Sizes are bounded before anything is allocated, and so are
@@ -19,7 +21,8 @@
 //! ([`sluice_client::shm`]). After the request the worker sends
 //!   `4` region: u64 id, u32 slots, u64 slot bytes, with the region's memfd attached;
 //! and then sends each batch as
-//!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length;
+//!   `5` batch in a slot: u32 header length, header, u32 slot, u64 data length, then the
+//!       masks as in `1`;
 //! (or as `1`, inline, when no slot is free or the batch is larger). The client copies the
 //! pixels out and hands the slot back with a u32 slot number; the worker reuses a slot
 //! only after that.
@@ -233,16 +236,30 @@ async fn write_error(w: &mut (impl AsyncWriteExt + Unpin), s: &Status) -> std::i
     w.flush().await
 }
 
-/// A batch with its pixels in the frame.
-async fn write_inline(w: &mut (impl AsyncWriteExt + Unpin), out: &Outgoing) -> std::io::Result<()> {
-    let head = out.header().encode_to_vec();
+/// A batch with its pixels in the frame (and its masks after them, `masks_in_body`).
+async fn write_inline(
+    w: &mut (impl AsyncWriteExt + Unpin),
+    out: &Outgoing,
+    masks_in_body: bool,
+) -> std::io::Result<()> {
+    let head = out.header(masks_in_body).encode_to_vec();
     let data = out.payload();
     w.write_u8(KIND_BATCH).await?;
     write_frame(w, Prefix::U32, &head).await?;
     write_len(w, Prefix::U64, data.len()).await?;
     // Large writes bypass the BufWriter's buffer: straight from the batch.
     w.write_all(data).await?;
+    write_masks(w, out, masks_in_body).await?;
     w.flush().await
+}
+
+/// The masks that follow a batch's pixels in its frame, when the request asked for them
+/// there (`RunTaskRequest.masks_in_body`; the header gives their length).
+async fn write_masks(w: &mut (impl AsyncWriteExt + Unpin), out: &Outgoing, masks_in_body: bool) -> std::io::Result<()> {
+    match masks_in_body {
+        true => w.write_all(out.masks()).await,
+        false => Ok(()),
+    }
 }
 
 async fn connection(
@@ -259,6 +276,7 @@ async fn connection(
         Ok(req) => req,
         Err(s) => return write_error(&mut w, &s).await,
     };
+    let masks_in_body = req.masks_in_body;
     let mut task = match service(req).await {
         Ok(task) => task,
         Err(s) => return write_error(&mut w, &s).await,
@@ -268,7 +286,7 @@ async fn connection(
     while let Some(item) = task.rx.recv().await {
         match item {
             Ok(out) => {
-                write_inline(&mut w, &out).await?;
+                write_inline(&mut w, &out, masks_in_body).await?;
                 task.sent(out);
             }
             Err(s) => return write_error(&mut w, &s).await,
@@ -285,9 +303,16 @@ mod tests {
     use super::*;
     use sluice_client::dataplane::TaskStream;
     use sluice_client::wire::Compression;
-    use sluice_core::{Batch, DType, Layout, Tensor};
+    use sluice_core::{Batch, BatchBoxes, BoxTargets, DType, Layout, Tensor, TensorData};
     use tokio::net::TcpStream;
     use tonic::Code;
+
+    /// Batch `index`'s boxes (none) and mask: 2x3 bytes of `index + 1`.
+    pub(super) fn masks_of(index: u64) -> BatchBoxes {
+        let mut boxes = BatchBoxes::pad(&[BoxTargets::default()]);
+        boxes.masks = Some(Tensor { shape: vec![1, 2, 3], data: TensorData::U8(vec![index as u8 + 1; 6]) });
+        boxes
+    }
 
     pub(super) fn start() -> StartTask {
         Arc::new(|req: RunTaskRequest| {
@@ -306,7 +331,8 @@ mod tests {
                             images,
                             layout: Layout::Chw,
                             weights: None,
-                            boxes: None,
+                            // Job 9's source reads masks: 2x3, the images' size, naming the batch.
+                            boxes: (req.job_id == 9).then(|| Box::new(masks_of(index))),
                             fields: None,
                         };
                         let _ = tx.send(Ok(Outgoing::new(b, Compression::from_wire(req.compression).unwrap()))).await;
@@ -344,6 +370,18 @@ mod tests {
                 got.push(b.index);
             }
             assert_eq!(got, vec![3, 4, 5]);
+        }
+        // Masks come to a client that reads them after the pixels, and in the header to one
+        // that predates that.
+        for masks_in_body in [true, false] {
+            let req = RunTaskRequest { job_id: 9, start: 0, end: 3, masks_in_body, ..Default::default() };
+            let mut s = TaskStream::open(&addr, Some("tok"), &req, None).await.unwrap();
+            let mut got = Vec::new();
+            while let Some(b) = s.next().await.unwrap() {
+                assert_eq!(b.boxes.as_deref(), Some(&masks_of(b.index)), "masks_in_body {masks_in_body}");
+                got.push(b.index);
+            }
+            assert_eq!(got, vec![0, 1, 2]);
         }
         let req = RunTaskRequest { job_id: 1, epoch: 2, start: 3, end: 6, compression: 0, ..Default::default() };
 
@@ -487,6 +525,18 @@ mod local_tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(maps.len(), 1, "one region, reused for every task");
+
+        // Masks follow a batch in a slot, or travel in its header to an older client.
+        for masks_in_body in [true, false] {
+            let req = RunTaskRequest { job_id: 9, start: 0, end: 3, masks_in_body, ..Default::default() };
+            let mut s = open(req, "tok").await.unwrap();
+            let mut got = Vec::new();
+            while let Some(b) = s.next().await.unwrap() {
+                assert_eq!(b.boxes.as_deref(), Some(&super::tests::masks_of(b.index)), "masks_in_body {masks_in_body}");
+                got.push(b.index);
+            }
+            assert_eq!(got, vec![0, 1, 2]);
+        }
 
         // Batches larger than a slot travel inline on the same socket.
         let req = RunTaskRequest { job_id: 7, epoch: 2, start: 0, end: 3, compression: 0, ..Default::default() };

@@ -113,40 +113,15 @@ fn refuse_learner_only(spec: &PipelineSpec) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// Mask bytes a batch may carry: a batch's masks travel in its header, whose data-plane
+/// Bytes a batch's metadata fields may take: they travel in its header, whose data-plane
 /// frame a client reads up to [`MAX_HEADER`](sluice_client::dataplane::MAX_HEADER) (16 MiB);
 /// 2 MiB of it are left for the keys, labels and boxes (26 bytes a box row: 256 samples of
-/// 300 boxes).
-pub const MAX_BATCH_MASK_BYTES: u64 = sluice_client::dataplane::MAX_HEADER as u64 - (2 << 20);
-
-/// Refuses a job whose batches' masks (`batch.size` × the output's height × width bytes)
-/// would not fit a batch header, rather than have every client refuse its batches.
-fn refuse_oversized_masks(spec: &PipelineSpec) -> Result<(), ServiceError> {
-    if !spec.source.has_masks() {
-        return Ok(());
-    }
-    let (_, _, size) = spec.output();
-    let bytes = [spec.batch.size as u64, u64::from(size.height), u64::from(size.width)]
-        .into_iter()
-        .try_fold(1u64, u64::checked_mul)
-        .unwrap_or(u64::MAX);
-    if bytes > MAX_BATCH_MASK_BYTES {
-        return Err(ServiceError::Spec(sluice_core::SpecError::new(
-            "source.masks",
-            format!(
-                "a batch's masks ({} x {}x{} = {bytes} bytes) are over the {MAX_BATCH_MASK_BYTES} bytes a \
-                 served batch carries; use a smaller batch.size or output, or load them locally",
-                spec.batch.size, size.height, size.width
-            ),
-        )));
-    }
-    Ok(())
-}
+/// 300 boxes). Masks travel after the pixels (`RunTaskRequest.masks_in_body`), not here.
+pub const MAX_BATCH_FIELD_BYTES: u64 = sluice_client::dataplane::MAX_HEADER as u64 - (2 << 20);
 
 /// Refuses a job whose batches' metadata fields could outgrow a batch header at their
 /// limits: `batch.size` × (each text or JSON field's `limits.max_field_bytes`, each
-/// multi-label field's classes × 4, 8 for the rest). Fields travel in the header beside
-/// the masks: they share [`MAX_BATCH_MASK_BYTES`] with them.
+/// multi-label field's classes × 4, 8 for the rest): over [`MAX_BATCH_FIELD_BYTES`].
 fn refuse_oversized_fields(spec: &PipelineSpec) -> Result<(), ServiceError> {
     use sluice_core::FieldKindName as K;
     let per_sample: u64 = spec
@@ -159,20 +134,13 @@ fn refuse_oversized_fields(spec: &PipelineSpec) -> Result<(), ServiceError> {
         })
         .fold(0u64, u64::saturating_add);
     let bytes = per_sample.saturating_mul(spec.batch.size as u64);
-    let (_, _, size) = spec.output();
-    let masks = match spec.source.has_masks() {
-        true => [spec.batch.size as u64, u64::from(size.height), u64::from(size.width)]
-            .into_iter()
-            .fold(1u64, u64::saturating_mul),
-        false => 0,
-    };
-    let budget = MAX_BATCH_MASK_BYTES.saturating_sub(masks);
+    let budget = MAX_BATCH_FIELD_BYTES;
     if bytes > budget {
         return Err(ServiceError::Spec(sluice_core::SpecError::new(
             "limits.max_field_bytes",
             format!(
                 "a batch's fields may take {bytes} bytes ({} samples of up to {per_sample}), over the \
-                 {budget} bytes a served batch's header has for them (besides its masks); lower \
+                 {budget} bytes a served batch's header has for them; lower \
                  limits.max_field_bytes or batch.size",
                 spec.batch.size
             ),
@@ -336,7 +304,6 @@ impl DispatcherService {
             )));
         }
         refuse_learner_only(&spec)?;
-        refuse_oversized_masks(&spec)?;
         refuse_oversized_fields(&spec)?;
         self.inner.roots.check_source(&spec.source)?;
         let for_manifest = spec.clone();
@@ -959,6 +926,21 @@ mod tests {
         }
     }
 
+    /// A dispatcher on a free port serving `root`, journaling to `journal`, with nothing else.
+    fn test_config(root: &std::path::Path, journal: Option<std::path::PathBuf>) -> DispatcherConfig {
+        DispatcherConfig {
+            listen: "127.0.0.1:0".into(),
+            journal,
+            allow_roots: vec![root.to_path_buf()],
+            token: None,
+            operator_token: None,
+            metrics_listen: None,
+            tls: None,
+            autoscale: None,
+            cache_aware: false,
+        }
+    }
+
     #[tokio::test]
     async fn a_long_run_keeps_its_journal_bounded_and_a_restart_resumes_it() {
         // In memory where there is a tmpfs: 2,400 fsyncs take seconds on a disk.
@@ -968,17 +950,7 @@ mod tests {
         let options = sluice_synth::DatasetOptions { images: 48, classes: 2, ..Default::default() };
         sluice_synth::write_dataset(&root, &options, &|_| {}).unwrap();
         let journal = dir.path().join("journal.jsonl");
-        let config = DispatcherConfig {
-            listen: "127.0.0.1:0".into(),
-            journal: Some(journal.clone()),
-            allow_roots: vec![root.clone()],
-            token: None,
-            operator_token: None,
-            metrics_listen: None,
-            tls: None,
-            autoscale: None,
-            cache_aware: false,
-        };
+        let config = test_config(&root, Some(journal.clone()));
         let mut spec = PipelineSpec::train_default(sluice_core::SourceSpec::ImageFolder { root }, 16, 4);
         spec.shuffle = sluice_core::ShuffleSpec::None;
         let create = CreateJobRequest {
@@ -1014,17 +986,7 @@ mod tests {
         std::fs::write(root.join("tiny.jpg"), sluice_synth::noise_jpeg(0, 16).unwrap()).unwrap();
         let n = DRAW_CHUNK + 1000;
         std::fs::write(root.join("list.txt"), "tiny.jpg 0\n".repeat(n)).unwrap();
-        let config = DispatcherConfig {
-            listen: "127.0.0.1:0".into(),
-            journal: None,
-            allow_roots: vec![root.clone()],
-            token: None,
-            operator_token: None,
-            metrics_listen: None,
-            tls: None,
-            autoscale: None,
-            cache_aware: false,
-        };
+        let config = test_config(&root, None);
         let source = sluice_core::SourceSpec::FileList { path: root.join("list.txt"), root: None };
         let mut spec = PipelineSpec::train_default(source, 16, 1024);
         spec.sampling = sluice_core::SamplingSpec::Importance {
@@ -1109,15 +1071,11 @@ mod tests {
     }
 
     #[test]
-    fn masks_are_served_unless_a_batchs_masks_would_not_fit_its_header() {
+    fn masks_are_served_whatever_their_size_and_fields_are_held_to_the_header() {
         let sidecar = |masks| sluice_core::SourceSpec::Sidecar { root: "/data".into(), masks };
-        // 256 masks of 224x224 (12.25 MiB) fit; 320 (15.3 MiB) would leave too little room.
-        let spec = PipelineSpec::train_default(sidecar(true), 224, 256);
-        assert!(refuse_learner_only(&spec).is_ok() && refuse_oversized_masks(&spec).is_ok());
+        // 320 masks of 224x224 (15.3 MiB) are over the header's room: they travel after
+        // the pixels, so nothing refuses them.
         let spec = PipelineSpec::train_default(sidecar(true), 224, 320);
-        let err = refuse_oversized_masks(&spec).unwrap_err().to_string();
-        assert!(err.contains("source.masks") && err.contains("320 x 224x224 = 16056320 bytes"), "{err}");
-        // Without masks the batch's size is no matter.
-        assert!(refuse_oversized_masks(&PipelineSpec::train_default(sidecar(false), 224, 320)).is_ok());
+        assert!(refuse_learner_only(&spec).is_ok() && refuse_oversized_fields(&spec).is_ok());
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use sluice_client::{RemoteLoader, ReportKind};
+use sluice_client::{DataPlane, RemoteLoader, ReportKind};
 use sluice_core::{
     Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, Layout, PipelineSpec, SamplingSpec, SourceSpec,
 };
@@ -117,6 +117,36 @@ fn a_source_with_boxes_or_masks_is_served_exactly_once_with_the_local_ones_acros
                 "{what}: the service's batches of masks differ from the local loader's"
             );
         }
+    }
+}
+
+/// Masks over the 16 MiB a batch header holds travel after the pixels: 64 masks of
+/// 512x512 (16 MiB) a batch, on the shared-memory and TCP data planes, give the local
+/// loader's masks byte for byte (gRPC carries them in its message, as before).
+#[test]
+fn masks_over_a_batch_headers_16_mib_are_served_as_the_local_loader_gives_them() {
+    let _watchdog = watchdog("masks_over_a_batch_headers_16_mib_are_served_as_the_local_loader_gives_them", 120);
+    const MANY: usize = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let options_ =
+        DatasetOptions { images: MANY, classes: 4, texture: 0, boxes: true, masks: true, ..Default::default() };
+    sluice_synth::write_dataset(&root, &options_, &|_| {}).unwrap();
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _w = worker_process(&addr, &root, &[]);
+    let mut spec = PipelineSpec::train_default(SourceSpec::Sidecar { root: root.clone(), masks: true }, 512, MANY);
+    spec.seed = 5;
+    let want: Vec<_> =
+        Loader::new(spec.clone(), Shard::default()).unwrap().iter().map(|b| masks_of(&b.unwrap())).collect();
+    let bytes = want[0].2.as_ref().map_or(0, Vec::len);
+    assert_eq!((want.len(), bytes), (1, MANY * 512 * 512), "one batch of 16 MiB of masks");
+    for (i, plane) in [DataPlane::Auto, DataPlane::Tcp].into_iter().enumerate() {
+        let mut o = options(&addr, &format!("big-masks-{i}"));
+        o.data_plane = plane;
+        let mut remote = RemoteLoader::connect(&spec, o).unwrap();
+        let got: Vec<_> = remote.iter().map(|b| masks_of(&b.unwrap())).collect();
+        assert!(got == want, "{plane:?}: the service's masks differ from the local loader's");
     }
 }
 
