@@ -174,6 +174,7 @@ mod tests {
             cache: None,
             autoscale: None,
             prefetch: None,
+            read_ahead: None,
             accelerator: None,
         }
     }
