@@ -409,15 +409,20 @@ mod tests {
     fn downscale_averages_instead_of_aliasing() {
         // A 1-pixel checkerboard shrunk 4x must come out mid-grey (antialiased), not b/w.
         let (w, h) = (32u32, 32u32);
-        let src: Vec<u8> = (0..w * h)
-            .flat_map(|i| {
-                let v = if (i % w + i / w) % 2 == 0 { 255 } else { 0 };
-                [v, v, v]
-            })
-            .collect();
+        let src = checkerboard(w, h);
         let mut dst = vec![0u8; 8 * 8 * 3];
         Resizer::new().resize_rect(&src, w, h, SubRect::full(w, h), &mut dst, 8, 8).unwrap();
         assert!(dst.iter().all(|&v| (120..=135).contains(&v)), "{dst:?}");
+    }
+
+    /// A `w x h` 1-pixel black and white checkerboard.
+    fn checkerboard(w: u32, h: u32) -> Vec<u8> {
+        (0..w * h)
+            .flat_map(|i| {
+                let v = if (i % w + i / w).is_multiple_of(2) { 255 } else { 0 };
+                [v, v, v]
+            })
+            .collect()
     }
 
     /// A 6x1 image: a black 4-pixel run between two white pixels.
@@ -458,12 +463,7 @@ mod tests {
         // The 1-pixel checkerboard shrunk 4x: antialiased averages to grey; without
         // antialiasing bilinear samples between two pixels at the output centers.
         let (w, h) = (32u32, 32u32);
-        let src: Vec<u8> = (0..w * h)
-            .flat_map(|i| {
-                let v = if (i % w + i / w) % 2 == 0 { 255 } else { 0 };
-                [v, v, v]
-            })
-            .collect();
+        let src = checkerboard(w, h);
         let mut dst = vec![0u8; 8 * 8 * 3];
         let mut r = Resizer::new();
         for interpolation in [Interpolation::Bilinear, Interpolation::Bicubic] {
