@@ -52,23 +52,30 @@ pub fn encode_jpeg_with(
     subsampling: Subsampling,
     quality: u8,
 ) -> Result<Vec<u8>, CodecError> {
-    encode(pixels, width, height, source, subsampling, quality, false)
+    encode(pixels, width, height, Settings { source, subsampling, quality, progressive: false })
 }
 
 /// Encodes interleaved RGB8 as a progressive 4:2:0 JPEG (common in web-scraped datasets).
 pub fn encode_jpeg_progressive(rgb: &[u8], width: u32, height: u32, quality: u8) -> Result<Vec<u8>, CodecError> {
-    encode(rgb, width, height, SourcePixels::Rgb, Subsampling::S420, quality, true)
+    encode(
+        rgb,
+        width,
+        height,
+        Settings { source: SourcePixels::Rgb, subsampling: Subsampling::S420, quality, progressive: true },
+    )
 }
 
-fn encode(
-    pixels: &[u8],
-    width: u32,
-    height: u32,
+/// How [`encode`] writes the JPEG: the source layout, chroma subsampling, quality, and
+/// whether progressive.
+struct Settings {
     source: SourcePixels,
     subsampling: Subsampling,
     quality: u8,
     progressive: bool,
-) -> Result<Vec<u8>, CodecError> {
+}
+
+fn encode(pixels: &[u8], width: u32, height: u32, settings: Settings) -> Result<Vec<u8>, CodecError> {
+    let Settings { source, subsampling, quality, progressive } = settings;
     let bad = |m: String| Err(CodecError::Shape(m));
     let need = width as usize * height as usize * source.bytes_per_pixel();
     if width == 0 || height == 0 || pixels.len() != need {

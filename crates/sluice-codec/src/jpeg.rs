@@ -450,21 +450,25 @@ impl JpegDecoder {
         target: (u32, u32),
         out: &mut Vec<u8>,
     ) -> Result<RegionDecode, CodecError> {
-        match self.decode_seekable_region(bytes, rect, target, out) {
-            Some(result) => result,
-            None => self.decode_region_in_place(bytes, rect, target, out),
-        }
+        let mut cut = std::mem::take(&mut self.window);
+        let result = match self.cut_window(bytes, rect, target, &mut cut) {
+            Some(shifted) => self.decode_region_in_place((&cut, shifted), target, out),
+            None => self.decode_region_in_place((bytes, rect), target, out),
+        };
+        self.window = cut;
+        result
     }
 
-    /// [`Self::decode_region`] through a window cut from a seekable JPEG; `None` when the
-    /// file is not seekable or the cut would not save anything.
-    pub(crate) fn decode_seekable_region(
-        &mut self,
+    /// Cuts the MCUs around `rect` out of a seekable JPEG into `cut` and returns `rect`
+    /// moved into that window; `None` when the file is not seekable or the cut would not
+    /// save anything.
+    pub(crate) fn cut_window(
+        &self,
         bytes: &[u8],
         rect: SubRect,
         target: (u32, u32),
-        out: &mut Vec<u8>,
-    ) -> Option<Result<RegionDecode, CodecError>> {
+        cut: &mut Vec<u8>,
+    ) -> Option<SubRect> {
         // Too many pixels: `None`, and the ordinary path reports it.
         let layout = RestartLayout::parse(bytes, self.max_pixels)?;
         let (w, h) = layout.size();
@@ -486,18 +490,14 @@ impl JpegDecoder {
             return None;
         }
         let (ox, oy) = layout.origin(win);
-        let mut cut = std::mem::take(&mut self.window);
-        layout.write_window(bytes, win, &mut cut);
-        let shifted = SubRect { left: rect.left - f64::from(ox), top: rect.top - f64::from(oy), ..rect };
-        let result = self.decode_region_in_place(&cut, shifted, target, out);
-        self.window = cut;
-        Some(result)
+        layout.write_window(bytes, win, cut);
+        Some(SubRect { left: rect.left - f64::from(ox), top: rect.top - f64::from(oy), ..rect })
     }
 
+    /// [`Self::decode_region`] on the whole of `bytes`: `rect` is a window of that JPEG.
     pub(crate) fn decode_region_in_place(
         &mut self,
-        bytes: &[u8],
-        rect: SubRect,
+        (bytes, rect): (&[u8], SubRect),
         target: (u32, u32),
         out: &mut Vec<u8>,
     ) -> Result<RegionDecode, CodecError> {

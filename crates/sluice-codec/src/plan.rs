@@ -603,18 +603,20 @@ impl Plan {
                         flip = false;
                     }
                     let Scratch { a, b, .. } = &mut *scratch;
-                    let (mut motion, mut mask_move) = (Motion::Identity, MaskMove::Identity);
-                    let src = borrowed.unwrap_or(a);
+                    let mask_move;
+                    let f = ops::Frame { src: borrowed.unwrap_or(a), w, h, rng, max_pixels, dst: b };
                     if matches!(op, OpSpec::RandomIouCrop { .. }) {
                         // Chosen against the boxes, which it moves itself.
-                        ((w, h), mask_move) = ops::iou_crop::apply(op, src, w, h, boxes.as_deref_mut(), rng, b)?;
+                        ((w, h), mask_move) = ops::iou_crop::apply(op, f, boxes.as_deref_mut())?;
                         std::mem::swap(a, b);
                     } else {
-                        (w, h) = ops::apply(op, src, w, h, rng, max_pixels, b, &mut motion, &mut mask_move)?;
+                        let moved;
+                        ((w, h), moved) = ops::apply(op, f)?;
+                        mask_move = moved.mask;
                         std::mem::swap(a, b);
                         if let Some(t) = boxes.as_deref_mut() {
-                            if motion != Motion::Identity {
-                                move_boxes(t, motion, w, h);
+                            if moved.motion != Motion::Identity {
+                                move_boxes(t, moved.motion, w, h);
                             }
                         }
                     }

@@ -111,6 +111,39 @@ fn whole_pixels(rect: SubRect) -> Option<(u32, u32, u32, u32)> {
     ))
 }
 
+/// The images of one of [`Resizer`]'s own kernels: `src` (rows `stride` bytes apart) with
+/// the whole-pixel window `in_w x in_h` at `(left, top)` that is resampled, and `dst`, a
+/// `dst_w x dst_h` RGB8 image. `src` and `dst` sizes were checked by the caller.
+struct Pass<'a> {
+    src: &'a [u8],
+    stride: usize,
+    left: usize,
+    top: usize,
+    in_w: usize,
+    in_h: usize,
+    dst: &'a mut [u8],
+    dst_w: u32,
+    dst_h: u32,
+}
+
+impl<'a> Pass<'a> {
+    /// The whole-pixel part of `rect` (which lies inside the `src_w x src_h` image, clamped
+    /// by the caller, so `left < src_w`), at least one pixel a side.
+    fn new(
+        src: &'a [u8],
+        src_w: u32,
+        src_h: u32,
+        rect: SubRect,
+        dst: &'a mut [u8],
+        (dst_w, dst_h): (u32, u32),
+    ) -> Self {
+        let (left, top) = (rect.left.floor() as usize, rect.top.floor() as usize);
+        let in_w = (rect.width.round() as usize).clamp(1, (src_w as usize).saturating_sub(left).max(1));
+        let in_h = (rect.height.round() as usize).clamp(1, (src_h as usize).saturating_sub(top).max(1));
+        Self { src, stride: src_w as usize * 3, left, top, in_w, in_h, dst, dst_w, dst_h }
+    }
+}
+
 /// Shorter side to `size`, aspect ratio kept (torchvision `Resize(int)`: the longer side is
 /// `int(size * long / short)`, truncated).
 pub fn shorter_side_size(width: u32, height: u32, size: u32) -> (u32, u32) {
@@ -196,12 +229,12 @@ impl Resizer {
         let src_img = ImageRef::new(src_w, src_h, src, PixelType::U8x3)
             .map_err(|e| CodecError::Shape(format!("resize source: {e}")))?;
         let Some(alg) = resample.algorithm() else {
-            self.nearest(resample.interpolation, src, (src_w, src_h), rect, dst, dst_w, dst_h);
+            self.nearest(resample.interpolation, Pass::new(src, src_w, src_h, rect, dst, (dst_w, dst_h)));
             return Ok(());
         };
         if resample.interpolation == Interpolation::Bicubic {
             if !resample.antialias {
-                self.bicubic_replicate(src, (src_w, src_h), rect, dst, dst_w, dst_h);
+                self.bicubic_replicate(Pass::new(src, src_w, src_h, rect, dst, (dst_w, dst_h)));
                 return Ok(());
             }
             return self.rows_then_columns(alg, &src_img, rect, dst, dst_w, dst_h);
@@ -264,19 +297,8 @@ impl Resizer {
     /// torch's u8 `bicubic` without antialiasing (OpenCV's): four taps at
     /// `(i + 0.5) * scale - 0.5`, a = -0.75, border pixels repeated past the edges (not
     /// renormalized like the antialiased filter), rows first, each pass rounded to u8.
-    #[allow(clippy::too_many_arguments)]
-    fn bicubic_replicate(
-        &mut self,
-        src: &[u8],
-        (src_w, src_h): (u32, u32),
-        rect: SubRect,
-        dst: &mut [u8],
-        dst_w: u32,
-        dst_h: u32,
-    ) {
-        let (left, top) = (rect.left.floor() as usize, rect.top.floor() as usize);
-        let in_w = (rect.width.round() as usize).clamp(1, (src_w as usize).saturating_sub(left).max(1));
-        let in_h = (rect.height.round() as usize).clamp(1, (src_h as usize).saturating_sub(top).max(1));
+    fn bicubic_replicate(&mut self, pass: Pass<'_>) {
+        let Pass { src, stride, left, top, in_w, in_h, dst, dst_w, dst_h } = pass;
         // Per output index: the four source indices (clamped) and their weights.
         let taps = |n_in: usize, n_out: u32| -> Vec<([usize; 4], [f64; 4])> {
             let scale = n_in as f64 / f64::from(n_out);
@@ -291,7 +313,6 @@ impl Resizer {
         };
         let to_u8 = |v: f64| v.round().clamp(0.0, 255.0) as u8;
         let (xs, ys) = (taps(in_w, dst_w), taps(in_h, dst_h));
-        let stride = src_w as usize * 3;
         let mid_stride = dst_w as usize * 3;
         let mut mid = std::mem::take(&mut self.between_passes);
         mid.resize(mid_stride * in_h, 0);
@@ -314,21 +335,8 @@ impl Resizer {
     /// torch's `nearest` (source index `floor(i * scale)`) or `nearest_exact`
     /// (`floor((i + 0.5) * scale)`), `scale = in / out` in f32 as torch computes it, on the
     /// whole-pixel part of `rect`. `src` and `dst` sizes were checked by the caller.
-    #[allow(clippy::too_many_arguments)]
-    fn nearest(
-        &mut self,
-        mode: Interpolation,
-        src: &[u8],
-        (src_w, src_h): (u32, u32),
-        rect: SubRect,
-        dst: &mut [u8],
-        dst_w: u32,
-        dst_h: u32,
-    ) {
-        // `rect` lies inside the image (clamped by the caller), so `left < src_w`.
-        let (left, top) = (rect.left.floor() as usize, rect.top.floor() as usize);
-        let in_w = (rect.width.round() as usize).clamp(1, (src_w as usize).saturating_sub(left).max(1));
-        let in_h = (rect.height.round() as usize).clamp(1, (src_h as usize).saturating_sub(top).max(1));
+    fn nearest(&mut self, mode: Interpolation, pass: Pass<'_>) {
+        let Pass { src, stride, left, top, in_w, in_h, dst, dst_w, dst_h } = pass;
         let index = |i: usize, n_in: usize, n_out: u32| {
             let scale = n_in as f32 / n_out as f32;
             let at = if mode == Interpolation::NearestExact {
@@ -340,7 +348,6 @@ impl Resizer {
         };
         self.columns.clear();
         self.columns.extend((0..dst_w as usize).map(|x| (left + index(x, in_w, dst_w)) * 3));
-        let stride = src_w as usize * 3;
         for (y, row) in dst.chunks_exact_mut(dst_w as usize * 3).take(dst_h as usize).enumerate() {
             let from = (top + index(y, in_h, dst_h)) * stride;
             let src_row = &src[from..];
@@ -409,15 +416,20 @@ mod tests {
     fn downscale_averages_instead_of_aliasing() {
         // A 1-pixel checkerboard shrunk 4x must come out mid-grey (antialiased), not b/w.
         let (w, h) = (32u32, 32u32);
-        let src: Vec<u8> = (0..w * h)
-            .flat_map(|i| {
-                let v = if (i % w + i / w) % 2 == 0 { 255 } else { 0 };
-                [v, v, v]
-            })
-            .collect();
+        let src = checkerboard(w, h);
         let mut dst = vec![0u8; 8 * 8 * 3];
         Resizer::new().resize_rect(&src, w, h, SubRect::full(w, h), &mut dst, 8, 8).unwrap();
         assert!(dst.iter().all(|&v| (120..=135).contains(&v)), "{dst:?}");
+    }
+
+    /// A `w x h` 1-pixel black and white checkerboard.
+    fn checkerboard(w: u32, h: u32) -> Vec<u8> {
+        (0..w * h)
+            .flat_map(|i| {
+                let v = if (i % w + i / w).is_multiple_of(2) { 255 } else { 0 };
+                [v, v, v]
+            })
+            .collect()
     }
 
     /// A 6x1 image: a black 4-pixel run between two white pixels.
@@ -458,12 +470,7 @@ mod tests {
         // The 1-pixel checkerboard shrunk 4x: antialiased averages to grey; without
         // antialiasing bilinear samples between two pixels at the output centers.
         let (w, h) = (32u32, 32u32);
-        let src: Vec<u8> = (0..w * h)
-            .flat_map(|i| {
-                let v = if (i % w + i / w) % 2 == 0 { 255 } else { 0 };
-                [v, v, v]
-            })
-            .collect();
+        let src = checkerboard(w, h);
         let mut dst = vec![0u8; 8 * 8 * 3];
         let mut r = Resizer::new();
         for interpolation in [Interpolation::Bilinear, Interpolation::Bicubic] {

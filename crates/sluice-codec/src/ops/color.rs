@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use sluice_core::spec::{ErasingValue, Range};
 use sluice_core::{DType, Layout, OpSpec, SampleRng};
 
-use super::{frames, not_mine};
+use super::{frames, not_mine, Frame};
 use crate::CodecError;
 
 pub(super) fn runs(op: &OpSpec) -> bool {
@@ -47,14 +47,8 @@ pub(super) fn is_pointwise(op: &OpSpec) -> bool {
     }
 }
 
-pub(super) fn apply(
-    op: &OpSpec,
-    src: &[u8],
-    w: u32,
-    h: u32,
-    rng: &mut SampleRng,
-    dst: &mut Vec<u8>,
-) -> Result<(u32, u32), CodecError> {
+pub(super) fn apply(op: &OpSpec, f: Frame<'_>) -> Result<(u32, u32), CodecError> {
+    let Frame { src, w, h, rng, dst, .. } = f;
     let (src, out) = frames(src, dst, w, h)?;
     // torchvision's Random*(p): apply if torch.rand(1) < p. p = 1 draws nothing.
     let mut drawn = |p: f64| p >= 1.0 || rng.next_f64() < p;
@@ -559,7 +553,8 @@ mod tests {
     /// Runs `op` on a `w x h` image; returns the output.
     fn run(op: &OpSpec, src: &[u8], w: u32, h: u32) -> Vec<u8> {
         let mut dst = Vec::new();
-        assert_eq!(apply(op, src, w, h, &mut rng(), &mut dst).unwrap(), (w, h));
+        let f = Frame { src, w, h, rng: &mut rng(), max_pixels: u64::MAX, dst: &mut dst };
+        assert_eq!(apply(op, f).unwrap(), (w, h));
         dst
     }
 
@@ -727,8 +722,8 @@ mod tests {
         };
         let (mut a, mut b) = (rng(), rng());
         let (mut da, mut db) = (Vec::new(), Vec::new());
-        apply(&all, &src, 2, 1, &mut a, &mut da).unwrap();
-        apply(&all, &src, 2, 1, &mut b, &mut db).unwrap();
+        apply(&all, Frame { src: &src, w: 2, h: 1, rng: &mut a, max_pixels: u64::MAX, dst: &mut da }).unwrap();
+        apply(&all, Frame { src: &src, w: 2, h: 1, rng: &mut b, max_pixels: u64::MAX, dst: &mut db }).unwrap();
         assert_eq!(da, db);
         let orders: std::collections::HashSet<[u8; 4]> = (0..64)
             .map(|k| Jitter::draw(None, None, None, None, &mut SampleRng::new(0, 0, SampleKey(k), 0)).order)

@@ -11,7 +11,7 @@
 
 use sluice_core::{Interpolation, OpSpec, PaddingMode, SampleRng, Size};
 
-use super::{frames, not_mine};
+use super::{frames, not_mine, Moved};
 use crate::boxes::{self, Motion};
 use crate::masks::MaskMove;
 use crate::CodecError;
@@ -31,35 +31,21 @@ pub(super) fn runs(op: &OpSpec) -> bool {
 
 /// Runs `op` on `src` (`w x h` RGB8) into `dst`; an output larger than `max_pixels` (an
 /// expanded rotation, a pad) is refused before anything is allocated.
-#[cfg(test)]
-pub(super) fn apply(
-    op: &OpSpec,
-    src: &[u8],
-    w: u32,
-    h: u32,
-    rng: &mut SampleRng,
-    max_pixels: u64,
-    dst: &mut Vec<u8>,
-) -> Result<(u32, u32), CodecError> {
-    apply_moving(op, src, w, h, rng, max_pixels, dst, &mut Motion::Identity, &mut MaskMove::Identity)
+/// Runs `op` on `f`; returns the output size and how the pixels moved (for the sample's
+/// boxes and its mask).
+pub(super) fn apply_moving(op: &OpSpec, f: super::Frame<'_>) -> Result<((u32, u32), Moved), CodecError> {
+    let mut moved = Moved::NONE;
+    let out = apply_into(op, f, &mut moved.motion, &mut moved.mask)?;
+    Ok((out, moved))
 }
 
-/// [`apply`], also saying in `motion` how the pixels moved (for the sample's boxes) and in
-/// `mask_move` what to replay on its mask.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn apply_moving(
+fn apply_into(
     op: &OpSpec,
-    src: &[u8],
-    w: u32,
-    h: u32,
-    rng: &mut SampleRng,
-    max_pixels: u64,
-    dst: &mut Vec<u8>,
+    f: super::Frame<'_>,
     motion: &mut Motion,
     mask_move: &mut MaskMove,
 ) -> Result<(u32, u32), CodecError> {
-    *motion = Motion::Identity;
-    *mask_move = MaskMove::Identity;
+    let super::Frame { src, w, h, rng, max_pixels, dst } = f;
     match *op {
         OpSpec::RandomRotation { degrees, interpolation, expand, center, fill } => {
             // torchvision: angle = uniform(degrees[0], degrees[1]).
@@ -118,7 +104,7 @@ pub(super) fn apply_moving(
         OpSpec::RandomIouCrop { .. } => {
             // Without the sample's boxes (the plan passes them to `iou_crop::apply` itself)
             // the image is left as it is.
-            let (out, mm) = super::iou_crop::apply(op, src, w, h, None, rng, dst)?;
+            let (out, mm) = super::iou_crop::apply(op, super::Frame { src, w, h, rng, max_pixels, dst }, None)?;
             *mask_move = mm;
             return Ok(out);
         }
@@ -656,6 +642,18 @@ mod tests {
     use super::*;
     use sluice_core::SampleKey;
 
+    /// [`apply_moving`] on `src`, returning only the output size.
+    fn run(
+        op: &OpSpec,
+        src: &[u8],
+        (w, h): (u32, u32),
+        rng: &mut SampleRng,
+        max_pixels: u64,
+        dst: &mut Vec<u8>,
+    ) -> Result<(u32, u32), CodecError> {
+        apply_moving(op, super::super::Frame { src, w, h, rng, max_pixels, dst }).map(|(size, _)| size)
+    }
+
     #[test]
     fn vertical_flip_reverses_rows_when_drawn_and_copies_otherwise() {
         // 2 wide, 3 tall: rows 0, 1, 2.
@@ -663,10 +661,10 @@ mod tests {
         let mut dst = Vec::new();
         let mut rng = SampleRng::new(0, 0, SampleKey(0), 0);
         let always = OpSpec::RandomVerticalFlip { p: 1.0 };
-        assert_eq!(apply(&always, &src, 2, 3, &mut rng, u64::MAX, &mut dst).unwrap(), (2, 3));
+        assert_eq!(run(&always, &src, (2, 3), &mut rng, u64::MAX, &mut dst).unwrap(), (2, 3));
         assert_eq!(dst, [[20; 6], [10; 6], [0; 6]].concat());
         let never = OpSpec::RandomVerticalFlip { p: 0.0 };
-        apply(&never, &src, 2, 3, &mut rng, u64::MAX, &mut dst).unwrap();
+        run(&never, &src, (2, 3), &mut rng, u64::MAX, &mut dst).unwrap();
         assert_eq!(dst, src);
     }
 
@@ -737,7 +735,7 @@ mod tests {
         assert!(matches!(err, CodecError::OpTooLarge { op: "random_rotation", limit: 1048576, .. }), "{err:?}");
         assert!(dst.capacity() == 0);
         let op = OpSpec::Pad { padding: [600, 0, 600, 0], fill: [0; 3], padding_mode: PaddingMode::Constant };
-        let err = apply(&op, &src, 2000, 1, &mut rng0(), 3000, &mut dst).unwrap_err();
+        let err = run(&op, &src, (2000, 1), &mut rng0(), 3000, &mut dst).unwrap_err();
         assert_eq!(err, CodecError::OpTooLarge { op: "pad", width: 3200, height: 1, limit: 3000 });
     }
 
@@ -754,7 +752,7 @@ mod tests {
             center: None,
             fill: [0; 3],
         };
-        apply(&op(20.0), &src, 9, 7, &mut rng0(), u64::MAX, &mut a).unwrap();
+        run(&op(20.0), &src, (9, 7), &mut rng0(), u64::MAX, &mut a).unwrap();
         rotate(&src, 9, 7, 20.0, false, None, Warp { interpolation, fill: Some([0; 3]) }, u64::MAX, &mut b).unwrap();
         assert_eq!(a, b);
         let spread = OpSpec::RandomAffine {
@@ -768,14 +766,14 @@ mod tests {
         let outs: Vec<Vec<u8>> = (0..4)
             .map(|k| {
                 let mut o = Vec::new();
-                apply(&spread, &src, 9, 7, &mut SampleRng::new(0, 0, SampleKey(k), 0), u64::MAX, &mut o).unwrap();
+                run(&spread, &src, (9, 7), &mut SampleRng::new(0, 0, SampleKey(k), 0), u64::MAX, &mut o).unwrap();
                 o
             })
             .collect();
         assert!(outs.windows(2).all(|p| p[0] != p[1]), "different samples draw different parameters");
         let again = {
             let mut o = Vec::new();
-            apply(&spread, &src, 9, 7, &mut SampleRng::new(0, 0, SampleKey(2), 0), u64::MAX, &mut o).unwrap();
+            run(&spread, &src, (9, 7), &mut SampleRng::new(0, 0, SampleKey(2), 0), u64::MAX, &mut o).unwrap();
             o
         };
         assert_eq!(again, outs[2]);
@@ -809,7 +807,7 @@ mod tests {
                 interpolation: Interpolation::Bilinear,
                 fill: [0; 3],
             };
-            apply(&op, &src, 8, 6, &mut rng0(), u64::MAX, &mut dst).unwrap();
+            run(&op, &src, (8, 6), &mut rng0(), u64::MAX, &mut dst).unwrap();
             assert_eq!(dst, src, "distortion {d}, p {p}");
         }
         let op = OpSpec::RandomPerspective {
@@ -820,7 +818,7 @@ mod tests {
         };
         // (Three collinear corners make no perspective map; that sample is left as it is.)
         let src = coords(16, 12);
-        apply(&op, &src, 16, 12, &mut rng0(), u64::MAX, &mut dst).unwrap();
+        run(&op, &src, (16, 12), &mut rng0(), u64::MAX, &mut dst).unwrap();
         assert_ne!(dst, src);
     }
 
@@ -859,7 +857,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for k in 0..40 {
             let mut rng = SampleRng::new(0, 0, SampleKey(k), 0);
-            assert_eq!(apply(&op, &src, 32, 32, &mut rng, u64::MAX, &mut dst).unwrap(), (32, 32));
+            assert_eq!(run(&op, &src, (32, 32), &mut rng, u64::MAX, &mut dst).unwrap(), (32, 32));
             // Reading back the drawn offsets: the window is the padded image at (left, top).
             let mut rng = SampleRng::new(0, 0, SampleKey(k), 0);
             let (top, left) = (rng.below(9) as i64 - 4, rng.below(9) as i64 - 4);
@@ -880,9 +878,9 @@ mod tests {
             fill: [1; 3],
             padding_mode: PaddingMode::Constant,
         };
-        assert_eq!(apply(&need(true), &small, 4, 3, &mut rng0(), u64::MAX, &mut dst).unwrap(), (4, 5));
+        assert_eq!(run(&need(true), &small, (4, 3), &mut rng0(), u64::MAX, &mut dst).unwrap(), (4, 5));
         assert!(matches!(
-            apply(&need(false), &small, 4, 3, &mut rng0(), u64::MAX, &mut dst),
+            run(&need(false), &small, (4, 3), &mut rng0(), u64::MAX, &mut dst),
             Err(CodecError::Shape(_))
         ));
     }

@@ -14,7 +14,7 @@
 
 use sluice_core::{BoxTargets, OpSpec, PaddingMode, SampleRng, IOU_CROP_MAX_ROUNDS};
 
-use super::{frames, not_mine};
+use super::{frames, not_mine, Frame};
 use crate::boxes::{move_boxes, Motion};
 use crate::masks::MaskMove;
 use crate::CodecError;
@@ -137,13 +137,10 @@ pub(crate) fn params(
 /// what to replay on a mask.
 pub(crate) fn apply(
     op: &OpSpec,
-    src: &[u8],
-    w: u32,
-    h: u32,
+    f: Frame<'_>,
     boxes: Option<&mut BoxTargets>,
-    rng: &mut SampleRng,
-    dst: &mut Vec<u8>,
 ) -> Result<((u32, u32), MaskMove), CodecError> {
+    let Frame { src, w, h, rng, dst, .. } = f;
     let spec = IouCropSpec::of(op).ok_or_else(|| not_mine(op, "random_iou_crop"))?;
     let crop = match boxes.as_deref() {
         Some(t) => params(w, h, &t.boxes, &spec, rng),
@@ -187,6 +184,10 @@ pub(crate) fn apply(
 mod tests {
     use super::*;
     use sluice_core::SampleKey;
+
+    fn frame<'a>(src: &'a [u8], (w, h): (u32, u32), rng: &'a mut SampleRng, dst: &'a mut Vec<u8>) -> Frame<'a> {
+        Frame { src, w, h, rng, max_pixels: u64::MAX, dst }
+    }
 
     const DEFAULT_OPTIONS: [f64; 7] = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0];
 
@@ -261,7 +262,7 @@ mod tests {
         let mut t = BoxTargets { boxes: vec![[1.0, 2.0, 20.0, 25.0]], labels: vec![4] };
         let before = t.clone();
         let mut dst = Vec::new();
-        let (size, mm) = apply(&op, &img, 40, 30, Some(&mut t), &mut rng(1), &mut dst).unwrap();
+        let (size, mm) = apply(&op, frame(&img, (40, 30), &mut rng(1), &mut dst), Some(&mut t)).unwrap();
         assert_eq!((size, mm, &dst, &t), ((40, 30), MaskMove::Identity, &img, &before), "option 1.0");
         // No boxes: the image as it is and nothing drawn (the next draw is the same).
         let default_op = OpSpec::RandomIouCrop {
@@ -274,7 +275,7 @@ mod tests {
         };
         for boxes in [None, Some(&mut BoxTargets::default())] {
             let (mut r, mut fresh) = (rng(2), rng(2));
-            let (size, _) = apply(&default_op, &img, 40, 30, boxes, &mut r, &mut dst).unwrap();
+            let (size, _) = apply(&default_op, frame(&img, (40, 30), &mut r, &mut dst), boxes).unwrap();
             assert_eq!((size, &dst), ((40, 30), &img));
             assert_eq!(r.next_u64(), fresh.next_u64(), "a sample without boxes drew from its RNG");
         }
@@ -312,7 +313,7 @@ mod tests {
             let c = params(w, h, &BOXES, &spec, &mut rng(key)).unwrap();
             let mut t = BoxTargets { boxes: BOXES.to_vec(), labels: vec![1, 2, 3] };
             let mut dst = Vec::new();
-            let (size, mm) = apply(&op, &img, w, h, Some(&mut t), &mut rng(key), &mut dst).unwrap();
+            let (size, mm) = apply(&op, frame(&img, (w, h), &mut rng(key), &mut dst), Some(&mut t)).unwrap();
             assert_eq!(size, (c.w, c.h));
             let origin = (i64::from(c.left), i64::from(c.top));
             assert_eq!(mm, MaskMove::Window { origin, size, mode: PaddingMode::Constant });

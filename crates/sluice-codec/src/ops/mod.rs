@@ -32,31 +32,41 @@ pub(crate) fn commutes_with_flip(op: &OpSpec) -> bool {
     color::runs(op) && color::is_pointwise(op)
 }
 
-/// Runs `op` on `src` (`w x h` RGB8 HWC), writing the result into `dst` (resized to fit);
-/// returns the result's size, and says in `motion` how the pixels moved and in `mask_move`
-/// what to replay on a mask (colour ops move nothing; the policies are refused with boxes by
-/// validation, so theirs is not tracked). An op whose output would pass `max_pixels` (an
-/// expanded rotation, a pad) is refused.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn apply(
-    op: &OpSpec,
-    src: &[u8],
-    w: u32,
-    h: u32,
-    rng: &mut SampleRng,
-    max_pixels: u64,
-    dst: &mut Vec<u8>,
-    motion: &mut Motion,
-    mask_move: &mut MaskMove,
-) -> Result<(u32, u32), CodecError> {
-    *motion = Motion::Identity;
-    *mask_move = MaskMove::Identity;
+/// One op's run on one sample: the `w x h` RGB8 HWC image it reads (`src`), the sample's
+/// RNG it draws from, the buffer it writes (`dst`, resized to fit) and the most pixels its
+/// output may have (an expanded rotation or a pad past `max_pixels` is refused). Every op's
+/// `apply` takes one, so the argument list lives here once.
+pub(crate) struct Frame<'a> {
+    pub src: &'a [u8],
+    pub w: u32,
+    pub h: u32,
+    pub rng: &'a mut SampleRng,
+    pub max_pixels: u64,
+    pub dst: &'a mut Vec<u8>,
+}
+
+/// How an op moved the pixels: `motion` for the sample's boxes, `mask` what to replay on its
+/// mask.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Moved {
+    pub motion: Motion,
+    pub mask: MaskMove,
+}
+
+impl Moved {
+    /// Nothing moved.
+    pub(crate) const NONE: Self = Self { motion: Motion::Identity, mask: MaskMove::Identity };
+}
+
+/// Runs `op` on `f`; returns the result's size and how the pixels moved (colour ops move
+/// nothing; the policies are refused with boxes by validation, so theirs is not tracked).
+pub(crate) fn apply(op: &OpSpec, f: Frame<'_>) -> Result<((u32, u32), Moved), CodecError> {
     if color::runs(op) {
-        color::apply(op, src, w, h, rng, dst)
+        Ok((color::apply(op, f)?, Moved::NONE))
     } else if policy::runs(op) {
-        policy::apply(op, src, w, h, rng, max_pixels, dst)
+        Ok((policy::apply(op, f)?, Moved::NONE))
     } else {
-        geometry::apply_moving(op, src, w, h, rng, max_pixels, dst, motion, mask_move)
+        geometry::apply_moving(op, f)
     }
 }
 

@@ -15,7 +15,7 @@ use sluice_core::{AutoAugmentPolicy, Interpolation, OpSpec, SampleRng};
 
 use super::color;
 use super::geometry::{self, AffineParams, Warp};
-use super::{frames, not_mine};
+use super::{frames, not_mine, Frame};
 use crate::CodecError;
 
 /// One op of a policy's space (torchvision's `transform_id`).
@@ -305,18 +305,11 @@ thread_local! {
     static BETWEEN: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-pub(super) fn apply(
-    op: &OpSpec,
-    src: &[u8],
-    w: u32,
-    h: u32,
-    rng: &mut SampleRng,
-    max_pixels: u64,
-    dst: &mut Vec<u8>,
-) -> Result<(u32, u32), CodecError> {
+pub(super) fn apply(op: &OpSpec, f: Frame<'_>) -> Result<(u32, u32), CodecError> {
     if let OpSpec::AugMix { .. } = op {
-        return augmix(op, src, w, h, rng, max_pixels, dst);
+        return augmix(op, f);
     }
+    let Frame { src, w, h, rng, max_pixels, dst } = f;
     // The sub-ops drawn, each with its signed magnitude, in order.
     let mut chosen: Vec<(PolicyOp, f32)> = Vec::with_capacity(2);
     let (interpolation, fill) = match *op {
@@ -388,15 +381,8 @@ thread_local! {
 /// then per chain its depth (when drawn) and per op the op, its bin below `severity` and
 /// its sign; mixes in float32 as `m[0] * image + sum(m[1] * w_i * chain_i)` and truncates
 /// to u8 as `.to(uint8)` does.
-fn augmix(
-    op: &OpSpec,
-    src: &[u8],
-    w: u32,
-    h: u32,
-    rng: &mut SampleRng,
-    max_pixels: u64,
-    dst: &mut Vec<u8>,
-) -> Result<(u32, u32), CodecError> {
+fn augmix(op: &OpSpec, f: Frame<'_>) -> Result<(u32, u32), CodecError> {
+    let Frame { src, w, h, rng, max_pixels, dst } = f;
     let OpSpec::AugMix { severity, mixture_width, chain_depth, alpha, all_ops, interpolation, fill } = *op else {
         return Err(not_mine(op, "augmix"));
     };
@@ -623,7 +609,7 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for key in 0..40 {
             let mut rng = SampleRng::new(3, 0, SampleKey(key), 0);
-            apply(&op, &flat, w, h, &mut rng, u64::MAX, &mut out).unwrap();
+            apply(&op, Frame { src: &flat, w, h, rng: &mut rng, max_pixels: u64::MAX, dst: &mut out }).unwrap();
             assert_eq!(out.len(), flat.len());
             seen.insert(out[(w * 3 * 3 + 12) as usize]);
         }
@@ -672,7 +658,8 @@ mod tests {
             let run = |key: u64| {
                 let mut rng = SampleRng::new(7, 1, SampleKey(key), 0);
                 let mut dst = Vec::new();
-                assert_eq!(apply(op, &src, w, h, &mut rng, u64::MAX, &mut dst).unwrap(), (w, h));
+                let f = Frame { src: &src, w, h, rng: &mut rng, max_pixels: u64::MAX, dst: &mut dst };
+                assert_eq!(apply(op, f).unwrap(), (w, h));
                 dst
             };
             let outs: Vec<_> = (0..20).map(run).collect();
