@@ -134,7 +134,7 @@ impl FieldSpec {
 /// What a value is, for an error: its JSON type and a short excerpt.
 fn describe(v: &Value) -> String {
     let kind = match v {
-        Value::Null => "null",
+        Value::Null => return "null".into(),
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",

@@ -444,12 +444,6 @@ impl PipelineSpec {
         }
         for (i, f) in self.fields.iter().enumerate() {
             f.check(i).map_err(|(field, message)| SpecError::new(field, message))?;
-            if matches!(self.source, SourceSpec::Parquet { .. }) && f.kind == crate::fields::FieldKindName::MultiLabel {
-                return Err(SpecError::new(
-                    format!("fields[{i}].kind"),
-                    "a Parquet column gives float, int, text or json fields (list columns are not read)",
-                ));
-            }
             if self.fields[..i].iter().any(|g| g.name == f.name) {
                 return Err(SpecError::new(format!("fields[{i}].name"), format!("`{}` is named twice", f.name)));
             }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
-use parquet::basic::Type as PhysicalType;
+use parquet::basic::{Repetition, Type as PhysicalType};
 use parquet::column::reader::{get_column_reader, ColumnReader};
 use parquet::data_type::ByteArray;
 use parquet::errors::ParquetError as CrateError;
@@ -230,7 +230,8 @@ pub(crate) fn label_leaf(meta: &ParquetMetaData, file: &str, column: &str) -> Re
 }
 
 /// The leaf column holding a metadata field of `kind`: an integer column for `int`, a
-/// floating-point (or integer) one for `float`, a binary (string) one for `text`.
+/// floating-point (or integer) one for `float`, a binary (string) one for `text` and `json`,
+/// a list of integers for `multi_label`.
 pub(crate) fn field_leaf(
     meta: &ParquetMetaData,
     file: &str,
@@ -238,6 +239,9 @@ pub(crate) fn field_leaf(
     kind: sluice_core::FieldKindName,
 ) -> Result<usize, ParquetError> {
     use sluice_core::FieldKindName as K;
+    if kind == K::MultiLabel {
+        return int_list_leaf(meta, file, column);
+    }
     let (types, expected): (&[PhysicalType], &'static str) = match kind {
         K::Int => (&[PhysicalType::INT32, PhysicalType::INT64], "an integer (INT32 or INT64)"),
         K::Float => (
@@ -251,6 +255,29 @@ pub(crate) fn field_leaf(
         return Err(missing_or_wrong(meta, file, column, expected));
     };
     check_leaf(meta, file, i, types, expected)?;
+    Ok(i)
+}
+
+/// The leaf of a list column of integers (`column` a list whose one leaf, `column.list.element`
+/// or another name, is INT32 or INT64 and repeated once): class indices of a multi-label field.
+fn int_list_leaf(meta: &ParquetMetaData, file: &str, column: &str) -> Result<usize, ParquetError> {
+    const EXPECTED: &str = "a list of integers (INT32 or INT64), e.g. a `Sequence(ClassLabel)`";
+    let leaves = meta.file_metadata().schema_descr().columns();
+    let under: Vec<usize> =
+        (0..leaves.len()).filter(|&i| leaves[i].path().parts().first().is_some_and(|p| p == column)).collect();
+    let [i] = under[..] else {
+        return Err(missing_or_wrong(meta, file, column, EXPECTED));
+    };
+    let c = &leaves[i];
+    if c.max_rep_level() != 1 || !matches!(c.physical_type(), PhysicalType::INT32 | PhysicalType::INT64) {
+        let shape = if c.max_rep_level() == 0 { "not a list" } else { "a list" };
+        return Err(ParquetError::WrongType {
+            file: file.to_string(),
+            column: c.path().string(),
+            found: format!("{:?} ({shape}, nested {} deep)", c.physical_type(), c.max_rep_level()),
+            expected: EXPECTED,
+        });
+    }
     Ok(i)
 }
 
@@ -342,6 +369,19 @@ pub(crate) enum ChunkValues {
     Binary(Vec<Option<ByteArray>>),
     Int(Vec<Option<i64>>),
     Float(Vec<Option<f64>>),
+    /// A list column of integers: `None` for a null list, an inner `None` for a null element.
+    IntLists(Vec<Option<Vec<Option<i64>>>>),
+}
+
+impl ChunkValues {
+    fn len(&self) -> usize {
+        match self {
+            Self::Binary(v) => v.len(),
+            Self::Int(v) => v.len(),
+            Self::Float(v) => v.len(),
+            Self::IntLists(v) => v.len(),
+        }
+    }
 }
 
 /// Reads and decodes leaf column `leaf` of row group `row_group` (one ranged read).
@@ -381,9 +421,27 @@ pub(crate) fn read_column_chunk(
         .ok_or_else(|| corrupt(format!("the schema has no leaf column {leaf}")))?;
     let max_def = descr.max_def_level();
     let column = descr.path().string();
+    let lists = (descr.max_rep_level() > 0).then(|| ListLevels {
+        // The column's top node: a null list below this level, an empty one from it.
+        top: i16::from(rg.schema_descr().get_column_root(leaf).get_basic_info().repetition() == Repetition::OPTIONAL),
+        slot: descr.repeated_ancestor_def_level(),
+        value: max_def,
+    });
     let values = guarded(|| {
         let pages = SerializedPageReader::new(Arc::new(InMemoryRange { start, data }), chunk, rows, None)?;
         let reader = get_column_reader(descr.clone(), Box::new(pages));
+        if let Some(levels) = lists {
+            return match reader {
+                ColumnReader::Int32ColumnReader(mut r) => {
+                    read_lists(rows, levels, |d, p, v, n| r.read_records(n, Some(d), Some(p), v), i64::from)
+                }
+                ColumnReader::Int64ColumnReader(mut r) => {
+                    read_lists(rows, levels, |d, p, v, n| r.read_records(n, Some(d), Some(p), v), |v| v)
+                }
+                _ => Err(CrateError::General(format!("list column `{column}` is not of integers"))),
+            }
+            .map(ChunkValues::IntLists);
+        }
         match reader {
             ColumnReader::ByteArrayColumnReader(mut r) => {
                 let mut out = Vec::with_capacity(rows.min(1 << 16));
@@ -421,11 +479,7 @@ pub(crate) fn read_column_chunk(
         }
     })
     .map_err(|m| corrupt(format!("column `{}`: {m}", descr.path())))?;
-    let got = match &values {
-        ChunkValues::Binary(v) => v.len(),
-        ChunkValues::Int(v) => v.len(),
-        ChunkValues::Float(v) => v.len(),
-    };
+    let got = values.len();
     if got != rows {
         return Err(corrupt(format!(
             "column `{}` holds {got} rows, the footer says {rows} (truncated or corrupt pages)",
@@ -454,6 +508,50 @@ fn read_plain<T: Copy, U>(
         for k in 0..records {
             let present = max_def == 0 || defs.get(k).is_some_and(|&d| d == max_def);
             out.push(if present { vals.next().map(&widen) } else { None });
+        }
+    }
+    Ok(out)
+}
+
+/// The definition levels of a list column (one repeated level): below `top` the list is
+/// null, below `slot` empty, at `slot` and above an element, null below `value`.
+#[derive(Clone, Copy)]
+struct ListLevels {
+    top: i16,
+    slot: i16,
+    value: i16,
+}
+
+/// Reads `rows` lists of a column repeated once: a level of repetition 0 starts a row.
+fn read_lists<T: Copy>(
+    rows: usize,
+    levels: ListLevels,
+    mut read: impl FnMut(&mut Vec<i16>, &mut Vec<i16>, &mut Vec<T>, usize) -> Result<(usize, usize, usize), CrateError>,
+    widen: impl Fn(T) -> i64,
+) -> Result<Vec<Option<Vec<Option<i64>>>>, CrateError> {
+    let mut out: Vec<Option<Vec<Option<i64>>>> = Vec::with_capacity(rows.min(1 << 16));
+    let (mut defs, mut reps, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    while out.len() < rows {
+        defs.clear();
+        reps.clear();
+        values.clear();
+        let (records, _, read_levels) = read(&mut defs, &mut reps, &mut values, rows - out.len())?;
+        if records == 0 && read_levels == 0 {
+            break;
+        }
+        let mut vals = values.iter().copied();
+        for (&d, &r) in defs.iter().zip(&reps).take(read_levels) {
+            if r == 0 {
+                out.push((d >= levels.top).then(Vec::new));
+            }
+            if d < levels.slot {
+                continue;
+            }
+            let item = if d >= levels.value { vals.next().map(&widen) } else { None };
+            match out.last_mut() {
+                Some(Some(list)) => list.push(item),
+                _ => return Err(CrateError::General("a list element outside any list".into())),
+            }
         }
     }
     Ok(out)
