@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use parquet::basic::{Repetition, Type as PhysicalType};
+use parquet::column::page::{Page, PageMetadata, PageReader};
 use parquet::column::reader::{get_column_reader, ColumnReader};
 use parquet::data_type::ByteArray;
 use parquet::errors::ParquetError as CrateError;
@@ -429,8 +430,12 @@ pub(crate) fn read_column_chunk(
     });
     let values = guarded(|| {
         let pages = SerializedPageReader::new(Arc::new(InMemoryRange { start, data }), chunk, rows, None)?;
-        let reader = get_column_reader(descr.clone(), Box::new(pages));
         if let Some(levels) = lists {
+            // A list's length is not bounded by the rows: a few bytes of RLE can declare
+            // billions of elements, so the pages' declared values are capped first.
+            let cap = max_chunk_bytes / DECODED_LIST_VALUE_BYTES;
+            let pages = CappedPages { pages, values: 0, cap };
+            let reader = get_column_reader(descr.clone(), Box::new(pages));
             return match reader {
                 ColumnReader::Int32ColumnReader(mut r) => {
                     read_lists(rows, levels, |d, p, v, n| r.read_records(n, Some(d), Some(p), v), i64::from)
@@ -442,6 +447,7 @@ pub(crate) fn read_column_chunk(
             }
             .map(ChunkValues::IntLists);
         }
+        let reader = get_column_reader(descr.clone(), Box::new(pages));
         match reader {
             ColumnReader::ByteArrayColumnReader(mut r) => {
                 let mut out = Vec::with_capacity(rows.min(1 << 16));
@@ -513,6 +519,62 @@ fn read_plain<T: Copy, U>(
     Ok(out)
 }
 
+/// What one value of a list column takes once decoded (its levels, the value, its slot in
+/// the row's list), at most: a chunk of more than `max_chunk_bytes` / this is refused.
+const DECODED_LIST_VALUE_BYTES: u64 = 32;
+
+/// A column chunk's pages, refused once their data pages declare more than `cap` values.
+struct CappedPages<P> {
+    pages: P,
+    values: u64,
+    cap: u64,
+}
+
+impl<P: PageReader> Iterator for CappedPages<P> {
+    type Item = Result<Page, CrateError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.get_next_page().transpose()
+    }
+}
+
+impl<P: PageReader> PageReader for CappedPages<P> {
+    fn get_next_page(&mut self) -> Result<Option<Page>, CrateError> {
+        let page = self.pages.get_next_page()?;
+        if let Some(p) = page.as_ref().filter(|p| !p.is_dictionary_page()) {
+            self.values += u64::from(p.num_values());
+            if self.values > self.cap {
+                return Err(CrateError::General(format!(
+                    "the list column's pages declare {} values or more, over the limit of {} \
+                     (SLUICE_PARQUET_MAX_CHUNK_BYTES / {DECODED_LIST_VALUE_BYTES})",
+                    self.values, self.cap
+                )));
+            }
+        }
+        Ok(page)
+    }
+
+    fn peek_next_page(&mut self) -> Result<Option<PageMetadata>, CrateError> {
+        self.pages.peek_next_page()
+    }
+
+    fn skip_next_page(&mut self) -> Result<(), CrateError> {
+        self.pages.skip_next_page()
+    }
+
+    fn supports_deferred_dictionary(&self) -> bool {
+        self.pages.supports_deferred_dictionary()
+    }
+
+    fn take_deferred_dictionary(&mut self) -> Result<Option<Page>, CrateError> {
+        self.pages.take_deferred_dictionary()
+    }
+
+    fn at_record_boundary(&mut self) -> Result<bool, CrateError> {
+        self.pages.at_record_boundary()
+    }
+}
+
 /// The definition levels of a list column (one repeated level): below `top` the list is
 /// null, below `slot` empty, at `slot` and above an element, null below `value`.
 #[derive(Clone, Copy)]
@@ -563,4 +625,54 @@ pub(crate) fn max_chunk_bytes() -> u64 {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(DEFAULT_MAX_CHUNK_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test fixtures: a failed setup is a failed test
+
+    use parquet::data_type::Int64Type;
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
+
+    use super::*;
+
+    #[test]
+    fn a_list_chunk_declaring_more_values_than_its_bytes_allow_is_refused_before_decoding() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.parquet");
+        let schema = "message s { optional group labels (LIST) { repeated group list { optional int64 element; } } }";
+        let schema = Arc::new(parse_message_type(schema).unwrap());
+        let mut w = SerializedFileWriter::new(
+            std::fs::File::create(&path).unwrap(),
+            schema,
+            Arc::new(WriterProperties::default()),
+        )
+        .unwrap();
+        // Row 0: 5000 times class 1 (a few bytes of RLE); row 1: [2].
+        let (mut values, mut defs, mut reps) = (vec![1i64; 5000], vec![3i16; 5000], vec![1i16; 5000]);
+        reps[0] = 0;
+        values.push(2);
+        defs.push(3);
+        reps.push(0);
+        let mut rg = w.next_row_group().unwrap();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<Int64Type>().write_batch(&values, Some(&defs), Some(&reps)).unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+        w.close().unwrap();
+
+        let file = ParquetFile::new(&path);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let footer = read_footer(&file, len, None).unwrap();
+        let ChunkValues::IntLists(rows) = read_column_chunk(&file, &footer.meta, 0, 0, 1 << 20, None).unwrap() else {
+            panic!("not lists")
+        };
+        assert_eq!((rows[0].as_ref().unwrap().len(), rows[1].clone()), (5000, Some(vec![Some(2)])));
+        let chunk = footer.meta.row_group(0).column(0).compressed_size();
+        assert!(chunk < 2048, "the chunk is {chunk} bytes");
+        let e = read_column_chunk(&file, &footer.meta, 0, 0, 2048, None).err().unwrap().to_string();
+        assert!(e.contains("long.parquet: row group 0") && e.contains("over the limit of 64"), "{e}");
+    }
 }
