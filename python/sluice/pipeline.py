@@ -730,8 +730,10 @@ class Pipeline:
     def fields(self, **fields: Union[str, Tuple[str, int]]) -> "Pipeline":
         """Metadata fields to read from each sample's sidecar (``sidecar`` sources and
         ``tar`` with ``sidecars=True``: top-level keys of the JSON beside the image) or from
-        a ``parquet`` source's columns of the same names (float, int, text and json only),
-        named with their kind (spec key ``fields``; docs/records.md)::
+        a ``parquet`` source's columns of the same names (multi_label from a list column of
+        class indices, as ``datasets`` writes a ``Sequence(ClassLabel)``), or from each
+        source of a ``mix`` of those, named with their kind (spec key ``fields``;
+        docs/records.md)::
 
             Pipeline.sidecar("data").fields(caption="text", score="float", id="int",
                                             tags=("multi_label", 80), meta="json")

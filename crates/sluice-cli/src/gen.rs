@@ -3,13 +3,14 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use sluice_synth::{write_dataset, DatasetOptions, DatasetSummary};
+use sluice_synth::{shard_name, write_dataset, write_tar_shards, DatasetOptions, DatasetSummary};
 
 use crate::progress;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Output folder (ImageFolder layout: OUT/class_XXX/img_XXXXXXX.jpg).
+    /// Output folder (ImageFolder layout: OUT/class_XXX/img_XXXXXXX.jpg; or tar shards, see
+    /// --tar-shards).
     #[arg(long, default_value = "data/imagenet-like")]
     pub out: PathBuf,
     #[arg(long, default_value_t = 2000)]
@@ -38,6 +39,12 @@ pub struct Args {
     /// spec's `fields` (docs/records.md).
     #[arg(long)]
     pub fields: bool,
+    /// Write the samples into this many WebDataset tar shards, OUT/shard-000000.tar, ...,
+    /// instead of class folders: `img_XXXXXXX.jpg` with its label in `.cls`, and with
+    /// --boxes/--masks/--fields its `.json` sidecar (and `.mask.png`), for a `tar` source
+    /// (with `sidecars = true`). Bad files go into the last shard.
+    #[arg(long, value_name = "N")]
+    pub tar_shards: Option<usize>,
 }
 
 pub fn main(a: Args) -> anyhow::Result<()> {
@@ -72,11 +79,25 @@ fn generate(a: &Args) -> anyhow::Result<()> {
         fields: a.fields,
         ..Default::default()
     };
+    anyhow::ensure!(a.tar_shards != Some(0), "--tar-shards must be at least 1");
     let pb = progress::bar(a.images as u64, "generating");
-    let summary = write_dataset(&a.out, &options, &|n| pb.set_position(n as u64))
-        .with_context(|| format!("generating a dataset in {}", a.out.display()))?;
+    let on_progress = |n: usize| pb.set_position(n as u64);
+    let summary = match a.tar_shards {
+        Some(shards) => write_tar_shards(&a.out, &options, shards, &on_progress),
+        None => write_dataset(&a.out, &options, &on_progress),
+    }
+    .with_context(|| format!("generating a dataset in {}", a.out.display()))?;
     pb.finish_and_clear();
     report(&summary, a.classes, &a.out);
+    if let Some(shards) = a.tar_shards {
+        let shards = shards.min(a.images);
+        let sidecars = if a.boxes || a.masks || a.fields { ", with sidecars = true" } else { "" };
+        eprintln!(
+            "tar shards: {} .. {} (a `tar` source{sidecars})",
+            a.out.join(shard_name(0)).display(),
+            a.out.join(shard_name(shards - 1)).display()
+        );
+    }
     if a.masks {
         eprintln!("masks: an .mask.png beside each image, named by its sidecar");
     }
@@ -86,7 +107,7 @@ fn generate(a: &Args) -> anyhow::Result<()> {
             a.classes
         );
     }
-    if a.boxes || a.masks || a.fields {
+    if (a.boxes || a.masks || a.fields) && a.tar_shards.is_none() {
         eprintln!("boxes: a .json sidecar beside each image, and {}", a.out.join("instances.json").display());
     }
     Ok(())

@@ -134,7 +134,7 @@ impl FieldSpec {
 /// What a value is, for an error: its JSON type and a short excerpt.
 fn describe(v: &Value) -> String {
     let kind = match v {
-        Value::Null => "null",
+        Value::Null => return "null".into(),
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
@@ -270,6 +270,28 @@ impl FieldTable {
     /// Appends a sample that has no fields at all for `why` (its sidecar is unreadable).
     pub fn push_invalid(&mut self, why: String) {
         self.push(Err(why));
+    }
+
+    /// Appends the rows of `other`, a table of the same fields (a mix's next source), after
+    /// this one's; its invalid positions move with them.
+    pub fn append(&mut self, other: FieldTable) {
+        let (base, rows) = (self.rows, other.rows);
+        for (mine, theirs) in self.columns.iter_mut().zip(other.columns) {
+            match (mine, theirs) {
+                (FieldColumn::Float(a), FieldColumn::Float(b)) => a.extend(b),
+                (FieldColumn::Int(a), FieldColumn::Int(b)) => a.extend(b),
+                (FieldColumn::Text(a), FieldColumn::Text(b)) => a.extend(b),
+                (FieldColumn::Classes { offsets, classes }, FieldColumn::Classes { offsets: more, classes: extra }) => {
+                    let shift = classes.len() as u64;
+                    classes.extend(extra);
+                    offsets.extend(more.iter().skip(1).map(|o| o + shift));
+                }
+                // Another kind (not a table of the same fields): empty values, row for row.
+                (mine, _) => (0..rows).for_each(|_| mine.push(None)),
+            }
+        }
+        self.invalid.extend(other.invalid.into_iter().map(|(p, why)| (p + base, why)));
+        self.rows += rows;
     }
 
     pub fn rows(&self) -> u64 {
@@ -429,6 +451,15 @@ mod tests {
         assert_eq!(t.invalid(1), Some("field `s` is missing"));
         assert_eq!(t.invalid(0), None);
         let b = t.gather(&[2, 0]);
+        assert_eq!(b.fields[0].values, FieldValues::Float(vec![3.0, 1.0]));
+        assert_eq!(b.fields[1].values, FieldValues::MultiHot { classes: 3, values: vec![0., 1., 0., 1., 0., 1.] });
+
+        // Appended after itself (a mix of two sources): rows and bad positions move along.
+        let mut joined = t.clone();
+        joined.append(t);
+        assert_eq!(joined.rows(), 6);
+        assert_eq!(joined.invalid(4), Some("field `s` is missing"));
+        let b = joined.gather(&[5, 3]);
         assert_eq!(b.fields[0].values, FieldValues::Float(vec![3.0, 1.0]));
         assert_eq!(b.fields[1].values, FieldValues::MultiHot { classes: 3, values: vec![0., 1., 0., 1., 0., 1.] });
     }

@@ -92,43 +92,114 @@ pub fn write_dataset(
         let dir = root.join(class_name(c));
         std::fs::create_dir_all(&dir).map_err(|source| SynthError::Io { path: dir, source })?;
     }
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let write =
+        |path: PathBuf, bytes: &[u8]| std::fs::write(&path, bytes).map_err(|source| SynthError::Io { path, source });
     let done = std::sync::atomic::AtomicUsize::new(0);
+    let bytes = in_parallel(options.images, |i| {
+        let sample = render(i, options)?;
+        let path = root.join(class_name(i % classes)).join(format!("{}.jpg", sample_stem(i)));
+        write(path.clone(), &sample.jpeg)?;
+        if let Some(png) = &sample.mask {
+            write(path.with_extension("mask.png"), png)?;
+        }
+        if let Some(json) = &sample.sidecar {
+            write(path.with_extension("json"), json.as_bytes())?;
+        }
+        progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+        Ok(sample.jpeg.len() as u64)
+    })?;
+    let mut summary = DatasetSummary { images: options.images, bytes, ..Default::default() };
+    for k in 0..options.corrupt {
+        let path = write_bad_file(root, k, classes, options)?;
+        summary.bad_files.push(path);
+    }
+    if options.boxes || options.masks || options.fields {
+        write_coco(root, options)?;
+    }
+    Ok(summary)
+}
+
+/// The file stem of image `i`, in a class folder or as a tar shard's sample key.
+fn sample_stem(i: usize) -> String {
+    format!("img_{i:07}")
+}
+
+/// The name of tar shard `s` of [`write_tar_shards`].
+pub fn shard_name(s: usize) -> String {
+    format!("shard-{s:06}.tar")
+}
+
+/// Writes the same samples as [`write_dataset`] as `shards` WebDataset tar shards,
+/// `root/shard-000000.tar`, ... ([`shard_name`]), consecutive images in each (shard `s`
+/// holds images `s·n/shards ..`): each image `img_XXXXXXX.jpg` with its label as text in
+/// `img_XXXXXXX.cls`, and with `boxes`/`masks`/`fields` its sidecar `img_XXXXXXX.json`
+/// (and mask `img_XXXXXXX.mask.png`, which the sidecar names), what a `tar` source with
+/// `sidecars = true` (and `masks = true`) reads. Bad files go into the last shard, as
+/// `bad_XXXX_<kind>.jpg`, without sidecars. No `instances.json` (COCO names files).
+pub fn write_tar_shards(
+    root: &Path,
+    options: &DatasetOptions,
+    shards: usize,
+    progress: &(dyn Fn(usize) + Sync),
+) -> Result<DatasetSummary, SynthError> {
+    let shards = shards.clamp(1, options.images.max(1));
+    std::fs::create_dir_all(root).map_err(|source| SynthError::Io { path: root.to_path_buf(), source })?;
+    let classes = options.classes.max(1);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let bad_files = std::sync::Mutex::new(Vec::new());
+    let bytes = in_parallel(shards, |s| {
+        let path = root.join(shard_name(s));
+        let io = |source| SynthError::Io { path: path.clone(), source };
+        let file = std::fs::File::create(&path).map_err(io)?;
+        let mut shard = tar::Builder::new(std::io::BufWriter::new(file));
+        let mut append = |name: &str, data: &[u8]| -> Result<(), SynthError> {
+            let mut header = tar::Header::new_ustar();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_mtime(0);
+            header.set_entry_type(tar::EntryType::Regular);
+            shard.append_data(&mut header, name, data).map_err(io)
+        };
+        let mut bytes = 0;
+        for i in s * options.images / shards..(s + 1) * options.images / shards {
+            let sample = render(i, options)?;
+            let stem = sample_stem(i);
+            append(&format!("{stem}.jpg"), &sample.jpeg)?;
+            append(&format!("{stem}.cls"), (i % classes).to_string().as_bytes())?;
+            if let Some(json) = &sample.sidecar {
+                append(&format!("{stem}.json"), json.as_bytes())?;
+            }
+            if let Some(png) = &sample.mask {
+                append(&format!("{stem}.mask.png"), png)?;
+            }
+            bytes += sample.jpeg.len() as u64;
+            progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
+        }
+        if s + 1 == shards {
+            for k in 0..options.corrupt {
+                let (name, data) = bad_file(k, options)?;
+                append(&name, &data)?;
+                if let Ok(mut names) = bad_files.lock() {
+                    names.push(PathBuf::from(format!("{}:{name}", path.display())));
+                }
+            }
+        }
+        let mut out = shard.into_inner().map_err(io)?;
+        std::io::Write::flush(&mut out).map_err(io)?;
+        Ok(bytes)
+    })?;
+    let bad_files = bad_files.into_inner().unwrap_or_default();
+    Ok(DatasetSummary { images: options.images, bad_files, bytes })
+}
+
+/// Runs `unit(0..units)` over the machine's threads (unit `u` on thread `u % threads`);
+/// returns the sum of what they return, or the first error.
+fn in_parallel(units: usize, unit: impl Fn(usize) -> Result<u64, SynthError> + Sync) -> Result<u64, SynthError> {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let unit = &unit;
     let results: Vec<Result<u64, SynthError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let done = &done;
-                s.spawn(move || -> Result<u64, SynthError> {
-                    let mut bytes = 0;
-                    for i in (t..options.images).step_by(threads) {
-                        let (w, h, rgb, shapes) = draw(i, options);
-                        let boxes: Vec<[u32; 4]> = shapes.iter().map(|s| s.bbox).collect();
-                        let jpeg = sluice_codec::encode_jpeg(&rgb, w, h, options.quality)
-                            .map_err(|e| SynthError::Encode { index: i, message: e.to_string() })?;
-                        let path = root.join(class_name(i % classes)).join(format!("img_{i:07}.jpg"));
-                        bytes += jpeg.len() as u64;
-                        std::fs::write(&path, jpeg).map_err(|source| SynthError::Io { path: path.clone(), source })?;
-                        if options.masks {
-                            let mask = paint_mask(w, h, &shapes, i % classes + 1);
-                            let png = sluice_codec::encode_png_mask(&mask, w, h)
-                                .map_err(|e| SynthError::Encode { index: i, message: e.to_string() })?;
-                            let mask_path = path.with_extension("mask.png");
-                            std::fs::write(&mask_path, png)
-                                .map_err(|source| SynthError::Io { path: mask_path.clone(), source })?;
-                        }
-                        if options.boxes || options.masks || options.fields {
-                            let path = path.with_extension("json");
-                            let mut json = sidecar_json(&boxes, i % classes, options.masks.then_some(i));
-                            if options.fields {
-                                json = with_fields(&json, i, classes);
-                            }
-                            std::fs::write(&path, json).map_err(|source| SynthError::Io { path, source })?;
-                        }
-                        progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1);
-                    }
-                    Ok(bytes)
-                })
-            })
+            .map(|t| s.spawn(move || (t..units).step_by(threads).map(unit).sum::<Result<u64, SynthError>>()))
             .collect();
         handles
             .into_iter()
@@ -139,18 +210,36 @@ pub fn write_dataset(
             })
             .collect()
     });
-    let mut summary = DatasetSummary { images: options.images, ..Default::default() };
-    for r in results {
-        summary.bytes += r?;
-    }
-    for k in 0..options.corrupt {
-        let path = write_bad_file(root, k, classes, options)?;
-        summary.bad_files.push(path);
-    }
-    if options.boxes || options.masks || options.fields {
-        write_coco(root, options)?;
-    }
-    Ok(summary)
+    results.into_iter().sum()
+}
+
+/// One generated sample's files: its JPEG, and its mask PNG and sidecar JSON where asked for.
+struct Rendered {
+    jpeg: Vec<u8>,
+    mask: Option<Vec<u8>>,
+    sidecar: Option<String>,
+}
+
+/// Draws and encodes image `i` with the records `options` asks for.
+fn render(i: usize, options: &DatasetOptions) -> Result<Rendered, SynthError> {
+    let classes = options.classes.max(1);
+    let encode = |e: sluice_codec::CodecError| SynthError::Encode { index: i, message: e.to_string() };
+    let (w, h, rgb, shapes) = draw(i, options);
+    let jpeg = sluice_codec::encode_jpeg(&rgb, w, h, options.quality).map_err(encode)?;
+    let mask = match options.masks {
+        true => Some(sluice_codec::encode_png_mask(&paint_mask(w, h, &shapes, i % classes + 1), w, h).map_err(encode)?),
+        false => None,
+    };
+    let sidecar = (options.boxes || options.masks || options.fields).then(|| {
+        let boxes: Vec<[u32; 4]> = shapes.iter().map(|s| s.bbox).collect();
+        let json = sidecar_json(&boxes, i % classes, options.masks.then_some(i));
+        if options.fields {
+            with_fields(&json, i, classes)
+        } else {
+            json
+        }
+    });
+    Ok(Rendered { jpeg, mask, sidecar })
 }
 
 /// The sidecar `json` of image `i` with its metadata fields added ([`DatasetOptions::fields`]).
@@ -419,10 +508,17 @@ fn add_texture(rgb: &mut [u8], w: u32, h: u32, amplitude: u8, rng: &mut SampleRn
 const TEXTURE_FALLOFF: f32 = 0.95;
 const GRAIN: u64 = 10;
 
-/// Writes bad file number `k`, of kind `BAD_KINDS[k % 5]`, into a class folder.
+/// Writes bad file number `k` ([`bad_file`]) into a class folder.
 fn write_bad_file(root: &Path, k: usize, classes: usize, options: &DatasetOptions) -> Result<PathBuf, SynthError> {
+    let (name, bytes) = bad_file(k, options)?;
+    let path = root.join(class_name(k % classes)).join(name);
+    std::fs::write(&path, bytes).map_err(|source| SynthError::Io { path: path.clone(), source })?;
+    Ok(path)
+}
+
+/// Bad file number `k`, of kind `BAD_KINDS[k % 5]`: its name `bad_XXXX_<kind>.jpg` and bytes.
+fn bad_file(k: usize, options: &DatasetOptions) -> Result<(String, Vec<u8>), SynthError> {
     let kind = BAD_KINDS[k % BAD_KINDS.len()];
-    let path = root.join(class_name(k % classes)).join(format!("bad_{k:04}_{kind}.jpg"));
     let good = image_jpeg(k, options)?;
     let bytes = match kind {
         "truncated" => good[..good.len() / 2].to_vec(),
@@ -436,8 +532,7 @@ fn write_bad_file(root: &Path, k: usize, classes: usize, options: &DatasetOption
         }
         _ => huge_header_jpeg(&good),
     };
-    std::fs::write(&path, bytes).map_err(|source| SynthError::Io { path: path.clone(), source })?;
-    Ok(path)
+    Ok((format!("bad_{k:04}_{kind}.jpg"), bytes))
 }
 
 /// A small valid JPEG whose frame header claims 60000×60000 pixels.
@@ -486,6 +581,57 @@ mod tests {
         assert!((50_000..200_000).contains(&avg), "average JPEG is {avg} bytes");
         let empty = s.bad_files.iter().find(|p| p.to_string_lossy().contains("empty")).unwrap();
         assert_eq!(std::fs::metadata(empty).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn writes_tar_shards_of_consecutive_samples_with_labels_sidecars_and_masks() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = DatasetOptions {
+            images: 7,
+            classes: 3,
+            texture: 2,
+            masks: true,
+            fields: true,
+            corrupt: 2,
+            ..Default::default()
+        };
+        let s = write_tar_shards(dir.path(), &o, 3, &|_| {}).unwrap();
+        assert_eq!((s.images, s.bad_files.len()), (7, 2));
+        let members = |shard: usize| -> Vec<(String, Vec<u8>)> {
+            let file = std::fs::File::open(dir.path().join(shard_name(shard))).unwrap();
+            let mut archive = tar::Archive::new(file);
+            let entries = archive.entries().unwrap().map(|e| {
+                let mut e = e.unwrap();
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+                (e.path().unwrap().to_string_lossy().into_owned(), data)
+            });
+            entries.collect()
+        };
+        // Shard 0 holds images 0 and 1 (7 / 3 per shard, rounded down), four members each.
+        let first = members(0);
+        let names: Vec<&str> = first.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "img_0000000.jpg",
+                "img_0000000.cls",
+                "img_0000000.json",
+                "img_0000000.mask.png",
+                "img_0000001.jpg",
+                "img_0000001.cls",
+                "img_0000001.json",
+                "img_0000001.mask.png"
+            ]
+        );
+        assert_eq!(first[0].1, image_jpeg(0, &o).unwrap(), "the folder layout's bytes");
+        assert_eq!(first[5].1, b"1");
+        let sidecar = String::from_utf8(first[6].1.clone()).unwrap();
+        assert!(sidecar.contains("\"mask\": \"img_0000001.mask.png\"") && sidecar.contains("\"id\": 1,"), "{sidecar}");
+        assert_eq!(members(1).len(), 8);
+        let last = members(2);
+        assert_eq!(last.len(), 3 * 4 + 2, "images 4, 5, 6 and the bad files");
+        assert_eq!(last[12].0, "bad_0000_truncated.jpg");
     }
 
     fn walk(dir: &Path) -> Vec<PathBuf> {

@@ -54,6 +54,58 @@ size = 4
 }
 
 #[test]
+fn gen_writes_tar_shards_that_a_tar_source_reads_with_sidecar_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["gen-images", "--out", "shards", "--images", "12", "--classes", "3", "--corrupt", "2", "--fields"];
+    sluice(&[&args[..], &["--tar-shards", "3"]].concat(), dir.path());
+    let mut written: Vec<String> = std::fs::read_dir(dir.path().join("shards"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    written.sort();
+    assert_eq!(written, ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]);
+    let spec = |field: &str| {
+        format!(
+            r#"
+on_error = "skip"
+threads = 2
+fields = [
+    {{ name = "id", kind = "int" }},
+    {{ name = "caption", kind = "text" }},
+    {{ name = "score", kind = "float" }},
+    {{ name = "tags", kind = "multi_label", classes = 3 }},
+    {field}
+]
+ops = [{{ op = "decode" }}, {{ op = "center_crop", size = 32 }}]
+[source]
+kind = "tar"
+shards = ["shards/shard-000000.tar", "shards/shard-000001.tar", "shards/shard-000002.tar"]
+sidecars = true
+[batch]
+size = 4
+"#
+        )
+    };
+    let run = |field: &str| -> serde_json::Value {
+        std::fs::write(dir.path().join("spec.toml"), spec(field)).unwrap();
+        let out = sluice(&["run", "spec.toml", "--json"], dir.path());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Every generated sample's fields read from its sidecar member; the bad files skipped.
+    let stats = run("");
+    assert_eq!(stats["samples"], 12, "{stats}");
+    let skipped = stats["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 2, "{stats}");
+    assert!(skipped.iter().all(|s| s["path"].as_str().unwrap().contains("shard-000002.tar:bad_")), "{stats}");
+    // A field the sidecars lack fails each sample by name: the fields are really read.
+    let stats = run(r#"{ name = "nope", kind = "int" }"#);
+    assert_eq!(stats["samples"], 0, "{stats}");
+    let skipped = stats["skipped"].as_array().unwrap();
+    let missing = skipped.iter().filter(|s| s["error"].as_str().unwrap().contains("field `nope` is missing")).count();
+    assert_eq!(missing, 12, "{stats}");
+}
+
+#[test]
 fn a_bad_spec_fails_with_the_field_named() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

@@ -75,37 +75,45 @@ mod tests {
     use super::*;
     use crate::PipelineSpec;
 
+    /// A spec of a mix of `sources` (TOML inline tables), preceded by `top` (top-level keys).
+    fn mix_spec(top: &str, sources: &[&str]) -> Result<PipelineSpec, SpecError> {
+        PipelineSpec::from_toml_str(&format!(
+            "{top}\nops = [{{ op = \"decode\" }}, {{ op = \"center_crop\", size = 8 }}]\n[batch]\nsize = 4\n\
+             [source]\nkind = \"mix\"\nsources = [{}]\n",
+            sources.join(", ")
+        ))
+    }
+
     #[test]
     fn a_source_with_boxes_is_refused_in_a_mix_rather_than_losing_its_boxes() {
-        let toml = r#"
-            ops = [{ op = "decode" }, { op = "center_crop", size = 8 }]
-            [batch]
-            size = 4
-            [source]
-            kind = "mix"
-            sources = [
-                { kind = "image_folder", root = "/a", weight = 1 },
-                { kind = "sidecar", root = "/b", weight = 1 },
-            ]
-        "#;
-        let err = PipelineSpec::from_toml_str(toml).err().map(|e| e.to_string()).unwrap_or_default();
+        let sources = [
+            r#"{ kind = "image_folder", root = "/a", weight = 1 }"#,
+            r#"{ kind = "sidecar", root = "/b", weight = 1 }"#,
+        ];
+        let err = mix_spec("", &sources).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("source.sources[1]") && err.contains("boxes"), "{err}");
     }
 
     #[test]
+    fn fields_in_a_mix_need_every_source_to_carry_them_naming_the_one_that_does_not() {
+        let fields = r#"fields = [{ name = "id", kind = "int" }]"#;
+        let parquet = r#"{ kind = "parquet", path = "/a.parquet", weight = 1 }"#;
+        assert!(mix_spec(fields, &[parquet, parquet]).is_ok());
+        let err = mix_spec(fields, &[parquet, r#"{ kind = "image_folder", root = "/b", weight = 1 }"#])
+            .err()
+            .map(|e| (e.field, e.message))
+            .unwrap_or_default();
+        assert_eq!(err.0, "source.sources[1]", "{err:?}");
+        assert!(err.1.contains("no metadata fields"), "{err:?}");
+    }
+
+    #[test]
     fn a_mix_reads_and_writes_as_the_sources_own_tables_plus_weight() {
-        let toml = r#"
-            ops = [{ op = "decode" }, { op = "center_crop", size = 8 }]
-            [batch]
-            size = 4
-            [source]
-            kind = "mix"
-            sources = [
-                { kind = "image_folder", root = "/a", weight = 0.7 },
-                { kind = "tar", shards = ["/b.tar"], weight = 3 },
-            ]
-        "#;
-        let spec = PipelineSpec::from_toml_str(toml).unwrap_or_else(|e| panic!("{e}"));
+        let sources = [
+            r#"{ kind = "image_folder", root = "/a", weight = 0.7 }"#,
+            r#"{ kind = "tar", shards = ["/b.tar"], weight = 3 }"#,
+        ];
+        let spec = mix_spec("", &sources).unwrap_or_else(|e| panic!("{e}"));
         let SourceSpec::Mix { sources } = &spec.source else { panic!("not a mix: {:?}", spec.source) };
         assert_eq!(
             sources[0],

@@ -251,9 +251,16 @@ impl SourceSpec {
         matches!(self, SourceSpec::Coco { .. } | SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. })
     }
 
-    /// Whether the source can read metadata fields (from its sidecars, or Parquet columns).
+    /// Whether the source can read metadata fields (from its sidecars, or Parquet columns; a
+    /// mix when each of its sources can).
     pub fn has_fields(&self) -> bool {
-        matches!(self, SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. } | SourceSpec::Parquet { .. })
+        match self {
+            SourceSpec::Mix { sources } => sources.iter().all(|s| s.source.has_fields()),
+            _ => matches!(
+                self,
+                SourceSpec::Sidecar { .. } | SourceSpec::Tar { sidecars: true, .. } | SourceSpec::Parquet { .. }
+            ),
+        }
     }
 
     /// Whether the source's samples carry segmentation masks.
@@ -432,24 +439,21 @@ impl PipelineSpec {
         if self.fields.is_empty() {
             return Ok(());
         }
+        const NO_FIELDS: &str = "this source carries no metadata fields; they come from sidecars (a `sidecar` \
+                                 source, or `tar` with `sidecars = true`) or Parquet columns";
+        if let SourceSpec::Mix { sources } = &self.source {
+            if let Some(i) = sources.iter().position(|s| !s.source.has_fields()) {
+                return Err(SpecError::new(format!("source.sources[{i}]"), NO_FIELDS));
+            }
+        }
         if !self.source.has_fields() {
-            return Err(SpecError::new(
-                "fields",
-                "this source carries no metadata fields; they come from sidecars (a `sidecar` source, or `tar` \
-                 with `sidecars = true`) or Parquet columns",
-            ));
+            return Err(SpecError::new("fields", NO_FIELDS));
         }
         if self.fields.len() > crate::fields::MAX_FIELDS {
             return Err(SpecError::new("fields", format!("at most {} fields", crate::fields::MAX_FIELDS)));
         }
         for (i, f) in self.fields.iter().enumerate() {
             f.check(i).map_err(|(field, message)| SpecError::new(field, message))?;
-            if matches!(self.source, SourceSpec::Parquet { .. }) && f.kind == crate::fields::FieldKindName::MultiLabel {
-                return Err(SpecError::new(
-                    format!("fields[{i}].kind"),
-                    "a Parquet column gives float, int, text or json fields (list columns are not read)",
-                ));
-            }
             if self.fields[..i].iter().any(|g| g.name == f.name) {
                 return Err(SpecError::new(format!("fields[{i}].name"), format!("`{}` is named twice", f.name)));
             }

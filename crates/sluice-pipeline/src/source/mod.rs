@@ -15,7 +15,7 @@ pub mod tar;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use sluice_core::{Manifest, PipelineSpec, SourceSpec};
+use sluice_core::{FieldTable, Manifest, PipelineSpec, SourceSpec};
 
 /// Why a dataset could not be enumerated. Every variant names the path to look at.
 #[derive(Debug, thiserror::Error)]
@@ -79,8 +79,35 @@ pub fn build_pipeline_manifest(spec: &PipelineSpec) -> Result<Manifest, SourceEr
     if spec.fields.is_empty() {
         return build_manifest(&spec.source);
     }
-    let fields = Some(sidecar::FieldsRead { specs: &spec.fields, max_bytes: spec.limits.max_field_bytes });
+    let fields = sidecar::FieldsRead { specs: &spec.fields, max_bytes: spec.limits.max_field_bytes };
     let manifest = match &spec.source {
+        // Each source's rows and fields, joined in the mix's order (as `build_manifest` joins).
+        SourceSpec::Mix { sources } => {
+            let mut table = FieldTable::new(&spec.fields);
+            let mut parts = Vec::with_capacity(sources.len());
+            for s in sources {
+                let mut part = enumerate_with_fields(&s.source, fields)?;
+                let Some(part_fields) = part.fields.take() else {
+                    return Err(SourceError::NoFields { source_kind: source_kind(&s.source) });
+                };
+                table.append(part_fields);
+                parts.push(part);
+            }
+            Manifest::join(parts).with_fields(table)
+        }
+        other => enumerate_with_fields(other, fields)?,
+    };
+    let bad = manifest.fields.as_ref().map_or(0, |t| t.invalid.len());
+    if let Some((pos, why)) = manifest.fields.as_ref().and_then(|t| t.invalid.first()) {
+        tracing::warn!(bad, first = pos, why, "samples whose fields cannot be read; they fail when loaded");
+    }
+    Ok(manifest)
+}
+
+/// Enumerates one source (not a mix) with the metadata fields `fields` names.
+fn enumerate_with_fields(spec: &SourceSpec, fields: sidecar::FieldsRead<'_>) -> Result<Manifest, SourceError> {
+    let fields = Some(fields);
+    Ok(match spec {
         SourceSpec::Sidecar { root, masks } => sidecar::enumerate_with_fields(root, *masks, fields)?,
         SourceSpec::Tar { shards, sidecars: true, masks } => {
             self::tar::enumerate_records(shards, self::tar::Records { sidecars: true, masks: *masks, fields })?
@@ -89,12 +116,7 @@ pub fn build_pipeline_manifest(spec: &PipelineSpec) -> Result<Manifest, SourceEr
             self::parquet::enumerate_with_fields(path, image_column, label_column.as_deref(), fields)?
         }
         other => return Err(SourceError::NoFields { source_kind: source_kind(other) }),
-    };
-    let bad = manifest.fields.as_ref().map_or(0, |t| t.invalid.len());
-    if let Some((pos, why)) = manifest.fields.as_ref().and_then(|t| t.invalid.first()) {
-        tracing::warn!(bad, first = pos, why, "samples whose fields cannot be read; they fail when loaded");
-    }
-    Ok(manifest)
+    })
 }
 
 /// The `kind` of a source, as a spec names it.

@@ -42,8 +42,9 @@ pub fn enumerate(path: &Path, image_column: &str, label_column: Option<&str>) ->
 
 /// As [`enumerate`], also reading the metadata fields `fields` names, each from the column
 /// of its name (`int`: an integer column; `float`: a number column; `text`: a string
-/// column; `json`: a string column holding JSON). A null, or a value that is not of its
-/// kind, fails that row's sample when loaded.
+/// column; `json`: a string column holding JSON; `multi_label`: a list column of integer
+/// class indices, as `datasets` writes a `Sequence(ClassLabel)`). A null, or a value that is
+/// not of its kind, fails that row's sample when loaded.
 pub fn enumerate_with_fields(
     path: &Path,
     image_column: &str,
@@ -96,7 +97,7 @@ pub fn enumerate_with_fields(
             let labels = match label {
                 Some(leaf) => match read_column_chunk(&file, meta, g, leaf, max_chunk, None)? {
                     ChunkValues::Int(v) => v,
-                    ChunkValues::Binary(_) | ChunkValues::Float(_) => Vec::new(),
+                    ChunkValues::Binary(_) | ChunkValues::Float(_) | ChunkValues::IntLists(_) => Vec::new(),
                 },
                 None => Vec::new(),
             };
@@ -142,6 +143,8 @@ fn field_value(spec: &FieldSpec, column: &ChunkValues, row: usize, max_bytes: u6
     let name = &spec.name;
     let value = match column {
         ChunkValues::Int(v) => v.get(row).copied().flatten().map(serde_json::Value::from),
+        // A list of class indices, as a sidecar's JSON list would hold it (a null item stays null).
+        ChunkValues::IntLists(v) => v.get(row).cloned().flatten().map(serde_json::Value::from),
         ChunkValues::Float(v) => match v.get(row).copied().flatten() {
             Some(x) if !x.is_finite() => return Err(format!("field `{name}`: {x} is not a finite number")),
             x => x.map(serde_json::Value::from),

@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
-use parquet::basic::Type as PhysicalType;
+use parquet::basic::{Repetition, Type as PhysicalType};
+use parquet::column::page::{Page, PageMetadata, PageReader};
 use parquet::column::reader::{get_column_reader, ColumnReader};
 use parquet::data_type::ByteArray;
 use parquet::errors::ParquetError as CrateError;
@@ -230,7 +231,8 @@ pub(crate) fn label_leaf(meta: &ParquetMetaData, file: &str, column: &str) -> Re
 }
 
 /// The leaf column holding a metadata field of `kind`: an integer column for `int`, a
-/// floating-point (or integer) one for `float`, a binary (string) one for `text`.
+/// floating-point (or integer) one for `float`, a binary (string) one for `text` and `json`,
+/// a list of integers for `multi_label`.
 pub(crate) fn field_leaf(
     meta: &ParquetMetaData,
     file: &str,
@@ -238,6 +240,9 @@ pub(crate) fn field_leaf(
     kind: sluice_core::FieldKindName,
 ) -> Result<usize, ParquetError> {
     use sluice_core::FieldKindName as K;
+    if kind == K::MultiLabel {
+        return int_list_leaf(meta, file, column);
+    }
     let (types, expected): (&[PhysicalType], &'static str) = match kind {
         K::Int => (&[PhysicalType::INT32, PhysicalType::INT64], "an integer (INT32 or INT64)"),
         K::Float => (
@@ -251,6 +256,29 @@ pub(crate) fn field_leaf(
         return Err(missing_or_wrong(meta, file, column, expected));
     };
     check_leaf(meta, file, i, types, expected)?;
+    Ok(i)
+}
+
+/// The leaf of a list column of integers (`column` a list whose one leaf, `column.list.element`
+/// or another name, is INT32 or INT64 and repeated once): class indices of a multi-label field.
+fn int_list_leaf(meta: &ParquetMetaData, file: &str, column: &str) -> Result<usize, ParquetError> {
+    const EXPECTED: &str = "a list of integers (INT32 or INT64), e.g. a `Sequence(ClassLabel)`";
+    let leaves = meta.file_metadata().schema_descr().columns();
+    let under: Vec<usize> =
+        (0..leaves.len()).filter(|&i| leaves[i].path().parts().first().is_some_and(|p| p == column)).collect();
+    let [i] = under[..] else {
+        return Err(missing_or_wrong(meta, file, column, EXPECTED));
+    };
+    let c = &leaves[i];
+    if c.max_rep_level() != 1 || !matches!(c.physical_type(), PhysicalType::INT32 | PhysicalType::INT64) {
+        let shape = if c.max_rep_level() == 0 { "not a list" } else { "a list" };
+        return Err(ParquetError::WrongType {
+            file: file.to_string(),
+            column: c.path().string(),
+            found: format!("{:?} ({shape}, nested {} deep)", c.physical_type(), c.max_rep_level()),
+            expected: EXPECTED,
+        });
+    }
     Ok(i)
 }
 
@@ -342,6 +370,19 @@ pub(crate) enum ChunkValues {
     Binary(Vec<Option<ByteArray>>),
     Int(Vec<Option<i64>>),
     Float(Vec<Option<f64>>),
+    /// A list column of integers: `None` for a null list, an inner `None` for a null element.
+    IntLists(Vec<Option<Vec<Option<i64>>>>),
+}
+
+impl ChunkValues {
+    fn len(&self) -> usize {
+        match self {
+            Self::Binary(v) => v.len(),
+            Self::Int(v) => v.len(),
+            Self::Float(v) => v.len(),
+            Self::IntLists(v) => v.len(),
+        }
+    }
 }
 
 /// Reads and decodes leaf column `leaf` of row group `row_group` (one ranged read).
@@ -381,8 +422,31 @@ pub(crate) fn read_column_chunk(
         .ok_or_else(|| corrupt(format!("the schema has no leaf column {leaf}")))?;
     let max_def = descr.max_def_level();
     let column = descr.path().string();
+    let lists = (descr.max_rep_level() > 0).then(|| ListLevels {
+        // The column's top node: a null list below this level, an empty one from it.
+        top: i16::from(rg.schema_descr().get_column_root(leaf).get_basic_info().repetition() == Repetition::OPTIONAL),
+        slot: descr.repeated_ancestor_def_level(),
+        value: max_def,
+    });
     let values = guarded(|| {
         let pages = SerializedPageReader::new(Arc::new(InMemoryRange { start, data }), chunk, rows, None)?;
+        if let Some(levels) = lists {
+            // A list's length is not bounded by the rows: a few bytes of RLE can declare
+            // billions of elements, so the pages' declared values are capped first.
+            let cap = max_chunk_bytes / DECODED_LIST_VALUE_BYTES;
+            let pages = CappedPages { pages, values: 0, cap };
+            let reader = get_column_reader(descr.clone(), Box::new(pages));
+            return match reader {
+                ColumnReader::Int32ColumnReader(mut r) => {
+                    read_lists(rows, levels, |d, p, v, n| r.read_records(n, Some(d), Some(p), v), i64::from)
+                }
+                ColumnReader::Int64ColumnReader(mut r) => {
+                    read_lists(rows, levels, |d, p, v, n| r.read_records(n, Some(d), Some(p), v), |v| v)
+                }
+                _ => Err(CrateError::General(format!("list column `{column}` is not of integers"))),
+            }
+            .map(ChunkValues::IntLists);
+        }
         let reader = get_column_reader(descr.clone(), Box::new(pages));
         match reader {
             ColumnReader::ByteArrayColumnReader(mut r) => {
@@ -421,11 +485,7 @@ pub(crate) fn read_column_chunk(
         }
     })
     .map_err(|m| corrupt(format!("column `{}`: {m}", descr.path())))?;
-    let got = match &values {
-        ChunkValues::Binary(v) => v.len(),
-        ChunkValues::Int(v) => v.len(),
-        ChunkValues::Float(v) => v.len(),
-    };
+    let got = values.len();
     if got != rows {
         return Err(corrupt(format!(
             "column `{}` holds {got} rows, the footer says {rows} (truncated or corrupt pages)",
@@ -459,10 +519,160 @@ fn read_plain<T: Copy, U>(
     Ok(out)
 }
 
+/// What one value of a list column takes once decoded (its levels, the value, its slot in
+/// the row's list), at most: a chunk of more than `max_chunk_bytes` / this is refused.
+const DECODED_LIST_VALUE_BYTES: u64 = 32;
+
+/// A column chunk's pages, refused once their data pages declare more than `cap` values.
+struct CappedPages<P> {
+    pages: P,
+    values: u64,
+    cap: u64,
+}
+
+impl<P: PageReader> Iterator for CappedPages<P> {
+    type Item = Result<Page, CrateError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.get_next_page().transpose()
+    }
+}
+
+impl<P: PageReader> PageReader for CappedPages<P> {
+    fn get_next_page(&mut self) -> Result<Option<Page>, CrateError> {
+        let page = self.pages.get_next_page()?;
+        if let Some(p) = page.as_ref().filter(|p| !p.is_dictionary_page()) {
+            self.values += u64::from(p.num_values());
+            if self.values > self.cap {
+                return Err(CrateError::General(format!(
+                    "the list column's pages declare {} values or more, over the limit of {} \
+                     (SLUICE_PARQUET_MAX_CHUNK_BYTES / {DECODED_LIST_VALUE_BYTES})",
+                    self.values, self.cap
+                )));
+            }
+        }
+        Ok(page)
+    }
+
+    fn peek_next_page(&mut self) -> Result<Option<PageMetadata>, CrateError> {
+        self.pages.peek_next_page()
+    }
+
+    fn skip_next_page(&mut self) -> Result<(), CrateError> {
+        self.pages.skip_next_page()
+    }
+
+    fn supports_deferred_dictionary(&self) -> bool {
+        self.pages.supports_deferred_dictionary()
+    }
+
+    fn take_deferred_dictionary(&mut self) -> Result<Option<Page>, CrateError> {
+        self.pages.take_deferred_dictionary()
+    }
+
+    fn at_record_boundary(&mut self) -> Result<bool, CrateError> {
+        self.pages.at_record_boundary()
+    }
+}
+
+/// The definition levels of a list column (one repeated level): below `top` the list is
+/// null, below `slot` empty, at `slot` and above an element, null below `value`.
+#[derive(Clone, Copy)]
+struct ListLevels {
+    top: i16,
+    slot: i16,
+    value: i16,
+}
+
+/// Reads `rows` lists of a column repeated once: a level of repetition 0 starts a row.
+fn read_lists<T: Copy>(
+    rows: usize,
+    levels: ListLevels,
+    mut read: impl FnMut(&mut Vec<i16>, &mut Vec<i16>, &mut Vec<T>, usize) -> Result<(usize, usize, usize), CrateError>,
+    widen: impl Fn(T) -> i64,
+) -> Result<Vec<Option<Vec<Option<i64>>>>, CrateError> {
+    let mut out: Vec<Option<Vec<Option<i64>>>> = Vec::with_capacity(rows.min(1 << 16));
+    let (mut defs, mut reps, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    while out.len() < rows {
+        defs.clear();
+        reps.clear();
+        values.clear();
+        let (records, _, read_levels) = read(&mut defs, &mut reps, &mut values, rows - out.len())?;
+        if records == 0 && read_levels == 0 {
+            break;
+        }
+        let mut vals = values.iter().copied();
+        for (&d, &r) in defs.iter().zip(&reps).take(read_levels) {
+            if r == 0 {
+                out.push((d >= levels.top).then(Vec::new));
+            }
+            if d < levels.slot {
+                continue;
+            }
+            let item = if d >= levels.value { vals.next().map(&widen) } else { None };
+            match out.last_mut() {
+                Some(Some(list)) => list.push(item),
+                _ => return Err(CrateError::General("a list element outside any list".into())),
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The limit on one column chunk's bytes (`SLUICE_PARQUET_MAX_CHUNK_BYTES`).
 pub(crate) fn max_chunk_bytes() -> u64 {
     std::env::var("SLUICE_PARQUET_MAX_CHUNK_BYTES")
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(DEFAULT_MAX_CHUNK_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // test fixtures: a failed setup is a failed test
+
+    use parquet::data_type::Int64Type;
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
+
+    use super::*;
+
+    #[test]
+    fn a_list_chunk_declaring_more_values_than_its_bytes_allow_is_refused_before_decoding() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.parquet");
+        let schema = "message s { optional group labels (LIST) { repeated group list { optional int64 element; } } }";
+        let schema = Arc::new(parse_message_type(schema).unwrap());
+        let mut w = SerializedFileWriter::new(
+            std::fs::File::create(&path).unwrap(),
+            schema,
+            Arc::new(WriterProperties::default()),
+        )
+        .unwrap();
+        // Row 0: 5000 times class 1 (a few bytes of RLE); row 1: [2].
+        let (mut values, mut defs, mut reps) = (vec![1i64; 5000], vec![3i16; 5000], vec![1i16; 5000]);
+        reps[0] = 0;
+        values.push(2);
+        defs.push(3);
+        reps.push(0);
+        let mut rg = w.next_row_group().unwrap();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<Int64Type>().write_batch(&values, Some(&defs), Some(&reps)).unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+        w.close().unwrap();
+
+        let file = ParquetFile::new(&path);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let footer = read_footer(&file, len, None).unwrap();
+        let ChunkValues::IntLists(rows) = read_column_chunk(&file, &footer.meta, 0, 0, 1 << 20, None).unwrap() else {
+            panic!("not lists")
+        };
+        assert_eq!((rows[0].as_ref().unwrap().len(), rows[1].clone()), (5000, Some(vec![Some(2)])));
+        let chunk = footer.meta.row_group(0).column(0).compressed_size();
+        assert!(chunk < 2048, "the chunk is {chunk} bytes");
+        let e = read_column_chunk(&file, &footer.meta, 0, 0, 2048, None).err().unwrap().to_string();
+        assert!(e.contains("long.parquet: row group 0") && e.contains("over the limit of 64"), "{e}");
+    }
 }

@@ -189,7 +189,7 @@ impl RowGroupCache {
                 );
                 Ok(Arc::new(values))
             }
-            ChunkValues::Int(_) | ChunkValues::Float(_) => Err(ParquetError::WrongType {
+            ChunkValues::Int(_) | ChunkValues::Float(_) | ChunkValues::IntLists(_) => Err(ParquetError::WrongType {
                 file: name.to_string(),
                 column: leaf.path().string(),
                 found: format!("{:?}", leaf.physical_type()),

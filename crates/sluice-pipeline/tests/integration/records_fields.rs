@@ -357,7 +357,86 @@ fn parquet_columns_are_fields_in_their_rows_and_a_null_or_bad_value_fails_its_ro
     s.fields[2] = field("caption", FieldKindName::Int, None);
     let e = Loader::new(s.clone(), Shard::default()).err().unwrap().to_string();
     assert!(e.contains("caption") && e.contains("integer"), "{e}");
-    // Lists are not read: a multi-label field on Parquet is refused at validation.
-    s.fields[2] = field("tags", FieldKindName::MultiLabel, Some(3));
-    assert_eq!(s.validate().unwrap_err().field, "fields[2].kind");
+    // A multi-label field needs a list column; `caption` is a string one.
+    s.fields[2] = field("caption", FieldKindName::MultiLabel, Some(3));
+    let e = Loader::new(s.clone(), Shard::default()).err().unwrap().to_string();
+    assert!(e.contains("caption") && e.contains("list of integers"), "{e}");
+}
+
+fn parquet_mix(a: &Path, b: &Path) -> SourceSpec {
+    let member = |path: &Path, weight| sluice_core::MixedSource {
+        source: SourceSpec::Parquet { path: path.to_path_buf(), image_column: "image".into(), label_column: None },
+        weight,
+    };
+    SourceSpec::Mix { sources: vec![member(a, 0.6), member(b, 0.4)] }
+}
+
+#[test]
+fn a_mix_reads_each_sources_fields_into_its_rows_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.parquet"), dir.path().join("b.parquet"));
+    write_fields_parquet(&a);
+    write_fields_parquet(&b);
+    let mix_spec = |threads| {
+        let mut s = spec(parquet_mix(&a, &b), 1, threads, ErrorPolicy::Skip);
+        s.batch.size = 5;
+        s.fields = vec![
+            field("id", FieldKindName::Int, None),
+            field("score", FieldKindName::Float, None),
+            field("caption", FieldKindName::Text, None),
+        ];
+        s
+    };
+    let loader = Loader::new(mix_spec(1), Shard::default()).unwrap();
+    let reference = all(&loader).unwrap();
+    // Each row's fields are those of its own file's row (ids repeat across the files).
+    let mut from = [Vec::new(), Vec::new()];
+    for batch in &reference {
+        let f = &batch.fields.as_ref().unwrap().fields;
+        let (FieldValues::Int(id), FieldValues::Float(score), FieldValues::Text(caption)) =
+            (&f[0].values, &f[1].values, &f[2].values)
+        else {
+            panic!("{f:?}")
+        };
+        assert_eq!((id.len(), score.len(), caption.len()), (batch.len(), batch.len(), batch.len()));
+        for (i, &key) in batch.keys.iter().enumerate() {
+            let sluice_core::Location::ParquetRow { file, row_group, row, .. } =
+                &loader.manifest().entries[key as usize].location
+            else {
+                panic!("key {key}")
+            };
+            let want = i64::from(row_group * 4 + row);
+            assert_eq!(
+                (id[i], score[i], caption[i].as_str()),
+                (want, want as f32 / 4.0, format!("row {want}").as_str())
+            );
+            from[usize::from(file.ends_with("b.parquet"))].push(want);
+        }
+    }
+    // 3 of a and 2 of b a batch; row 7 (a null caption) is skipped by name where drawn.
+    assert!(!from[0].is_empty() && !from[1].is_empty(), "{from:?}");
+    assert!(from.iter().all(|rows| !rows.contains(&7)), "{from:?}");
+    let skipped = loader.stats().skipped;
+    assert!(!skipped.is_empty(), "a's row 7 is drawn (all of a is)");
+    for s in &skipped {
+        assert!(s.path.ends_with("row_group=1:row=3") && s.error.contains("`caption` is missing"), "{s:?}");
+    }
+
+    // Stopped after two batches; the checkpoint resumes the rest, fields included.
+    let first = Loader::new(mix_spec(2), Shard::default()).unwrap();
+    let head: Vec<Batch> = first.iter().take(2).map(Result::unwrap).collect();
+    let saved = serde_json::to_string(&first.state()).unwrap();
+    drop(first);
+    let resumed = Loader::new(mix_spec(3), Shard::default()).unwrap();
+    resumed.load_state(&serde_json::from_str::<LoaderState>(&saved).unwrap()).unwrap();
+    assert_eq!(head, reference[..2]);
+    assert_eq!(all(&resumed).unwrap(), reference[2..]);
+
+    // A member that carries no fields is refused, naming it.
+    let mut s = mix_spec(1);
+    let SourceSpec::Mix { sources } = &mut s.source else { unreachable!() };
+    sources[1].source = SourceSpec::ImageFolder { root: dir.path().to_path_buf() };
+    let e = s.validate().unwrap_err();
+    assert_eq!(e.field, "source.sources[1]", "{e}");
+    assert!(e.message.contains("no metadata fields"), "{e}");
 }

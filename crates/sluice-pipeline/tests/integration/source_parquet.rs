@@ -298,3 +298,140 @@ fn a_file_truncated_after_indexing_fails_its_rows_by_name() {
     let e = storage.read(&m.root, &m.entries[0].location, 1 << 20, &mut buf).unwrap_err().to_string();
     assert!(e.contains("shrinks.parquet"), "{e}");
 }
+
+// ---- list columns as multi-label fields --------------------------------------------------
+
+/// The rows of [`write_label_lists`]: `Some(list)` of (possibly null) class indices, or a null list.
+fn label_lists() -> Vec<Option<Vec<Option<i64>>>> {
+    vec![
+        Some(vec![Some(3), Some(0)]),
+        Some(vec![Some(1)]),
+        Some(vec![]),                 // no classes: an all-zero row
+        Some(vec![Some(2), Some(2)]), // a repeat counts once
+        None,                         // a null list: the field is missing
+        Some(vec![Some(1), None]),    // a null element
+        Some(vec![Some(9)]),          // outside 0..4
+        Some(vec![Some(-1)]),         // not a class index
+        Some(vec![Some(0), Some(1), Some(2), Some(3)]),
+    ]
+}
+
+/// Writes `image` (a JPEG per row) and `labels` as `datasets` writes a
+/// `Sequence(ClassLabel)`: `optional group labels (LIST) { repeated group list { optional
+/// <element> element; } }`, `element` of `element_type`, in row groups of 4.
+fn write_label_lists(path: &Path, element_type: &str) {
+    use parquet::data_type::{ByteArray, Int32Type, Int64Type};
+    let schema = format!(
+        "message schema {{ required binary image; optional group labels (LIST) {{ repeated group list {{ \
+         optional {element_type} element; }} }} }}"
+    );
+    let schema = Arc::new(parse_message_type(&schema).unwrap());
+    let mut w =
+        SerializedFileWriter::new(File::create(path).unwrap(), schema, Arc::new(WriterProperties::default())).unwrap();
+    let rows = label_lists();
+    for (g, group) in rows.chunks(4).enumerate() {
+        let mut rg = w.next_row_group().unwrap();
+        let images: Vec<ByteArray> =
+            (0..group.len()).map(|i| ByteArray::from(noise_jpeg(g * 4 + i, 24).unwrap())).collect();
+        let mut col = rg.next_column().unwrap().unwrap();
+        col.typed::<ByteArrayType>().write_batch(&images, None, None).unwrap();
+        col.close().unwrap();
+        // Levels: a null list is def 0, an empty one def 1, a null element def 2, a value def 3.
+        let (mut values, mut defs, mut reps) = (Vec::new(), Vec::new(), Vec::new());
+        for row in group {
+            match row.as_deref() {
+                None | Some([]) => {
+                    defs.push(i16::from(row.is_some()));
+                    reps.push(0);
+                }
+                Some(list) => {
+                    for (k, v) in list.iter().enumerate() {
+                        reps.push(i16::from(k > 0));
+                        defs.push(if v.is_some() { 3 } else { 2 });
+                        values.extend(*v);
+                    }
+                }
+            }
+        }
+        let mut col = rg.next_column().unwrap().unwrap();
+        match element_type {
+            "int64" => col.typed::<Int64Type>().write_batch(&values, Some(&defs), Some(&reps)).unwrap(),
+            "int32" => {
+                let values: Vec<i32> = values.iter().map(|&v| v as i32).collect();
+                col.typed::<Int32Type>().write_batch(&values, Some(&defs), Some(&reps)).unwrap()
+            }
+            _ => {
+                let values: Vec<ByteArray> = values.iter().map(|v| ByteArray::from(v.to_string().as_str())).collect();
+                col.typed::<ByteArrayType>().write_batch(&values, Some(&defs), Some(&reps)).unwrap()
+            }
+        };
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+fn multi_label_spec(path: &Path) -> PipelineSpec {
+    let mut s = loader_spec(path, ErrorPolicy::Skip);
+    s.fields = vec![sluice_core::FieldSpec {
+        name: "labels".into(),
+        kind: sluice_core::FieldKindName::MultiLabel,
+        classes: Some(4),
+    }];
+    s
+}
+
+#[test]
+fn a_list_column_of_class_indices_is_a_multi_label_field_as_a_sidecar_list_is() {
+    use sluice_core::fields::FieldValue;
+    use sluice_core::FieldValues;
+    let dir = tempfile::tempdir().unwrap();
+    for element_type in ["int64", "int32"] {
+        let file = dir.path().join(format!("{element_type}.parquet"));
+        write_label_lists(&file, element_type);
+        let spec = multi_label_spec(&file);
+        spec.validate().unwrap();
+        // What a sidecar holding the same list gives, row by row (None: its error).
+        let as_sidecar = |row: usize| -> Result<Vec<f32>, String> {
+            let json = serde_json::to_value(&label_lists()[row]).unwrap();
+            let value = if json.is_null() { None } else { Some(&json) };
+            match spec.fields[0].read(value, 1 << 16)? {
+                FieldValue::Classes(c) => Ok((0..4).map(|k| if c.contains(&k) { 1.0 } else { 0.0 }).collect()),
+                other => panic!("{other:?}"),
+            }
+        };
+        let loader = Loader::new(spec.clone(), Shard::default()).unwrap();
+        let mut seen = Vec::new();
+        for b in loader.iter().map(|b| b.unwrap()) {
+            let f = &b.fields.as_ref().unwrap().fields;
+            let FieldValues::MultiHot { classes: 4, values } = &f[0].values else { panic!("{f:?}") };
+            for (i, &key) in b.keys.iter().enumerate() {
+                let row = key as usize;
+                assert_eq!(&values[i * 4..i * 4 + 4], as_sidecar(row).unwrap().as_slice(), "row {row}");
+                seen.push(row);
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, [0, 1, 2, 3, 8], "{element_type}");
+        // [3, 0] is classes 0 and 3; [] none; [2, 2] class 2 once.
+        assert_eq!(as_sidecar(0).unwrap(), [1.0, 0.0, 0.0, 1.0]);
+        assert_eq!(as_sidecar(2).unwrap(), [0.0; 4]);
+        let skipped = loader.stats().skipped;
+        for (row, says, at) in [
+            (4, "field `labels` is missing", "row_group=1:row=0"),
+            (5, "field `labels`: item 1 is null, not a class index", "row_group=1:row=1"),
+            (6, "field `labels`: class 9 (item 0) is not in 0..4", "row_group=1:row=2"),
+            (7, "field `labels`: item 0 is a number -1, not a class index", "row_group=1:row=3"),
+        ] {
+            let s = skipped.iter().find(|s| s.key == row).unwrap_or_else(|| panic!("row {row}: {skipped:?}"));
+            assert!(s.error.contains(says) && s.path.contains(at), "row {row}: {s:?}");
+            let sidecar = as_sidecar(row as usize).unwrap_err();
+            assert!(s.error.contains(&sidecar), "row {row}: a sidecar says {sidecar:?}; got {s:?}");
+        }
+    }
+    // A list of strings is not a list of class indices: the dataset is refused by column.
+    let file = dir.path().join("strings.parquet");
+    write_label_lists(&file, "binary");
+    let e = Loader::new(multi_label_spec(&file), Shard::default()).err().unwrap().to_string();
+    assert!(e.contains("strings.parquet") && e.contains("labels") && e.contains("list of integers"), "{e}");
+}
