@@ -432,6 +432,14 @@ impl Plan {
     /// [`Plan::output_bytes`] long: u8, or f32 in native byte order, in the output layout).
     /// Adds each step's time to `times[step]` (see [`Plan::step_names`]; a short slice just
     /// records less).
+    ///
+    /// A sample's `records` (`Records::default()` for one without) move with it: `boxes`
+    /// (XYXY pixels of the encoded image) move with the pixels through every geometric op,
+    /// the fused decode included, and follow the stated rule after decode and after each
+    /// op: clamped to the image, and dropped when under one pixel a side
+    /// ([`BoxTargets::sanitize`]). `mask` (the size of the encoded image, else
+    /// [`CodecError::MaskSize`]) moves as torchvision moves a `tv_tensors.Mask`
+    /// (nearest-neighbour, 0 outside the image) and ends the size of the output.
     pub fn run(
         &self,
         bytes: &[u8],
@@ -439,32 +447,9 @@ impl Plan {
         scratch: &mut Scratch,
         out: &mut [u8],
         times: &mut [Duration],
+        records: Records<'_>,
     ) -> Result<(), CodecError> {
         self.check_out(out)?;
-        self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times, Records::default())?;
-        Ok(())
-    }
-
-    /// [`Plan::run`] for a sample with boxes and perhaps a mask: `boxes` (XYXY pixels of
-    /// the encoded image) move with the pixels through every geometric op, the fused decode
-    /// included, and follow the stated rule after decode and after each op: clamped to the
-    /// image, and dropped when under one pixel a side ([`BoxTargets::sanitize`]). `mask`
-    /// (the size of the encoded image, else [`CodecError::MaskSize`]) moves as torchvision
-    /// moves a `tv_tensors.Mask` (nearest-neighbour, 0 outside the image) and ends the size
-    /// of the output.
-    #[allow(clippy::too_many_arguments)]
-    pub fn run_with_records(
-        &self,
-        bytes: &[u8],
-        rng: &mut SampleRng,
-        scratch: &mut Scratch,
-        out: &mut [u8],
-        times: &mut [Duration],
-        boxes: &mut BoxTargets,
-        mask: Option<&mut Mask>,
-    ) -> Result<(), CodecError> {
-        self.check_out(out)?;
-        let records = Records { boxes: Some(boxes), mask };
         self.exec(&self.full.steps, Input::Bytes(bytes), rng, scratch, out, times, records)?;
         Ok(())
     }
@@ -472,7 +457,7 @@ impl Plan {
     /// Runs the deterministic ops before the cache split on `bytes` and returns the RGB8 HWC
     /// image to cache. Draws no random numbers. A sample's `boxes` (XYXY pixels of the
     /// encoded image) leave in pixels of the returned image, and its `mask` (the encoded
-    /// image's size) the returned image's size, moved as in [`Plan::run_with_records`] (the
+    /// image's size) the returned image's size, moved as in [`Plan::run`] (the
     /// cache keeps them with the image).
     pub fn run_deterministic_prefix(
         &self,
@@ -896,11 +881,11 @@ impl Plan {
     }
 }
 
-/// What a sample carries besides its pixels through [`Plan::exec`]: its boxes and mask.
-#[derive(Default)]
-struct Records<'a> {
-    boxes: Option<&'a mut BoxTargets>,
-    mask: Option<&'a mut Mask>,
+/// What a sample carries besides its pixels through [`Plan::run`]: its boxes and mask.
+#[derive(Debug, Default)]
+pub struct Records<'a> {
+    pub boxes: Option<&'a mut BoxTargets>,
+    pub mask: Option<&'a mut Mask>,
 }
 
 /// A mask must be the size of the image it was read with.
@@ -1025,7 +1010,7 @@ mod tests {
     fn run(plan: &Plan, bytes: &[u8], key: u64, scratch: &mut Scratch) -> Result<Vec<u8>, CodecError> {
         let mut out = vec![0u8; plan.output_bytes()];
         let mut times = vec![Duration::ZERO; plan.step_names().len()];
-        plan.run(bytes, &mut rng(key), scratch, &mut out, &mut times)?;
+        plan.run(bytes, &mut rng(key), scratch, &mut out, &mut times, Records::default())?;
         Ok(out)
     }
 
@@ -1054,7 +1039,7 @@ mod tests {
         let mut times = vec![Duration::ZERO; 3];
         let mut out = vec![0u8; slow.output_bytes()];
         for _ in 0..3 {
-            slow.run(&jpg, &mut rng(1), &mut scratch, &mut out, &mut times).unwrap();
+            slow.run(&jpg, &mut rng(1), &mut scratch, &mut out, &mut times, Records::default()).unwrap();
         }
         assert!(times[1] >= Duration::from_millis(60), "3 samples slept only {:?}", times[1]);
         assert_eq!(out, run(&plain, &jpg, 1, &mut scratch).unwrap());
@@ -1260,13 +1245,13 @@ mod tests {
         let mut times = vec![Duration::ZERO; 3];
         let mut out = vec![0u8; plan.output_bytes()];
         let mut s = Scratch::new();
-        plan.run(&jpg, &mut rng(1), &mut s, &mut out, &mut times).unwrap();
+        plan.run(&jpg, &mut rng(1), &mut s, &mut out, &mut times, Records::default()).unwrap();
         let first = times[0];
         assert!(first > Duration::ZERO);
-        plan.run(&jpg, &mut rng(2), &mut s, &mut out, &mut times).unwrap();
+        plan.run(&jpg, &mut rng(2), &mut s, &mut out, &mut times, Records::default()).unwrap();
         assert!(times[0] > first);
         // A short slice records less and does not panic.
-        plan.run(&jpg, &mut rng(3), &mut s, &mut out, &mut times[..1]).unwrap();
+        plan.run(&jpg, &mut rng(3), &mut s, &mut out, &mut times[..1], Records::default()).unwrap();
     }
 
     #[test]
@@ -1355,14 +1340,20 @@ mod tests {
         assert_eq!(run(&tight, &jpg, 0, &mut s), Err(CodecError::TooLarge { width: 128, height: 96, limit: 1000 }));
         // Wrong slot size.
         let mut out = vec![0u8; 5];
-        assert!(matches!(fused.run(&jpg, &mut rng(0), &mut s, &mut out, &mut []), Err(CodecError::Shape(_))));
+        assert!(matches!(
+            fused.run(&jpg, &mut rng(0), &mut s, &mut out, &mut [], Records::default()),
+            Err(CodecError::Shape(_))
+        ));
         // An unvalidated list without a fixed size fails cleanly.
         let bad = Plan::compile(&[OpSpec::Decode, OpSpec::resize(10)], Limits::default());
         assert_eq!(bad.output_bytes(), 0);
-        assert!(matches!(bad.run(&jpg, &mut rng(0), &mut s, &mut [], &mut []), Err(CodecError::Shape(_))));
+        assert!(matches!(
+            bad.run(&jpg, &mut rng(0), &mut s, &mut [], &mut [], Records::default()),
+            Err(CodecError::Shape(_))
+        ));
         let no_decode = Plan::compile(&[rrc(16)], Limits::default());
         let mut out = vec![0u8; no_decode.output_bytes()];
-        assert!(no_decode.run(&jpg, &mut rng(0), &mut s, &mut out, &mut []).is_ok());
+        assert!(no_decode.run(&jpg, &mut rng(0), &mut s, &mut out, &mut [], Records::default()).is_ok());
     }
 
     #[test]
@@ -1452,10 +1443,11 @@ mod tests {
             for (fmt, bytes, margin) in [("png", &png, 1.0), ("jpeg", &jpg, 2.0)] {
                 for key in 0..8 {
                     let mut t = BoxTargets { boxes: vec![rect.map(|v| v as f32)], labels: vec![3] };
-                    plan.run_with_records(bytes, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], &mut t, None)
-                        .unwrap();
+                    let records = Records { boxes: Some(&mut t), mask: None };
+                    plan.run(bytes, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], records).unwrap();
                     let mut plain = vec![0u8; plan.output_bytes()];
-                    plan.run(bytes, &mut rng(key), &mut Scratch::new(), &mut plain, &mut []).unwrap();
+                    plan.run(bytes, &mut rng(key), &mut Scratch::new(), &mut plain, &mut [], Records::default())
+                        .unwrap();
                     assert_eq!(plain, out, "{what}: boxes must not change the pixels");
                     if let Some(&b) = t.boxes.first() {
                         kept += 1;
@@ -1490,14 +1482,15 @@ mod tests {
         let mut cropped = 0;
         for key in 0..16 {
             let mut t = BoxTargets { boxes: vec![rect.map(|v| v as f32)], labels: vec![3] };
-            plan.run_with_records(&png, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], &mut t, None).unwrap();
+            let records = Records { boxes: Some(&mut t), mask: None };
+            plan.run(&png, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], records).unwrap();
             // The crop holds the box's centre, so the box stays, on its pixels.
             assert_eq!(t.labels, vec![3], "key {key}");
             assert_box_encloses_white(&out, w, t.boxes[0], 1.0, &format!("key {key}"));
             // A crop (re-centred by the center crop) moves the box.
             cropped += usize::from(t.boxes[0] != rect.map(|v| v as f32));
             // Without boxes (a source that has none) the image is left as it is.
-            plan.run(&png, &mut rng(key), &mut Scratch::new(), &mut out, &mut []).unwrap();
+            plan.run(&png, &mut rng(key), &mut Scratch::new(), &mut out, &mut [], Records::default()).unwrap();
             assert_eq!(out, px, "key {key}: a sample without boxes was changed");
         }
         assert!(cropped >= 4, "only {cropped} of 16 samples cropped");

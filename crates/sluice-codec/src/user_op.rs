@@ -156,7 +156,7 @@ mod tests {
     use sluice_core::{BoxTargets, Limits, OpSpec, SampleKey, SampleRng, Size};
 
     use super::*;
-    use crate::{encode_jpeg, CodecError, Plan, Scratch};
+    use crate::{encode_jpeg, CodecError, Plan, Records, Scratch};
 
     /// Inverts the image and remembers the sample it was told about.
     struct Invert(Mutex<Vec<SampleInfo>>);
@@ -232,7 +232,14 @@ mod tests {
         let mut times = vec![Duration::ZERO; plan.step_names().len()];
         let mut rng = SampleRng::new(5, 1, SampleKey(key), 0);
         let mut boxes = BoxTargets::default();
-        plan.run_with_records(&jpeg, &mut rng, &mut scratch, &mut out, &mut times, &mut boxes, Some(&mut mask))?;
+        plan.run(
+            &jpeg,
+            &mut rng,
+            &mut scratch,
+            &mut out,
+            &mut times,
+            Records { boxes: Some(&mut boxes), mask: Some(&mut mask) },
+        )?;
         Ok((out, mask))
     }
 
@@ -266,7 +273,14 @@ mod tests {
         scratch.sample = SampleInfo { key, label: 3, epoch: 1, seed: 0, max_pixels: 0 };
         let mut out = vec![0u8; plan.output_bytes()];
         let mut times = vec![Duration::ZERO; plan.step_names().len()];
-        plan.run(&jpeg, &mut SampleRng::new(5, 1, SampleKey(key), 0), &mut scratch, &mut out, &mut times)?;
+        plan.run(
+            &jpeg,
+            &mut SampleRng::new(5, 1, SampleKey(key), 0),
+            &mut scratch,
+            &mut out,
+            &mut times,
+            Records::default(),
+        )?;
         assert!(times.iter().all(|t| *t > Duration::ZERO), "every step timed: {times:?}");
         Ok(out)
     }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use sluice_autoscale::{AcceleratorBusy, AcceleratorMeter, AutoscaleConfig};
-use sluice_codec::{CodecError, Plan};
+use sluice_codec::{CodecError, Plan, Records};
 use sluice_core::{DType, SampleRng, Tensor, TensorData, Threads};
 
 use super::autoscale::{auto_threads_config, LocalAutoscale, Perturb};
@@ -575,7 +575,7 @@ impl BytesChunk {
             let out = unsafe { slab.slot(first + i) };
             let times = &mut meter.sample;
             let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                plan.run((*job.bytes).as_ref(), &mut job.rng, &mut local.scratch, out, times)
+                plan.run((*job.bytes).as_ref(), &mut job.rng, &mut local.scratch, out, times, Records::default())
             }));
             let result = match outcome {
                 Ok(r) => r.map_err(RunError::from),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use sluice_codec::{decode_png_mask, move_boxes, resize_mask, CodecError, Motion, SampleInfo, Scratch};
+use sluice_codec::{decode_png_mask, move_boxes, resize_mask, CodecError, Motion, Records, SampleInfo, Scratch};
 use sluice_core::{
     Annotation, BoxTargets, CacheLevel, Image, Location, Mask, MaskSource, Pixels, SampleError, SampleErrorKind,
     SampleKey, SampleRng, Stage,
@@ -144,11 +144,12 @@ impl ChunkJob {
         *stage = Stage::Decode;
         let plan = &shared.data.plan;
         let (bytes, scratch, times) = (&local.read_buf, &mut local.scratch, &mut times[1..]);
-        match targets.as_mut() {
-            None => plan.run(bytes, &mut rng, scratch, out, times),
-            Some(t) => plan.run_with_records(bytes, &mut rng, scratch, out, times, t, mask.as_mut()),
-        }
-        .map_err(decode_err)?;
+        // A mask moves only with the sample's boxes on this path.
+        let records = match targets.as_mut() {
+            None => Records::default(),
+            Some(t) => Records { boxes: Some(t), mask: mask.as_mut() },
+        };
+        plan.run(bytes, &mut rng, scratch, out, times, records).map_err(decode_err)?;
         if let Some(t) = targets {
             boxes.push((slot, t));
         }
@@ -431,11 +432,11 @@ impl Shared {
         let plan = &self.data.plan;
         if !self.data.split {
             let times = &mut times[steps.prefix.clone()];
-            match targets {
-                None => plan.run(bytes, rng, &mut local.scratch, out, times),
-                Some(boxes) => plan.run_with_records(bytes, rng, &mut local.scratch, out, times, boxes, mask),
-            }
-            .map_err(decode_err)?;
+            let records = match targets {
+                None => Records::default(),
+                Some(boxes) => Records { boxes: Some(boxes), mask },
+            };
+            plan.run(bytes, rng, &mut local.scratch, out, times, records).map_err(decode_err)?;
             return Ok(Computed { decode: t.elapsed(), resize: Duration::ZERO, decoded: None, resized: None });
         }
         let decoded = plan
