@@ -19,35 +19,8 @@ use crate::boxes::{move_boxes, Motion};
 use crate::masks::MaskMove;
 use crate::CodecError;
 
-/// The parameters of a `random_iou_crop` op.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct IouCropSpec<'a> {
-    pub scale: [f64; 2],
-    pub aspect: [f64; 2],
-    pub options: &'a [f64],
-    pub trials: u32,
-}
-
-impl<'a> IouCropSpec<'a> {
-    pub(crate) fn of(op: &'a OpSpec) -> Option<Self> {
-        match op {
-            OpSpec::RandomIouCrop {
-                min_scale,
-                max_scale,
-                min_aspect_ratio,
-                max_aspect_ratio,
-                sampler_options,
-                trials,
-            } => Some(Self {
-                scale: [*min_scale, *max_scale],
-                aspect: [*min_aspect_ratio, *max_aspect_ratio],
-                options: sampler_options,
-                trials: *trials,
-            }),
-            _ => None,
-        }
-    }
-}
+/// The parameters of a `random_iou_crop` op (read, and validated, by sluice-core).
+pub(crate) type IouCropSpec<'a> = sluice_core::spec::IouCropParams<'a>;
 
 /// A chosen crop: the `w x h` window whose top-left pixel is `(left, top)`, and for each
 /// box whether its centre lies strictly inside it.

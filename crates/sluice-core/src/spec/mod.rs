@@ -27,7 +27,7 @@ pub use cache::{
 pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
 pub use mix::{MixedSource, MAX_MIXED_SOURCES};
 pub use ops::{
-    AutoAugmentPolicy, ErasingValue, Interpolation, KernelSize, OpSpec, PaddingMode, RandomTag, Range,
+    AutoAugmentPolicy, ErasingValue, Interpolation, IouCropParams, KernelSize, OpSpec, PaddingMode, RandomTag, Range,
     IOU_CROP_MAX_ROUNDS,
 };
 pub use threads::Threads;

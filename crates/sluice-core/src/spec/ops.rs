@@ -328,6 +328,73 @@ fn default_iou_sampler_options() -> Vec<f64> {
 fn default_iou_trials() -> u32 {
     40
 }
+/// The parameters of a `random_iou_crop` op, read from its [`OpSpec`] (sluice-codec's
+/// `ops/iou_crop.rs` draws its crops from them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IouCropParams<'a> {
+    /// `[min_scale, max_scale]`.
+    pub scale: [f64; 2],
+    /// `[min_aspect_ratio, max_aspect_ratio]`.
+    pub aspect: [f64; 2],
+    /// `sampler_options`: the minimum IoUs drawn from.
+    pub options: &'a [f64],
+    pub trials: u32,
+}
+
+impl<'a> IouCropParams<'a> {
+    /// `op`'s parameters when it is a `random_iou_crop`.
+    pub fn of(op: &'a OpSpec) -> Option<Self> {
+        match op {
+            OpSpec::RandomIouCrop {
+                min_scale,
+                max_scale,
+                min_aspect_ratio,
+                max_aspect_ratio,
+                sampler_options,
+                trials,
+            } => Some(Self {
+                scale: [*min_scale, *max_scale],
+                aspect: [*min_aspect_ratio, *max_aspect_ratio],
+                options: sampler_options,
+                trials: *trials,
+            }),
+            _ => None,
+        }
+    }
+
+    fn validate(&self, field: impl Fn(&str) -> String) -> Result<(), SpecError> {
+        let ([min_scale, max_scale], [min_aspect_ratio, max_aspect_ratio]) = (self.scale, self.aspect);
+        if !(min_scale > 0.0 && min_scale <= max_scale && max_scale <= 1.0) {
+            return Err(SpecError::new(
+                field("min_scale"),
+                format!("needs 0 < min_scale <= max_scale <= 1; got {min_scale} and {max_scale}"),
+            ));
+        }
+        if !(min_aspect_ratio > 0.0 && min_aspect_ratio <= max_aspect_ratio && max_aspect_ratio.is_finite()) {
+            return Err(SpecError::new(
+                field("min_aspect_ratio"),
+                format!(
+                    "needs 0 < min_aspect_ratio <= max_aspect_ratio (finite); got {min_aspect_ratio} and \
+                     {max_aspect_ratio}"
+                ),
+            ));
+        }
+        if self.options.is_empty() || self.options.len() > IOU_CROP_MAX_OPTIONS {
+            return Err(SpecError::new(
+                field("sampler_options"),
+                format!("needs 1 to {IOU_CROP_MAX_OPTIONS} values; got {}", self.options.len()),
+            ));
+        }
+        if let Some(v) = self.options.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+            return Err(SpecError::new(
+                field("sampler_options"),
+                format!("each minimum IoU must be in [0, 1] (1: no crop); got {v}"),
+            ));
+        }
+        check_count(&field("trials"), u64::from(self.trials), 1, u64::from(IOU_CROP_MAX_TRIALS))
+    }
+}
+
 /// The most `sampler_options` a `random_iou_crop` may list.
 pub const IOU_CROP_MAX_OPTIONS: usize = 64;
 /// The most `trials` per option of a `random_iou_crop`.
@@ -638,43 +705,7 @@ impl OpSpec {
                 Ok(())
             }
             OpSpec::Pad { padding, .. } => check_padding(padding, &field("padding")),
-            OpSpec::RandomIouCrop {
-                min_scale,
-                max_scale,
-                min_aspect_ratio,
-                max_aspect_ratio,
-                sampler_options,
-                trials,
-            } => {
-                if !(*min_scale > 0.0 && min_scale <= max_scale && *max_scale <= 1.0) {
-                    return Err(SpecError::new(
-                        field("min_scale"),
-                        format!("needs 0 < min_scale <= max_scale <= 1; got {min_scale} and {max_scale}"),
-                    ));
-                }
-                if !(*min_aspect_ratio > 0.0 && min_aspect_ratio <= max_aspect_ratio && max_aspect_ratio.is_finite()) {
-                    return Err(SpecError::new(
-                        field("min_aspect_ratio"),
-                        format!(
-                            "needs 0 < min_aspect_ratio <= max_aspect_ratio (finite); got {min_aspect_ratio} and \
-                             {max_aspect_ratio}"
-                        ),
-                    ));
-                }
-                if sampler_options.is_empty() || sampler_options.len() > IOU_CROP_MAX_OPTIONS {
-                    return Err(SpecError::new(
-                        field("sampler_options"),
-                        format!("needs 1 to {IOU_CROP_MAX_OPTIONS} values; got {}", sampler_options.len()),
-                    ));
-                }
-                if let Some(v) = sampler_options.iter().find(|v| !(0.0..=1.0).contains(*v)) {
-                    return Err(SpecError::new(
-                        field("sampler_options"),
-                        format!("each minimum IoU must be in [0, 1] (1: no crop); got {v}"),
-                    ));
-                }
-                check_count(&field("trials"), u64::from(*trials), 1, u64::from(IOU_CROP_MAX_TRIALS))
-            }
+            OpSpec::RandomIouCrop { .. } => IouCropParams::of(self).map_or(Ok(()), |p| p.validate(field)),
             OpSpec::TrivialAugmentWide { num_magnitude_bins, interpolation, .. } => {
                 policy::check_bins(*num_magnitude_bins, &field("num_magnitude_bins"))?;
                 check_warp_interpolation(*interpolation, &field("interpolation"))
