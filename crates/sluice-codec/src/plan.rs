@@ -1405,12 +1405,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn boxes_move_with_the_pixels_through_fused_and_stepwise_ops() {
+    /// The boxes tests' 200x150 image: its size, its white rectangle on black, its pixels
+    /// and its PNG.
+    fn rect_image() -> ((u32, u32), [u32; 4], Vec<u8>, Vec<u8>) {
         let (w, h) = (200u32, 150u32);
         let rect = [60, 40, 140, 110];
         let px = white_rect(w, h, rect);
         let png = encode_png(&px, w, h, png::ColorType::Rgb, png::BitDepth::Eight, None);
+        ((w, h), rect, px, png)
+    }
+
+    #[test]
+    fn boxes_move_with_the_pixels_through_fused_and_stepwise_ops() {
+        let ((w, h), rect, px, png) = rect_image();
         let jpg = encode_jpeg(&px, w, h, 95).unwrap();
         let crop = |scale| OpSpec::random_resized_crop(Size::square(64), scale, RATIO);
         let flip = OpSpec::RandomHorizontalFlip { p: 1.0 };
@@ -1464,10 +1471,7 @@ mod tests {
 
     #[test]
     fn random_iou_crop_crops_against_the_boxes_and_leaves_a_sample_without_them() {
-        let (w, h) = (200u32, 150u32);
-        let rect = [60, 40, 140, 110];
-        let px = white_rect(w, h, rect);
-        let png = encode_png(&px, w, h, png::ColorType::Rgb, png::BitDepth::Eight, None);
+        let ((w, h), rect, px, png) = rect_image();
         let iou = OpSpec::RandomIouCrop {
             min_scale: 0.3,
             max_scale: 1.0,
