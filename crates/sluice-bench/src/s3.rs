@@ -307,9 +307,9 @@ fn rate_of(epochs: &[Epoch], config: &str) -> Option<f64> {
     (!rates.is_empty()).then(|| median(&mut rates))
 }
 
-/// In the loader's namespace: every file of `--data` into the bucket, keeping relative
-/// paths; retried until the server answers (it starts after its filer).
-fn upload(a: &Args) -> anyhow::Result<()> {
+/// The bucket's store and a runtime to drive it, once the server answers (it starts after
+/// its filer; retried for up to 60 s), and when the wait began.
+fn connect() -> anyhow::Result<(object_store::aws::AmazonS3, tokio::runtime::Runtime, Instant)> {
     use object_store::aws::AmazonS3Builder;
     use object_store::path::Path as ObjectPath;
     use object_store::{ObjectStoreExt, PutPayload};
@@ -324,6 +324,15 @@ fn upload(a: &Args) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(250));
     }
     rt.block_on(store.delete(&ObjectPath::from("probe")))?;
+    Ok((store, rt, t0))
+}
+
+/// In the loader's namespace: every file of `--data` into the bucket, keeping relative
+/// paths, once the server answers ([`connect`]).
+fn upload(a: &Args) -> anyhow::Result<()> {
+    use object_store::path::Path as ObjectPath;
+    use object_store::{ObjectStoreExt, PutPayload};
+    let (store, rt, t0) = connect()?;
     let mut files = Vec::new();
     let mut pending = vec![a.data.clone()];
     while let Some(d) = pending.pop() {
@@ -357,21 +366,10 @@ fn upload(a: &Args) -> anyhow::Result<()> {
 /// In the loader's namespace: `--many` copies of one small JPEG (64x64) under
 /// `many/class_XXX/`, 100 classes.
 fn upload_many(a: &Args) -> anyhow::Result<()> {
-    use object_store::aws::AmazonS3Builder;
     use object_store::path::Path as ObjectPath;
     use object_store::{ObjectStoreExt, PutPayload};
     let n = a.many.unwrap_or(0);
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let store = AmazonS3Builder::from_env().with_bucket_name(BUCKET).with_allow_http(true).build()?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let t0 = Instant::now();
-    while rt.block_on(store.put(&ObjectPath::from("probe"), PutPayload::from_static(b"x"))).is_err() {
-        if t0.elapsed() > Duration::from_secs(60) {
-            bail!("the S3 server did not answer within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    rt.block_on(store.delete(&ObjectPath::from("probe")))?;
+    let (store, rt, t0) = connect()?;
     let rgb: Vec<u8> = (0..64 * 64 * 3).map(|i| (i * 7 % 251) as u8).collect();
     let jpeg = bytes::Bytes::from(sluice_codec::encode_jpeg(&rgb, 64, 64, 80)?);
     rt.block_on(async {
