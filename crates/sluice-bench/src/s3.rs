@@ -327,11 +327,33 @@ fn connect() -> anyhow::Result<(object_store::aws::AmazonS3, tokio::runtime::Run
     Ok((store, rt, t0))
 }
 
+/// Puts each `(key, payload)` into the bucket, `concurrency` requests in flight; the first
+/// error, if any, once all have finished.
+fn put_all(
+    rt: &tokio::runtime::Runtime,
+    store: &object_store::aws::AmazonS3,
+    objects: impl Iterator<Item = anyhow::Result<(String, object_store::PutPayload)>>,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use object_store::path::Path as ObjectPath;
+    use object_store::ObjectStoreExt;
+    rt.block_on(async {
+        let puts = objects.map(|object| async move {
+            let (key, payload) = object?;
+            store.put(&ObjectPath::from(key), payload).await?;
+            anyhow::Ok(())
+        });
+        let results: Vec<anyhow::Result<()>> =
+            futures::stream::iter(puts).buffer_unordered(concurrency).collect().await;
+        results.into_iter().collect()
+    })
+}
+
 /// In the loader's namespace: every file of `--data` into the bucket, keeping relative
 /// paths, once the server answers ([`connect`]).
 fn upload(a: &Args) -> anyhow::Result<()> {
-    use object_store::path::Path as ObjectPath;
-    use object_store::{ObjectStoreExt, PutPayload};
+    use object_store::PutPayload;
     let (store, rt, t0) = connect()?;
     let mut files = Vec::new();
     let mut pending = vec![a.data.clone()];
@@ -345,20 +367,11 @@ fn upload(a: &Args) -> anyhow::Result<()> {
             }
         }
     }
-    rt.block_on(async {
-        use futures::StreamExt;
-        let puts = files.iter().map(|p| {
-            let store = &store;
-            async move {
-                let rel = p.strip_prefix(&a.data)?.to_string_lossy().into_owned();
-                let bytes = std::fs::read(p)?;
-                store.put(&ObjectPath::from(format!("train/{rel}")), PutPayload::from(bytes)).await?;
-                anyhow::Ok(())
-            }
-        });
-        let results: Vec<anyhow::Result<()>> = futures::stream::iter(puts).buffer_unordered(16).collect().await;
-        results.into_iter().collect::<anyhow::Result<Vec<()>>>()
-    })?;
+    let objects = files.iter().map(|p| -> anyhow::Result<_> {
+        let rel = p.strip_prefix(&a.data)?.to_string_lossy().into_owned();
+        Ok((format!("train/{rel}"), PutPayload::from(std::fs::read(p)?)))
+    });
+    put_all(&rt, &store, objects, 16)?;
     eprintln!("uploaded {} objects in {:.1} s", files.len(), t0.elapsed().as_secs_f64());
     Ok(())
 }
@@ -366,25 +379,14 @@ fn upload(a: &Args) -> anyhow::Result<()> {
 /// In the loader's namespace: `--many` copies of one small JPEG (64x64) under
 /// `many/class_XXX/`, 100 classes.
 fn upload_many(a: &Args) -> anyhow::Result<()> {
-    use object_store::path::Path as ObjectPath;
-    use object_store::{ObjectStoreExt, PutPayload};
+    use object_store::PutPayload;
     let n = a.many.unwrap_or(0);
     let (store, rt, t0) = connect()?;
     let rgb: Vec<u8> = (0..64 * 64 * 3).map(|i| (i * 7 % 251) as u8).collect();
     let jpeg = bytes::Bytes::from(sluice_codec::encode_jpeg(&rgb, 64, 64, 80)?);
-    rt.block_on(async {
-        use futures::StreamExt;
-        let puts = (0..n).map(|i| {
-            let (store, jpeg) = (&store, jpeg.clone());
-            async move {
-                let key = format!("many/class_{:03}/img_{i:07}.jpg", i % 100);
-                store.put(&ObjectPath::from(key), PutPayload::from(jpeg)).await?;
-                anyhow::Ok(())
-            }
-        });
-        let results: Vec<anyhow::Result<()>> = futures::stream::iter(puts).buffer_unordered(64).collect().await;
-        results.into_iter().collect::<anyhow::Result<Vec<()>>>()
-    })?;
+    let objects =
+        (0..n).map(|i| Ok((format!("many/class_{:03}/img_{i:07}.jpg", i % 100), PutPayload::from(jpeg.clone()))));
+    put_all(&rt, &store, objects, 64)?;
     eprintln!("uploaded {n} objects of {} bytes in {:.1} s", jpeg.len(), t0.elapsed().as_secs_f64());
     Ok(())
 }
