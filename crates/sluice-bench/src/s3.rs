@@ -42,8 +42,8 @@ pub struct Args {
     /// The link's rate, Mbit/s, each way.
     #[arg(long, default_value_t = 1000.0)]
     pub mbit: f64,
-    /// The link's delay, ms, each way.
-    #[arg(long, default_value_t = 5.0)]
+    /// The link's delay, ms, each way (needs the kernel's netem; 0: none).
+    #[arg(long, default_value_t = 0.0)]
     pub delay_ms: f64,
     /// Configurations, comma-separated: `local`, `ahead-N` (N objects read ahead; 0: off).
     #[arg(long, value_delimiter = ',', default_values_t = ["local".to_string(), "ahead-0".to_string(), "ahead-512".to_string()])]
