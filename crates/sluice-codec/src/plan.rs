@@ -780,14 +780,14 @@ impl Plan {
                 let shrink_to = if resample.allows_dct_scaling() { (size.width, size.height) } else { (r.w, r.h) };
                 let got = dec.decode_region(bytes, rect_of(r), shrink_to, a)?;
                 let dst = target(to_out, out, b, ow, oh)?;
-                resizer.resize_rect_with(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
+                resizer.resize_rect(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
                 (crop_motion(r, ow, oh), MaskMove::Resized { rect: r, size: (ow, oh) })
             }
             Geo::Resize { resample, .. } => {
                 let shrink_to = if resample.allows_dct_scaling() { (ow, oh) } else { (fw, fh) };
                 let got = dec.decode_region(bytes, SubRect::full(fw, fh), shrink_to, a)?;
                 let dst = target(to_out, out, b, ow, oh)?;
-                resizer.resize_rect_with(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
+                resizer.resize_rect(resample, a, got.width, got.height, got.rect, dst, ow, oh)?;
                 let r = CropRect { x: 0, y: 0, w: fw, h: fh };
                 (crop_motion(r, ow, oh), MaskMove::Resized { rect: r, size: (ow, oh) })
             }
@@ -943,7 +943,7 @@ fn geometric(
     let (motion, mask_move) = match op {
         Geo::Resize { resample, .. } => {
             let dst = target(to_out, out, b, ow, oh)?;
-            resizer.resize_rect_with(resample, src, w, h, SubRect::full(w, h), dst, ow, oh)?;
+            resizer.resize_rect(resample, src, w, h, SubRect::full(w, h), dst, ow, oh)?;
             let r = CropRect { x: 0, y: 0, w, h };
             (crop_motion(r, ow, oh), MaskMove::Resized { rect: r, size: (ow, oh) })
         }
@@ -956,7 +956,7 @@ fn geometric(
         Geo::RandomResizedCrop { scale, ratio, resample, .. } => {
             let r = random_resized_crop_params(w, h, scale, ratio, rng);
             let dst = target(to_out, out, b, ow, oh)?;
-            resizer.resize_rect_with(resample, src, w, h, rect_of(r), dst, ow, oh)?;
+            resizer.resize_rect(resample, src, w, h, rect_of(r), dst, ow, oh)?;
             (crop_motion(r, ow, oh), MaskMove::Resized { rect: r, size: (ow, oh) })
         }
     };
@@ -1068,7 +1068,7 @@ mod tests {
             // Reference: full decode, same draws, crop, resize.
             let r = random_resized_crop_params(fw, fh, SCALE, RATIO, &mut rng(key));
             let mut want = vec![0u8; 64 * 64 * 3];
-            Resizer::new().resize_rect(&full, fw, fh, rect_of(r), &mut want, 64, 64).unwrap();
+            Resizer::new().resize_rect(Resample::default(), &full, fw, fh, rect_of(r), &mut want, 64, 64).unwrap();
             let diff = mean_abs_diff(&got, &want);
             worst = worst.max(diff);
             assert!(diff < 3.0, "key {key} crop {r:?}: mean abs diff {diff}");
@@ -1301,7 +1301,7 @@ mod tests {
         let got = run(&plan, &png_bytes, 3, &mut s).unwrap();
         let r = random_resized_crop_params(w, h, SCALE, RATIO, &mut rng(3));
         let mut want = vec![0u8; 48 * 48 * 3];
-        Resizer::new().resize_rect(&rgb, w, h, rect_of(r), &mut want, 48, 48).unwrap();
+        Resizer::new().resize_rect(Resample::default(), &rgb, w, h, rect_of(r), &mut want, 48, 48).unwrap();
         assert_eq!(got, want);
 
         let gray: Vec<u8> = (0..w * h).map(|i| (i % 200) as u8).collect();

@@ -188,24 +188,9 @@ impl Resizer {
 
     /// Resamples the rectangle `rect` of the RGB8 image `src` (`src_w x src_h`) into `dst`,
     /// an RGB8 image of exactly `dst_w x dst_h` (`dst.len() == dst_w * dst_h * 3`), with
-    /// torchvision's default resampling (antialiased bilinear).
+    /// `resample` (`Resample::default()`: torchvision's default, antialiased bilinear).
     #[allow(clippy::too_many_arguments)]
     pub fn resize_rect(
-        &mut self,
-        src: &[u8],
-        src_w: u32,
-        src_h: u32,
-        rect: SubRect,
-        dst: &mut [u8],
-        dst_w: u32,
-        dst_h: u32,
-    ) -> Result<(), CodecError> {
-        self.resize_rect_with(Resample::default(), src, src_w, src_h, rect, dst, dst_w, dst_h)
-    }
-
-    /// [`Resizer::resize_rect`] with the given resampling.
-    #[allow(clippy::too_many_arguments)]
-    pub fn resize_rect_with(
         &mut self,
         resample: Resample,
         src: &[u8],
@@ -369,7 +354,7 @@ impl Resizer {
     ) -> Result<(u32, u32), CodecError> {
         let (w, h) = shorter_side_size(src_w, src_h, size);
         dst.resize(w as usize * h as usize * 3, 0);
-        self.resize_rect(src, src_w, src_h, SubRect::full(src_w, src_h), dst, w, h)?;
+        self.resize_rect(Resample::default(), src, src_w, src_h, SubRect::full(src_w, src_h), dst, w, h)?;
         Ok((w, h))
     }
 }
@@ -400,9 +385,29 @@ mod tests {
             }
         }
         let mut dst = vec![0u8; 8 * 8 * 3];
-        r.resize_rect(&src, w, h, SubRect { left: 2.0, top: 0.5, width: 28.0, height: 30.0 }, &mut dst, 8, 8).unwrap();
+        r.resize_rect(
+            Resample::default(),
+            &src,
+            w,
+            h,
+            SubRect { left: 2.0, top: 0.5, width: 28.0, height: 30.0 },
+            &mut dst,
+            8,
+            8,
+        )
+        .unwrap();
         assert!(dst.chunks_exact(3).all(|p| p == [200, 0, 0]), "{dst:?}");
-        r.resize_rect(&src, w, h, SubRect { left: 33.5, top: 0.0, width: 30.0, height: 32.0 }, &mut dst, 8, 8).unwrap();
+        r.resize_rect(
+            Resample::default(),
+            &src,
+            w,
+            h,
+            SubRect { left: 33.5, top: 0.0, width: 30.0, height: 32.0 },
+            &mut dst,
+            8,
+            8,
+        )
+        .unwrap();
         assert!(dst.chunks_exact(3).all(|p| p == [0, 0, 100]));
 
         let mut out = Vec::new();
@@ -418,7 +423,7 @@ mod tests {
         let (w, h) = (32u32, 32u32);
         let src = checkerboard(w, h);
         let mut dst = vec![0u8; 8 * 8 * 3];
-        Resizer::new().resize_rect(&src, w, h, SubRect::full(w, h), &mut dst, 8, 8).unwrap();
+        Resizer::new().resize_rect(Resample::default(), &src, w, h, SubRect::full(w, h), &mut dst, 8, 8).unwrap();
         assert!(dst.iter().all(|&v| (120..=135).contains(&v)), "{dst:?}");
     }
 
@@ -443,7 +448,7 @@ mod tests {
         // are not the crop's. (Resampled in place, the widened filter reached them.)
         let mut dst = vec![0u8; 3];
         let rect = SubRect { left: 1.0, top: 0.0, width: 4.0, height: 1.0 };
-        Resizer::new().resize_rect(&bar(), 6, 1, rect, &mut dst, 1, 1).unwrap();
+        Resizer::new().resize_rect(Resample::default(), &bar(), 6, 1, rect, &mut dst, 1, 1).unwrap();
         assert_eq!(dst, [0, 0, 0]);
     }
 
@@ -455,13 +460,13 @@ mod tests {
         let mut dst = vec![0u8; 9];
         let mut r = Resizer::new();
         for (mode, want) in [(Interpolation::Nearest, [0, 10, 30]), (Interpolation::NearestExact, [0, 20, 40])] {
-            r.resize_rect_with(Resample::new(mode, true), &src, 5, 1, SubRect::full(5, 1), &mut dst, 3, 1).unwrap();
+            r.resize_rect(Resample::new(mode, true), &src, 5, 1, SubRect::full(5, 1), &mut dst, 3, 1).unwrap();
             assert_eq!([dst[0], dst[3], dst[6]], want, "{mode:?}");
         }
         // Within a crop: columns 1..4 of 5, enlarged 3 -> 6 (each pixel twice).
         let mut dst = vec![0u8; 18];
         let rect = SubRect { left: 1.0, top: 0.0, width: 3.0, height: 1.0 };
-        r.resize_rect_with(Resample::new(Interpolation::Nearest, false), &src, 5, 1, rect, &mut dst, 6, 1).unwrap();
+        r.resize_rect(Resample::new(Interpolation::Nearest, false), &src, 5, 1, rect, &mut dst, 6, 1).unwrap();
         assert_eq!(dst.chunks(3).map(|p| p[0]).collect::<Vec<_>>(), [10, 10, 20, 20, 30, 30]);
     }
 
@@ -474,22 +479,12 @@ mod tests {
         let mut dst = vec![0u8; 8 * 8 * 3];
         let mut r = Resizer::new();
         for interpolation in [Interpolation::Bilinear, Interpolation::Bicubic] {
-            r.resize_rect_with(Resample::new(interpolation, true), &src, w, h, SubRect::full(w, h), &mut dst, 8, 8)
-                .unwrap();
+            r.resize_rect(Resample::new(interpolation, true), &src, w, h, SubRect::full(w, h), &mut dst, 8, 8).unwrap();
             assert!(dst.iter().all(|&v| (110..=145).contains(&v)), "{interpolation:?}: {dst:?}");
         }
         // Output center 4i + 2 falls exactly on a pixel boundary: an even mix, 127/128.
-        r.resize_rect_with(
-            Resample::new(Interpolation::Bilinear, false),
-            &src,
-            w,
-            h,
-            SubRect::full(w, h),
-            &mut dst,
-            8,
-            8,
-        )
-        .unwrap();
+        r.resize_rect(Resample::new(Interpolation::Bilinear, false), &src, w, h, SubRect::full(w, h), &mut dst, 8, 8)
+            .unwrap();
         assert!(dst.iter().all(|&v| (127..=128).contains(&v)), "{dst:?}");
         // The bicubic kernels: a = -0.75 without antialiasing, 0 at the integers but 1 at 0.
         assert_eq!(opencv_cubic(0.0), 1.0);
@@ -505,11 +500,11 @@ mod tests {
         let mut r = Resizer::new();
         let src = vec![0u8; 4 * 4 * 3];
         let mut dst = vec![0u8; 2 * 2 * 3];
-        assert!(r.resize_rect(&src, 4, 4, SubRect::full(4, 4), &mut dst[..5], 2, 2).is_err());
-        assert!(r.resize_rect(&src[..10], 4, 4, SubRect::full(4, 4), &mut dst, 2, 2).is_err());
+        assert!(r.resize_rect(Resample::default(), &src, 4, 4, SubRect::full(4, 4), &mut dst[..5], 2, 2).is_err());
+        assert!(r.resize_rect(Resample::default(), &src[..10], 4, 4, SubRect::full(4, 4), &mut dst, 2, 2).is_err());
         let outside = SubRect { left: 10.0, top: 0.0, width: 2.0, height: 2.0 };
-        assert!(r.resize_rect(&src, 4, 4, outside, &mut dst, 2, 2).is_err());
+        assert!(r.resize_rect(Resample::default(), &src, 4, 4, outside, &mut dst, 2, 2).is_err());
         let nan = SubRect { left: f64::NAN, top: 0.0, width: 2.0, height: 2.0 };
-        assert!(r.resize_rect(&src, 4, 4, nan, &mut dst, 2, 2).is_err());
+        assert!(r.resize_rect(Resample::default(), &src, 4, 4, nan, &mut dst, 2, 2).is_err());
     }
 }
