@@ -72,7 +72,7 @@ fn server() -> u16 {
         }
         std::env::set_var("AZURE_STORAGE_USE_EMULATOR", "true");
         std::env::set_var("AZURITE_BLOB_STORAGE_URL", format!("http://127.0.0.1:{port}"));
-        std::env::set_var("SLUICE_CACHE_DIR", dir.join("cache"));
+        crate::source_s3::cache_root();
         port
     })
 }

@@ -49,6 +49,18 @@ fn weed_binary() -> PathBuf {
     PathBuf::from("weed")
 }
 
+/// The folder the object-storage tests of this process (S3 and Azure) cache listings under:
+/// set once, as `SLUICE_CACHE_DIR`, so that no test moves another's cache.
+pub(crate) fn cache_root() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let root = std::env::temp_dir().join(format!("sluice-object-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::env::set_var("SLUICE_CACHE_DIR", &root);
+        root
+    })
+}
+
 /// Starts `weed server -s3` once for this process, from a thread that lives as long as
 /// the process (the child dies with it: `PR_SET_PDEATHSIG` fires when the spawning
 /// thread exits), and points the `AWS_*` environment at it.
@@ -101,7 +113,7 @@ fn server() -> &'static Server {
         std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET);
         std::env::set_var("AWS_REGION", "us-east-1");
         std::env::set_var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
-        std::env::set_var("SLUICE_CACHE_DIR", dir.join("cache"));
+        cache_root();
         std::env::set_var("SLUICE_OBJECT_TIMEOUT_S", "10");
         std::env::set_var("SLUICE_OBJECT_RETRIES", "3");
         let server = Server { port, dir };
@@ -322,7 +334,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn a_second_build_reads_the_cached_listing_instead_of_listing_again() {
-    let server = server();
+    let _ = server();
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path(), 6, 0);
     let b = bucket();
@@ -336,7 +348,7 @@ fn a_second_build_reads_the_cached_listing_instead_of_listing_again() {
     assert_eq!(build_manifest(&folder(&url)).unwrap().len(), 6, "the second build listed the prefix again");
 
     // Without the cache file, the prefix is listed afresh.
-    let cache = server.dir.join("cache/listings");
+    let cache = cache_root().join("listings");
     let files: Vec<PathBuf> = std::fs::read_dir(&cache)
         .unwrap()
         .map(|e| e.unwrap().path())
