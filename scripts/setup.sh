@@ -36,7 +36,7 @@ fi
 
 if [ ! -x .node/node_modules/.bin/azurite-blob ]; then
   echo "==> installing Azurite (npm) into .node"
-  npm install --prefix .node --no-audit --no-fund --silent azurite@3.37.0 >/dev/null
+  npm install --prefix .node --no-audit --no-fund --loglevel=error azurite@3.37.0 >/dev/null
 fi
 
 if [ "$release_binaries" = 1 ]; then
