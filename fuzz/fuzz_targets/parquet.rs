@@ -32,8 +32,8 @@ fuzz_target!(|data: &[u8]| {
     assert!(manifest.len() as u64 <= data.len() as u64);
     let Ok(storage) = open_storage(&StorageSpec::Local) else { return };
     let mut buf = Vec::new();
-    for e in manifest.entries.iter().take(4096) {
-        if let Err(err) = storage.read(&manifest.root, &e.location, 1 << 20, &mut buf) {
+    for e in manifest.entries().take(4096) {
+        if let Err(err) = storage.read(&manifest.root, e.location, 1 << 20, &mut buf) {
             assert!(!err.to_string().is_empty());
         }
     }

@@ -69,7 +69,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         eprintln!("left out {} files that do not decode, e.g. {}", bad.len(), bad[0]);
     }
     anyhow::ensure!(!manifest.is_empty(), "no decodable JPEGs in {}", root.display());
-    let files: Vec<PathBuf> = manifest.entries.iter().map(|e| manifest.display_path(e.key)).collect();
+    let files: Vec<PathBuf> = manifest.entries().map(|e| manifest.display_path(e.key)).collect();
     let packed = if a.packed { Some(packed_copy(&root)?) } else { None };
     eprintln!(
         "{} images, {:.0} KB average, {} runs per point",
@@ -159,7 +159,7 @@ fn decodable_only(manifest: &Manifest) -> anyhow::Result<(Manifest, u64, Vec<Str
     let mut dec = JpegDecoder::new(sluice_core::Limits::default().max_pixels)?;
     let mut out = Vec::new();
     let (mut good, mut bytes, mut bad) = (Vec::new(), 0u64, Vec::new());
-    for e in &manifest.entries {
+    for e in manifest.entries() {
         let path = manifest.display_path(e.key);
         match std::fs::read(&path)
             .map_err(|err| err.to_string())
@@ -167,7 +167,7 @@ fn decodable_only(manifest: &Manifest) -> anyhow::Result<(Manifest, u64, Vec<Str
         {
             Ok(n) => {
                 bytes += n as u64;
-                good.push((e.location.clone(), e.label, e.size));
+                good.push((e.location.owned(), e.label, e.size));
             }
             Err(err) => bad.push(format!("{}: {err}", path.display())),
         }

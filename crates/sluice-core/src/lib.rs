@@ -16,7 +16,7 @@ pub use batch::{Batch, SharedBytes, Tensor, TensorData};
 pub use error::{SampleError, SampleErrorKind, SpecError, Stage};
 pub use fields::{BatchField, BatchFields, FieldKindName, FieldSpec, FieldTable, FieldValues};
 pub use image::{DType, Image, Layout, Pixels};
-pub use manifest::{Entry, Location, Manifest, SampleKey};
+pub use manifest::{Entry, Location, LocationRef, Manifest, ManifestBuilder, SampleKey};
 pub use placement::{Owners, Rendezvous};
 pub use record::{Annotation, BatchBoxes, BoxTargets, Mask, MaskSource, Segmentation};
 pub use rng::SampleRng;

@@ -254,7 +254,7 @@ impl ImportanceStore {
     }
 
     fn per_position<V: Copy>(map: &HashMap<u64, V>, manifest: &Manifest) -> Vec<Option<V>> {
-        manifest.entries.iter().map(|e| map.get(&e.key.0).copied()).collect()
+        manifest.entries().map(|e| map.get(&e.key.0).copied()).collect()
     }
 
     /// The smoothed score of every manifest position (`None` where never reported).
@@ -269,7 +269,7 @@ impl ImportanceStore {
         if self.hot_set.is_empty() {
             return Some(hot_set(scores, size, None, HOT_SET_MARGIN, 0.0));
         }
-        Some(manifest.entries.iter().map(|e| self.hot_set.contains(&e.key.0)).collect())
+        Some(manifest.entries().map(|e| self.hot_set.contains(&e.key.0)).collect())
     }
 
     /// Moves the hot set on to the scores just folded in (hysteresis: see [`hot_set`]).
@@ -281,10 +281,10 @@ impl ImportanceStore {
             return;
         }
         let scores = self.scores_by_position(manifest);
-        let previous: Option<Vec<bool>> = (!self.hot_set.is_empty())
-            .then(|| manifest.entries.iter().map(|e| self.hot_set.contains(&e.key.0)).collect());
+        let previous: Option<Vec<bool>> =
+            (!self.hot_set.is_empty()).then(|| manifest.entries().map(|e| self.hot_set.contains(&e.key.0)).collect());
         let mask = hot_set(&scores, size, previous.as_deref(), HOT_SET_MARGIN, floor);
-        self.hot_set = manifest.entries.iter().zip(&mask).filter(|(_, &h)| h).map(|(e, _)| e.key.0).collect();
+        self.hot_set = manifest.entries().zip(&mask).filter(|(_, &h)| h).map(|(e, _)| e.key.0).collect();
     }
 
     /// The job's whole draw for `epoch`, the same on every rank.
@@ -331,8 +331,8 @@ impl ImportanceStore {
             // Positions past the last whole round of ranks went to no rank.
             let handed_out = previous.order.len() - previous.order.len() % d.shard.world_size.max(1);
             for &i in &previous.order[..handed_out] {
-                if let Some(e) = d.manifest.entries.get(i as usize) {
-                    self.last_seen.insert(e.key.0, prev);
+                if (i as usize) < d.manifest.len() {
+                    self.last_seen.insert(u64::from(i), prev);
                 }
             }
         }
@@ -462,7 +462,7 @@ mod tests {
     fn a_report_of_1e308_leaves_the_weights_those_of_a_sane_report() {
         let n = 64;
         let manifest = manifest(n);
-        let keys: Vec<u64> = manifest.entries.iter().map(|e| e.key.0).collect();
+        let keys: Vec<u64> = manifest.entries().map(|e| e.key.0).collect();
         // Issue 29's case: two keys at 1e308, every other key at their mean: all alike, so
         // the epoch is uniform with weights 1, as after the same report of 100.
         let absurd = next_epoch(&manifest, &[(&keys[..2], &[1e308, 1e308])]);
@@ -532,7 +532,7 @@ mod tests {
         let n = 8u64;
         let items = (0..n).map(|i| (Location::File { path: PathBuf::from(format!("{i}")) }, 0, 10)).collect();
         let manifest = Manifest::new(PathBuf::from("/t"), items, Vec::new());
-        let keys: Vec<u64> = manifest.entries.iter().map(|e| e.key.0).collect();
+        let keys: Vec<u64> = manifest.entries().map(|e| e.key.0).collect();
         let sampling =
             SamplingSpec::Importance { floor: 0.05, coverage_epochs: 40, miss_discount: 0.1, max_draws: 4.0 };
         let d = DrawInputs {

@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use sluice_core::{Location, Manifest, SourceSpec};
+use sluice_core::{Manifest, SourceSpec};
 use sluice_pipeline::storage::ObjectUrl;
 use sluice_pipeline::Loader;
 use tonic::service::Interceptor;
@@ -105,16 +105,13 @@ impl AllowedRoots {
     /// Checks every file a manifest lists: a file list may name absolute paths, `..`, or
     /// symlinks that lead elsewhere.
     pub fn check_manifest(&self, manifest: &Manifest) -> Result<(), ServiceError> {
-        let mut seen_shard: Option<&Path> = None;
-        for e in &manifest.entries {
-            match &e.location {
-                Location::File { path } => self.check(&manifest.root.join(path))?,
-                Location::TarMember { shard, .. } | Location::ParquetRow { file: shard, .. } => {
-                    if seen_shard != Some(shard.as_path()) {
-                        self.check(&manifest.root.join(shard))?;
-                        seen_shard = Some(shard.as_path());
-                    }
-                }
+        // Samples of one shard (or one file listed again) follow each other: check it once.
+        let mut checked: Option<&Path> = None;
+        for e in manifest.entries() {
+            let file = e.location.file();
+            if checked != Some(file) {
+                self.check(&manifest.root.join(file))?;
+                checked = Some(file);
             }
         }
         Ok(())

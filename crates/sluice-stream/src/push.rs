@@ -50,15 +50,14 @@ pub struct PushReport {
 
 /// The order in which `manifest`'s samples are pushed, as indices into its entries.
 pub fn push_order(manifest: &Manifest, order: PushOrder, classes_per_task: usize, seed: u64) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..manifest.entries.len()).collect();
-    let shuffle_key =
-        |i: &usize| SampleRng::new(seed, 0, SampleKey(manifest.entries[*i].key.0), 0x7075_7368).next_u64();
+    let mut idx: Vec<usize> = (0..manifest.len()).collect();
+    let shuffle_key = |i: &usize| SampleRng::new(seed, 0, SampleKey(*i as u64), 0x7075_7368).next_u64();
     match order {
         PushOrder::AsListed => {}
         PushOrder::Shuffled => idx.sort_by_key(shuffle_key),
         PushOrder::ClassIncremental => {
             let per = classes_per_task.max(1) as i64;
-            idx.sort_by_key(|i| (manifest.entries[*i].label.div_euclid(per), shuffle_key(i)));
+            idx.sort_by_key(|i| (manifest.labels()[*i].div_euclid(per), shuffle_key(i)));
         }
     }
     idx
@@ -89,14 +88,14 @@ pub fn push_dataset(manifest: &Manifest, opts: &PushOptions) -> Result<PushRepor
     let mut buf = Vec::new();
     let mut bytes = 0u64;
     for (n, &i) in order.iter().enumerate() {
-        let e = &manifest.entries[i];
+        let e = manifest.at(i);
         if opts.rate > 0.0 {
             let due = Duration::from_secs_f64(n as f64 / opts.rate);
             if let Some(wait) = due.checked_sub(started.elapsed()) {
                 std::thread::sleep(wait);
             }
         }
-        storage.read(&manifest.root, &e.location, u64::MAX, &mut buf).map_err(|kind| StreamError::ReadSample {
+        storage.read(&manifest.root, e.location, u64::MAX, &mut buf).map_err(|kind| StreamError::ReadSample {
             key: e.key.0,
             path: manifest.display_path(e.key).display().to_string(),
             kind,

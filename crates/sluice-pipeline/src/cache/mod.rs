@@ -434,7 +434,7 @@ impl Cache {
     /// policies) calls it the same way.
     pub fn set_priorities_for(&self, draw: &EpochDraw, store: &ImportanceStore, manifest: &Manifest) {
         if let Some(p) = epoch_priorities(self.policy_kind(), draw, store, manifest) {
-            let keyed = manifest.entries.iter().zip(p).map(|(e, p)| (e.key.0, p)).collect();
+            let keyed = manifest.entries().zip(p).map(|(e, p)| (e.key.0, p)).collect();
             self.set_epoch_priorities(keyed);
         }
     }

@@ -189,9 +189,9 @@ impl EpochIter {
             self.shared.data.sample_shape,
             spare,
         ));
-        let entries = &self.shared.data.manifest.entries;
-        let keys = indices.iter().map(|&i| entries[i as usize].key.0).collect();
-        let labels = indices.iter().map(|&i| entries[i as usize].label).collect();
+        let labels = self.shared.data.manifest.labels();
+        let keys = indices.iter().map(|&i| u64::from(i)).collect();
+        let labels = indices.iter().map(|&i| labels[i as usize]).collect();
         let weights = self.weights.as_ref().map(|w| w[start..end].to_vec());
         let chunks = indices.len().div_ceil(CHUNK);
         let submitted_ns = (self.spans || self.shared.observers.trace.is_on()).then(now_ns);
@@ -237,9 +237,9 @@ impl EpochIter {
         let cache = self.shared.priority.cache.as_deref();
         let wanted: Vec<_> = indices
             .iter()
-            .map(|&i| &data.manifest.entries[i as usize])
+            .map(|&i| data.manifest.at(i as usize))
             .filter(|e| cache.is_none_or(|c| !c.contains(e.key.0)))
-            .map(|e| (&e.location, e.size))
+            .map(|e| (e.location, e.size))
             .collect();
         data.storage.read_ahead(&data.manifest.root, &wanted, data.spec.limits.max_file_bytes);
     }

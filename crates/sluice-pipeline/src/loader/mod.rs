@@ -558,7 +558,7 @@ impl Loader {
     /// samples of `draw` were looked up already (a resumed epoch).
     fn tell_future(&self, cache: &Cache, epoch: u64, draw: &EpochDraw, consumed: usize) {
         let data = &self.shared.data;
-        let key = |&p: &u32| data.manifest.entries.get(p as usize).map(|e| e.key.0);
+        let key = |&p: &u32| ((p as usize) < data.manifest.len()).then_some(u64::from(p));
         let mut keys: Vec<u64> = draw.order.iter().skip(consumed).filter_map(key).collect();
         if data.spec.sampling == SamplingSpec::Uniform && data.mix.is_none() && self.shared.peering.locality.is_none() {
             let next = epoch_order(data.manifest.len(), data.spec.seed, epoch + 1, data.spec.shuffle, data.shard);
@@ -566,7 +566,7 @@ impl Loader {
         }
         let importance = match data.spec.sampling {
             SamplingSpec::Uniform => std::collections::HashMap::new(),
-            _ => data.manifest.entries.iter().zip(&draw.expected).map(|(e, &x)| (e.key.0, x)).collect(),
+            _ => data.manifest.entries().zip(&draw.expected).map(|(e, &x)| (e.key.0, x)).collect(),
         };
         cache.set_future(keys, importance);
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
-use sluice_core::CacheLevel;
+use sluice_core::{CacheLevel, SampleKey};
 
 use super::sample::resize_image;
 use super::Shared;
@@ -98,7 +98,7 @@ impl Shared {
         if !locality.caches(pos) {
             return None;
         }
-        let entry = self.data.manifest.entries.get(pos as usize)?;
+        let entry = self.data.manifest.entry(SampleKey(u64::from(pos)))?;
         let data = match cache.get(entry.key.0) {
             Some(hit) => hit,
             None => {
@@ -106,7 +106,7 @@ impl Shared {
                 let mut local = WorkerLocal::default();
                 let read = self.data.storage.read(
                     &self.data.manifest.root,
-                    &entry.location,
+                    entry.location,
                     self.data.spec.limits.max_file_bytes,
                     &mut local.read_buf,
                 );

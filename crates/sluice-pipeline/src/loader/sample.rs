@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use sluice_codec::{decode_png_mask, move_boxes, resize_mask, CodecError, Motion, Records, SampleInfo, Scratch};
 use sluice_core::{
-    Annotation, BoxTargets, CacheLevel, Image, Location, Mask, MaskSource, Pixels, SampleError, SampleErrorKind,
+    Annotation, BoxTargets, CacheLevel, Image, LocationRef, Mask, MaskSource, Pixels, SampleError, SampleErrorKind,
     SampleKey, SampleRng, Stage,
 };
 
@@ -48,7 +48,7 @@ impl ChunkJob {
                 break;
             }
             let pos = self.order[self.first + slot];
-            let entry = &shared.data.manifest.entries[pos as usize];
+            let entry = shared.data.manifest.at(pos as usize);
             let mut stage = Stage::Read;
             meter.begin();
             let mut cache_use = CacheUse::None;
@@ -100,7 +100,7 @@ impl ChunkJob {
         (boxes, masks): SlotRecords<'_>,
     ) -> Result<u64, SampleFailure> {
         let shared = &self.shared;
-        let entry = &shared.data.manifest.entries[pos as usize];
+        let entry = shared.data.manifest.at(pos as usize);
         let mut rng = SampleRng::new(shared.data.spec.seed, self.epoch, SampleKey(entry.key.0), 0);
         // What a `map` op is told about the sample (its seed comes from `rng`).
         local.scratch.sample =
@@ -130,7 +130,7 @@ impl ChunkJob {
         let t0 = Instant::now();
         let read = shared.data.storage.read(
             &shared.data.manifest.root,
-            &entry.location,
+            entry.location,
             shared.data.spec.limits.max_file_bytes,
             &mut local.read_buf,
         );
@@ -258,13 +258,13 @@ impl Shared {
             MaskSource::Objects { width, height, objects } => {
                 crate::source::segmentation::paint(*width, *height, objects, limits.max_pixels)
             }
-            MaskSource::File(path) => self.load_png_mask(&Location::File { path: path.clone() }),
-            MaskSource::Member(location) => self.load_png_mask(location),
+            MaskSource::File(path) => self.load_png_mask(LocationRef::File { path }),
+            MaskSource::Member(location) => self.load_png_mask(location.view()),
         }
     }
 
     /// Reads and decodes a mask PNG stored at `location`; says which mask on error.
-    fn load_png_mask(&self, location: &Location) -> Result<Mask, String> {
+    fn load_png_mask(&self, location: LocationRef<'_>) -> Result<Mask, String> {
         let limits = &self.data.spec.limits;
         let mut bytes = Vec::new();
         let root = &self.data.manifest.root;
@@ -294,7 +294,7 @@ impl Shared {
         (targets, mask): SampleRecords<'_>,
     ) -> Result<(u64, CacheUse), SampleFailure> {
         let max_pixels = self.data.spec.limits.max_pixels;
-        let entry = &self.data.manifest.entries[pos as usize];
+        let entry = self.data.manifest.at(pos as usize);
         let key = entry.key.0;
         let resize = self.data.spec.cache.as_ref().and_then(|c| c.resize);
         let steps = &self.data.steps;
@@ -348,7 +348,7 @@ impl Shared {
         let t0 = Instant::now();
         self.data
             .storage
-            .read(&self.data.manifest.root, &entry.location, self.data.spec.limits.max_file_bytes, &mut local.read_buf)
+            .read(&self.data.manifest.root, entry.location, self.data.spec.limits.max_file_bytes, &mut local.read_buf)
             .map_err(|k| (Stage::Read, k))?;
         let read_time = t0.elapsed();
         if let Some(c) = probe(local) {
@@ -503,7 +503,7 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use sluice_core::{Batch, Location, PipelineSpec, SampleErrorKind, ShuffleSpec, SourceSpec};
+    use sluice_core::{Batch, LocationRef, PipelineSpec, SampleErrorKind, ShuffleSpec, SourceSpec};
     use sluice_synth::{write_dataset, DatasetOptions};
 
     use crate::sampler::Shard;
@@ -517,8 +517,14 @@ mod tests {
     }
 
     impl Storage for PanicsOn {
-        fn read(&self, root: &Path, location: &Location, max: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
-            if matches!(location, Location::File { path } if path.ends_with(self.bad)) {
+        fn read(
+            &self,
+            root: &Path,
+            location: LocationRef<'_>,
+            max: u64,
+            buf: &mut Vec<u8>,
+        ) -> Result<(), SampleErrorKind> {
+            if matches!(location, LocationRef::File { path } if path.ends_with(self.bad)) {
                 panic!("a storage bug");
             }
             self.inner.read(root, location, max, buf)

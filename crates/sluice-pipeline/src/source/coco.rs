@@ -207,8 +207,8 @@ mod tests {
         );
         let m = enumerate(&path, dir.path(), false).unwrap();
         assert_eq!(m.len(), 3);
-        assert_eq!(m.entries[0].location, Location::File { path: "b.jpg".into() });
-        assert_eq!((m.entries[0].label, m.entries[0].size, m.entries[1].size), (-1, 5, 0));
+        assert_eq!(m.at(0).location, Location::File { path: "b.jpg".into() });
+        assert_eq!((m.at(0).label, m.at(0).size, m.at(1).size), (-1, 5, 0));
         let want = BoxTargets { boxes: vec![[10.0, 20.0, 40.0, 60.5], [0.0, 0.0, 1.0, 1.0]], labels: vec![18, 1] };
         assert_eq!(m.annotation(0), Some(&Annotation::Boxes(want)));
         let Some(Annotation::Invalid(why)) = m.annotation(1) else { panic!("{:?}", m.annotation(1)) };

@@ -6,10 +6,11 @@
 //! Listed files that do not exist do not fail enumeration: they get size 0 and are
 //! reported per sample at read time (as `Missing`), under the run's skip/fail policy.
 
+use std::collections::HashMap;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use sluice_core::{Location, Manifest};
+use sluice_core::{LocationRef, Manifest, ManifestBuilder};
 
 use super::SourceError;
 
@@ -21,7 +22,12 @@ pub fn enumerate(list: &Path, root: Option<&Path>) -> Result<Manifest, SourceErr
         None => list.parent().map(Path::to_path_buf).unwrap_or_default(),
     };
 
-    let mut listed = Vec::new();
+    // Each line's path (an index into `paths`, where a path listed again is written once)
+    // and label: a list of millions naming the same files often costs one `stat` a file.
+    let mut paths: Vec<&str> = Vec::new();
+    let mut first_line: Vec<usize> = Vec::new();
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut listed: Vec<(usize, i64)> = Vec::new();
     // Editors on Windows may start the file with a byte-order mark.
     let body = text.strip_prefix('\u{feff}').unwrap_or(&text);
     for (index, raw) in body.lines().enumerate() {
@@ -34,54 +40,57 @@ pub fn enumerate(list: &Path, root: Option<&Path>) -> Result<Manifest, SourceErr
             line: index + 1,
             text,
         })?;
-        listed.push((index + 1, PathBuf::from(path), label));
+        let id = *seen.entry(path).or_insert_with(|| {
+            paths.push(path);
+            first_line.push(index + 1);
+            paths.len() - 1
+        });
+        listed.push((id, label));
     }
-    let sizes = sizes(&root, &listed);
+    drop(seen);
     let mut missing = 0usize;
-    let mut items = Vec::with_capacity(listed.len());
-    for ((line, path, label), size) in listed.into_iter().zip(sizes) {
-        let size = match size {
-            Ok(size) => size,
-            Err(e) => {
-                if missing == 0 {
-                    tracing::warn!(
-                        path = %root.join(&path).display(),
-                        list = %list.display(),
-                        line,
-                        error = %e,
-                        "listed file cannot be found; it will fail at read time"
-                    );
-                }
-                missing += 1;
-                0
+    let sizes = sizes(&root, &paths);
+    for (id, size) in sizes.iter().enumerate() {
+        if let Err(e) = size {
+            if missing == 0 {
+                tracing::warn!(
+                    path = %root.join(paths[id]).display(),
+                    list = %list.display(),
+                    line = first_line[id],
+                    error = %e,
+                    "listed file cannot be found; it will fail at read time"
+                );
             }
-        };
-        items.push((Location::File { path }, label, size));
+            missing += 1;
+        }
     }
-
     if missing > 1 {
         tracing::warn!(missing, list = %list.display(), "listed files cannot be found");
     }
-    if items.is_empty() {
+    if listed.is_empty() {
         return Err(SourceError::NoSamples {
             dataset: list.display().to_string(),
             hint: "the list has no sample lines (only blanks and # comments)",
         });
     }
-    Ok(Manifest::new(root, items, Vec::new()))
+    let mut manifest = ManifestBuilder::new(root, listed.len());
+    for (id, label) in listed {
+        manifest.push(LocationRef::File { path: Path::new(paths[id]) }, label, *sizes[id].as_ref().unwrap_or(&0));
+    }
+    Ok(manifest.finish(Vec::new()))
 }
 
-/// Each listed file's size, `stat`ed on every core: a list of millions spends most of its
+/// Each path's size, `stat`ed on every core: a list of millions spends most of its
 /// indexing in the kernel's path lookups, which run in parallel.
-fn sizes(root: &Path, listed: &[(usize, PathBuf, i64)]) -> Vec<std::io::Result<u64>> {
+fn sizes(root: &Path, paths: &[&str]) -> Vec<std::io::Result<u64>> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from).min(16);
-    let chunk = listed.len().div_ceil(threads).max(4096);
+    let chunk = paths.len().div_ceil(threads).max(4096);
     std::thread::scope(|scope| {
-        let parts: Vec<_> = listed
+        let parts: Vec<_> = paths
             .chunks(chunk)
             .map(|part| {
                 scope.spawn(move || {
-                    part.iter().map(|(_, path, _)| fs::metadata(root.join(path)).map(|m| m.len())).collect::<Vec<_>>()
+                    part.iter().map(|path| fs::metadata(root.join(path)).map(|m| m.len())).collect::<Vec<_>>()
                 })
             })
             .collect();

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use sluice_core::{Location, SampleErrorKind};
+use sluice_core::{LocationRef, SampleErrorKind};
 
 use super::confine::{open_regular, Roots};
 use super::{check_size, io_error, Storage};
@@ -95,13 +95,19 @@ impl LocalStorage {
 }
 
 impl Storage for LocalStorage {
-    fn read(&self, root: &Path, location: &Location, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+    fn read(
+        &self,
+        root: &Path,
+        location: LocationRef<'_>,
+        max_bytes: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), SampleErrorKind> {
         match location {
-            Location::File { path } => self.read_file(&root.join(path), max_bytes, buf),
-            Location::TarMember { shard, offset, len, .. } => {
-                self.read_member(&root.join(shard), *offset, *len, max_bytes, buf)
+            LocationRef::File { path } => self.read_file(&root.join(path), max_bytes, buf),
+            LocationRef::TarMember { shard, offset, len, .. } => {
+                self.read_member(&root.join(shard), offset, len, max_bytes, buf)
             }
-            Location::ParquetRow { .. } => Err(SampleErrorKind::Refused(
+            LocationRef::ParquetRow { .. } => Err(SampleErrorKind::Refused(
                 "Parquet rows are read through the storage `open_storage` makes, not LocalStorage alone".into(),
             )),
         }

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::{Location, SampleErrorKind, StorageSpec};
+use sluice_core::{LocationRef, SampleErrorKind, StorageSpec};
 
 pub use confine::{RootError, Roots};
 pub use local::LocalStorage;
@@ -33,7 +33,13 @@ pub trait Storage: Send + Sync {
     /// Replaces the contents of `buf` with the bytes at `location` (relative to `root`
     /// unless absolute). `buf` keeps its allocation: a read that fits its capacity
     /// allocates nothing. Samples over `max_bytes` are rejected before they are read.
-    fn read(&self, root: &Path, location: &Location, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind>;
+    fn read(
+        &self,
+        root: &Path,
+        location: LocationRef<'_>,
+        max_bytes: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), SampleErrorKind>;
 
     /// A short name for logs and metrics.
     fn name(&self) -> &str;
@@ -41,7 +47,7 @@ pub trait Storage: Send + Sync {
     /// Names reads the loader will ask for soon, in order, each with its size as
     /// enumerated: a storage whose reads wait on a network (object storage) starts them now
     /// ([`read_ahead`]). Nothing by default.
-    fn read_ahead(&self, _root: &Path, _wanted: &[(&Location, u64)], _max_bytes: u64) {}
+    fn read_ahead(&self, _root: &Path, _wanted: &[(LocationRef<'_>, u64)], _max_bytes: u64) {}
 
     /// The read-ahead's counters, for a storage that reads ahead.
     fn read_ahead_stats(&self) -> Option<ReadAheadStats> {

@@ -24,7 +24,7 @@ use object_store::limit::LimitStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
 use parking_lot::Mutex;
-use sluice_core::{Location, SampleErrorKind};
+use sluice_core::{LocationRef, SampleErrorKind};
 
 use super::confine::Roots;
 use super::read_ahead::{ReadAhead, ReadAheadStats, Wanted};
@@ -257,20 +257,26 @@ impl ObjectAware {
 
     /// What a read of `location` under `root` asks object storage for: `None` for local
     /// files and Parquet rows (which the row-group cache reads).
-    fn wanted(root: &Path, location: &Location) -> Option<Wanted> {
+    fn wanted(root: &Path, location: LocationRef<'_>) -> Option<Wanted> {
         let (rel, range) = match location {
-            Location::File { path } => (path, None),
-            Location::TarMember { shard, offset, len, .. } => (shard, Some((*offset, *len))),
-            Location::ParquetRow { .. } => return None,
+            LocationRef::File { path } => (path, None),
+            LocationRef::TarMember { shard, offset, len, .. } => (shard, Some((offset, len))),
+            LocationRef::ParquetRow { .. } => return None,
         };
         Some(Wanted { url: ObjectUrl::parse(&root.join(rel))?, range })
     }
 }
 
 impl Storage for ObjectAware {
-    fn read(&self, root: &Path, location: &Location, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
-        if let Location::ParquetRow { file, row_group, row, column } = location {
-            return self.row_groups.read(&root.join(file), *row_group, *row, *column, max_bytes, buf);
+    fn read(
+        &self,
+        root: &Path,
+        location: LocationRef<'_>,
+        max_bytes: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), SampleErrorKind> {
+        if let LocationRef::ParquetRow { file, row_group, row, column } = location {
+            return self.row_groups.read(&root.join(file), row_group, row, column, max_bytes, buf);
         }
         let Some(wanted) = Self::wanted(root, location) else {
             return self.local.read(root, location, max_bytes, buf);
@@ -298,13 +304,13 @@ impl Storage for ObjectAware {
         self.local.name()
     }
 
-    fn read_ahead(&self, root: &Path, wanted: &[(&Location, u64)], max_bytes: u64) {
+    fn read_ahead(&self, root: &Path, wanted: &[(LocationRef<'_>, u64)], max_bytes: u64) {
         if self.read_ahead.is_off() {
             return;
         }
         let Ok(remote) = remote() else { return };
         let objects = wanted.iter().filter_map(|(location, size)| {
-            let wanted = Self::wanted(root, location)?;
+            let wanted = Self::wanted(root, *location)?;
             let fits = wanted.range.is_none_or(|(offset, len)| offset.checked_add(len).is_some() && len <= max_bytes);
             (fits && self.check_allowed(&wanted.url).is_ok()).then_some((wanted, *size))
         });

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rustix::fs::{flock, FlockOperation};
-use sluice_core::{Location, SampleErrorKind};
+use sluice_core::{LocationRef, SampleErrorKind};
 
 use super::Storage;
 
@@ -142,7 +142,13 @@ fn reserve_in_file(file: &File, ready: Instant, transfer: Duration) -> std::io::
 }
 
 impl Storage for ThrottledStorage {
-    fn read(&self, root: &Path, location: &Location, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+    fn read(
+        &self,
+        root: &Path,
+        location: LocationRef<'_>,
+        max_bytes: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), SampleErrorKind> {
         let asked = Instant::now();
         let result = self.inner.read(root, location, max_bytes, buf);
         // Failed reads still pay the round trip, but move no data.

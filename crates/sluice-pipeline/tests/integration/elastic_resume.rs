@@ -146,7 +146,7 @@ fn check(dir: &Path, root: &Path, c: Case) {
     // short last one cut to a multiple of the world size that delivers it.
     let order = epoch_order(c.n, c.seed, c.epoch, ShuffleSpec::Global, Shard::default());
     let manifest = after[0].manifest();
-    let key = |pos: &u32| manifest.entries[*pos as usize].key.0;
+    let key = |pos: &u32| manifest.at(*pos as usize).key.0;
     let span = |world: usize| {
         if c.drop_last {
             c.n / c.global * c.global

@@ -74,7 +74,7 @@ fn learners_agree_on_each_steps_samples_and_cache_only_what_is_placed_on_them() 
     for (rank, l) in aware.iter().enumerate() {
         let locality = l.locality().unwrap();
         let cache = l.cache().unwrap();
-        for (pos, e) in l.manifest().entries.iter().enumerate() {
+        for (pos, e) in l.manifest().entries().enumerate() {
             if cache.contains(e.key.0) {
                 assert!(locality.caches(pos as u32), "rank {rank} cached sample {pos}, placed elsewhere");
             }

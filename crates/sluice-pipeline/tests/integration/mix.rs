@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use sluice_core::{Location, PipelineSpec, SamplingSpec, SpecError};
+use sluice_core::{LocationRef, PipelineSpec, SamplingSpec, SpecError};
 use sluice_pipeline::{Loader, Shard};
 use sluice_synth::{write_dataset, DatasetOptions};
 
@@ -53,9 +53,9 @@ fn run(loader: &Loader, first: &Path) -> Vec<((usize, usize), Vec<u64>)> {
             let from_first = b
                 .keys
                 .iter()
-                .filter(|&&k| match &loader.manifest().entries[k as usize].location {
-                    Location::File { path } => path.starts_with(first),
-                    Location::TarMember { .. } | Location::ParquetRow { .. } => false,
+                .filter(|&&k| match loader.manifest().at(k as usize).location {
+                    LocationRef::File { path } => path.starts_with(first),
+                    LocationRef::TarMember { .. } | LocationRef::ParquetRow { .. } => false,
                 })
                 .count();
             ((from_first, b.keys.len() - from_first), b.keys)

@@ -400,8 +400,8 @@ fn a_mix_reads_each_sources_fields_into_its_rows_and_resumes_exactly() {
         };
         assert_eq!((id.len(), score.len(), caption.len()), (batch.len(), batch.len(), batch.len()));
         for (i, &key) in batch.keys.iter().enumerate() {
-            let sluice_core::Location::ParquetRow { file, row_group, row, .. } =
-                &loader.manifest().entries[key as usize].location
+            let sluice_core::LocationRef::ParquetRow { file, row_group, row, .. } =
+                loader.manifest().at(key as usize).location
             else {
                 panic!("key {key}")
             };

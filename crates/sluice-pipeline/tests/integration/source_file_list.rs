@@ -34,7 +34,7 @@ fn labels_comments_blanks_missing_labels_and_missing_files() {
 
     let m = build_manifest(&SourceSpec::FileList { path: list.clone(), root: None }).unwrap();
     assert_eq!(m.root, d);
-    let got: Vec<_> = m.entries.iter().map(|e| (e.location.clone(), e.label, e.size)).collect();
+    let got: Vec<_> = m.entries().map(|e| (e.location.owned(), e.label, e.size)).collect();
     assert_eq!(
         got,
         vec![
@@ -50,9 +50,9 @@ fn labels_comments_blanks_missing_labels_and_missing_files() {
 
     let storage = LocalStorage::new();
     let mut buf = Vec::new();
-    storage.read(&m.root, &m.entries[3].location, 100, &mut buf).unwrap();
+    storage.read(&m.root, m.at(3).location, 100, &mut buf).unwrap();
     assert_eq!(buf, b"abs!!");
-    assert_eq!(storage.read(&m.root, &m.entries[4].location, 100, &mut buf), Err(SampleErrorKind::Missing));
+    assert_eq!(storage.read(&m.root, m.at(4).location, 100, &mut buf), Err(SampleErrorKind::Missing));
 }
 
 #[test]
@@ -67,12 +67,12 @@ fn explicit_root_resolves_relative_paths() {
 
     let m = file_list::enumerate(&list, Some(&data)).unwrap();
     assert_eq!(m.root, data);
-    assert_eq!(m.entries[0].location, file("x.jpg"));
-    assert_eq!((m.entries[0].label, m.entries[0].size), (1, 3));
+    assert_eq!(m.at(0).location, file("x.jpg"));
+    assert_eq!((m.at(0).label, m.at(0).size), (1, 3));
 
     // Without the root the same line points next to the list, where nothing is.
     let m = file_list::enumerate(&list, None).unwrap();
-    assert_eq!(m.entries[0].size, 0);
+    assert_eq!(m.at(0).size, 0);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use sluice_core::{Location, SourceSpec};
+use sluice_core::{LocationRef, SourceSpec};
 use sluice_pipeline::source::{build_manifest, image_folder, SourceError};
 use sluice_pipeline::storage::{LocalStorage, Storage};
 
@@ -16,10 +16,9 @@ fn write(root: &Path, rel: &str, bytes: &[u8]) {
 }
 
 fn paths(m: &sluice_core::Manifest) -> Vec<(String, i64, u64)> {
-    m.entries
-        .iter()
-        .map(|e| match &e.location {
-            Location::File { path } => (path.to_string_lossy().into_owned(), e.label, e.size),
+    m.entries()
+        .map(|e| match e.location {
+            LocationRef::File { path } => (path.to_string_lossy().into_owned(), e.label, e.size),
             other => panic!("unexpected location {other:?}"),
         })
         .collect()
@@ -61,7 +60,7 @@ fn classes_labels_order_and_relative_paths_follow_torchvision() {
     .map(|(p, l, s)| (p.to_string(), *l, *s))
     .collect();
     assert_eq!(paths(&m), want);
-    for (i, e) in m.entries.iter().enumerate() {
+    for (i, e) in m.entries().enumerate() {
         assert_eq!(e.key.0, i as u64);
     }
 }
@@ -73,8 +72,8 @@ fn entries_read_back_as_their_files() {
     let m = build_manifest(&SourceSpec::ImageFolder { root: dir.path().to_path_buf() }).unwrap();
     let storage = LocalStorage::new();
     let mut buf = Vec::new();
-    for e in &m.entries {
-        storage.read(&m.root, &e.location, 1 << 20, &mut buf).unwrap();
+    for e in m.entries() {
+        storage.read(&m.root, e.location, 1 << 20, &mut buf).unwrap();
         assert_eq!(buf, fs::read(m.display_path(e.key)).unwrap());
         assert_eq!(buf.len() as u64, e.size);
     }
@@ -149,10 +148,10 @@ fn symlinks_are_followed_without_looping_and_dangling_ones_are_kept_with_size_ze
         ]
     );
     let mut buf = Vec::new();
-    let dangling = &m.entries[3].location;
+    let dangling = m.at(3).location;
     assert_eq!(
         LocalStorage::new().read(&m.root, dangling, 1 << 20, &mut buf),
         Err(sluice_core::SampleErrorKind::Missing)
     );
-    assert_eq!(m.display_path(m.entries[0].key), PathBuf::from(root).join("linked/a.jpg"));
+    assert_eq!(m.display_path(m.at(0).key), PathBuf::from(root).join("linked/a.jpg"));
 }

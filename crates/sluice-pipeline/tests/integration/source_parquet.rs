@@ -14,7 +14,7 @@ use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
-use sluice_core::{Batch, ErrorPolicy, Location, PipelineSpec, ShuffleSpec, SourceSpec, StorageSpec};
+use sluice_core::{Batch, ErrorPolicy, Location, LocationRef, PipelineSpec, ShuffleSpec, SourceSpec, StorageSpec};
 use sluice_pipeline::source::{build_manifest, SourceError};
 use sluice_pipeline::storage::{open_storage, ParquetError, RowGroupCache};
 use sluice_pipeline::{Loader, Shard};
@@ -91,22 +91,22 @@ fn rows_of_a_folder_index_in_order_and_read_back_exactly() {
     assert_eq!(m.len(), 32);
     // Files in path order: sub/train-00001 sorts before train-00000.
     let expected: Vec<&Vec<u8>> = b.iter().chain(&a).collect();
-    let first = &m.entries[0].location;
+    let first = &m.at(0).location;
     assert_eq!(
         first,
         &Location::ParquetRow { file: PathBuf::from("sub/train-00001.parquet"), row_group: 0, row: 0, column: 0 }
     );
-    match &m.entries[9 + 15].location {
-        Location::ParquetRow { row_group, row, .. } => assert_eq!((*row_group, *row), (2, 1)),
+    match m.at(9 + 15).location {
+        LocationRef::ParquetRow { row_group, row, .. } => assert_eq!((row_group, row), (2, 1)),
         other => panic!("not a row: {other:?}"),
     }
     let storage = open_storage(&StorageSpec::Local).unwrap();
     let mut buf = Vec::new();
-    for (e, want) in m.entries.iter().zip(&expected) {
-        storage.read(&m.root, &e.location, 1 << 20, &mut buf).unwrap();
+    for (e, want) in m.entries().zip(&expected) {
+        storage.read(&m.root, e.location, 1 << 20, &mut buf).unwrap();
         assert_eq!(&buf, *want, "sample {}", e.key);
     }
-    let labels: Vec<i64> = m.entries.iter().map(|e| e.label).collect();
+    let labels: Vec<i64> = m.entries().map(|e| e.label).collect();
     let want: Vec<i64> = (0..9).chain(0..23).map(|i| i % 5).collect();
     assert_eq!(labels, want);
 
@@ -115,8 +115,8 @@ fn rows_of_a_folder_index_in_order_and_read_back_exactly() {
     write_parquet(&file, &a, 10, Layout::Binary);
     let m = build_manifest(&source(&file)).unwrap();
     assert_eq!(m.len(), 23);
-    assert!(m.entries.iter().all(|e| e.label == -1));
-    storage.read(&m.root, &m.entries[22].location, 1 << 20, &mut buf).unwrap();
+    assert!(m.entries().all(|e| e.label == -1));
+    storage.read(&m.root, m.at(22).location, 1 << 20, &mut buf).unwrap();
     assert_eq!(buf, a[22]);
 }
 
@@ -143,8 +143,8 @@ fn a_shuffled_epoch_reads_each_row_group_once_when_the_window_holds_them() {
     let read_all = |cache: &RowGroupCache| {
         let mut buf = Vec::new();
         for &i in &order {
-            let Location::ParquetRow { file, row_group, row, column } = &m.entries[i].location else { unreachable!() };
-            cache.read(&m.root.join(file), *row_group, *row, *column, 1 << 20, &mut buf).unwrap();
+            let LocationRef::ParquetRow { file, row_group, row, column } = m.at(i).location else { unreachable!() };
+            cache.read(&m.root.join(file), row_group, row, column, 1 << 20, &mut buf).unwrap();
         }
     };
     let roomy = RowGroupCache::new(64 << 20, None);
@@ -295,7 +295,7 @@ fn a_file_truncated_after_indexing_fails_its_rows_by_name() {
     std::fs::write(&file, &bytes[..bytes.len() - 100]).unwrap();
     let storage = open_storage(&StorageSpec::Local).unwrap();
     let mut buf = Vec::new();
-    let e = storage.read(&m.root, &m.entries[0].location, 1 << 20, &mut buf).unwrap_err().to_string();
+    let e = storage.read(&m.root, m.at(0).location, 1 << 20, &mut buf).unwrap_err().to_string();
     assert!(e.contains("shrinks.parquet"), "{e}");
 }
 

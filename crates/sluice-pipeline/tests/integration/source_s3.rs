@@ -612,7 +612,7 @@ fn parquet_files_in_a_bucket_give_the_batches_of_the_same_files_on_disk() {
     assert_eq!(local.len(), 3, "14 rows in batches of 5");
     assert_eq!(remote, local, "the bucket's Parquet files give other batches than the local ones");
     let one = build_manifest(&parquet(PathBuf::from(format!("s3://{b}/parquet/ds/b.parquet")))).unwrap();
-    assert_eq!(one.entries.iter().map(|e| e.label).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1]);
+    assert_eq!(one.entries().map(|e| e.label).collect::<Vec<_>>(), vec![0, 1, 2, 0, 1]);
 
     // A truncated object fails at indexing, naming it.
     let bytes = std::fs::read(data.join("a.parquet")).unwrap();

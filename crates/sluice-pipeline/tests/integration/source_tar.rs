@@ -6,7 +6,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use sluice_core::{Location, SampleErrorKind, SourceSpec};
+use sluice_core::{LocationRef, SampleErrorKind, SourceSpec};
 use sluice_pipeline::source::{build_manifest, tar as tar_source, SourceError};
 use sluice_pipeline::storage::{LocalStorage, Storage};
 use tar::{Builder, EntryType, Header};
@@ -32,9 +32,9 @@ fn image(tag: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| tag.wrapping_add(i as u8)).collect()
 }
 
-fn member_of(loc: &Location) -> (&Path, &str, u64, u64) {
+fn member_of(loc: LocationRef<'_>) -> (&Path, &str, u64, u64) {
     match loc {
-        Location::TarMember { shard, member, offset, len } => (shard, member, *offset, *len),
+        LocationRef::TarMember { shard, member, offset, len } => (shard, member, offset, len),
         other => panic!("expected a tar member, got {other:?}"),
     }
 }
@@ -65,10 +65,9 @@ fn members_group_by_key_take_cls_labels_and_read_back_exactly() {
         .unwrap();
     assert_eq!(m.root, dir.path());
     let got: Vec<_> = m
-        .entries
-        .iter()
+        .entries()
         .map(|e| {
-            let (shard, member, _, len) = member_of(&e.location);
+            let (shard, member, _, len) = member_of(e.location);
             (shard.to_path_buf(), member.to_string(), e.label, len, e.size)
         })
         .collect();
@@ -86,15 +85,15 @@ fn members_group_by_key_take_cls_labels_and_read_back_exactly() {
 
     let storage = LocalStorage::new();
     let mut buf = Vec::new();
-    for (entry, want) in m.entries.iter().zip([&a, &b, &c, &d, &l]) {
-        storage.read(&m.root, &entry.location, 1 << 20, &mut buf).unwrap();
+    for (entry, want) in m.entries().zip([&a, &b, &c, &d, &l]) {
+        storage.read(&m.root, entry.location, 1 << 20, &mut buf).unwrap();
         assert_eq!(&buf, want, "{}", m.display_path(entry.key).display());
         // The offset is where the member's data starts in the file.
-        let (shard, _, offset, len) = member_of(&entry.location);
+        let (shard, _, offset, len) = member_of(entry.location);
         let raw = fs::read(m.root.join(shard)).unwrap();
         assert_eq!(&raw[offset as usize..(offset + len) as usize], want.as_slice());
     }
-    assert_eq!(m.display_path(m.entries[0].key), PathBuf::from(format!("{}:a.jpg", s0.display())));
+    assert_eq!(m.display_path(m.at(0).key), PathBuf::from(format!("{}:a.jpg", s0.display())));
 
     let again = tar_source::enumerate(&[s0, s1]).unwrap();
     assert_eq!(again.fingerprint, m.fingerprint);
@@ -107,8 +106,8 @@ fn a_duplicate_image_for_one_key_keeps_the_first() {
     write_shard(&s, &[("k.jpg", b"first"), ("k.png", b"second"), ("k.cls", b"1")]);
     let m = tar_source::enumerate(&[s]).unwrap();
     assert_eq!(m.len(), 1);
-    assert_eq!(member_of(&m.entries[0].location).1, "k.jpg");
-    assert_eq!(m.entries[0].label, 1);
+    assert_eq!(member_of(m.at(0).location).1, "k.jpg");
+    assert_eq!(m.at(0).label, 1);
 }
 
 #[test]
@@ -166,16 +165,16 @@ fn a_shard_truncated_before_indexing_is_an_error_and_after_indexing_a_read_error
     let s = dir.path().join("s.tar");
     write_shard(&s, &[("a.jpg", &image(1, 600)), ("b.jpg", &image(2, 2000))]);
     let m = tar_source::enumerate(std::slice::from_ref(&s)).unwrap();
-    let (_, _, b_offset, _) = member_of(&m.entries[1].location);
+    let (_, _, b_offset, _) = member_of(m.at(1).location);
 
     // Cut the file in the middle of b.jpg's data.
     OpenOptions::new().write(true).open(&s).unwrap().set_len(b_offset + 100).unwrap();
 
     let storage = LocalStorage::new();
     let mut buf = Vec::new();
-    storage.read(&m.root, &m.entries[0].location, 1 << 20, &mut buf).unwrap();
+    storage.read(&m.root, m.at(0).location, 1 << 20, &mut buf).unwrap();
     assert_eq!(buf, image(1, 600));
-    match storage.read(&m.root, &m.entries[1].location, 1 << 20, &mut buf) {
+    match storage.read(&m.root, m.at(1).location, 1 << 20, &mut buf) {
         Err(SampleErrorKind::Io(msg)) => assert!(msg.contains("short read"), "{msg}"),
         other => panic!("expected a short-read error, got {other:?}"),
     }

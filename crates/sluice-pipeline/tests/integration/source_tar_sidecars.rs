@@ -123,7 +123,7 @@ fn an_image_without_its_sidecar_fails_when_loaded_and_a_sidecar_without_its_imag
     let source = SourceSpec::Tar { shards: vec![shard.clone()], sidecars: true, masks: false };
     let m = build_manifest(&source).unwrap();
     assert_eq!(m.len(), 3, "a, b and c; the orphan sidecar is not a sample");
-    assert_eq!(m.entries.iter().map(|e| e.label).collect::<Vec<_>>(), vec![5, -1, 5], "the sidecar's `label`");
+    assert_eq!(m.entries().map(|e| e.label).collect::<Vec<_>>(), vec![5, -1, 5], "the sidecar's `label`");
     let Some(Annotation::Invalid(why)) = m.annotation(1) else { panic!("{:?}", m.annotation(1)) };
     assert!(why.contains("s.tar:b.jpg") && why.contains("no sidecar b.json"), "{why}");
 

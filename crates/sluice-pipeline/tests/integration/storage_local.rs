@@ -22,17 +22,17 @@ fn reads_whole_files_relative_or_absolute_reusing_the_buffer() {
     let s = LocalStorage::new();
 
     let mut buf = vec![9u8; 3];
-    s.read(dir.path(), &file("a.jpg"), 5000, &mut buf).unwrap();
+    s.read(dir.path(), file("a.jpg").view(), 5000, &mut buf).unwrap();
     assert_eq!(buf, data);
 
     // A smaller sample fits the capacity: same allocation, old bytes gone.
     let ptr = buf.as_ptr();
-    s.read(dir.path(), &file("b.jpg"), 5000, &mut buf).unwrap();
+    s.read(dir.path(), file("b.jpg").view(), 5000, &mut buf).unwrap();
     assert_eq!(buf, &data[..4000]);
     assert_eq!(buf.as_ptr(), ptr);
 
     // An absolute location ignores the root.
-    s.read(Path::new("/nonexistent-root"), &file(dir.path().join("a.jpg")), 5000, &mut buf).unwrap();
+    s.read(Path::new("/nonexistent-root"), file(dir.path().join("a.jpg")).view(), 5000, &mut buf).unwrap();
     assert_eq!(buf, data);
 }
 
@@ -45,17 +45,17 @@ fn missing_empty_oversized_and_directory_samples_are_errors() {
     let s = LocalStorage::new();
     let mut buf = Vec::new();
 
-    assert_eq!(s.read(dir.path(), &file("nope.jpg"), 100, &mut buf), Err(SampleErrorKind::Missing));
-    assert_eq!(s.read(dir.path(), &file("empty.jpg"), 100, &mut buf), Err(SampleErrorKind::Empty));
-    match s.read(dir.path(), &file("big.jpg"), 100, &mut buf) {
+    assert_eq!(s.read(dir.path(), file("nope.jpg").view(), 100, &mut buf), Err(SampleErrorKind::Missing));
+    assert_eq!(s.read(dir.path(), file("empty.jpg").view(), 100, &mut buf), Err(SampleErrorKind::Empty));
+    match s.read(dir.path(), file("big.jpg").view(), 100, &mut buf) {
         Err(SampleErrorKind::Io(msg)) => {
             assert!(msg.contains("limits.max_file_bytes") && msg.contains("101"), "{msg}");
         }
         other => panic!("expected an over-limit error, got {other:?}"),
     }
-    s.read(dir.path(), &file("big.jpg"), 101, &mut buf).unwrap();
+    s.read(dir.path(), file("big.jpg").view(), 101, &mut buf).unwrap();
     assert_eq!(buf.len(), 101);
-    assert!(matches!(s.read(dir.path(), &file("folder.jpg"), 100, &mut buf), Err(SampleErrorKind::Refused(_))));
+    assert!(matches!(s.read(dir.path(), file("folder.jpg").view(), 100, &mut buf), Err(SampleErrorKind::Refused(_))));
 }
 
 #[test]
@@ -68,18 +68,18 @@ fn tar_members_are_read_by_offset_with_limits_and_missing_shards() {
     let s = LocalStorage::new();
     let mut buf = Vec::new();
 
-    s.read(dir.path(), &member(4, 6), 100, &mut buf).unwrap();
+    s.read(dir.path(), member(4, 6).view(), 100, &mut buf).unwrap();
     assert_eq!(buf, b"456789");
-    assert_eq!(s.read(dir.path(), &member(4, 0), 100, &mut buf), Err(SampleErrorKind::Empty));
+    assert_eq!(s.read(dir.path(), member(4, 0).view(), 100, &mut buf), Err(SampleErrorKind::Empty));
     assert!(
-        matches!(s.read(dir.path(), &member(4, 6), 5, &mut buf), Err(SampleErrorKind::Io(m)) if m.contains("limits.max_file_bytes"))
+        matches!(s.read(dir.path(), member(4, 6).view(), 5, &mut buf), Err(SampleErrorKind::Io(m)) if m.contains("limits.max_file_bytes"))
     );
     assert!(
-        matches!(s.read(dir.path(), &member(10, 7), 100, &mut buf), Err(SampleErrorKind::Io(m)) if m.contains("short read"))
+        matches!(s.read(dir.path(), member(10, 7).view(), 100, &mut buf), Err(SampleErrorKind::Io(m)) if m.contains("short read"))
     );
     assert!(buf.is_empty(), "a failed read leaves no stale bytes");
     let gone = Location::TarMember { shard: "gone.tar".into(), member: "m.jpg".into(), offset: 0, len: 4 };
-    assert_eq!(s.read(dir.path(), &gone, 100, &mut buf), Err(SampleErrorKind::Missing));
+    assert_eq!(s.read(dir.path(), gone.view(), 100, &mut buf), Err(SampleErrorKind::Missing));
 }
 
 #[test]
@@ -102,7 +102,7 @@ fn more_shards_than_open_handles_still_read_correctly_from_many_threads() {
                         offset: round % 8,
                         len: 8,
                     };
-                    s.read(root, &loc, 100, &mut buf).unwrap();
+                    s.read(root, loc.view(), 100, &mut buf).unwrap();
                     assert_eq!(buf, vec![i as u8; 8]);
                 }
             });
@@ -120,7 +120,7 @@ fn open_storage_builds_what_the_spec_names() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("a.jpg"), b"abc").unwrap();
     let mut buf = Vec::new();
-    s.read(dir.path(), &file("a.jpg"), 10, &mut buf).unwrap();
+    s.read(dir.path(), file("a.jpg").view(), 10, &mut buf).unwrap();
     assert_eq!(buf, b"abc");
 }
 
@@ -130,7 +130,7 @@ fn read_with_timeout(s: Arc<LocalStorage>, root: &Path, location: Location) -> O
     let root = root.to_path_buf();
     std::thread::spawn(move || {
         let mut buf = Vec::new();
-        let _ = tx.send(s.read(&root, &location, 1 << 20, &mut buf));
+        let _ = tx.send(s.read(&root, location.view(), 1 << 20, &mut buf));
     });
     rx.recv_timeout(std::time::Duration::from_secs(10)).ok()
 }
@@ -165,13 +165,13 @@ fn confined_reads_refuse_whatever_resolves_out_of_the_roots_when_read() {
     fs::write(outside.join("b.jpg"), b"secret").unwrap();
     let s = Arc::new(LocalStorage::confined(Arc::new(Roots::open(std::slice::from_ref(&data)).unwrap())));
     let mut buf = Vec::new();
-    s.read(&data, &file("a.jpg"), 100, &mut buf).unwrap();
+    s.read(&data, file("a.jpg").view(), 100, &mut buf).unwrap();
     assert_eq!(buf, b"inside");
     // A symlink that stays inside the root is fine.
     std::os::unix::fs::symlink(data.join("a.jpg"), data.join("alias.jpg")).unwrap();
-    s.read(&data, &file("alias.jpg"), 100, &mut buf).unwrap();
+    s.read(&data, file("alias.jpg").view(), 100, &mut buf).unwrap();
     assert_eq!(buf, b"inside");
-    let refused = |location: Location| match s.read(&data, &location, 100, &mut Vec::new()) {
+    let refused = |location: Location| match s.read(&data, location.view(), 100, &mut Vec::new()) {
         Err(SampleErrorKind::Refused(m)) => m,
         other => panic!("expected a refusal, got {other:?}"),
     };

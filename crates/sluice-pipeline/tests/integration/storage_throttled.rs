@@ -23,7 +23,7 @@ fn fixture(bytes: usize) -> (tempfile::TempDir, Location) {
 
 fn read(s: &dyn Storage, root: &Path, loc: &Location) -> Vec<u8> {
     let mut buf = Vec::new();
-    s.read(root, loc, u64::MAX, &mut buf).unwrap();
+    s.read(root, loc.view(), u64::MAX, &mut buf).unwrap();
     buf
 }
 
@@ -70,7 +70,7 @@ fn latency_applies_to_every_read_including_failed_ones() {
     let t = Instant::now();
     let mut buf = Vec::new();
     let missing = Location::File { path: "missing.jpg".into() };
-    assert_eq!(s.read(dir.path(), &missing, 100, &mut buf), Err(SampleErrorKind::Missing));
+    assert_eq!(s.read(dir.path(), missing.view(), 100, &mut buf), Err(SampleErrorKind::Missing));
     assert!(t.elapsed() >= Duration::from_millis(30), "{:?}", t.elapsed());
 }
 

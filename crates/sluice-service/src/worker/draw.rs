@@ -130,12 +130,12 @@ impl WorkerService {
     /// nothing else; without one, at the policy's priorities over the whole dataset.
     fn follow(&self, runner: &JobRunner, reply: &EpochDrawReply) {
         let Some(cache) = runner.loader.cache() else { return };
-        let entries = &runner.loader.manifest().entries;
+        let samples = runner.loader.manifest().len();
         let priority = |p: usize| reply.priorities.get(p).map_or(1.0, |&x| f64::from(x));
         if reply.members.is_empty() {
             cache.unshare();
             if !reply.priorities.is_empty() {
-                cache.set_epoch_priorities(entries.iter().enumerate().map(|(p, e)| (e.key.0, priority(p))).collect());
+                cache.set_epoch_priorities((0..samples).map(|p| (p as u64, priority(p))).collect());
             }
             self.inner.shares.lock().remove(&runner.fingerprint);
             return;
@@ -144,11 +144,11 @@ impl WorkerService {
         let me = self.inner.addr.get().and_then(|a| reply.members.iter().position(|m| m == a));
         let mine = |p: usize| me.is_some_and(|me| reply.owners.get(p).is_some_and(|&o| o as usize == me));
         let positions: Vec<usize> = if reply.hot.is_empty() {
-            (0..entries.len()).filter(|&p| mine(p)).collect()
+            (0..samples).filter(|&p| mine(p)).collect()
         } else {
             reply.hot.iter().map(|&p| p as usize).filter(|&p| mine(p)).collect()
         };
-        let keys: Vec<u64> = positions.iter().filter_map(|&p| entries.get(p)).map(|e| e.key.0).collect();
+        let keys: Vec<u64> = positions.iter().filter(|&&p| p < samples).map(|&p| p as u64).collect();
         let priorities: HashMap<u64, f64> = positions.iter().zip(&keys).map(|(&p, &k)| (k, priority(p))).collect();
         let share: HashSet<u64> = keys.iter().copied().collect();
         cache.set_epoch_share(if reply.priorities.is_empty() { HashMap::new() } else { priorities }, share);

@@ -70,7 +70,7 @@ impl JobImportance {
         if spec.sampling == SamplingSpec::Uniform {
             return None;
         }
-        let keys = manifest.entries.iter().enumerate().map(|(i, e)| (e.key.0, i as u32)).collect();
+        let keys = manifest.entries().enumerate().map(|(i, e)| (e.key.0, i as u32)).collect();
         Some(Self {
             store: ImportanceStore::new(spec.importance.ema),
             manifest,
@@ -183,12 +183,12 @@ impl JobImportance {
         let priorities =
             self.spec.cache.as_ref().and_then(|c| epoch_priorities(c.policy, &draw, &self.store, &self.manifest));
         let hot_keys = self.store.hot_keys();
-        let hot_mask: Vec<bool> = self.manifest.entries.iter().map(|e| hot_keys.contains(&e.key.0)).collect();
+        let hot_mask: Vec<bool> = self.manifest.entries().map(|e| hot_keys.contains(&e.key.0)).collect();
         let hot: Vec<u32> = (0..hot_mask.len() as u32).filter(|&i| hot_mask[i as usize]).collect();
         let (owners, batch_owners) = if members.is_empty() {
             (Vec::new(), Vec::new())
         } else {
-            let keys: Vec<u64> = self.manifest.entries.iter().map(|e| e.key.0).collect();
+            let keys: Vec<u64> = self.manifest.entries().map(|e| e.key.0).collect();
             // The draw before, if it was placed: the caches hold its placement.
             let before = epoch.checked_sub(1).and_then(|e| self.drawn(e)).filter(|d| !d.members.is_empty());
             let mut before_hot = vec![false; if before.is_some() { keys.len() } else { 0 }];
@@ -252,7 +252,7 @@ mod tests {
     #[test]
     fn reports_are_checked_and_only_valid_values_of_known_keys_reach_the_store() {
         let mut j = test_job(8);
-        let keys: Vec<u64> = j.manifest.entries.iter().map(|e| e.key.0).collect();
+        let keys: Vec<u64> = j.manifest.entries().map(|e| e.key.0).collect();
         let r = j
             .check_report(1, &[keys[0], 12345, keys[1], keys[2]], &[1.0, 2.0, f64::NAN, -1.0], ReportKind::Loss)
             .unwrap();
@@ -269,7 +269,7 @@ mod tests {
     fn huge_values_are_clamped_at_the_door_and_in_an_old_journal_on_replay() {
         use sluice_pipeline::importance::MAX_IMPORTANCE;
         let fresh = test_job(64);
-        let keys: Vec<u64> = fresh.manifest.entries.iter().map(|e| e.key.0).collect();
+        let keys: Vec<u64> = fresh.manifest.entries().map(|e| e.key.0).collect();
         let losses: Vec<f64> = (0..64).map(|i| 1.0 + (i % 5) as f64).collect();
         let mut huge = losses.clone();
         huge[..4].fill(1e308);
@@ -297,7 +297,7 @@ mod tests {
     fn the_same_reports_and_draws_replayed_give_the_same_epochs() {
         let run = || {
             let mut j = test_job(64);
-            let keys: Vec<u64> = j.manifest.entries.iter().map(|e| e.key.0).collect();
+            let keys: Vec<u64> = j.manifest.entries().map(|e| e.key.0).collect();
             let first = j.apply_draw(0, None, &[], 8).draw.clone();
             let losses: Vec<f64> = (0..64).map(|i| if i < 8 { 10.0 } else { 0.1 }).collect();
             j.apply_report(&keys, &losses, ReportKind::Loss);
