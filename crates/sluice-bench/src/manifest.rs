@@ -3,7 +3,8 @@
 //! manifest memory per sample).
 //!
 //! For each size: a file list of that many lines over a few real JPEGs (many entries point
-//! at the same files, as the issue allows), then, each step timed:
+//! at the same files, as the issue allows; with `--distinct`, each line reaches its file by
+//! a path of its own, as in a real dataset's list), then, each step timed:
 //!
 //! 1. **Index**: `build_manifest` (read the list, stat each path, fingerprint);
 //! 2. **Memory**: resident memory after the index minus before, with freed memory handed
@@ -39,6 +40,10 @@ pub struct Args {
     /// Distinct image files the lists point at.
     #[arg(long, default_value_t = 16)]
     pub files: usize,
+    /// Give every line a path of its own (the files reached through symlinked folders,
+    /// `links/dNNNNNNN/...`), as a real dataset's list has, instead of repeating a few.
+    #[arg(long)]
+    pub distinct: bool,
     /// Measure one size in this process (what the parent runs in each child).
     #[arg(long, hide = true)]
     pub one: Option<usize>,
@@ -73,7 +78,7 @@ fn trim() {
     }
 }
 
-fn write_list(dir: &Path, images: &Path, files: usize, n: usize) -> anyhow::Result<PathBuf> {
+fn write_list(dir: &Path, images: &Path, files: usize, n: usize, distinct: bool) -> anyhow::Result<PathBuf> {
     let mut names: Vec<PathBuf> = std::fs::read_dir(images)
         .with_context(|| format!("listing {}", images.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -88,8 +93,26 @@ fn write_list(dir: &Path, images: &Path, files: usize, n: usize) -> anyhow::Resu
     let mut out = std::io::BufWriter::new(std::fs::File::create(&path).context("creating the file list")?);
     // Paths relative to the list's folder, as a list beside its data has them.
     let names: Vec<&Path> = names.iter().map(|f| f.strip_prefix(dir).unwrap_or(f)).collect();
+    if distinct {
+        // Folder `links/dK` leads to the images' folder, so `links/dK/<name>` is a path of
+        // its own for each K and each name.
+        let links = dir.join("links");
+        std::fs::create_dir_all(&links).context("creating the links folder")?;
+        let target = std::fs::canonicalize(dir).context("resolving the data folder")?;
+        for k in 0..n.div_ceil(names.len()) {
+            let link = links.join(format!("d{k:07}"));
+            if !link.exists() {
+                std::os::unix::fs::symlink(&target, &link).with_context(|| format!("linking {}", link.display()))?;
+            }
+        }
+    }
     for i in 0..n {
-        writeln!(out, "{} {}", names[i % names.len()].display(), i % 1000)?;
+        let name = names[i % names.len()];
+        if distinct {
+            writeln!(out, "links/d{:07}/{} {}", i / names.len(), name.display(), i % 1000)?;
+        } else {
+            writeln!(out, "{} {}", name.display(), i % 1000)?;
+        }
     }
     out.flush()?;
     Ok(path)
@@ -131,7 +154,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
     let root = PathBuf::from("data/bench-manifest");
     let images = root.join("images");
     if let Some(n) = a.one {
-        let list = write_list(&root, &images, a.files, n)?;
+        let list = write_list(&root, &images, a.files, n, a.distinct)?;
         let m = measure(&list, n)?;
         std::fs::remove_file(&list).ok();
         println!("{}", serde_json::to_string(&m)?);
@@ -144,6 +167,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         eprintln!("{n} samples ...");
         let out = std::process::Command::new(&me)
             .args(["manifest", "--one", &n.to_string(), "--files", &a.files.to_string()])
+            .args(a.distinct.then_some("--distinct"))
             .output()
             .context("running the child")?;
         anyhow::ensure!(out.status.success(), "the child for {n} failed: {}", String::from_utf8_lossy(&out.stderr));
