@@ -487,3 +487,18 @@ pub struct ListedObject {
     /// Last modification, seconds since the Unix epoch.
     pub modified: i64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_climbing_out_of_its_prefix_is_refused_before_any_request() {
+        // `is_under` compares segments as written; the key is refused when made a request.
+        for url in ["http://127.0.0.1:1/data/train/../secret", "gs://b/train/../x", "s3://b/train/../x"] {
+            let url = ObjectUrl::parse(Path::new(url)).unwrap();
+            let e = object_path(&url).unwrap_err().to_string();
+            assert!(e.contains(&url.to_string()) && e.contains("not a valid object key"), "{e}");
+        }
+    }
+}

@@ -316,22 +316,7 @@ fn a_tar_shard_in_a_bucket_gives_the_batches_of_the_same_shard_on_disk() {
 #[test]
 fn a_tar_shard_with_sidecars_in_a_bucket_gives_the_boxes_and_masks_of_the_shard_on_disk() {
     let _ = server();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("det");
-    let o = DatasetOptions { images: 10, classes: 1, texture: 4, boxes: true, masks: true, ..Default::default() };
-    write_dataset(&root, &o, &|_| {}).unwrap();
-    let shard = dir.path().join("det-000.tar");
-    crate::source_tar_sidecars::pack_folder(&root, &shard);
-    let b = bucket();
-    put(&store(&b), "det/det-000.tar", std::fs::read(&shard).unwrap());
-
-    let local = collect(spec(SourceSpec::Tar { shards: vec![shard], sidecars: true, masks: true }));
-    let url = PathBuf::from(format!("s3://{b}/det/det-000.tar"));
-    let remote = collect(spec(SourceSpec::Tar { shards: vec![url], sidecars: true, masks: true }));
-    assert_eq!(local.len(), 2);
-    assert_eq!(remote, local, "the bucket's shard gives other boxes or masks than the local one");
-    let boxes = remote[0].boxes.as_ref().unwrap();
-    assert!(boxes.counts.iter().any(|&n| n > 0) && boxes.masks.is_some(), "{boxes:?}");
+    crate::object_checks::tar_shard(&format!("s3://{}", bucket()), "det");
 }
 
 pub(crate) fn walk(dir: &Path) -> Vec<PathBuf> {
