@@ -2,9 +2,9 @@
 //!
 //! * [`AllowedRoots`]: every path a spec names, and every file its manifest lists, must
 //!   resolve (after `..` and symlinks, via `canonicalize`) under a root the operator allowed.
-//!   An allowed root may be an object-storage prefix, `s3://bucket/prefix` (or `az://`):
-//!   then a URL the spec or manifest names must lie in that store and bucket, under that
-//!   prefix by whole segments.
+//!   An allowed root may be an object-storage prefix, `s3://bucket/prefix` (or `az://`,
+//!   `gs://`, `http(s)://host:port/prefix`): then a URL the spec or manifest names must lie
+//!   in that store and bucket (or scheme, host and port), under that prefix by whole segments.
 //!   That check runs once per job; the job's loader then reads through
 //!   [`AllowedRoots::confine`], which opens every file beneath its root, so a file swapped
 //!   for a symlink later is refused when it is read.
