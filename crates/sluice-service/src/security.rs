@@ -304,6 +304,27 @@ mod tests {
     }
 
     #[test]
+    fn gs_and_web_roots_allow_their_own_scheme_server_and_prefix_only() {
+        let roots =
+            AllowedRoots::new(&[PathBuf::from("gs://data/train"), PathBuf::from("http://127.0.0.1:8080/d/train")])
+                .unwrap();
+        for ok in ["gs://data/train/cat/x.jpg", "http://127.0.0.1:8080/d/train/x.tar"] {
+            assert!(roots.check(Path::new(ok)).is_ok(), "{ok} is under an allowed root");
+        }
+        for refused in [
+            "s3://data/train/x.jpg",
+            "gs://data/training/x.jpg",
+            "https://127.0.0.1:8080/d/train/x.tar",
+            "http://127.0.0.1:8081/d/train/x.tar",
+            "http://localhost:8080/d/train/x.tar",
+            "http://127.0.0.1:8080/d/x.tar",
+        ] {
+            let err = roots.check(Path::new(refused)).unwrap_err().to_string();
+            assert!(err.contains(refused), "{err}");
+        }
+    }
+
+    #[test]
     fn a_file_swapped_for_a_symlink_after_the_jobs_check_is_refused_when_read() {
         use sluice_core::{ErrorPolicy, PipelineSpec, ShuffleSpec, SourceSpec};
         use sluice_pipeline::{source::build_manifest, Shard};
