@@ -90,6 +90,8 @@ pub(crate) fn server() -> &'static Server {
         let mut cmd = Command::new(weed_binary());
         cmd.arg("server").args(["-s3", &format!("-s3.port={port}"), &format!("-s3.config={}", config.display())]);
         cmd.args(["-webdav", &format!("-webdav.port={webdav_port}"), &format!("-filer.port={filer_port}")]);
+        // The gateway's chunk cache goes to /tmp unless told otherwise.
+        cmd.arg(format!("-webdav.cacheDir={}", dir.join("webdav-cache").display()));
         for flag in [
             "s3.port.grpc",
             "s3.port.iceberg",
