@@ -310,10 +310,26 @@ fn copy_into(buf: &mut Vec<u8>, bytes: &[u8]) {
     buf.extend_from_slice(bytes);
 }
 
+/// The error with the causes its message leaves out (the crate says "error sending
+/// request"; its sources say a certificate was refused or a connection reset).
+fn described(e: &object_store::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 fn sample_error(url: &ObjectUrl, e: &object_store::Error) -> SampleErrorKind {
     match e {
         object_store::Error::NotFound { .. } => SampleErrorKind::Io(format!("{url}: object not found")),
-        e => SampleErrorKind::Io(format!("{url}: {e}")),
+        e => SampleErrorKind::Io(format!("{url}: {}", described(e))),
     }
 }
 
@@ -423,11 +439,12 @@ pub(crate) fn list(prefix: &ObjectUrl) -> Result<Vec<ListedObject>, ObjectError>
         .block_on(store.list(if prefix.key.is_empty() { None } else { Some(&path) }).try_collect::<Vec<_>>())
         .map_err(|e| match prefix.scheme {
             Scheme::Http | Scheme::Https => failed(format!(
-                "cannot list the server {} (listing needs WebDAV PROPFIND; on a plain web server, name \
-                 the objects themselves): {e}",
-                prefix.bucket
+                "cannot list the server {}: {} (listing a web server needs WebDAV PROPFIND; on a plain \
+                 one, name the objects themselves)",
+                prefix.bucket,
+                described(&e)
             )),
-            _ => failed(format!("cannot list the bucket {}: {e}", prefix.bucket)),
+            _ => failed(format!("cannot list the bucket {}: {}", prefix.bucket, described(&e))),
         })?;
     let base = if prefix.key.is_empty() { String::new() } else { format!("{}/", prefix.key) };
     let mut out: Vec<ListedObject> = metas
@@ -453,8 +470,8 @@ pub(crate) fn fetch(url: &ObjectUrl) -> Result<bytes::Bytes, ObjectError> {
     let store = remote.store(url)?;
     let path = object_path(url)?;
     remote.block_on(async {
-        let got = store.get(&path).await.map_err(|e| failed(e.to_string()))?;
-        got.bytes().await.map_err(|e| failed(e.to_string()))
+        let got = store.get(&path).await.map_err(|e| failed(described(&e)))?;
+        got.bytes().await.map_err(|e| failed(described(&e)))
     })
 }
 
@@ -464,7 +481,7 @@ pub(crate) fn fetch_range(url: &ObjectUrl, range: Range<u64>) -> Result<bytes::B
     let remote = remote().map_err(failed)?;
     let store = remote.store(url)?;
     let path = object_path(url)?;
-    remote.block_on(store.get_range(&path, range)).map_err(|e| failed(e.to_string()))
+    remote.block_on(store.get_range(&path, range)).map_err(|e| failed(described(&e)))
 }
 
 /// An object's size and ETag (one `HEAD`).
@@ -473,7 +490,7 @@ pub(crate) fn head(url: &ObjectUrl) -> Result<(u64, String), ObjectError> {
     let remote = remote().map_err(failed)?;
     let store = remote.store(url)?;
     let path = object_path(url)?;
-    let meta = remote.block_on(store.head(&path)).map_err(|e| failed(e.to_string()))?;
+    let meta = remote.block_on(store.head(&path)).map_err(|e| failed(described(&e)))?;
     Ok((meta.size, meta.e_tag.unwrap_or_default()))
 }
 

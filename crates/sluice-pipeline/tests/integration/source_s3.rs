@@ -35,6 +35,7 @@ pub(crate) struct Server {
     pub(crate) port: u16,
     pub(crate) webdav_port: u16,
     pub(crate) filer_port: u16,
+    pub(crate) filer_grpc_port: u16,
     pub(crate) dir: PathBuf,
 }
 
@@ -42,7 +43,7 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn weed_binary() -> PathBuf {
+pub(crate) fn weed_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_WEED") {
         return PathBuf::from(p);
     }
@@ -86,10 +87,11 @@ pub(crate) fn server() -> &'static Server {
         )
         .unwrap();
         let port = free_port();
-        let (webdav_port, filer_port) = (free_port(), free_port());
+        let (webdav_port, filer_port, filer_grpc_port) = (free_port(), free_port(), free_port());
         let mut cmd = Command::new(weed_binary());
         cmd.arg("server").args(["-s3", &format!("-s3.port={port}"), &format!("-s3.config={}", config.display())]);
-        cmd.args(["-webdav", &format!("-webdav.port={webdav_port}"), &format!("-filer.port={filer_port}")]);
+        cmd.args(["-webdav", &format!("-webdav.port={webdav_port}"), &format!("-filer.port={filer_port}")])
+            .arg(format!("-filer.port.grpc={filer_grpc_port}"));
         // The gateway's chunk cache goes to /tmp unless told otherwise.
         cmd.arg(format!("-webdav.cacheDir={}", dir.join("webdav-cache").display()));
         for flag in [
@@ -100,7 +102,6 @@ pub(crate) fn server() -> &'static Server {
             "master.port.grpc",
             "volume.port",
             "volume.port.grpc",
-            "filer.port.grpc",
         ] {
             cmd.arg(format!("-{flag}={}", free_port()));
         }
@@ -117,7 +118,7 @@ pub(crate) fn server() -> &'static Server {
         cache_root();
         std::env::set_var("SLUICE_OBJECT_TIMEOUT_S", "10");
         std::env::set_var("SLUICE_OBJECT_RETRIES", "3");
-        let server = Server { port, webdav_port, filer_port, dir };
+        let server = Server { port, webdav_port, filer_port, filer_grpc_port, dir };
         // Ready once a signed request succeeds (the S3 gateway starts after the filer).
         let t0 = Instant::now();
         let probe = store_at(port, &bucket());
@@ -424,10 +425,16 @@ pub(crate) fn run_child(name: &str, env: &[(&str, String)]) -> (bool, String, Du
 
 /// As [`run_child`], with the variables `remove` taken out of the child's environment.
 fn run_child_without(name: &str, env: &[(&str, String)], remove: &[&str]) -> (bool, String, Duration) {
+    run_test_child(&sluice_testing::test_name!(name), env, remove)
+}
+
+/// Runs the `#[ignore]`d test `name` (its full path, `module::test`) of this binary in a
+/// child process with `env` set and `remove` taken out; whether it passed, its output, and
+/// how long it took.
+pub(crate) fn run_test_child(name: &str, env: &[(&str, String)], remove: &[&str]) -> (bool, String, Duration) {
     let t0 = Instant::now();
-    let name = sluice_testing::test_name!(name);
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--ignored", "--exact", &name, "--nocapture", "--test-threads=1"])
+    cmd.args(["--ignored", "--exact", name, "--nocapture", "--test-threads=1"])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     for k in remove {
         cmd.env_remove(k);
