@@ -119,13 +119,15 @@ pub(crate) fn server() -> &'static Server {
         std::env::set_var("SLUICE_OBJECT_TIMEOUT_S", "10");
         std::env::set_var("SLUICE_OBJECT_RETRIES", "3");
         let server = Server { port, webdav_port, filer_port, filer_grpc_port, dir };
-        // Ready once a signed request succeeds (the S3 gateway starts after the filer).
+        // Ready once a signed upload succeeds (the S3 gateway starts after the filer), one too
+        // large to be kept inline by the filer: that one needs a volume server, which joins
+        // the master seconds later; uploads before then fail.
         let t0 = Instant::now();
         let probe = store_at(port, &bucket());
         let rt = runtime();
         loop {
             let path = ObjectPath::from("probe");
-            if rt.block_on(probe.put(&path, PutPayload::from_static(b"x"))).is_ok() {
+            if rt.block_on(probe.put(&path, PutPayload::from(vec![7u8; 256 << 10]))).is_ok() {
                 break;
             }
             assert!(t0.elapsed() < Duration::from_secs(60), "weed did not start; see {}", server.dir.display());
