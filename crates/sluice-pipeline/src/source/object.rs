@@ -1,5 +1,5 @@
-//! Datasets in object storage. An image folder at `s3://bucket/prefix` is one LIST of the
-//! prefix: a key `prefix/<class>/.../<image>` is a sample of `<class>` (the first path
+//! Datasets in object storage. An image folder at `s3://bucket/prefix` (or `az://`, `gs://`,
+//! or `http(s)://` from a WebDAV server) is one LIST of the prefix: a key `prefix/<class>/.../<image>` is a sample of `<class>` (the first path
 //! component below the root, as for folders), classes sorted by name, folders in path
 //! order and files sorted within each folder, as [`super::image_folder`] orders them, so
 //! the same files give the same manifest (and the same batches) locally and in a bucket.
@@ -33,6 +33,8 @@ fn endpoint(url: &ObjectUrl) -> String {
     let cloud = match url.scheme {
         Scheme::S3 => "aws",
         Scheme::Azure => "azure",
+        Scheme::Gcs => "gcs",
+        Scheme::Http | Scheme::Https => "web",
     };
     crate::storage::object::endpoint(url.scheme).unwrap_or_else(|| cloud.into())
 }

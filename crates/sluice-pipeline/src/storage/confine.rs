@@ -3,8 +3,9 @@
 //! when the operator allowed only some roots (the service), the open resolves beneath one
 //! of them (`openat2` with `RESOLVE_BENEATH`, Linux ≥ 5.6), whatever symlink is swapped
 //! in after the job's paths were checked. A root may also be an object-storage prefix
-//! (`s3://bucket/prefix`, `az://container/prefix`): then only objects of that store and
-//! bucket whose key lies under the prefix (whole `/` segments) are read.
+//! (`s3://bucket/prefix`, `az://container/prefix`, `gs://bucket/prefix`,
+//! `http(s)://host:port/prefix`): then only objects of that store and bucket (or server)
+//! whose key lies under the prefix (whole `/` segments) are read.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;

@@ -1,7 +1,7 @@
 //! Storage reads a sample's bytes given its [`Location`]. Sources say *what* the samples
 //! are; storage says how their bytes are fetched: local positional reads, or the same
-//! behind an emulated network link to study loaders under slow storage; `s3://` roots
-//! and shards are read from object storage ([`object`]).
+//! behind an emulated network link to study loaders under slow storage; object URLs
+//! (`s3://`, `az://`, `gs://`, `http(s)://`) are read from object storage ([`object`]).
 
 pub mod confine;
 pub mod local;
@@ -66,7 +66,8 @@ pub fn open_storage_in(spec: &StorageSpec, roots: Option<Arc<Roots>>) -> Result<
         Some(roots) => LocalStorage::confined(Arc::clone(roots)),
         None => LocalStorage::new(),
     };
-    // `s3://` locations go to object storage, everything else to local files.
+    // Object URLs (`s3://`, `az://`, `gs://`, `http(s)://`) go to object storage, everything
+    // else to local files.
     let local = ObjectAware::new(Arc::new(local), roots);
     Ok(match spec {
         StorageSpec::Local => Arc::new(local),

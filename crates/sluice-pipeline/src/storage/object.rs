@@ -1,9 +1,13 @@
-//! Object storage: `s3://bucket/prefix` roots, shards and samples, read through the
-//! `object_store` crate (arrow-rs). Credentials, region and endpoint come from the standard
+//! Object storage: `s3://`, `az://`, `gs://` and `http(s)://` roots, shards and samples
+//! ([`super::url`]), read through the `object_store` crate (arrow-rs). For S3, credentials,
+//! region and endpoint come from the standard
 //! `AWS_*` environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
 //! `AWS_REGION`/`AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL` for S3-compatible stores, and the
 //! container/web-identity variables the crate reads), then the AWS profile files
-//! ([`super::profile`]); requests are retried with
+//! ([`super::profile`]); for Azure from the `AZURE_*` environment; for GCS from
+//! `GOOGLE_SERVICE_ACCOUNT` (a service-account file) or `GOOGLE_APPLICATION_CREDENTIALS`
+//! (application default credentials), else the instance metadata server; a web server
+//! takes no credentials. Requests are retried with
 //! exponential back-off, time out, and at most `SLUICE_OBJECT_MAX_REQUESTS` run at once.
 //!
 //! The loader's worker threads are plain threads: one process-wide tokio runtime, made on
@@ -20,6 +24,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use object_store::aws::AmazonS3Builder;
 use object_store::azure::MicrosoftAzureBuilder;
+use object_store::client::{HttpClient, HttpConnector};
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::http::HttpBuilder;
 use object_store::limit::LimitStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, ObjectStoreExt, RetryConfig};
@@ -114,9 +121,109 @@ fn s3_client(
     builder.build().map_err(|e| failed(format!("cannot configure the S3 client (check the AWS_* environment): {e}")))
 }
 
+/// The client of `url`'s bucket (or web server), at most `max_requests` requests at once.
+fn client(
+    url: &ObjectUrl,
+    retry: RetryConfig,
+    timeouts: Timeouts,
+    failed: &dyn Fn(String) -> ObjectError,
+    max_requests: usize,
+) -> Result<Arc<dyn ObjectStore>, ObjectError> {
+    let options = ClientOptions::new().with_timeout(timeouts.request).with_connect_timeout(timeouts.connect);
+    fn limited<S: ObjectStore>(store: S, max_requests: usize) -> Arc<dyn ObjectStore> {
+        Arc::new(LimitStore::new(store, max_requests))
+    }
+    let bucket = url.bucket.as_str();
+    Ok(match url.scheme {
+        Scheme::S3 => limited(s3_client(bucket, retry, options, failed)?, max_requests),
+        Scheme::Azure => limited(
+            MicrosoftAzureBuilder::from_env()
+                .with_container_name(bucket)
+                .with_retry(retry)
+                .with_client_options(options)
+                .build()
+                .map_err(|e| {
+                    failed(format!("cannot configure the Azure client (check the AZURE_* environment): {e}"))
+                })?,
+            max_requests,
+        ),
+        Scheme::Gcs => limited(
+            GoogleCloudStorageBuilder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry)
+                .with_client_options(options.with_allow_http(gcs_base_url().is_some_and(|u| u.starts_with("http://"))))
+                .build()
+                .map_err(|e| {
+                    failed(format!(
+                        "cannot configure the GCS client of the bucket {bucket} (check GOOGLE_SERVICE_ACCOUNT \
+                         or GOOGLE_APPLICATION_CREDENTIALS): {e}"
+                    ))
+                })?,
+            max_requests,
+        ),
+        Scheme::Http | Scheme::Https => limited(
+            HttpBuilder::new()
+                .with_url(format!("{}{bucket}", url.scheme.prefix()))
+                .with_retry(retry)
+                .with_http_connector(NoRedirects { timeouts, https_only: url.scheme == Scheme::Https })
+                .build()
+                .map_err(|e| failed(format!("cannot configure the HTTP client: {e}")))?,
+            max_requests,
+        ),
+    })
+}
+
+/// How long a request, and its connection, may take.
+#[derive(Debug, Clone, Copy)]
+struct Timeouts {
+    request: Duration,
+    connect: Duration,
+}
+
+/// The web-server client: reqwest as the crate makes it, except that a redirect is not
+/// followed (the crate then fails the request with the redirect's status). The URL, the one
+/// checked against the allowed roots, is the only server read from.
+#[derive(Debug)]
+struct NoRedirects {
+    timeouts: Timeouts,
+    https_only: bool,
+}
+
+impl HttpConnector for NoRedirects {
+    fn connect(&self, _options: &ClientOptions) -> object_store::Result<HttpClient> {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(self.timeouts.request)
+            .connect_timeout(self.timeouts.connect)
+            .https_only(self.https_only)
+            .user_agent(concat!("sluice/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map(HttpClient::new)
+            .map_err(|e| object_store::Error::Generic { store: "HTTP", source: Box::new(e) })
+    }
+}
+
+/// The GCS endpoint a service-account file names (`gcs_base_url`, for emulators and
+/// XML-API-compatible stores), from `GOOGLE_SERVICE_ACCOUNT` (or `GOOGLE_SERVICE_ACCOUNT_PATH`,
+/// `SERVICE_ACCOUNT`) or the key itself in `GOOGLE_SERVICE_ACCOUNT_KEY`, as the crate reads them.
+fn gcs_base_url() -> Option<String> {
+    let key = match env_text("GOOGLE_SERVICE_ACCOUNT_KEY") {
+        Some(key) => key,
+        None => {
+            let path = ["GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH", "SERVICE_ACCOUNT"]
+                .into_iter()
+                .find_map(env_text)?;
+            std::fs::read_to_string(path).ok()?
+        }
+    };
+    let account: serde_json::Value = serde_json::from_str(&key).ok()?;
+    account.get("gcs_base_url")?.as_str().map(str::to_string)
+}
+
 /// Where requests to `scheme` go, when not to the cloud itself: for S3, `AWS_ENDPOINT_URL`
 /// (or `AWS_ENDPOINT`), else the AWS profile's `endpoint_url`; for Azure, the Azurite
-/// emulator's URL when `AZURE_STORAGE_USE_EMULATOR` is set, else the account's name.
+/// emulator's URL when `AZURE_STORAGE_USE_EMULATOR` is set, else the account's name; for
+/// GCS, the service account's `gcs_base_url`. An HTTP URL names its server itself.
 pub(crate) fn endpoint(scheme: Scheme) -> Option<String> {
     match scheme {
         Scheme::S3 => env_text("AWS_ENDPOINT_URL")
@@ -126,6 +233,8 @@ pub(crate) fn endpoint(scheme: Scheme) -> Option<String> {
             true => Some(env_text("AZURITE_BLOB_STORAGE_URL").unwrap_or_else(|| "http://127.0.0.1:10000".into())),
             false => env_text("AZURE_STORAGE_ACCOUNT_NAME").map(|a| format!("azure:{a}")),
         },
+        Scheme::Gcs => gcs_base_url(),
+        Scheme::Http | Scheme::Https => None,
     }
 }
 
@@ -159,24 +268,10 @@ impl Remote {
             max_retries: retries,
             retry_timeout: timeout.saturating_mul(u32::try_from(retries).unwrap_or(u32::MAX).saturating_add(1)),
         };
-        let options =
-            ClientOptions::new().with_timeout(timeout).with_connect_timeout(timeout.min(Duration::from_secs(10)));
+        let timeouts = Timeouts { request: timeout, connect: timeout.min(Duration::from_secs(10)) };
         let bucket = url.with_key("");
         let failed = |message: String| ObjectError { url: bucket.to_string(), message };
-        let store: Arc<dyn ObjectStore> = match url.scheme {
-            Scheme::S3 => Arc::new(LimitStore::new(s3_client(&url.bucket, retry, options, &failed)?, max_requests)),
-            Scheme::Azure => {
-                let client = MicrosoftAzureBuilder::from_env()
-                    .with_container_name(&url.bucket)
-                    .with_retry(retry)
-                    .with_client_options(options)
-                    .build()
-                    .map_err(|e| {
-                        failed(format!("cannot configure the Azure client (check the AZURE_* environment): {e}"))
-                    })?;
-                Arc::new(LimitStore::new(client, max_requests))
-            }
-        };
+        let store = client(url, retry, timeouts, &failed, max_requests)?;
         stores.insert(id, Arc::clone(&store));
         Ok(store)
     }
@@ -215,15 +310,31 @@ fn copy_into(buf: &mut Vec<u8>, bytes: &[u8]) {
     buf.extend_from_slice(bytes);
 }
 
+/// The error with the causes its message leaves out (the crate says "error sending
+/// request"; its sources say a certificate was refused or a connection reset).
+fn described(e: &object_store::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 fn sample_error(url: &ObjectUrl, e: &object_store::Error) -> SampleErrorKind {
     match e {
         object_store::Error::NotFound { .. } => SampleErrorKind::Io(format!("{url}: object not found")),
-        e => SampleErrorKind::Io(format!("{url}: {e}")),
+        e => SampleErrorKind::Io(format!("{url}: {}", described(e))),
     }
 }
 
 /// Routes each read: object URLs to object storage, everything else to the local storage
-/// it wraps. When reads are confined, an object outside the allowed `s3://` roots is
+/// it wraps. When reads are confined, an object outside the allowed object-storage roots is
 /// refused before any request is made.
 pub struct ObjectAware {
     local: Arc<dyn Storage>,
@@ -332,7 +443,15 @@ pub(crate) fn list(prefix: &ObjectUrl) -> Result<Vec<ListedObject>, ObjectError>
     let path = object_path(prefix)?;
     let metas = remote
         .block_on(store.list(if prefix.key.is_empty() { None } else { Some(&path) }).try_collect::<Vec<_>>())
-        .map_err(|e| failed(format!("cannot list the bucket {}: {e}", prefix.bucket)))?;
+        .map_err(|e| match prefix.scheme {
+            Scheme::Http | Scheme::Https => failed(format!(
+                "cannot list the server {}: {} (listing a web server needs WebDAV PROPFIND; on a plain \
+                 one, name the objects themselves)",
+                prefix.bucket,
+                described(&e)
+            )),
+            _ => failed(format!("cannot list the bucket {}: {}", prefix.bucket, described(&e))),
+        })?;
     let base = if prefix.key.is_empty() { String::new() } else { format!("{}/", prefix.key) };
     let mut out: Vec<ListedObject> = metas
         .into_iter()
@@ -357,8 +476,8 @@ pub(crate) fn fetch(url: &ObjectUrl) -> Result<bytes::Bytes, ObjectError> {
     let store = remote.store(url)?;
     let path = object_path(url)?;
     remote.block_on(async {
-        let got = store.get(&path).await.map_err(|e| failed(e.to_string()))?;
-        got.bytes().await.map_err(|e| failed(e.to_string()))
+        let got = store.get(&path).await.map_err(|e| failed(described(&e)))?;
+        got.bytes().await.map_err(|e| failed(described(&e)))
     })
 }
 
@@ -368,7 +487,7 @@ pub(crate) fn fetch_range(url: &ObjectUrl, range: Range<u64>) -> Result<bytes::B
     let remote = remote().map_err(failed)?;
     let store = remote.store(url)?;
     let path = object_path(url)?;
-    remote.block_on(store.get_range(&path, range)).map_err(|e| failed(e.to_string()))
+    remote.block_on(store.get_range(&path, range)).map_err(|e| failed(described(&e)))
 }
 
 /// An object's size and ETag (one `HEAD`).
@@ -377,7 +496,7 @@ pub(crate) fn head(url: &ObjectUrl) -> Result<(u64, String), ObjectError> {
     let remote = remote().map_err(failed)?;
     let store = remote.store(url)?;
     let path = object_path(url)?;
-    let meta = remote.block_on(store.head(&path)).map_err(|e| failed(e.to_string()))?;
+    let meta = remote.block_on(store.head(&path)).map_err(|e| failed(described(&e)))?;
     Ok((meta.size, meta.e_tag.unwrap_or_default()))
 }
 
@@ -390,4 +509,19 @@ pub struct ListedObject {
     pub etag: String,
     /// Last modification, seconds since the Unix epoch.
     pub modified: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_climbing_out_of_its_prefix_is_refused_before_any_request() {
+        // `is_under` compares segments as written; the key is refused when made a request.
+        for url in ["http://127.0.0.1:1/data/train/../secret", "gs://b/train/../x", "s3://b/train/../x"] {
+            let url = ObjectUrl::parse(Path::new(url)).unwrap();
+            let e = object_path(&url).unwrap_err().to_string();
+            assert!(e.contains(&url.to_string()) && e.contains("not a valid object key"), "{e}");
+        }
+    }
 }

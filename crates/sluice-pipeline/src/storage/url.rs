@@ -1,5 +1,5 @@
-//! Object URLs as spec paths hold them (`s3://bucket/key`, `az://container/key`): parsing,
-//! and which lie under which.
+//! Object URLs as spec paths hold them (`s3://bucket/key`, `az://container/key`,
+//! `gs://bucket/key`, `http(s)://host[:port]/path`): parsing, and which lie under which.
 
 use std::path::Path;
 
@@ -11,6 +11,12 @@ pub enum Scheme {
     /// Azure Blob Storage: `az://` (or `azure://`), a container of the account the
     /// environment names.
     Azure,
+    /// Google Cloud Storage: `gs://`, through its XML API.
+    Gcs,
+    /// A plain web server: `http://host[:port]/path`; listing a prefix needs WebDAV.
+    Http,
+    /// The same over TLS: `https://`.
+    Https,
 }
 
 impl Scheme {
@@ -19,27 +25,39 @@ impl Scheme {
         match self {
             Scheme::S3 => "s3://",
             Scheme::Azure => "az://",
+            Scheme::Gcs => "gs://",
+            Scheme::Http => "http://",
+            Scheme::Https => "https://",
         }
     }
 }
 
-/// `s3://bucket/key` or `az://container/key`, parsed from a spec path.
+/// An object URL (see the module docs), parsed from a spec path.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObjectUrl {
     pub scheme: Scheme,
-    /// The bucket (S3) or container (Azure).
+    /// The bucket (S3, GCS), container (Azure) or server, `host[:port]` (HTTP): what one
+    /// client serves.
     pub bucket: String,
-    /// The key (or key prefix), without a leading or trailing `/`; may be empty.
+    /// The key (or key prefix), without a leading or trailing `/`; may be empty. For HTTP,
+    /// the path, unescaped (the client escapes it).
     pub key: String,
 }
 
 impl ObjectUrl {
-    /// The URL a spec path holds, if it is one (`s3://`, `s3a://`, `az://`, `azure://`).
-    /// Local paths give `None`.
+    /// The URL a spec path holds, if it is one (`s3://`, `s3a://`, `az://`, `azure://`,
+    /// `gs://`, `http://`, `https://`). Local paths give `None`.
     pub fn parse(path: &Path) -> Option<Self> {
         let s = path.to_str()?;
-        let schemes =
-            [("s3://", Scheme::S3), ("s3a://", Scheme::S3), ("az://", Scheme::Azure), ("azure://", Scheme::Azure)];
+        let schemes = [
+            ("s3://", Scheme::S3),
+            ("s3a://", Scheme::S3),
+            ("az://", Scheme::Azure),
+            ("azure://", Scheme::Azure),
+            ("gs://", Scheme::Gcs),
+            ("http://", Scheme::Http),
+            ("https://", Scheme::Https),
+        ];
         let (scheme, rest) = schemes.iter().find_map(|(p, scheme)| Some((*scheme, s.strip_prefix(p)?)))?;
         let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
         let key = key.split('/').filter(|c| !c.is_empty() && *c != ".").collect::<Vec<_>>().join("/");
@@ -92,7 +110,21 @@ mod tests {
         let az_root = ObjectUrl::parse(Path::new("az://b/train")).unwrap();
         assert!(az.is_under(&az_root));
         assert!(!s3.is_under(&az_root), "same bucket and key, another store");
-        assert!(ObjectUrl::parse(Path::new("gs://b/x")).is_none());
+        let gs = ObjectUrl::parse(Path::new("gs://b/train/x.jpg")).unwrap();
+        assert_eq!((gs.scheme, gs.to_string().as_str()), (Scheme::Gcs, "gs://b/train/x.jpg"));
+        assert!(!gs.is_under(&az_root), "same bucket and key, another store");
+        let web = ObjectUrl::parse(Path::new("http://127.0.0.1:8080/data//train/x.jpg")).unwrap();
+        assert_eq!(
+            (web.scheme, web.bucket.as_str(), web.key.as_str()),
+            (Scheme::Http, "127.0.0.1:8080", "data/train/x.jpg")
+        );
+        let web_root = ObjectUrl::parse(Path::new("http://127.0.0.1:8080/data")).unwrap();
+        assert!(web.is_under(&web_root));
+        let tls_root = ObjectUrl::parse(Path::new("https://127.0.0.1:8080/data")).unwrap();
+        assert!(!web.is_under(&tls_root), "http is not under an https root");
+        let other_port = ObjectUrl::parse(Path::new("http://127.0.0.1:8081/data")).unwrap();
+        assert!(!web.is_under(&other_port), "another port is another server");
+        assert!(ObjectUrl::parse(Path::new("ftp://b/x")).is_none());
         assert!(ObjectUrl::parse(Path::new("/data/s3://x")).is_none());
     }
 }

@@ -28,17 +28,22 @@ use sluice_synth::{write_dataset, DatasetOptions};
 const KEY: &str = "sluicetestkey";
 const SECRET: &str = "sluicetestsecret";
 
-/// The shared server: its S3 port and the folder its data and the listing cache live in.
-struct Server {
-    port: u16,
-    dir: PathBuf,
+/// The shared server: its S3 port, the ports of its WebDAV gateway and filer (both serve the
+/// bucket's objects over plain HTTP under `/buckets/<bucket>/`), and the folder its data
+/// lives in.
+pub(crate) struct Server {
+    pub(crate) port: u16,
+    pub(crate) webdav_port: u16,
+    pub(crate) filer_port: u16,
+    pub(crate) filer_grpc_port: u16,
+    pub(crate) dir: PathBuf,
 }
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn weed_binary() -> PathBuf {
+pub(crate) fn weed_binary() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_WEED") {
         return PathBuf::from(p);
     }
@@ -61,26 +66,34 @@ pub(crate) fn cache_root() -> &'static Path {
     })
 }
 
-/// Starts `weed server -s3` once for this process, from a thread that lives as long as
+/// Starts `weed server -s3 -webdav` once for this process, from a thread that lives as long as
 /// the process (the child dies with it: `PR_SET_PDEATHSIG` fires when the spawning
 /// thread exits), and points the `AWS_*` environment at it.
-fn server() -> &'static Server {
+pub(crate) fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("sluice-s3-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let config = dir.join("s3.json");
+        // Unsigned requests may read and list the test bucket (and nothing else): the GCS
+        // client speaks the XML API to this server without credentials (`source_gcs.rs`).
+        let b = bucket();
         std::fs::write(
             &config,
             format!(
-                r#"{{"identities":[{{"name":"sluice","credentials":[{{"accessKey":"{KEY}","secretKey":"{SECRET}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#
+                r#"{{"identities":[{{"name":"sluice","credentials":[{{"accessKey":"{KEY}","secretKey":"{SECRET}"}}],"actions":["Admin","Read","Write","List","Tagging"]}},{{"name":"anonymous","actions":["Read:{b}","List:{b}"]}}]}}"#
             ),
         )
         .unwrap();
         let port = free_port();
+        let (webdav_port, filer_port, filer_grpc_port) = (free_port(), free_port(), free_port());
         let mut cmd = Command::new(weed_binary());
         cmd.arg("server").args(["-s3", &format!("-s3.port={port}"), &format!("-s3.config={}", config.display())]);
+        cmd.args(["-webdav", &format!("-webdav.port={webdav_port}"), &format!("-filer.port={filer_port}")])
+            .arg(format!("-filer.port.grpc={filer_grpc_port}"));
+        // The gateway's chunk cache goes to /tmp unless told otherwise.
+        cmd.arg(format!("-webdav.cacheDir={}", dir.join("webdav-cache").display()));
         for flag in [
             "s3.port.grpc",
             "s3.port.iceberg",
@@ -89,8 +102,6 @@ fn server() -> &'static Server {
             "master.port.grpc",
             "volume.port",
             "volume.port.grpc",
-            "filer.port",
-            "filer.port.grpc",
         ] {
             cmd.arg(format!("-{flag}={}", free_port()));
         }
@@ -107,14 +118,16 @@ fn server() -> &'static Server {
         cache_root();
         std::env::set_var("SLUICE_OBJECT_TIMEOUT_S", "10");
         std::env::set_var("SLUICE_OBJECT_RETRIES", "3");
-        let server = Server { port, dir };
-        // Ready once a signed request succeeds (the S3 gateway starts after the filer).
+        let server = Server { port, webdav_port, filer_port, filer_grpc_port, dir };
+        // Ready once a signed upload succeeds (the S3 gateway starts after the filer), one too
+        // large to be kept inline by the filer: that one needs a volume server, which joins
+        // the master seconds later; uploads before then fail.
         let t0 = Instant::now();
         let probe = store_at(port, &bucket());
         let rt = runtime();
         loop {
             let path = ObjectPath::from("probe");
-            if rt.block_on(probe.put(&path, PutPayload::from_static(b"x"))).is_ok() {
+            if rt.block_on(probe.put(&path, PutPayload::from(vec![7u8; 256 << 10]))).is_ok() {
                 break;
             }
             assert!(t0.elapsed() < Duration::from_secs(60), "weed did not start; see {}", server.dir.display());
@@ -151,13 +164,13 @@ fn die_with_parent(cmd: &mut Command) {
     }
 }
 
-fn runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap())
 }
 
 /// A client for uploads (the same crate, configured by hand).
-fn store(bucket: &str) -> impl ObjectStore {
+pub(crate) fn store(bucket: &str) -> impl ObjectStore {
     store_at(server().port, bucket)
 }
 
@@ -178,12 +191,12 @@ fn store_at(port: u16, bucket: &str) -> impl ObjectStore {
 
 /// The bucket of this run (one for all tests, each under its own prefix: every bucket is a
 /// collection of volumes to the server, and a few are all its small disk budget allows).
-fn bucket() -> String {
+pub(crate) fn bucket() -> String {
     format!("sluice-{}", std::process::id())
 }
 
 /// Uploads every file under `dir` to `bucket` under `prefix`, keeping relative paths.
-fn upload_tree(bucket: &str, prefix: &str, dir: &Path) {
+pub(crate) fn upload_tree(bucket: &str, prefix: &str, dir: &Path) {
     let s = store(bucket);
     let mut pending = vec![dir.to_path_buf()];
     while let Some(d) = pending.pop() {
@@ -199,18 +212,18 @@ fn upload_tree(bucket: &str, prefix: &str, dir: &Path) {
     }
 }
 
-fn put(s: &impl ObjectStore, key: &str, bytes: Vec<u8>) {
+pub(crate) fn put(s: &impl ObjectStore, key: &str, bytes: Vec<u8>) {
     runtime().block_on(s.put(&ObjectPath::from(key), PutPayload::from(bytes))).unwrap();
 }
 
-fn dataset(dir: &Path, images: usize, corrupt: usize) -> PathBuf {
+pub(crate) fn dataset(dir: &Path, images: usize, corrupt: usize) -> PathBuf {
     let root = dir.join("train");
     let o = DatasetOptions { images, classes: 3, corrupt, texture: 4, ..Default::default() };
     write_dataset(&root, &o, &|_| {}).unwrap();
     root
 }
 
-fn spec(source: SourceSpec) -> PipelineSpec {
+pub(crate) fn spec(source: SourceSpec) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(source, 32, 5);
     s.threads = 2.into();
     s.seed = 3;
@@ -218,12 +231,12 @@ fn spec(source: SourceSpec) -> PipelineSpec {
     s
 }
 
-fn collect(spec: PipelineSpec) -> Vec<Batch> {
+pub(crate) fn collect(spec: PipelineSpec) -> Vec<Batch> {
     let loader = Loader::new(spec, Shard::default()).unwrap();
     loader.iter().map(|b| b.unwrap()).collect()
 }
 
-fn folder(url: &str) -> SourceSpec {
+pub(crate) fn folder(url: &str) -> SourceSpec {
     SourceSpec::ImageFolder { root: PathBuf::from(url) }
 }
 
@@ -308,25 +321,10 @@ fn a_tar_shard_in_a_bucket_gives_the_batches_of_the_same_shard_on_disk() {
 #[test]
 fn a_tar_shard_with_sidecars_in_a_bucket_gives_the_boxes_and_masks_of_the_shard_on_disk() {
     let _ = server();
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("det");
-    let o = DatasetOptions { images: 10, classes: 1, texture: 4, boxes: true, masks: true, ..Default::default() };
-    write_dataset(&root, &o, &|_| {}).unwrap();
-    let shard = dir.path().join("det-000.tar");
-    crate::source_tar_sidecars::pack_folder(&root, &shard);
-    let b = bucket();
-    put(&store(&b), "det/det-000.tar", std::fs::read(&shard).unwrap());
-
-    let local = collect(spec(SourceSpec::Tar { shards: vec![shard], sidecars: true, masks: true }));
-    let url = PathBuf::from(format!("s3://{b}/det/det-000.tar"));
-    let remote = collect(spec(SourceSpec::Tar { shards: vec![url], sidecars: true, masks: true }));
-    assert_eq!(local.len(), 2);
-    assert_eq!(remote, local, "the bucket's shard gives other boxes or masks than the local one");
-    let boxes = remote[0].boxes.as_ref().unwrap();
-    assert!(boxes.counts.iter().any(|&n| n > 0) && boxes.masks.is_some(), "{boxes:?}");
+    crate::object_checks::tar_shard(&format!("s3://{}", bucket()), "det");
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
@@ -423,16 +421,22 @@ fn reads_confined_to_an_s3_prefix_refuse_other_prefixes() {
 }
 
 /// Runs the `#[ignore]`d test `name` of this binary in a child process with `env` set.
-fn run_child(name: &str, env: &[(&str, String)]) -> (bool, String, Duration) {
+pub(crate) fn run_child(name: &str, env: &[(&str, String)]) -> (bool, String, Duration) {
     run_child_without(name, env, &[])
 }
 
 /// As [`run_child`], with the variables `remove` taken out of the child's environment.
 fn run_child_without(name: &str, env: &[(&str, String)], remove: &[&str]) -> (bool, String, Duration) {
+    run_test_child(&sluice_testing::test_name!(name), env, remove)
+}
+
+/// Runs the `#[ignore]`d test `name` (its full path, `module::test`) of this binary in a
+/// child process with `env` set and `remove` taken out; whether it passed, its output, and
+/// how long it took.
+pub(crate) fn run_test_child(name: &str, env: &[(&str, String)], remove: &[&str]) -> (bool, String, Duration) {
     let t0 = Instant::now();
-    let name = sluice_testing::test_name!(name);
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--ignored", "--exact", &name, "--nocapture", "--test-threads=1"])
+    cmd.args(["--ignored", "--exact", name, "--nocapture", "--test-threads=1"])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
     for k in remove {
         cmd.env_remove(k);
@@ -563,7 +567,7 @@ fn a_server_that_never_answers_fails_after_the_retries_without_hanging() {
 fn child_build_fails_naming_the_bucket() {
     let url = std::env::var("SLUICE_TEST_URL").expect("run by the parent test with SLUICE_TEST_URL");
     let expect = std::env::var("SLUICE_TEST_EXPECT").unwrap();
-    let bucket = url.trim_start_matches("s3://").split('/').next().unwrap().to_string();
+    let bucket = url.split_once("://").unwrap().1.split('/').next().unwrap().to_string();
     let err = build_manifest(&folder(&url)).unwrap_err().to_string();
     eprintln!("error: {err}");
     assert!(err.contains(&format!("bucket {bucket}")), "names the bucket: {err}");
@@ -572,7 +576,7 @@ fn child_build_fails_naming_the_bucket() {
 
 /// Writes `images` as a Parquet file (`image: binary`, `label: int64 = i % 3`) in row
 /// groups of `per_group` rows.
-fn write_parquet(path: &Path, images: &[Vec<u8>], per_group: usize) {
+pub(crate) fn write_parquet(path: &Path, images: &[Vec<u8>], per_group: usize) {
     use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
     let schema = "message schema { required binary image; required int64 label; }";
     let schema = std::sync::Arc::new(parquet::schema::parser::parse_message_type(schema).unwrap());
