@@ -267,6 +267,12 @@ impl ObjectAware {
     }
 }
 
+/// Whether any sample of `manifest` is read from object storage (what the read-ahead is
+/// for): a loader asks once, so a local dataset names nothing per batch.
+pub fn any_remote(manifest: &sluice_core::Manifest) -> bool {
+    manifest.entries.iter().any(|e| ObjectAware::wanted(&manifest.root, &e.location).is_some())
+}
+
 impl Storage for ObjectAware {
     fn read(&self, root: &Path, location: &Location, max_bytes: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
         if let Location::ParquetRow { file, row_group, row, column } = location {
@@ -384,4 +390,26 @@ pub struct ListedObject {
     pub etag: String,
     /// Last modification, seconds since the Unix epoch.
     pub modified: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::Manifest;
+    use std::path::PathBuf;
+
+    fn manifest(root: &str, paths: &[&str]) -> Manifest {
+        let items = paths.iter().map(|p| (Location::File { path: PathBuf::from(p) }, 0, 1)).collect();
+        Manifest::new(PathBuf::from(root), items, Vec::new())
+    }
+
+    #[test]
+    fn a_manifest_is_remote_when_any_sample_is_an_object() {
+        assert!(!any_remote(&manifest("/data", &["a.jpg", "b/c.jpg"])));
+        assert!(any_remote(&manifest("s3://bucket/train", &["a.jpg"])));
+        assert!(any_remote(&manifest("", &["/local/a.jpg", "az://acct/c/b.jpg"])), "one URL among local paths");
+        let row = Location::ParquetRow { file: PathBuf::from("p.parquet"), row_group: 0, row: 0, column: 0 };
+        let rows = Manifest::new(PathBuf::from("s3://bucket"), vec![(row, 0, 1)], Vec::new());
+        assert!(!any_remote(&rows), "Parquet rows are read by the row-group cache, not ahead");
+    }
 }
