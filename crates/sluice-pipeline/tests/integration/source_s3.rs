@@ -532,6 +532,31 @@ fn a_server_that_never_answers_fails_after_the_retries_without_hanging() {
 }
 
 #[test]
+fn a_local_dataset_starts_no_object_storage_runtime() {
+    let (ok, text, _) = run_child("child_reads_a_local_dataset", &[]);
+    assert!(ok, "child failed:\n{text}");
+}
+
+/// Child entry point (a process of its own: the object-storage runtime is one per
+/// process): an epoch of a local image folder, then no `sluice-object` thread may run.
+#[test]
+#[ignore = "run by the tests above in a child process with its own environment"]
+fn child_reads_a_local_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let batches = collect(spec(SourceSpec::ImageFolder { root: dataset(dir.path(), 40, 0) }));
+    assert_eq!(batches.iter().map(Batch::len).sum::<usize>(), 40);
+    let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|comm| comm.trim().to_string())
+        .collect();
+    assert!(
+        !threads.iter().any(|t| t.starts_with("sluice-object")),
+        "object-storage threads for local files: {threads:?}"
+    );
+}
+
+#[test]
 fn a_test_process_leaves_no_folder_or_server_behind() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("report");
