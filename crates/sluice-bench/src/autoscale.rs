@@ -286,7 +286,7 @@ fn run_policy(root: &Path, a: &Args, policy: PolicyKind, rate: f64) -> anyhow::R
     let ticks = drive(&loader, &phases, start)?;
     let stats = loader.stats();
     let decisions = stats.autoscale.map_or(0, |s| s.ups + s.downs);
-    let cache_bytes = stats.cache.map_or(0, |c| c.used_bytes);
+    let cache_bytes = stats.cache.map_or(0, |c| c.tier.used_bytes);
 
     let mut unit_seconds = 0.0;
     for w in ticks.windows(2) {

@@ -158,7 +158,7 @@ fn throttled_timing(a: &Args) -> anyhow::Result<serde_json::Value> {
         // Epochs 0 and 1 fill the cache and gather the first scores.
         let steady = median(&mut times.iter().skip(2).copied().collect::<Vec<_>>());
         let stats = loader.stats();
-        let hit_rate = stats.cache.as_ref().map(|c| c.hit_rate);
+        let hit_rate = stats.cache.as_ref().map(|c| c.tier.hit_rate);
         eprintln!("{name}: median epoch (from epoch 2) {steady:.2}s, hit rate {hit_rate:?}");
         results.push(json!({ "run": name, "epoch_s": times, "median_epoch_s": steady, "cache": stats.cache }));
     }

@@ -90,7 +90,7 @@ pub fn main(a: Args) -> anyhow::Result<()> {
         Shard::default(),
     )?;
     epoch(&full)?;
-    let full_bytes = disk_stats(&full)?.used_bytes;
+    let full_bytes = disk_stats(&full)?.tier.used_bytes;
     let n = full.manifest().len();
     let half = full_bytes / 2;
     eprintln!("{n} images, {full_bytes} bytes of raw entries; disk budget {half} (50%)");
@@ -107,9 +107,12 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             let before = disk_stats(&loader)?;
             epoch(&loader)?;
             let after = disk_stats(&loader)?;
-            let lookups = (after.hits + after.misses) - (before.hits + before.misses);
-            let rate = (after.hits - before.hits) as f64 / lookups.max(1) as f64;
-            eprintln!("rep {rep}: {policy:?} epoch-2 disk hit rate {rate:.3} (used {} of {half})", after.used_bytes);
+            let lookups = (after.tier.hits + after.tier.misses) - (before.tier.hits + before.tier.misses);
+            let rate = (after.tier.hits - before.tier.hits) as f64 / lookups.max(1) as f64;
+            eprintln!(
+                "rep {rep}: {policy:?} epoch-2 disk hit rate {rate:.3} (used {} of {half})",
+                after.tier.used_bytes
+            );
             out.push(rate);
         }
     }

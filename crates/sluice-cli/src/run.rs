@@ -215,13 +215,13 @@ pub fn print_report(s: &StatsSnapshot) {
             "cache ({:?}, {:?}): hit rate {:.1}% ({} hits, {} misses), {} entries, {:.1} of {:.1} MB, {} evictions, ~{:.1}s saved",
             c.policy,
             c.level,
-            100.0 * c.hit_rate,
-            c.hits,
-            c.misses,
-            c.entries,
-            c.used_bytes as f64 / 1e6,
-            c.budget_bytes as f64 / 1e6,
-            c.evictions,
+            100.0 * c.tier.hit_rate,
+            c.tier.hits,
+            c.tier.misses,
+            c.tier.entries,
+            c.tier.used_bytes as f64 / 1e6,
+            c.tier.budget_bytes as f64 / 1e6,
+            c.tier.evictions,
             c.est_time_saved_s
         );
         if let Some(off) = &c.off {

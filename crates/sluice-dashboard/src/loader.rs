@@ -17,7 +17,7 @@ use crate::{page, DashboardError};
 
 /// The page's view of a loader: `threads` running, `stats` so far.
 pub(crate) fn loader_view(stats: &StatsSnapshot, threads: usize) -> DispatcherView {
-    let (hits, lookups) = stats.cache.as_ref().map_or((0, 0), |c| (c.hits, c.hits + c.misses));
+    let (hits, lookups) = stats.cache.as_ref().map_or((0, 0), |c| (c.tier.hits, c.tier.hits + c.tier.misses));
     let stall = stall_fraction(stats);
     let workers = vec![WorkerView {
         id: 0,
@@ -81,7 +81,7 @@ fn render_metrics(stats: &StatsSnapshot, threads: usize) -> String {
         m.gauge("sluice_loader_prefetch_depth", "batches the loader keeps in flight now", p.depth as i64);
     }
     if let Some(c) = &stats.cache {
-        m.gauge("sluice_loader_cache_hit_rate", "cache hits over lookups", c.hit_rate);
+        m.gauge("sluice_loader_cache_hit_rate", "cache hits over lookups", c.tier.hit_rate);
     }
     if let Some(a) = &stats.autoscale {
         m.counter("sluice_loader_autoscale_ups", "decisions to add threads", a.ups);

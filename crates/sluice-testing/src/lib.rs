@@ -3,6 +3,7 @@
 //!
 //! * [`process`]: child processes killed (with their process group) when dropped or when
 //!   the test process dies, and a test binary re-run as a child.
+//! * [`for_process`]: servers and a folder kept for the whole test process, gone at exit.
 //! * [`net`]: free loopback ports and a plain HTTP GET of `/metrics`.
 //! * [`watchdog`]: bounds on a test's time.
 //! * [`redis`]: a real `redis-server` on a free port; [`browser`]: headless Chromium.
@@ -15,6 +16,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod browser;
+pub mod for_process;
 pub mod hostile;
 pub mod net;
 pub mod process;

@@ -173,7 +173,7 @@ pub fn simulate(policy: CachePolicyKind, sampling: SamplingSpec, cfg: &SimConfig
         steady_hit_rate: if lookups_steady > 0 { hits_steady as f64 / lookups_steady as f64 } else { 0.0 },
         hit_rate_per_epoch: per_epoch,
         coverage: trainer.coverage(),
-        evictions: cache.stats().evictions,
+        evictions: cache.stats().tier.evictions,
     }
 }
 

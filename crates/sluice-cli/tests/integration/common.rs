@@ -11,10 +11,12 @@ use std::process::{Command, Stdio};
 pub use sluice_testing::prelude::*;
 
 /// `sluice ARGS` (logging warnings only, no token from the environment), leading a process
-/// group of its own.
+/// group of its own. Its temporary files (`up`'s journal) go in the test process's folder:
+/// a child killed (SIGKILL, when its `Proc` is dropped) cannot remove them itself.
 pub fn sluice(args: &[&str]) -> Proc {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.args(args).env("SLUICE_LOG", "warn").env_remove("SLUICE_TOKEN").stdout(Stdio::null());
+    cmd.env("TMPDIR", sluice_testing::for_process::process_dir());
     sluice_testing::process::spawn(cmd)
 }
 

@@ -30,6 +30,7 @@ fn up_in(cwd: &Path, addr: &str, root: &Path, extra: &[&str]) -> (Proc, mpsc::Re
     ])
     .args(extra)
     .current_dir(cwd)
+    .env("TMPDIR", sluice_testing::for_process::process_dir())
     .env("SLUICE_LOG", "warn")
     .env_remove("SLUICE_TOKEN")
     .stdout(Stdio::piped());
@@ -119,6 +120,7 @@ fn sluice_up_hands_trace_dir_to_its_workers() {
 fn up_logging(args: &[&str]) -> (Proc, mpsc::Receiver<(Instant, String)>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.arg("up").args(args).env("SLUICE_LOG", "warn").env_remove("SLUICE_TOKEN").stdout(Stdio::null());
+    cmd.env("TMPDIR", sluice_testing::for_process::process_dir());
     cmd.stderr(Stdio::piped());
     die_with_parent(&mut cmd);
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);

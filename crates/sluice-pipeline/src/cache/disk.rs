@@ -28,7 +28,7 @@ use sluice_core::{CacheLevel, DiskCacheSpec, DiskPolicyKind, Image, Layout, Pixe
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use super::future::NextUse;
-use super::{ordered, CachedData};
+use super::{ordered, CachedData, TierCounts, TierStats};
 
 const MAGIC: &[u8; 4] = b"SLDC";
 const VERSION: u8 = 1;
@@ -81,12 +81,8 @@ struct Inner {
     importance: HashMap<u64, f64>,
     clock: u64,
     gen: u64,
-    hits: u64,
-    misses: u64,
+    counts: TierCounts,
     corrupt: u64,
-    insertions: u64,
-    evictions: u64,
-    rejected: u64,
     write_errors: u64,
     bytes_read: u64,
     bytes_written: u64,
@@ -127,26 +123,18 @@ impl Inner {
     }
 }
 
-/// Counters of the disk tier, in [`super::CacheStats`].
+/// The disk tier's stats, in [`super::CacheStats`].
 #[derive(Debug, Clone, Serialize)]
 pub struct DiskStats {
     /// The folder entries of this pipeline live in (`cache.disk.dir/<namespace>`).
     pub dir: PathBuf,
     pub policy: DiskPolicyKind,
-    pub budget_bytes: u64,
-    pub used_bytes: u64,
-    pub entries: u64,
-    /// Memory misses served from disk.
-    pub hits: u64,
-    /// Memory misses the disk did not hold either.
-    pub misses: u64,
-    pub hit_rate: f64,
+    /// Occupancy and counters: `hits` are memory misses served from disk, `misses` memory
+    /// misses the disk did not hold either.
+    #[serde(flatten)]
+    pub tier: TierStats,
     /// Entry files found half-written or corrupt: counted as misses, deleted, never served.
     pub corrupt: u64,
-    pub insertions: u64,
-    pub evictions: u64,
-    /// Offers not admitted (Belady: needed later than everything held).
-    pub rejected: u64,
     pub write_errors: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
@@ -208,12 +196,8 @@ impl DiskTier {
             importance: HashMap::new(),
             clock: 0,
             gen: 0,
-            hits: 0,
-            misses: 0,
+            counts: TierCounts::default(),
             corrupt: 0,
-            insertions: 0,
-            evictions: 0,
-            rejected: 0,
             write_errors: 0,
             bytes_read: 0,
             bytes_written: 0,
@@ -292,7 +276,7 @@ impl DiskTier {
             let mut g = self.inner.lock();
             g.next_use.consume(key);
             let Some(gen) = g.entries.get(&key).map(|e| e.gen) else {
-                g.misses += 1;
+                g.counts.misses += 1;
                 return None;
             };
             g.rerank(self.policy, key);
@@ -302,13 +286,13 @@ impl DiskTier {
         match self.read_entry(&path, key) {
             Ok((data, bytes)) => {
                 let mut g = self.inner.lock();
-                g.hits += 1;
+                g.counts.hits += 1;
                 g.bytes_read += bytes;
                 Some(data)
             }
             Err(e) => {
                 let mut g = self.inner.lock();
-                g.misses += 1;
+                g.counts.misses += 1;
                 if g.entries.get(&key).is_some_and(|e| e.gen == gen) {
                     g.remove(key);
                     if let EntryError::Corrupt(_) = e {
@@ -390,19 +374,19 @@ impl DiskTier {
                     break;
                 }
                 if self.policy == DiskPolicyKind::Belady && vr >= rank {
-                    inner.rejected += 1;
+                    inner.counts.rejected += 1;
                     return false;
                 }
                 victims.push(vk);
                 freed += inner.entries.get(&vk).map_or(0, |e| e.bytes);
             }
             if inner.used - freed + bytes > self.budget {
-                inner.rejected += 1;
+                inner.counts.rejected += 1;
                 return false;
             }
             for v in victims {
                 inner.remove(v);
-                inner.evictions += 1;
+                inner.counts.evictions += 1;
                 let path = self.dir.join(entry_name(v));
                 if let Err(e) = fs::remove_file(&path) {
                     tracing::warn!(path = %path.display(), "disk cache: cannot delete an evicted entry: {e}");
@@ -421,7 +405,7 @@ impl DiskTier {
                 let rank = inner.rank(self.policy, key);
                 inner.entries.insert(key, DiskEntry { bytes, rank, gen: inner.gen });
                 inner.order.insert((rank, key));
-                inner.insertions += 1;
+                inner.counts.insertions += 1;
                 inner.bytes_written += bytes;
                 true
             }
@@ -467,20 +451,11 @@ impl DiskTier {
 
     pub fn stats(&self) -> DiskStats {
         let g = self.inner.lock();
-        let lookups = g.hits + g.misses;
         DiskStats {
             dir: self.dir.clone(),
             policy: self.policy,
-            budget_bytes: self.budget,
-            used_bytes: g.used,
-            entries: g.entries.len() as u64,
-            hits: g.hits,
-            misses: g.misses,
-            hit_rate: if lookups > 0 { g.hits as f64 / lookups as f64 } else { 0.0 },
+            tier: g.counts.snapshot(self.budget, g.used, g.entries.len() as u64),
             corrupt: g.corrupt,
-            insertions: g.insertions,
-            evictions: g.evictions,
-            rejected: g.rejected,
             write_errors: g.write_errors,
             bytes_read: g.bytes_read,
             bytes_written: g.bytes_written,

@@ -17,6 +17,7 @@ pub mod level;
 pub mod policy;
 pub mod ram;
 pub mod share;
+mod tier_stats;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -31,6 +32,8 @@ pub use level::{choose_level, CostModel, LevelEstimate, NotWorth, SampleCost, ME
 use policy::{make_policy, Policy};
 pub use ram::total_ram_bytes;
 pub use share::{share_key, shared_in_process};
+use tier_stats::TierCounts;
+pub use tier_stats::TierStats;
 
 use crate::importance::ImportanceStore;
 use crate::sampler::{fastmatch_normalise, EpochDraw};
@@ -128,11 +131,7 @@ struct Inner {
     off: Option<NotWorth>,
     /// Entry bytes of every key offered so far, to size the hot set.
     sizes: HashMap<u64, u64>,
-    hits: u64,
-    misses: u64,
-    insertions: u64,
-    evictions: u64,
-    rejected: u64,
+    counts: TierCounts,
     saved_s: f64,
     /// The keys this cache may hold, when it is one part of a partitioned cache (a service
     /// worker's share of the job's hot set); `None`: any key.
@@ -145,16 +144,9 @@ pub struct CacheStats {
     pub policy: CachePolicyKind,
     /// The level entries are stored at (`auto` while still measuring).
     pub level: CacheLevel,
-    pub budget_bytes: u64,
-    pub used_bytes: u64,
-    pub entries: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub hit_rate: f64,
-    pub insertions: u64,
-    pub evictions: u64,
-    /// Offers refused because the entry did not outrank the cache's least valuable one.
-    pub rejected: u64,
+    /// The memory tier's occupancy and counters.
+    #[serde(flatten)]
+    pub tier: TierStats,
     /// Hits × the measured read (+ decode, + resize) time they skipped.
     pub est_time_saved_s: f64,
     /// Measured per-sample costs.
@@ -191,11 +183,7 @@ impl Cache {
                 estimates: Vec::new(),
                 off: None,
                 sizes: HashMap::new(),
-                hits: 0,
-                misses: 0,
-                insertions: 0,
-                evictions: 0,
-                rejected: 0,
+                counts: TierCounts::default(),
                 saved_s: 0.0,
                 share: None,
             }),
@@ -253,7 +241,7 @@ impl Cache {
         let mut g = self.inner.lock();
         let inner = &mut *g;
         let Some(e) = inner.entries.get_mut(&key) else {
-            inner.misses += 1;
+            inner.counts.misses += 1;
             return None;
         };
         let data = e.data.clone();
@@ -263,7 +251,7 @@ impl Cache {
             e.prio = ordered(p);
             inner.order.insert((e.prio, key));
         }
-        inner.hits += 1;
+        inner.counts.hits += 1;
         inner.saved_s += inner.costs.saved_per_hit(level);
         Some(data)
     }
@@ -331,7 +319,7 @@ impl Cache {
             return false;
         }
         if inner.share.as_ref().is_some_and(|s| !s.contains(&key)) {
-            inner.rejected += 1;
+            inner.counts.rejected += 1;
             return false;
         }
         let prio = ordered(inner.policy.priority(key));
@@ -343,14 +331,14 @@ impl Cache {
                 break;
             }
             if !inner.policy.always_admit() && vp >= prio {
-                inner.rejected += 1;
+                inner.counts.rejected += 1;
                 return false;
             }
             victims.push((vp, vk));
             freed += inner.entries.get(&vk).map_or(0, |e| e.bytes);
         }
         if inner.used - freed + bytes > self.budget {
-            inner.rejected += 1;
+            inner.counts.rejected += 1;
             return false;
         }
         for v in victims {
@@ -359,13 +347,13 @@ impl Cache {
                 inner.used -= e.bytes;
             }
             inner.policy.on_evict(v.1);
-            inner.evictions += 1;
+            inner.counts.evictions += 1;
         }
         inner.policy.on_insert(key);
         inner.entries.insert(key, Entry { data, bytes, prio });
         inner.order.insert((prio, key));
         inner.used += bytes;
-        inner.insertions += 1;
+        inner.counts.insertions += 1;
         true
     }
 
@@ -413,7 +401,7 @@ impl Cache {
                     inner.order.remove(&(e.prio, k));
                     inner.used -= e.bytes;
                     inner.policy.on_evict(k);
-                    inner.evictions += 1;
+                    inner.counts.evictions += 1;
                 }
             }
             inner.share = Some(share);
@@ -462,19 +450,10 @@ impl Cache {
 
     pub fn stats(&self) -> CacheStats {
         let g = self.inner.lock();
-        let lookups = g.hits + g.misses;
         CacheStats {
             policy: g.policy.kind(),
             level: g.level.unwrap_or(CacheLevel::Auto),
-            budget_bytes: self.budget,
-            used_bytes: g.used,
-            entries: g.entries.len() as u64,
-            hits: g.hits,
-            misses: g.misses,
-            hit_rate: if lookups > 0 { g.hits as f64 / lookups as f64 } else { 0.0 },
-            insertions: g.insertions,
-            evictions: g.evictions,
-            rejected: g.rejected,
+            tier: g.counts.snapshot(self.budget, g.used, g.entries.len() as u64),
             est_time_saved_s: g.saved_s,
             costs: g.costs,
             estimates: g.estimates.clone(),
@@ -509,6 +488,40 @@ mod tests {
         keys.filter(|&k| c.contains(k)).collect()
     }
 
+    /// The keys `stats()` shows (Python's `stats()["cache"]`, `sluice run`'s JSON), both tiers.
+    #[test]
+    fn stats_serialize_the_same_keys_for_both_tiers() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk_spec = sluice_core::DiskCacheSpec {
+            dir: dir.path().to_path_buf(),
+            budget: ByteBudget::Bytes(1000),
+            policy: Default::default(),
+        };
+        let c = cache(CachePolicyKind::Lru, 3).with_disk(DiskTier::open(&disk_spec, 7).unwrap());
+        assert!(put(&c, 1));
+        assert!(c.get(1).is_some() && c.get(2).is_none());
+        let v = serde_json::to_value(c.stats()).unwrap();
+        let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>().join(" ");
+        assert_eq!(
+            keys(&v),
+            "budget_bytes costs disk entries est_time_saved_s estimates evictions hit_rate hits insertions level \
+             misses off policy rejected used_bytes"
+        );
+        assert_eq!(
+            keys(&v["disk"]),
+            "budget_bytes bytes_read bytes_written corrupt dir entries evictions hit_rate hits insertions misses \
+             policy recovered rejected used_bytes write_errors"
+        );
+        assert_eq!((v["hits"].as_u64(), v["misses"].as_u64(), v["entries"].as_u64()), (Some(1), Some(1), Some(1)));
+        assert_eq!(
+            (v["hit_rate"].as_f64(), v["budget_bytes"].as_u64(), v["used_bytes"].as_u64()),
+            (Some(0.5), Some(30), Some(10))
+        );
+        let d = &v["disk"];
+        assert_eq!((d["hits"].as_u64(), d["misses"].as_u64(), d["insertions"].as_u64()), (Some(0), Some(1), Some(1)));
+        assert_eq!((d["budget_bytes"].as_u64(), d["entries"].as_u64()), (Some(1000), Some(1)));
+    }
+
     #[test]
     fn lru_evicts_the_least_recently_used() {
         let c = cache(CachePolicyKind::Lru, 3);
@@ -521,7 +534,7 @@ mod tests {
         assert!(put(&c, 4));
         assert_eq!(held(&c, 0..5), vec![0, 3, 4]);
         let s = c.stats();
-        assert_eq!((s.evictions, s.hits, s.used_bytes), (2, 1, 30));
+        assert_eq!((s.tier.evictions, s.tier.hits, s.tier.used_bytes), (2, 1, 30));
     }
 
     #[test]
@@ -559,7 +572,7 @@ mod tests {
             c.set_epoch_priorities((0..10).map(|k| (k, -(k as f64))).collect());
             assert!(put(&c, 0));
             assert_eq!(held(&c, 0..10), vec![0, 5], "{kind:?}");
-            assert_eq!(c.stats().rejected, 1);
+            assert_eq!(c.stats().tier.rejected, 1);
         }
     }
 
@@ -575,7 +588,7 @@ mod tests {
         assert_eq!(held(&c, 0..10), vec![2, 3, 4]);
         assert_eq!(c.held(&[1, 2, 3, 9]), 2);
         let s = c.stats();
-        assert_eq!((s.entries, s.used_bytes, s.rejected), (3, 30, 1));
+        assert_eq!((s.tier.entries, s.tier.used_bytes, s.tier.rejected), (3, 30, 1));
     }
 
     #[test]
@@ -595,7 +608,7 @@ mod tests {
         assert_eq!(c.capacity_entries(), Some(1));
         assert!(c.get(99).is_none());
         let s = c.stats();
-        assert_eq!((s.hits, s.misses, s.entries), (0, 1, 1));
+        assert_eq!((s.tier.hits, s.tier.misses, s.tier.entries), (0, 1, 1));
     }
 
     #[test]

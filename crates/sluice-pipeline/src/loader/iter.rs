@@ -228,9 +228,10 @@ impl EpochIter {
     }
 
     /// Names the batch's samples to the storage, which may start reading them now (object
-    /// storage does): all but those a cache holds, and none when peers serve samples.
+    /// storage does): all but those a cache holds, and none when peers serve samples or
+    /// no sample is remote.
     fn read_ahead(&self, indices: &[u32]) {
-        if self.shared.peering.locality.is_some() {
+        if !self.shared.data.remote_samples || self.shared.peering.locality.is_some() {
             return;
         }
         let data = &self.shared.data;

@@ -51,7 +51,7 @@ use crate::locality::Locality;
 use crate::sampler::{epoch_order, EpochDraw, MixPlan, Shard};
 use crate::source::build_pipeline_manifest;
 use crate::stats::StatsSnapshot;
-use crate::storage::{open_storage, open_storage_in, ReadAheadStats, Roots, Storage};
+use crate::storage::{any_remote, open_storage, open_storage_in, ReadAheadStats, Roots, Storage};
 use crate::trace::TraceData;
 
 struct Progress {
@@ -94,6 +94,9 @@ struct Data {
     steps: StepSlots,
     /// The sources and weights of a mixed source (`kind = "mix"`).
     mix: Option<MixPlan>,
+    /// Some sample lives in object storage: batches are named to the storage's read-ahead
+    /// (a local dataset skips that per-sample work).
+    remote_samples: bool,
 }
 
 struct Position {
@@ -278,6 +281,7 @@ impl Loader {
                 split,
                 steps,
                 plan,
+                remote_samples: any_remote(&manifest),
                 manifest,
                 shard,
                 spec,

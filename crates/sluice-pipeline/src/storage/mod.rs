@@ -22,7 +22,7 @@ use sluice_core::{LocationRef, SampleErrorKind, StorageSpec};
 
 pub use confine::{RootError, Roots};
 pub use local::LocalStorage;
-pub use object::{ObjectAware, ObjectUrl};
+pub use object::{any_remote, ObjectAware, ObjectUrl};
 pub use parquet::ParquetError;
 pub use read_ahead::ReadAheadStats;
 pub use row_groups::RowGroupCache;

@@ -378,6 +378,12 @@ impl ObjectAware {
     }
 }
 
+/// Whether any sample of `manifest` is read from object storage (what the read-ahead is
+/// for): a loader asks once, so a local dataset names nothing per batch.
+pub fn any_remote(manifest: &sluice_core::Manifest) -> bool {
+    manifest.entries().any(|e| ObjectAware::wanted(&manifest.root, e.location).is_some())
+}
+
 impl Storage for ObjectAware {
     fn read(
         &self,
@@ -514,6 +520,23 @@ pub struct ListedObject {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::{Location, Manifest};
+    use std::path::PathBuf;
+
+    fn manifest(root: &str, paths: &[&str]) -> Manifest {
+        let items = paths.iter().map(|p| (Location::File { path: PathBuf::from(p) }, 0, 1)).collect();
+        Manifest::new(PathBuf::from(root), items, Vec::new())
+    }
+
+    #[test]
+    fn a_manifest_is_remote_when_any_sample_is_an_object() {
+        assert!(!any_remote(&manifest("/data", &["a.jpg", "b/c.jpg"])));
+        assert!(any_remote(&manifest("s3://bucket/train", &["a.jpg"])));
+        assert!(any_remote(&manifest("", &["/local/a.jpg", "az://acct/c/b.jpg"])), "one URL among local paths");
+        let row = Location::ParquetRow { file: PathBuf::from("p.parquet"), row_group: 0, row: 0, column: 0 };
+        let rows = Manifest::new(PathBuf::from("s3://bucket"), vec![(row, 0, 1)], Vec::new());
+        assert!(!any_remote(&rows), "Parquet rows are read by the row-group cache, not ahead");
+    }
 
     #[test]
     fn a_key_climbing_out_of_its_prefix_is_refused_before_any_request() {

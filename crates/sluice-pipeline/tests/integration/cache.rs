@@ -53,15 +53,15 @@ fn hits_and_misses_give_bit_identical_batches_at_every_level_and_thread_count() 
         let e0 = collect(&big);
         let e1 = collect(&big);
         let s = big.stats().cache.unwrap();
-        assert_eq!((s.misses, s.hits, s.entries), (24, 24, 24), "{level:?}");
-        assert!((s.hit_rate - 0.5).abs() < 1e-9);
+        assert_eq!((s.tier.misses, s.tier.hits, s.tier.entries), (24, 24, 24), "{level:?}");
+        assert!((s.tier.hit_rate - 0.5).abs() < 1e-9);
         assert!(s.est_time_saved_s > 0.0);
         // A cache too small for any entry: every sample is a miss.
         let none =
             Loader::new(spec(&root, 5, 1, cache(1, level, resize, CachePolicyKind::Lru)), Shard::default()).unwrap();
         let m0 = collect(&none);
         let m1 = collect(&none);
-        assert_eq!(none.stats().cache.unwrap().hits, 0);
+        assert_eq!(none.stats().cache.unwrap().tier.hits, 0);
         assert_eq!(e0, m0, "{level:?}: epoch 0 differs");
         assert_eq!(e1, m1, "{level:?}: hits differ from misses");
         assert_ne!(e0[0].images, e1[0].images, "cached samples are re-augmented each epoch");
@@ -81,8 +81,8 @@ fn a_loader_sharing_another_loaders_cache_hits_what_the_first_decoded() {
     // Same pipeline, same epoch 0: the same pixels, every sample a hit on the first's entries.
     assert_eq!(collect(&second), e0);
     let shared = second.stats().cache.unwrap();
-    assert_eq!((shared.misses, shared.hits, shared.entries), (24, 24, 24));
-    assert_eq!(first.stats().cache.unwrap().hits, 24, "one cache, seen from both loaders");
+    assert_eq!((shared.tier.misses, shared.tier.hits, shared.tier.entries), (24, 24, 24));
+    assert_eq!(first.stats().cache.unwrap().tier.hits, 24, "one cache, seen from both loaders");
 
     // Refused: a pipeline without a cache, or a cache made for another dataset size.
     let mut plain = s.clone();
@@ -142,7 +142,7 @@ fn auto_caches_nothing_when_its_budget_could_save_under_a_twentieth_of_an_epoch(
     let off = s.off.unwrap_or_else(|| panic!("auto cached at {:?}: {:?} {:?}", s.level, s.costs, s.estimates));
     assert!(off.saved_fraction < 0.05 && off.pipeline_per_epoch_s > 0.0, "{off:?}");
     assert_eq!((off.best, s.level), (CacheLevel::Raw, CacheLevel::Auto), "{off:?}");
-    assert_eq!((s.entries, s.used_bytes, s.hits, s.misses), (0, 0, 0, 80), "{s:?}");
+    assert_eq!((s.tier.entries, s.tier.used_bytes, s.tier.hits, s.tier.misses), (0, 0, 0, 80), "{s:?}");
 
     // A budget for the whole dataset: auto caches, and the third epoch is all hits.
     let large = spec(&root, 8, 2, cache(1 << 30, CacheLevel::Auto, None, CachePolicyKind::Lru));
@@ -152,7 +152,7 @@ fn auto_caches_nothing_when_its_budget_could_save_under_a_twentieth_of_an_epoch(
     }
     let s = loader.stats().cache.unwrap();
     assert_eq!((s.off, s.level), (None, CacheLevel::Decoded), "{:?} {:?}", s.costs, s.estimates);
-    assert!(s.hits >= 40, "{s:?}");
+    assert!(s.tier.hits >= 40, "{s:?}");
 }
 
 #[test]
@@ -169,7 +169,7 @@ fn loaders_of_one_process_with_cache_share_decode_each_sample_once_and_keep_thei
     let a = Loader::new(shared(1, 4), Shard::default()).unwrap();
     collect(&a);
     let s = a.stats().cache.unwrap();
-    assert_eq!((s.misses, s.hits), (24, 0));
+    assert_eq!((s.tier.misses, s.tier.hits), (24, 0));
     // A member with another seed, batch size and flip probability reads it: no decode.
     let mut b_spec = shared(2, 6);
     if let Some(OpSpec::RandomHorizontalFlip { p }) = b_spec.ops.last_mut() {
@@ -178,7 +178,7 @@ fn loaders_of_one_process_with_cache_share_decode_each_sample_once_and_keep_thei
     let b = Loader::new(b_spec.clone(), Shard::default()).unwrap();
     let from_shared = collect(&b);
     let s = b.stats().cache.unwrap();
-    assert_eq!((s.misses, s.hits), (24, 24), "one cache: the second loader missed nothing");
+    assert_eq!((s.tier.misses, s.tier.hits), (24, 24), "one cache: the second loader missed nothing");
     // Its batches are those it makes alone.
     b_spec.cache.as_mut().unwrap().share = false;
     assert_eq!(from_shared, collect(&Loader::new(b_spec, Shard::default()).unwrap()));
@@ -187,8 +187,8 @@ fn loaders_of_one_process_with_cache_share_decode_each_sample_once_and_keep_thei
     c_spec.ops.insert(1, OpSpec::resize(40));
     let c = Loader::new(c_spec, Shard::default()).unwrap();
     collect(&c);
-    assert_eq!(c.stats().cache.unwrap().misses, 24);
-    assert_eq!(a.stats().cache.unwrap().misses, 24);
+    assert_eq!(c.stats().cache.unwrap().tier.misses, 24);
+    assert_eq!(a.stats().cache.unwrap().tier.misses, 24);
 
     // A sampler that steers the cache by one loader's draws cannot share it.
     let mut d_spec = shared(1, 4);
@@ -312,10 +312,10 @@ fn a_cached_epoch_of_a_source_with_boxes_gives_the_boxes_of_an_uncached_one_at_e
             let big = with(cache(1 << 30, level, resize, CachePolicyKind::Lru));
             let (e0, e1) = (collect(&big), collect(&big));
             let st = big.stats().cache.unwrap();
-            assert_eq!((st.misses, st.hits), (12, 12), "{source:?} {level:?}");
+            assert_eq!((st.tier.misses, st.tier.hits), (12, 12), "{source:?} {level:?}");
             let none = with(cache(1, level, resize, CachePolicyKind::Lru));
             let (m0, m1) = (collect(&none), collect(&none));
-            assert_eq!(none.stats().cache.unwrap().hits, 0);
+            assert_eq!(none.stats().cache.unwrap().tier.hits, 0);
             assert_eq!(boxes(&e0), boxes(&m0), "{source:?} {level:?} {resize:?}: epoch 0 boxes differ");
             assert_eq!(boxes(&e1), boxes(&m1), "{source:?} {level:?} {resize:?}: boxes of hits differ from misses");
             assert_eq!((e0.clone(), e1.clone()), (m0, m1), "{source:?} {level:?} {resize:?}: batches differ");
@@ -353,7 +353,7 @@ fn importance_sampling_with_a_cache_over_boxes_resumes_mid_epoch_with_the_same_b
         assert!(b.weights.is_some());
     }
     assert!(e1.iter().any(|b| b.boxes.as_ref().unwrap().counts.iter().any(|&c| c > 0)));
-    assert!(loader.stats().cache.unwrap().hits > 0);
+    assert!(loader.stats().cache.unwrap().tier.hits > 0);
 
     // Checkpoint two batches into epoch 2, resume in a fresh loader: the same batches,
     // boxes included, for the rest of the epoch and the next.
@@ -412,11 +412,15 @@ fn a_cached_epoch_of_a_source_with_masks_gives_the_masks_of_an_uncached_one_at_e
             let big = with(cache(1 << 30, level, resize, CachePolicyKind::Lru));
             let (e0, e1) = (collect(&big), collect(&big));
             let st = big.stats().cache.unwrap();
-            assert_eq!((st.misses, st.hits, st.hit_rate), (10, 10, 0.5), "{source:?} {level:?} {resize:?}");
-            used.push(st.used_bytes);
+            assert_eq!(
+                (st.tier.misses, st.tier.hits, st.tier.hit_rate),
+                (10, 10, 0.5),
+                "{source:?} {level:?} {resize:?}"
+            );
+            used.push(st.tier.used_bytes);
             let none = with(cache(1, level, resize, CachePolicyKind::Lru));
             let (m0, m1) = (collect(&none), collect(&none));
-            assert_eq!(none.stats().cache.unwrap().hits, 0);
+            assert_eq!(none.stats().cache.unwrap().tier.hits, 0);
             let what = format!("{source:?} {level:?} {resize:?}");
             assert_eq!(masks(&e1).len(), e1.len(), "{what}: every batch of hits carries masks");
             assert_eq!(masks(&e0), masks(&m0), "{what}: epoch 0 masks differ");
@@ -438,7 +442,7 @@ fn a_cached_epoch_of_a_source_with_masks_gives_the_masks_of_an_uncached_one_at_e
             let no_masks =
                 Loader::new(PipelineSpec { cache: c, source: plain_boxes, ..s.clone() }, Shard::default()).unwrap();
             collect(&no_masks);
-            let without = no_masks.stats().cache.unwrap().used_bytes;
+            let without = no_masks.stats().cache.unwrap().tier.used_bytes;
             // The masks are a quarter of what the entries hold, less the boxes.
             let mask_bytes = decoded - without;
             assert!(

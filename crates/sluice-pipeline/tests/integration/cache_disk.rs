@@ -68,14 +68,14 @@ fn a_new_loader_over_the_same_folder_hits_what_an_earlier_one_wrote() {
     let first = Loader::new(s.clone(), Shard::default()).unwrap();
     let e0 = collect(&first);
     let d = disk(&first);
-    assert_eq!((d.hits, d.misses, d.insertions, d.entries), (0, 12, 12, 12));
+    assert_eq!((d.tier.hits, d.tier.misses, d.tier.insertions, d.tier.entries), (0, 12, 12, 12));
     drop(first);
 
     let second = Loader::new(s.clone(), Shard::default()).unwrap();
     assert_eq!(disk(&second).recovered, 12);
     assert_eq!(collect(&second), e0, "entries read back give the same pixels");
     let d = disk(&second);
-    assert_eq!((d.hits, d.misses, d.corrupt, d.insertions), (12, 0, 0, 0));
+    assert_eq!((d.tier.hits, d.tier.misses, d.corrupt, d.tier.insertions), (12, 0, 0, 0));
 
     // Another dataset (its manifest fingerprint differs, its keys overlap): none served.
     let other_root = dataset(&tmp.path().join("other"), 11);
@@ -84,7 +84,7 @@ fn a_new_loader_over_the_same_folder_hits_what_an_earlier_one_wrote() {
             .unwrap();
     assert_eq!(disk(&third).recovered, 0);
     collect(&third);
-    assert_eq!(disk(&third).hits, 0);
+    assert_eq!(disk(&third).tier.hits, 0);
 }
 
 #[test]
@@ -110,9 +110,9 @@ fn a_truncated_or_corrupt_entry_is_a_counted_miss_and_never_served() {
     assert!(!leftover.exists(), "a leftover temporary file is deleted at open");
     assert_eq!(collect(&second), e0, "a bad entry is decoded again, not served");
     let d = disk(&second);
-    assert_eq!((d.hits, d.misses, d.corrupt), (10, 2, 2));
+    assert_eq!((d.tier.hits, d.tier.misses, d.corrupt), (10, 2, 2));
     // Both were written again, whole.
-    assert_eq!((d.insertions, d.entries), (2, 12));
+    assert_eq!((d.tier.insertions, d.tier.entries), (2, 12));
 }
 
 #[test]
@@ -125,7 +125,7 @@ fn the_disk_tier_keeps_to_its_budget() {
         // Raw entries of these images are a few KB each: about a third fit.
         let full = Loader::new(spec(&root, &dir, 1 << 30, CacheLevel::Raw, policy), Shard::default()).unwrap();
         collect(&full);
-        let total = disk(&full).used_bytes;
+        let total = disk(&full).tier.used_bytes;
         drop(full);
         let _ = std::fs::remove_dir_all(&dir);
         let budget = total / 3;
@@ -134,9 +134,9 @@ fn the_disk_tier_keeps_to_its_budget() {
             collect(&loader);
             let d = disk(&loader);
             let (files, on_disk) = entry_files(&dir);
-            assert!(d.used_bytes <= budget && on_disk <= budget, "{policy:?}: {d:?}");
-            assert_eq!((files.len() as u64, on_disk), (d.entries, d.used_bytes), "{policy:?}");
-            assert!(d.entries >= 3, "{policy:?}: {d:?}");
+            assert!(d.tier.used_bytes <= budget && on_disk <= budget, "{policy:?}: {d:?}");
+            assert_eq!((files.len() as u64, on_disk), (d.tier.entries, d.tier.used_bytes), "{policy:?}");
+            assert!(d.tier.entries >= 3, "{policy:?}: {d:?}");
         }
     }
 }
@@ -149,8 +149,8 @@ fn second_epoch_hit_rate(root: &Path, dir: &Path, budget: u64, policy: DiskPolic
     let before = disk(&loader);
     collect(&loader);
     let after = disk(&loader);
-    let lookups = (after.hits + after.misses) - (before.hits + before.misses);
-    (after.hits - before.hits) as f64 / lookups as f64
+    let lookups = (after.tier.hits + after.tier.misses) - (before.tier.hits + before.tier.misses);
+    (after.tier.hits - before.tier.hits) as f64 / lookups as f64
 }
 
 #[test]
@@ -160,7 +160,7 @@ fn belady_over_the_next_epochs_order_beats_lru_at_half_the_dataset() {
     let dir = tmp.path().join("disk");
     let full = Loader::new(spec(&root, &dir, 1 << 30, CacheLevel::Raw, DiskPolicyKind::Lru), Shard::default()).unwrap();
     collect(&full);
-    let half = disk(&full).used_bytes / 2;
+    let half = disk(&full).tier.used_bytes / 2;
     drop(full);
     let belady = second_epoch_hit_rate(&root, &dir, half, DiskPolicyKind::Belady);
     let lru = second_epoch_hit_rate(&root, &dir, half, DiskPolicyKind::Lru);
@@ -207,9 +207,13 @@ fn records_over_the_disk_tier(masks: bool) {
             }
             let d = disk(&cached);
             match level {
-                CacheLevel::Raw if run == 1 => assert!(d.hits >= 12, "{level:?}: {d:?}"),
-                CacheLevel::Raw => assert_eq!(d.insertions, 12, "{level:?}: {d:?}"),
-                _ => assert_eq!((d.insertions, d.hits), (0, 0), "{level:?}: entries with records reached the disk"),
+                CacheLevel::Raw if run == 1 => assert!(d.tier.hits >= 12, "{level:?}: {d:?}"),
+                CacheLevel::Raw => assert_eq!(d.tier.insertions, 12, "{level:?}: {d:?}"),
+                _ => assert_eq!(
+                    (d.tier.insertions, d.tier.hits),
+                    (0, 0),
+                    "{level:?}: entries with records reached the disk"
+                ),
             }
         }
     }

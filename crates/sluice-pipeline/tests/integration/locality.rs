@@ -79,11 +79,11 @@ fn learners_agree_on_each_steps_samples_and_cache_only_what_is_placed_on_them() 
                 assert!(locality.caches(pos as u32), "rank {rank} cached sample {pos}, placed elsewhere");
             }
         }
-        let held = cache.stats().entries as usize;
+        let held = cache.stats().tier.entries as usize;
         assert!(held <= budgets[rank] as usize, "rank {rank} holds {held} entries");
     }
     // Learners mostly load what they cache: far more hits than the plain split's.
-    let hits = |ls: &[Loader]| ls.iter().map(|l| l.cache().unwrap().stats().hits).sum::<u64>();
+    let hits = |ls: &[Loader]| ls.iter().map(|l| l.cache().unwrap().stats().tier.hits).sum::<u64>();
     assert!(hits(&aware) > 2 * hits(&plain), "aware {} vs plain {} hits", hits(&aware), hits(&plain));
 }
 

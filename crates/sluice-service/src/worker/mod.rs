@@ -316,16 +316,16 @@ impl WorkerService {
             let s = cache.stats();
             // Jobs sharing a cache each report it; the totals count it once.
             if counted.insert(Arc::as_ptr(cache)) {
-                out.cache_hits += s.hits;
-                out.cache_lookups += s.hits + s.misses;
+                out.cache_hits += s.tier.hits;
+                out.cache_lookups += s.tier.hits + s.tier.misses;
             }
             let share = shares.get(fingerprint).map_or(&[][..], Vec::as_slice);
             out.caches.push(CacheReport {
                 fingerprint: fingerprint.clone(),
-                hits: s.hits,
-                misses: s.misses,
+                hits: s.tier.hits,
+                misses: s.tier.misses,
                 capacity_entries: cache.capacity_entries().unwrap_or(0),
-                entries: s.entries,
+                entries: s.tier.entries,
                 share: share.len() as u64,
                 share_held: cache.held(share),
                 off: s.off.is_some(),
@@ -358,13 +358,13 @@ impl WorkerService {
         if let Some(caches) = self.inner.caches.try_lock() {
             let stats: Vec<_> = caches.iter().map(|(f, c)| (vec![("fingerprint", f.clone())], c.stats())).collect();
             let each = |value: fn(&CacheStats) -> u64| stats.iter().map(move |(l, s)| (l.clone(), value(s)));
-            m.counters("sluice_worker_cache_hits", "cache hits", each(|s| s.hits));
-            m.counters("sluice_worker_cache_misses", "cache misses", each(|s| s.misses));
-            m.gauges("sluice_worker_cache_bytes", "bytes held", each(|s| s.used_bytes));
+            m.counters("sluice_worker_cache_hits", "cache hits", each(|s| s.tier.hits));
+            m.counters("sluice_worker_cache_misses", "cache misses", each(|s| s.tier.misses));
+            m.gauges("sluice_worker_cache_bytes", "bytes held", each(|s| s.tier.used_bytes));
             m.gauges(
                 "sluice_worker_cache_hit_rate",
                 "hits / lookups since start",
-                stats.iter().map(|(l, s)| (l.clone(), s.hit_rate)),
+                stats.iter().map(|(l, s)| (l.clone(), s.tier.hit_rate)),
             );
         }
         // Per-op busy time of every job's loader.

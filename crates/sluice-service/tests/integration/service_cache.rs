@@ -54,7 +54,7 @@ fn local_hit_rate(s: &PipelineSpec) -> f64 {
     for epoch in 0..EPOCHS {
         if epoch == WARM {
             let c = local.stats().cache.unwrap();
-            before = (c.hits, c.misses);
+            before = (c.tier.hits, c.tier.misses);
         }
         for b in local.iter() {
             let b = b.unwrap();
@@ -63,7 +63,7 @@ fn local_hit_rate(s: &PipelineSpec) -> f64 {
         }
     }
     let c = local.stats().cache.unwrap();
-    rate(before, (c.hits, c.misses))
+    rate(before, (c.tier.hits, c.tier.misses))
 }
 
 /// The job's cache stats once the workers' heartbeats count `lookups` lookups.
