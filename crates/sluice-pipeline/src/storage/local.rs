@@ -95,17 +95,11 @@ impl LocalStorage {
 }
 
 impl Storage for LocalStorage {
-    fn read(
-        &self,
-        root: &Path,
-        location: LocationRef<'_>,
-        max_bytes: u64,
-        buf: &mut Vec<u8>,
-    ) -> Result<(), SampleErrorKind> {
-        match location {
-            LocationRef::File { path } => self.read_file(&root.join(path), max_bytes, buf),
+    fn read(&self, root: &Path, loc: LocationRef<'_>, max: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+        match loc {
+            LocationRef::File { path } => self.read_file(&root.join(path), max, buf),
             LocationRef::TarMember { shard, offset, len, .. } => {
-                self.read_member(&root.join(shard), offset, len, max_bytes, buf)
+                self.read_member(&root.join(shard), offset, len, max, buf)
             }
             LocationRef::ParquetRow { .. } => Err(SampleErrorKind::Refused(
                 "Parquet rows are read through the storage `open_storage` makes, not LocalStorage alone".into(),

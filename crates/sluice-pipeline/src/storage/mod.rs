@@ -30,16 +30,10 @@ pub use throttled::{LinkError, ThrottledStorage};
 
 /// Reads whole samples into caller-owned buffers. Shared by all worker threads.
 pub trait Storage: Send + Sync {
-    /// Replaces the contents of `buf` with the bytes at `location` (relative to `root`
-    /// unless absolute). `buf` keeps its allocation: a read that fits its capacity
-    /// allocates nothing. Samples over `max_bytes` are rejected before they are read.
-    fn read(
-        &self,
-        root: &Path,
-        location: LocationRef<'_>,
-        max_bytes: u64,
-        buf: &mut Vec<u8>,
-    ) -> Result<(), SampleErrorKind>;
+    /// Replaces the contents of `buf` with the bytes at `loc` (relative to `root` unless
+    /// absolute). `buf` keeps its allocation: a read that fits its capacity allocates
+    /// nothing. Samples over `max` bytes are rejected before they are read.
+    fn read(&self, root: &Path, loc: LocationRef<'_>, max: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind>;
 
     /// A short name for logs and metrics.
     fn name(&self) -> &str;

@@ -385,18 +385,12 @@ pub fn any_remote(manifest: &sluice_core::Manifest) -> bool {
 }
 
 impl Storage for ObjectAware {
-    fn read(
-        &self,
-        root: &Path,
-        location: LocationRef<'_>,
-        max_bytes: u64,
-        buf: &mut Vec<u8>,
-    ) -> Result<(), SampleErrorKind> {
-        if let LocationRef::ParquetRow { file, row_group, row, column } = location {
-            return self.row_groups.read(&root.join(file), row_group, row, column, max_bytes, buf);
+    fn read(&self, root: &Path, loc: LocationRef<'_>, max: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
+        if let LocationRef::ParquetRow { file, row_group, row, column } = loc {
+            return self.row_groups.read(&root.join(file), row_group, row, column, max, buf);
         }
-        let Some(wanted) = Self::wanted(root, location) else {
-            return self.local.read(root, location, max_bytes, buf);
+        let Some(wanted) = Self::wanted(root, loc) else {
+            return self.local.read(root, loc, max, buf);
         };
         self.check_allowed(&wanted.url)?;
         let remote = remote().map_err(SampleErrorKind::Io)?;
@@ -411,7 +405,7 @@ impl Storage for ObjectAware {
                 self.read_ahead.served(got.is_ok());
                 got?
             }
-            None => remote.block_on(remote.fetch(&wanted, max_bytes))?,
+            None => remote.block_on(remote.fetch(&wanted, max))?,
         };
         copy_into(buf, &bytes);
         Ok(())

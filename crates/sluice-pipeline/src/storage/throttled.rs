@@ -142,15 +142,9 @@ fn reserve_in_file(file: &File, ready: Instant, transfer: Duration) -> std::io::
 }
 
 impl Storage for ThrottledStorage {
-    fn read(
-        &self,
-        root: &Path,
-        location: LocationRef<'_>,
-        max_bytes: u64,
-        buf: &mut Vec<u8>,
-    ) -> Result<(), SampleErrorKind> {
+    fn read(&self, root: &Path, loc: LocationRef<'_>, max: u64, buf: &mut Vec<u8>) -> Result<(), SampleErrorKind> {
         let asked = Instant::now();
-        let result = self.inner.read(root, location, max_bytes, buf);
+        let result = self.inner.read(root, loc, max, buf);
         // Failed reads still pay the round trip, but move no data.
         let bytes = if result.is_ok() { buf.len() } else { 0 };
         let ready = asked.checked_add(self.latency).unwrap_or(asked);
