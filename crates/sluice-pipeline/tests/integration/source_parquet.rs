@@ -81,7 +81,7 @@ fn write_parquet_with(
     w.close().unwrap();
 }
 
-fn jpegs(n: usize, offset: usize) -> Vec<Vec<u8>> {
+pub(crate) fn jpegs(n: usize, offset: usize) -> Vec<Vec<u8>> {
     (0..n).map(|i| noise_jpeg(offset + i, 24).unwrap()).collect()
 }
 
@@ -170,7 +170,7 @@ fn a_shuffled_epoch_reads_each_row_group_once_when_the_window_holds_them() {
 
 /// Row groups of 20 rows in pages of 2 rows each, with or without an offset index (the
 /// page index `datasets` writes; pyarrow's own default writes none).
-fn write_paged(path: &Path, images: &[Vec<u8>], offset_index: bool) {
+pub(crate) fn write_paged(path: &Path, images: &[Vec<u8>], offset_index: bool) {
     let props = WriterProperties::builder()
         .set_data_page_row_count_limit(2)
         .set_write_batch_size(1)
