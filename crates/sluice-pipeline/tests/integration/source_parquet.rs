@@ -254,6 +254,57 @@ fn a_page_read_from_a_truncated_file_fails_naming_the_file() {
     assert_eq!(cache.pages_read(), 3);
 }
 
+#[test]
+fn a_garbled_offset_index_is_not_trusted_and_the_rows_read_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("garbled.parquet");
+    let images = jpegs(40, 0);
+    write_paged(&file, &images, true);
+    let m = build_manifest(&source(&file)).unwrap();
+    let meta = parquet::file::reader::FileReader::metadata(
+        &parquet::file::serialized_reader::SerializedFileReader::new(File::open(&file).unwrap()).unwrap(),
+    )
+    .clone();
+    // Row group 0's index: bytes that decode to nothing (or to pages outside the chunk).
+    // Row group 1's: its pages' offsets moved past the end of the file.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let r = meta.row_group(0).column(0).offset_index_range().unwrap();
+    bytes[r.start as usize..r.end as usize].fill(0x15);
+    let r = meta.row_group(1).column(0).offset_index_range().unwrap();
+    let index =
+        parquet::file::page_index::index_reader::decode_offset_index(&bytes[r.start as usize..r.end as usize]).unwrap();
+    let first = index.page_locations()[0].offset;
+    // The first page's offset, as the index stores it (a zigzag varint), made huge in place.
+    let needle = {
+        let mut v = ((first << 1) ^ (first >> 63)) as u64;
+        let mut out = Vec::new();
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+        out
+    };
+    let at = bytes[r.start as usize..r.end as usize].windows(needle.len()).position(|w| w == needle).unwrap();
+    let at = r.start as usize + at + needle.len() - 1;
+    bytes[at] = 0x7f;
+    let moved = parquet::file::page_index::index_reader::decode_offset_index(&bytes[r.start as usize..r.end as usize])
+        .unwrap()
+        .page_locations()[0]
+        .offset;
+    assert!(moved > bytes.len() as i64, "{first} -> {moved}");
+    std::fs::write(&file, &bytes).unwrap();
+    let cache = RowGroupCache::new(1, None);
+    for (i, e) in m.entries.iter().enumerate() {
+        let Location::ParquetRow { file: rel, row_group, row, column } = &e.location else { unreachable!() };
+        let mut buf = Vec::new();
+        cache.read(&m.root.join(rel), *row_group, *row, *column, 1 << 20, &mut buf).unwrap();
+        assert!(buf == images[i], "row {i} differs");
+    }
+    // The pages were found by their headers instead.
+    assert_eq!(cache.reads(), 0);
+}
+
 fn loader_spec(path: &Path, on_error: ErrorPolicy) -> PipelineSpec {
     let mut s = PipelineSpec::train_default(source(path), 16, 5);
     s.threads = 2.into();
