@@ -11,7 +11,12 @@ core count, one shuffled epoch per measurement, in one run:
   int64, row groups of 100 rows as ``datasets`` writes image datasets), with the default
   row-group window (``SLUICE_PARQUET_CACHE_MB`` = 256, which holds this dataset);
 * ``parquet-window-N``: the same with a window of N MiB (``--small-window``, default 16:
-  ~15% of the dataset, so most samples cost a row-group read);
+  ~15% of the dataset, so most samples miss it). ``datasets`` >= 4 writes an offset index
+  and content-defined pages of ~1 MB (~10 rows), so a miss reads one page;
+* ``parquet-noindex-window-N``: the same images written by ``datasets`` without the page
+  index (``write_page_index=False``): the pages are found by their headers;
+* ``parquet-onepage-window-N``: written without content-defined chunking either (what
+  older ``datasets`` wrote): one ~10 MB page per row group, so a miss reads it all;
 * ``datasets``: ``datasets.Dataset.from_parquet`` of the same file, ``with_transform``
   doing PIL decode + torchvision transforms v2 + ``PILToTensor``, through
   ``torch.utils.data.DataLoader(shuffle=True, num_workers=cores)``.
@@ -69,7 +74,23 @@ def prepare(data: Path, images: int) -> Path:
         )
         out.parent.mkdir(parents=True, exist_ok=True)
         ds.to_parquet(str(out), batch_size=100)
+        ds.to_parquet(
+            str(variant(data, "noindex")), batch_size=100, write_page_index=False
+        )
+        ds.to_parquet(
+            str(variant(data, "onepage")),
+            batch_size=100,
+            write_page_index=False,
+            use_content_defined_chunking=False,
+        )
     return root
+
+
+def variant(data: Path, name: str) -> Path:
+    """The same rows written another way (see the module docs)."""
+    out = data / f"parquet-{name}" / "train-00000-of-00001.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def sluice_epoch(
@@ -154,6 +175,18 @@ def main() -> None:
         ),
         small: lambda run: sluice_epoch(
             sluice.Pipeline.parquet(parquet), a.cores, run, a.small_window
+        ),
+        f"parquet-noindex-window-{a.small_window}": lambda run: sluice_epoch(
+            sluice.Pipeline.parquet(variant(a.data, "noindex")),
+            a.cores,
+            run,
+            a.small_window,
+        ),
+        f"parquet-onepage-window-{a.small_window}": lambda run: sluice_epoch(
+            sluice.Pipeline.parquet(variant(a.data, "onepage")),
+            a.cores,
+            run,
+            a.small_window,
         ),
         "datasets": lambda run: hf_epoch(parquet, a.cores),
     }

@@ -77,6 +77,48 @@ def test_a_parquet_loader_resumes_exactly_from_its_state(hf_parquet: Path) -> No
     assert len(first) + len(rest) == 7
 
 
+@pytest.mark.parametrize("page_index", [True, False])
+def test_a_small_window_reads_pages_and_gives_the_same_batches(
+    dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, page_index: bool
+) -> None:
+    """A window smaller than the data (here 0 MiB) reads single pages (2 rows each), located
+    by the offset index or by their headers, and gives the image folder's batches and the
+    large window's, resuming alike."""
+    rows = _images(dataset)
+    table = pa.table(
+        {
+            "image": [{"bytes": p.read_bytes(), "path": p.name} for p, _ in rows],
+            "label": pa.array([label for _, label in rows], pa.int64()),
+        }
+    )
+    paged = tmp_path / "paged.parquet"
+    pq.write_table(
+        table,
+        paged,
+        row_group_size=10,
+        use_dictionary=False,
+        data_page_size=1,
+        write_batch_size=2,
+        write_page_index=page_index,
+    )
+    assert pq.ParquetFile(paged).metadata.row_group(0).column(0).has_offset_index == page_index
+    large = sluice.Loader(_pipe(sluice.Pipeline.parquet(paged)))
+    monkeypatch.setenv("SLUICE_PARQUET_CACHE_MB", "0")
+    small = sluice.Loader(_pipe(sluice.Pipeline.parquet(paged)))
+    folder = sluice.Loader(_pipe(sluice.Pipeline.image_folder(dataset)))
+    for epoch in range(2):
+        want = _epoch(folder)
+        assert _epoch(small) == want, f"epoch {epoch}: small window"
+        assert _epoch(large) == want, f"epoch {epoch}: large window"
+    it = iter(small)
+    next(it), next(it)
+    state = small.state_dict()
+    rest = [(b.key.tolist(), np.asarray(b.image).tobytes()) for b in it]
+    resumed = sluice.Loader(_pipe(sluice.Pipeline.parquet(paged)))
+    resumed.load_state_dict(state)
+    assert [(b.key.tolist(), np.asarray(b.image).tobytes()) for b in resumed] == rest
+
+
 def test_pyarrow_binary_column_and_bad_files(dataset: Path, tmp_path: Path) -> None:
     rows = _images(dataset)[:12]
     plain = tmp_path / "plain.parquet"

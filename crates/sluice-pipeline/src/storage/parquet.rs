@@ -12,15 +12,18 @@
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Buf, Bytes};
 use parquet::basic::{Repetition, Type as PhysicalType};
 use parquet::column::page::{Page, PageMetadata, PageReader};
-use parquet::column::reader::{get_column_reader, ColumnReader};
-use parquet::data_type::ByteArray;
+use parquet::column::reader::{get_column_reader, ColumnReader, ColumnReaderImpl};
+use parquet::data_type::{ByteArray, ByteArrayType};
 use parquet::errors::ParquetError as CrateError;
-use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData};
+use parquet::file::page_index::index_reader::decode_offset_index;
+use parquet::file::page_index::offset_index::PageLocation;
 use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
 
@@ -385,15 +388,15 @@ impl ChunkValues {
     }
 }
 
-/// Reads and decodes leaf column `leaf` of row group `row_group` (one ranged read).
-pub(crate) fn read_column_chunk(
+/// Row group `row_group`, its column chunk of leaf `leaf` and the chunk's byte range,
+/// refused when the chunk is over `max_chunk_bytes`.
+fn chunk_of<'a>(
     file: &ParquetFile,
-    meta: &ParquetMetaData,
+    meta: &'a ParquetMetaData,
     row_group: usize,
     leaf: usize,
     max_chunk_bytes: u64,
-    roots: Option<&Roots>,
-) -> Result<ChunkValues, ParquetError> {
+) -> Result<(&'a RowGroupMetaData, &'a ColumnChunkMetaData, u64, u64), ParquetError> {
     let corrupt = |message: String| ParquetError::CorruptRowGroup { file: file.name(), row_group, message };
     let rg = meta
         .row_groups()
@@ -412,6 +415,20 @@ pub(crate) fn read_column_chunk(
         });
     }
     let end = start.checked_add(size).ok_or_else(|| corrupt("column chunk range overflows".into()))?;
+    Ok((rg, chunk, start, end))
+}
+
+/// Reads and decodes leaf column `leaf` of row group `row_group` (one ranged read).
+pub(crate) fn read_column_chunk(
+    file: &ParquetFile,
+    meta: &ParquetMetaData,
+    row_group: usize,
+    leaf: usize,
+    max_chunk_bytes: u64,
+    roots: Option<&Roots>,
+) -> Result<ChunkValues, ParquetError> {
+    let corrupt = |message: String| ParquetError::CorruptRowGroup { file: file.name(), row_group, message };
+    let (rg, chunk, start, end) = chunk_of(file, meta, row_group, leaf, max_chunk_bytes)?;
     let data = file.read_range(start..end, roots)?;
     let rows = usize::try_from(rg.num_rows()).map_err(|_| corrupt(format!("{} rows", rg.num_rows())))?;
     let descr = rg
@@ -449,24 +466,7 @@ pub(crate) fn read_column_chunk(
         }
         let reader = get_column_reader(descr.clone(), Box::new(pages));
         match reader {
-            ColumnReader::ByteArrayColumnReader(mut r) => {
-                let mut out = Vec::with_capacity(rows.min(1 << 16));
-                let (mut defs, mut values) = (Vec::new(), Vec::new());
-                while out.len() < rows {
-                    defs.clear();
-                    values.clear();
-                    let (records, _, _) = r.read_records(rows - out.len(), Some(&mut defs), None, &mut values)?;
-                    if records == 0 {
-                        break;
-                    }
-                    let mut vals = values.drain(..);
-                    for k in 0..records {
-                        let present = max_def == 0 || defs.get(k).is_some_and(|&d| d == max_def);
-                        out.push(if present { vals.next() } else { None });
-                    }
-                }
-                Ok(ChunkValues::Binary(out))
-            }
+            ColumnReader::ByteArrayColumnReader(mut r) => read_binary(&mut r, rows, max_def).map(ChunkValues::Binary),
             ColumnReader::Int32ColumnReader(mut r) => {
                 read_plain(rows, max_def, |d, v, n| r.read_records(n, Some(d), None, v), i64::from)
                     .map(ChunkValues::Int)
@@ -493,6 +493,30 @@ pub(crate) fn read_column_chunk(
         )));
     }
     Ok(values)
+}
+
+/// Reads the next `rows` values of a binary column: `None` for a null.
+fn read_binary(
+    r: &mut ColumnReaderImpl<ByteArrayType>,
+    rows: usize,
+    max_def: i16,
+) -> Result<Vec<Option<ByteArray>>, CrateError> {
+    let mut out = Vec::with_capacity(rows.min(1 << 16));
+    let (mut defs, mut values) = (Vec::new(), Vec::new());
+    while out.len() < rows {
+        defs.clear();
+        values.clear();
+        let (records, _, _) = r.read_records(rows - out.len(), Some(&mut defs), None, &mut values)?;
+        if records == 0 {
+            break;
+        }
+        let mut vals = values.drain(..);
+        for k in 0..records {
+            let present = max_def == 0 || defs.get(k).is_some_and(|&d| d == max_def);
+            out.push(if present { vals.next() } else { None });
+        }
+    }
+    Ok(out)
 }
 
 fn read_plain<T: Copy, U>(
@@ -617,6 +641,287 @@ fn read_lists<T: Copy>(
         }
     }
     Ok(out)
+}
+
+// ---- pages of a column chunk ------------------------------------------------------------
+
+/// Where the data pages of one column chunk lie, from the file's offset index or from the
+/// pages' own headers, checked against the chunk (in order, inside it, each starting a
+/// row): what lets a sample's row be read without the rest of its row group.
+pub(crate) type Pages = Arc<Vec<PageLocation>>;
+
+/// A page header is read this many bytes at a time when the pages are found by their headers.
+const HEADER_READ_BYTES: usize = 256;
+
+/// The page locations of leaf column `leaf` in every row group of `file`, from its offset
+/// index (written by `datasets`, and by pyarrow with `write_page_index=True`): one ranged
+/// read spanning the row groups' indexes. `None` for a row group with no index, or one
+/// that does not fit its column chunk.
+pub(crate) fn offset_indexes(
+    file: &ParquetFile,
+    meta: &ParquetMetaData,
+    leaf: usize,
+    roots: Option<&Roots>,
+) -> Result<Vec<Option<Pages>>, ParquetError> {
+    let ranges: Vec<Option<Range<u64>>> =
+        meta.row_groups().iter().map(|rg| rg.columns().get(leaf).and_then(|c| c.offset_index_range())).collect();
+    let none = vec![None; ranges.len()];
+    let start = ranges.iter().flatten().map(|r| r.start).min();
+    let end = ranges.iter().flatten().map(|r| r.end).max();
+    let (Some(start), Some(end)) = (start, end) else { return Ok(none) };
+    if end - start > MAX_FOOTER_BYTES {
+        tracing::warn!(file = file.name(), bytes = end - start, "offset index too large: reading whole row groups");
+        return Ok(none);
+    }
+    let data = file.read_range(start..end, roots)?;
+    Ok(ranges
+        .iter()
+        .enumerate()
+        .map(|(g, range)| {
+            let range = range.as_ref()?;
+            let from = usize::try_from(range.start - start).ok()?;
+            let to = usize::try_from(range.end - start).ok()?;
+            let index = guarded(|| decode_offset_index(data.get(from..to).unwrap_or_default())).ok()?;
+            checked_pages(meta, g, leaf, index.page_locations().clone())
+        })
+        .collect())
+}
+
+/// `locations` if they fit the column chunk of `leaf` in row group `g`: the first page
+/// holds row 0, rows and offsets increase, every page lies inside the chunk.
+fn checked_pages(meta: &ParquetMetaData, g: usize, leaf: usize, locations: Vec<PageLocation>) -> Option<Pages> {
+    let rg = meta.row_groups().get(g)?;
+    let rows = u64::try_from(rg.num_rows()).ok()?;
+    let (start, size) = chunk_range(rg.columns().get(leaf)?)?;
+    let end = start.checked_add(size)?;
+    let first = locations.first()?;
+    if first.first_row_index != 0 || u64::try_from(first.offset).ok()? < start {
+        return None;
+    }
+    for (i, page) in locations.iter().enumerate() {
+        let offset = u64::try_from(page.offset).ok()?;
+        let len = u64::try_from(page.compressed_page_size).ok().filter(|&n| n > 0)?;
+        let row = u64::try_from(page.first_row_index).ok()?;
+        let (next_offset, next_row) = match locations.get(i + 1) {
+            Some(next) => (u64::try_from(next.offset).ok()?, u64::try_from(next.first_row_index).ok()?),
+            None => (end, rows),
+        };
+        if offset.checked_add(len)? > next_offset.min(end) || row >= next_row {
+            return None;
+        }
+    }
+    Some(Arc::new(locations))
+}
+
+/// A local file served to the crate's page reader by positioned reads, counting the bytes
+/// read and remembering where the last page header was read from.
+struct FileChunk {
+    file: Arc<std::fs::File>,
+    len: u64,
+    last_read_at: AtomicU64,
+    bytes: Arc<AtomicU64>,
+}
+
+/// Reads of a [`FileChunk`] from one offset on.
+struct FileAt {
+    file: Arc<std::fs::File>,
+    at: u64,
+    bytes: Arc<AtomicU64>,
+}
+
+impl std::io::Read for FileAt {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let n = self.file.read_at(buf, self.at)?;
+        self.at += n as u64;
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl Length for FileChunk {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for FileChunk {
+    type T = std::io::BufReader<FileAt>;
+
+    fn get_read(&self, start: u64) -> Result<Self::T, CrateError> {
+        self.last_read_at.store(start, Ordering::Relaxed);
+        let at = FileAt { file: Arc::clone(&self.file), at: start, bytes: Arc::clone(&self.bytes) };
+        Ok(std::io::BufReader::with_capacity(HEADER_READ_BYTES, at))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes, CrateError> {
+        use std::io::Read;
+        let mut buf = vec![0; length];
+        self.get_read(start)?.into_inner().read_exact(&mut buf).map_err(|e| CrateError::EOF(e.to_string()))?;
+        Ok(Bytes::from(buf))
+    }
+}
+
+/// The pages of leaf column `leaf` in row group `g` of the local file `path`, found by
+/// reading their headers only (a file without an offset index: pyarrow's default), and
+/// the bytes that took; `None` when they cannot be told apart by rows.
+pub(crate) fn scan_pages(
+    path: &Path,
+    meta: &ParquetMetaData,
+    g: usize,
+    leaf: usize,
+    roots: Option<&Roots>,
+) -> Result<(Option<Pages>, u64), ParquetError> {
+    let name = path.display().to_string();
+    let corrupt = |message: String| ParquetError::CorruptRowGroup { file: name.clone(), row_group: g, message };
+    let rg = meta
+        .row_groups()
+        .get(g)
+        .ok_or_else(|| corrupt(format!("the file has {} row groups", meta.num_row_groups())))?;
+    let chunk = rg.columns().get(leaf).ok_or_else(|| corrupt(format!("no column chunk {leaf}")))?;
+    let rows = usize::try_from(rg.num_rows()).map_err(|_| corrupt(format!("{} rows", rg.num_rows())))?;
+    let failed = |message: String| ParquetError::Read { file: name.clone(), start: 0, end: 0, message };
+    let file = open_regular(path, roots).map_err(|e| failed(e.to_string()))?;
+    let len = file.metadata().map_err(|e| failed(e.to_string()))?.len();
+    let bytes = Arc::new(AtomicU64::new(0));
+    let reader =
+        Arc::new(FileChunk { file: Arc::new(file), len, last_read_at: AtomicU64::new(0), bytes: Arc::clone(&bytes) });
+    let found = guarded(|| {
+        let mut pages = SerializedPageReader::new(Arc::clone(&reader), chunk, rows, None)?;
+        let mut locations = Vec::new();
+        let mut row = 0usize;
+        while let Some(page) = pages.peek_next_page()? {
+            let at = reader.last_read_at.load(Ordering::Relaxed);
+            if !page.is_dict {
+                let Some(n) = page.num_rows.or(page.num_levels) else { return Ok(None) };
+                let (offset, first_row_index) = (i64::try_from(at), i64::try_from(row));
+                let (Ok(offset), Ok(first_row_index)) = (offset, first_row_index) else { return Ok(None) };
+                locations.push(PageLocation { offset, compressed_page_size: 0, first_row_index });
+                row = row.saturating_add(n);
+            }
+            pages.skip_next_page()?;
+        }
+        Ok((row == rows).then_some(locations))
+    })
+    .map_err(|m| corrupt(format!("column `{}`: {m}", chunk.column_path())))?;
+    let Some(mut locations) = found else { return Ok((None, bytes.load(Ordering::Relaxed))) };
+    // A page runs to the next one's header, the last to the chunk's end.
+    let end = chunk_range(chunk).and_then(|(start, size)| start.checked_add(size)).and_then(|e| i64::try_from(e).ok());
+    let ends: Vec<i64> = locations.iter().skip(1).map(|p| p.offset).chain(end).collect();
+    for (page, end) in locations.iter_mut().zip(ends) {
+        page.compressed_page_size = i32::try_from(end - page.offset).unwrap_or(0);
+    }
+    Ok((checked_pages(meta, g, leaf, locations), bytes.load(Ordering::Relaxed)))
+}
+
+/// Bytes of a file read into memory as several ranges, served to the crate's page reader
+/// as if they were the file (an offset outside them is an error).
+struct SparseRanges(Vec<InMemoryRange>);
+
+impl SparseRanges {
+    fn at(&self, start: u64) -> Result<&InMemoryRange, CrateError> {
+        self.0
+            .iter()
+            .find(|r| r.start <= start && start < r.len())
+            .ok_or_else(|| CrateError::EOF(format!("offset {start} lies outside the pages read")))
+    }
+}
+
+impl Length for SparseRanges {
+    fn len(&self) -> u64 {
+        self.0.iter().map(Length::len).max().unwrap_or(0)
+    }
+}
+
+impl ChunkReader for SparseRanges {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> Result<Self::T, CrateError> {
+        self.at(start)?.get_read(start)
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> Result<Bytes, CrateError> {
+        self.at(start)?.get_bytes(start, length)
+    }
+}
+
+/// The rows of one page of a binary column, read alone (with the chunk's dictionary page
+/// when it has one): where they start in the row group, their values, the bytes read.
+pub(crate) struct PageRows {
+    pub(crate) first_row: usize,
+    pub(crate) values: Vec<Option<ByteArray>>,
+    pub(crate) bytes: u64,
+}
+
+/// The page of `pages` holding row `row` (`pages` checked: the first holds row 0).
+pub(crate) fn page_of(pages: &[PageLocation], row: usize) -> usize {
+    let row = i64::try_from(row).unwrap_or(i64::MAX);
+    pages.partition_point(|p| p.first_row_index <= row).saturating_sub(1)
+}
+
+/// Reads and decodes page `page` of `pages`, of binary leaf column `leaf` in row group
+/// `row_group`: one ranged read of the page (two when the chunk has a dictionary page).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn read_page(
+    file: &ParquetFile,
+    meta: &ParquetMetaData,
+    row_group: usize,
+    leaf: usize,
+    pages: &Pages,
+    page: usize,
+    max_chunk_bytes: u64,
+    roots: Option<&Roots>,
+) -> Result<PageRows, ParquetError> {
+    let corrupt = |message: String| ParquetError::CorruptRowGroup { file: file.name(), row_group, message };
+    let (rg, chunk, start, _) = chunk_of(file, meta, row_group, leaf, max_chunk_bytes)?;
+    let rows = usize::try_from(rg.num_rows()).map_err(|_| corrupt(format!("{} rows", rg.num_rows())))?;
+    let (Some(loc), Some(first)) = (pages.get(page), pages.first()) else {
+        return Err(corrupt(format!("no page {page} in the column chunk")));
+    };
+    // `pages` were checked: offsets and sizes are positive and lie inside the chunk.
+    let (offset, first_offset) = (loc.offset as u64, first.offset as u64);
+    let end = offset + loc.compressed_page_size as u64;
+    let first_row = loc.first_row_index as usize;
+    let next_row = pages.get(page + 1).map_or(rows, |p| p.first_row_index as usize);
+    let mut ranges = Vec::new();
+    if first_offset > start && page > 0 {
+        ranges.push(start..first_offset);
+    }
+    ranges.push(if page == 0 { start..end } else { offset..end });
+    let mut bytes = 0;
+    let mut read = Vec::new();
+    for range in ranges {
+        bytes += range.end - range.start;
+        read.push(InMemoryRange { start: range.start, data: file.read_range(range, roots)? });
+    }
+    let descr = rg
+        .schema_descr()
+        .columns()
+        .get(leaf)
+        .cloned()
+        .ok_or_else(|| corrupt(format!("the schema has no leaf column {leaf}")))?;
+    let max_def = descr.max_def_level();
+    let column = descr.path().string();
+    let values = guarded(|| {
+        let reader = SerializedPageReader::new(Arc::new(SparseRanges(read)), chunk, rows, Some(pages.to_vec()))?;
+        let ColumnReader::ByteArrayColumnReader(mut r) = get_column_reader(descr.clone(), Box::new(reader)) else {
+            return Err(CrateError::General(format!("column `{column}` is not binary")));
+        };
+        let skipped = r.skip_records(first_row)?;
+        if skipped != first_row {
+            return Err(CrateError::General(format!("skipped {skipped} rows of {first_row}")));
+        }
+        read_binary(&mut r, next_row - first_row, max_def)
+    })
+    .map_err(|m| corrupt(format!("column `{column}`, rows {first_row}..{next_row}: {m}")))?;
+    if values.len() != next_row - first_row {
+        return Err(corrupt(format!(
+            "column `{column}`: the page holds {} rows, its index says {} (truncated or corrupt pages)",
+            values.len(),
+            next_row - first_row
+        )));
+    }
+    Ok(PageRows { first_row, values, bytes })
 }
 
 /// The limit on one column chunk's bytes (`SLUICE_PARQUET_MAX_CHUNK_BYTES`).

@@ -11,6 +11,11 @@
 //! epoch when the budget holds the dataset. Threads that want a row group another thread
 //! is reading wait for that read instead of reading it again. A sample never costs more
 //! than one row-group read; footers are read once per file and kept.
+//!
+//! When the budget no longer holds the image columns of the files read so far, a miss
+//! reads only the page holding the row (located by the file's offset index, or by the
+//! pages' headers in a local file without one) and keeps that page's rows: a small window
+//! then costs about a page per sample, not a row group.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -24,15 +29,27 @@ use sluice_core::SampleErrorKind;
 
 use super::check_size;
 use super::confine::Roots;
-use super::parquet::{max_chunk_bytes, read_column_chunk, read_footer, ChunkValues, ParquetError, ParquetFile};
+use super::parquet::{
+    max_chunk_bytes, offset_indexes, page_of, read_column_chunk, read_footer, read_page, scan_pages, ChunkValues,
+    Pages, ParquetError, ParquetFile,
+};
 
 /// The decoded-row-group budget unless `SLUICE_PARQUET_CACHE_MB` says otherwise.
 pub const DEFAULT_CACHE_MB: u64 = 256;
 
-type Decoded = Result<Arc<Vec<Option<ByteArray>>>, ParquetError>;
+/// A row of a row group as kept: `None` until read, then its image (`None` when null).
+type KeptRow = Option<Option<ByteArray>>;
+
+/// What is kept of one row group: the rows read so far (all of them after a whole read),
+/// or the error its whole read failed with.
+#[derive(Default)]
+struct Group {
+    rows: Vec<KeptRow>,
+    failed: Option<ParquetError>,
+}
 
 struct Kept {
-    slot: Arc<Mutex<Option<Decoded>>>,
+    slot: Arc<Mutex<Group>>,
     last_use: u64,
     bytes: u64,
 }
@@ -44,6 +61,35 @@ struct KeptSet {
     bytes: u64,
 }
 
+/// What is known of a file's image column: its row groups' bytes (counted once) and the
+/// pages of each row group, where known (`None`: unknown or not usable, read it whole).
+struct Layout {
+    /// Whether the offset index was looked for (on the first read of a page).
+    index_read: bool,
+    pages: Vec<Option<Pages>>,
+    /// Whether a row group's pages were looked for by their headers already.
+    scanned: Vec<bool>,
+}
+
+type SharedLayout = Arc<Mutex<Layout>>;
+
+/// What a read brought in for a row.
+enum Loaded {
+    /// The whole row group.
+    Whole(Vec<Option<ByteArray>>),
+    /// One page: the group's row count, the page's first row and its rows.
+    Page { rows: usize, first_row: usize, values: Vec<Option<ByteArray>> },
+    /// Nothing: the row is past the end of its group (of this many rows).
+    PastTheEnd(usize),
+}
+
+/// Why a read failed: a whole row group's failure is kept (its rows fail alike without
+/// another read), a page's is not.
+enum Failed {
+    Whole(ParquetError),
+    Page(ParquetError),
+}
+
 /// The row groups kept decoded, and the footers of the files read so far.
 pub struct RowGroupCache {
     kept: Mutex<KeptSet>,
@@ -51,7 +97,14 @@ pub struct RowGroupCache {
     budget: u64,
     max_chunk: u64,
     roots: Option<Arc<Roots>>,
+    /// Per (file, leaf column): the pages of its row groups.
+    layouts: Mutex<HashMap<(String, u32), SharedLayout>>,
+    /// Bytes of the image column chunks of every file read so far: while the budget holds
+    /// them, every row of a row group read now will be wanted while it is kept.
+    seen_bytes: AtomicU64,
     reads: AtomicU64,
+    pages_read: AtomicU64,
+    bytes_read: AtomicU64,
 }
 
 impl std::fmt::Debug for RowGroupCache {
@@ -74,7 +127,11 @@ impl RowGroupCache {
             budget,
             max_chunk,
             roots,
+            layouts: Mutex::new(HashMap::new()),
+            seen_bytes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            pages_read: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
         }
     }
 
@@ -87,9 +144,20 @@ impl RowGroupCache {
         Self::new(mb.saturating_mul(1 << 20), roots)
     }
 
-    /// Column chunks read so far (each a row group's image column).
+    /// Whole column chunks read so far (each a row group's image column).
     pub fn reads(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
+    }
+
+    /// Single pages of image column chunks read so far (rows read without their row group).
+    pub fn pages_read(&self) -> u64 {
+        self.pages_read.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read from files for images so far: whole chunks, pages, page headers and
+    /// offset indexes (not footers).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
     }
 
     /// Replaces `buf` with the image bytes of row `row` of row group `row_group` of `path`
@@ -105,10 +173,11 @@ impl RowGroupCache {
     ) -> Result<(), SampleErrorKind> {
         let file = ParquetFile::new(path);
         let name = file.name();
-        let values = self.row_group(&file, &name, row_group, column).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
-        let value = values.get(row as usize).ok_or_else(|| {
-            SampleErrorKind::Io(format!("{name}: row group {row_group} has {} rows, not {}", values.len(), row + 1))
-        })?;
+        let (value, rows) =
+            self.row(&file, &name, row_group, row, column).map_err(|e| SampleErrorKind::Io(e.to_string()))?;
+        let Some(value) = value else {
+            return Err(SampleErrorKind::Io(format!("{name}: row group {row_group} has {rows} rows, not {}", row + 1)));
+        };
         let Some(value) = value else {
             return Err(SampleErrorKind::Io(format!("{name}: row group {row_group}, row {row}: the image is null")));
         };
@@ -118,14 +187,23 @@ impl RowGroupCache {
         Ok(())
     }
 
-    fn row_group(&self, file: &ParquetFile, name: &str, row_group: u32, column: u32) -> Decoded {
+    /// Row `row` of the row group as kept (reading it first when it is not), and the
+    /// group's row count; `None` for a row past its end.
+    fn row(
+        &self,
+        file: &ParquetFile,
+        name: &str,
+        row_group: u32,
+        row: u32,
+        column: u32,
+    ) -> Result<(KeptRow, usize), ParquetError> {
         let key = (name.to_string(), row_group, column);
         let slot = {
             let mut kept = self.kept.lock();
             kept.tick += 1;
             let tick = kept.tick;
             let e = kept.entries.entry(key.clone()).or_insert_with(|| Kept {
-                slot: Arc::new(Mutex::new(None)),
+                slot: Arc::new(Mutex::new(Group::default())),
                 last_use: tick,
                 bytes: 0,
             });
@@ -133,23 +211,61 @@ impl RowGroupCache {
             Arc::clone(&e.slot)
         };
         // Held while reading: a thread wanting the same row group waits for this read.
-        let mut filled = slot.lock();
-        if let Some(done) = filled.as_ref() {
-            return done.clone();
+        let mut group = slot.lock();
+        if let Some(e) = &group.failed {
+            return Err(e.clone());
         }
-        let decoded = self.load(file, name, row_group as usize, column as usize);
-        let bytes = decoded.as_ref().map_or(0, |v| v.iter().flatten().map(|b| b.len() as u64).sum());
-        *filled = Some(decoded.clone());
-        drop(filled);
-        self.account(&key, bytes);
-        decoded
+        if let Some(Some(value)) = group.rows.get(row as usize) {
+            return Ok((Some(value.clone()), group.rows.len()));
+        }
+        let row_at = row as usize;
+        let added = match self.load(file, name, row_group as usize, row_at, column as usize) {
+            Ok(Loaded::Whole(values)) => {
+                let bytes = values.iter().flatten().map(|b| b.len() as u64).sum::<u64>();
+                let before = group.rows.iter().flatten().flatten().map(|b| b.len() as u64).sum::<u64>();
+                group.rows = values.into_iter().map(Some).collect();
+                bytes.saturating_sub(before)
+            }
+            Ok(Loaded::Page { rows, first_row, values }) => {
+                if group.rows.len() != rows {
+                    group.rows = vec![None; rows];
+                }
+                let mut added = 0;
+                for (slot, value) in group.rows.iter_mut().skip(first_row).zip(values) {
+                    if slot.is_none() {
+                        added += value.as_ref().map_or(0, |b| b.len() as u64);
+                        *slot = Some(value);
+                    }
+                }
+                added
+            }
+            Ok(Loaded::PastTheEnd(rows)) => return Ok((None, rows)),
+            Err(Failed::Whole(e)) => {
+                group.failed = Some(e.clone());
+                return Err(e);
+            }
+            Err(Failed::Page(e)) => return Err(e),
+        };
+        let rows = group.rows.len();
+        let value = group.rows.get(row_at).cloned().flatten();
+        drop(group);
+        self.account(&key, added);
+        match value {
+            Some(v) => Ok((Some(v), rows)),
+            None if row_at >= rows => Ok((None, rows)),
+            None => Err(ParquetError::CorruptRowGroup {
+                file: name.to_string(),
+                row_group: row_group as usize,
+                message: format!("row {row} is in no page of the column chunk"),
+            }),
+        }
     }
 
-    /// Records `bytes` for `key` and evicts the least recently used others over budget.
+    /// Adds `bytes` to what `key` keeps and evicts the least recently used others over budget.
     fn account(&self, key: &(String, u32, u32), bytes: u64) {
         let mut kept = self.kept.lock();
         let Some(e) = kept.entries.get_mut(key) else { return };
-        e.bytes = bytes;
+        e.bytes = e.bytes.saturating_add(bytes);
         kept.bytes = kept.bytes.saturating_add(bytes);
         while kept.bytes > self.budget {
             let victim = kept
@@ -165,20 +281,60 @@ impl RowGroupCache {
         }
     }
 
-    fn load(&self, file: &ParquetFile, name: &str, row_group: usize, column: usize) -> Decoded {
+    /// Reads what row `row` of the row group needs: the whole row group while the budget
+    /// holds every file's row groups seen so far (its other rows will be wanted while it
+    /// is kept), else only the page holding the row, where the pages are known.
+    fn load(
+        &self,
+        file: &ParquetFile,
+        name: &str,
+        row_group: usize,
+        row: usize,
+        column: usize,
+    ) -> Result<Loaded, Failed> {
         let footer = self.footer(file, name);
-        let meta = footer.as_ref().as_ref().map_err(Clone::clone)?;
+        let meta = footer.as_ref().as_ref().map_err(|e| Failed::Whole(e.clone()))?;
         let leaf = meta.file_metadata().schema_descr().columns().get(column).cloned();
         let Some(leaf) = leaf else {
-            return Err(ParquetError::CorruptRowGroup {
+            return Err(Failed::Whole(ParquetError::CorruptRowGroup {
                 file: name.to_string(),
                 row_group,
                 message: format!("no leaf column {column}: the file changed since it was indexed"),
-            });
+            }));
         };
+        let layout = self.layout(name, meta, column);
+        let rows = meta.row_groups().get(row_group).and_then(|rg| usize::try_from(rg.num_rows()).ok());
+        if let (Some(rows), false) = (rows, self.seen_bytes.load(Ordering::Relaxed) <= self.budget) {
+            if row >= rows {
+                return Ok(Loaded::PastTheEnd(rows));
+            }
+            if let Some(pages) = self.pages(file, meta, &layout, row_group, column) {
+                let page = page_of(&pages, row);
+                self.pages_read.fetch_add(1, Ordering::Relaxed);
+                let started = std::time::Instant::now();
+                let read =
+                    read_page(file, meta, row_group, column, &pages, page, self.max_chunk, self.roots.as_deref())
+                        .map_err(Failed::Page)?;
+                self.bytes_read.fetch_add(read.bytes, Ordering::Relaxed);
+                tracing::debug!(
+                    file = name,
+                    row_group,
+                    page,
+                    rows = read.values.len(),
+                    elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                    "read page"
+                );
+                return Ok(Loaded::Page { rows, first_row: read.first_row, values: read.values });
+            }
+        }
         self.reads.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = meta.row_groups().get(row_group).and_then(|rg| rg.columns().get(column)) {
+            self.bytes_read.fetch_add(u64::try_from(c.compressed_size()).unwrap_or(0), Ordering::Relaxed);
+        }
         let started = std::time::Instant::now();
-        match read_column_chunk(file, meta, row_group, column, self.max_chunk, self.roots.as_deref())? {
+        let values = read_column_chunk(file, meta, row_group, column, self.max_chunk, self.roots.as_deref())
+            .map_err(Failed::Whole)?;
+        match values {
             ChunkValues::Binary(values) => {
                 tracing::debug!(
                     file = name,
@@ -187,14 +343,96 @@ impl RowGroupCache {
                     elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
                     "read row group"
                 );
-                Ok(Arc::new(values))
+                Ok(Loaded::Whole(values))
             }
-            ChunkValues::Int(_) | ChunkValues::Float(_) | ChunkValues::IntLists(_) => Err(ParquetError::WrongType {
-                file: name.to_string(),
-                column: leaf.path().string(),
-                found: format!("{:?}", leaf.physical_type()),
-                expected: "binary (BYTE_ARRAY)",
-            }),
+            ChunkValues::Int(_) | ChunkValues::Float(_) | ChunkValues::IntLists(_) => {
+                Err(Failed::Whole(ParquetError::WrongType {
+                    file: name.to_string(),
+                    column: leaf.path().string(),
+                    found: format!("{:?}", leaf.physical_type()),
+                    expected: "binary (BYTE_ARRAY)",
+                }))
+            }
+        }
+    }
+
+    /// What is known of the pages of `file`'s leaf column `column`; made on its first read,
+    /// when its bytes are counted.
+    fn layout(&self, name: &str, meta: &ParquetMetaData, column: usize) -> SharedLayout {
+        let key = (name.to_string(), column as u32);
+        let mut layouts = self.layouts.lock();
+        if let Some(l) = layouts.get(&key) {
+            return Arc::clone(l);
+        }
+        let groups = meta.num_row_groups();
+        let bytes: u64 = meta
+            .row_groups()
+            .iter()
+            .filter_map(|rg| rg.columns().get(column))
+            .map(|c| u64::try_from(c.uncompressed_size()).unwrap_or(0))
+            .sum();
+        self.seen_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let layout =
+            Arc::new(Mutex::new(Layout { index_read: false, pages: vec![None; groups], scanned: vec![false; groups] }));
+        layouts.insert(key, Arc::clone(&layout));
+        drop(layouts);
+        layout
+    }
+
+    /// The pages of row group `row_group`: from the offset index (read once for the whole
+    /// file, one ranged read, when it has one), or found by their headers in a local file
+    /// (once); `None` when unknown (an object without an offset index is read whole: its
+    /// page headers would take one request each).
+    fn pages(
+        &self,
+        file: &ParquetFile,
+        meta: &ParquetMetaData,
+        layout: &Mutex<Layout>,
+        row_group: usize,
+        column: usize,
+    ) -> Option<Pages> {
+        let mut l = layout.lock();
+        if !l.index_read {
+            l.index_read = true;
+            let has_index = meta
+                .row_groups()
+                .iter()
+                .any(|rg| rg.columns().get(column).is_some_and(|c| c.offset_index_range().is_some()));
+            if has_index {
+                match offset_indexes(file, meta, column, self.roots.as_deref()) {
+                    Ok(pages) => {
+                        let read: u64 = meta
+                            .row_groups()
+                            .iter()
+                            .filter_map(|rg| rg.columns().get(column)?.offset_index_range())
+                            .map(|r| r.end - r.start)
+                            .sum();
+                        self.bytes_read.fetch_add(read, Ordering::Relaxed);
+                        l.scanned = pages.iter().map(Option::is_some).collect();
+                        l.pages = pages;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot read the offset index: reading whole row groups"),
+                }
+            }
+        }
+        if let Some(p) = l.pages.get(row_group).cloned().flatten() {
+            return Some(p);
+        }
+        let ParquetFile::Local(path) = file else { return None };
+        if l.scanned.get(row_group).copied().unwrap_or(true) {
+            return None;
+        }
+        l.scanned[row_group] = true;
+        match scan_pages(path, meta, row_group, column, self.roots.as_deref()) {
+            Ok((pages, bytes)) => {
+                self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+                l.pages[row_group] = pages.clone();
+                pages
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot find the pages by their headers: reading the row group whole");
+                None
+            }
         }
     }
 

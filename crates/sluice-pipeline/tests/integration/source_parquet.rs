@@ -31,6 +31,17 @@ enum Layout {
 
 /// Writes `images` (with labels `i % 5`) to `path` in row groups of `per_group` rows.
 fn write_parquet(path: &Path, images: &[Vec<u8>], per_group: usize, layout: Layout) {
+    write_parquet_with(path, images, per_group, layout, WriterProperties::builder());
+}
+
+/// As [`write_parquet`], with the writer's properties from `props` (Snappy added).
+fn write_parquet_with(
+    path: &Path,
+    images: &[Vec<u8>],
+    per_group: usize,
+    layout: Layout,
+    props: parquet::file::properties::WriterPropertiesBuilder,
+) {
     let schema = match layout {
         Layout::HuggingFace => {
             "message schema { optional group image { optional binary bytes; optional binary path (STRING); } \
@@ -39,7 +50,7 @@ fn write_parquet(path: &Path, images: &[Vec<u8>], per_group: usize, layout: Layo
         Layout::Binary => "message schema { required binary image; }",
     };
     let schema = Arc::new(parse_message_type(schema).unwrap());
-    let props = Arc::new(WriterProperties::builder().set_compression(Compression::SNAPPY).build());
+    let props = Arc::new(props.set_compression(Compression::SNAPPY).build());
     let mut w = SerializedFileWriter::new(File::create(path).unwrap(), schema, props).unwrap();
     for (g, group) in images.chunks(per_group).enumerate() {
         let mut rg = w.next_row_group().unwrap();
@@ -70,7 +81,7 @@ fn write_parquet(path: &Path, images: &[Vec<u8>], per_group: usize, layout: Layo
     w.close().unwrap();
 }
 
-fn jpegs(n: usize, offset: usize) -> Vec<Vec<u8>> {
+pub(crate) fn jpegs(n: usize, offset: usize) -> Vec<Vec<u8>> {
     (0..n).map(|i| noise_jpeg(offset + i, 24).unwrap()).collect()
 }
 
@@ -153,7 +164,148 @@ fn a_shuffled_epoch_reads_each_row_group_once_when_the_window_holds_them() {
     // A window of one row group's bytes: at most one read per sample, never more.
     let tight = RowGroupCache::new(1, None);
     read_all(&tight);
-    assert!(tight.reads() <= 60 && tight.reads() > 6, "{} reads", tight.reads());
+    let reads = tight.reads() + tight.pages_read();
+    assert!(reads <= 60 && reads > 6, "{} reads, {} of pages", reads, tight.pages_read());
+}
+
+/// Where sample `i` of a [`write_paged`] file lies: (row group, row); its image is leaf 0.
+pub(crate) fn paged_row(i: usize) -> (u32, u32) {
+    ((i / 20) as u32, (i % 20) as u32)
+}
+
+/// Row groups of 20 rows in pages of 2 rows each, with or without an offset index (the
+/// page index `datasets` writes; pyarrow's own default writes none).
+pub(crate) fn write_paged(path: &Path, images: &[Vec<u8>], offset_index: bool) {
+    let props = WriterProperties::builder()
+        .set_data_page_row_count_limit(2)
+        .set_write_batch_size(1)
+        .set_dictionary_enabled(false)
+        .set_offset_index_disabled(!offset_index);
+    write_parquet_with(path, images, 20, Layout::HuggingFace, props);
+}
+
+#[test]
+fn a_small_window_reads_only_the_pages_of_its_rows_and_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = jpegs(60, 0);
+    for offset_index in [true, false] {
+        let file = dir.path().join(format!("paged-{offset_index}.parquet"));
+        write_paged(&file, &images, offset_index);
+        assert_eq!(build_manifest(&source(&file)).unwrap().len(), 60);
+        let meta = parquet::file::reader::FileReader::metadata(
+            &parquet::file::serialized_reader::SerializedFileReader::new(File::open(&file).unwrap()).unwrap(),
+        )
+        .clone();
+        assert_eq!(meta.num_row_groups(), 3);
+        assert_eq!(meta.row_group(0).column(0).offset_index_range().is_some(), offset_index);
+        let chunks: u64 = meta.row_groups().iter().map(|rg| rg.column(0).compressed_size() as u64).sum();
+        let order: Vec<usize> = (0..60).map(|i| (i * 7 + 3) % 60).collect();
+        let read_all = |cache: &RowGroupCache| -> Vec<Vec<u8>> {
+            order
+                .iter()
+                .map(|&i| {
+                    let (row_group, row) = paged_row(i);
+                    let mut buf = Vec::new();
+                    cache.read(&file, row_group, row, 0, 1 << 20, &mut buf).unwrap();
+                    buf
+                })
+                .collect()
+        };
+        let want: Vec<Vec<u8>> = order.iter().map(|&i| images[i].clone()).collect();
+        // A window holding the dataset: each row group read whole, once.
+        let roomy = RowGroupCache::new(64 << 20, None);
+        assert!(read_all(&roomy) == want, "offset index {offset_index}: the roomy window's bytes differ");
+        assert_eq!((roomy.reads(), roomy.bytes_read()), (3, chunks), "offset index {offset_index}");
+        // A window of one page: each sample reads its own page (2 rows of 20), not its row
+        // group (before: a whole row group for each sample not following one of its group).
+        let tight = RowGroupCache::new(1, None);
+        assert!(read_all(&tight) == want, "offset index {offset_index}: the tight window's bytes differ");
+        assert!(
+            tight.bytes_read() < 3 * chunks,
+            "offset index {offset_index}: {} bytes read for 60 samples of {chunks} bytes of row groups",
+            tight.bytes_read()
+        );
+        assert_eq!((tight.reads(), tight.pages_read()), (0, 60), "offset index {offset_index}: one page per sample");
+    }
+}
+
+#[test]
+fn a_page_read_from_a_truncated_file_fails_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cut.parquet");
+    let images = jpegs(40, 0);
+    write_paged(&file, &images, true);
+    let m = build_manifest(&source(&file)).unwrap();
+    let cache = RowGroupCache::new(1, None);
+    let read = |row_group: u32, row: u32| {
+        let mut buf = Vec::new();
+        cache.read(&file, row_group, row, 0, 1 << 20, &mut buf).map(|()| buf).map_err(|e| e.to_string())
+    };
+    assert_eq!(m.len(), 40);
+    assert_eq!(read(0, 1).unwrap(), images[1]);
+    // The footer and offset index are kept; the pages of row group 1 are cut off.
+    let meta = parquet::file::reader::FileReader::metadata(
+        &parquet::file::serialized_reader::SerializedFileReader::new(File::open(&file).unwrap()).unwrap(),
+    )
+    .clone();
+    let cut = usize::try_from(meta.row_group(1).column(0).data_page_offset()).unwrap();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..cut]).unwrap();
+    assert_eq!(read(0, 10).unwrap(), images[10], "another page of row group 0 is still there");
+    let e = read(1, 5).unwrap_err();
+    assert!(e.contains("cut.parquet: cannot read bytes"), "{e}");
+    assert_eq!(cache.pages_read(), 3);
+}
+
+#[test]
+fn a_garbled_offset_index_is_not_trusted_and_the_rows_read_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("garbled.parquet");
+    let images = jpegs(40, 0);
+    write_paged(&file, &images, true);
+    assert_eq!(build_manifest(&source(&file)).unwrap().len(), 40);
+    let meta = parquet::file::reader::FileReader::metadata(
+        &parquet::file::serialized_reader::SerializedFileReader::new(File::open(&file).unwrap()).unwrap(),
+    )
+    .clone();
+    // Row group 0's index: bytes that decode to nothing (or to pages outside the chunk).
+    // Row group 1's: its pages' offsets moved past the end of the file.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let r = meta.row_group(0).column(0).offset_index_range().unwrap();
+    bytes[r.start as usize..r.end as usize].fill(0x15);
+    let r = meta.row_group(1).column(0).offset_index_range().unwrap();
+    let index =
+        parquet::file::page_index::index_reader::decode_offset_index(&bytes[r.start as usize..r.end as usize]).unwrap();
+    let first = index.page_locations()[0].offset;
+    // The first page's offset, as the index stores it (a zigzag varint), made huge in place.
+    let needle = {
+        let mut v = ((first << 1) ^ (first >> 63)) as u64;
+        let mut out = Vec::new();
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+        out
+    };
+    let at = bytes[r.start as usize..r.end as usize].windows(needle.len()).position(|w| w == needle).unwrap();
+    let at = r.start as usize + at + needle.len() - 1;
+    bytes[at] = 0x7f;
+    let moved = parquet::file::page_index::index_reader::decode_offset_index(&bytes[r.start as usize..r.end as usize])
+        .unwrap()
+        .page_locations()[0]
+        .offset;
+    assert!(moved > bytes.len() as i64, "{first} -> {moved}");
+    std::fs::write(&file, &bytes).unwrap();
+    let cache = RowGroupCache::new(1, None);
+    for (i, image) in images.iter().enumerate() {
+        let (row_group, row) = paged_row(i);
+        let mut buf = Vec::new();
+        cache.read(&file, row_group, row, 0, 1 << 20, &mut buf).unwrap();
+        assert!(buf == *image, "row {i} differs");
+    }
+    // The pages were found by their headers instead.
+    assert_eq!(cache.reads(), 0);
 }
 
 fn loader_spec(path: &Path, on_error: ErrorPolicy) -> PipelineSpec {

@@ -236,6 +236,46 @@ fn an_image_folder_in_a_bucket_gives_the_batches_of_the_same_files_on_disk() {
 }
 
 #[test]
+fn a_small_window_reads_only_the_pages_of_a_parquet_object_with_an_offset_index() {
+    use sluice_pipeline::storage::RowGroupCache;
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let b = bucket();
+    let images = crate::source_parquet::jpegs(40, 0);
+    for offset_index in [true, false] {
+        let local = dir.path().join(format!("paged-{offset_index}.parquet"));
+        crate::source_parquet::write_paged(&local, &images, offset_index);
+        let key = format!("parquet-pages/paged-{offset_index}.parquet");
+        put(&store(&b), &key, std::fs::read(&local).unwrap());
+        let url = PathBuf::from(format!("s3://{b}/{key}"));
+        let spec = SourceSpec::Parquet { path: url.clone(), image_column: "image".into(), label_column: None };
+        assert_eq!(build_manifest(&spec).unwrap().len(), 40);
+        let order: Vec<usize> = (0..40).map(|i| (i * 7 + 3) % 40).collect();
+        let cache = RowGroupCache::new(1, None);
+        for &i in &order {
+            let (row_group, row) = crate::source_parquet::paged_row(i);
+            let mut buf = Vec::new();
+            cache.read(&url, row_group, row, 0, 1 << 20, &mut buf).unwrap();
+            assert!(buf == images[i], "offset index {offset_index}: row {i} differs");
+        }
+        let file_bytes = std::fs::metadata(&local).unwrap().len();
+        if offset_index {
+            // One ranged read of a page (2 rows of 20) per sample, not of its row group.
+            assert_eq!((cache.reads(), cache.pages_read()), (0, 40));
+            assert!(
+                cache.bytes_read() < 2 * file_bytes,
+                "{} bytes read of a {file_bytes}-byte object",
+                cache.bytes_read()
+            );
+        } else {
+            // Without an offset index, a page header would cost a request: whole row groups.
+            assert_eq!(cache.pages_read(), 0);
+            assert!(cache.reads() > 2, "{} reads", cache.reads());
+        }
+    }
+}
+
+#[test]
 fn every_sample_of_an_epoch_is_read_ahead_and_a_cached_one_is_not() {
     let _ = server();
     let dir = tempfile::tempdir().unwrap();
