@@ -26,6 +26,7 @@ use parquet::file::page_index::index_reader::decode_offset_index;
 use parquet::file::page_index::offset_index::PageLocation;
 use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
+use parquet::schema::types::ColumnDescPtr;
 
 use super::confine::{open_regular, Roots};
 use super::object::ObjectUrl;
@@ -431,14 +432,8 @@ pub(crate) fn read_column_chunk(
     let (rg, chunk, start, end) = chunk_of(file, meta, row_group, leaf, max_chunk_bytes)?;
     let data = file.read_range(start..end, roots)?;
     let rows = usize::try_from(rg.num_rows()).map_err(|_| corrupt(format!("{} rows", rg.num_rows())))?;
-    let descr = rg
-        .schema_descr()
-        .columns()
-        .get(leaf)
-        .cloned()
-        .ok_or_else(|| corrupt(format!("the schema has no leaf column {leaf}")))?;
+    let (descr, column) = leaf_column(rg, leaf).map_err(corrupt)?;
     let max_def = descr.max_def_level();
-    let column = descr.path().string();
     let lists = (descr.max_rep_level() > 0).then(|| ListLevels {
         // The column's top node: a null list below this level, an empty one from it.
         top: i16::from(rg.schema_descr().get_column_root(leaf).get_basic_info().repetition() == Repetition::OPTIONAL),
@@ -894,14 +889,8 @@ pub(crate) fn read_page(
         bytes += range.end - range.start;
         read.push(InMemoryRange { start: range.start, data: file.read_range(range, roots)? });
     }
-    let descr = rg
-        .schema_descr()
-        .columns()
-        .get(leaf)
-        .cloned()
-        .ok_or_else(|| corrupt(format!("the schema has no leaf column {leaf}")))?;
+    let (descr, column) = leaf_column(rg, leaf).map_err(corrupt)?;
     let max_def = descr.max_def_level();
-    let column = descr.path().string();
     let values = guarded(|| {
         let reader = SerializedPageReader::new(Arc::new(SparseRanges(read)), chunk, rows, Some(pages.to_vec()))?;
         let ColumnReader::ByteArrayColumnReader(mut r) = get_column_reader(descr.clone(), Box::new(reader)) else {
@@ -922,6 +911,18 @@ pub(crate) fn read_page(
         )));
     }
     Ok(PageRows { first_row, values, bytes })
+}
+
+/// Leaf column `leaf` of a row group's schema, and its dotted name.
+fn leaf_column(rg: &RowGroupMetaData, leaf: usize) -> Result<(ColumnDescPtr, String), String> {
+    let descr = rg
+        .schema_descr()
+        .columns()
+        .get(leaf)
+        .cloned()
+        .ok_or_else(|| format!("the schema has no leaf column {leaf}"))?;
+    let column = descr.path().string();
+    Ok((descr, column))
 }
 
 /// The limit on one column chunk's bytes (`SLUICE_PARQUET_MAX_CHUNK_BYTES`).
