@@ -381,7 +381,13 @@ impl ObjectAware {
 /// Whether any sample of `manifest` is read from object storage (what the read-ahead is
 /// for): a loader asks once, so a local dataset names nothing per batch.
 pub fn any_remote(manifest: &sluice_core::Manifest) -> bool {
-    manifest.entries().any(|e| ObjectAware::wanted(&manifest.root, e.location).is_some())
+    // A local root makes every sample local (a path joined onto it is never a URL): the
+    // answer without a pass over millions of samples.
+    let root = &manifest.root;
+    if !root.as_os_str().is_empty() && ObjectUrl::parse(root).is_none() {
+        return false;
+    }
+    manifest.entries().any(|e| ObjectAware::wanted(root, e.location).is_some())
 }
 
 impl Storage for ObjectAware {
