@@ -3,7 +3,7 @@
 //! the loader uses. Properties: nothing panics or aborts (a lying footer or page header
 //! must not make it allocate past the file's size or the chunk limit); an indexed file
 //! has at most one entry per byte of file, and each row either reads or fails with an
-//! error naming the file.
+//! error naming the file, read whole and read by its page (offset index, page headers).
 //!
 //! Input: the file's bytes. Seeds (fuzz/seeds/parquet) are small files in the layouts the
 //! source takes; the fuzzer damages them.
@@ -13,9 +13,9 @@
 use std::io::Write;
 
 use libfuzzer_sys::fuzz_target;
-use sluice_core::{SourceSpec, StorageSpec};
+use sluice_core::{LocationRef, SourceSpec, StorageSpec};
 use sluice_pipeline::source::build_manifest;
-use sluice_pipeline::storage::open_storage;
+use sluice_pipeline::storage::{open_storage, RowGroupCache};
 
 fuzz_target!(|data: &[u8]| {
     // One file per fuzzing process, rewritten for every input.
@@ -34,6 +34,15 @@ fuzz_target!(|data: &[u8]| {
     let mut buf = Vec::new();
     for e in manifest.entries().take(4096) {
         if let Err(err) = storage.read(&manifest.root, e.location, 1 << 20, &mut buf) {
+            assert!(!err.to_string().is_empty());
+        }
+    }
+    // A cache of no bytes reads each row's page alone (offset index or page headers): the
+    // same rows through the page reader.
+    let pages = RowGroupCache::with_max_chunk(0, 1 << 20, None);
+    for e in manifest.entries().take(4096) {
+        let LocationRef::ParquetRow { file, row_group, row, column } = e.location else { continue };
+        if let Err(err) = pages.read(&manifest.root.join(file), row_group, row, column, 1 << 20, &mut buf) {
             assert!(!err.to_string().is_empty());
         }
     }
