@@ -18,6 +18,20 @@ use sluice_pipeline::source::build_manifest;
 use sluice_pipeline::storage::{open_storage, RowGroupCache};
 
 fuzz_target!(|data: &[u8]| {
+    // The `parquet` crate panics on some damaged headers (e.g. a DATA_PAGE header without
+    // its data_page_header: an unwrap in its PageMetadata conversion). sluice runs the
+    // crate under `catch_unwind` (`guarded` in storage/parquet.rs), so such a panic becomes
+    // an error naming the file; libFuzzer's hook would abort on it before the catch. The
+    // property kept: a panic anywhere else still aborts, and an uncaught one aborts too.
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let abort = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.location().is_some_and(|l| l.file().contains("/parquet-")) {
+                abort(info);
+            }
+        }));
+    });
     // One file per fuzzing process, rewritten for every input.
     let path = std::env::temp_dir().join(format!("sluice-fuzz-{}.parquet", std::process::id()));
     let Ok(mut f) = std::fs::File::create(&path) else { return };
