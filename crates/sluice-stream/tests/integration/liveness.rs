@@ -1,6 +1,7 @@
 //! Learners of one job share its consumer group: a live learner keeps what it holds (read
 //! ahead, or trained and waiting for a checkpoint) however slow its steps; only a dead
-//! learner's entries go to the others.
+//! learner's entries go to the others. What a learner reads ahead is bounded
+//! (`rate.read_ahead` batches), so a slow one leaves the backlog to the others.
 //!
 //! The learners of the three-learner test are real processes: this test binary run again
 //! with `LEARNER_SPEC` set, which makes `learner_process` (otherwise a no-op) train until a
@@ -27,6 +28,8 @@ fn a_learner_that_pauses_past_claim_idle_keeps_what_it_read_ahead() {
     push_dataset(&dataset(dir.path(), n, 4), &push_options(&redis.url(), "s", 0.0)).unwrap();
     let mut spec = stream_spec(&redis.url(), "s", "job", 4, 0, None);
     spec.claim_idle_ms = 1000;
+    // Room for the whole stream and its end marker, so that `a` holds all of it.
+    spec.rate.read_ahead = 32;
     spec.consumer = "a".into();
     let mut a = StreamLoader::new(spec.clone()).unwrap();
     spec.consumer = "b".into();
@@ -118,6 +121,8 @@ fn a_slow_learner_leaves_the_backlog_to_a_fast_one() {
         since_slow.as_secs_f64()
     );
     assert_exactly_once([f.trained.clone(), s.trained.clone()].concat(), n as usize, "two learners, one slow");
+    let bound = spec.rate.read_ahead * spec.new_per_batch;
+    assert!(slow_first_read <= bound, "the slow learner read {slow_first_read} entries at first, past {bound}");
     assert!(
         f.trained.len() as u64 * 10 >= n * 4,
         "the fast learner trained {} of {n} entries and the slow one {}: the slow one took the backlog \
@@ -206,6 +211,7 @@ fn three_learners_one_slow_and_one_killed_train_every_entry_exactly_once() {
     let mut con = redis::Client::open(redis.url()).unwrap().get_connection().unwrap();
     let mut spec = stream_spec(&redis.url(), "s", "job", 1, 0, None);
     spec.rate.buffer = 4;
+    spec.rate.read_ahead = 4;
     spec.claim_idle_ms = 1000;
     let named = |name: &str| StreamSpec { consumer: name.into(), ..spec.clone() };
 
