@@ -90,8 +90,10 @@ class StreamLoader:
             same on every learner; without either the loader refuses to start).
             ``"persist": True`` keeps the exemplars in ``dir/<stream>-<group>-<consumer>.exemplars``
             as they are kept, so a loader started again without a checkpoint has its buffer back.
-        rate: ``{"buffer": N, "overflow": "backpressure" | "drop_oldest" | "drop_random" | "spill",
-            "underflow": "wait" | "rehearsal", "fill_after_ms": ms}``.
+        rate: ``{"buffer": N, "read_ahead": batches, "overflow": "backpressure" | "drop_oldest" |
+            "drop_random" | "spill", "underflow": "wait" | "rehearsal", "fill_after_ms": ms}``;
+            under backpressure a learner takes at most ``read_ahead`` (default 2) batches of new
+            samples from the group ahead of its trainer, so learners of one group share a backlog.
         consumer: this learner's name in the group.
         threads: decoding threads: a count (0: one per core) or ``"auto"`` (the pool sized
             to what the trainer consumes, as for a file loader).

@@ -13,7 +13,10 @@
 //!
 //! Several learners of a job share its consumer group. Each keeps a liveness key alive
 //! (`liveness`); only a learner whose key expired is dead, and only a dead learner's
-//! pending entries are claimed by the others.
+//! pending entries are claimed by the others. Since a live learner's entries stay its
+//! own, it takes from the group (reads and claims) no more than `rate.read_ahead` batches
+//! ahead of its trainer: a slow learner does not hold a backlog that the others would
+//! train sooner.
 
 use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
@@ -520,7 +523,8 @@ impl StreamLoader {
 
     /// Reads from the broker: first this consumer's own pending entries (after a start, a
     /// restore or a read lost with its connection), then dead learners' (claimed), then new
-    /// ones, as many as the overflow policy lets in, waiting up to `block` for them.
+    /// ones, claims and new ones together as many as [`StreamLoader::room`] lets in,
+    /// waiting up to `block` for them.
     fn fill(&mut self, block: Duration) -> Result<(), StreamError> {
         // A connection lost by a command that delivers nothing (an ack, a length) loses nothing.
         self.broker.take_lost_connection();
@@ -551,24 +555,26 @@ impl StreamLoader {
             }
         }
         let claim_every = Duration::from_millis(self.spec.claim_idle_ms / 2);
-        if self.last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
+        let want = self.room().min(RECOVER_COUNT);
+        if want > 0 && self.last_claim.is_none_or(|t| t.elapsed() >= claim_every) {
             self.last_claim = Some(Instant::now());
             let idle = Duration::from_millis(self.spec.claim_idle_ms);
             let alive = |c: &str| alive_key(&stream, &group, c);
-            let got = self.broker.claim_from_dead(&stream, &group, &consumer, &alive, idle, RECOVER_COUNT)?;
+            let got = self.broker.claim_from_dead(&stream, &group, &consumer, &alive, idle, want)?;
             if self.broker.take_lost_connection() {
                 // A claim lost with its connection may have moved entries to this consumer.
                 self.recovering = Some("0".into());
+            }
+            if got.len() >= want {
+                // The dead may hold more: claim again at the next read, not a period later.
+                self.last_claim = None;
             }
             self.counters.claimed += got.len() as u64;
             for raw in &got {
                 self.admit(raw)?;
             }
         }
-        let room = match self.spec.rate.overflow {
-            Overflow::Backpressure => self.spec.rate.buffer.saturating_sub(self.ahead.len()),
-            Overflow::DropOldest | Overflow::DropRandom | Overflow::Spill => self.spec.rate.buffer,
-        };
+        let room = self.room();
         if room == 0 || self.ended {
             return Ok(());
         }
@@ -586,6 +592,20 @@ impl StreamLoader {
             self.admit(raw)?;
         }
         Ok(())
+    }
+
+    /// Entries the next read or claim may take from the group. Under backpressure, what
+    /// is missing from `rate.read_ahead` batches (within `rate.buffer`): a learner holds
+    /// no more than it trains soon, and the group's other learners get the rest. Under the
+    /// dropping policies, a whole buffer: reading what arrives is how the surplus is seen
+    /// and dropped or spilled.
+    fn room(&self) -> usize {
+        match self.spec.rate.overflow {
+            Overflow::Backpressure => {
+                self.spec.rate.read_ahead_samples(self.spec.new_per_batch).saturating_sub(self.ahead.len())
+            }
+            Overflow::DropOldest | Overflow::DropRandom | Overflow::Spill => self.spec.rate.buffer,
+        }
     }
 
     /// Takes one entry in: a new sample joins the read-ahead buffer (the overflow policy

@@ -105,6 +105,13 @@ pub struct RateSpec {
     /// Samples read ahead of the trainer, at most.
     #[serde(default = "default_buffer")]
     pub buffer: usize,
+    /// Under `overflow = "backpressure"`: batches of new samples a learner takes from the
+    /// group ahead of its trainer, at most (`read_ahead × new_per_batch` entries, and no
+    /// more than `buffer`). It reads more only as batches are taken, so learners sharing
+    /// a group split the backlog by how fast they train: a slow one holds no more than it
+    /// trains soon, and the rest goes to the others.
+    #[serde(default = "default_read_ahead")]
+    pub read_ahead: usize,
     #[serde(default)]
     pub overflow: Overflow,
     #[serde(default)]
@@ -119,6 +126,7 @@ impl Default for RateSpec {
     fn default() -> Self {
         Self {
             buffer: default_buffer(),
+            read_ahead: default_read_ahead(),
             overflow: Overflow::default(),
             underflow: Underflow::default(),
             fill_after_ms: default_fill_after_ms(),
@@ -169,8 +177,19 @@ fn default_reconnect_ms() -> u64 {
 fn default_buffer() -> usize {
     1024
 }
+fn default_read_ahead() -> usize {
+    2
+}
 fn default_fill_after_ms() -> u64 {
     5
+}
+
+impl RateSpec {
+    /// The most new samples a learner takes from the group ahead of its trainer under
+    /// `overflow = "backpressure"`: `read_ahead` batches, within `buffer`.
+    pub fn read_ahead_samples(&self, new_per_batch: usize) -> usize {
+        self.read_ahead.saturating_mul(new_per_batch).min(self.buffer)
+    }
 }
 
 impl StreamSpec {
@@ -181,6 +200,9 @@ impl StreamSpec {
         }
         if self.rate.buffer < self.new_per_batch {
             return bad("rate.buffer", "must hold at least one batch of new samples (new_per_batch)");
+        }
+        if self.rate.read_ahead == 0 {
+            return bad("rate.read_ahead", "must be at least 1 (batches of new samples read ahead of the trainer)");
         }
         if self.stream.is_empty() || self.group.is_empty() || self.consumer.is_empty() {
             return bad("stream/group/consumer", "must not be empty");
@@ -255,6 +277,23 @@ mod tests {
         let parsed = spec(r#"{"capacity": 8}"#);
         let e = parsed.as_ref().map(problem).unwrap_or_else(|e| e.clone());
         assert!(e.starts_with("stream config: `rehearsal.dir` is required") && e.contains("state()"), "{e}");
+    }
+
+    #[test]
+    fn read_ahead_defaults_to_two_batches_within_the_buffer_and_zero_is_refused_naming_the_field() {
+        let mut spec = spec(r#"{"capacity": 8, "dir": "/tmp/r"}"#).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(spec.rate.read_ahead, 2);
+        assert_eq!(spec.rate.read_ahead_samples(spec.new_per_batch), 8, "two batches of 4");
+        spec.rate.buffer = 6;
+        assert_eq!(spec.rate.read_ahead_samples(spec.new_per_batch), 6, "never past the buffer");
+        spec.rate.read_ahead = usize::MAX;
+        assert_eq!(spec.rate.read_ahead_samples(spec.new_per_batch), 6, "no overflow");
+        spec.rate.read_ahead = 0;
+        assert!(
+            problem(&spec).starts_with("stream config: `rate.read_ahead` must be at least 1"),
+            "{}",
+            problem(&spec)
+        );
     }
 
     #[test]

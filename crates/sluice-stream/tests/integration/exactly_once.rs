@@ -143,7 +143,9 @@ fn a_resume_rereads_every_pending_entry_before_trusting_the_end_marker() {
     let n = 300;
     let manifest = dataset(dir.path(), n, 2);
     push_dataset(&manifest, &push_options(&redis.url(), "s", 0.0)).unwrap();
-    let spec = stream_spec(&redis.url(), "s", "job", 4, 0, None);
+    let mut spec = stream_spec(&redis.url(), "s", "job", 4, 0, None);
+    // Room for the whole stream and its end marker.
+    spec.rate.read_ahead = 100;
     let mut first = StreamLoader::new(spec.clone()).unwrap();
     let mut trained = Vec::new();
     // The trainer reads the end marker early (read-ahead) and checkpoints only once, late:

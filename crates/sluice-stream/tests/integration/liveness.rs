@@ -1,6 +1,7 @@
 //! Learners of one job share its consumer group: a live learner keeps what it holds (read
 //! ahead, or trained and waiting for a checkpoint) however slow its steps; only a dead
-//! learner's entries go to the others.
+//! learner's entries go to the others. What a learner reads ahead is bounded
+//! (`rate.read_ahead` batches), so a slow one leaves the backlog to the others.
 //!
 //! The learners of the three-learner test are real processes: this test binary run again
 //! with `LEARNER_SPEC` set, which makes `learner_process` (otherwise a no-op) train until a
@@ -27,6 +28,8 @@ fn a_learner_that_pauses_past_claim_idle_keeps_what_it_read_ahead() {
     push_dataset(&dataset(dir.path(), n, 4), &push_options(&redis.url(), "s", 0.0)).unwrap();
     let mut spec = stream_spec(&redis.url(), "s", "job", 4, 0, None);
     spec.claim_idle_ms = 1000;
+    // Room for the whole stream and its end marker, so that `a` holds all of it.
+    spec.rate.read_ahead = 32;
     spec.consumer = "a".into();
     let mut a = StreamLoader::new(spec.clone()).unwrap();
     spec.consumer = "b".into();
@@ -49,6 +52,84 @@ fn a_learner_that_pauses_past_claim_idle_keeps_what_it_read_ahead() {
     assert_eq!(overlap, 0, "both learners trained {overlap} samples; `b` claimed from a live learner");
     assert_eq!(b.stats().stream.counters.claimed, 0);
     assert_exactly_once([trained_a, trained_b].concat(), n, "two learners, one pausing");
+}
+
+/// Entries of the group that `consumer` holds (read and not acknowledged).
+fn held_by(con: &mut redis::Connection, consumer: &str) -> usize {
+    // No group yet (NOGROUP) until the first learner has started: nothing held.
+    let pending: Option<redis::streams::StreamPendingReply> = con.xpending("s", "job").ok();
+    let Some(redis::streams::StreamPendingReply::Data(data)) = pending else { return 0 };
+    data.consumers.iter().find(|c| c.name == consumer).map_or(0, |c| c.pending)
+}
+
+/// Two learners of one group over a backlog of 40 entries: `slow` steps 1 s per batch
+/// and reads first, `fast` starts 0.5 s later. What `slow` takes from the group ahead of
+/// its training is bounded by what it trains soon, so `fast` trains the rest at once
+/// instead of waiting while `slow` works through a backlog it hoarded.
+#[test]
+fn a_slow_learner_leaves_the_backlog_to_a_fast_one() {
+    let _w = watchdog("slow learner, shared backlog", 90);
+    let dir = tempfile::tempdir().unwrap();
+    let redis = Redis::start(dir.path(), false);
+    let n = 40u64;
+    let mut con = redis::Client::open(redis.url()).unwrap().get_connection().unwrap();
+    push_ids(&mut con, 0..n, f64::INFINITY);
+    let mut spec = stream_spec(&redis.url(), "s", "job", 4, 0, None);
+    spec.claim_idle_ms = 1000;
+    let named = |name: &str| StreamSpec { consumer: name.into(), ..spec.clone() };
+
+    let t0 = Instant::now();
+    let (mut slow, slow_out) = learner(&named("slow"), dir.path(), 1000, true);
+    // `slow` has read from the group before `fast` exists.
+    let slow_first_read = loop {
+        let held = held_by(&mut con, "slow");
+        if held > 0 {
+            break held;
+        }
+        assert!(slow.try_wait().unwrap().is_none(), "the slow learner exited early");
+        assert!(t0.elapsed() < Duration::from_secs(30), "the slow learner read nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let (mut fast, fast_out) = learner(&named("fast"), dir.path(), 10, true);
+    loop {
+        let (f, s) = (read(&fast_out), read(&slow_out));
+        let distinct: HashSet<u64> = f.trained.iter().chain(&s.trained).copied().collect();
+        if distinct.len() == n as usize {
+            break;
+        }
+        for (child, name) in [(&mut fast, "fast"), (&mut slow, "slow")] {
+            assert!(child.try_wait().unwrap().is_none(), "learner {name} exited early");
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{} of {n} entries trained", distinct.len());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (wall, since_slow) = (started.elapsed(), t0.elapsed());
+    std::fs::write(dir.path().join("stop"), b"").unwrap();
+    for (child, name) in [(&mut fast, "fast"), (&mut slow, "slow")] {
+        let status = child.wait().unwrap();
+        assert!(status.success(), "learner {name} failed: {status}");
+    }
+    let (f, s) = (read(&fast_out), read(&slow_out));
+    eprintln!(
+        "two learners over {n} entries: slow read {slow_first_read} at first and trained {}, fast trained {}; \
+         all trained {:.2} s after fast started ({:.2} s after slow did)",
+        s.trained.len(),
+        f.trained.len(),
+        wall.as_secs_f64(),
+        since_slow.as_secs_f64()
+    );
+    assert_exactly_once([f.trained.clone(), s.trained.clone()].concat(), n as usize, "two learners, one slow");
+    let bound = spec.rate.read_ahead * spec.new_per_batch;
+    assert!(slow_first_read <= bound, "the slow learner read {slow_first_read} entries at first, past {bound}");
+    assert!(
+        f.trained.len() as u64 * 10 >= n * 4,
+        "the fast learner trained {} of {n} entries and the slow one {}: the slow one took the backlog \
+         ({slow_first_read} entries at its first read) and the fast one waited",
+        f.trained.len(),
+        s.trained.len()
+    );
 }
 
 /// What a learner process writes after every batch.
@@ -130,6 +211,7 @@ fn three_learners_one_slow_and_one_killed_train_every_entry_exactly_once() {
     let mut con = redis::Client::open(redis.url()).unwrap().get_connection().unwrap();
     let mut spec = stream_spec(&redis.url(), "s", "job", 1, 0, None);
     spec.rate.buffer = 4;
+    spec.rate.read_ahead = 4;
     spec.claim_idle_ms = 1000;
     let named = |name: &str| StreamSpec { consumer: name.into(), ..spec.clone() };
 
