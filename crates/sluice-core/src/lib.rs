@@ -22,6 +22,7 @@ pub use record::{Annotation, BatchBoxes, BoxTargets, Mask, MaskSource, Segmentat
 pub use rng::SampleRng;
 pub use spec::{
     Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec,
-    DiskPolicyKind, ErrorPolicy, ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec, PaddingMode,
-    PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads, IOU_CROP_MAX_ROUNDS,
+    DiskPolicyKind, ErrorPolicy, Geometry, ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec,
+    PaddingMode, PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
+    IOU_CROP_MAX_ROUNDS,
 };

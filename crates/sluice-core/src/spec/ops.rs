@@ -487,6 +487,23 @@ pub enum PaddingMode {
     Symmetric,
 }
 
+/// How an op treats a sample's boxes and mask ([`OpSpec::geometry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Geometry {
+    /// Moves no pixel: boxes and mask stay as they are (colour ops, conversions, erasing,
+    /// sleep), as torchvision v2 passes them through.
+    Keeps,
+    /// Moves pixels, and the boxes and mask with them as torchvision v2 moves
+    /// `BoundingBoxes` and `Mask`.
+    Moves,
+    /// Moves pixels but cannot move boxes or masks (torchvision v2 raises for them too):
+    /// refused on a source with boxes.
+    RefusesBoxes,
+    /// A user function (`map`): it gets the mask and moves it itself; boxes pass through
+    /// unchanged (docs/map.md).
+    User,
+}
+
 /// The largest `|angle|` in degrees a rotation or affine range may name.
 pub const MAX_DEGREES: f64 = 360.0;
 /// The largest `|shear|` in degrees (90 is a degenerate map).
@@ -540,6 +557,51 @@ impl OpSpec {
             OpSpec::AugMix { .. } => "augmix",
             OpSpec::Sleep { .. } => "sleep",
             OpSpec::Map { .. } => "map",
+        }
+    }
+
+    /// How this op treats a sample's boxes and mask: the one place that says so. Validation
+    /// refuses a [`Geometry::RefusesBoxes`] op on a source with boxes, and sluice-codec's
+    /// `ops::apply` reports motion only for [`Geometry::Moves`] ops (and refuses to run a
+    /// `RefusesBoxes` op on a sample with boxes or a mask).
+    pub fn geometry(&self) -> Geometry {
+        // No `_` arm: a new op does not compile until it says how it treats geometry.
+        match self {
+            OpSpec::Decode
+            | OpSpec::Normalize { .. }
+            | OpSpec::Dtype { .. }
+            | OpSpec::Layout { .. }
+            | OpSpec::Invert
+            | OpSpec::ColorJitter { .. }
+            | OpSpec::RandomGrayscale { .. }
+            | OpSpec::Grayscale
+            | OpSpec::Solarize { .. }
+            | OpSpec::Posterize { .. }
+            | OpSpec::Equalize { .. }
+            | OpSpec::Autocontrast { .. }
+            | OpSpec::AdjustSharpness { .. }
+            | OpSpec::GaussianBlur { .. }
+            // torchvision v2's RandomErasing passes boxes and masks through (with a warning).
+            | OpSpec::RandomErasing { .. }
+            | OpSpec::Sleep { .. } => Geometry::Keeps,
+            OpSpec::Resize { .. }
+            | OpSpec::CenterCrop { .. }
+            | OpSpec::RandomResizedCrop { .. }
+            | OpSpec::RandomHorizontalFlip { .. }
+            | OpSpec::RandomVerticalFlip { .. }
+            | OpSpec::RandomRotation { .. }
+            | OpSpec::RandomAffine { .. }
+            | OpSpec::RandomPerspective { .. }
+            | OpSpec::RandomCrop { .. }
+            | OpSpec::Pad { .. }
+            | OpSpec::RandomIouCrop { .. } => Geometry::Moves,
+            // torchvision v2's `_AutoAugmentBase._flatten_and_extract_image_or_video` raises
+            // `TypeError` for `BoundingBoxes` and `Mask` in all four.
+            OpSpec::TrivialAugmentWide { .. }
+            | OpSpec::RandAugment { .. }
+            | OpSpec::AutoAugment { .. }
+            | OpSpec::AugMix { .. } => Geometry::RefusesBoxes,
+            OpSpec::Map { .. } => Geometry::User,
         }
     }
 
