@@ -6,6 +6,7 @@ pub mod batch;
 pub mod error;
 pub mod fields;
 pub mod image;
+pub mod logging;
 pub mod manifest;
 pub mod placement;
 pub mod record;
