@@ -24,7 +24,8 @@ use pyo3::prelude::*;
 #[pyo3(signature = (filter = "warn"))]
 fn enable_logging(filter: &str) -> PyResult<bool> {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init().is_ok())
+    let subscriber = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    Ok(subscriber.with_ansi(sluice_core::logging::stderr_colours()).try_init().is_ok())
 }
 
 #[pymodule]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Callable, Dict
 
 import pytest
 
@@ -208,3 +209,28 @@ def test_a_pipeline_equals_itself_saved_and_loaded_back(tmp_path: Path) -> None:
     # A spec that does not validate equals only the same spec.
     unfinished = Pipeline.image_folder(tmp_path).decode()
     assert unfinished == Pipeline.image_folder(tmp_path).decode() and unfinished != pipe
+
+
+@pytest.mark.parametrize(
+    "build, op",
+    [
+        (lambda p: p.random_rotation(30), {"op": "random_rotation", "degrees": 30}),
+        (lambda p: p.random_affine(15, shear=10), {"op": "random_affine", "degrees": 15, "shear": 10}),
+        (lambda p: p.random_affine(0, shear=(-4, 6)), {"op": "random_affine", "degrees": 0, "shear": [-4, 6]}),
+        (lambda p: p.pad(8), {"op": "pad", "padding": 8}),
+        (lambda p: p.pad((2, 6)), {"op": "pad", "padding": [2, 6]}),
+        (lambda p: p.random_crop(32, padding=4), {"op": "random_crop", "size": 32, "padding": 4}),
+        (lambda p: p.random_perspective(fill=128), {"op": "random_perspective", "fill": 128}),
+        (lambda p: p.trivial_augment_wide(fill=9), {"op": "trivial_augment_wide", "fill": 9}),
+    ],
+)
+def test_a_spec_file_takes_torchvisions_scalar_forms(build: Callable[[Pipeline], Pipeline], op: Dict[str, Any]) -> None:
+    # Before, a spec file refused them: "expected an array of length 2" (or 4).
+    built = build(Pipeline.image_folder("/d").decode()).center_crop(32).batch(4).to_dict()
+    ops = [{"op": "decode"}, op, {"op": "center_crop", "size": 32}]
+    spec = {"source": {"kind": "image_folder", "root": "/d"}, "ops": ops, "batch": {"size": 4}}
+    assert Pipeline.from_json(json.dumps(spec)).to_dict() == built
+    table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in op.items())
+    text = f'[source]\nkind = "image_folder"\nroot = "/d"\n[[ops]]\nop = "decode"\n[[ops]]\n{table}\n'
+    text += '[[ops]]\nop = "center_crop"\nsize = 32\n[batch]\nsize = 4\n'
+    assert Pipeline.from_toml(text).to_dict() == built

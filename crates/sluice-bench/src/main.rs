@@ -73,6 +73,7 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
+        .with_ansi(sluice_core::logging::stderr_colours())
         .init();
     let result = match Cli::parse().command {
         Command::Engine(a) => engine::main(a),

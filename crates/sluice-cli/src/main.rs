@@ -98,6 +98,7 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| EnvFilter::new("warn")))
         .with_writer(std::io::stderr)
+        .with_ansi(sluice_core::logging::stderr_colours())
         .init();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(bench) = args.get(1).and_then(|a| moved::bench_command(a)) {

@@ -39,6 +39,10 @@ pub enum CodecError {
     /// The sample's mask is not the size of its image.
     #[error("the mask is {}x{} but its image is {}x{}; a mask must be the size of its image", mask.0, mask.1, image.0, image.1)]
     MaskSize { mask: (u32, u32), image: (u32, u32) },
+    /// An op that cannot move boxes or masks (an augmentation policy) met a sample with
+    /// them. Validation refuses such a spec; only an op list that skipped it gets here.
+    #[error("`{op}` cannot move boxes or masks (nor can torchvision's); a sample with them cannot use it")]
+    RefusesBoxes { op: &'static str },
     /// A `map` op names a function nobody registered (see `register_user_op`).
     #[error("`map` op `{0}`: {NOT_REGISTERED}")]
     UnknownUserOp(String),
@@ -62,6 +66,7 @@ impl From<CodecError> for SampleErrorKind {
             CodecError::UserOp { op, message } => SampleErrorKind::UserOp { op, message },
             CodecError::UnknownUserOp(op) => SampleErrorKind::UserOp { op, message: NOT_REGISTERED.into() },
             e @ CodecError::MaskSize { .. } => SampleErrorKind::BadMask(e.to_string()),
+            e @ CodecError::RefusesBoxes { .. } => SampleErrorKind::Shape(e.to_string()),
         }
     }
 }

@@ -596,7 +596,8 @@ impl Plan {
                         std::mem::swap(a, b);
                     } else {
                         let moved;
-                        ((w, h), moved) = ops::apply(op, f)?;
+                        let has_records = boxes.is_some() || mask.is_some();
+                        ((w, h), moved) = ops::apply(op, f, has_records)?;
                         mask_move = moved.mask;
                         std::mem::swap(a, b);
                         if let Some(t) = boxes.as_deref_mut() {
@@ -1498,6 +1499,47 @@ mod tests {
             assert_eq!(out, px, "key {key}: a sample without boxes was changed");
         }
         assert!(cropped >= 4, "only {cropped} of 16 samples cropped");
+    }
+
+    #[test]
+    fn an_op_that_refuses_boxes_fails_a_sample_with_boxes_or_a_mask_rather_than_leave_them() {
+        // Validation refuses this spec with boxes; a plan compiled without it must not run
+        // the policy and hand back boxes and a mask the pixels left behind.
+        let ((w, h), rect, _, png) = rect_image();
+        let augmix = OpSpec::AugMix {
+            severity: 3,
+            mixture_width: 3,
+            chain_depth: -1,
+            alpha: 1.0,
+            all_ops: true,
+            interpolation: sluice_core::Interpolation::Bilinear,
+            fill: None,
+        };
+        let plan =
+            Plan::compile(&[OpSpec::Decode, augmix, OpSpec::CenterCrop { size: Size::square(64) }], Limits::default());
+        let mut out = vec![0u8; plan.output_bytes()];
+        let mut t = BoxTargets { boxes: vec![rect.map(|v| v as f32)], labels: vec![3] };
+        let e = plan.run(
+            &png,
+            &mut rng(1),
+            &mut Scratch::new(),
+            &mut out,
+            &mut [],
+            Records { boxes: Some(&mut t), mask: None },
+        );
+        assert_eq!(e, Err(CodecError::RefusesBoxes { op: "augmix" }));
+        let mut m = Mask { width: w, height: h, data: vec![0; (w * h) as usize] };
+        let e = plan.run(
+            &png,
+            &mut rng(1),
+            &mut Scratch::new(),
+            &mut out,
+            &mut [],
+            Records { boxes: None, mask: Some(&mut m) },
+        );
+        assert!(e.unwrap_err().to_string().contains("`augmix` cannot move boxes or masks"));
+        // Without either, it runs.
+        plan.run(&png, &mut rng(1), &mut Scratch::new(), &mut out, &mut [], Records::default()).unwrap();
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod batch;
 pub mod error;
 pub mod fields;
 pub mod image;
+pub mod logging;
 pub mod manifest;
 pub mod placement;
 pub mod record;
@@ -22,6 +23,7 @@ pub use record::{Annotation, BatchBoxes, BoxTargets, Mask, MaskSource, Segmentat
 pub use rng::SampleRng;
 pub use spec::{
     Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec,
-    DiskPolicyKind, ErrorPolicy, ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec, PaddingMode,
-    PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads, IOU_CROP_MAX_ROUNDS,
+    DiskPolicyKind, ErrorPolicy, Geometry, ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec,
+    PaddingMode, PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
+    IOU_CROP_MAX_ROUNDS,
 };

@@ -54,6 +54,29 @@ size = 4
 }
 
 #[test]
+fn logs_written_to_a_file_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    sluice(&["gen-images", "--out", "train", "--images", "6", "--classes", "2", "--corrupt", "2"], dir.path());
+    let spec = "on_error = \"skip\"\nthreads = 1\n[source]\nkind = \"image_folder\"\nroot = \"train\"\n\
+                [[ops]]\nop = \"decode\"\n[[ops]]\nop = \"center_crop\"\nsize = 32\n[batch]\nsize = 2\n";
+    std::fs::write(dir.path().join("spec.toml"), spec).unwrap();
+    let log = dir.path().join("log");
+    let status = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", "spec.toml"])
+        .current_dir(dir.path())
+        .env("SLUICE_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("WARN") || text.contains("INFO"), "the run logged nothing to check:\n{text}");
+    assert!(!text.contains('\x1b'), "`sluice run ... 2> log` wrote colour codes:\n{text:?}");
+}
+
+#[test]
 fn gen_writes_tar_shards_that_a_tar_source_reads_with_sidecar_fields() {
     let dir = tempfile::tempdir().unwrap();
     let args = ["gen-images", "--out", "shards", "--images", "12", "--classes", "3", "--corrupt", "2", "--fields"];

@@ -7,10 +7,10 @@
 //! pixels against torchvision's).
 //!
 //! An op joins by adding its `OpSpec` variant (sluice-core's `spec/ops.rs`: bounds, the
-//! size it leaves), an arm in its module's [`color::runs`]/[`color::apply`] (or
+//! size it leaves, its `Geometry`: whether it moves boxes and masks), an arm in its module's [`color::runs`]/[`color::apply`] (or
 //! geometry's), a builder method in python/sluice/pipeline.py and a row in docs/ops.md.
 
-use sluice_core::{DType, Layout, OpSpec, SampleRng};
+use sluice_core::{DType, Geometry, Layout, OpSpec, SampleRng};
 
 use crate::boxes::Motion;
 use crate::masks::MaskMove;
@@ -58,15 +58,17 @@ impl Moved {
     pub(crate) const NONE: Self = Self { motion: Motion::Identity, mask: MaskMove::Identity };
 }
 
-/// Runs `op` on `f`; returns the result's size and how the pixels moved (colour ops move
-/// nothing; the policies are refused with boxes by validation, so theirs is not tracked).
-pub(crate) fn apply(op: &OpSpec, f: Frame<'_>) -> Result<((u32, u32), Moved), CodecError> {
-    if color::runs(op) {
-        Ok((color::apply(op, f)?, Moved::NONE))
-    } else if policy::runs(op) {
-        Ok((policy::apply(op, f)?, Moved::NONE))
-    } else {
-        geometry::apply_moving(op, f)
+/// Runs `op` on `f`; returns the result's size and how the pixels moved, as the op's
+/// [`Geometry`] says: only a `Moves` op (the geometry module) reports motion; a `Keeps` op
+/// (colour) moves nothing; a `RefusesBoxes` op (the policies) runs only on a sample
+/// without boxes or a mask (`has_records`), which validation already ensures.
+pub(crate) fn apply(op: &OpSpec, f: Frame<'_>, has_records: bool) -> Result<((u32, u32), Moved), CodecError> {
+    match op.geometry() {
+        Geometry::Moves => geometry::apply_moving(op, f),
+        Geometry::Keeps => Ok((color::apply(op, f)?, Moved::NONE)),
+        Geometry::RefusesBoxes if has_records => Err(CodecError::RefusesBoxes { op: op.name() }),
+        Geometry::RefusesBoxes => Ok((policy::apply(op, f)?, Moved::NONE)),
+        Geometry::User => Err(not_mine(op, "pixel")),
     }
 }
 

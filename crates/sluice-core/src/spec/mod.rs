@@ -27,8 +27,8 @@ pub use cache::{
 pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
 pub use mix::{MixedSource, MAX_MIXED_SOURCES};
 pub use ops::{
-    AutoAugmentPolicy, ErasingValue, Interpolation, IouCropParams, KernelSize, OpSpec, PaddingMode, RandomTag, Range,
-    IOU_CROP_MAX_ROUNDS,
+    AutoAugmentPolicy, ErasingValue, Geometry, Interpolation, IouCropParams, KernelSize, OpSpec, PaddingMode,
+    RandomTag, Range, IOU_CROP_MAX_ROUNDS,
 };
 pub use threads::Threads;
 
@@ -461,12 +461,12 @@ impl PipelineSpec {
         Ok(())
     }
 
-    /// What a source with boxes cannot do: the augmentation policies, which torchvision v2
-    /// refuses boxes and masks in too (`_AutoAugmentBase` raises `TypeError`).
+    /// What a source with boxes cannot do: the ops whose [`OpSpec::geometry`] refuses boxes
+    /// (the augmentation policies, AugMix included), as torchvision v2 refuses boxes and
+    /// masks in them (`_AutoAugmentBase` raises `TypeError`).
     fn validate_for_boxes(&self) -> Result<(), SpecError> {
         for (i, op) in self.ops.iter().enumerate() {
-            if matches!(op, OpSpec::TrivialAugmentWide { .. } | OpSpec::RandAugment { .. } | OpSpec::AutoAugment { .. })
-            {
+            if op.geometry() == Geometry::RefusesBoxes {
                 return Err(SpecError::new(
                     format!("ops[{i}]"),
                     format!(
@@ -985,7 +985,7 @@ size = 32
 
     #[test]
     fn augmentation_policies_are_refused_with_boxes_by_their_op_as_torchvision_refuses_them() {
-        for name in ["trivial_augment_wide", "rand_augment", "auto_augment"] {
+        for name in ["trivial_augment_wide", "rand_augment", "auto_augment", "augmix"] {
             let policy: OpSpec = serde_json::from_str(&format!(r#"{{"op": "{name}"}}"#)).unwrap();
             let mut spec = PipelineSpec::train_default(
                 SourceSpec::Tar { shards: vec!["a.tar".into()], sidecars: false, masks: false },
@@ -995,7 +995,7 @@ size = 32
             spec.ops.insert(1, policy);
             assert!(spec.validate().is_ok(), "{name} without boxes");
             spec.source = SourceSpec::Tar { shards: vec!["a.tar".into()], sidecars: true, masks: false };
-            let e = spec.validate().unwrap_err();
+            let Err(e) = spec.validate() else { panic!("{name}: accepted on a source with boxes") };
             assert_eq!(e.field, "ops[1]", "{name}: {e}");
             assert!(e.message.contains(name) && e.message.contains("boxes"), "{name}: {e}");
         }

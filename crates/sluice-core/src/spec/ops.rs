@@ -12,6 +12,7 @@ mod color;
 #[cfg(test)]
 mod color_tests;
 mod policy;
+mod scalar;
 
 pub use color::{ErasingValue, KernelSize, RandomTag, Range};
 pub use policy::{AutoAugmentPolicy, MAX_POLICY_OPS};
@@ -143,12 +144,15 @@ pub enum OpSpec {
         #[serde(default)]
         value: ErasingValue,
     },
-    // ---- geometric ops (torchvision.transforms.v2; pixels in sluice-codec's ops/geometry.rs)
+    // ---- geometric ops (torchvision.transforms.v2; pixels in sluice-codec's ops/geometry.rs).
+    // Their parameters take torchvision's short forms too (`scalar.rs`): `degrees` d for
+    // `[-d, d]`, `shear` s for x in `[-s, s]`, `padding` one value or two, `fill` one value.
     /// Rotates by an angle uniform in `degrees` (counter-clockwise) about `center` (pixel
     /// coordinates; the image center by default), torchvision's RandomRotation. `expand`
     /// grows the canvas to hold the whole rotated image (its size then depends on the image
     /// and the angle).
     RandomRotation {
+        #[serde(deserialize_with = "scalar::degrees")]
         degrees: [f64; 2],
         #[serde(default = "default_warp_interpolation")]
         interpolation: Interpolation,
@@ -156,23 +160,24 @@ pub enum OpSpec {
         expand: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         center: Option<[f64; 2]>,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "scalar::fill")]
         fill: [u8; 3],
     },
     /// torchvision's RandomAffine: angle uniform in `degrees`, translation up to
     /// `translate` of the width/height (rounded to whole pixels), scale uniform in `scale`,
     /// shear uniform in `[shear[0], shear[1]]` along x and `[shear[2], shear[3]]` along y.
     RandomAffine {
+        #[serde(deserialize_with = "scalar::degrees")]
         degrees: [f64; 2],
         #[serde(default, skip_serializing_if = "Option::is_none")]
         translate: Option<[f64; 2]>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scale: Option<[f64; 2]>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "scalar::shear", skip_serializing_if = "Option::is_none")]
         shear: Option<[f64; 4]>,
         #[serde(default = "default_warp_interpolation")]
         interpolation: Interpolation,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "scalar::fill")]
         fill: [u8; 3],
     },
     /// torchvision's RandomPerspective: with probability `p`, each corner moves inwards by
@@ -184,26 +189,29 @@ pub enum OpSpec {
         p: f64,
         #[serde(default)]
         interpolation: Interpolation,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "scalar::fill")]
         fill: [u8; 3],
     },
-    /// torchvision's RandomCrop: pads by `padding` (`[left, top, right, bottom]`), also to
+    /// torchvision's RandomCrop: pads by `padding` (`[left, top, right, bottom]`, or one
+    /// value, or `[left/right, top/bottom]`), also to
     /// `size` when `pad_if_needed`, then crops `size` at a uniform position.
     RandomCrop {
         size: Size,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "scalar::padding_opt", skip_serializing_if = "Option::is_none")]
         padding: Option<[u32; 4]>,
         #[serde(default)]
         pad_if_needed: bool,
-        #[serde(default)]
+        #[serde(default, deserialize_with = "scalar::fill")]
         fill: [u8; 3],
         #[serde(default)]
         padding_mode: PaddingMode,
     },
-    /// torchvision's Pad: `padding` is `[left, top, right, bottom]`.
+    /// torchvision's Pad: `padding` is `[left, top, right, bottom]`, one value for every side,
+    /// or `[left/right, top/bottom]`.
     Pad {
+        #[serde(deserialize_with = "scalar::padding")]
         padding: [u32; 4],
-        #[serde(default)]
+        #[serde(default, deserialize_with = "scalar::fill")]
         fill: [u8; 3],
         #[serde(default)]
         padding_mode: PaddingMode,
@@ -240,7 +248,7 @@ pub enum OpSpec {
         num_magnitude_bins: u32,
         #[serde(default = "default_warp_interpolation")]
         interpolation: Interpolation,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "scalar::fill_opt", skip_serializing_if = "Option::is_none")]
         fill: Option<[u8; 3]>,
     },
     /// torchvision's RandAugment: `num_ops` ops of its 14 in turn, each at bin `magnitude`.
@@ -253,7 +261,7 @@ pub enum OpSpec {
         num_magnitude_bins: u32,
         #[serde(default = "default_warp_interpolation")]
         interpolation: Interpolation,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "scalar::fill_opt", skip_serializing_if = "Option::is_none")]
         fill: Option<[u8; 3]>,
     },
     /// torchvision's AutoAugment: one of the policy's 25 sub-policies, each of its two ops
@@ -263,7 +271,7 @@ pub enum OpSpec {
         policy: AutoAugmentPolicy,
         #[serde(default = "default_warp_interpolation")]
         interpolation: Interpolation,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "scalar::fill_opt", skip_serializing_if = "Option::is_none")]
         fill: Option<[u8; 3]>,
     },
     /// torchvision's AugMix: `mixture_width` chains of `chain_depth` ops (1 to 3, drawn per
@@ -284,7 +292,7 @@ pub enum OpSpec {
         all_ops: bool,
         #[serde(default)]
         interpolation: Interpolation,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default, deserialize_with = "scalar::fill_opt", skip_serializing_if = "Option::is_none")]
         fill: Option<[u8; 3]>,
     },
     /// Emulated per-sample cost: the thread sleeps `us` microseconds. For benchmarks that
@@ -487,6 +495,23 @@ pub enum PaddingMode {
     Symmetric,
 }
 
+/// How an op treats a sample's boxes and mask ([`OpSpec::geometry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Geometry {
+    /// Moves no pixel: boxes and mask stay as they are (colour ops, conversions, erasing,
+    /// sleep), as torchvision v2 passes them through.
+    Keeps,
+    /// Moves pixels, and the boxes and mask with them as torchvision v2 moves
+    /// `BoundingBoxes` and `Mask`.
+    Moves,
+    /// Moves pixels but cannot move boxes or masks (torchvision v2 raises for them too):
+    /// refused on a source with boxes.
+    RefusesBoxes,
+    /// A user function (`map`): it gets the mask and moves it itself; boxes pass through
+    /// unchanged (docs/map.md).
+    User,
+}
+
 /// The largest `|angle|` in degrees a rotation or affine range may name.
 pub const MAX_DEGREES: f64 = 360.0;
 /// The largest `|shear|` in degrees (90 is a degenerate map).
@@ -540,6 +565,51 @@ impl OpSpec {
             OpSpec::AugMix { .. } => "augmix",
             OpSpec::Sleep { .. } => "sleep",
             OpSpec::Map { .. } => "map",
+        }
+    }
+
+    /// How this op treats a sample's boxes and mask: the one place that says so. Validation
+    /// refuses a [`Geometry::RefusesBoxes`] op on a source with boxes, and sluice-codec's
+    /// `ops::apply` reports motion only for [`Geometry::Moves`] ops (and refuses to run a
+    /// `RefusesBoxes` op on a sample with boxes or a mask).
+    pub fn geometry(&self) -> Geometry {
+        // No `_` arm: a new op does not compile until it says how it treats geometry.
+        match self {
+            OpSpec::Decode
+            | OpSpec::Normalize { .. }
+            | OpSpec::Dtype { .. }
+            | OpSpec::Layout { .. }
+            | OpSpec::Invert
+            | OpSpec::ColorJitter { .. }
+            | OpSpec::RandomGrayscale { .. }
+            | OpSpec::Grayscale
+            | OpSpec::Solarize { .. }
+            | OpSpec::Posterize { .. }
+            | OpSpec::Equalize { .. }
+            | OpSpec::Autocontrast { .. }
+            | OpSpec::AdjustSharpness { .. }
+            | OpSpec::GaussianBlur { .. }
+            // torchvision v2's RandomErasing passes boxes and masks through (with a warning).
+            | OpSpec::RandomErasing { .. }
+            | OpSpec::Sleep { .. } => Geometry::Keeps,
+            OpSpec::Resize { .. }
+            | OpSpec::CenterCrop { .. }
+            | OpSpec::RandomResizedCrop { .. }
+            | OpSpec::RandomHorizontalFlip { .. }
+            | OpSpec::RandomVerticalFlip { .. }
+            | OpSpec::RandomRotation { .. }
+            | OpSpec::RandomAffine { .. }
+            | OpSpec::RandomPerspective { .. }
+            | OpSpec::RandomCrop { .. }
+            | OpSpec::Pad { .. }
+            | OpSpec::RandomIouCrop { .. } => Geometry::Moves,
+            // torchvision v2's `_AutoAugmentBase._flatten_and_extract_image_or_video` raises
+            // `TypeError` for `BoundingBoxes` and `Mask` in all four.
+            OpSpec::TrivialAugmentWide { .. }
+            | OpSpec::RandAugment { .. }
+            | OpSpec::AutoAugment { .. }
+            | OpSpec::AugMix { .. } => Geometry::RefusesBoxes,
+            OpSpec::Map { .. } => Geometry::User,
         }
     }
 
@@ -1029,6 +1099,120 @@ mod tests {
         assert_eq!(size(&[crop.clone(), turn.clone()]), None);
         assert_eq!(validate_ops(&[OpSpec::Decode, crop.clone(), turn.clone()]).unwrap_err().field, "ops");
         assert!(validate_ops(&[OpSpec::Decode, turn, cifar]).is_ok());
+    }
+
+    /// `op` read from JSON and from a TOML table, which must agree.
+    fn both(json: &str, toml_src: &str) -> OpSpec {
+        let a: OpSpec = serde_json::from_str(json).unwrap_or_else(|e| panic!("{json}: {e}"));
+        let b: OpSpec = toml::from_str(toml_src).unwrap_or_else(|e| panic!("{toml_src}: {e}"));
+        assert_eq!(a, b, "{json} and {toml_src}");
+        // Written back as the array it stands for, which reads back the same.
+        assert_eq!(serde_json::from_str::<OpSpec>(&serde_json::to_string(&a).unwrap()).unwrap(), a);
+        a
+    }
+
+    fn refused(json: &str) -> String {
+        match serde_json::from_str::<OpSpec>(json) {
+            Err(e) => e.to_string(),
+            Ok(op) => panic!("{json} read as {op:?}"),
+        }
+    }
+
+    #[test]
+    fn degrees_take_torchvisions_single_number_for_minus_d_to_d() {
+        let r = both(r#"{"op": "random_rotation", "degrees": 30}"#, "op = \"random_rotation\"\ndegrees = 30");
+        assert!(matches!(r, OpSpec::RandomRotation { degrees: [-30.0, 30.0], .. }), "{r:?}");
+        let r = both(r#"{"op": "random_rotation", "degrees": 12.5}"#, "op = \"random_rotation\"\ndegrees = 12.5");
+        assert!(matches!(r, OpSpec::RandomRotation { degrees: [-12.5, 12.5], .. }), "{r:?}");
+        let a = both(r#"{"op": "random_affine", "degrees": 0}"#, "op = \"random_affine\"\ndegrees = 0");
+        assert!(matches!(a, OpSpec::RandomAffine { degrees: [0.0, 0.0], .. }), "{a:?}");
+        let a = both(r#"{"op": "random_affine", "degrees": [-5, 10]}"#, "op = \"random_affine\"\ndegrees = [-5, 10]");
+        assert!(matches!(a, OpSpec::RandomAffine { degrees: [-5.0, 10.0], .. }), "{a:?}");
+        // torchvision: "If degrees is a number, it must be positive".
+        let e = refused(r#"{"op": "random_rotation", "degrees": -30}"#);
+        assert!(e.contains("degrees") && e.contains("at least 0"), "{e}");
+        let e = refused(r#"{"op": "random_affine", "degrees": [1, 2, 3]}"#);
+        assert!(e.contains("degrees") && e.contains("[min, max]"), "{e}");
+        // Validation still bounds what the number stands for.
+        assert_eq!(field_of(r#"{"op": "random_rotation", "degrees": 1000}"#), "ops[1].degrees");
+    }
+
+    #[test]
+    fn shear_takes_torchvisions_number_pair_or_four_values() {
+        let shear = |json: &str, toml_src: &str| match both(json, toml_src) {
+            OpSpec::RandomAffine { shear, .. } => shear,
+            op => panic!("{op:?}"),
+        };
+        let base = r#"{"op": "random_affine", "degrees": 0, "shear": "#;
+        let t = "op = \"random_affine\"\ndegrees = 0\nshear = ";
+        assert_eq!(shear(&format!("{base}10}}"), &format!("{t}10")), Some([-10.0, 10.0, 0.0, 0.0]));
+        assert_eq!(shear(&format!("{base}[-5, 15]}}"), &format!("{t}[-5, 15]")), Some([-5.0, 15.0, 0.0, 0.0]));
+        assert_eq!(shear(&format!("{base}[1, 2, 3, 4]}}"), &format!("{t}[1, 2, 3, 4]")), Some([1.0, 2.0, 3.0, 4.0]));
+        assert_eq!(shear(r#"{"op": "random_affine", "degrees": 0}"#, "op = \"random_affine\"\ndegrees = 0"), None);
+        assert!(refused(&format!("{base}-10}}")).contains("at least 0"));
+        assert!(refused(&format!("{base}[1, 2, 3]}}")).contains("shear"));
+    }
+
+    #[test]
+    fn padding_takes_torchvisions_one_two_or_four_values() {
+        let pad = |json: &str, toml_src: &str| match both(json, toml_src) {
+            OpSpec::Pad { padding, .. } => padding,
+            op => panic!("{op:?}"),
+        };
+        assert_eq!(pad(r#"{"op": "pad", "padding": 8}"#, "op = \"pad\"\npadding = 8"), [8; 4]);
+        assert_eq!(pad(r#"{"op": "pad", "padding": [8]}"#, "op = \"pad\"\npadding = [8]"), [8; 4]);
+        assert_eq!(pad(r#"{"op": "pad", "padding": [1, 2]}"#, "op = \"pad\"\npadding = [1, 2]"), [1, 2, 1, 2]);
+        assert_eq!(
+            pad(r#"{"op": "pad", "padding": [1, 2, 3, 4]}"#, "op = \"pad\"\npadding = [1, 2, 3, 4]"),
+            [1, 2, 3, 4]
+        );
+        // The CIFAR recipe, `RandomCrop(32, padding=4)`.
+        let crop =
+            both(r#"{"op": "random_crop", "size": 32, "padding": 4}"#, "op = \"random_crop\"\nsize = 32\npadding = 4");
+        assert!(matches!(crop, OpSpec::RandomCrop { padding: Some([4, 4, 4, 4]), .. }), "{crop:?}");
+        let crop = both(
+            r#"{"op": "random_crop", "size": 32, "padding": [2, 6]}"#,
+            "op = \"random_crop\"\nsize = 32\npadding = [2, 6]",
+        );
+        assert!(matches!(crop, OpSpec::RandomCrop { padding: Some([2, 6, 2, 6]), .. }), "{crop:?}");
+        let crop = both(r#"{"op": "random_crop", "size": 32}"#, "op = \"random_crop\"\nsize = 32");
+        assert!(matches!(crop, OpSpec::RandomCrop { padding: None, .. }), "{crop:?}");
+        for bad in ["-1", "1.5", "[1, 2, 3]", "4294967296"] {
+            let e = refused(&format!(r#"{{"op": "pad", "padding": {bad}}}"#));
+            assert!(e.contains("padding"), "{bad}: {e}");
+        }
+        assert_eq!(field_of(r#"{"op": "pad", "padding": 70000}"#), "ops[1].padding");
+    }
+
+    #[test]
+    fn fill_takes_one_value_for_every_channel_as_torchvision_does() {
+        let ops = [
+            r#"{"op": "random_rotation", "degrees": 5"#,
+            r#"{"op": "random_affine", "degrees": 5"#,
+            r#"{"op": "random_perspective""#,
+            r#"{"op": "pad", "padding": 1"#,
+            r#"{"op": "random_crop", "size": 8"#,
+        ];
+        for op in ops {
+            let json = format!(r#"{op}, "fill": 128}}"#);
+            let read: OpSpec = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
+            let rgb = serde_json::to_value(&read).unwrap()["fill"].clone();
+            assert_eq!(rgb, serde_json::json!([128, 128, 128]), "{json}");
+            let one: OpSpec = serde_json::from_str(&json.replace("128", "[128]")).unwrap();
+            assert_eq!(one, read, "{json}: [v] is v");
+        }
+        let t = both(r#"{"op": "pad", "padding": 2, "fill": 7}"#, "op = \"pad\"\npadding = 2\nfill = 7");
+        assert!(matches!(t, OpSpec::Pad { fill: [7, 7, 7], .. }), "{t:?}");
+        for policy in ["trivial_augment_wide", "rand_augment", "auto_augment", "augmix"] {
+            let op = both(&format!(r#"{{"op": "{policy}", "fill": 9}}"#), &format!("op = \"{policy}\"\nfill = 9"));
+            assert_eq!(serde_json::to_value(&op).unwrap()["fill"], serde_json::json!([9, 9, 9]), "{policy}");
+            let none = both(&format!(r#"{{"op": "{policy}"}}"#), &format!("op = \"{policy}\""));
+            assert!(!serde_json::to_string(&none).unwrap().contains("fill"), "{policy}: fill=None stays None");
+        }
+        for bad in ["256", "-1", "0.5", "[1, 2]"] {
+            let e = refused(&format!(r#"{{"op": "random_perspective", "fill": {bad}}}"#));
+            assert!(e.contains("fill"), "{bad}: {e}");
+        }
     }
 
     #[test]

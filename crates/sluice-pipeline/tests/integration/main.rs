@@ -15,6 +15,7 @@ mod locality;
 mod locality_peers;
 mod mix;
 mod object_checks;
+mod ops_geometry;
 mod prefetch_auto;
 mod records_fields;
 mod source_azure;
