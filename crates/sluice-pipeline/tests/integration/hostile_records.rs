@@ -290,7 +290,7 @@ fn a_coco_mask_bomb_fails_its_sample_before_anything_is_painted() {
     let took = t0.elapsed();
     let keys: Vec<u64> = batches.iter().flat_map(|b| b.keys.clone()).collect();
     assert_eq!(keys.len(), 1, "the honest image loads: {keys:?}");
-    let mask = batches[0].masks.as_ref().unwrap();
+    let mask = batches[0].boxes.as_ref().unwrap().masks.as_ref().unwrap();
     assert!(mask.as_bytes().iter().all(|&v| v == 3), "the honest mask covers its whole image");
     let skipped = loader.stats().skipped;
     assert_eq!(skipped.len(), 1, "{skipped:?}");
