@@ -31,7 +31,8 @@ const SECRET: &str = "PRIVATE-KEY-3f9a1c-never-served";
 /// A service under attack: a dispatcher in this process and two worker processes that may
 /// read only `allowed`, and the good job reading epochs until [`UnderAttack::finish`].
 pub(crate) struct UnderAttack {
-    pub dir: tempfile::TempDir,
+    /// Holds the test folder until the attack ends.
+    _dir: tempfile::TempDir,
     /// The only root the service allows; the good job's dataset is `allowed/data`.
     pub allowed: PathBuf,
     /// Files no job may read: a sidecar holding [`SECRET`], an image, a mask, a shard.
@@ -81,7 +82,7 @@ impl UnderAttack {
             })
         };
         Self {
-            dir,
+            _dir: dir,
             allowed,
             outside,
             addr,
