@@ -39,7 +39,7 @@ pub use error::CodecError;
 pub use jpeg::{ColorSpace, JpegDecoder, JpegHeader, RegionDecode, Subsampling};
 pub use masks::resize_mask;
 pub use ops::policy::{run_op as run_policy_op, space as policy_space, PolicyOp, Space as PolicySpace};
-pub use plan::{sniff_format, ImageFormat, Plan, Records, Scratch, StepProbe};
+pub use plan::{image_size, sniff_format, ImageFormat, Plan, Records, Scratch, StepProbe};
 pub use png::{decode_png, decode_png_mask, encode_png_mask};
 pub use resize::{Resample, Resizer, SubRect};
 pub use transcode::add_restart_markers;

@@ -55,6 +55,18 @@ pub fn sniff_format(bytes: &[u8]) -> Result<ImageFormat, CodecError> {
     }
 }
 
+/// The `(width, height)` decoding `bytes` gives, read from the header alone (nothing is
+/// decoded): what a mask made for the image must match, known before it is made.
+pub fn image_size(bytes: &[u8], scratch: &mut Scratch, max_pixels: u64) -> Result<(u32, u32), CodecError> {
+    match sniff_format(bytes)? {
+        ImageFormat::Jpeg => {
+            let header = scratch.jpeg(max_pixels)?.header(bytes)?;
+            Ok((header.width, header.height))
+        }
+        ImageFormat::Png => crate::png::png_size(bytes),
+    }
+}
+
 /// Per-worker state reused across samples: the JPEG decoder, the resizer's buffers and two
 /// image buffers. Keep one per thread; after the first few samples nothing is allocated.
 #[derive(Debug, Default)]

@@ -65,6 +65,14 @@ pub fn decode_png(bytes: &[u8], max_pixels: u64, out: &mut Vec<u8>) -> Result<(u
     Ok((width, height))
 }
 
+/// A PNG's `(width, height)`, from its header.
+pub fn png_size(bytes: &[u8]) -> Result<(u32, u32), CodecError> {
+    let mut decoder = png::Decoder::new(bytes);
+    decoder.set_transformations(Transformations::IDENTITY);
+    let info = decoder.read_header_info().map_err(corrupt)?;
+    Ok((info.width, info.height))
+}
+
 /// Decodes a segmentation mask PNG: 8-bit greyscale, or palette indices taken as they are
 /// (as PIL's mode `"P"` reads them, the VOC convention), one u8 class id per pixel. Other
 /// colour types are refused: a mask is one channel.

@@ -22,6 +22,10 @@ pub enum ServiceError {
     /// A spec naming a path outside the roots the operator allowed.
     #[error("{} is outside the allowed roots ({allowed}); start the service with --allow-root to allow it", path.display())]
     PathNotAllowed { path: PathBuf, allowed: String },
+    /// A file the job's source opens while enumerating (a sidecar, a list, an annotation
+    /// file, a shard) that resolves outside the allowed roots; `why` says how and names them.
+    #[error("{what} {}: refused: {why}; start the service with --allow-root to allow it", path.display())]
+    ReadNotAllowed { what: &'static str, path: PathBuf, why: String },
     /// A spec asking a worker for more than its operator allows.
     #[error("spec field `{field}` asks for {asked}, over this worker's limit of {limit} ({flag})")]
     OverLimit { field: &'static str, asked: String, limit: String, flag: &'static str },
@@ -156,6 +160,7 @@ impl ServiceError {
             | ServiceError::StoppedStream { .. }
             | ServiceError::AutoscaleOff(_) => K::FailedPrecondition,
             ServiceError::PathNotAllowed { .. }
+            | ServiceError::ReadNotAllowed { .. }
             | ServiceError::OperatorOnly { .. }
             | ServiceError::ClientSecret { .. } => K::PermissionDenied,
             ServiceError::NotFound { .. } => K::NotFound,
@@ -199,6 +204,7 @@ impl From<ServiceError> for Status {
             ServiceError::Pipeline(e) => ServiceErrorKind::pipeline_code(e),
             ServiceError::Client(e) => e.code(),
             ServiceError::PathNotAllowed { .. }
+            | ServiceError::ReadNotAllowed { .. }
             | ServiceError::OperatorOnly { .. }
             | ServiceError::ClientSecret { .. } => Code::PermissionDenied,
             ServiceError::NotFound { .. } => Code::NotFound,
@@ -222,9 +228,10 @@ mod tests {
 
     #[test]
     fn an_error_has_the_same_kind_after_crossing_grpc() {
-        let errors: [ServiceError; 16] = [
+        let errors: [ServiceError; 17] = [
             ServiceError::InvalidArgument("bad".into()),
             ServiceError::PathNotAllowed { path: "/x".into(), allowed: "/data".into() },
+            ServiceError::ReadNotAllowed { what: "sidecar", path: "/data/a.json".into(), why: "out".into() },
             ServiceError::NotFound { what: "job", id: "7".into() },
             ServiceError::JobConflict { name: "j".into(), existing: "a".into(), requested: "b".into() },
             ServiceError::Client(ClientError::Connect { addr: "127.0.0.1:1".into(), message: "refused".into() }),

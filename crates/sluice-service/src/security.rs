@@ -1,7 +1,10 @@
 //! What a client may make the service read, and who may call it.
 //!
-//! * [`AllowedRoots`]: every path a spec names, and every file its manifest lists, must
-//!   resolve (after `..` and symlinks, via `canonicalize`) under a root the operator allowed.
+//! * [`AllowedRoots`]: every path a spec names, every file its source opens to enumerate
+//!   (sidecars, file lists, COCO annotation files, tar shards, Parquet files: opened
+//!   beneath the roots by the kernel, [`AllowedRoots::manifest`]), and every file its
+//!   manifest lists (samples and mask files) must resolve (after `..` and symlinks) under
+//!   a root the operator allowed; one that does not refuses the job, naming the file.
 //!   An allowed root may be an object-storage prefix, `s3://bucket/prefix` (or `az://`,
 //!   `gs://`, `http(s)://host:port/prefix`): then a URL the spec or manifest names must lie
 //!   in that store and bucket (or scheme, host and port), under that prefix by whole segments.
@@ -17,9 +20,10 @@
 
 use std::path::{Path, PathBuf};
 
-use sluice_core::{Manifest, SourceSpec};
-use sluice_pipeline::storage::ObjectUrl;
-use sluice_pipeline::Loader;
+use sluice_core::{Manifest, MaskSource, PipelineSpec, SourceSpec};
+use sluice_pipeline::source::SourceError;
+use sluice_pipeline::storage::{ObjectUrl, Roots};
+use sluice_pipeline::{Loader, PipelineError};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
@@ -102,8 +106,25 @@ impl AllowedRoots {
         }
     }
 
-    /// Checks every file a manifest lists: a file list may name absolute paths, `..`, or
-    /// symlinks that lead elsewhere.
+    /// The job's dataset, enumerated within these roots: the spec's paths checked
+    /// ([`Self::check_source`]), every file the source opens to enumerate opened beneath the
+    /// roots (a sidecar symlinked out refuses the job, naming it), and every file the
+    /// manifest lists checked ([`Self::check_manifest`]).
+    pub fn manifest(&self, spec: &PipelineSpec) -> Result<Manifest, ServiceError> {
+        self.check_source(&spec.source)?;
+        let roots = Roots::open(&self.roots).map_err(PipelineError::from)?;
+        let manifest =
+            sluice_pipeline::source::build_pipeline_manifest_within(spec, Some(&roots)).map_err(|e| match e {
+                SourceError::OutsideRoots { what, path, why } => ServiceError::ReadNotAllowed { what, path, why },
+                e => PipelineError::from(e).into(),
+            })?;
+        self.check_manifest(&manifest)?;
+        Ok(manifest)
+    }
+
+    /// Checks every file a manifest lists, its samples' and their masks': a file list may
+    /// name absolute paths, `..`, or symlinks that lead elsewhere, and so may a sidecar's
+    /// mask.
     pub fn check_manifest(&self, manifest: &Manifest) -> Result<(), ServiceError> {
         // Samples of one shard (or one file listed again) follow each other: check it once.
         let mut checked: Option<&Path> = None;
@@ -112,6 +133,11 @@ impl AllowedRoots {
             if checked != Some(file) {
                 self.check(&manifest.root.join(file))?;
                 checked = Some(file);
+            }
+        }
+        for mask in manifest.masks.iter().flatten() {
+            if let MaskSource::File(file) = mask {
+                self.check(&manifest.root.join(file))?;
             }
         }
         Ok(())

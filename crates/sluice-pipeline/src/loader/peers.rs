@@ -122,7 +122,7 @@ impl Shared {
                     CacheLevel::Decoded | CacheLevel::Resized => {
                         // Kept with the sample's boxes and mask: this learner's own hits need them.
                         let mut targets = self.source_targets(pos).ok()?;
-                        let mut mask = self.sample_mask(pos).ok()?;
+                        let mut mask = self.sample_mask(pos, &bytes, &mut local.scratch).ok()?;
                         let img = self
                             .data
                             .plan

@@ -140,7 +140,7 @@ impl ChunkJob {
             c.base = 1;
         }
         read.map_err(|kind| (Stage::Read, kind))?;
-        let mut mask = shared.sample_mask(pos)?;
+        let mut mask = shared.sample_mask(pos, &local.read_buf, &mut local.scratch)?;
         *stage = Stage::Decode;
         let plan = &shared.data.plan;
         let (bytes, scratch, times) = (&local.read_buf, &mut local.scratch, &mut times[1..]);
@@ -239,28 +239,50 @@ impl Shared {
         }
     }
 
-    /// The mask of the sample at `pos`, read (or painted) afresh; `None` for a source
-    /// without masks. A mask that cannot be read fails the sample.
-    pub(super) fn sample_mask(&self, pos: u32) -> Result<Option<Mask>, SampleFailure> {
+    /// The mask of the sample at `pos` (whose encoded image is `image`), read (or painted)
+    /// afresh; `None` for a source without masks. A mask that cannot be read fails the
+    /// sample.
+    pub(super) fn sample_mask(
+        &self,
+        pos: u32,
+        image: &[u8],
+        scratch: &mut Scratch,
+    ) -> Result<Option<Mask>, SampleFailure> {
         match self.data.manifest.mask_source(pos as usize) {
             None => Ok(None),
-            Some(source) => {
-                self.load_mask(source).map(Some).map_err(|why| (Stage::Read, SampleErrorKind::BadMask(why)))
-            }
+            Some(source) => self
+                .load_mask(source, image, scratch)?
+                .map(Some)
+                .map_err(|why| (Stage::Read, SampleErrorKind::BadMask(why))),
         }
     }
 
-    /// Reads a sample's mask: a PNG file, or COCO objects painted; says what is wrong.
-    fn load_mask(&self, source: &MaskSource) -> Result<Mask, String> {
+    /// Reads a sample's mask: a PNG file, or COCO objects painted; says what is wrong. An
+    /// image whose header cannot be read fails the sample as its decode would.
+    fn load_mask(
+        &self,
+        source: &MaskSource,
+        image: &[u8],
+        scratch: &mut Scratch,
+    ) -> Result<Result<Mask, String>, SampleFailure> {
         let limits = &self.data.spec.limits;
-        match source {
+        Ok(match source {
             MaskSource::Invalid(why) => Err(why.clone()),
             MaskSource::Objects { width, height, objects } => {
-                crate::source::segmentation::paint(*width, *height, objects, limits.max_pixels)
+                // The size the annotations declare must be the image's, checked before
+                // anything is painted: painting costs the declared area, not the image's.
+                let (w, h) = sluice_codec::image_size(image, scratch, limits.max_pixels).map_err(decode_err)?;
+                if (w, h) != (*width, *height) {
+                    Err(format!(
+                        "the annotations declare a {width}x{height} image (its mask's size) but the image is {w}x{h}"
+                    ))
+                } else {
+                    crate::source::segmentation::paint(*width, *height, objects, limits.max_pixels)
+                }
             }
             MaskSource::File(path) => self.load_png_mask(LocationRef::File { path }),
             MaskSource::Member(location) => self.load_png_mask(location.view()),
-        }
+        })
     }
 
     /// Reads and decodes a mask PNG stored at `location`; says which mask on error.
@@ -303,7 +325,7 @@ impl Shared {
         if let Some(data) = hit.as_deref().or(peer.as_ref()) {
             match data {
                 CachedData::Raw(bytes) => {
-                    *mask = self.sample_mask(pos)?;
+                    *mask = self.sample_mask(pos, bytes, &mut local.scratch)?;
                     let records = (targets.as_mut(), mask.as_mut());
                     self.compute(bytes, local, rng, out, times, resize, records).map(|_| ())?;
                 }
@@ -356,7 +378,7 @@ impl Shared {
         }
         times[0] += read_time;
         let raw = std::mem::take(&mut local.read_buf);
-        *mask = match self.sample_mask(pos) {
+        *mask = match self.sample_mask(pos, &raw, &mut local.scratch) {
             Ok(m) => m,
             Err(e) => {
                 local.read_buf = raw;

@@ -19,7 +19,8 @@ use serde::Deserialize;
 use sluice_core::spec::MAX_BOXES;
 use sluice_core::{Annotation, BoxTargets, Location, Manifest, MaskSource, Segmentation};
 
-use super::SourceError;
+use super::{open_source_file, SourceError};
+use crate::storage::Roots;
 
 #[derive(Deserialize)]
 struct CocoFile {
@@ -82,7 +83,17 @@ enum Collecting {
 
 /// Enumerates a COCO detection dataset; with `masks`, each sample's mask source too.
 pub fn enumerate(annotations: &Path, images: &Path, masks: bool) -> Result<Manifest, SourceError> {
-    let file = fs::File::open(annotations).map_err(|e| SourceError::io("COCO annotations", annotations, e))?;
+    enumerate_within(annotations, images, masks, None)
+}
+
+/// As [`enumerate`], the annotation file opened beneath `roots` when given.
+pub fn enumerate_within(
+    annotations: &Path,
+    images: &Path,
+    masks: bool,
+    roots: Option<&Roots>,
+) -> Result<Manifest, SourceError> {
+    let file = open_source_file("COCO annotations", annotations, roots)?;
     let coco: CocoFile = serde_json::from_reader(std::io::BufReader::new(file))
         .map_err(|e| SourceError::BadAnnotations { path: annotations.to_path_buf(), message: e.to_string() })?;
     let meta = fs::metadata(images).map_err(|e| SourceError::io("COCO image folder", images, e))?;

@@ -8,15 +8,26 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::io::Read;
 use std::path::Path;
 
 use sluice_core::{LocationRef, Manifest, ManifestBuilder};
 
-use super::SourceError;
+use super::{open_source_file, SourceError};
+use crate::storage::Roots;
 
 /// Enumerates the samples of the list file at `list`.
 pub fn enumerate(list: &Path, root: Option<&Path>) -> Result<Manifest, SourceError> {
-    let text = fs::read_to_string(list).map_err(|e| SourceError::io("file list", list, e))?;
+    enumerate_within(list, root, None)
+}
+
+/// As [`enumerate`], the list opened beneath `roots` when given (the files it names are
+/// only `stat`ed here; they are read, confined, when loaded).
+pub fn enumerate_within(list: &Path, root: Option<&Path>, roots: Option<&Roots>) -> Result<Manifest, SourceError> {
+    let mut text = String::new();
+    open_source_file("file list", list, roots)?
+        .read_to_string(&mut text)
+        .map_err(|e| SourceError::io("file list", list, e))?;
     let root = match root {
         Some(r) => r.to_path_buf(),
         None => list.parent().map(Path::to_path_buf).unwrap_or_default(),

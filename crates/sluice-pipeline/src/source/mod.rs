@@ -2,6 +2,12 @@
 //! labels and sizes. Enumeration touches metadata only (one `read_dir` per folder, one
 //! `stat` per file, tar headers by seeking); sample bytes are read later through
 //! [`crate::storage`].
+//!
+//! A service enumerates with its allowed roots ([`build_pipeline_manifest_within`]): every
+//! file a source opens to enumerate (a sidecar, a file list, a COCO annotation file, a tar
+//! shard, a Parquet footer or column) is opened beneath them, symlinks resolved by the
+//! kernel, and one that resolves outside them fails the enumeration
+//! ([`SourceError::OutsideRoots`]), so the job is refused before anything is served.
 
 pub mod coco;
 pub mod file_list;
@@ -12,10 +18,14 @@ pub mod segmentation;
 pub mod sidecar;
 pub mod tar;
 
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use sluice_core::{FieldTable, Manifest, PipelineSpec, SourceSpec};
+use sluice_core::{FieldTable, Manifest, PipelineSpec, SampleErrorKind, SourceSpec};
+
+use crate::storage::confine::{open_regular_within, OpenFailure};
+use crate::storage::{ObjectUrl, Roots};
 
 /// Why a dataset could not be enumerated. Every variant names the path to look at.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +57,8 @@ pub enum SourceError {
         shard.display()
     )]
     TruncatedShard { shard: PathBuf, member: String, end: u64, file_len: u64 },
+    #[error("{}: a {len}-byte tar shard, over the limit of {cap} bytes a shard", shard.display())]
+    ShardTooLarge { shard: PathBuf, len: u64, cap: u64 },
     /// Object storage refused or failed a LIST or GET (credentials, a missing bucket, a
     /// server that does not answer after the retries).
     #[error(transparent)]
@@ -60,6 +72,10 @@ pub enum SourceError {
         "the {source_kind} source carries no metadata fields (`fields`); they come from sidecars or Parquet columns"
     )]
     NoFields { source_kind: &'static str },
+    /// A file the source reads to enumerate (or an object it fetches) lies outside the
+    /// roots enumeration is confined to (a service's `--allow-root`).
+    #[error("{what} {}: refused: {why}", path.display())]
+    OutsideRoots { what: &'static str, path: PathBuf, why: String },
 }
 
 impl SourceError {
@@ -73,11 +89,45 @@ impl SourceError {
     }
 }
 
+/// Opens the regular file `path` (a `what`) that a source reads to enumerate, beneath
+/// `roots` when given: a FIFO never blocks, and a path out of the roots is
+/// [`SourceError::OutsideRoots`].
+pub(crate) fn open_source_file(what: &'static str, path: &Path, roots: Option<&Roots>) -> Result<File, SourceError> {
+    open_regular_within(path, roots).map_err(|f| match f {
+        OpenFailure::OutsideRoots(why) => SourceError::OutsideRoots { what, path: path.to_path_buf(), why },
+        OpenFailure::Other(SampleErrorKind::Missing) => SourceError::NotFound { what, path: path.to_path_buf() },
+        OpenFailure::Other(SampleErrorKind::Io(m)) => {
+            SourceError::Io { path: path.to_path_buf(), source: io::Error::other(m) }
+        }
+        OpenFailure::Other(kind) => {
+            SourceError::Io { path: path.to_path_buf(), source: io::Error::other(kind.to_string()) }
+        }
+    })
+}
+
+/// Refuses the object `url` (a `what`) unless it lies under one of `roots`' object prefixes.
+pub(crate) fn check_object(what: &'static str, url: &ObjectUrl, roots: Option<&Roots>) -> Result<(), SourceError> {
+    match roots {
+        Some(r) if !r.allows_url(url) => Err(SourceError::OutsideRoots {
+            what,
+            path: PathBuf::from(url.to_string()),
+            why: format!("outside the allowed roots ({})", r.describe()),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Enumerates the dataset a pipeline spec describes, with the metadata fields it asks for
 /// (`spec.fields`; none: as [`build_manifest`]).
 pub fn build_pipeline_manifest(spec: &PipelineSpec) -> Result<Manifest, SourceError> {
+    build_pipeline_manifest_within(spec, None)
+}
+
+/// As [`build_pipeline_manifest`], every file enumeration opens opened beneath `roots`
+/// when given (see the module doc).
+pub fn build_pipeline_manifest_within(spec: &PipelineSpec, roots: Option<&Roots>) -> Result<Manifest, SourceError> {
     if spec.fields.is_empty() {
-        return build_manifest(&spec.source);
+        return build_manifest_within(&spec.source, roots);
     }
     let fields = sidecar::FieldsRead { specs: &spec.fields, max_bytes: spec.limits.max_field_bytes };
     let manifest = match &spec.source {
@@ -86,7 +136,7 @@ pub fn build_pipeline_manifest(spec: &PipelineSpec) -> Result<Manifest, SourceEr
             let mut table = FieldTable::new(&spec.fields);
             let mut parts = Vec::with_capacity(sources.len());
             for s in sources {
-                let mut part = enumerate_with_fields(&s.source, fields)?;
+                let mut part = enumerate_with_fields(&s.source, fields, roots)?;
                 let Some(part_fields) = part.fields.take() else {
                     return Err(SourceError::NoFields { source_kind: source_kind(&s.source) });
                 };
@@ -95,7 +145,7 @@ pub fn build_pipeline_manifest(spec: &PipelineSpec) -> Result<Manifest, SourceEr
             }
             Manifest::join(parts).with_fields(table)
         }
-        other => enumerate_with_fields(other, fields)?,
+        other => enumerate_with_fields(other, fields, roots)?,
     };
     let bad = manifest.fields.as_ref().map_or(0, |t| t.invalid.len());
     if let Some((pos, why)) = manifest.fields.as_ref().and_then(|t| t.invalid.first()) {
@@ -105,15 +155,19 @@ pub fn build_pipeline_manifest(spec: &PipelineSpec) -> Result<Manifest, SourceEr
 }
 
 /// Enumerates one source (not a mix) with the metadata fields `fields` names.
-fn enumerate_with_fields(spec: &SourceSpec, fields: sidecar::FieldsRead<'_>) -> Result<Manifest, SourceError> {
+fn enumerate_with_fields(
+    spec: &SourceSpec,
+    fields: sidecar::FieldsRead<'_>,
+    roots: Option<&Roots>,
+) -> Result<Manifest, SourceError> {
     let fields = Some(fields);
     Ok(match spec {
-        SourceSpec::Sidecar { root, masks } => sidecar::enumerate_with_fields(root, *masks, fields)?,
+        SourceSpec::Sidecar { root, masks } => sidecar::enumerate_within(root, *masks, fields, roots)?,
         SourceSpec::Tar { shards, sidecars: true, masks } => {
-            self::tar::enumerate_records(shards, self::tar::Records { sidecars: true, masks: *masks, fields })?
+            self::tar::enumerate_within(shards, self::tar::Records { sidecars: true, masks: *masks, fields }, roots)?
         }
         SourceSpec::Parquet { path, image_column, label_column } => {
-            self::parquet::enumerate_with_fields(path, image_column, label_column.as_deref(), fields)?
+            self::parquet::enumerate_within(path, image_column, label_column.as_deref(), fields, roots)?
         }
         other => return Err(SourceError::NoFields { source_kind: source_kind(other) }),
     })
@@ -134,25 +188,35 @@ fn source_kind(spec: &SourceSpec) -> &'static str {
 
 /// Enumerates the dataset `spec` describes.
 pub fn build_manifest(spec: &SourceSpec) -> Result<Manifest, SourceError> {
+    build_manifest_within(spec, None)
+}
+
+/// As [`build_manifest`], every file enumeration opens opened beneath `roots` when given
+/// (see the module doc).
+pub fn build_manifest_within(spec: &SourceSpec, roots: Option<&Roots>) -> Result<Manifest, SourceError> {
     let started = std::time::Instant::now();
     let manifest = match spec {
-        SourceSpec::ImageFolder { root } => match crate::storage::ObjectUrl::parse(root) {
-            Some(url) => object::enumerate_image_folder(&url)?,
+        SourceSpec::ImageFolder { root } => match ObjectUrl::parse(root) {
+            Some(url) => {
+                check_object("image folder", &url, roots)?;
+                object::enumerate_image_folder(&url)?
+            }
             None => image_folder::enumerate(root)?,
         },
-        SourceSpec::FileList { path, root } => file_list::enumerate(path, root.as_deref())?,
-        SourceSpec::Tar { shards, sidecars, masks } => self::tar::enumerate_records(
+        SourceSpec::FileList { path, root } => file_list::enumerate_within(path, root.as_deref(), roots)?,
+        SourceSpec::Tar { shards, sidecars, masks } => self::tar::enumerate_within(
             shards,
             self::tar::Records { sidecars: *sidecars, masks: *masks, fields: None },
+            roots,
         )?,
         SourceSpec::Mix { sources } => {
-            Manifest::join(sources.iter().map(|s| build_manifest(&s.source)).collect::<Result<_, _>>()?)
+            Manifest::join(sources.iter().map(|s| build_manifest_within(&s.source, roots)).collect::<Result<_, _>>()?)
         }
         SourceSpec::Parquet { path, image_column, label_column } => {
-            self::parquet::enumerate(path, image_column, label_column.as_deref())?
+            self::parquet::enumerate_within(path, image_column, label_column.as_deref(), None, roots)?
         }
-        SourceSpec::Coco { annotations, images, masks } => coco::enumerate(annotations, images, *masks)?,
-        SourceSpec::Sidecar { root, masks } => sidecar::enumerate(root, *masks)?,
+        SourceSpec::Coco { annotations, images, masks } => coco::enumerate_within(annotations, images, *masks, roots)?,
+        SourceSpec::Sidecar { root, masks } => sidecar::enumerate_within(root, *masks, None, roots)?,
     };
     tracing::info!(
         samples = manifest.len(),

@@ -23,7 +23,7 @@ use crate::storage::parquet::{
     field_leaf, has_leaf, image_leaf, label_leaf, max_chunk_bytes, read_column_chunk, read_footer, ChunkValues,
     ParquetFile,
 };
-use crate::storage::ObjectUrl;
+use crate::storage::{ObjectUrl, Roots};
 
 /// The label column used when the spec names none and the files have it.
 pub const DEFAULT_LABEL_COLUMN: &str = "label";
@@ -51,9 +51,24 @@ pub fn enumerate_with_fields(
     label_column: Option<&str>,
     fields: Option<FieldsRead<'_>>,
 ) -> Result<Manifest, SourceError> {
+    enumerate_within(path, image_column, label_column, fields, None)
+}
+
+/// As [`enumerate_with_fields`], every file read beneath `roots` when given (an object
+/// under one of their prefixes).
+pub fn enumerate_within(
+    path: &Path,
+    image_column: &str,
+    label_column: Option<&str>,
+    fields: Option<FieldsRead<'_>>,
+    roots: Option<&Roots>,
+) -> Result<Manifest, SourceError> {
     let mut table = fields.map(|f| FieldTable::new(f.specs));
     let (root, files) = match ObjectUrl::parse(path) {
-        Some(url) => list_objects(&url)?,
+        Some(url) => {
+            super::check_object("Parquet dataset", &url, roots)?;
+            list_objects(&url)?
+        }
         None => list_local(path)?,
     };
     if files.is_empty() {
@@ -65,7 +80,7 @@ pub fn enumerate_with_fields(
     for listed in &files {
         let file = ParquetFile::new(&root.join(&listed.rel));
         let name = file.name();
-        let footer = read_footer(&file, listed.size, None)?;
+        let footer = read_footer(&file, listed.size, roots)?;
         let meta = &footer.meta;
         files_hash.update(listed.rel.as_os_str().as_encoded_bytes());
         files_hash.update(&listed.size.to_le_bytes());
@@ -95,7 +110,7 @@ pub fn enumerate_with_fields(
             let row_group = u32::try_from(g).map_err(|_| too_many(&name, "row groups"))?;
             u32::try_from(rows).map_err(|_| too_many(&name, "rows in a row group"))?;
             let labels = match label {
-                Some(leaf) => match read_column_chunk(&file, meta, g, leaf, max_chunk, None)? {
+                Some(leaf) => match read_column_chunk(&file, meta, g, leaf, max_chunk, roots)? {
                     ChunkValues::Int(v) => v,
                     ChunkValues::Binary(_) | ChunkValues::Float(_) | ChunkValues::IntLists(_) => Vec::new(),
                 },
@@ -104,7 +119,7 @@ pub fn enumerate_with_fields(
             if let (Some(t), Some(f)) = (table.as_mut(), fields) {
                 let columns = field_leaves
                     .iter()
-                    .map(|&leaf| read_column_chunk(&file, meta, g, leaf, max_chunk, None))
+                    .map(|&leaf| read_column_chunk(&file, meta, g, leaf, max_chunk, roots))
                     .collect::<Result<Vec<_>, _>>()?;
                 for row in 0..rows {
                     let values =

@@ -23,8 +23,8 @@ use sluice_core::spec::MAX_BOXES;
 use sluice_core::{Annotation, BoxTargets, FieldSpec, FieldTable, Location, Manifest, MaskSource};
 
 use super::image_folder::{walk_class, WalkStats};
-use super::SourceError;
-use crate::storage::confine::open_regular;
+use super::{open_source_file, SourceError};
+use crate::storage::Roots;
 
 /// A file whose name ends so is a mask, never a sample.
 pub const MASK_SUFFIX: &str = ".mask.png";
@@ -89,6 +89,17 @@ pub fn enumerate_with_fields(
     masks: bool,
     fields: Option<FieldsRead<'_>>,
 ) -> Result<Manifest, SourceError> {
+    enumerate_within(root, masks, fields, None)
+}
+
+/// As [`enumerate_with_fields`], each sidecar opened beneath `roots` when given: one that
+/// resolves outside them (a symlink out) fails the enumeration, naming it.
+pub fn enumerate_within(
+    root: &Path,
+    masks: bool,
+    fields: Option<FieldsRead<'_>>,
+    roots: Option<&Roots>,
+) -> Result<Manifest, SourceError> {
     let meta = fs::metadata(root).map_err(|e| SourceError::io("dataset root", root, e))?;
     if !meta.is_dir() {
         return Err(SourceError::NotADirectory { path: root.to_path_buf() });
@@ -112,7 +123,7 @@ pub fn enumerate_with_fields(
     for (location, label, _) in &mut items {
         let Location::File { path } = location else { continue };
         let sidecar = root.join(path.with_extension("json"));
-        let SidecarRead { annotation, label: own_label, mask, fields: read } = read_sidecar(&sidecar, fields);
+        let SidecarRead { annotation, label: own_label, mask, fields: read } = read_sidecar(&sidecar, fields, roots)?;
         if let Some(t) = table.as_mut() {
             push_fields(t, read);
         }
@@ -163,18 +174,27 @@ pub(super) fn mask_name(shown: &str, mask: Option<PathBuf>, annotation: &Annotat
 }
 
 /// Reads and checks one sidecar: its boxes (or why they cannot be used), its label and mask.
-fn read_sidecar(path: &Path, fields: Option<FieldsRead<'_>>) -> SidecarRead {
+/// A sidecar out of `roots` is an error (the job is refused); any other failure fails only
+/// its sample.
+fn read_sidecar(
+    path: &Path,
+    fields: Option<FieldsRead<'_>>,
+    roots: Option<&Roots>,
+) -> Result<SidecarRead, SourceError> {
     let mut bytes = Vec::new();
     let invalid = SidecarRead::invalid;
     // A regular file only, opened without blocking (a FIFO would hang indexing), as samples are.
-    let file = match open_regular(path, None) {
+    let file = match open_source_file("sidecar", path, roots) {
         Ok(f) => f,
-        Err(e) => return invalid(format!("sidecar {}: {e}", path.display())),
+        Err(e @ SourceError::OutsideRoots { .. }) => return Err(e),
+        Err(SourceError::NotFound { .. }) => return Ok(invalid(format!("sidecar {}: file not found", path.display()))),
+        Err(SourceError::Io { source, .. }) => return Ok(invalid(format!("sidecar {}: {source}", path.display()))),
+        Err(e) => return Ok(invalid(e.to_string())),
     };
-    match file.take(MAX_SIDECAR_BYTES + 1).read_to_end(&mut bytes) {
+    Ok(match file.take(MAX_SIDECAR_BYTES + 1).read_to_end(&mut bytes) {
         Err(e) => invalid(format!("sidecar {}: {e}", path.display())),
         Ok(_) => sidecar_from_bytes(&bytes, &path.display().to_string(), fields),
-    }
+    })
 }
 
 /// Checks a sidecar's bytes, read up to one past [`MAX_SIDECAR_BYTES`]; `shown` names the
@@ -247,10 +267,10 @@ mod tests {
         assert!(made.success());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let _ = tx.send(read_sidecar(&fifo, None).annotation);
+            let _ = tx.send(read_sidecar(&fifo, None, None).map(|r| r.annotation));
         });
         match rx.recv_timeout(std::time::Duration::from_secs(5)) {
-            Ok(Annotation::Invalid(why)) => assert!(why.contains("0001.json"), "{why}"),
+            Ok(Ok(Annotation::Invalid(why))) => assert!(why.contains("0001.json"), "{why}"),
             Ok(other) => panic!("a FIFO gave boxes: {other:?}"),
             Err(_) => panic!("reading a FIFO sidecar blocked for 5 s"),
         }

@@ -15,20 +15,21 @@
 //! only keys, never paths: nothing is unpacked, and a mask named with `..` or `/` is refused.
 //!
 //! The manifest root is the folder the shards share; shard paths are stored relative to it.
-//! A shard may be an object (`s3://bucket/key.tar`): it is fetched once to be indexed, and
-//! its samples are later read by byte range.
+//! A shard may be an object (`s3://bucket/key.tar`): it is indexed by ranged reads of its
+//! headers (and of the small members indexing reads), never fetched whole, and its samples
+//! are later read by byte range. A shard over [`MAX_SHARD_BYTES`] is refused.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufReader, Cursor, Read, Seek, SeekFrom};
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 
 use ::tar::Archive;
 use sluice_core::{Annotation, FieldTable, Location, Manifest, MaskSource};
 
 use super::sidecar::{self, FieldsRead, SidecarRead, MAX_SIDECAR_BYTES};
-use super::{is_image_extension, SourceError};
-use crate::storage::ObjectUrl;
+use super::{is_image_extension, open_source_file, SourceError};
+use crate::storage::{ObjectUrl, Roots};
 
 /// A `.cls` member longer than this is not a label.
 const MAX_CLS_BYTES: u64 = 64;
@@ -54,6 +55,16 @@ pub struct Records<'a> {
 
 /// Enumerates the samples of `shards`, in order, with the records `records` asks for.
 pub fn enumerate_records(shards: &[PathBuf], records: Records<'_>) -> Result<Manifest, SourceError> {
+    enumerate_within(shards, records, None)
+}
+
+/// As [`enumerate_records`], each shard opened beneath `roots` when given (an object: under
+/// one of their prefixes).
+pub fn enumerate_within(
+    shards: &[PathBuf],
+    records: Records<'_>,
+    roots: Option<&Roots>,
+) -> Result<Manifest, SourceError> {
     if shards.is_empty() {
         return Err(SourceError::NoSamples { dataset: "tar source".into(), hint: "no shards given" });
     }
@@ -61,7 +72,7 @@ pub fn enumerate_records(shards: &[PathBuf], records: Records<'_>) -> Result<Man
     let mut out = Indexed { fields: records.fields.map(|f| FieldTable::new(f.specs)), ..Indexed::default() };
     for shard in shards {
         let rel = shard.strip_prefix(&root).map(Path::to_path_buf).unwrap_or_else(|_| shard.clone());
-        index_shard(shard, &rel, records, &mut out)?;
+        index_shard(shard, &rel, records, roots, &mut out)?;
     }
     if out.items.is_empty() {
         return Err(SourceError::NoSamples {
@@ -108,15 +119,90 @@ pub fn split_member_name(name: &str) -> Option<(&str, &str)> {
     Some((&name[..dot], &name[dot + 1..]))
 }
 
-fn index_shard(shard: &Path, rel: &Path, records: Records<'_>, out: &mut Indexed) -> Result<(), SourceError> {
+fn index_shard(
+    shard: &Path,
+    rel: &Path,
+    records: Records<'_>,
+    roots: Option<&Roots>,
+    out: &mut Indexed,
+) -> Result<(), SourceError> {
     if let Some(url) = ObjectUrl::parse(shard) {
-        let bytes = crate::storage::object::fetch(&url)?;
-        let file_len = bytes.len() as u64;
-        return index_archive(Cursor::new(bytes), file_len, shard, rel, records, out);
+        super::check_object("tar shard", &url, roots)?;
+        let (file_len, _) = crate::storage::object::head(&url)?;
+        check_shard_size(shard, file_len, MAX_SHARD_BYTES)?;
+        let reader = RangedShard { url, len: file_len, pos: 0, window: Vec::new(), window_at: 0 };
+        return index_archive(reader, file_len, shard, rel, records, out);
     }
-    let file = File::open(shard).map_err(|e| SourceError::io("tar shard", shard, e))?;
+    let file = open_source_file("tar shard", shard, roots)?;
     let file_len = file.metadata().map_err(|e| SourceError::io("tar shard", shard, e))?.len();
+    check_shard_size(shard, file_len, MAX_SHARD_BYTES)?;
     index_archive(ShardReader { inner: BufReader::new(file), pos: 0 }, file_len, shard, rel, records, out)
+}
+
+/// The largest shard indexed: 64 GiB, far past WebDataset's usual 0.1 to a few GiB a
+/// shard (a larger object is more likely a mistake than a shard).
+pub const MAX_SHARD_BYTES: u64 = 64 << 30;
+
+/// How much of a remote shard one ranged read fetches while indexing: a header, and the
+/// small members indexing reads (labels, sidecars), come in windows of this size; the
+/// bytes of members larger than it are skipped, not fetched.
+const REMOTE_WINDOW: u64 = 16 << 10;
+
+fn check_shard_size(shard: &Path, len: u64, cap: u64) -> Result<(), SourceError> {
+    if len > cap {
+        return Err(SourceError::ShardTooLarge { shard: shard.to_path_buf(), len, cap });
+    }
+    Ok(())
+}
+
+/// A remote shard read by ranged GETs of [`REMOTE_WINDOW`] bytes as the tar reader asks:
+/// indexing fetches the headers and the members it reads, not the whole object.
+struct RangedShard {
+    url: ObjectUrl,
+    len: u64,
+    pos: u64,
+    /// The last window fetched, from `window_at`.
+    window: Vec<u8>,
+    window_at: u64,
+}
+
+impl Read for RangedShard {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.pos >= self.len || buf.is_empty() {
+            return Ok(0);
+        }
+        let in_window = self.pos >= self.window_at && self.pos < self.window_at + self.window.len() as u64;
+        if !in_window {
+            // A read larger than a window (a big sidecar) is fetched in one request.
+            let want = (buf.len() as u64).max(REMOTE_WINDOW);
+            let end = self.pos.saturating_add(want).min(self.len);
+            let bytes = crate::storage::object::fetch_range(&self.url, self.pos..end)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            if bytes.is_empty() {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{} ends early", self.url)));
+            }
+            self.window.clear();
+            self.window.extend_from_slice(&bytes);
+            self.window_at = self.pos;
+        }
+        let from = (self.pos - self.window_at) as usize;
+        let n = buf.len().min(self.window.len() - from);
+        buf[..n].copy_from_slice(&self.window[from..from + n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for RangedShard {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let pos = match to {
+            SeekFrom::Start(p) => Some(p),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+            SeekFrom::End(d) => self.len.checked_add_signed(d),
+        };
+        self.pos = pos.ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek out of range"))?;
+        Ok(self.pos)
+    }
 }
 
 fn index_archive<R: Read + Seek>(
@@ -357,6 +443,13 @@ impl Seek for ShardReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shard_over_the_cap_is_refused_naming_it() {
+        let err = check_shard_size(Path::new("s3://b/huge.tar"), 1 << 41, MAX_SHARD_BYTES).unwrap_err().to_string();
+        assert!(err.contains("s3://b/huge.tar") && err.contains("68719476736"), "{err}");
+        assert!(check_shard_size(Path::new("a.tar"), MAX_SHARD_BYTES, MAX_SHARD_BYTES).is_ok());
+    }
 
     #[test]
     fn member_names_split_like_webdataset() {

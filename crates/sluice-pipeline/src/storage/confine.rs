@@ -81,16 +81,17 @@ impl Roots {
     /// it, whatever symlink is swapped in. Otherwise, or when the kernel refuses (an absolute
     /// symlink, even one that stays inside), the root and the path under it come from the
     /// path's canonical form.
-    fn open_beneath(&self, path: &Path) -> Result<OwnedFd, SampleErrorKind> {
+    fn open_beneath(&self, path: &Path) -> Result<OwnedFd, OpenFailure> {
+        let other = |e: std::io::Error| OpenFailure::Other(io_error(e));
         if let Some((root, dir)) = self.roots.iter().find(|(r, _)| path.starts_with(r)) {
             match open_under(dir, path.strip_prefix(root).unwrap_or(path)) {
                 Err(Errno::XDEV) => {}
-                done => return done.map_err(|e| io_error(e.into())),
+                done => return done.map_err(|e| other(e.into())),
             }
         }
-        let canonical = path.canonicalize().map_err(io_error)?;
+        let canonical = path.canonicalize().map_err(other)?;
         let outside = || {
-            SampleErrorKind::Refused(format!(
+            OpenFailure::OutsideRoots(format!(
                 "{} resolves outside the allowed roots ({})",
                 canonical.display(),
                 self.describe()
@@ -99,14 +100,23 @@ impl Roots {
         let (root, dir) = self.roots.iter().find(|(r, _)| canonical.starts_with(r)).ok_or_else(outside)?;
         let under = canonical.strip_prefix(root).map_err(|_| outside())?;
         open_under(dir, under).map_err(|e| match e {
-            Errno::XDEV => SampleErrorKind::Refused(format!(
+            Errno::XDEV => OpenFailure::OutsideRoots(format!(
                 "a symlink or `..` in {} leads outside the allowed root {}",
                 under.display(),
                 root.display()
             )),
-            e => io_error(e.into()),
+            e => other(e.into()),
         })
     }
+}
+
+/// Why [`open_regular_within`] opened nothing.
+#[derive(Debug)]
+pub(crate) enum OpenFailure {
+    /// The path resolves outside the allowed roots (the message says how, and names them).
+    OutsideRoots(String),
+    /// Anything else: missing, not a regular file, an I/O error.
+    Other(SampleErrorKind),
 }
 
 /// Opens `under` (relative) beneath the root directory `dir`, never leaving it.
@@ -118,14 +128,25 @@ fn open_under(dir: &OwnedFd, under: &Path) -> Result<OwnedFd, Errno> {
 /// Opens the regular file at `path` for reading, beneath `roots` when given; anything else
 /// (a FIFO, a device, a socket, a directory) is refused without reading or blocking.
 pub(crate) fn open_regular(path: &Path, roots: Option<&Roots>) -> Result<File, SampleErrorKind> {
+    open_regular_within(path, roots).map_err(|f| match f {
+        OpenFailure::OutsideRoots(why) => SampleErrorKind::Refused(why),
+        OpenFailure::Other(kind) => kind,
+    })
+}
+
+/// As [`open_regular`], telling a path out of the roots (which refuses a whole job when
+/// its dataset is enumerated) from every other failure.
+pub(crate) fn open_regular_within(path: &Path, roots: Option<&Roots>) -> Result<File, OpenFailure> {
     let fd = match roots {
         Some(roots) => roots.open_beneath(path)?,
-        None => open(path, FLAGS, Mode::empty()).map_err(|e| io_error(e.into()))?,
+        None => open(path, FLAGS, Mode::empty()).map_err(|e| OpenFailure::Other(io_error(e.into())))?,
     };
-    let kind = rustix::fs::fstat(&fd).map_err(|e| io_error(e.into()))?;
+    let kind = rustix::fs::fstat(&fd).map_err(|e| OpenFailure::Other(io_error(e.into())))?;
     match FileType::from_raw_mode(kind.st_mode) {
         FileType::RegularFile => Ok(File::from(fd)),
-        other => Err(SampleErrorKind::Refused(format!("not a regular file but {}", describe(other)))),
+        other => {
+            Err(OpenFailure::Other(SampleErrorKind::Refused(format!("not a regular file but {}", describe(other)))))
+        }
     }
 }
 

@@ -475,25 +475,30 @@ pub(crate) fn list(prefix: &ObjectUrl) -> Result<Vec<ListedObject>, ObjectError>
     Ok(out)
 }
 
-/// Fetches a whole object (a tar shard to index).
-pub(crate) fn fetch(url: &ObjectUrl) -> Result<bytes::Bytes, ObjectError> {
-    let failed = |message: String| ObjectError { url: url.to_string(), message };
-    let remote = remote().map_err(failed)?;
-    let store = remote.store(url)?;
-    let path = object_path(url)?;
-    remote.block_on(async {
-        let got = store.get(&path).await.map_err(|e| failed(described(&e)))?;
-        got.bytes().await.map_err(|e| failed(described(&e)))
-    })
+thread_local! {
+    /// Bytes this thread has fetched with [`fetch`] and [`fetch_range`].
+    static FETCHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Bytes `range` of an object (a Parquet footer or column chunk).
+/// How many bytes of objects the calling thread has fetched outside the sample reads
+/// (indexing: tar headers and members, Parquet footers and chunks), since it started: what
+/// enumerating a remote dataset cost.
+pub fn bytes_fetched_by_this_thread() -> u64 {
+    FETCHED.with(std::cell::Cell::get)
+}
+
+fn fetched(bytes: bytes::Bytes) -> bytes::Bytes {
+    FETCHED.with(|f| f.set(f.get() + bytes.len() as u64));
+    bytes
+}
+
+/// Bytes `range` of an object (a Parquet footer or column chunk, a window of a tar shard).
 pub(crate) fn fetch_range(url: &ObjectUrl, range: Range<u64>) -> Result<bytes::Bytes, ObjectError> {
     let failed = |message: String| ObjectError { url: url.to_string(), message };
     let remote = remote().map_err(failed)?;
     let store = remote.store(url)?;
     let path = object_path(url)?;
-    remote.block_on(store.get_range(&path, range)).map_err(|e| failed(described(&e)))
+    remote.block_on(store.get_range(&path, range)).map(fetched).map_err(|e| failed(described(&e)))
 }
 
 /// An object's size and ETag (one `HEAD`).

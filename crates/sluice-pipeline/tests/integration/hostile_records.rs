@@ -244,3 +244,63 @@ fn hostile_sidecars_with_fields_asked_for_fail_each_sample_by_name_without_a_pan
         assert!(good.error.contains("field `score` is missing"), "{}", good.error);
     }
 }
+
+/// The width and height of the JPEG at `path`, from its header.
+fn jpeg_size(path: &Path) -> (u32, u32) {
+    let bytes = std::fs::read(path).unwrap();
+    let header = sluice_codec::JpegDecoder::new(1 << 26).unwrap().header(&bytes).unwrap();
+    (header.width, header.height)
+}
+
+#[test]
+fn a_coco_mask_bomb_fails_its_sample_before_anything_is_painted() {
+    // Issue 38 item 6: a small image whose annotations declare it 8192x8192, with eight RLE
+    // masks each setting all of those pixels (0.5 G pixel writes), beside an honest image.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    write_dataset(&root, &options(), &|_| {}).unwrap();
+    let honest = "class_000/img_0000001.jpg";
+    let (w, h) = jpeg_size(&root.join(honest));
+    let bomb: Vec<String> = (0..8)
+        .map(|i| {
+            format!(
+                r#"{{"id": {i}, "image_id": 1, "bbox": [0, 0, 1, 1], "category_id": 1,
+                    "segmentation": {{"counts": [0, 67108864], "size": [8192, 8192]}}}}"#
+            )
+        })
+        .collect();
+    let fine = format!(
+        r#"{{"id": 9, "image_id": 2, "bbox": [0, 0, 1, 1], "category_id": 3,
+            "segmentation": {{"counts": [0, {}], "size": [{h}, {w}]}}}}"#,
+        w * h
+    );
+    let json = format!(
+        r#"{{"images": [{{"id": 1, "file_name": "class_000/img_0000000.jpg", "width": 8192, "height": 8192}},
+                        {{"id": 2, "file_name": "{honest}", "width": {w}, "height": {h}}}],
+            "annotations": [{}, {fine}]}}"#,
+        bomb.join(",")
+    );
+    assert!(json.len() < 2048, "the bomb is a small file: {} bytes", json.len());
+    let path = root.join("instances.json");
+    std::fs::write(&path, json).unwrap();
+    let source = SourceSpec::Coco { annotations: path, images: root.clone(), masks: true };
+    let loader = Loader::new(spec(source, ErrorPolicy::Skip), Shard::default()).unwrap();
+    let t0 = std::time::Instant::now();
+    let batches = all(&loader).unwrap();
+    let took = t0.elapsed();
+    let keys: Vec<u64> = batches.iter().flat_map(|b| b.keys.clone()).collect();
+    assert_eq!(keys.len(), 1, "the honest image loads: {keys:?}");
+    let mask = batches[0].boxes.as_ref().unwrap().masks.as_ref().unwrap();
+    assert!(mask.as_bytes().iter().all(|&v| v == 3), "the honest mask covers its whole image");
+    let skipped = loader.stats().skipped;
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    let why = &skipped[0].error;
+    let (bw, bh) = jpeg_size(&root.join("class_000/img_0000000.jpg"));
+    assert!(
+        skipped[0].path.contains("img_0000000")
+            && why.contains("declare a 8192x8192")
+            && why.contains(&format!("{bw}x{bh}")),
+        "{why}"
+    );
+    assert!(took.as_secs_f64() < 10.0, "the bomb took {:.1} s to refuse: {why}", took.as_secs_f64());
+}

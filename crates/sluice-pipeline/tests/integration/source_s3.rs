@@ -335,6 +335,45 @@ fn a_tar_shard_in_a_bucket_gives_the_batches_of_the_same_shard_on_disk() {
 }
 
 #[test]
+fn indexing_a_shard_in_a_bucket_fetches_its_headers_not_its_members() {
+    use sluice_pipeline::storage::object::bytes_fetched_by_this_thread;
+    let _ = server();
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("big.tar");
+    let mut builder = tar::Builder::new(std::fs::File::create(&shard).unwrap());
+    // Twelve 1 MiB members (never decoded here: indexing reads headers) with their labels.
+    for i in 0..12u8 {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1 << 20);
+        h.set_mode(0o644);
+        builder.append_data(&mut h, format!("s{i:03}.jpg"), &vec![i; 1 << 20][..]).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mode(0o644);
+        builder.append_data(&mut h, format!("s{i:03}.cls"), format!("{}", i % 7).as_bytes()).unwrap();
+    }
+    builder.into_inner().unwrap().flush().unwrap();
+    let shard_len = std::fs::metadata(&shard).unwrap().len();
+    let b = bucket();
+    put(&store(&b), "tar/big/big.tar", std::fs::read(&shard).unwrap());
+    let url = PathBuf::from(format!("s3://{b}/tar/big/big.tar"));
+
+    let before = bytes_fetched_by_this_thread();
+    let remote = build_manifest(&SourceSpec::Tar { shards: vec![url], sidecars: false, masks: false }).unwrap();
+    let fetched = bytes_fetched_by_this_thread() - before;
+    let local = build_manifest(&SourceSpec::Tar { shards: vec![shard], sidecars: false, masks: false }).unwrap();
+    assert_eq!(remote.len(), 12);
+    let labels = |m: &sluice_core::Manifest| (0..m.len()).map(|i| m.at(i).label).collect::<Vec<_>>();
+    assert_eq!(labels(&remote), labels(&local));
+    assert_eq!(labels(&remote), (0..12).map(|i| i % 7).collect::<Vec<i64>>());
+    eprintln!("indexing fetched {fetched} bytes of a {shard_len}-byte shard");
+    assert!(
+        fetched > 0 && fetched * 8 < shard_len,
+        "indexing fetched {fetched} bytes of a {shard_len}-byte shard (its headers are 24 x 512 bytes)"
+    );
+}
+
+#[test]
 fn a_tar_shard_with_sidecars_in_a_bucket_gives_the_boxes_and_masks_of_the_shard_on_disk() {
     let _ = server();
     crate::object_checks::tar_shard(&format!("s3://{}", bucket()), "det");

@@ -186,3 +186,45 @@ fn confined_reads_refuse_whatever_resolves_out_of_the_roots_when_read() {
     assert!(refused(file("../secret/b.jpg")).contains("outside the allowed roots"));
     assert!(refused(file(outside.join("b.jpg"))).contains("outside the allowed roots"));
 }
+
+#[test]
+fn enumerating_within_roots_refuses_every_file_a_source_opens_out_of_them() {
+    use sluice_core::SourceSpec;
+    use sluice_pipeline::source::{build_manifest, build_manifest_within, SourceError};
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let outside = dir.path().join("secret");
+    fs::create_dir_all(data.join("s")).unwrap();
+    fs::create_dir_all(&outside).unwrap();
+    fs::write(outside.join("key.json"), br#"{"boxes": [], "private_key": "k"}"#).unwrap();
+    fs::write(outside.join("list.txt"), "a.jpg 1\n").unwrap();
+    fs::write(outside.join("instances.json"), r#"{"images": [{"id": 1, "file_name": "a.jpg"}]}"#).unwrap();
+    fs::write(outside.join("s.tar"), [0u8; 1024]).unwrap();
+    fs::write(data.join("s/a.jpg"), b"x").unwrap();
+    let link = |name: &str, to: &str| std::os::unix::fs::symlink(outside.join(to), data.join(name)).unwrap();
+    link("s/a.json", "key.json");
+    link("list.txt", "list.txt");
+    link("instances.json", "instances.json");
+    link("s.tar", "s.tar");
+    let roots = Roots::open(std::slice::from_ref(&data)).unwrap();
+    for (spec, what, names) in [
+        (SourceSpec::Sidecar { root: data.join("s"), masks: false }, "sidecar", "a.json"),
+        (SourceSpec::FileList { path: data.join("list.txt"), root: None }, "file list", "list.txt"),
+        (
+            SourceSpec::Coco { annotations: data.join("instances.json"), images: data.clone(), masks: false },
+            "COCO annotations",
+            "instances.json",
+        ),
+        (SourceSpec::Tar { shards: vec![data.join("s.tar")], sidecars: true, masks: false }, "tar shard", "s.tar"),
+    ] {
+        match build_manifest_within(&spec, Some(&roots)) {
+            Err(e @ SourceError::OutsideRoots { what: w, .. }) if w == what => {
+                let text = e.to_string();
+                assert!(text.contains(names) && text.contains("outside the allowed roots"), "{text}");
+            }
+            other => panic!("{what}: {:?}", other.map(|m| m.len())),
+        }
+    }
+    // Without roots (the library on its own machine) the sidecar is read.
+    assert!(build_manifest(&SourceSpec::Sidecar { root: data.join("s"), masks: false }).is_ok());
+}

@@ -152,12 +152,19 @@ fn refuse_oversized_fields(spec: &PipelineSpec) -> Result<(), ServiceError> {
 /// Gives a replayed importance-sampled job its store again, from its dataset enumerated
 /// afresh. A dataset that cannot be read or changed leaves the job without one (its reports
 /// and draws are then refused) rather than keep the dispatcher from starting.
-fn replay_importance(state: &mut State, job_id: u64, spec_json: &str, manifest_fingerprint: &str) {
+fn replay_importance(
+    state: &mut State,
+    roots: &AllowedRoots,
+    job_id: u64,
+    spec_json: &str,
+    manifest_fingerprint: &str,
+) {
     let Ok(spec) = PipelineSpec::from_json_str(spec_json) else { return };
     if spec.sampling == sluice_core::SamplingSpec::Uniform {
         return;
     }
-    match sluice_pipeline::source::build_pipeline_manifest(&spec) {
+    // Within the roots, as when the job was created: the dataset may have changed since.
+    match roots.manifest(&spec) {
         Ok(m) if m.fingerprint_hex() == manifest_fingerprint => {
             if let Some(importance) = JobImportance::for_job(&spec, m) {
                 let _ = state.attach_importance(job_id, importance);
@@ -217,7 +224,7 @@ impl DispatcherService {
                         _ => state.apply(r, now, 0)?,
                     }
                     if let Record::Job { job_id, spec_json, manifest_fingerprint, .. } = r {
-                        replay_importance(&mut state, *job_id, spec_json, manifest_fingerprint);
+                        replay_importance(&mut state, &roots, *job_id, spec_json, manifest_fingerprint);
                     }
                 }
                 tracing::info!(path = %path.display(), records = records.len(), jobs = state.jobs.len(), "journal replayed");
@@ -305,14 +312,10 @@ impl DispatcherService {
         }
         refuse_learner_only(&spec)?;
         refuse_oversized_fields(&spec)?;
-        self.inner.roots.check_source(&spec.source)?;
-        let for_manifest = spec.clone();
-        let manifest =
-            tokio::task::spawn_blocking(move || sluice_pipeline::source::build_pipeline_manifest(&for_manifest))
-                .await
-                .map_err(|source| ServiceError::Blocking { what: "reading the manifest", source })?
-                .map_err(sluice_pipeline::PipelineError::from)?;
-        self.inner.roots.check_manifest(&manifest)?;
+        let (for_manifest, roots) = (spec.clone(), self.inner.roots.clone());
+        let manifest = tokio::task::spawn_blocking(move || roots.manifest(&for_manifest))
+            .await
+            .map_err(|source| ServiceError::Blocking { what: "reading the manifest", source })??;
         // A mix's epoch is the global batches its weights fill before a source runs out,
         // sized by the plan the workers' loaders draw it with (each worker orders the mix
         // from the spec alone, as for one source, so no draw is shipped).

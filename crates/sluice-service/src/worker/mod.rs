@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use sluice_core::PipelineSpec;
 use sluice_pipeline::cache::Cache;
-use sluice_pipeline::{CacheStats, Loader, PipelineError, Shard};
+use sluice_pipeline::{CacheStats, Loader, Shard};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
 
@@ -220,8 +220,7 @@ impl WorkerService {
         let roots = self.inner.roots.clone();
         let inner = self.inner.clone();
         let loader = tokio::task::spawn_blocking(move || -> Result<Loader, ServiceError> {
-            let manifest = sluice_pipeline::source::build_pipeline_manifest(&spec).map_err(PipelineError::from)?;
-            roots.check_manifest(&manifest)?;
+            let manifest = roots.manifest(&spec)?;
             if manifest.fingerprint_hex() != def.manifest_fingerprint {
                 return Err(ServiceError::InvalidArgument(format!(
                     "the dataset this worker sees (fingerprint {}) differs from the dispatcher's ({})",

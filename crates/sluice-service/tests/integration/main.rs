@@ -2,6 +2,7 @@
 //! module, named as its tests are (`cargo test -p sluice-service <module>::`).
 
 mod hostile;
+mod hostile_jobs;
 mod service;
 mod service_cache;
 mod service_failures;
