@@ -23,6 +23,7 @@ __all__ = [
     "policy_space",
     "spec_canonical_json",
     "spec_json_to_toml",
+    "spec_process_share",
     "spec_load_file",
     "spec_toml_to_json",
     "StreamLoader",
@@ -83,6 +84,10 @@ def spec_canonical_json(json: str) -> str:
 def spec_json_to_toml(json: str) -> str:
     """Converts a JSON spec to TOML (validating it)."""
 
+def spec_process_share(json: str, index: int, count: int) -> str:
+    """The spec of process ``index`` of ``count`` running one loader: its cache's memory
+    and disk budgets split between them, its disk tier in a subfolder of its own."""
+
 def spec_toml_to_json(toml: str) -> str:
     """Converts a TOML spec to canonical JSON (validating it)."""
 
@@ -140,6 +145,10 @@ class Loader:
         """Only batches ``start..end`` of ``epoch``, over an order another loader of the
         same spec drew (``epoch_draw``), apart from this loader's own position: one share
         of an epoch, as a ``map`` worker process runs it."""
+    def tell_future_of_share(self, epoch: int, order: bytes, first: int, index: int, count: int) -> None:
+        """Tells the disk tier the samples this process's batches (``i % count == index``)
+        of ``epoch`` over ``order`` look up from batch ``first`` on (and of the next epoch
+        where the seed alone decides it)."""
     def batch_bytes(self) -> int:
         """Bytes of one full batch's images."""
     def batches_per_epoch(self) -> int: ...

@@ -223,9 +223,50 @@ class _MapBatchIterator(BatchIterator):
         return self._end - self._next
 
 
+def _without_disk_tier(spec: Dict[str, Any]) -> str:
+    """``spec`` as JSON without its cache's disk tier."""
+    cache = spec.get("cache")
+    if not isinstance(cache, dict) or "disk" not in cache:
+        return json.dumps(spec)
+    return json.dumps({**spec, "cache": {k: v for k, v in cache.items() if k != "disk"}})
+
+
+#: Counters of a cache tier that add up over the worker processes (``hit_rate`` follows).
+_TIER_SUMS = ("budget_bytes", "used_bytes", "entries", "hits", "misses", "insertions", "evictions", "rejected")
+_DISK_SUMS = ("corrupt", "write_errors", "bytes_read", "bytes_written", "recovered")
+
+
+def _sum_tiers(tiers: List[Dict[str, Any]], extra: Tuple[str, ...]) -> Dict[str, Any]:
+    """One tier's stats over the worker processes: counters added up, the rest (policy,
+    level, costs) from the process that looked up the most samples."""
+    busiest = max(tiers, key=lambda t: int(t["hits"]) + int(t["misses"]))
+    out = dict(busiest)
+    for name in _TIER_SUMS + extra:
+        out[name] = sum(t[name] for t in tiers)
+    lookups = out["hits"] + out["misses"]
+    out["hit_rate"] = out["hits"] / lookups if lookups else 0.0
+    return out
+
+
+def _sum_caches(caches: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """``stats()["cache"]`` of a loader whose worker processes each hold a share of it."""
+    out = _sum_tiers(caches, ("est_time_saved_s",))
+    disks = [c["disk"] for c in caches if c.get("disk") is not None]
+    if disks:
+        disk = _sum_tiers(disks, _DISK_SUMS)
+        # Each process's folder is `<dir>/process-<w>-of-<n>/<pipeline>`: `dir` is the spec's.
+        disk["dirs"] = [d["dir"] for d in disks]
+        disk["dir"] = os.path.dirname(os.path.dirname(disks[0]["dir"]))
+        out["disk"] = disk
+    return out
+
+
 def _merge_worker_stats(stats: Dict[str, Any], workers: MapWorkers) -> None:
     """Adds up what the worker processes did into this loader's ``stats``."""
     per_worker = workers.stats()
+    caches = [w["cache"] for w in per_worker if w.get("cache") is not None]
+    if caches:
+        stats["cache"] = _sum_caches(caches)
     for name in ("samples", "batches", "bytes_read"):
         stats[name] = sum(int(w[name]) for w in per_worker)
     ops: Dict[str, float] = {}
@@ -432,12 +473,16 @@ class Loader(_Traced):
         self._rank, self._world_size = _default_shard(rank, world_size)
         if self._world_size < 1 or not 0 <= self._rank < self._world_size:
             raise ValueError(f"rank {self._rank} is not in 0..world_size ({self._world_size})")
-        self._native = _sluice.Loader(spec_json, self._rank, self._world_size)
-        self._workers: Optional[MapWorkers] = None
         spec = json.loads(spec_json)
         name = spec.get("map_batch")
+        use_workers = processes != 0 and (name is not None or any(op.get("op") == "map" for op in spec.get("ops", [])))
+        # With worker processes the cache is theirs (each its share): this process draws the
+        # epochs and makes no sample, and must not take the disk tier's folder.
+        native_json = _without_disk_tier(spec) if use_workers else spec_json
+        self._native = _sluice.Loader(native_json, self._rank, self._world_size)
+        self._workers: Optional[MapWorkers] = None
         self._map_batch = None if name is None else (import_map_batch(name), name, int(spec.get("seed", 0)), self._rank)
-        if processes != 0 and (name is not None or any(op.get("op") == "map" for op in spec.get("ops", []))):
+        if use_workers:
             count = processes if processes is not None else default_processes(spec.get("threads"))
             batch_bytes = int(self._native.batch_bytes())
             self._workers = MapWorkers(spec_json, self._rank, self._world_size, count, batch_bytes)
@@ -527,7 +572,8 @@ class Loader(_Traced):
         per epoch and stores nothing: ``best``, ``saved_per_epoch_s``,
         ``pipeline_per_epoch_s``, ``saved_fraction``, ``min_fraction``) and, with a disk tier, ``disk``:
         ``hits``, ``misses``, ``hit_rate``, ``corrupt``, ``used_bytes``, ``evictions``,
-        ``rejected``, ``bytes_read``, ``bytes_written``, ``recovered``.
+        ``rejected``, ``bytes_read``, ``bytes_written``, ``recovered``. With ``map`` worker
+        processes, each holds a share of the cache and ``cache`` adds theirs up (docs/map.md).
         With ``threads="auto"``, ``autoscale``: ``policy``, ``units`` (threads now),
         ``windows``, ``ups``, ``downs`` and the latest ``decisions`` (each with ``t_ms``,
         ``from``, ``to``, ``production``, ``consumption``, ``stall`` and ``reason``).

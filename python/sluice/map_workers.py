@@ -14,6 +14,18 @@ batches are the same whatever ``n``.
 A worker that dies (killed, crashed) is restarted from its first batch the parent has not
 handed out: every sample is delivered once.
 
+Workers are started as ``python -c`` processes that import this module and the ``map``
+functions by name; they never run the parent's script (``multiprocessing``'s spawn re-runs
+it as ``__mp_main__``, which fails a script without ``if __name__ == "__main__":``). A
+function defined in the script itself is refused before any process starts. What a
+worker raises while it starts (an import that fails, a folder it cannot open) reaches the
+user as the ``__cause__`` of the parent's error, with the worker's traceback in a note.
+
+The spec's cache is the loader's, whatever its processes: each of ``n`` workers holds
+``1/n`` of its memory and disk budgets, its disk tier in a subfolder of its own
+(``process-<w>-of-<n>``: a folder has one owner), and hears which samples its batches
+will look up (Belady's rule needs the future). ``stats()["cache"]`` adds the workers' up.
+
 While the loader records a trace, so does every worker; at the end each writes its own
 and the parent adds their events to its file (a process of its own each in the timeline).
 """
@@ -24,12 +36,16 @@ import importlib
 import json
 import multiprocessing as mp
 import os
+import pickle
 import signal
+import subprocess
+import sys
 import tempfile
 import time
+import traceback
 import weakref
 from collections import deque
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
@@ -242,6 +258,8 @@ def _worker_main(
         if msg[0] != "run":
             continue  # a "free" of an abandoned run
         _, run, epoch, first, end, draw = msg
+        # The disk tier's Belady rule ranks entries by when this process needs them next.
+        native.tell_future_of_share(epoch, draw[0], first, index, count)
         command = _run(native, conn, buf, layout, run, (epoch, draw), first, end, index, count, batch_fn)
     del native
     shm.close()
@@ -331,21 +349,157 @@ def _run(
     return None
 
 
+#: What a worker process runs: ``sys.path`` as the parent has it, then this module's entry.
+_CHILD_CODE = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[3]); "
+    "from sluice.map_workers import _worker_process; _worker_process(int(sys.argv[1]), int(sys.argv[2]))"
+)
+
+
+def _worker_process(conn_fd: int, tracker_fd: int) -> None:
+    """The entry of a worker process: reads its arguments from the parent, runs
+    :func:`_worker_main`, and sends what it raises (other than the parent going away) to
+    the parent as ``("fatal", ...)`` instead of printing it."""
+    if tracker_fd >= 0:
+        # The parent's resource tracker, as multiprocessing's spawn hands it over: the shared
+        # memory this process attaches stays registered there (and the parent unlinks it).
+        resource_tracker._resource_tracker._fd = tracker_fd  # type: ignore[attr-defined]
+    conn = Connection(conn_fd)
+    try:
+        args = conn.recv()
+    except (EOFError, OSError):
+        return
+    spec_json, rank, world_size, index, count, shm_name = args
+    try:
+        _worker_main(spec_json, rank, world_size, index, count, shm_name, conn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent is gone
+    except BaseException as e:
+        try:
+            conn.send(("fatal", *_fatal_message(e)))
+        except OSError:
+            pass
+        sys.exit(1)
+
+
+def _fatal_message(e: BaseException) -> Tuple[Optional[bytes], str, str, str]:
+    """An exception of a worker process for its parent: pickled where it can be, its type,
+    message and traceback as text."""
+    try:
+        pickled: Optional[bytes] = pickle.dumps(e)
+    except Exception:
+        pickled = None
+    text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    return pickled, f"{type(e).__module__}.{type(e).__qualname__}", str(e), text
+
+
+def _worker_failure(w: int, pid: Optional[int], msg: Tuple[Any, ...]) -> BaseException:
+    """The parent's error for worker ``w``'s ``("fatal", ...)``, its own exception (with the
+    worker's traceback as a note) the ``__cause__``."""
+    pickled, kind, message, text = msg[1:5]
+    cause: Optional[BaseException] = None
+    if pickled is not None:
+        try:
+            cause = pickle.loads(pickled)
+        except Exception:
+            cause = None
+    if not isinstance(cause, BaseException):
+        cause = errors.SluiceError(f"{kind}: {message}")
+    note = f"in map worker process {w} (pid {pid}):\n{text}"
+    if hasattr(cause, "add_note"):
+        cause.add_note(note)
+    error = errors.SluiceError(f"map worker process {w} failed: {kind}: {message}")
+    error.__cause__ = cause
+    return error
+
+
+def main_functions(spec: Dict[str, Any]) -> List[str]:
+    """The spec's ``map`` and ``map_batch`` functions that live in the script being run."""
+    names = [op.get("fn", "") for op in spec.get("ops", []) if op.get("op") == "map"]
+    names.append(spec.get("map_batch") or "")
+    return [n for n in names if n.partition(":")[0] in ("__main__", "__mp_main__")]
+
+
+def refuse_main_functions(spec: Dict[str, Any]) -> None:
+    """Raises a :class:`sluice.SpecError` naming a ``map`` function that lives in the
+    script being run: worker processes import functions by module and never run the script."""
+    found = main_functions(spec)
+    if not found:
+        return
+    name = found[0]
+    script = getattr(sys.modules.get("__main__"), "__file__", None) or "the script being run"
+    fn = name.partition(":")[2]
+    raise errors.SpecError(
+        f"map function `{name}` is defined in {script} (`__main__`); sluice's worker processes import a "
+        f"map function by its module and never run the script, so they cannot find it: move `{fn}` into a "
+        "module of its own (e.g. `augment.py` beside the script) and import it from there, or pass "
+        "processes=0 to run it in this process",
+        field="ops.fn" if spec.get("map_batch") != name else "map_batch",
+    )
+
+
+class _Worker:
+    """A worker process started by :func:`_launch` (the part of ``multiprocessing.Process``
+    the parent uses)."""
+
+    def __init__(self, popen: "subprocess.Popen[bytes]") -> None:
+        self._popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def exitcode(self) -> Optional[int]:
+        return self._popen.poll()
+
+    def is_alive(self) -> bool:
+        return self._popen.poll() is None
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.kill()
+
+
+def _launch(args: Tuple[Any, ...]) -> Tuple[_Worker, Connection]:
+    """Starts a worker process running ``_worker_main(*args, conn)``, and its connection."""
+    parent, child = mp.Pipe()
+    resource_tracker.ensure_running()
+    tracker_fd = resource_tracker.getfd()
+    assert tracker_fd is not None  # ensure_running started it
+    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    command = [sys.executable, *flags, "-c", _CHILD_CODE, str(child.fileno()), str(tracker_fd), json.dumps(sys.path)]
+    try:
+        popen = subprocess.Popen(command, pass_fds=(child.fileno(), tracker_fd), stdin=subprocess.DEVNULL)
+    finally:
+        child.close()
+    parent.send(args)
+    return _Worker(popen), parent
+
+
 class MapWorkers:
     """The worker processes of one loader, started on first use and kept across epochs."""
 
     def __init__(self, spec_json: str, rank: int, world_size: int, processes: int, batch_bytes: int) -> None:
         spec = json.loads(spec_json)
+        refuse_main_functions(spec)
         self._batch_size = int(spec["batch"]["size"])
-        # Each process runs one native thread: the processes are the parallelism.
-        self._spec_json = json.dumps({**spec, "threads": 1})
+        # Each process runs one native thread: the processes are the parallelism; each holds
+        # its share of the cache (checked here, before any process starts).
+        one_thread = json.dumps({**spec, "threads": 1})
+        self._specs = [_sluice.spec_process_share(one_thread, w, processes) for w in range(processes)]
         self._rank, self._world_size = rank, world_size
         self._count = processes
         layout = _slot_layout(batch_bytes, self._batch_size, _record_bytes(spec, batch_bytes))
         self._label_at, self._key_at, self._weight_at, self._records_at, self._slot_bytes = layout
-        self._ctx = mp.get_context("spawn")
         self._shms: List[shared_memory.SharedMemory] = []
-        self._procs: List[Any] = []
+        self._procs: List[Any] = []  # _Worker, None before the first start
         self._conns: List[Connection] = []
         self._run = 0
         self._stats: List[Optional[str]] = [None] * processes
@@ -365,11 +519,8 @@ class MapWorkers:
             self._shms.append(shared_memory.SharedMemory(create=True, size=max(1, SLOTS * self._slot_bytes)))
             self._procs.append(None)
             self._conns.append(None)  # type: ignore[arg-type]
-        parent, child = self._ctx.Pipe()
-        args = (self._spec_json, self._rank, self._world_size, w, self._count, self._shms[w].name, child)
-        proc = self._ctx.Process(target=_worker_main, args=args, daemon=True, name=f"sluice-map-{w}")
-        proc.start()
-        child.close()
+        args = (self._specs[w], self._rank, self._world_size, w, self._count, self._shms[w].name)
+        proc, parent = _launch(args)
         self._procs[w], self._conns[w] = proc, parent
         self._early[w].clear()  # a dead worker's batches: the new one makes them again
         if self._tracing:
@@ -424,6 +575,8 @@ class MapWorkers:
                 self._start(w)
                 self._conns[w].send(("run", run, epoch, i, end, draw))
                 continue
+            if msg[0] == "fatal":
+                raise _worker_failure(w, proc.pid, msg)
             if msg[1] != run:
                 continue  # left over from an abandoned run
             if msg[0] == "error":

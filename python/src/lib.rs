@@ -41,6 +41,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::stream_push, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_canonical_json, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_json_to_toml, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::spec_process_share, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_toml_to_json, m)?)?;
     m.add_function(wrap_pyfunction!(spec::spec_load_file, m)?)?;
     m.add_function(wrap_pyfunction!(synth::generate_dataset, m)?)?;

@@ -110,6 +110,14 @@ impl PyLoader {
         })
     }
 
+    /// Tells the disk tier which samples this process will look up: its batches
+    /// (`i % count == index`) of `epoch` over `order` (as `iter_draw` takes it) from batch
+    /// `first` on, then its batches of the next epoch where the seed alone decides it.
+    fn tell_future_of_share(&self, py: Python<'_>, epoch: u64, order: &[u8], first: u64, index: u64, count: u64) {
+        let order: Vec<u32> = order.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        py.detach(|| self.loader.tell_future_of_share(epoch, &order, first, index, count));
+    }
+
     /// Bytes of one full batch's images.
     fn batch_bytes(&self) -> usize {
         self.loader.batch_bytes()

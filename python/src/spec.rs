@@ -15,6 +15,18 @@ pub fn spec_canonical_json(py: Python<'_>, json: &str) -> PyResult<String> {
     spec.to_json_string().map_err(|e| spec_error(py, e))
 }
 
+/// The JSON spec of process `index` of `count` that run one loader (the `map` worker
+/// processes): its cache's memory and disk budgets split between them, its disk tier in a
+/// subfolder of its own (`CacheSpec::process_share`). A spec without a cache comes back as is.
+#[pyfunction]
+pub fn spec_process_share(py: Python<'_>, json: &str, index: usize, count: usize) -> PyResult<String> {
+    let mut spec = PipelineSpec::from_json_str(json).map_err(|e| spec_error(py, e))?;
+    if let Some(cache) = &spec.cache {
+        spec.cache = Some(cache.process_share(index, count).map_err(|e| spec_error(py, e))?);
+    }
+    spec.to_json_string().map_err(|e| spec_error(py, e))
+}
+
 /// Converts a JSON spec to TOML (validating it).
 #[pyfunction]
 pub fn spec_json_to_toml(py: Python<'_>, json: &str) -> PyResult<String> {

@@ -1,5 +1,6 @@
 """The cache's disk tier from Python: a second loader over the same folder is served from
-disk (its stats say so), with the same batches."""
+disk (its stats say so), with the same batches, once the first is gone (while it lives,
+the folder is refused)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def test_a_second_loader_is_served_from_the_disk_tier(dataset: Path, tmp_path: P
     disk = first.stats()["cache"]["disk"]
     n = disk["insertions"]
     assert disk["hits"] == 0 and n == disk["misses"] and n > 0 and disk["used_bytes"] <= 64_000_000
+    # The folder has one owner at a time: a second loader over it waits for the first to go.
+    with pytest.raises(OSError, match=r"another loader has this folder open .* give each process its own"):
+        sluice.Loader(pipe)
+    del first
     second = sluice.Loader(pipe)
     again = [np.array(b["image"]) for b in second]
     disk = second.stats()["cache"]["disk"]

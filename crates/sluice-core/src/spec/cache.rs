@@ -214,6 +214,42 @@ impl DiskCacheSpec {
 }
 
 impl CacheSpec {
+    /// The part of this cache that process `index` of `count` holds, when one loader runs
+    /// in several processes (the Python loader's `map` worker processes): the memory and
+    /// disk budgets split evenly between them (one budget for the loader, whatever its
+    /// processes), and the disk tier in a subfolder of its own, `<dir>/process-<index>-of-<count>`
+    /// (a folder has one owner at a time). A disk budget whose share falls under
+    /// [`MIN_DISK_CACHE_BYTES`] is refused, naming the split.
+    pub fn process_share(&self, index: usize, count: usize) -> Result<CacheSpec, SpecError> {
+        let count = count.max(1);
+        let share = |budget: ByteBudget, field: &str| match budget {
+            ByteBudget::Bytes(b) if b / (count as u64) == 0 => Err(SpecError::new(
+                field,
+                format!("{b} bytes split between {count} processes is 0 bytes each: raise it or use fewer processes"),
+            )),
+            ByteBudget::Bytes(b) => Ok(ByteBudget::Bytes(b / count as u64)),
+            ByteBudget::RamFraction(f) => Ok(ByteBudget::RamFraction(f / count as f64)),
+        };
+        let mut out = self.clone();
+        out.budget = share(self.budget, "cache.budget")?;
+        if let Some(disk) = &mut out.disk {
+            let each = disk.budget_bytes() / count as u64;
+            if each < MIN_DISK_CACHE_BYTES {
+                return Err(SpecError::new(
+                    "cache.disk.budget",
+                    format!(
+                        "{} bytes split between {count} processes is {each} bytes each, under the \
+                         {MIN_DISK_CACHE_BYTES}-byte minimum: raise it or use fewer processes",
+                        disk.budget_bytes()
+                    ),
+                ));
+            }
+            disk.budget = ByteBudget::Bytes(each);
+            disk.dir = disk.dir.join(format!("process-{index}-of-{count}"));
+        }
+        Ok(out)
+    }
+
     pub(super) fn validate(&self) -> Result<(), SpecError> {
         match self.budget {
             ByteBudget::Bytes(0) => return Err(SpecError::new("cache.budget", "must be more than 0 bytes")),
@@ -333,5 +369,52 @@ impl ImportanceSpec {
             return Err(SpecError::new("importance.ema", "must be in (0, 1]"));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn cache(budget: ByteBudget, disk: u64) -> CacheSpec {
+        CacheSpec {
+            budget,
+            level: CacheLevel::Raw,
+            resize: None,
+            policy: CachePolicyKind::Lru,
+            disk: Some(DiskCacheSpec {
+                dir: PathBuf::from("/scratch/c"),
+                budget: ByteBudget::Bytes(disk),
+                policy: DiskPolicyKind::Belady,
+            }),
+            share: false,
+        }
+    }
+
+    #[test]
+    fn a_process_share_splits_both_budgets_and_gives_the_disk_tier_a_folder_of_its_own() {
+        let whole = cache(ByteBudget::Bytes(48 << 10), 3 * 8192);
+        let parts: Vec<CacheSpec> = (0..3).map(|i| whole.process_share(i, 3).unwrap()).collect();
+        for (i, p) in parts.iter().enumerate() {
+            assert_eq!(p.budget, ByteBudget::Bytes(16 << 10));
+            let disk = p.disk.as_ref().unwrap();
+            assert_eq!(disk.budget, ByteBudget::Bytes(8192));
+            assert_eq!(disk.dir, PathBuf::from(format!("/scratch/c/process-{i}-of-3")));
+        }
+        let half = cache(ByteBudget::RamFraction(0.5), 8192).process_share(1, 2).unwrap();
+        assert_eq!(half.budget, ByteBudget::RamFraction(0.25), "50% for the loader: 25% a process");
+        assert_eq!(whole.process_share(0, 1).unwrap().budget, whole.budget);
+    }
+
+    #[test]
+    fn a_share_under_the_disk_minimum_is_refused_naming_the_split() {
+        let err = cache(ByteBudget::Bytes(1 << 20), 8192).process_share(0, 4).unwrap_err();
+        assert_eq!(err.field, "cache.disk.budget");
+        let text = err.to_string();
+        assert!(text.contains("8192 bytes split between 4 processes is 2048 bytes each"), "{text}");
+        let err = cache(ByteBudget::Bytes(3), 8192).process_share(0, 4).unwrap_err();
+        assert_eq!(err.field, "cache.budget");
     }
 }

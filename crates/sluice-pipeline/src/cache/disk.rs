@@ -10,6 +10,11 @@
 //!   or corrupt file is a miss (counted in `corrupt`), deleted, never served.
 //! * The index is rebuilt from the folder when the tier opens, so a restarted job (or a
 //!   new loader of the same pipeline) hits what an earlier one wrote.
+//! * One owner at a time: the tier holds an exclusive lock (`flock`) on the folder's
+//!   `.lock` file for its life, taken before it looks at a file. A second opener, in this
+//!   process or another (a second rank of the node, a `map` worker process), is refused
+//!   with [`DiskCacheError::InUse`]: two indexes over one folder would each keep the
+//!   whole budget and delete the other's entries (and live temporary files) as stray.
 //! * Eviction is Belady's rule ([`DiskPolicyKind::Belady`]) over the known order of the
 //!   coming epoch(s) ([`super::future::NextUse`]): the entry needed furthest in the future
 //!   goes first, and an entry needed later than everything held is not admitted (NoPFS).
@@ -37,12 +42,24 @@ const HEADER: usize = 4 + 1 + 1 + 2 + 8 + 8 + 4 + 4 + 8;
 const CHECKSUM: usize = 8;
 const ENTRY_SUFFIX: &str = ".entry";
 const TMP_MARK: &str = ".tmp";
+/// The file the owner of a folder locks (neither an entry nor a temporary name).
+const LOCK_FILE: &str = ".lock";
 
 /// The disk tier cannot be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskCacheError {
     #[error("cache.disk.dir {}: cannot create or list the folder: {source}", dir.display())]
     Open { dir: PathBuf, source: io::Error },
+    #[error("cache.disk.dir {}: cannot lock the folder's {LOCK_FILE} file: {source}", dir.display())]
+    Lock { dir: PathBuf, source: io::Error },
+    #[error(
+        "cache.disk.dir {}: another loader has this folder open (in this process or another: a second rank \
+         of this machine, another job over the same data and pipeline); a disk-cache folder has one owner at \
+         a time, so give each process its own cache.disk.dir (e.g. one per rank: `.../rank0`, `.../rank1`), \
+         or close the other loader first",
+        dir.display()
+    )]
+    InUse { dir: PathBuf },
 }
 
 /// Why an entry file was not served.
@@ -149,6 +166,8 @@ pub struct DiskTier {
     policy: DiskPolicyKind,
     tmp_seq: AtomicU64,
     inner: Mutex<Inner>,
+    /// Holds the folder's lock while the tier lives (released when the file is closed).
+    _lock: fs::File,
 }
 
 fn entry_name(key: u64) -> String {
@@ -179,13 +198,22 @@ fn payload(data: &CachedData) -> Option<(&[u8], u32, u32)> {
 }
 
 impl DiskTier {
-    /// Opens (creating it if missing) the tier's folder for `namespace` under `spec.dir` and
-    /// indexes the entries already there; leftover temporary files of an interrupted write
-    /// are deleted, entries beyond the budget too.
+    /// Opens (creating it if missing) the tier's folder for `namespace` under `spec.dir`,
+    /// takes its lock, and indexes the entries already there; leftover temporary files of
+    /// an interrupted write are deleted, entries beyond the budget too. A folder another
+    /// tier holds is refused ([`DiskCacheError::InUse`]) before anything in it is touched.
     pub fn open(spec: &DiskCacheSpec, namespace: u64) -> Result<Self, DiskCacheError> {
         let dir = spec.dir.join(format!("{namespace:016x}"));
         let open_err = |source| DiskCacheError::Open { dir: dir.clone(), source };
         fs::create_dir_all(&dir).map_err(open_err)?;
+        let lock_err = |source| DiskCacheError::Lock { dir: dir.clone(), source };
+        let lock = fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(LOCK_FILE));
+        let lock = lock.map_err(lock_err)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(DiskCacheError::InUse { dir }),
+            Err(fs::TryLockError::Error(e)) => return Err(lock_err(e)),
+        }
         let budget = spec.budget_bytes();
         let mut inner = Inner {
             entries: HashMap::new(),
@@ -207,6 +235,9 @@ impl DiskTier {
             let Ok(item) = item else { continue };
             let name = item.file_name();
             let Some(name) = name.to_str() else { continue };
+            if name == LOCK_FILE {
+                continue;
+            }
             if name.contains(TMP_MARK) {
                 if let Err(e) = fs::remove_file(item.path()) {
                     tracing::warn!(path = %item.path().display(), "disk cache: cannot delete a half-written entry: {e}");
@@ -231,7 +262,15 @@ impl DiskTier {
             inner.recovered += 1;
         }
         tracing::info!(dir = %dir.display(), budget, recovered = inner.recovered, policy = ?spec.policy, "disk cache tier open");
-        Ok(Self { dir, namespace, budget, policy: spec.policy, tmp_seq: AtomicU64::new(0), inner: Mutex::new(inner) })
+        Ok(Self {
+            dir,
+            namespace,
+            budget,
+            policy: spec.policy,
+            tmp_seq: AtomicU64::new(0),
+            inner: Mutex::new(inner),
+            _lock: lock,
+        })
     }
 
     pub fn dir(&self) -> &Path {

@@ -575,6 +575,39 @@ impl Loader {
         cache.set_future(keys, importance);
     }
 
+    /// For one of `count` processes that make the batches `i % count == index` of an epoch
+    /// over an order drawn elsewhere ([`Loader::iter_draw`]; the Python loader's `map`
+    /// worker processes): hands this loader's disk tier the keys those batches look up, from
+    /// batch `first` on, and those of its batches of the next epoch when the seed alone
+    /// decides that one, as [`Loader::iter`] tells its own tier. The expected draws of a
+    /// non-uniform sampling stay with the process that drew the order: every key ranks alike
+    /// beyond the horizon. Without a disk tier, nothing to do.
+    pub fn tell_future_of_share(&self, epoch: u64, order: &[u32], first: u64, index: u64, count: u64) {
+        let Some(cache) = &self.shared.priority.cache else { return };
+        if cache.disk().is_none() {
+            return;
+        }
+        let data = &self.shared.data;
+        let b = data.spec.batch;
+        let count = count.max(1);
+        let samples = data.manifest.len();
+        let mine = |order: &[u32], from: u64| -> Vec<u64> {
+            let batches = batches_for(order.len(), b.size, b.drop_last);
+            (from as usize..batches)
+                .filter(|&i| i as u64 % count == index)
+                .flat_map(|i| order[i * b.size..((i + 1) * b.size).min(order.len())].iter())
+                .filter(|&&p| (p as usize) < samples)
+                .map(|&p| u64::from(p))
+                .collect()
+        };
+        let mut keys = mine(order, first);
+        if data.spec.sampling == SamplingSpec::Uniform && data.mix.is_none() && self.shared.peering.locality.is_none() {
+            let next = epoch_order(samples, data.spec.seed, epoch + 1, data.spec.shuffle, data.shard);
+            keys.extend(mine(&next, 0));
+        }
+        cache.set_future(keys, std::collections::HashMap::new());
+    }
+
     /// Iterates the rest of the current epoch (all of it, unless resuming). When the epoch
     /// ends the loader moves on to the next one, so calling `iter` again starts it. Starting
     /// a new iterator retires any older one.

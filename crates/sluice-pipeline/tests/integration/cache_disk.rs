@@ -51,7 +51,10 @@ fn entry_files(dir: &Path) -> (Vec<PathBuf>, u64) {
     let mut files = Vec::new();
     for ns in std::fs::read_dir(dir).unwrap() {
         for f in std::fs::read_dir(ns.unwrap().path()).unwrap() {
-            files.push(f.unwrap().path());
+            let path = f.unwrap().path();
+            if path.extension().is_some_and(|e| e == "entry") {
+                files.push(path);
+            }
         }
     }
     files.sort();
@@ -217,4 +220,97 @@ fn records_over_the_disk_tier(masks: bool) {
             }
         }
     }
+}
+
+/// What the second process of [`a_second_process_is_refused_the_folder_and_touches_none_of_its_files`]
+/// opens: rank 1 of 2 over the same data, pipeline and folder (a second DDP rank of the node).
+fn second_rank_spec() -> (PipelineSpec, Shard) {
+    let var = |k: &str| PathBuf::from(std::env::var(k).unwrap());
+    let budget = std::env::var("SLUICE_TEST_BUDGET").unwrap().parse().unwrap();
+    let s = spec(&var("SLUICE_TEST_ROOT"), &var("SLUICE_TEST_DIR"), budget, CacheLevel::Raw, DiskPolicyKind::Belady);
+    (s, Shard { rank: 1, world_size: 2 })
+}
+
+/// The second process: its loader must be refused the folder, with an error naming it and
+/// saying what to do. (Without the lock it opened, and then ran its epoch as a rank would.)
+#[test]
+#[ignore = "a child process of a_second_process_is_refused_the_folder_and_touches_none_of_its_files"]
+fn child_opens_a_disk_folder_another_process_holds() {
+    let (s, shard) = second_rank_spec();
+    match Loader::new(s, shard) {
+        Ok(loader) => {
+            collect(&loader);
+            let d = disk(&loader);
+            panic!(
+                "the second process opened the folder another holds and wrote {} bytes in {} entries ({} evicted)",
+                d.bytes_written, d.tier.insertions, d.tier.evictions
+            );
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let dir = std::env::var("SLUICE_TEST_NS").unwrap();
+            assert!(text.contains(&dir), "the error names the folder {dir}: {text}");
+            assert!(text.contains("give each process its own cache.disk.dir"), "{text}");
+            eprintln!("refused: {text}");
+        }
+    }
+}
+
+/// Two processes over one disk-cache folder (two ranks of a node): the second is refused
+/// before it lists, deletes or writes anything, so the folder keeps to its budget, the
+/// owner's entries and its in-flight temporary files stay, and once the owner is gone a
+/// restarted job opens the folder and recovers every entry.
+#[test]
+fn a_second_process_is_refused_the_folder_and_touches_none_of_its_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = dataset(tmp.path(), 24);
+    let dir = tmp.path().join("disk");
+    let full = Loader::new(
+        spec(&root, &tmp.path().join("full"), 1 << 30, CacheLevel::Raw, DiskPolicyKind::Lru),
+        Shard::default(),
+    )
+    .unwrap();
+    collect(&full);
+    // A quarter of the dataset's entries: each rank (half the samples) fills it.
+    let budget = (disk(&full).tier.used_bytes / 4).max(4096);
+    drop(full);
+    let s = spec(&root, &dir, budget, CacheLevel::Raw, DiskPolicyKind::Belady);
+    let owner = Loader::new(s.clone(), Shard { rank: 0, world_size: 2 }).unwrap();
+    let ns = disk(&owner).dir;
+    // A write of the owner's in flight: its temporary file.
+    let in_flight = ns.join(format!("00000000000000ff.tmp.{}.7", std::process::id()));
+    std::fs::write(&in_flight, b"half an entry").unwrap();
+
+    let env = [
+        ("SLUICE_TEST_ROOT", root.display().to_string()),
+        ("SLUICE_TEST_DIR", dir.display().to_string()),
+        ("SLUICE_TEST_NS", ns.display().to_string()),
+        ("SLUICE_TEST_BUDGET", budget.to_string()),
+    ];
+    let child = "cache_disk::child_opens_a_disk_folder_another_process_holds";
+    let (refused, text, _) = crate::source_s3::run_test_child(child, &env, &[]);
+    collect(&owner);
+    let d = disk(&owner);
+    let (files, on_disk) = entry_files(&dir);
+    eprintln!(
+        "budget {budget} B: owner wrote {} B in {} entries; the folder holds {on_disk} B in {} entry files",
+        d.bytes_written,
+        d.tier.insertions,
+        files.len()
+    );
+    assert!(refused, "the second process was not refused:\n{text}");
+    assert!(in_flight.exists(), "the second process deleted the owner's temporary file");
+    assert!(on_disk <= budget, "two processes wrote {on_disk} bytes into a folder of {budget}");
+    assert_eq!((files.len() as u64, on_disk), (d.tier.entries, d.tier.used_bytes), "the owner's index is the folder");
+    // In this process too, a second loader over the folder is refused.
+    let err = Loader::new(s.clone(), Shard { rank: 1, world_size: 2 }).err().expect("a second loader opened it");
+    assert!(err.to_string().contains(&ns.display().to_string()), "{err}");
+
+    drop(owner);
+
+    // A restart: the lock went with the owner; every entry is recovered, none deleted.
+    let restarted = Loader::new(s, Shard { rank: 0, world_size: 2 }).unwrap();
+    assert_eq!(disk(&restarted).recovered, files.len() as u64);
+    assert_eq!(entry_files(&dir).0, files);
+    assert!(!in_flight.exists(), "a temporary file of a process gone is deleted at open");
 }
