@@ -22,6 +22,19 @@ samples drawn in both.
     python bench/time_to_accuracy.py --dataset mnist5k --epochs 12 --json data/tta/mnist5k.json
     # tables (Markdown) and plots of any number of those files
     python bench/time_to_accuracy.py --report data/tta/digits.json data/tta/mnist5k.json --plot data/tta/tta
+    # the knob's trade-off: importance sampling at several coverage_epochs, Adam and SGD
+    python bench/time_to_accuracy.py --dataset digits --epochs 20 --variants uniform importance \
+        --sweep coverage_epochs=1,2,3,4,8 --json data/tta/sweep-digits.json
+    python bench/time_to_accuracy.py --report data/tta/sweep-digits.json --plot-sweep data/tta/sweep
+
+``--optimizers adam sgd`` (the default runs both, interleaved within each seed) trains with
+Adam (lr 2e-3) and with SGD + momentum (lr 0.05, momentum 0.9, what ImageNet CNNs are
+trained with). ``--sweep FIELD=V1,V2,...`` adds one importance variant per value of a
+``[sampling]`` field (``importance[coverage_epochs=2]``, ...). ``--modes local remote`` also
+runs every variant through the service (``sluice service up``: a dispatcher and 2 workers,
+each worker's cache half the local budget) with a ``RemoteLoader``. ``--plot-sweep PREFIX``
+writes PREFIX.svg/.png: final test accuracy against training time per variant, one panel
+per dataset and optimizer, each point the median over seeds with the seeds' range shaded.
 
 ``--plot PREFIX`` writes PREFIX.svg and PREFIX.png (matplotlib): accuracy vs training
 wall-clock time, one panel per dataset, one line per variant (per epoch the median over
@@ -39,7 +52,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import accuracy_digits as acc
 import numpy as np
@@ -54,20 +67,54 @@ def keys_of(batch_keys: Any) -> List[Any]:
     return list(batch_keys)
 
 
+OPTIMIZERS = ["adam", "sgd"]
+
+
+def optimizer_for(torch: Any, name: str, params: Any) -> Any:
+    """Adam as ``accuracy_digits`` trains, or SGD with momentum as ImageNet CNNs are trained."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    return torch.optim.Adam(params, lr=2e-3)
+
+
+def base_variant(variant: str) -> str:
+    """``importance[coverage_epochs=2]`` -> ``importance``."""
+    return variant.split("[", 1)[0]
+
+
+def sweep_overrides(variant: str) -> Dict[str, Any]:
+    """``importance[coverage_epochs=2]`` -> ``{"coverage_epochs": 2}`` (numbers as numbers)."""
+    if "[" not in variant:
+        return {}
+    field, value = variant.split("[", 1)[1].rstrip("]").split("=", 1)
+    return {field: json.loads(value)}
+
+
 def train_epochs(
-    torch: Any, sluice: Any, loader: Any, variant: str, seed: int, epochs: int, test_root: Path
+    torch: Any,
+    loader: Any,
+    variant: str,
+    optimizer: str,
+    seed: int,
+    epochs: int,
+    test_root: Path,
+    cache_counts: "acc.CacheCounts",
 ) -> List[Dict[str, Any]]:
     """Trains as ``accuracy_digits.train`` does, scoring the test split after every epoch
     with the clock stopped. One record per epoch: ``t`` (training seconds since the start),
-    ``accuracy``, ``hit_rate`` (None without a cache) and ``scores`` (key -> mean loss)."""
+    ``accuracy``, ``hit_rate`` (None without a cache), ``loss`` (the epoch's mean training
+    loss, unweighted) and ``scores`` (key -> mean loss)."""
+    import sluice
+
     torch.manual_seed(seed)
     model = acc.model_for(torch)
-    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    opt = optimizer_for(torch, optimizer, model.parameters())
     ce = torch.nn.CrossEntropyLoss(reduction="none")
+    weighted = base_variant(variant) == "importance"
     out: List[Dict[str, Any]] = []
     clock = 0.0
     for _ in range(epochs):
-        before = acc.local_cache_counts(loader)
+        before = cache_counts()
         sums: Dict[Any, float] = {}
         counts: Dict[Any, int] = {}
         t0 = time.perf_counter()
@@ -78,7 +125,7 @@ def train_epochs(
                 if variant != "uniform":
                     rec.losses(losses)
                 w = b.get("weight")
-                loss = (losses * w).mean() if (variant == "importance" and w is not None) else losses.mean()
+                loss = (losses * w).mean() if (weighted and w is not None) else losses.mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -86,14 +133,15 @@ def train_epochs(
                 sums[k] = sums.get(k, 0.0) + v
                 counts[k] = counts.get(k, 0) + 1
         clock += time.perf_counter() - t0
-        after = acc.local_cache_counts(loader)
+        after = cache_counts()
         hit_rate = None
         if before is not None and after is not None:
             hits, misses = after[0] - before[0], after[1] - before[1]
             hit_rate = hits / max(hits + misses, 1)
         accuracy = acc.evaluate(torch, sluice, model, test_root)
         scores = {str(k): sums[k] / counts[k] for k in sums}
-        out.append({"t": clock, "accuracy": accuracy, "hit_rate": hit_rate, "scores": scores})
+        loss = sum(sums.values()) / max(sum(counts.values()), 1)
+        out.append({"t": clock, "accuracy": accuracy, "hit_rate": hit_rate, "loss": loss, "scores": scores})
     return out
 
 
@@ -116,38 +164,96 @@ def run(a: argparse.Namespace) -> Dict[str, Any]:
     torch.set_num_threads(1)
     data = a.data or Path("data") / a.dataset
     sizes = acc.write_dataset(a.dataset, data)
+    variants = list(a.variants)
+    for field, values in a.sweep:
+        variants += [f"importance[{field}={v}]" for v in values]
+    if a.sweep and "importance" in variants:
+        variants.remove("importance")
     print(
         f"{a.dataset}: {sizes['train']} train / {sizes['test']} test PNGs in {data}; {a.epochs} epochs; "
-        f"storage {acc.STORAGE or 'local'}",
+        f"storage {acc.STORAGE or 'local'}; variants {variants}; optimizers {a.optimizers}; modes {a.modes}",
         file=sys.stderr,
     )
-    runs = []
-    for seed in a.seeds:
-        for v in a.variants:  # variants interleaved within a seed: each seed sees the same load
-            spec = acc.variant_spec(data / "train", seed, v, sizes["train"])
-            loader = sluice.Loader(spec, output="torch")
-            epochs = train_epochs(torch, sluice, loader, v, seed, a.epochs, data / "test")
-            del loader
-            rhos = [spearman(epochs[i - 1]["scores"], epochs[i]["scores"]) for i in range(1, len(epochs))]
-            for e in epochs:
-                e["scored"] = len(e.pop("scores"))
-            curve = " ".join(f"{e['accuracy']:.3f}" for e in epochs)
-            print(
-                f"seed {seed} {v:>10}: final accuracy {epochs[-1]['accuracy']:.4f} at {epochs[-1]['t']:.1f}s; "
-                f"per epoch acc {curve}",
-                file=sys.stderr,
-            )
-            runs.append({"variant": v, "seed": seed, "epochs": epochs, "spearman": rhos})
-    return {
+    runs: List[Dict[str, Any]] = []
+    out = {
         "dataset": a.dataset,
         "train": sizes["train"],
         "test": sizes["test"],
         "epochs": a.epochs,
         "seeds": a.seeds,
-        "variants": a.variants,
+        "variants": variants,
+        "optimizers": a.optimizers,
+        "modes": a.modes,
         "storage": dict(acc.STORAGE),
         "runs": runs,
     }
+    for seed in a.seeds:
+        # Everything interleaved within a seed: each seed's variants see the same load.
+        for optimizer in a.optimizers:
+            for mode in a.modes:
+                for v in variants:
+                    caches = 1 if mode == "local" else acc.WORKERS
+                    spec = acc.variant_spec(data / "train", seed, base_variant(v), sizes["train"], caches=caches)
+                    if "sampling" in spec:
+                        spec["sampling"].update(sweep_overrides(v))
+                    epochs = train_run(torch, sluice, spec, data, v, optimizer, mode, seed, a.epochs)
+                    rhos = [spearman(epochs[i - 1]["scores"], epochs[i]["scores"]) for i in range(1, len(epochs))]
+                    for e in epochs:
+                        e["scored"] = len(e.pop("scores"))
+                    curve = " ".join(f"{e['accuracy']:.3f}" for e in epochs)
+                    print(
+                        f"seed {seed} {optimizer} {mode} {v:>10}: final accuracy {epochs[-1]['accuracy']:.4f} "
+                        f"at {epochs[-1]['t']:.1f}s; per epoch acc {curve}",
+                        file=sys.stderr,
+                    )
+                    runs.append(
+                        {"variant": v, "optimizer": optimizer, "mode": mode, "seed": seed, "epochs": epochs,
+                         "spearman": rhos}
+                    )  # fmt: skip
+                    if a.json:  # after every run: a long sweep keeps what it has measured
+                        a.json.parent.mkdir(parents=True, exist_ok=True)
+                        a.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def train_run(
+    torch: Any, sluice: Any, spec: Dict[str, Any], data: Path, variant: str, optimizer: str, mode: str, seed: int,
+    epochs: int,
+) -> List[Dict[str, Any]]:  # fmt: skip
+    """One training run through a local ``Loader`` or, in ``remote`` mode, a fresh
+    ``sluice service up`` (a dispatcher and 2 workers) and a ``RemoteLoader``."""
+    if mode == "local":
+        loader = sluice.Loader(spec, output="torch")
+        return train_epochs(
+            torch, loader, variant, optimizer, seed, epochs, data / "test", lambda: acc.local_cache_counts(loader)
+        )
+    name = f"{base_variant(variant)}-{optimizer}-{seed}"
+    with acc.SluiceUp(acc.sluice_binary(), data, data / f"sluice-up-{name}.log") as up:
+        remote = sluice.RemoteLoader(spec, dispatcher=up.addr, job=f"tta-{name}", output="torch")
+        fingerprint = remote.fingerprint
+        try:
+            return train_epochs(
+                torch, remote, variant, optimizer, seed, epochs, data / "test", lambda: up.cache_counts(fingerprint)
+            )
+        finally:
+            del remote
+
+
+def groups_of(r: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """The (optimizer, mode) pairs of a result file, in run order (files written before
+    either existed: Adam, local)."""
+    out: List[Tuple[str, str]] = []
+    for x in r["runs"]:
+        g = (x.get("optimizer", "adam"), x.get("mode", "local"))
+        if g not in out:
+            out.append(g)
+    return out
+
+
+def runs_of(r: Dict[str, Any], variant: str, group: Tuple[str, str]) -> List[Dict[str, Any]]:
+    return [
+        x for x in r["runs"] if x["variant"] == variant and (x.get("optimizer", "adam"), x.get("mode", "local")) == group
+    ]
 
 
 def time_to(epochs: List[Dict[str, Any]], target: float, window: int = 1) -> Optional[float]:
@@ -177,76 +283,109 @@ def targets_of(targets: Dict[str, Any], dataset: str) -> List[float]:
     return [float(x) for x in (t if isinstance(t, list) else [t])]
 
 
+def final_accuracy(x: Dict[str, Any]) -> float:
+    return float(x["epochs"][-1]["accuracy"])
+
+
 def report(results: List[Dict[str, Any]], targets: Dict[str, Any]) -> None:
-    """Markdown tables: time to each target (first epoch at it, and first epoch whose
-    3-epoch trailing mean is at it), final accuracy, hit rate and epoch time; rank
-    correlations."""
-    print("| dataset | target | variant | first at target: median (s) | per seed (s) | vs uniform | "
+    """Markdown tables per dataset, optimizer and mode: time to each target (first epoch at
+    it, and first epoch whose 3-epoch trailing mean is at it; the targets are the fixed ones
+    and uniform's median final accuracy less 0.5 pp), final accuracy against uniform's, hit
+    rate and epoch time; rank correlations."""
+    print("| dataset | optimizer | mode | target | variant | first at target: median (s) | per seed (s) | vs uniform | "
           "3-epoch mean at target: median (s) | per seed (s) | vs uniform |")  # fmt: skip
-    print("|---|---:|---|---:|---|---:|---:|---|---:|")
+    print("|---|---|---|---:|---|---:|---|---:|---:|---|---:|")
     for r in results:
-        for target in targets_of(targets, r["dataset"]):
-            base1 = base3 = None
-            for v in r["variants"]:
-                runs = [x for x in r["runs"] if x["variant"] == v]
-                t1 = [time_to(x["epochs"], target) for x in runs]
-                t3 = [time_to(x["epochs"], target, 3) for x in runs]
-                m1, m3 = median_all(t1), median_all(t3)
-                if v == "uniform":
-                    base1, base3 = m1, m3
-                print(
-                    f"| {r['dataset']} | {target:.0%} | {v} | {fmt_s(m1)} | {', '.join(fmt_s(t) for t in t1)} | "
-                    f"{'–' if v == 'uniform' else ratio(m1, base1)} | {fmt_s(m3)} | "
-                    f"{', '.join(fmt_s(t) for t in t3)} | {'–' if v == 'uniform' else ratio(m3, base3)} |"
-                )
+        for g in groups_of(r):
+            uniform = runs_of(r, "uniform", g)
+            goal = [statistics.median(final_accuracy(x) for x in uniform) - 0.005] if uniform else []
+            for target in targets_of(targets, r["dataset"]) + goal:
+                base1 = base3 = None
+                label = f"{target:.1%}" + (" (uniform's final − 0.5 pp)" if goal and target == goal[0] else "")
+                for v in r["variants"]:
+                    runs = runs_of(r, v, g)
+                    if not runs:
+                        continue
+                    t1 = [time_to(x["epochs"], target) for x in runs]
+                    t3 = [time_to(x["epochs"], target, 3) for x in runs]
+                    m1, m3 = median_all(t1), median_all(t3)
+                    if v == "uniform":
+                        base1, base3 = m1, m3
+                    print(
+                        f"| {r['dataset']} | {g[0]} | {g[1]} | {label} | {v} | {fmt_s(m1)} | "
+                        f"{', '.join(fmt_s(t) for t in t1)} | {'–' if v == 'uniform' else ratio(m1, base1)} | "
+                        f"{fmt_s(m3)} | {', '.join(fmt_s(t) for t in t3)} | "
+                        f"{'–' if v == 'uniform' else ratio(m3, base3)} |"
+                    )
     print()
-    print("| dataset | variant | final accuracy: median | per seed | hit rate, epochs 1..: median | "
-          "epoch time: median (s) | vs uniform |")  # fmt: skip
-    print("|---|---|---:|---|---:|---:|---:|")
+    print("| dataset | optimizer | mode | variant | final accuracy: median | per seed | vs uniform (pp) | "
+          "hit rate, epochs 1..: median | training time: median (s) | vs uniform | epoch time: median (s) |")  # fmt: skip
+    print("|---|---|---|---|---:|---|---:|---:|---:|---:|---:|")
     for r in results:
-        base = None
-        for v in r["variants"]:
-            runs = [x for x in r["runs"] if x["variant"] == v]
-            finals = [x["epochs"][-1]["accuracy"] for x in runs]
-            hits = [
-                statistics.mean(e["hit_rate"] for e in x["epochs"][1:] if e["hit_rate"] is not None)
-                for x in runs
-                if any(e["hit_rate"] is not None for e in x["epochs"][1:])
-            ]
-            hit = f"{statistics.median(hits):.3f}" if hits else "–"
-            # Epochs after the first (which reads everything from storage).
-            secs = statistics.median(b["t"] - a["t"] for x in runs for a, b in zip(x["epochs"], x["epochs"][1:]))
-            if v == "uniform":
-                base = secs
-            print(
-                f"| {r['dataset']} | {v} | {statistics.median(finals):.4f} | "
-                f"{', '.join(f'{f:.4f}' for f in finals)} | {hit} | {secs:.2f} | "
-                f"{'–' if v == 'uniform' else ratio(secs, base)} |"
-            )
+        for g in groups_of(r):
+            base_acc = base_t = None
+            for v in r["variants"]:
+                runs = runs_of(r, v, g)
+                if not runs:
+                    continue
+                finals = [final_accuracy(x) for x in runs]
+                hits = [
+                    statistics.mean(e["hit_rate"] for e in x["epochs"][1:] if e["hit_rate"] is not None)
+                    for x in runs
+                    if any(e["hit_rate"] is not None for e in x["epochs"][1:])
+                ]
+                hit = f"{statistics.median(hits):.3f}" if hits else "–"
+                total = statistics.median(x["epochs"][-1]["t"] for x in runs)
+                # Epochs after the first (which reads everything from storage).
+                secs = statistics.median(b["t"] - a["t"] for x in runs for a, b in zip(x["epochs"], x["epochs"][1:]))
+                if v == "uniform":
+                    base_acc, base_t = statistics.median(finals), total
+                gap = "–" if v == "uniform" or base_acc is None else f"{100 * (statistics.median(finals) - base_acc):+.2f}"
+                print(
+                    f"| {r['dataset']} | {g[0]} | {g[1]} | {v} | {statistics.median(finals):.4f} | "
+                    f"{', '.join(f'{f:.4f}' for f in finals)} | {gap} | {hit} | {total:.1f} | "
+                    f"{'–' if v == 'uniform' else ratio(total, base_t)} | {secs:.2f} |"
+                )
     print()
     for r in results:
         n = r["epochs"] - 1
-        print(f"{r['dataset']}: Spearman rank correlation of per-sample loss, epoch e-1 vs e (median over seeds)\n")
-        print("| variant | " + " | ".join(f"e={i}" for i in range(1, n + 1)) + " | mean |")
-        print("|---|" + "---:|" * (n + 1))
-        for v in r["variants"]:
-            runs = [x for x in r["runs"] if x["variant"] == v]
-            per = [statistics.median(x["spearman"][i] for x in runs if x["spearman"][i] is not None) for i in range(n)]
-            print(f"| {v} | " + " | ".join(f"{p:.2f}" for p in per) + f" | {statistics.mean(per):.2f} |")
-        print()
+        for g in groups_of(r):
+            print(
+                f"{r['dataset']}, {g[0]}, {g[1]}: Spearman rank correlation of per-sample loss, epoch e-1 vs e "
+                "(median over seeds)\n"
+            )
+            print("| variant | " + " | ".join(f"e={i}" for i in range(1, n + 1)) + " | mean |")
+            print("|---|" + "---:|" * (n + 1))
+            for v in r["variants"]:
+                runs = runs_of(r, v, g)
+                if not runs:
+                    continue
+                per = [
+                    statistics.median(x["spearman"][i] for x in runs if x["spearman"][i] is not None)
+                    if any(x["spearman"][i] is not None for x in runs)
+                    else float("nan")
+                    for i in range(n)
+                ]
+                print(f"| {v} | " + " | ".join(f"{p:.2f}" for p in per) + f" | {np.nanmean(per):.2f} |")
+            print()
 
 
 def plot(results: List[Dict[str, Any]], targets: Dict[str, Any], prefix: Path) -> None:
+    """Accuracy against training time (top) and the rank correlation per epoch (bottom),
+    one column per dataset and optimizer (local runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(results), figsize=(6 * len(results), 8), squeeze=False)
-    for col, r in enumerate(results):
+    panels = [(r, g) for r in results for g in groups_of(r) if g[1] == "local"]
+    fig, axes = plt.subplots(2, len(panels), figsize=(6 * len(panels), 8), squeeze=False)
+    for col, (r, g) in enumerate(panels):
         top, bottom = axes[0][col], axes[1][col]
         for v in r["variants"]:
-            runs = [x for x in r["runs"] if x["variant"] == v]
+            runs = runs_of(r, v, g)
+            if not runs:
+                continue
             t = np.median([[e["t"] for e in x["epochs"]] for x in runs], axis=0)
             accs = np.array([[e["accuracy"] for e in x["epochs"]] for x in runs])
             (line,) = top.plot(t, np.median(accs, axis=0), marker=".", label=v)
@@ -256,7 +395,7 @@ def plot(results: List[Dict[str, Any]], targets: Dict[str, Any], prefix: Path) -
         for target in targets_of(targets, r["dataset"]):
             top.axhline(target, color="grey", linestyle=":", linewidth=1)
         lat = r["storage"].get("latency_ms")
-        top.set_title(f"{r['dataset']} ({r['train']} train), throttled {lat} ms/read, cache 50%")
+        top.set_title(f"{r['dataset']} ({r['train']} train), {g[0]}, throttled {lat} ms/read, cache 50%")
         top.set_xlabel("training wall-clock time (s)")
         top.set_ylabel("test accuracy")
         top.set_ylim(max(0.0, min(targets_of(targets, r["dataset"])) - 0.15), 1.0)
@@ -265,11 +404,74 @@ def plot(results: List[Dict[str, Any]], targets: Dict[str, Any], prefix: Path) -
         bottom.set_xlabel("epoch")
         bottom.set_ylabel("Spearman ρ")
         bottom.legend()
+    save(fig, prefix)
+
+
+def plot_sweep(results: List[Dict[str, Any]], prefix: Path) -> None:
+    """The knob's trade-off: final test accuracy against training time, one point per
+    variant (median over seeds; the bars span the seeds' lowest to highest accuracy and
+    time), uniform's accuracy as a band (its seeds' range), one panel per dataset (columns)
+    and optimizer (rows), local runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    optimizers: List[str] = []
+    for r in results:
+        optimizers += [g[0] for g in groups_of(r) if g[1] == "local" and g[0] not in optimizers]
+    fig, axes = plt.subplots(
+        len(optimizers), len(results), figsize=(6 * len(results), 4.5 * len(optimizers)), squeeze=False
+    )
+    for col, r in enumerate(results):
+        for row, opt in enumerate(optimizers):
+            ax = axes[row][col]
+            g = (opt, "local")
+            xs, ys, labels = [], [], []
+            for v in r["variants"]:
+                runs = runs_of(r, v, g)
+                if not runs:
+                    continue
+                accs = [final_accuracy(x) for x in runs]
+                ts = [x["epochs"][-1]["t"] for x in runs]
+                if v == "uniform":
+                    ax.axhspan(min(accs), max(accs), color="grey", alpha=0.2)
+                    ax.axhline(statistics.median(accs), color="grey", linestyle="--", linewidth=1)
+                    ax.axhline(statistics.median(accs) - 0.005, color="grey", linestyle=":", linewidth=1)
+                am, tm = statistics.median(accs), statistics.median(ts)
+                ax.errorbar(
+                    tm, am, yerr=[[am - min(accs)], [max(accs) - am]], xerr=[[tm - min(ts)], [max(ts) - tm]],
+                    fmt="o", capsize=3, color="grey" if v == "uniform" else None,
+                )  # fmt: skip
+                ax.annotate(v.replace("importance", "imp"), (tm, am), textcoords="offset points", xytext=(5, 5),
+                            fontsize=8)  # fmt: skip
+                if v != "uniform":
+                    xs.append(tm)
+                    ys.append(am)
+                    labels.append(v)
+            if xs:
+                ax.plot(xs, ys, color="tab:blue", linewidth=1, alpha=0.6)
+            lat = r["storage"].get("latency_ms")
+            ax.set_title(f"{r['dataset']}, {opt}: {r['epochs']} epochs, {lat} ms/read, cache 50%", fontsize=10)
+            ax.set_xlabel("training wall-clock time (s)")
+            ax.set_ylabel("final test accuracy (uniform: band = seeds, dotted = −0.5 pp)")
+    save(fig, prefix)
+
+
+def save(fig: Any, prefix: Path) -> None:
     fig.tight_layout()
     prefix.parent.mkdir(parents=True, exist_ok=True)
     for ext in ("svg", "png"):
         fig.savefig(prefix.with_suffix(f".{ext}"), dpi=120)
     print(f"wrote {prefix}.svg and {prefix}.png", file=sys.stderr)
+
+
+def parse_sweep(text: str) -> Tuple[str, List[str]]:
+    """``coverage_epochs=1,2,4`` -> ("coverage_epochs", ["1", "2", "4"])."""
+    field, sep, values = text.partition("=")
+    if not sep or not field or not values:
+        raise argparse.ArgumentTypeError(f"--sweep wants FIELD=V1,V2,...; got {text!r}")
+    return field, values.split(",")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -279,6 +481,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    ap.add_argument("--optimizers", nargs="+", default=OPTIMIZERS, choices=OPTIMIZERS)
+    ap.add_argument("--modes", nargs="+", default=["local"], choices=acc.MODES)
+    ap.add_argument(
+        "--sweep",
+        type=parse_sweep,
+        action="append",
+        default=[],
+        help="FIELD=V1,V2,...: one importance variant per value of this [sampling] field (repeatable)",
+    )
     acc.add_storage_args(ap)
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--report", type=Path, nargs="+", help="print tables of these result files instead of running")
@@ -288,6 +499,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="JSON: the target test accuracies (a number or a list) per dataset",
     )
     ap.add_argument("--plot", type=Path, help="with --report: write PLOT.svg and PLOT.png")
+    ap.add_argument("--plot-sweep", type=Path, help="with --report: write the accuracy-vs-time trade-off plot here")
     a = ap.parse_args(argv)
     targets: Dict[str, Any] = json.loads(a.targets)
     if a.report:
@@ -295,15 +507,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         report(results, targets)
         if a.plot:
             plot(results, targets, a.plot)
+        if a.plot_sweep:
+            plot_sweep(results, a.plot_sweep)
         return 0
     if a.latency_ms is None:
         a.latency_ms = 2.0
     acc.set_storage(a)
-    out = run(a)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(out, indent=1))
-    report([out], targets)
+    report([run(a)], targets)
     return 0
 
 

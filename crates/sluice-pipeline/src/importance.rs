@@ -30,8 +30,6 @@ pub struct ImportanceState {
     pub rank_scores: Vec<(u64, f64)>,
     /// Reports received during `drawn_epoch`, not yet folded in: key → (sum, count).
     pub pending: Vec<(u64, f64, u32)>,
-    /// Last epoch each key was drawn in (before `drawn_epoch`).
-    pub last_seen: Vec<(u64, u64)>,
     /// Cache entries the sampler treats as its hot set (fixed once known).
     pub hot: Option<u64>,
     /// The keys of the hot set `drawn_epoch` was drawn with (empty before there is one).
@@ -49,7 +47,6 @@ pub struct ImportanceStore {
     scores: HashMap<u64, f64>,
     rank_scores: HashMap<u64, f64>,
     pending: HashMap<u64, (f64, u32)>,
-    last_seen: HashMap<u64, u64>,
     hot: Option<u64>,
     hot_set: HashSet<u64>,
     reports: u64,
@@ -297,9 +294,8 @@ impl ImportanceStore {
             }
             SamplingSpec::Importance { floor, coverage_epochs, miss_discount, max_draws } => {
                 let scores = self.scores_by_position(d.manifest);
-                let last_seen = Self::per_position(&self.last_seen, d.manifest);
                 let hot = self.hot_mask(&scores, d.manifest);
-                let view = ImportanceView { scores: &scores, last_seen: &last_seen, hot: hot.as_deref() };
+                let view = ImportanceView { scores: &scores, hot: hot.as_deref() };
                 importance_draw(
                     n,
                     d.seed,
@@ -315,26 +311,15 @@ impl ImportanceStore {
     }
 
     /// The draw for `epoch`. Moving to a new epoch first closes the last drawn one: its
-    /// reports are folded into the scores and its samples marked seen; `hot` (the cache's
-    /// capacity in entries) is taken the first time it is known.
+    /// reports are folded into the scores; `hot` (the cache's capacity in entries) is taken
+    /// the first time it is known.
     ///
     /// With several ranks, each rank's store must be fed the same reports (every rank's,
     /// in the same order: see [`crate::Loader::report`]); then every rank draws the same
-    /// global order and takes its own disjoint share of it. What counts as seen is the
-    /// whole job's share of the previous draw, which every rank computes alike.
+    /// global order and takes its own disjoint share of it.
     pub fn draw(&mut self, epoch: u64, hot: Option<u64>, d: &DrawInputs<'_>) -> EpochDraw {
         if self.drawn_epoch == Some(epoch) {
             return d.share(self.draw_global(epoch, d));
-        }
-        if let Some(prev) = self.drawn_epoch {
-            let previous = self.draw_global(prev, d);
-            // Positions past the last whole round of ranks went to no rank.
-            let handed_out = previous.order.len() - previous.order.len() % d.shard.world_size.max(1);
-            for &i in &previous.order[..handed_out] {
-                if (i as usize) < d.manifest.len() {
-                    self.last_seen.insert(u64::from(i), prev);
-                }
-            }
         }
         self.fold_pending();
         // Fixed the first time the cache can say (after a full epoch at a fixed level, from
@@ -360,7 +345,6 @@ impl ImportanceStore {
             scores: sorted(&self.scores),
             rank_scores: sorted(&self.rank_scores),
             pending,
-            last_seen: sorted(&self.last_seen),
             hot: self.hot,
             hot_set: {
                 let mut v: Vec<u64> = self.hot_set.iter().copied().collect();
@@ -383,7 +367,6 @@ impl ImportanceStore {
             .filter(|(_, sum, _)| sum.is_finite() && *sum >= 0.0)
             .map(|&(k, sum, c)| (k, (sum.min(f64::from(c.max(1)) * MAX_IMPORTANCE), c)))
             .collect();
-        self.last_seen = s.last_seen.iter().copied().collect();
         self.hot = s.hot;
         self.hot_set = s.hot_set.iter().copied().collect();
     }

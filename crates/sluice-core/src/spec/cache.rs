@@ -277,8 +277,10 @@ impl CacheSpec {
 fn default_floor() -> f64 {
     0.05
 }
+/// Chosen by `bench/time_to_accuracy.py --sweep coverage_epochs=...` (BENCHMARKS.md,
+/// "Importance sampling: the accuracy it costs").
 fn default_coverage_epochs() -> u32 {
-    40
+    3
 }
 fn default_miss_discount() -> f64 {
     0.1
@@ -294,16 +296,20 @@ pub enum SamplingSpec {
     /// A permutation (or the `shuffle` order): every sample once per epoch.
     #[default]
     Uniform,
-    /// sluice's importance sampler: draws proportional to smoothed scores, with a floor,
-    /// a coverage guarantee and unbiasing weights in each batch.
+    /// sluice's importance sampler: a coverage sweep that visits every sample once in every
+    /// `coverage_epochs` epochs, the rest of each epoch drawn proportional to smoothed
+    /// scores with a floor, and unbiasing weights in each batch.
     Importance {
-        /// Share of the draws spread uniformly over all samples: every sample keeps at
-        /// least `floor / n` probability per draw, so no weight exceeds `1 / floor`. Outside
-        /// the cache's hot set the floor is most of what a sample gets, so it is also about
-        /// the share of draws that miss (half of it at a cache of half the dataset).
+        /// Share of the proposal's draws spread uniformly over all samples: every sample keeps
+        /// at least `floor / n` probability per draw. Outside the cache's hot set the floor
+        /// is most of what the proposal gives a sample, so it is also about the share of
+        /// those draws that miss (half of it at a cache of half the dataset).
         #[serde(default = "default_floor")]
         floor: f64,
-        /// Every sample appears at least once in any `coverage_epochs` consecutive epochs.
+        /// Every sample appears at least once in any `coverage_epochs` consecutive epochs
+        /// (a sweep of `1/coverage_epochs` of the dataset in every epoch). It also bounds
+        /// every weight by `coverage_epochs`: the fewer, the closer to uniform training and
+        /// the more reads of samples outside the cache; 1 is a uniform permutation.
         #[serde(default = "default_coverage_epochs")]
         coverage_epochs: u32,
         /// Draw probability factor for samples outside the cache's hot set: misses cost

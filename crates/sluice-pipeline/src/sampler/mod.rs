@@ -25,7 +25,7 @@ const BUFFER_STREAM: u64 = 2;
 const IMPORTANCE_STREAM: u64 = 3;
 const FASTMATCH_STREAM: u64 = 4;
 const SHADE_STREAM: u64 = 5;
-const STAGGER_STREAM: u64 = 6;
+const COVERAGE_STREAM: u64 = 6;
 /// The key slot used for epoch-wide (not per-sample) randomness.
 const EPOCH_KEY: SampleKey = SampleKey(u64::MAX);
 

@@ -1,14 +1,16 @@
 //! The importance-driven samplers, each drawing an epoch from the scores the trainer
 //! reported:
 //!
-//! * [`importance_draw`], sluice's own: draws ∝ smoothed score with a uniform floor, a
-//!   hard coverage guarantee and exact unbiasing weights (design: docs/importance-sampling.md);
+//! * [`importance_draw`], sluice's own: a coverage sweep that visits every sample once in
+//!   every `coverage_epochs` epochs, the rest of the epoch drawn ∝ smoothed score with a
+//!   uniform floor, and weights that keep the loss unbiased over each coverage cycle
+//!   (design: docs/importance-sampling.md);
 //! * [`fastmatch_draw`], FastMatch's Algorithm 1 as published (a baseline);
 //! * [`shade_draw`], SHADE's sampler as published: n draws with replacement ∝ rank score.
 
-use sluice_core::{SampleKey, SampleRng};
+use sluice_core::SampleRng;
 
-use super::{permutation, EpochDraw, EPOCH_KEY, FASTMATCH_STREAM, IMPORTANCE_STREAM, SHADE_STREAM, STAGGER_STREAM};
+use super::{permutation, EpochDraw, COVERAGE_STREAM, EPOCH_KEY, FASTMATCH_STREAM, IMPORTANCE_STREAM, SHADE_STREAM};
 
 /// The knobs of [`importance_draw`] (see `SamplingSpec::Importance`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,15 +26,14 @@ pub struct ImportanceParams {
 pub struct ImportanceView<'a> {
     /// Smoothed score per position (loss or gradient norm, ≥ 0); `None` if never reported.
     pub scores: &'a [Option<f64>],
-    /// Last epoch each position was drawn in; `None` if never.
-    pub last_seen: &'a [Option<u64>],
     /// Which positions are in the cache's hot set (see [`hot_set`]), if there is a cache.
     pub hot: Option<&'a [bool]>,
 }
 
-/// sluice's importance sampler: draws ∝ smoothed score, with a floor, a ceiling, a miss
-/// discount outside the hot set, a coverage guarantee and unbiasing weights `1/E[draws]`.
-/// Design and derivation: `docs/importance-sampling.md`.
+/// sluice's importance sampler: a coverage sweep (every sample once in every
+/// `coverage_epochs` epochs), the rest drawn ∝ smoothed score with a floor, a ceiling and a
+/// miss discount outside the hot set, and weights `1/E[draws per epoch]` averaged over the
+/// coverage cycle. Design and derivation: `docs/importance-sampling.md`.
 pub fn importance_draw(
     n: usize,
     seed: u64,
@@ -63,41 +64,46 @@ pub fn importance_draw(
     };
     cap_probabilities(&mut q, max_draws / n as f64, &in_hot);
 
-    finish_draw(n, seed, epoch, coverage_epochs, view, q)
+    finish_draw(n, seed, epoch, coverage_epochs, q)
 }
 
-/// Coverage, the draws and the weights, from the final per-draw probabilities `q`.
-fn finish_draw(
-    n: usize,
-    seed: u64,
-    epoch: u64,
-    coverage_epochs: u32,
-    view: ImportanceView<'_>,
-    q: Vec<f64>,
-) -> EpochDraw {
-    let k = u64::from(coverage_epochs.max(1));
-    // Each sample's deadline comes up to k/5 epochs early, by a fixed per-sample offset:
-    // samples last seen together (all of them, in the uniform first epoch) then fall due
-    // over several epochs instead of in one burst of misses. The bound stays k.
-    let stagger = (k / 5).max(1);
-    let forced: Vec<bool> = (0..n)
-        .map(|i| {
-            // Saturating: a restored checkpoint may carry any epoch numbers.
-            let next_due = view.last_seen.get(i).copied().flatten().map_or(0, |l| l.saturating_add(1));
-            let early = SampleRng::new(seed, 0, SampleKey(i as u64), STAGGER_STREAM).below(stagger);
-            epoch.saturating_add(1).saturating_add(early) >= next_due.saturating_add(k)
-        })
+/// The coverage sweep, the draws and the weights, from the final per-draw probabilities `q`.
+///
+/// Every sample has a fixed phase in `0..k` (its rank in a permutation of the seed, mod k):
+/// epoch `e` visits the samples of phase `e mod k` once each, so every sample is seen once
+/// in every k consecutive epochs whatever its score. The other `r` slots are draws with
+/// replacement from `q`. Over a cycle of k epochs sample i then expects `1 + k·r̄·q_i`
+/// appearances (`r̄ = n − n/k`, the mean of `r`), i.e. `c_i = 1/k + r̄·q_i` per epoch, and
+/// every appearance carries the weight `1/c_i`: the weighted loss summed over a cycle is an
+/// unbiased estimate of k uniform epochs' loss, and no weight exceeds k.
+fn finish_draw(n: usize, seed: u64, epoch: u64, coverage_epochs: u32, q: Vec<f64>) -> EpochDraw {
+    let k = coverage_epochs.max(1) as usize;
+    let phase_now = (epoch % k as u64) as usize;
+    let mut order: Vec<u32> = permutation_with(n, seed, COVERAGE_STREAM)
+        .into_iter()
+        .enumerate()
+        .filter(|&(rank, _)| rank % k == phase_now)
+        .map(|(_, i)| i)
         .collect();
-    let mut order: Vec<u32> = (0..n as u32).filter(|&i| forced[i as usize]).collect();
     let r = n - order.len();
 
     let mut rng = SampleRng::new(seed, epoch, EPOCH_KEY, IMPORTANCE_STREAM);
     order.extend(draw_with_replacement(&q, r, &mut rng));
     shuffle(&mut order, &mut rng);
 
-    let expected: Vec<f64> = (0..n).map(|i| f64::from(u8::from(forced[i])) + r as f64 * q[i]).collect();
+    let k = k as f64;
+    let mean_draws = n as f64 - n as f64 / k;
+    let expected: Vec<f64> = q.iter().map(|&qi| 1.0 / k + mean_draws * qi).collect();
     let weights = order.iter().map(|&i| (1.0 / expected[i as usize]) as f32).collect();
     EpochDraw { order, weights: Some(weights), expected }
+}
+
+/// A permutation of 0..n fixed by the seed alone (one per `stream`), the same every epoch.
+fn permutation_with(n: usize, seed: u64, stream: u64) -> Vec<u32> {
+    let mut rng = SampleRng::new(seed, 0, EPOCH_KEY, stream);
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    shuffle(&mut order, &mut rng);
+    order
 }
 
 /// Every position's score for the samplers: the reported score where there is a valid
@@ -358,21 +364,28 @@ mod tests {
         ImportanceParams { floor, coverage_epochs, miss_discount, max_draws: 1e9 }
     }
 
+    /// `n·q_i`, each sample's expected draws from the proposal alone (no coverage sweep),
+    /// recovered from a draw's cycle-averaged `expected` (`1/k + (n − n/k)·q_i`).
+    fn proposal_draws(d: &EpochDraw, k: u32) -> Vec<f64> {
+        let inv = 1.0 / f64::from(k);
+        d.expected.iter().map(|e| (e - inv) / (1.0 - inv)).collect()
+    }
+
     #[test]
     fn the_ceiling_caps_expected_draws_and_keeps_the_weights_unbiased() {
         let n = 100;
         let mut scores = vec![Some(0.01); n];
         scores[3] = Some(1000.0);
         scores[7] = Some(500.0);
-        let seen = vec![Some(0u64); n];
-        let view = ImportanceView { scores: &scores, last_seen: &seen, hot: None };
+        let view = ImportanceView { scores: &scores, hot: None };
         let params = ImportanceParams { floor: 0.02, coverage_epochs: 100, miss_discount: 1.0, max_draws: 4.0 };
         let d = importance_draw(n, 1, 1, params, view);
         assert!(d.expected.iter().all(|&e| e <= 4.0 + 1e-9), "{:?}", &d.expected[..8]);
-        assert!((d.expected[3] - 4.0).abs() < 1e-9 && (d.expected[7] - 4.0).abs() < 1e-9);
+        let nq = proposal_draws(&d, 100);
+        assert!((nq[3] - 4.0).abs() < 1e-9 && (nq[7] - 4.0).abs() < 1e-9);
         assert!((d.expected.iter().sum::<f64>() - n as f64).abs() < 1e-6);
         let uncapped = importance_draw(n, 1, 1, ImportanceParams { max_draws: 1e9, ..params }, view);
-        assert!(uncapped.expected[3] > 50.0, "without the ceiling one outlier takes half the epoch");
+        assert!(proposal_draws(&uncapped, 100)[3] > 50.0, "without the ceiling one outlier takes half the epoch");
     }
 
     #[test]
@@ -382,9 +395,8 @@ mod tests {
         let n = 100;
         let mut scores = vec![Some(0.01); n];
         scores[3] = Some(1000.0);
-        let seen = vec![Some(0u64); n];
         for hot in [None, Some((0..n).map(|i| i < 50).collect::<Vec<bool>>())] {
-            let view = ImportanceView { scores: &scores, last_seen: &seen, hot: hot.as_deref() };
+            let view = ImportanceView { scores: &scores, hot: hot.as_deref() };
             let params = ImportanceParams { floor: 0.05, coverage_epochs: 100, miss_discount: 0.5, max_draws: 1.0 };
             let d = importance_draw(n, 1, 1, params, view);
             assert!(d.expected.iter().all(|&e| (e - 1.0).abs() < 1e-9), "sample 3 expects {} draws", d.expected[3]);
@@ -398,22 +410,22 @@ mod tests {
         let mut scores = vec![Some(0.01); n];
         scores[3] = Some(1000.0);
         scores[7] = Some(500.0);
-        let seen = vec![Some(0u64); n];
         let hot: Vec<bool> = (0..n).map(|i| i < 50).collect();
-        let view = ImportanceView { scores: &scores, last_seen: &seen, hot: Some(&hot) };
+        let view = ImportanceView { scores: &scores, hot: Some(&hot) };
         let (floor, disc) = (0.05, 0.1);
         let params = ImportanceParams { floor, coverage_epochs: 100, miss_discount: disc, max_draws: 4.0 };
         let d = importance_draw(n, 1, 1, params, view);
+        let nq = proposal_draws(&d, 100);
         // Outside the hot set: exactly the pre-ceiling probability (floor + discounted score).
         let total = 1000.0 + 500.0 + 48.0 * 0.01 + 50.0 * 0.01 * disc;
         let cold = n as f64 * ((1.0 - floor) * 0.01 * disc / total + floor / n as f64);
         for i in 50..n {
-            assert!((d.expected[i] - cold).abs() < 1e-9, "sample {i}: {} vs {cold}", d.expected[i]);
+            assert!((nq[i] - cold).abs() < 1e-9, "sample {i}: {} vs {cold}", nq[i]);
         }
         // The hot set absorbs the rest: capped outliers, every other hot sample raised alike.
-        assert!((d.expected[3] - 4.0).abs() < 1e-9 && (d.expected[7] - 4.0).abs() < 1e-9);
+        assert!((nq[3] - 4.0).abs() < 1e-9 && (nq[7] - 4.0).abs() < 1e-9);
         let hot_rest = (n as f64 - 8.0 - 50.0 * cold) / 48.0;
-        assert!((0..50).filter(|i| ![3, 7].contains(i)).all(|i| (d.expected[i] - hot_rest).abs() < 1e-9));
+        assert!((0..50).filter(|i| ![3, 7].contains(i)).all(|i| (nq[i] - hot_rest).abs() < 1e-9));
         assert!(hot_rest > 10.0 * cold, "hot {hot_rest} cold {cold}");
         assert!((d.expected.iter().sum::<f64>() - n as f64).abs() < 1e-6);
         assert!(d.weights.unwrap_or_default().iter().all(|&w| w <= (1.0 / floor) as f32 + 1e-3));
@@ -461,9 +473,7 @@ mod tests {
     fn importance_is_uniform_until_scores_exist() {
         let n = 50;
         let none = vec![None; n];
-        let seen = vec![None; n];
-        let d =
-            importance_draw(n, 1, 0, p(0.02, 5, 0.3), ImportanceView { scores: &none, last_seen: &seen, hot: None });
+        let d = importance_draw(n, 1, 0, p(0.02, 5, 0.3), ImportanceView { scores: &none, hot: None });
         assert_eq!(d.order, epoch_order(n, 1, 0, ShuffleSpec::Global, Shard::default()));
         assert!(d.weights.unwrap().iter().all(|&w| w == 1.0));
     }
@@ -473,15 +483,8 @@ mod tests {
         let n = 200;
         let mut scores = vec![Some(0.0); n];
         scores[0] = Some(1000.0);
-        let seen: Vec<Option<u64>> = vec![Some(0); n];
         let floor = 0.1;
-        let d = importance_draw(
-            n,
-            3,
-            1,
-            p(floor, 100, 1.0),
-            ImportanceView { scores: &scores, last_seen: &seen, hot: None },
-        );
+        let d = importance_draw(n, 3, 1, p(floor, 100, 1.0), ImportanceView { scores: &scores, hot: None });
         // Every sample keeps probability ≥ floor/n per draw, so expects ≥ floor draws per epoch.
         for (i, e) in d.expected.iter().enumerate() {
             assert!(*e >= floor * (1.0 - 1e-9), "sample {i} expects {e} draws");
@@ -490,14 +493,7 @@ mod tests {
         // Over many epochs each zero-score sample does get drawn.
         let mut drawn = vec![false; n];
         for e in 1..150 {
-            for &i in &importance_draw(
-                n,
-                3,
-                e,
-                p(floor, 100, 1.0),
-                ImportanceView { scores: &scores, last_seen: &seen, hot: None },
-            )
-            .order
+            for &i in &importance_draw(n, 3, e, p(floor, 100, 1.0), ImportanceView { scores: &scores, hot: None }).order
             {
                 drawn[i as usize] = true;
             }
@@ -506,12 +502,10 @@ mod tests {
     }
 
     #[test]
-    fn importance_coverage_forces_samples_not_seen_for_k_epochs() {
+    fn importance_coverage_visits_every_sample_in_every_k_consecutive_epochs() {
         let n = 100;
         let scores = heavy_tailed(n);
         let k = 4u32;
-        // Simulate epochs, tracking last_seen as the loader's store does.
-        let mut last_seen: Vec<Option<u64>> = vec![None; n];
         let mut seen_in: Vec<Vec<bool>> = Vec::new();
         for e in 0..20u64 {
             let d = importance_draw(
@@ -519,17 +513,12 @@ mod tests {
                 9,
                 e,
                 p(0.001, k, 0.3),
-                ImportanceView {
-                    scores: &scores,
-                    last_seen: &last_seen,
-                    hot: Some(&hot_set(&scores, 20, None, HOT_SET_MARGIN, 0.001)),
-                },
+                ImportanceView { scores: &scores, hot: Some(&hot_set(&scores, 20, None, HOT_SET_MARGIN, 0.001)) },
             );
             assert_eq!(d.order.len(), n);
             let mut seen = vec![false; n];
             for &i in &d.order {
                 seen[i as usize] = true;
-                last_seen[i as usize] = Some(e);
             }
             seen_in.push(seen);
         }
@@ -546,9 +535,8 @@ mod tests {
         let scores = heavy_tailed(n);
         let losses: Vec<f64> = (0..n).map(|i| scores[i].unwrap_or(0.0) * 0.8 + (i % 3) as f64 * 0.05).collect();
         let uniform_mean = losses.iter().sum::<f64>() / n as f64;
-        let last_seen: Vec<Option<u64>> = (0..n).map(|i| Some((i % 6) as u64)).collect();
         let hot60 = hot_set(&scores, 60, None, HOT_SET_MARGIN, 0.05);
-        let view = ImportanceView { scores: &scores, last_seen: &last_seen, hot: Some(&hot60) };
+        let view = ImportanceView { scores: &scores, hot: Some(&hot60) };
         // Exactly, in expectation: Σ_i c_i · w_i · L_i / n equals the uniform mean.
         let d = importance_draw(n, 5, 7, p(0.05, 4, 0.3), view);
         let exact: f64 = (0..n).map(|i| d.expected[i] * (1.0 / d.expected[i]) * losses[i]).sum::<f64>() / n as f64;
@@ -569,12 +557,50 @@ mod tests {
     }
 
     #[test]
+    fn over_a_coverage_cycle_the_weighted_loss_is_exactly_unbiased() {
+        let n = 301;
+        let k = 3u32;
+        let scores = heavy_tailed(n);
+        let losses: Vec<f64> = (0..n).map(|i| scores[i].unwrap_or(0.0) * 0.8 + (i % 3) as f64 * 0.05).collect();
+        let hot = hot_set(&scores, n / 2, None, HOT_SET_MARGIN, 0.05);
+        let view = ImportanceView { scores: &scores, hot: Some(&hot) };
+        let params = ImportanceParams { floor: 0.05, coverage_epochs: k, miss_discount: 0.1, max_draws: 4.0 };
+        // The sweeps of one cycle visit every sample exactly once; with the draws' expected
+        // counts the cycle's weighted loss is exactly k uniform epochs' loss.
+        let mut sweeps = vec![0u32; n];
+        let mut exact = 0.0;
+        for e in 6..6 + u64::from(k) {
+            let d = importance_draw(n, 4, e, params, view);
+            let w = d.weights.clone().unwrap_or_default();
+            assert!(
+                w.iter().all(|&w| w <= k as f32 * (1.0 + 1e-6)),
+                "a weight above k: {:?}",
+                w.iter().copied().fold(0.0, f32::max)
+            );
+            let phase: Vec<u32> = permutation_with(n, 4, COVERAGE_STREAM)
+                .into_iter()
+                .enumerate()
+                .filter(|&(rank, _)| rank as u64 % u64::from(k) == e % u64::from(k))
+                .map(|(_, i)| i)
+                .collect();
+            let r = (n - phase.len()) as f64;
+            phase.iter().for_each(|&i| sweeps[i as usize] += 1);
+            let q: Vec<f64> = proposal_draws(&d, k).iter().map(|x| x / n as f64).collect();
+            exact += (0..n)
+                .map(|i| (f64::from(u8::from(phase.contains(&(i as u32)))) + r * q[i]) / d.expected[i] * losses[i])
+                .sum::<f64>();
+        }
+        assert!(sweeps.iter().all(|&c| c == 1), "the sweeps of a cycle must partition the samples");
+        let uniform: f64 = losses.iter().sum::<f64>() * f64::from(k);
+        assert!((exact - uniform).abs() < 1e-9 * uniform, "cycle {exact} vs k uniform epochs {uniform}");
+    }
+
+    #[test]
     fn importance_is_a_pure_function_of_seed_epoch_and_state() {
         let n = 64;
         let scores = heavy_tailed(n);
-        let seen = vec![Some(0u64); n];
         let hot10 = hot_set(&scores, 10, None, HOT_SET_MARGIN, 0.02);
-        let v = ImportanceView { scores: &scores, last_seen: &seen, hot: Some(&hot10) };
+        let v = ImportanceView { scores: &scores, hot: Some(&hot10) };
         assert_eq!(importance_draw(n, 1, 2, p(0.02, 5, 0.3), v), importance_draw(n, 1, 2, p(0.02, 5, 0.3), v));
         assert_ne!(
             importance_draw(n, 1, 2, p(0.02, 5, 0.3), v).order,
@@ -700,7 +726,6 @@ mod tests {
             (0..n).map(|i| (i < 2).then_some(1e308)).collect(),
             (0..n).map(|i| Some(if i % 2 == 1 { f64::MAX } else { 0.0 })).collect(),
         ];
-        let seen = vec![Some(0u64); n];
         let even: Vec<bool> = (0..n).map(|i| i % 2 == 0).collect();
         for (c, scores) in cases.iter().enumerate() {
             let finite = |what: &str, d: &EpochDraw| {
@@ -712,7 +737,7 @@ mod tests {
             // With a hot set of the even positions and a miss discount of 0, case 3 has
             // every scored sample outside the hot set, discounted to nothing.
             for (hot, disc) in [(None, 0.3), (Some(&even[..]), 0.3), (Some(&even[..]), 0.0)] {
-                let view = ImportanceView { scores, last_seen: &seen, hot };
+                let view = ImportanceView { scores, hot };
                 let params = ImportanceParams { floor: 0.1, coverage_epochs: 100, miss_discount: disc, max_draws: 4.0 };
                 let d = importance_draw(n, 1, 1, params, view);
                 finite("importance", &d);

@@ -383,7 +383,7 @@ fn a_checkpoint_at_the_last_representable_epoch_or_seen_later_is_refused_or_harm
     let e = loader.load_state(&state).unwrap_err().to_string();
     assert!(e.contains("epoch"), "{e}");
 
-    // Importance bookkeeping from a hand-edited checkpoint (a sample seen in the last
+    // Importance bookkeeping from a hand-edited checkpoint (drawn in the last
     // representable epoch) draws an epoch instead of panicking.
     let mut s = spec(&root, 4, 1);
     s.sampling =
@@ -392,7 +392,6 @@ fn a_checkpoint_at_the_last_representable_epoch_or_seen_later_is_refused_or_harm
     let mut state = loader.state();
     let mut importance = state.importance.clone().unwrap();
     importance.scores = vec![(0, 1.0), (1, 2.0)];
-    importance.last_seen = vec![(0, u64::MAX), (1, u64::MAX - 1)];
     importance.drawn_epoch = Some(u64::MAX - 1);
     state.importance = Some(importance);
     state.epoch = u64::MAX - 1;
