@@ -192,3 +192,18 @@ def test_a_remote_loader_yields_each_batchs_masks_as_the_local_loader_does(tmp_p
     with sluice_service([root], tmp_path / "journal") as addr:
         remote = batches(sluice.RemoteLoader(pipe, dispatcher=addr, job="masks"))
     assert remote == local
+
+
+def test_a_map_timeout_is_a_bounded_field_of_the_op_and_a_dunder_name_is_refused(dataset: Path) -> None:
+    base = sluice.Pipeline.image_folder(dataset).decode().random_resized_crop(16)
+    timed = base.map(mark, timeout_ms=1500).batch(4)
+    assert timed.to_dict()["ops"][-1] == {"op": "map", "fn": "test_map_remote:mark", "timeout_ms": 1500}
+    # At its default (a minute) it is left out of the spec.
+    assert base.map(mark).batch(4).to_dict()["ops"][-1] == {"op": "map", "fn": "test_map_remote:mark"}
+    for bad in (0, 3_600_001):
+        with pytest.raises(sluice.SpecError) as e:
+            base.map(mark, timeout_ms=bad).batch(4).validate()
+        assert e.value.field == "ops[2].timeout_ms"
+    with pytest.raises(sluice.SpecError, match="dunder") as e:
+        base.map("test_map_remote:mark.__call__.__call__").batch(4).validate()
+    assert e.value.field == "ops[2].fn"
