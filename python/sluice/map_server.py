@@ -25,14 +25,24 @@ End of input (the worker closed the pipe or died) ends the server.
 
 from __future__ import annotations
 
-import importlib
 import os
-import signal
-import struct
 import sys
-from typing import Any, BinaryIO, Callable, Optional, Tuple
 
-import numpy as np
+# Before anything is imported: the worker's working folder (``''`` at the head of
+# ``sys.path`` under ``python -c``, the folder itself under ``-m``) is not on the path, so
+# a file there cannot stand in for the user's module, numpy or the standard library.
+# Python 3.11+ leaves it off itself under ``PYTHONSAFEPATH``, which the worker sets.
+if not getattr(sys.flags, "safe_path", False) and sys.path and sys.path[0] in ("", os.getcwd()):
+    del sys.path[0]
+
+import importlib  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import struct  # noqa: E402
+import types  # noqa: E402
+from typing import Any, BinaryIO, Callable, Optional, Tuple  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 REQUEST = struct.Struct("<QqQQIII")
 REPLY = struct.Struct("<III")
@@ -61,16 +71,35 @@ class MapSample:
         return f"MapSample(key={self.key}, label={self.label}, epoch={self.epoch}, seed={self.seed})"
 
 
+_DOTTED = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*")
+
+
 def import_function(name: str) -> Callable[..., Any]:
-    """The callable ``module:qualname`` names."""
+    """The callable ``module:qualname`` names, kept to what the name says: the qualname is
+    identifiers without dunder attributes (``__call__``, ``__globals__``), walked through
+    no module (``mod:os.system``), to a function or class defined in ``module`` itself
+    (not one it imported). The service allows the module (docs/service.md); this keeps
+    the name from reaching past it."""
     module, sep, qualname = name.partition(":")
-    if not sep:
-        raise ValueError(f"map needs `module:qualname`; got `{name}`")
+    if not sep or not _DOTTED.fullmatch(module) or not _DOTTED.fullmatch(qualname):
+        raise ValueError(f"map needs `module:qualname` (dotted identifiers); got `{name}`")
+    parts = qualname.split(".")
+    dunder = next((p for p in parts if len(p) > 4 and p.startswith("__") and p.endswith("__")), None)
+    if dunder is not None:
+        raise ValueError(f"map: `{name}` reaches through `{dunder}`; name the function itself")
     obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
+    for i, part in enumerate(parts):
         obj = getattr(obj, part)
+        if isinstance(obj, types.ModuleType):
+            walked = ".".join(parts[: i + 1])
+            raise ValueError(
+                f"map: `{name}` walks through module `{obj.__name__}` (as `{walked}`); name a function of `{module}`"
+            )
     if not callable(obj):
         raise ValueError(f"map: `{name}` is not callable")
+    defined = getattr(obj, "__module__", None)
+    if defined != module:
+        raise ValueError(f"map: `{name}` is defined in `{defined}`, not in `{module}`; name a function of `{module}`")
     return obj  # type: ignore[no-any-return]
 
 

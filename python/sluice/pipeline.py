@@ -624,7 +624,7 @@ class Pipeline:
         cores; it changes no pixel."""
         return self._op("sleep", us=us)
 
-    def map(self, fn: Union[MapFn, str]) -> "Pipeline":
+    def map(self, fn: Union[MapFn, str], timeout_ms: Optional[int] = None) -> "Pipeline":
         """Runs ``fn`` on each sample's image, between the native ops (docs/map.md).
 
         ``fn(image, sample) -> image``: ``image`` is the sample's pixels as a uint8 numpy
@@ -644,12 +644,18 @@ class Pipeline:
         ``"module:qualname"`` names it directly. What ``fn`` raises fails the sample,
         named by key and path, under the pipeline's ``on_error``.
 
+        ``timeout_ms`` (1 to 3,600,000; default one minute) bounds one call through the
+        service: a worker kills the Python process of a call that runs longer and fails the
+        sample (docs/map.md, "Through the service"); a local loader does not apply it.
+
         Raises:
             SpecError: ``fn`` is a lambda, a closure or a function defined inside another,
                 or its name does not import back to it.
         """
         name = fn if isinstance(fn, str) else _map_name(fn)
-        return self._op("map", fn=name)
+        if timeout_ms is None:
+            return self._op("map", fn=name)
+        return self._op("map", fn=name, timeout_ms=timeout_ms)
 
     def map_batch(self, fn: Union[MapBatchFn, str]) -> "Pipeline":
         """Runs ``fn`` on each whole batch, after every op (docs/map.md); spec key

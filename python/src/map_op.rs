@@ -362,7 +362,7 @@ pub fn register_map(py: Python<'_>, name: &str) -> PyResult<()> {
 /// Registers the function of every `map` op in `spec`.
 pub fn register_spec_maps(py: Python<'_>, spec: &PipelineSpec) -> PyResult<()> {
     for op in &spec.ops {
-        if let OpSpec::Map { func } = op {
+        if let OpSpec::Map { func, .. } = op {
             register_map(py, func)?;
         }
     }

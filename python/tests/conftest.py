@@ -96,13 +96,16 @@ def sluice_service(
     workers: int = 1,
     worker_args: Sequence[str] = (),
     worker_env: Optional[Dict[str, str]] = None,
+    python_modules: Sequence[str] = (),
 ) -> Iterator[str]:
     """A real ``sluice dispatcher`` and ``workers`` worker processes on 127.0.0.1, allowed to
-    read under ``roots`` (the workers with ``worker_args`` and ``worker_env`` added); yields
-    the dispatcher's address and kills them all at the end."""
+    read under ``roots`` and to run ``map`` functions of ``python_modules`` (the workers
+    with ``worker_args`` and ``worker_env`` added); yields the dispatcher's address and
+    kills them all at the end."""
     exe = str(sluice_binary())
     addr = free_addr()
     allow = [arg for root in roots for arg in ("--allow-root", str(root))]
+    allow += [arg for module in python_modules for arg in ("--allow-python-module", module)]
     auth = ["--token", token] if token is not None else []
     procs: List["subprocess.Popen[bytes]"] = [
         subprocess.Popen([exe, "service", "dispatcher", "--listen", addr, "--journal", str(journal), *allow, *auth])

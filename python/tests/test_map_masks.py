@@ -138,7 +138,9 @@ def test_a_remote_loader_with_a_map_yields_the_local_masks(masked: Path, tmp_pat
     local = by_key(sluice.Loader(pipe, processes=0))
     env = {"PYTHONPATH": str(Path(__file__).parent)}
     args = ["--python", sys.executable]
-    with sluice_service([masked], tmp_path / "journal", worker_args=args, worker_env=env) as addr:
+    with sluice_service(
+        [masked], tmp_path / "journal", worker_args=args, worker_env=env, python_modules=["test_map_masks"]
+    ) as addr:
         remote = by_key(sluice.RemoteLoader(pipe, dispatcher=addr, job="map-masks", output="numpy"))
     assert sorted(remote) == list(range(12))
     assert remote == local

@@ -32,7 +32,10 @@ def service(dataset: Path, tmp_path: Path) -> Iterator[Tuple[str, Path]]:
     """A dispatcher and one worker whose map children run this Python with this folder on
     their path."""
     env = {"PYTHONPATH": str(Path(__file__).parent)}
-    with sluice_service([dataset], tmp_path / "journal", worker_args=["--python", sys.executable], worker_env=env) as a:
+    args = ["--python", sys.executable]
+    with sluice_service(
+        [dataset], tmp_path / "journal", worker_args=args, worker_env=env, python_modules=["test_map_remote"]
+    ) as a:
         yield a, dataset
 
 
@@ -99,6 +102,32 @@ def test_the_map_server_answers_images_and_errors_over_its_pipes() -> None:
     assert b"cannot import `no_such_module:f`: ModuleNotFoundError" in bad.stdout
 
 
+def test_the_map_server_imports_only_what_the_name_says_and_not_from_the_working_folder(tmp_path: Path) -> None:
+    """The child keeps ``module:qualname`` to the module's own function: no dunder
+    attribute, no walk through a module, nothing the module imported, and no module from
+    the folder it runs in."""
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    env.pop("PYTHONSAFEPATH", None)
+    # A module in the working folder, as `python -c` (what the worker runs) would find it.
+    (tmp_path / "in_the_cwd.py").write_text("def f(image, sample):\n    return image\n")
+    refused = {
+        "test_map_remote:mark.__call__": "reaches through `__call__`",
+        "test_map_remote:np.load": "walks through module `numpy`",
+        "test_map_remote:sluice_service": "is defined in `conftest`",
+        "in_the_cwd:f": "ModuleNotFoundError",
+    }
+    from sluice import map_server
+
+    source = Path(map_server.__file__).read_text()
+    for name, why in refused.items():
+        bad = subprocess.run(
+            [sys.executable, "-c", source, name], input=b"", capture_output=True, env=env, cwd=tmp_path, timeout=30
+        )
+        assert bad.returncode == 1, name
+        assert f"cannot import `{name}`".encode() in bad.stdout and why.encode() in bad.stdout, bad.stdout
+
+
 def stamp(fields: Dict[str, np.ndarray], info: Any) -> Dict[str, np.ndarray]:
     """A map_batch: noise from the batch's generator, and the batch's index per sample."""
     out = dict(fields)
@@ -163,3 +192,18 @@ def test_a_remote_loader_yields_each_batchs_masks_as_the_local_loader_does(tmp_p
     with sluice_service([root], tmp_path / "journal") as addr:
         remote = batches(sluice.RemoteLoader(pipe, dispatcher=addr, job="masks"))
     assert remote == local
+
+
+def test_a_map_timeout_is_a_bounded_field_of_the_op_and_a_dunder_name_is_refused(dataset: Path) -> None:
+    base = sluice.Pipeline.image_folder(dataset).decode().random_resized_crop(16)
+    timed = base.map(mark, timeout_ms=1500).batch(4)
+    assert timed.to_dict()["ops"][-1] == {"op": "map", "fn": "test_map_remote:mark", "timeout_ms": 1500}
+    # At its default (a minute) it is left out of the spec.
+    assert base.map(mark).batch(4).to_dict()["ops"][-1] == {"op": "map", "fn": "test_map_remote:mark"}
+    for bad in (0, 3_600_001):
+        with pytest.raises(sluice.SpecError) as e:
+            base.map(mark, timeout_ms=bad).batch(4).validate()
+        assert e.value.field == "ops[2].timeout_ms"
+    with pytest.raises(sluice.SpecError, match="dunder") as e:
+        base.map("test_map_remote:mark.__call__.__call__").batch(4).validate()
+    assert e.value.field == "ops[2].fn"

@@ -61,6 +61,12 @@ struct ServeArgs {
     /// The certificate's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// A Python module (with its package's modules) a job's `map` ops may import on the
+    /// workers (repeatable; default: none, so a job with a `map` op is refused). Give the
+    /// same list to the dispatcher (it refuses a job at submission) and the workers (they
+    /// refuse it again before running anything).
+    #[arg(long = "allow-python-module", value_name = "MODULE")]
+    allow_python_module: Vec<String>,
 }
 
 /// `--tls-ca`, else `SLUICE_TLS_CA`.
@@ -80,6 +86,9 @@ impl ServeArgs {
         flag(&mut c.serve.metrics_host, self.metrics_host);
         if self.tls_cert.is_some() {
             (c.serve.tls_cert, c.serve.tls_key) = (self.tls_cert, self.tls_key);
+        }
+        if !self.allow_python_module.is_empty() {
+            c.serve.allow_python_modules = self.allow_python_module;
         }
         Ok((c, self.metrics_port))
     }
@@ -184,6 +193,11 @@ struct LimitArgs {
     /// [default: 600].
     #[arg(long)]
     job_idle_secs: Option<u64>,
+    /// Python children (jobs' `map` ops, one per pipeline thread, ~30 MB each) a worker
+    /// runs at most over all its jobs; past it an idle child of another job is ended
+    /// first, else the call waits (at most the op's `timeout_ms`) [default: 32].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_python_children: Option<u64>,
 }
 
 impl LimitArgs {
@@ -194,6 +208,7 @@ impl LimitArgs {
         flag(&mut l.max_pixels, self.max_pixels);
         flag(&mut l.max_jobs, self.max_jobs);
         flag(&mut l.job_idle, self.job_idle_secs.map(Duration::from_secs));
+        flag(&mut l.max_python_children, self.max_python_children.map(|n| n as usize));
     }
 }
 

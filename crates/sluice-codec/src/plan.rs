@@ -347,7 +347,7 @@ impl Plan {
             } else if ops::runs(op) {
                 steps.push(Step::Pixel { op: op.clone() });
                 names.push(op.name());
-            } else if let OpSpec::Map { func } = op {
+            } else if let OpSpec::Map { func, .. } = op {
                 steps.push(Step::Map { op: UserOpSlot::resolve(func) });
                 names.push("map");
             } else if let OpSpec::Sleep { us } = *op {

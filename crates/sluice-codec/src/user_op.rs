@@ -112,6 +112,13 @@ pub fn register_user_op(name: &str, op: Arc<dyn UserOp>) {
     map.insert(name.to_owned(), op);
 }
 
+/// Takes the op registered under `name` out of the registry: plans compiled before keep
+/// the op they found, so it lives as long as they do.
+pub fn unregister_user_op(name: &str) -> Option<Arc<dyn UserOp>> {
+    let mut map = registry().write().unwrap_or_else(|e| e.into_inner());
+    map.remove(name)
+}
+
 /// The op registered under `name`.
 pub fn user_op(name: &str) -> Option<Arc<dyn UserOp>> {
     let map = registry().read().unwrap_or_else(|e| e.into_inner());
@@ -263,7 +270,7 @@ mod tests {
     }
 
     fn ops(name: &str) -> Vec<OpSpec> {
-        vec![OpSpec::Decode, OpSpec::CenterCrop { size: Size::square(8) }, OpSpec::Map { func: name.into() }]
+        vec![OpSpec::Decode, OpSpec::CenterCrop { size: Size::square(8) }, OpSpec::map(name)]
     }
 
     fn run(plan: &Plan, key: u64) -> Result<Vec<u8>, CodecError> {

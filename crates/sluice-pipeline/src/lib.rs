@@ -25,6 +25,8 @@ pub use loader::{BufferSource, EpochIter, Loader, LoaderState, LocalityOrder, Or
 pub use sampler::{epoch_order, EpochDraw, ImportanceParams, Shard};
 /// User-defined ops (the spec's `map` op): implement [`UserOp`] and [`register_user_op`] it
 /// under the name a spec's `{op = "map", fn = "..."}` gives, before building the loader.
-pub use sluice_codec::user_op::{register_user_op, user_op, ImageRef, SampleInfo, UserOp, UserOpError};
+pub use sluice_codec::user_op::{
+    register_user_op, unregister_user_op, user_op, ImageRef, SampleInfo, UserOp, UserOpError,
+};
 pub use stats::{OpPercentiles, SkippedSample, StatsSnapshot};
 pub use trace::{TraceData, TraceError, TraceFormat};

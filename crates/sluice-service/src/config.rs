@@ -93,6 +93,7 @@ impl ServiceConfig {
             operator_token: d.operator_token,
             autoscale: self.autoscale.config(),
             cache_aware: d.cache_assignment == CacheAssignment::Aware,
+            allow_python_modules: self.serve.allow_python_modules,
             listen: d.listen,
             journal: d.journal,
         })
@@ -118,6 +119,7 @@ impl ServiceConfig {
             trace_dir: w.trace_dir,
             name: w.name,
             python: w.python,
+            allow_python_modules: self.serve.allow_python_modules,
         })
     }
 }
@@ -219,7 +221,7 @@ pub struct WorkerSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_port: Option<u16>,
     /// The Python that runs specs' `map` ops (it needs numpy and the functions' modules,
-    /// found through its own path, `PYTHONPATH` and the worker's current folder).
+    /// found through its own path and `PYTHONPATH`; never the worker's current folder).
     pub python: PathBuf,
 }
 
@@ -259,11 +261,21 @@ pub struct ServeSettings {
     /// Shared secret every RPC must carry (none: no check).
     #[serde(skip_serializing)]
     pub token: Option<String>,
+    /// Python modules (and their packages' modules) a job's `map` ops may import on the
+    /// workers (empty: a job with a `map` op is refused).
+    pub allow_python_modules: Vec<String>,
 }
 
 impl Default for ServeSettings {
     fn default() -> Self {
-        Self { allow_roots: Vec::new(), metrics_host: "127.0.0.1".into(), tls_cert: None, tls_key: None, token: None }
+        Self {
+            allow_roots: Vec::new(),
+            metrics_host: "127.0.0.1".into(),
+            tls_cert: None,
+            tls_key: None,
+            token: None,
+            allow_python_modules: Vec::new(),
+        }
     }
 }
 

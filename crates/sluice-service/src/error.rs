@@ -29,6 +29,16 @@ pub enum ServiceError {
     /// A spec asking a worker for more than its operator allows.
     #[error("spec field `{field}` asks for {asked}, over this worker's limit of {limit} ({flag})")]
     OverLimit { field: &'static str, asked: String, limit: String, flag: &'static str },
+    /// A job's `map` op naming a Python module the operator did not allow (`user_code`).
+    #[error(
+        "spec field `{field}` names `{func}`: this service does not run Python module `{module}` (allowed: {allowed}); \
+         the operator allows it with --allow-python-module {module} on the dispatcher and workers \
+         (`sluice service up` passes it to both)"
+    )]
+    PythonModuleNotAllowed { field: String, func: String, module: String, allowed: String },
+    /// An operator's `--allow-python-module` that is no module name.
+    #[error("--allow-python-module `{name}` is not a Python module name (dotted identifiers, e.g. `mypkg.augment`)")]
+    PythonModuleName { name: String },
     #[error("this worker already runs {max} jobs (--max-jobs); try again when one ends")]
     TooManyJobs { max: usize },
     #[error("{what} {id} not found")]
@@ -89,6 +99,13 @@ pub enum ServiceError {
     Client(#[from] ClientError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// A thread the server needs (`what`) could not be started.
+    #[error("cannot start {what}'s thread: {source}")]
+    Thread {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     /// The thread that turns Ctrl-C and SIGTERM into a flag could not be started.
     #[error("cannot start the signal thread: {0}")]
     SignalThread(#[source] std::io::Error),
@@ -151,6 +168,7 @@ impl ServiceError {
             ServiceError::Spec(_)
             | ServiceError::InvalidArgument(_)
             | ServiceError::OverLimit { .. }
+            | ServiceError::PythonModuleName { .. }
             | ServiceError::ReportLengths(_)
             | ServiceError::ReportKind { .. } => K::InvalidRequest,
             ServiceError::AutoscaleConfig(_) => K::InvalidRequest,
@@ -161,6 +179,7 @@ impl ServiceError {
             | ServiceError::AutoscaleOff(_) => K::FailedPrecondition,
             ServiceError::PathNotAllowed { .. }
             | ServiceError::ReadNotAllowed { .. }
+            | ServiceError::PythonModuleNotAllowed { .. }
             | ServiceError::OperatorOnly { .. }
             | ServiceError::ClientSecret { .. } => K::PermissionDenied,
             ServiceError::NotFound { .. } => K::NotFound,
@@ -170,6 +189,7 @@ impl ServiceError {
             ServiceError::Journal { .. }
             | ServiceError::Runtime(_)
             | ServiceError::SignalThread(_)
+            | ServiceError::Thread { .. }
             | ServiceError::Blocking { .. }
             | ServiceError::SpecJson { .. }
             | ServiceError::Serve { .. }
@@ -193,6 +213,7 @@ impl From<ServiceError> for Status {
             ServiceError::Spec(_)
             | ServiceError::InvalidArgument(_)
             | ServiceError::OverLimit { .. }
+            | ServiceError::PythonModuleName { .. }
             | ServiceError::ReportLengths(_)
             | ServiceError::ReportKind { .. } => Code::InvalidArgument,
             ServiceError::AutoscaleConfig(_) => Code::InvalidArgument,
@@ -205,6 +226,7 @@ impl From<ServiceError> for Status {
             ServiceError::Client(e) => e.code(),
             ServiceError::PathNotAllowed { .. }
             | ServiceError::ReadNotAllowed { .. }
+            | ServiceError::PythonModuleNotAllowed { .. }
             | ServiceError::OperatorOnly { .. }
             | ServiceError::ClientSecret { .. } => Code::PermissionDenied,
             ServiceError::NotFound { .. } => Code::NotFound,

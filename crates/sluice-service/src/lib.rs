@@ -41,6 +41,7 @@ mod statefulset;
 mod tls;
 mod trace_merge;
 pub mod up;
+mod user_code;
 mod worker;
 
 pub use config::{ConfigError, ServiceConfig};

@@ -29,6 +29,9 @@ pub struct WorkerLimits {
     /// A job loader without a task this long is dropped (rebuilt if the job comes back).
     #[serde(rename = "job_idle_secs", with = "whole_seconds")]
     pub job_idle: Duration,
+    /// Python children (jobs' `map` ops, ~30 MB each) this worker runs at most, over all
+    /// its jobs; past it an idle child of another job is ended first, else the call waits.
+    pub max_python_children: usize,
 }
 
 /// A [`Duration`] written as whole seconds.
@@ -55,6 +58,7 @@ impl Default for WorkerLimits {
             max_pixels: 256 << 20,
             max_jobs: 64,
             job_idle: Duration::from_secs(600),
+            max_python_children: 32,
         }
     }
 }

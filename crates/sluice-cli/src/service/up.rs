@@ -31,6 +31,10 @@ pub struct UpArgs {
     threads: Option<usize>,
     #[arg(long = "allow-root")]
     allow_root: Vec<PathBuf>,
+    /// A Python module (with its package's modules) a job's `map` ops may import
+    /// (repeatable; default: none), for the dispatcher and every worker.
+    #[arg(long = "allow-python-module", value_name = "MODULE")]
+    allow_python_module: Vec<String>,
     #[arg(long)]
     token: Option<String>,
     /// The dispatcher's operator token (scaling, draining), which `up` itself uses
@@ -73,6 +77,9 @@ impl UpArgs {
         flag(&mut c.worker.threads, self.threads);
         if !self.allow_root.is_empty() {
             c.serve.allow_roots = self.allow_root;
+        }
+        if !self.allow_python_module.is_empty() {
+            c.serve.allow_python_modules = self.allow_python_module;
         }
         c.serve.token = token(self.token).or(c.serve.token.take());
         c.dispatcher.operator_token = operator_token(self.operator_token).or(c.dispatcher.operator_token.take());

@@ -117,6 +117,7 @@ fn workers_sharing_a_pid_merge_into_their_own_tracks_with_their_own_clock_offset
         tls: None,
         autoscale: None,
         cache_aware: false,
+        allow_python_modules: Vec::new(),
     };
     rt.spawn(run_dispatcher(dispatcher, std::future::pending(), |_| {}));
     for _ in 0..2 {
@@ -137,6 +138,7 @@ fn workers_sharing_a_pid_merge_into_their_own_tracks_with_their_own_clock_offset
             trace_dir: Some(traces.clone()),
             name: String::new(),
             python: "python3".into(),
+            allow_python_modules: Vec::new(),
         };
         rt.spawn(run_worker(worker, std::future::pending(), |_| {}));
     }

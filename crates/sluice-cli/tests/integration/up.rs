@@ -15,7 +15,19 @@ use sluice_client::RemoteLoader;
 /// `sluice up` with one worker and the `extra` flags, started in `cwd`; its stdout lines arrive on the channel
 /// (drained to the end, so its children never write into a closed pipe).
 fn up_in(cwd: &Path, addr: &str, root: &Path, extra: &[&str]) -> (Proc, mpsc::Receiver<String>) {
+    up_in_env(cwd, addr, root, extra, &[])
+}
+
+/// [`up_in`] with `env` set too (a `PYTHONPATH` for its workers' `map` children).
+fn up_in_env(
+    cwd: &Path,
+    addr: &str,
+    root: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (Proc, mpsc::Receiver<String>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.envs(env.iter().copied());
     cmd.args([
         "service",
         "up",
@@ -236,19 +248,22 @@ fn sluice_up_hands_python_to_its_workers_and_they_run_map_ops() {
     let _watchdog = watchdog("sluice_up_hands_python_to_its_workers_and_they_run_map_ops", 120);
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
-    // The function's module in the folder `up` runs in: its workers' children import it
-    // from there, as `python -m` would.
+    // The function's module on the workers' PYTHONPATH (never their current folder), and
+    // allowed by `up` to the dispatcher and every worker.
+    let fns = dir.path().join("fns");
+    std::fs::create_dir(&fns).unwrap();
+    std::fs::write(fns.join("up_map_fns.py"), "def invert(image, sample):\n    return 255 - image\n").unwrap();
     let cwd = dir.path().join("project");
     std::fs::create_dir(&cwd).unwrap();
-    std::fs::write(cwd.join("up_map_fns.py"), "def invert(image, sample):\n    return 255 - image\n").unwrap();
     let mut s = spec(&root, 4);
     s.ops.truncate(2);
     let mut plain = s.clone();
     plain.threads = 1.into();
-    s.ops.push(sluice_core::OpSpec::Map { func: "up_map_fns:invert".into() });
+    s.ops.push(sluice_core::OpSpec::map("up_map_fns:invert"));
 
     let addr = free_addr();
-    let (up, _lines) = up_in(&cwd, &addr, &root, &["--python", &python()]);
+    let flags = ["--python", &python(), "--allow-python-module", "up_map_fns"];
+    let (up, _lines) = up_in_env(&cwd, &addr, &root, &flags, &[("PYTHONPATH", fns.to_str().unwrap())]);
     let mut loader = RemoteLoader::connect(&s, options(&addr, "mapped")).unwrap();
     let remote: Vec<_> =
         within(60, "an epoch of a map op under `up`", move || loader.iter().map(|b| b.unwrap()).collect());

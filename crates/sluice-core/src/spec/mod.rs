@@ -979,7 +979,7 @@ size = 32
         });
         spec.validate().unwrap();
         // A `map` op gets the mask with the image (docs/map.md, "Masks").
-        spec.ops.insert(1, OpSpec::Map { func: "aug:blur".into() });
+        spec.ops.insert(1, OpSpec::map("aug:blur"));
         spec.validate().unwrap();
     }
 

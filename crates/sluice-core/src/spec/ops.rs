@@ -309,11 +309,37 @@ pub enum OpSpec {
     Map {
         #[serde(rename = "fn")]
         func: String,
+        /// Through the service (docs/service.md), the longest one call may run: a worker
+        /// kills the Python child still running it after this many milliseconds and fails
+        /// the sample (then `on_error` decides). 1..=[`MAX_MAP_TIMEOUT_MS`].
+        #[serde(default = "default_map_timeout_ms", skip_serializing_if = "is_default_map_timeout")]
+        timeout_ms: u64,
     },
 }
 
 /// The longest `fn` name a `map` op may give.
 pub const MAX_MAP_NAME: usize = 512;
+
+/// A `map` op's `timeout_ms` when the spec gives none: one minute.
+pub const DEFAULT_MAP_TIMEOUT_MS: u64 = 60_000;
+
+/// The longest `timeout_ms` a `map` op may give: one hour.
+pub const MAX_MAP_TIMEOUT_MS: u64 = 3_600_000;
+
+fn default_map_timeout_ms() -> u64 {
+    DEFAULT_MAP_TIMEOUT_MS
+}
+
+fn is_default_map_timeout(ms: &u64) -> bool {
+    *ms == DEFAULT_MAP_TIMEOUT_MS
+}
+
+impl OpSpec {
+    /// A `map` op calling `func`, with the default timeout.
+    pub fn map(func: impl Into<String>) -> Self {
+        OpSpec::Map { func: func.into(), timeout_ms: DEFAULT_MAP_TIMEOUT_MS }
+    }
+}
 
 pub(super) fn default_scale() -> [f64; 2] {
     [0.08, 1.0]
@@ -811,7 +837,16 @@ impl OpSpec {
                 }
                 check_warp_interpolation(*interpolation, &field("interpolation"))
             }
-            OpSpec::Map { func } => check_map_name(func, &field("fn")),
+            OpSpec::Map { func, timeout_ms } => {
+                check_map_name(func, &field("fn"))?;
+                if !(1..=MAX_MAP_TIMEOUT_MS).contains(timeout_ms) {
+                    return Err(SpecError::new(
+                        field("timeout_ms"),
+                        format!("must be in 1..={MAX_MAP_TIMEOUT_MS} (an hour); got {timeout_ms}"),
+                    ));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -928,6 +963,18 @@ pub(super) fn check_map_name(name: &str, field: &str) -> Result<(), SpecError> {
             format!(
                 "`{name}` is a lambda or a function defined inside another one: map needs a function \
                  importable by name (defined at the top level of a module)"
+            ),
+        ));
+    }
+    if let Some(dunder) = name
+        .split_once(':')
+        .and_then(|(_, qualname)| qualname.split('.').find(|p| p.len() > 4 && p.starts_with("__") && p.ends_with("__")))
+    {
+        return Err(SpecError::new(
+            field,
+            format!(
+                "`{name}` reaches through `{dunder}`: map names a function by its own name, with no \
+                 dunder attributes (`__call__`, `__class__`, `__globals__`)"
             ),
         ));
     }
@@ -1339,7 +1386,7 @@ mod tests {
     #[test]
     fn a_map_op_names_an_importable_function_and_the_error_names_the_field() {
         let op: OpSpec = serde_json::from_str(r#"{"op": "map", "fn": "my_pkg.aug:Blur.apply"}"#).unwrap();
-        assert_eq!(op, OpSpec::Map { func: "my_pkg.aug:Blur.apply".into() });
+        assert_eq!(op, OpSpec::map("my_pkg.aug:Blur.apply"));
         assert!(op.is_random());
         assert_eq!(op.out_size(Some(Size::square(8))), Some(Size::square(8)));
         assert_eq!(serde_json::from_str::<OpSpec>(&serde_json::to_string(&op).unwrap()).unwrap(), op);
@@ -1353,12 +1400,29 @@ mod tests {
         assert!(closure.message.contains("tests:outer.<locals>.inner"), "{closure}");
         let long = format!(r#"{{"op": "map", "fn": "m:{}"}}"#, "f".repeat(MAX_MAP_NAME));
         assert_eq!(field_of(&long), "ops[1].fn");
+        // A name reaches its function, not through one: no dunder attributes.
+        for bad in ["mod:f.__call__.__call__", "mod:f.__globals__", "mod:Blur.__class__", "mod:__call__"] {
+            let e = check(&format!(r#"{{"op": "map", "fn": "{bad}"}}"#)).unwrap_err();
+            assert_eq!(e.field, "ops[1].fn", "{bad}");
+            assert!(e.message.contains(bad) && e.message.contains("dunder"), "{e}");
+        }
+        assert!(check(r#"{"op": "map", "fn": "m:_private.__x"}"#).is_ok());
+        // The call's timeout: a minute unless given, within an hour, and left out of the
+        // JSON at its default (the fingerprints of jobs written before it stay the same).
+        let timed: OpSpec = serde_json::from_str(r#"{"op": "map", "fn": "m:f", "timeout_ms": 1500}"#).unwrap();
+        assert_eq!(timed, OpSpec::Map { func: "m:f".into(), timeout_ms: 1500 });
+        assert_eq!(serde_json::to_string(&OpSpec::map("m:f")).unwrap(), r#"{"op":"map","fn":"m:f"}"#);
+        assert!(check(r#"{"op": "map", "fn": "m:f", "timeout_ms": 3600000}"#).is_ok());
+        for bad in ["0", "3600001"] {
+            let e = check(&format!(r#"{{"op": "map", "fn": "m:f", "timeout_ms": {bad}}}"#)).unwrap_err();
+            assert_eq!(e.field, "ops[1].timeout_ms", "{bad}");
+        }
         // Like any image op, it runs before the conversions.
         let after = [
             OpSpec::Decode,
             OpSpec::CenterCrop { size: Size::square(8) },
             OpSpec::Dtype { dtype: DType::F32 },
-            OpSpec::Map { func: "m:f".into() },
+            OpSpec::map("m:f"),
         ];
         assert_eq!(validate_ops(&after).unwrap_err().field, "ops[3]");
     }

@@ -124,7 +124,7 @@ fn a_steady_consumer_faster_than_one_batch_is_built_grows_the_depth_after_a_hicc
     // so ready batches pile up, but faster than one batch's build, so the batch submitted
     // as it took the last one is never ready yet: the depth is never all ready at once.
     let mut spec = auto_spec(root, 4, 8000);
-    spec.ops.push(OpSpec::Map { func: "prefetch_auto_test:hiccup".into() });
+    spec.ops.push(OpSpec::map("prefetch_auto_test:hiccup"));
     let loader = Loader::new(spec, Shard::default()).unwrap();
     let start = loader.stats().prefetch.unwrap();
     // One sample an epoch holds its batch back 150 ms: the ready batches run dry.

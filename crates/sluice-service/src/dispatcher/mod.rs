@@ -28,6 +28,7 @@ use sluice_client::MAX_CONTROL_MESSAGE_BYTES;
 
 use crate::error::ServiceError;
 use crate::security::{check_client, require_operator, AllowedRoots, TokenCheck};
+use crate::user_code::PythonModules;
 use autoscale::ServiceAutoscale;
 use journal::{Journal, Record};
 use sluice_client::AutoscaleOff;
@@ -61,6 +62,9 @@ pub struct DispatcherConfig {
     /// Cache-aware assignment of importance-sampled jobs (see `state::placement`); off:
     /// cache-blind, tasks go to the least loaded worker whatever it caches.
     pub cache_aware: bool,
+    /// The Python modules a job's `map` ops may import (`user_code`); none: a job with a
+    /// `map` op is refused.
+    pub allow_python_modules: Vec<String>,
 }
 
 #[derive(Default)]
@@ -83,6 +87,7 @@ struct Inner {
     changed: tokio::sync::Notify,
     journal: Journal,
     roots: AllowedRoots,
+    python_modules: PythonModules,
     counters: Counters,
     /// The autoscaler, with `--autoscale` (its lock is taken after `state`'s, never before).
     autoscale: Option<Mutex<ServiceAutoscale>>,
@@ -196,6 +201,7 @@ impl DispatcherService {
     /// Replays the journal (if any) into a fresh state.
     pub fn new(config: &DispatcherConfig) -> Result<Self, ServiceError> {
         let roots = AllowedRoots::new(&config.allow_roots)?;
+        let python_modules = PythonModules::new(&config.allow_python_modules)?;
         let base = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(1);
         let mut state = State::new(base);
         state.cache_aware = config.cache_aware;
@@ -237,6 +243,7 @@ impl DispatcherService {
                 changed: tokio::sync::Notify::new(),
                 journal,
                 roots,
+                python_modules,
                 counters: Counters::default(),
                 autoscale: config
                     .autoscale
@@ -312,6 +319,7 @@ impl DispatcherService {
         }
         refuse_learner_only(&spec)?;
         refuse_oversized_fields(&spec)?;
+        self.inner.python_modules.check(&spec)?;
         let (for_manifest, roots) = (spec.clone(), self.inner.roots.clone());
         let manifest = tokio::task::spawn_blocking(move || roots.manifest(&for_manifest))
             .await
@@ -941,6 +949,7 @@ mod tests {
             tls: None,
             autoscale: None,
             cache_aware: false,
+            allow_python_modules: Vec::new(),
         }
     }
 

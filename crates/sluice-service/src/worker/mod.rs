@@ -29,6 +29,7 @@ use crate::error::ServiceError;
 use crate::job_table::JobTable;
 use crate::limits::WorkerLimits;
 use crate::security::{AllowedRoots, TokenCheck};
+use crate::user_code::PythonModules;
 use sluice_client::proto::worker_server::WorkerServer;
 use sluice_client::proto::*;
 use sluice_client::tls::ClientTls;
@@ -72,6 +73,9 @@ pub struct WorkerConfig {
     pub name: String,
     /// The interpreter that runs specs' Python `map` ops (see [`python_op`]).
     pub python: PathBuf,
+    /// The Python modules a job's `map` ops may import (`user_code`); none: a job with a
+    /// `map` op is refused.
+    pub allow_python_modules: Vec<String>,
 }
 
 struct JobRunner {
@@ -137,6 +141,9 @@ struct Inner {
     shares: Mutex<HashMap<String, Vec<u64>>>,
     /// The interpreter for Python `map` ops.
     python: PathBuf,
+    python_modules: PythonModules,
+    /// Every job's Python `map` children (`limits.max_python_children`).
+    children: Arc<python_op::ChildPool>,
 }
 
 #[derive(Clone)]
@@ -169,6 +176,9 @@ impl WorkerService {
                 addr: std::sync::OnceLock::new(),
                 shares: Mutex::new(HashMap::new()),
                 python: config.python.clone(),
+                python_modules: PythonModules::new(&config.allow_python_modules)?,
+                children: python_op::ChildPool::new(config.limits.max_python_children)
+                    .map_err(|e| ServiceError::Thread { what: "the Python map watchdog", source: e })?,
             }),
         })
     }
@@ -215,8 +225,10 @@ impl WorkerService {
         }
         let ram = sluice_pipeline::cache::total_ram_bytes().unwrap_or(u64::MAX);
         self.inner.limits.check(&spec, ram)?;
+        self.inner.python_modules.check(&spec)?;
         self.inner.roots.check_source(&spec.source)?;
-        python_op::register_spec_maps(&spec, &self.inner.python);
+        // Out of the registry again once the loader is built (or failed to be).
+        let maps = python_op::JobMaps::register(&spec, &self.inner.python, &self.inner.children);
         let roots = self.inner.roots.clone();
         let inner = self.inner.clone();
         let loader = tokio::task::spawn_blocking(move || -> Result<Loader, ServiceError> {
@@ -246,7 +258,9 @@ impl WorkerService {
             roots.confine(loader)
         })
         .await
-        .map_err(|source| ServiceError::Blocking { what: "building the job's loader", source })??;
+        .map_err(|source| ServiceError::Blocking { what: "building the job's loader", source })?;
+        drop(maps);
+        let loader = loader?;
         tracing::info!(job_id, samples = loader.manifest().len(), threads = loader.threads(), "job loaded");
         let trace = match &self.inner.trace_dir {
             Some(dir) => {
@@ -352,6 +366,11 @@ impl WorkerService {
             if up > 0.0 { samples as f64 / up } else { 0.0 },
         );
         m.counter("sluice_worker_requests_refused", "RunTask calls refused", count(&c.refused));
+        m.gauge(
+            "sluice_worker_python_children",
+            "Python map processes alive, over all jobs (--max-python-children)",
+            self.inner.children.live() as u64,
+        );
         m.histogram("sluice_worker_task_seconds", "time to run and stream one task", &c.task_time);
         // Each cache once (jobs with one fingerprint share it).
         if let Some(caches) = self.inner.caches.try_lock() {

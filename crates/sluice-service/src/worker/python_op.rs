@@ -1,35 +1,49 @@
 //! A job's Python `map` ops on a worker: the worker is Rust and links no Python, so each
 //! `{op = "map", fn = "module:qualname"}` of a spec becomes a [`UserOp`] that hands the
 //! sample to a Python child process running `python/sluice/map_server.py` (embedded here,
-//! run with `--python`'s interpreter as `python -c SOURCE module:qualname`; the child
-//! inherits the worker's environment and folder, so `PYTHONPATH` and the current folder
-//! find the module, as they would for `python -m`).
+//! run with `--python`'s interpreter as `python -c SOURCE module:qualname`). The child
+//! inherits the worker's environment, so `PYTHONPATH` finds the module; never the worker's
+//! current folder (`PYTHONSAFEPATH`, and the server drops it from `sys.path` before it
+//! imports anything). Which modules a job may name is the operator's (`user_code`).
 //!
-//! Children are a pool: a pipeline thread takes an idle one or starts one, so there are as
-//! many as threads ran the op at once. A child that dies (killed, crashed, out of memory)
-//! is reaped and the sample retried on a fresh one, up to [`TRIES`] times; then the
-//! sample fails naming the op, and `on_error` decides. Whatever the function raises is the
-//! sample's error, with the in-process op's message. The op runs inside the plan like any
-//! op, so its time is the `map` op's in stats, metrics and traces. Where the source has
-//! masks, each request carries the sample's mask too and the reply the mask the function
-//! left ([`UserOp::apply_masked`]); the protocol is described in `map_server.py`'s
-//! docstring.
+//! Children belong to their job: its ops are registered only while its loader is built
+//! ([`JobMaps`]), so they live in the job's plan and end with the job's loader (evicted
+//! when idle or for room), their children with them. All jobs' children share the
+//! worker's [`ChildPool`], which caps how many run at once (`--max-python-children`):
+//! past it an idle child of another job is ended to make room, else the call waits for
+//! one (at most its timeout). A pipeline thread takes an idle child of its op or starts
+//! one, so a job has as many as its threads ran the op at once.
+//!
+//! A child that dies (killed, crashed, out of memory) is reaped and the sample retried on a
+//! fresh one, up to [`TRIES`] times; then the sample fails naming the op, and `on_error`
+//! decides. A call (or the import) that runs past the op's `timeout_ms` is killed by the
+//! pool's watchdog and fails the sample at once, naming the function and the sample.
+//! Whatever the function raises is the sample's error, with the in-process op's message.
+//! The op runs inside the plan like any op, so its time is the `map` op's in stats,
+//! metrics and traces. Where the source has masks, each request carries the sample's mask
+//! too and the reply the mask the function left ([`UserOp::apply_masked`]); the protocol
+//! is described in `map_server.py`'s docstring.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use sluice_core::{Mask, OpSpec, PipelineSpec};
-use sluice_pipeline::{register_user_op, user_op, ImageRef, SampleInfo, UserOp, UserOpError};
+use sluice_pipeline::{register_user_op, unregister_user_op, user_op, ImageRef, SampleInfo, UserOp, UserOpError};
 
 /// The child's program (see its docstring for the protocol).
 const SERVER_SOURCE: &str = include_str!("../../../../python/sluice/map_server.py");
 
 /// Attempts at one sample, each on a fresh child after the one before died.
 pub const TRIES: usize = 3;
+
+/// How often the watchdog looks for calls past their deadline.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
 
 const READY: u32 = 0;
 const IMAGE: u32 = 1;
@@ -51,6 +65,9 @@ enum ChildError {
     Import(String),
     #[error("the Python process (pid {pid}) {what}: {source}; {status}")]
     Gone { pid: u32, what: &'static str, source: std::io::Error, status: String },
+    /// The watchdog killed it: the call (or the import, `starting`) ran past the timeout.
+    #[error("the Python process (pid {pid}) ran past the op's timeout_ms ({ms} ms) and was killed")]
+    TimedOut { pid: u32, ms: u128, starting: bool },
     #[error(
         "the Python process (pid {pid}) answered status {status}, not a reply (is its map_server.py another version?)"
     )]
@@ -58,25 +75,175 @@ enum ChildError {
     /// Checked before the pixels are read: the child is dropped, its pipe unread.
     #[error("it returned a {w}x{h} image; an image needs 1..={limit} pixels (limits.max_pixels)")]
     TooLarge { w: u32, h: u32, limit: u64 },
+    #[error("this worker runs its most Python processes ({max}, --max-python-children), all busy for {waited_ms} ms")]
+    Full { max: usize, waited_ms: u128 },
 }
 
 /// A child's answer to a sample: the image's `(width, height)` and, for a sample with a
 /// mask, the mask of that size the function left.
 type Served = ((u32, u32), Option<Vec<u8>>);
 
+/// The calls running now, by child pid, and the children the watchdog killed for running
+/// past their deadline. A pid is only here between [`Watch::begin`] and [`Watch::end`],
+/// which its owner calls before it reaps the child, so the watchdog never signals a pid
+/// that was reaped (and could be another process's).
+#[derive(Default)]
+struct Watch {
+    calls: HashMap<u32, Instant>,
+    killed: HashSet<u32>,
+}
+
+/// The worker's Python children: how many are alive, the idle ones of every job's ops,
+/// and the watchdog that kills a call past its deadline.
+pub struct ChildPool {
+    max: usize,
+    state: Mutex<PoolState>,
+    /// Signalled when a child goes idle or ends.
+    freed: Condvar,
+    watch: Mutex<Watch>,
+    next_op: AtomicU64,
+}
+
+#[derive(Default)]
+struct PoolState {
+    live: usize,
+    /// Idle children, oldest first, each with the id of the op it imported.
+    idle: VecDeque<(u64, MapChild)>,
+}
+
+impl ChildPool {
+    /// A pool of at most `max` children (at least one), with its watchdog thread (which
+    /// ends when the pool does).
+    pub fn new(max: usize) -> std::io::Result<Arc<Self>> {
+        let pool = Arc::new(Self {
+            max: max.max(1),
+            state: Mutex::new(PoolState::default()),
+            freed: Condvar::new(),
+            watch: Mutex::new(Watch::default()),
+            next_op: AtomicU64::new(1),
+        });
+        let weak = Arc::downgrade(&pool);
+        std::thread::Builder::new().name("python-map-watchdog".into()).spawn(move || watchdog(&weak))?;
+        Ok(pool)
+    }
+
+    /// Children alive now, busy or idle.
+    pub fn live(&self) -> usize {
+        self.state.lock().live
+    }
+
+    fn begin(&self, pid: u32, timeout: Duration) {
+        self.watch.lock().calls.insert(pid, Instant::now() + timeout);
+    }
+
+    /// Ends `pid`'s call: whether the watchdog killed it.
+    fn end(&self, pid: u32) -> bool {
+        let mut w = self.watch.lock();
+        w.calls.remove(&pid);
+        w.killed.remove(&pid)
+    }
+
+    /// An idle child of op `op`, or a slot to start one in: past the cap, an idle child of
+    /// another op is ended first, else this waits up to `wait` for one to go idle or end.
+    fn lease(self: &Arc<Self>, op: u64, wait: Duration) -> Result<Lease, ChildError> {
+        let t0 = Instant::now();
+        let mut state = self.state.lock();
+        loop {
+            if let Some(i) = state.idle.iter().rposition(|(id, _)| *id == op) {
+                if let Some((_, child)) = state.idle.remove(i) {
+                    return Ok(Lease::Idle(child));
+                }
+            }
+            if state.live < self.max {
+                state.live += 1;
+                return Ok(Lease::Slot(Slot(self.clone())));
+            }
+            if let Some((_, other)) = state.idle.pop_front() {
+                // Ended outside the lock (its slot takes it); then look again.
+                drop(state);
+                tracing::debug!(max = self.max, "at --max-python-children: ending another job's idle Python process");
+                drop(other);
+                state = self.state.lock();
+                continue;
+            }
+            let left = wait.saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                return Err(ChildError::Full { max: self.max, waited_ms: t0.elapsed().as_millis() });
+            }
+            let _ = self.freed.wait_for(&mut state, left);
+        }
+    }
+
+    fn put(&self, op: u64, child: MapChild) {
+        self.state.lock().idle.push_back((op, child));
+        self.freed.notify_one();
+    }
+
+    /// Ends op `op`'s idle children (its job ended).
+    fn forget(&self, op: u64) {
+        let mut state = self.state.lock();
+        let (mine, rest): (VecDeque<_>, VecDeque<_>) = state.idle.drain(..).partition(|(id, _)| *id == op);
+        state.idle = rest;
+        drop(state);
+        drop(mine);
+    }
+}
+
+/// Kills the children whose call ran past its deadline, until the pool is gone.
+fn watchdog(pool: &Weak<ChildPool>) {
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let Some(pool) = pool.upgrade() else { return };
+        let now = Instant::now();
+        let mut w = pool.watch.lock();
+        let overdue: Vec<u32> = w.calls.iter().filter(|(_, deadline)| **deadline <= now).map(|(pid, _)| *pid).collect();
+        for pid in overdue {
+            w.calls.remove(&pid);
+            let Ok(raw) = libc::pid_t::try_from(pid) else { continue };
+            // SAFETY: kill(2) on a child of ours that its owner has not reaped: it is in
+            // `calls` until the owner's `end`, which comes before any wait.
+            unsafe { libc::kill(raw, libc::SIGKILL) };
+            w.killed.insert(pid);
+            tracing::warn!(pid, "a Python map call ran past its timeout; killed its process");
+        }
+    }
+}
+
+/// A place for one live child in the pool; given back when dropped.
+struct Slot(Arc<ChildPool>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.state.lock().live -= 1;
+        self.0.freed.notify_one();
+    }
+}
+
+enum Lease {
+    Idle(MapChild),
+    Slot(Slot),
+}
+
 /// One `map_server.py` process.
 struct MapChild {
     child: Child,
     stdin: BufWriter<ChildStdin>,
     stdout: BufReader<ChildStdout>,
+    timeout: Duration,
+    /// Its place in the pool, given back after the process is reaped (fields drop after
+    /// [`Drop::drop`]).
+    slot: Slot,
 }
 
 impl MapChild {
-    fn start(python: &Path, name: &str) -> Result<Self, ChildError> {
+    fn start(python: &Path, name: &str, timeout: Duration, slot: Slot) -> Result<Self, ChildError> {
         let mut child = Command::new(python)
             .arg("-c")
             .arg(SERVER_SOURCE)
             .arg(name)
+            // Python 3.11+ leaves the working folder off `sys.path`; the server drops it
+            // itself on older ones.
+            .env("PYTHONSAFEPATH", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -90,8 +257,23 @@ impl MapChild {
                 source: std::io::Error::other("no pipes to the child"),
             });
         };
-        let mut c = Self { child, stdin: BufWriter::with_capacity(1 << 16, stdin), stdout: BufReader::new(stdout) };
-        match c.read_reply()? {
+        let mut c = Self {
+            child,
+            stdin: BufWriter::with_capacity(1 << 16, stdin),
+            stdout: BufReader::new(stdout),
+            timeout,
+            slot,
+        };
+        // Importing the module may hang too.
+        c.slot.0.begin(c.child.id(), timeout);
+        let reply = c.read_reply().map_err(|e| match e {
+            ChildError::TimedOut { pid, ms, .. } => ChildError::TimedOut { pid, ms, starting: true },
+            e => e,
+        });
+        if c.slot.0.end(c.child.id()) {
+            return Err(ChildError::TimedOut { pid: c.child.id(), ms: timeout.as_millis(), starting: true });
+        }
+        match reply? {
             (READY, _, _) => {
                 tracing::debug!(pid = c.child.id(), op = name, "Python map process started");
                 Ok(c)
@@ -101,14 +283,20 @@ impl MapChild {
         }
     }
 
-    /// What became of a child whose pipe broke: it is killed (if alive) and reaped.
+    /// What became of a child whose pipe broke: timed out (the watchdog killed it), or
+    /// gone; either way killed (if alive) and reaped.
     fn gone(&mut self, what: &'static str, source: std::io::Error) -> ChildError {
+        let pid = self.child.id();
+        let killed = self.slot.0.end(pid);
         let _ = self.child.kill();
         let status = match self.child.wait() {
             Ok(s) => format!("it {s}"),
             Err(e) => format!("its exit is unknown ({e})"),
         };
-        ChildError::Gone { pid: self.child.id(), what, source, status }
+        if killed {
+            return ChildError::TimedOut { pid, ms: self.timeout.as_millis(), starting: false };
+        }
+        ChildError::Gone { pid, what, source, status }
     }
 
     fn read_reply(&mut self) -> Result<(u32, u32, u32), ChildError> {
@@ -131,9 +319,26 @@ impl MapChild {
         Ok(String::from_utf8_lossy(&text).into_owned())
     }
 
-    /// Runs the function on one sample (and its mask, if it has one): the new size and
-    /// the mask that goes with it, or the function's error.
+    /// Runs the function on one sample (and its mask, if it has one) within the timeout:
+    /// the new size and the mask that goes with it, or the function's error.
     fn call(
+        &mut self,
+        image: ImageRef<'_>,
+        mask: Option<&Mask>,
+        sample: &SampleInfo,
+        out: &mut Vec<u8>,
+    ) -> Result<Result<Served, String>, ChildError> {
+        let pid = self.child.id();
+        self.slot.0.begin(pid, self.timeout);
+        let result = self.exchange(image, mask, sample, out);
+        // Killed just as it answered: the answer came late, and the process is gone.
+        if self.slot.0.end(pid) {
+            return Err(ChildError::TimedOut { pid, ms: self.timeout.as_millis(), starting: false });
+        }
+        result
+    }
+
+    fn exchange(
         &mut self,
         image: ImageRef<'_>,
         mask: Option<&Mask>,
@@ -185,36 +390,49 @@ impl MapChild {
 
 impl Drop for MapChild {
     fn drop(&mut self) {
-        // Closing stdin ends the server; kill in case the function is still running.
+        // Closing stdin ends the server; kill in case the function is still running. Out
+        // of the watchdog's table first, so that it never signals a reaped pid.
+        let _ = self.slot.0.end(self.child.id());
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-/// A `map` op whose function runs in Python children of this worker.
+/// A `map` op whose function runs in Python children of this worker, for one job.
 pub struct PythonMapOp {
     name: String,
     python: PathBuf,
-    idle: Mutex<Vec<MapChild>>,
+    timeout: Duration,
+    pool: Arc<ChildPool>,
+    /// This op's children in the pool.
+    id: u64,
     /// Set once the function failed to import: every sample fails with it at once.
     import_error: OnceLock<String>,
 }
 
 impl PythonMapOp {
-    pub fn new(name: &str, python: &Path) -> Self {
+    pub fn new(name: &str, python: &Path, timeout: Duration, pool: &Arc<ChildPool>) -> Self {
         Self {
             name: name.to_owned(),
             python: python.to_owned(),
-            idle: Mutex::new(Vec::new()),
+            timeout,
+            pool: pool.clone(),
+            id: pool.next_op.fetch_add(1, Ordering::Relaxed),
             import_error: OnceLock::new(),
         }
     }
 
     fn child(&self) -> Result<MapChild, ChildError> {
-        if let Some(child) = self.idle.lock().pop() {
-            return Ok(child);
+        match self.pool.lease(self.id, self.timeout)? {
+            Lease::Idle(child) => Ok(child),
+            Lease::Slot(slot) => MapChild::start(&self.python, &self.name, self.timeout, slot),
         }
-        MapChild::start(&self.python, &self.name)
+    }
+}
+
+impl Drop for PythonMapOp {
+    fn drop(&mut self) {
+        self.pool.forget(self.id);
     }
 }
 
@@ -256,7 +474,7 @@ impl PythonMapOp {
             }
             let result = self.child().and_then(|mut child| {
                 let result = child.call(image, mask.as_deref(), sample, out)?;
-                self.idle.lock().push(child);
+                self.pool.put(self.id, child);
                 Ok(result)
             });
             match result {
@@ -272,6 +490,23 @@ impl PythonMapOp {
                     let _ = self.import_error.set(message.clone());
                     return Err(UserOpError(message));
                 }
+                Err(ChildError::TimedOut { pid, ms, starting: true }) => {
+                    // Every child would hang the same way: the job's samples fail at once.
+                    let message = format!(
+                        "importing `{}` ran past the op's timeout_ms ({ms} ms); its Python process (pid {pid}) was killed",
+                        self.name
+                    );
+                    tracing::warn!(op = %self.name, %message, "the map function's import hung");
+                    let _ = self.import_error.set(message.clone());
+                    return Err(UserOpError(message));
+                }
+                Err(ChildError::TimedOut { pid, ms, starting: false }) => {
+                    tracing::warn!(op = %self.name, key = sample.key, pid, ms, "a Python map call hung; killed it");
+                    return Err(UserOpError(format!(
+                        "`{}` ran past the op's timeout_ms ({ms} ms) on sample {}; its Python process (pid {pid}) was killed",
+                        self.name, sample.key
+                    )));
+                }
                 Err(e @ ChildError::Gone { .. }) => {
                     tracing::warn!(op = %self.name, key = sample.key, attempt, error = %e, "Python map process died; retrying the sample on a new one");
                     last = Some(e);
@@ -284,24 +519,37 @@ impl PythonMapOp {
     }
 }
 
-/// Names of the ops registered here: the ones a later job may replace (an op a Rust
-/// program embedding the worker registered itself is left alone).
-fn ours() -> &'static Mutex<HashSet<String>> {
-    static OURS: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
-    OURS.get_or_init(|| Mutex::new(HashSet::new()))
+/// One job's `map` ops, registered while its loader is built (the plan takes each op it
+/// names when it is compiled) and taken out of the registry when this is dropped: each op
+/// then lives in its job's plan alone, and ends (its children with it) when the job's
+/// loader does. The worker builds one job's loader at a time, so no other job sees them.
+pub struct JobMaps {
+    names: Vec<String>,
 }
 
-/// Registers a [`PythonMapOp`] for each `map` op of `spec` (before its loader is built,
-/// which takes the op registered then), with a fresh pool of children for this job.
-pub fn register_spec_maps(spec: &PipelineSpec, python: &Path) {
-    let mut ours = ours().lock();
-    for op in &spec.ops {
-        let OpSpec::Map { func } = op else { continue };
-        if user_op(func).is_some() && !ours.contains(func) {
-            continue;
+impl JobMaps {
+    /// Registers a [`PythonMapOp`] for each `map` op of `spec`, unless a Rust program
+    /// embedding the worker registered an op under that name itself.
+    pub fn register(spec: &PipelineSpec, python: &Path, pool: &Arc<ChildPool>) -> Self {
+        let mut names: Vec<String> = Vec::new();
+        for op in &spec.ops {
+            let OpSpec::Map { func, timeout_ms } = op else { continue };
+            if names.contains(func) || user_op(func).is_some() {
+                continue;
+            }
+            let timeout = Duration::from_millis(*timeout_ms);
+            register_user_op(func, Arc::new(PythonMapOp::new(func, python, timeout, pool)));
+            names.push(func.clone());
         }
-        register_user_op(func, Arc::new(PythonMapOp::new(func, python)));
-        ours.insert(func.clone());
+        Self { names }
+    }
+}
+
+impl Drop for JobMaps {
+    fn drop(&mut self) {
+        for name in &self.names {
+            unregister_user_op(name);
+        }
     }
 }
 
@@ -324,7 +572,8 @@ mod tests {
         // The child imports the function from the service tests' module.
         let fns = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python");
         std::env::set_var("PYTHONPATH", &fns);
-        let op = PythonMapOp::new("service_map_fns:grow", &python());
+        let pool = ChildPool::new(4).unwrap();
+        let op = PythonMapOp::new("service_map_fns:grow", &python(), Duration::from_secs(30), &pool);
         let pixels = vec![7u8; 4 * 4 * 3];
         let image = ImageRef { pixels: &pixels, width: 4, height: 4 };
         // The function returns 16x16 (256 pixels) where the limit is 100.
@@ -333,7 +582,8 @@ mod tests {
         let err = op.apply(image, &sample, &mut out).expect_err("a 16x16 image passed a 100-pixel limit");
         assert!(err.0.contains("16x16") && err.0.contains("1..=100"), "{}", err.0);
         assert!(out.is_empty(), "the pixels were read: {} bytes", out.len());
-        assert!(op.idle.lock().is_empty(), "a child with an unread reply went back to the pool");
+        assert!(pool.state.lock().idle.is_empty(), "a child with an unread reply went back to the pool");
+        assert_eq!(pool.live(), 0, "the child with an unread reply is still alive");
         // Within the limit the same function's image comes back whole.
         let sample = SampleInfo { max_pixels: 256, ..sample };
         assert_eq!(op.apply(image, &sample, &mut out).map_err(|e| e.0), Ok((16, 16)));

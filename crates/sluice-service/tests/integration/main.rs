@@ -12,6 +12,7 @@ mod service_mix;
 mod service_records;
 mod service_trace;
 mod support;
+mod user_code_limits;
 
 // The entry a dispatcher or worker process re-runs this binary as (support::spawn_*).
 support::serve_entry!();

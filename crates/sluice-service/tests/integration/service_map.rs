@@ -20,7 +20,7 @@ const SIZE: usize = 32;
 
 /// The repository's venv Python (what the project's tests run with: it has numpy), else
 /// `python3`.
-fn python() -> String {
+pub(crate) fn python() -> String {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
     if venv.exists() {
         venv.display().to_string()
@@ -29,20 +29,23 @@ fn python() -> String {
     }
 }
 
-fn fns_dir() -> PathBuf {
+/// The flags that let the service run the test functions' module.
+pub(crate) const ALLOW_FNS: &[&str] = &["--allow-python-module", "service_map_fns"];
+
+pub(crate) fn fns_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python")
 }
 
 /// The service spec with `map(func)` after the crop (nothing random after it).
-fn map_spec(root: &Path, func: &str) -> PipelineSpec {
+pub(crate) fn map_spec(root: &Path, func: &str) -> PipelineSpec {
     let mut s = spec(root, 11);
     s.ops.truncate(2);
-    s.ops.push(OpSpec::Map { func: func.into() });
+    s.ops.push(OpSpec::map(func));
     s
 }
 
 /// Each sample's (label, pixels) from a local loader of `spec` without its `map` op.
-fn local_images(spec: &PipelineSpec) -> HashMap<u64, (i64, Vec<u8>)> {
+pub(crate) fn local_images(spec: &PipelineSpec) -> HashMap<u64, (i64, Vec<u8>)> {
     let mut plain = spec.clone();
     plain.ops.retain(|op| !matches!(op, OpSpec::Map { .. }));
     let loader = Loader::new(plain, Shard::default()).unwrap();
@@ -57,9 +60,9 @@ fn local_images(spec: &PipelineSpec) -> HashMap<u64, (i64, Vec<u8>)> {
 }
 
 /// A worker process with `--python` and the test functions on `PYTHONPATH`.
-fn python_worker(addr: &str, root: &Path, extra: &[&str]) -> Proc {
+pub(crate) fn python_worker(addr: &str, root: &Path, extra: &[&str]) -> Proc {
     let python = python();
-    let mut flags = vec!["--python", python.as_str()];
+    let mut flags = vec!["--python", python.as_str(), "--allow-python-module", "service_map_fns"];
     flags.extend(extra);
     let path = fns_dir().display().to_string();
     worker_process_env(addr, root, &flags, &[("PYTHONPATH", path.as_str())])
@@ -67,7 +70,11 @@ fn python_worker(addr: &str, root: &Path, extra: &[&str]) -> Proc {
 
 /// Reads one epoch; checks that every sample came once, inverted with key, label and epoch
 /// in its first pixel (`service_map_fns.mark`). Calls `each_batch` after each batch.
-fn check_epoch(loader: &mut RemoteLoader, local: &HashMap<u64, (i64, Vec<u8>)>, mut each_batch: impl FnMut(usize)) {
+pub(crate) fn check_epoch(
+    loader: &mut RemoteLoader,
+    local: &HashMap<u64, (i64, Vec<u8>)>,
+    mut each_batch: impl FnMut(usize),
+) {
     let mut keys = Vec::new();
     for (n, b) in loader.iter().enumerate() {
         let b = b.unwrap();
@@ -86,7 +93,7 @@ fn check_epoch(loader: &mut RemoteLoader, local: &HashMap<u64, (i64, Vec<u8>)>, 
 }
 
 /// The pids of `parent`'s children whose command line holds `needle`.
-fn children_running(parent: u32, needle: &str) -> Vec<u32> {
+pub(crate) fn children_running(parent: u32, needle: &str) -> Vec<u32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
@@ -140,7 +147,7 @@ fn a_python_map_runs_on_a_worker_once_per_sample_and_is_timed_as_an_op() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
-    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, ALLOW_FNS);
     let metrics_port = free_addr().rsplit_once(':').unwrap().1.to_string();
     let traces = dir.path().join("traces");
     std::fs::create_dir(&traces).unwrap();
@@ -199,7 +206,7 @@ fn a_python_child_killed_mid_epoch_is_restarted_and_every_sample_comes_once() {
     let dir = tempfile::tempdir().unwrap();
     let root = dataset(dir.path());
     let addr = free_addr();
-    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &[]);
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, ALLOW_FNS);
     let w = python_worker(&addr, &root, &[]);
     let worker_pid = w.id();
 

@@ -58,6 +58,7 @@ pub fn dispatcher_config(flags: &[&str]) -> DispatcherConfig {
         tls: None,
         autoscale: None,
         cache_aware: true,
+        allow_python_modules: Vec::new(),
     };
     let (mut cert, mut key) = (None, None);
     let (mut policy, mut min, mut max, mut window_ms) = (None, 1, 8, 1000);
@@ -70,6 +71,7 @@ pub fn dispatcher_config(flags: &[&str]) -> DispatcherConfig {
             "--autoscale-window-ms" => window_ms = v.parse().unwrap(),
             "--journal" => c.journal = Some(v.into()),
             "--allow-root" => c.allow_roots.push(v.into()),
+            "--allow-python-module" => c.allow_python_modules.push(v.into()),
             "--token" => c.token = Some(v.into()),
             "--operator-token" => c.operator_token = Some(v.into()),
             "--metrics-port" => c.metrics_listen = Some(format!("127.0.0.1:{v}")),
@@ -113,6 +115,7 @@ pub fn worker_config(flags: &[&str]) -> WorkerConfig {
         trace_dir: None,
         name: String::new(),
         python: "python3".into(),
+        allow_python_modules: Vec::new(),
     };
     let (mut cert, mut key) = (None, None);
     for (flag, v) in pairs(flags) {
@@ -133,6 +136,8 @@ pub fn worker_config(flags: &[&str]) -> WorkerConfig {
             "--python" => c.python = v.into(),
             "--max-jobs" => c.limits.max_jobs = v.parse().unwrap(),
             "--job-idle-secs" => c.limits.job_idle = Duration::from_secs(v.parse().unwrap()),
+            "--allow-python-module" => c.allow_python_modules.push(v.into()),
+            "--max-python-children" => c.limits.max_python_children = v.parse().unwrap(),
             other => panic!("the test support does not know the worker flag {other}"),
         }
     }
