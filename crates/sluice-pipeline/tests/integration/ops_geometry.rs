@@ -149,7 +149,7 @@ fn examples() -> Vec<(OpSpec, Expect)> {
         .iter()
         .map(|(json, e)| (serde_json::from_str(json).unwrap_or_else(|x| panic!("{json}: {x}")), *e))
         .collect();
-    all.push((OpSpec::Map { func: MAP_FN.into() }, Keeps));
+    all.push((OpSpec::map(MAP_FN), Keeps));
     all
 }
 
