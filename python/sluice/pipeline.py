@@ -854,7 +854,7 @@ class Pipeline:
         """How each epoch's order is drawn: ``"uniform"`` (every sample once, the
         default), ``"importance"`` (sluice's sampler: proportional to the importance the
         trainer reports with ``Loader.report``, with a ``floor``, a sweep that visits every
-        sample once in every ``coverage_epochs`` epochs (default 3; it also bounds every
+        sample once in every ``coverage_epochs`` epochs (default 2; it also bounds every
         weight by it) and ``miss_discount`` for cache misses; batches then carry unbiasing
         ``weight``), or the published baselines ``"fastmatch"`` and ``"shade"``."""
         sampling: Dict[str, Any] = {"kind": kind}

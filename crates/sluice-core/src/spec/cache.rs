@@ -280,7 +280,7 @@ fn default_floor() -> f64 {
 /// Chosen by `bench/time_to_accuracy.py --sweep coverage_epochs=...` (BENCHMARKS.md,
 /// "Importance sampling: the accuracy it costs").
 fn default_coverage_epochs() -> u32 {
-    3
+    2
 }
 fn default_miss_discount() -> f64 {
     0.1
