@@ -73,11 +73,13 @@ fn source_path(e: &SourceError) -> Option<&Path> {
         | SourceError::NotADirectory { path }
         | SourceError::Io { path, .. }
         | SourceError::BadLabel { path, .. }
-        | SourceError::BadAnnotations { path, .. } => Some(path),
+        | SourceError::BadAnnotations { path, .. }
+        | SourceError::OutsideRoots { path, .. } => Some(path),
         SourceError::NoClasses { root } => Some(root),
         SourceError::CorruptTar { shard, .. }
         | SourceError::BadClassFile { shard, .. }
-        | SourceError::TruncatedShard { shard, .. } => Some(shard),
+        | SourceError::TruncatedShard { shard, .. }
+        | SourceError::ShardTooLarge { shard, .. } => Some(shard),
         SourceError::Object(e) => Some(Path::new(&e.url)),
         SourceError::Parquet(e) => Some(Path::new(e.file())),
         SourceError::NoSamples { .. } | SourceError::NoFields { .. } => None,
