@@ -26,7 +26,7 @@ def pipe(root: Path) -> sluice.Pipeline:
         .map(keep)
         .batch(8)
         .seed(5)
-        .sampling("importance", floor=0.01)
+        .sampling("importance", floor=0.01, coverage_epochs=40)  # a sweep of 1/40: the reports shape the epoch
     )
 
 

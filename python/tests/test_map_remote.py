@@ -107,7 +107,8 @@ def test_the_map_server_imports_only_what_the_name_says_and_not_from_the_working
     attribute, no walk through a module, nothing the module imported, and no module from
     the folder it runs in."""
     here = str(Path(__file__).parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    # No empty entry: Python reads one as the current folder, which is what is tested here.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     env.pop("PYTHONSAFEPATH", None)
     # A module in the working folder, as `python -c` (what the worker runs) would find it.
     (tmp_path / "in_the_cwd.py").write_text("def f(image, sample):\n    return image\n")

@@ -304,6 +304,9 @@ impl StreamLoader {
         }
         let take = r.min(self.ahead.len());
         if take == 0 && self.ended {
+            // The backlog is sampled every RATE_EVERY; a stream drained between two samples
+            // would leave stats() with the last one's.
+            self.backlog_in_broker = self.broker.lag(&self.spec.stream, &self.spec.group)?.unwrap_or(0);
             return Ok(None);
         }
         let new: Vec<Arc<Sample>> = self.ahead.drain(..take).map(Arc::new).collect();

@@ -419,8 +419,8 @@ mod tests {
         // Outside the hot set: exactly the pre-ceiling probability (floor + discounted score).
         let total = 1000.0 + 500.0 + 48.0 * 0.01 + 50.0 * 0.01 * disc;
         let cold = n as f64 * ((1.0 - floor) * 0.01 * disc / total + floor / n as f64);
-        for i in 50..n {
-            assert!((nq[i] - cold).abs() < 1e-9, "sample {i}: {} vs {cold}", nq[i]);
+        for (i, x) in nq.iter().enumerate().skip(50) {
+            assert!((x - cold).abs() < 1e-9, "sample {i}: {x} vs {cold}");
         }
         // The hot set absorbs the rest: capped outliers, every other hot sample raised alike.
         assert!((nq[3] - 4.0).abs() < 1e-9 && (nq[7] - 4.0).abs() < 1e-9);
