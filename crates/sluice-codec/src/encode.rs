@@ -52,7 +52,20 @@ pub fn encode_jpeg_with(
     subsampling: Subsampling,
     quality: u8,
 ) -> Result<Vec<u8>, CodecError> {
-    encode(pixels, width, height, Settings { source, subsampling, quality, progressive: false })
+    encode(pixels, width, height, Settings { source, subsampling, quality, progressive: false, optimize: false })
+}
+
+/// [`encode_jpeg_with`] with Huffman tables optimised for the image, as many photo tools
+/// and web images have them (such tables lack the codes the image does not use).
+pub fn encode_jpeg_optimized(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    source: SourcePixels,
+    subsampling: Subsampling,
+    quality: u8,
+) -> Result<Vec<u8>, CodecError> {
+    encode(pixels, width, height, Settings { source, subsampling, quality, progressive: false, optimize: true })
 }
 
 /// Encodes interleaved RGB8 as a progressive 4:2:0 JPEG (common in web-scraped datasets).
@@ -61,21 +74,28 @@ pub fn encode_jpeg_progressive(rgb: &[u8], width: u32, height: u32, quality: u8)
         rgb,
         width,
         height,
-        Settings { source: SourcePixels::Rgb, subsampling: Subsampling::S420, quality, progressive: true },
+        Settings {
+            source: SourcePixels::Rgb,
+            subsampling: Subsampling::S420,
+            quality,
+            progressive: true,
+            optimize: false,
+        },
     )
 }
 
-/// How [`encode`] writes the JPEG: the source layout, chroma subsampling, quality, and
-/// whether progressive.
+/// How [`encode`] writes the JPEG: the source layout, chroma subsampling, quality,
+/// whether progressive and whether with optimised Huffman tables.
 struct Settings {
     source: SourcePixels,
     subsampling: Subsampling,
     quality: u8,
     progressive: bool,
+    optimize: bool,
 }
 
 fn encode(pixels: &[u8], width: u32, height: u32, settings: Settings) -> Result<Vec<u8>, CodecError> {
-    let Settings { source, subsampling, quality, progressive } = settings;
+    let Settings { source, subsampling, quality, progressive, optimize } = settings;
     let bad = |m: String| Err(CodecError::Shape(m));
     let need = width as usize * height as usize * source.bytes_per_pixel();
     if width == 0 || height == 0 || pixels.len() != need {
@@ -92,6 +112,9 @@ fn encode(pixels: &[u8], width: u32, height: u32, settings: Settings) -> Result<
     c.set(tj::TJPARAM_TJPARAM_SUBSAMP, samp)?;
     if progressive {
         c.set(tj::TJPARAM_TJPARAM_PROGRESSIVE, 1)?;
+    }
+    if optimize {
+        c.set(tj::TJPARAM_TJPARAM_OPTIMIZE, 1)?;
     }
     if source == SourcePixels::Cmyk {
         c.set(tj::TJPARAM_TJPARAM_COLORSPACE, tj::TJCS_TJCS_YCCK as c_int)?;

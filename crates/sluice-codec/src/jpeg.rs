@@ -17,7 +17,10 @@ use std::ptr::NonNull;
 use libc::{c_int, c_void};
 use turbojpeg_sys as tj;
 
+use std::sync::Arc;
+
 use crate::error::CodecError;
+use crate::index_store::IndexStore;
 use crate::resize::SubRect;
 use crate::restart::RestartLayout;
 
@@ -143,8 +146,11 @@ pub struct JpegDecoder {
     max_pixels: u64,
     /// Scratch for CMYK images, converted to RGB afterwards.
     cmyk: Vec<u8>,
-    /// Scratch for the window cut out of a JPEG with restart markers.
+    /// Scratch for the window cut out of a JPEG.
     window: Vec<u8>,
+    /// Where files without restart markers get their entropy index (none: they decode
+    /// the ordinary way).
+    index: Option<Arc<IndexStore>>,
 }
 
 // SAFETY: a TurboJPEG handle is plain heap state with no thread affinity; `&mut self` on every
@@ -233,7 +239,7 @@ impl JpegDecoder {
     /// A decompressor that rejects images whose header declares more than `max_pixels`
     /// pixels (before allocating anything for them).
     pub fn new(max_pixels: u64) -> Result<Self, CodecError> {
-        let mut d = Self { handle: new_handle()?, max_pixels: 0, cmyk: Vec::new(), window: Vec::new() };
+        let mut d = Self { handle: new_handle()?, max_pixels: 0, cmyk: Vec::new(), window: Vec::new(), index: None };
         d.configure(max_pixels)?;
         Ok(d)
     }
@@ -274,6 +280,18 @@ impl JpegDecoder {
 
     pub fn max_pixels(&self) -> u64 {
         self.max_pixels
+    }
+
+    /// Where [`Self::decode_region`] keeps and finds the entropy indexes of files without
+    /// restart markers; `None` decodes them the ordinary way.
+    pub fn set_index(&mut self, index: Option<Arc<IndexStore>>) {
+        let same = match (&self.index, &index) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        if !same {
+            self.index = index;
+        }
     }
 
     pub fn set_max_pixels(&mut self, max_pixels: u64) -> Result<(), CodecError> {
@@ -439,10 +457,11 @@ impl JpegDecoder {
     /// Images that cannot be cropped (lossless, unusual sampling factors) decode whole, and
     /// the returned rectangle still points at the window.
     ///
-    /// JPEGs with restart markers aligned to the MCU rows (`sluice pack` writes them) are
-    /// first cut down to the MCUs around the window (see [`crate::restart`]), so the
-    /// entropy decoding above and beside the window is skipped too. The pixels are the same
-    /// either way.
+    /// JPEGs with restart markers aligned to the MCU rows (`sluice pack` writes them), and
+    /// baseline ones with an entropy index (see [`Self::set_index`]), are first cut down to
+    /// the MCUs around the window (see [`crate::restart`], [`crate::entropy_index`]), so
+    /// the entropy decoding above and beside the window is skipped too. The pixels are the
+    /// same either way.
     pub fn decode_region(
         &mut self,
         bytes: &[u8],
@@ -470,27 +489,47 @@ impl JpegDecoder {
         cut: &mut Vec<u8>,
     ) -> Option<SubRect> {
         // Too many pixels: `None`, and the ordinary path reports it.
-        let layout = RestartLayout::parse(bytes, self.max_pixels)?;
-        let (w, h) = layout.size();
+        let restart = RestartLayout::parse(bytes, self.max_pixels);
+        let indexed = match (&restart, &self.index) {
+            (None, Some(store)) => store.index_of(bytes, self.max_pixels),
+            _ => None,
+        };
+        let grid = match (&restart, &indexed) {
+            (Some(layout), _) => *layout.grid(),
+            (None, Some((frame, index))) => frame.grid(index.spacing),
+            (None, None) => return None,
+        };
+        let (w, h) = (grid.width, grid.height);
         let rect = rect.clamp_to(w, h)?;
         // One MCU (at the decode scale) of margin on every side: the fancy upsampler and
         // libjpeg's context rows then see the same neighbours as in the whole image, so the
         // window decodes to exactly the same pixels.
-        let (mw, mh) = layout.mcu_size();
+        let (mw, mh) = grid.mcu;
         let denom = scale_denom(rect, target);
         let (mx, my) = (f64::from(mw * denom), f64::from(mh * denom));
         let clamp = |v: f64, hi: u32| v.clamp(0.0, f64::from(hi)) as u32;
-        let win = layout.window_covering(
+        let win = grid.window_covering(
             clamp((rect.left - mx).floor(), w),
             clamp((rect.top - my).floor(), h),
             clamp((rect.left + rect.width + mx).ceil(), w),
             clamp((rect.top + rect.height + my).ceil(), h),
         );
-        if layout.is_whole(win) {
+        if grid.is_whole(win) {
             return None;
         }
-        let (ox, oy) = layout.origin(win);
-        layout.write_window(bytes, win, cut);
+        match (&restart, &indexed) {
+            (Some(layout), _) => layout.write_window(bytes, win, cut),
+            (None, Some((frame, index))) => {
+                // A window the index cannot cut (damaged data) decodes the ordinary way,
+                // and libjpeg judges the file.
+                index.write_window(bytes, frame, win, cut)?;
+                if let Some(store) = &self.index {
+                    store.count_cut();
+                }
+            }
+            (None, None) => return None,
+        }
+        let (ox, oy) = grid.origin(win);
         Some(SubRect { left: rect.left - f64::from(ox), top: rect.top - f64::from(oy), ..rect })
     }
 
@@ -517,8 +556,14 @@ impl JpegDecoder {
         let y0 = (sy.floor() as u32).min(full_h - 1);
         let y1 = ((sy + sh).ceil() as u32).clamp(y0 + 1, full_h);
         let mut region = None;
-        if let (true, Some((mcu_w, _))) = (hdr.can_crop(), hdr.subsampling.mcu_size()) {
-            x0 -= x0 % scaled(mcu_w, denom);
+        if let (true, Some((mcu_w, mcu_h))) = (hdr.can_crop(), hdr.subsampling.mcu_size()) {
+            // The upsampler reads the chroma beyond the window's edges: a region ending
+            // there would treat them as the image's edges and change the pixels next to
+            // them. One iMCU more on each side lets it see what a full decode sees.
+            let imcu = scaled(mcu_w, denom);
+            x0 = (x0 - x0 % imcu).saturating_sub(imcu);
+            let x1 = (x1 + imcu).min(full_w);
+            let y1 = (y1 + scaled(mcu_h, denom)).min(full_h);
             region = Some((x0, y0, x1 - x0, y1 - y0));
         }
         let (rx, ry, rw, rh) = region.unwrap_or((0, 0, full_w, full_h));
@@ -657,7 +702,8 @@ pub(crate) mod tests {
                 let r =
                     d.decode_region(&jpg, rect, target, &mut buf).unwrap_or_else(|e| panic!("{s:?} 1/{denom}: {e}"));
                 assert_eq!(r.scale_denom, denom);
-                assert!(r.rect.left < f64::from(mcu_w), "{s:?} 1/{denom}: {r:?}");
+                // Aligned down to the iMCU, then one iMCU of context for the upsampler.
+                assert!(r.rect.left < f64::from(2 * mcu_w), "{s:?} 1/{denom}: {r:?}");
                 if denom == 1 {
                     let got = crop_rgb(&buf, r.width, r.rect.left as u32, r.rect.top as u32, 64, 48);
                     let diff = mean_abs_diff(&got, &crop_rgb(&full, w, x, 5, 64, 48));
@@ -705,12 +751,12 @@ pub(crate) mod tests {
             assert_eq!(r.scale_denom, 1);
             assert_eq!(buf.len(), (r.width * r.height * 3) as usize);
             assert_eq!(r.rect.left.fract(), 0.0);
-            assert!(r.rect.left < 16.0, "left edge aligned down to the iMCU: {r:?}");
+            let context = if x >= 16 { 16.0 } else { 0.0 };
+            assert!(r.rect.left < 16.0 + context, "left edge aligned down to the iMCU, one more of context: {r:?}");
             assert_eq!((r.rect.width, r.rect.height), (cw as f64, ch as f64));
             let got = crop_rgb(&buf, r.width, r.rect.left as u32, r.rect.top as u32, cw, ch);
             let want = crop_rgb(&full, w, x, y, cw, ch);
-            let diff = mean_abs_diff(&got, &want);
-            assert!(diff < 2.0, "window {x},{y} {cw}x{ch}: mean abs diff {diff}");
+            assert!(got == want, "window {x},{y} {cw}x{ch}: mean abs diff {}", mean_abs_diff(&got, &want));
         }
     }
 
@@ -738,9 +784,10 @@ pub(crate) mod tests {
         let r = d.decode_region(&jpg, rect, (100, 80), &mut buf).unwrap();
         assert_eq!(r.scale_denom, 2);
         assert_eq!((r.rect.width, r.rect.height), (100.0, 80.0));
-        // 50/2 = 25 aligns down to the scaled iMCU (8): decoded from x = 24.
-        assert_eq!((r.rect.left, r.rect.top), (1.0, 0.0));
-        let got = crop_rgb(&buf, r.width, 1, 0, 100, 80);
+        // 50/2 = 25 aligns down to the scaled iMCU (8), then one more of context: decoded
+        // from x = 16.
+        assert_eq!((r.rect.left, r.rect.top), (9.0, 0.0));
+        let got = crop_rgb(&buf, r.width, 9, 0, 100, 80);
         let want = crop_rgb(&half, w / 2, 25, 15, 100, 80);
         let diff = mean_abs_diff(&got, &want);
         assert!(diff < 2.0, "mean abs diff {diff}");

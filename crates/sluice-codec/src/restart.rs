@@ -15,6 +15,8 @@
 
 use memchr::memchr_iter;
 
+use crate::window::{push_sof_with_size, Grid, McuWindow};
+
 /// Where the pieces of a seekable JPEG are, from one pass over its markers and data.
 #[derive(Debug)]
 pub(crate) struct RestartLayout {
@@ -22,24 +24,10 @@ pub(crate) struct RestartLayout {
     sof: (usize, usize),
     /// Where the entropy-coded data begins (after the scan header).
     data: usize,
-    width: u32,
-    height: u32,
-    /// MCU size in pixels and MCUs per row and column.
-    mcu: (u32, u32),
-    mcus: (u32, u32),
-    /// MCUs per restart interval; divides `mcus.0`.
-    interval: u32,
+    /// The MCUs; a cut starts at an interval (`grid.step`, which divides the MCU row).
+    grid: Grid,
     /// Byte range of every interval's entropy-coded data (markers excluded), in order.
     segments: Vec<(usize, usize)>,
-}
-
-/// A window of whole MCUs, in MCU units: columns `c0..c1`, rows `r0..r1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct McuWindow {
-    pub c0: u32,
-    pub c1: u32,
-    pub r0: u32,
-    pub r1: u32,
 }
 
 fn be16(b: &[u8], i: usize) -> Option<u32> {
@@ -101,23 +89,14 @@ impl RestartLayout {
                     }
                     // One component: the MCU is one 8x8 block, whatever its sampling factors.
                     let mcu = if n == 1 { (8, 8) } else { (8 * hmax, 8 * vmax) };
-                    let mcus = (width.div_ceil(mcu.0), height.div_ceil(mcu.1));
-                    if mcus.0 % interval != 0 {
+                    let grid = Grid::new(width, height, mcu, interval);
+                    if !grid.mcus.0.is_multiple_of(interval) {
                         return None;
                     }
                     let data = i + 2 + len;
-                    let expected = (mcus.0 / interval) as usize * mcus.1 as usize;
+                    let expected = (grid.mcus.0 / interval) as usize * grid.mcus.1 as usize;
                     let segments = scan_segments(bytes, data, expected)?;
-                    return (segments.len() == expected).then_some(Self {
-                        sof: sof?,
-                        data,
-                        width,
-                        height,
-                        mcu,
-                        mcus,
-                        interval,
-                        segments,
-                    });
+                    return (segments.len() == expected).then_some(Self { sof: sof?, data, grid, segments });
                 }
                 0xD9 => return None,
                 _ => {}
@@ -126,52 +105,20 @@ impl RestartLayout {
         }
     }
 
-    pub(crate) fn size(&self) -> (u32, u32) {
-        (self.width, self.height)
-    }
-
-    pub(crate) fn mcu_size(&self) -> (u32, u32) {
-        self.mcu
-    }
-
-    /// The smallest interval-aligned window of whole MCUs that covers the pixels
-    /// `x0..x1, y0..y1` (clamped to the image).
-    pub(crate) fn window_covering(&self, x0: u32, y0: u32, x1: u32, y1: u32) -> McuWindow {
-        let (mw, mh) = self.mcu;
-        let step = self.interval;
-        let c0 = (x0.min(self.width - 1) / mw) / step * step;
-        let c1 = (x1.clamp(1, self.width).div_ceil(mw)).div_ceil(step) * step;
-        let r0 = y0.min(self.height - 1) / mh;
-        let r1 = y1.clamp(1, self.height).div_ceil(mh);
-        McuWindow { c0, c1: c1.min(self.mcus.0), r0, r1: r1.max(r0 + 1).min(self.mcus.1) }
-    }
-
-    /// Whether cutting `w` out saves anything over decoding the file as it is.
-    pub(crate) fn is_whole(&self, w: McuWindow) -> bool {
-        w.c0 == 0 && w.c1 == self.mcus.0 && w.r0 == 0
-    }
-
-    /// The window's pixel origin in the full image.
-    pub(crate) fn origin(&self, w: McuWindow) -> (u32, u32) {
-        (w.c0 * self.mcu.0, w.r0 * self.mcu.1)
+    pub(crate) fn grid(&self) -> &Grid {
+        &self.grid
     }
 
     /// Writes into `out` a JPEG of just the MCUs of `w`: the header with the window's size,
     /// then the window's intervals, row by row, with restart markers renumbered from RST0.
     pub(crate) fn write_window(&self, bytes: &[u8], w: McuWindow, out: &mut Vec<u8>) {
-        let (ox, oy) = self.origin(w);
-        let width = (w.c1 * self.mcu.0).min(self.width) - ox;
-        let height = (w.r1 * self.mcu.1).min(self.height) - oy;
         out.clear();
         out.extend_from_slice(&bytes[..self.sof.0]);
-        let sof = &bytes[self.sof.0..self.sof.1];
-        out.extend_from_slice(&sof[..5]);
-        out.extend_from_slice(&(height as u16).to_be_bytes());
-        out.extend_from_slice(&(width as u16).to_be_bytes());
-        out.extend_from_slice(&sof[9..]);
+        push_sof_with_size(out, &bytes[self.sof.0..self.sof.1], self.grid.pixels(w));
         out.extend_from_slice(&bytes[self.sof.1..self.data]);
-        let per_row = self.mcus.0 / self.interval;
-        let (s0, s1) = (w.c0 / self.interval, w.c1 / self.interval);
+        let interval = self.grid.step;
+        let per_row = self.grid.mcus.0 / interval;
+        let (s0, s1) = (w.c0 / interval, w.c1 / interval);
         let mut n = 0u8;
         for row in w.r0..w.r1 {
             for s in s0..s1 {
@@ -264,7 +211,7 @@ mod tests {
             assert!(RestartLayout::parse(&plain, LIMIT).is_none(), "{s:?}: no restart markers yet");
             let packed = add_restart_markers(&plain, 2, LIMIT).unwrap();
             let layout = RestartLayout::parse(&packed, LIMIT).unwrap_or_else(|| panic!("{s:?}: not seekable"));
-            assert_eq!(layout.size(), (w, h));
+            assert_eq!((layout.grid().width, layout.grid().height), (w, h));
             let mut d = JpegDecoder::new(LIMIT).unwrap();
             let (mut a, mut b) = (Vec::new(), Vec::new());
             d.decode_full(&plain, &mut a).unwrap();
@@ -382,10 +329,10 @@ mod tests {
     fn windows_align_to_intervals_and_stay_inside_the_image() {
         let packed = add_restart_markers(&jpeg(203, 157, Subsampling::S420), 4, LIMIT).unwrap();
         let l = RestartLayout::parse(&packed, LIMIT).unwrap();
-        assert_eq!((l.mcus, l.interval), ((13, 10), 1)); // 13 MCUs a row: only 1 divides it
+        assert_eq!((l.grid.mcus, l.grid.step), ((13, 10), 1)); // 13 MCUs a row: only 1 divides it
         let packed = add_restart_markers(&jpeg(256, 64, Subsampling::S420), 4, LIMIT).unwrap();
-        let l = RestartLayout::parse(&packed, LIMIT).unwrap();
-        assert_eq!((l.mcus, l.interval), ((16, 4), 4));
+        let l = *RestartLayout::parse(&packed, LIMIT).unwrap().grid();
+        assert_eq!((l.mcus, l.step), ((16, 4), 4));
         let win = l.window_covering(70, 20, 130, 40);
         assert_eq!(win, McuWindow { c0: 4, c1: 12, r0: 1, r1: 3 });
         assert_eq!(l.origin(win), (64, 16));
