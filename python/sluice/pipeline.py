@@ -336,8 +336,26 @@ class Pipeline:
 
     def decode(self) -> "Pipeline":
         """Decodes JPEG (libjpeg-turbo) or PNG to RGB u8. Must be the first op; fused with a
-        following ``random_resized_crop`` so only the crop window is decoded."""
+        following ``random_resized_crop`` so only the crop window is decoded (and, with
+        the entropy index, only the crop's part of the file: see :meth:`entropy_index`)."""
         return self._op("decode")
+
+    def entropy_index(
+        self, enabled: bool = True, budget_mb: Optional[int] = None, spacing: Optional[int] = None
+    ) -> "Pipeline":
+        """Turns the entropy index on (the default) or off. With it, the first crop of each
+        baseline JPEG records where its bitstream stands every ``spacing`` MCUs (default
+        2), and later crops of that file decode only the crop's MCUs, with the same pixels.
+        The indexes take at most ``budget_mb`` MiB of memory (default 256); files met once
+        it is full decode the ordinary way. ``stats()["entropy_index"]`` counts them
+        (docs/entropy-index.md)."""
+        decode: Dict[str, Any] = dict(self._spec.get("decode", {}))
+        decode["entropy_index"] = enabled
+        if budget_mb is not None:
+            decode["index_budget_mb"] = budget_mb
+        if spacing is not None:
+            decode["index_spacing"] = spacing
+        return self._with(decode=decode)
 
     def resize(self, size: int, interpolation: str = "bilinear", antialias: bool = True) -> "Pipeline":
         """Resizes so the shorter side is ``size`` (aspect ratio kept), torchvision's

@@ -1,9 +1,11 @@
 //! `sluice-bench engine` (formerly `sluice bench`): images/s of the standard training
 //! pipeline (decode + RandomResizedCrop 224 + flip, u8 out) against plain libjpeg-turbo
-//! full decoding of the same files, in the same run, at each thread count; with `--packed`,
-//! also the pipeline on a packed copy of the files (`sluice pack`), against the same plain
-//! decode of the originals. Reported as medians over several runs, and as ratios, because
-//! machines are noisy.
+//! full decoding of the same files, in the same run, at each thread count. The pipeline
+//! runs three ways: with the entropy index (the default) in its first epoch, which builds
+//! the indexes, and in a steady-state epoch after it; and without the index
+//! (`decode.entropy_index = false`). With `--packed`, also on a packed copy of the files
+//! (`sluice pack`), against the same plain decode of the originals. Reported as medians
+//! over several runs, interleaved, and as ratios, because machines are noisy.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -45,9 +47,21 @@ pub struct Args {
     pub json: bool,
 }
 
-/// A row of the report: threads, pipeline img/s, plain decode img/s, pipeline on the packed
-/// copy img/s.
-type Row = (usize, f64, f64, Option<f64>);
+/// A row of the report: img/s at one thread count (medians).
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    threads: usize,
+    /// The pipeline with the entropy index, after its first epoch.
+    pipeline: f64,
+    /// Its first epoch (indexing every file).
+    first_epoch: f64,
+    /// The pipeline with `decode.entropy_index = false`.
+    no_index: f64,
+    plain: f64,
+    packed: Option<f64>,
+    /// The indexes' bytes over the dataset's.
+    index_share: f64,
+}
 
 pub fn main(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.runs > 0, "--runs must be at least 1");
@@ -80,21 +94,42 @@ pub fn main(a: Args) -> anyhow::Result<()> {
 
     let mut rows = Vec::new();
     for &t in &a.threads {
-        let (mut pipe, mut plain, mut pipe_packed) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut pipe, mut first, mut no_index, mut plain, mut pipe_packed) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut index_bytes = 0;
         for run in 0..a.runs {
+            let epoch = 2 * run as u64;
             plain.push(plain_decode(&files, t)?);
-            pipe.push(pipeline(&manifest, &root, t, a.batch, run as u64)?);
+            // A new loader each run: its first epoch indexes every file, the next is cut.
+            let indexed = loader(&manifest, &root, t, a.batch, true)?;
+            first.push(epoch_rate(&indexed, epoch)?);
+            pipe.push(epoch_rate(&indexed, epoch + 1)?);
+            index_bytes = indexed.stats().entropy_index.map_or(0, |s| s.bytes);
+            no_index.push(epoch_rate(&loader(&manifest, &root, t, a.batch, false)?, epoch + 1)?);
             if let Some((m, r)) = &packed {
-                pipe_packed.push(pipeline(m, r, t, a.batch, run as u64)?);
+                pipe_packed.push(epoch_rate(&loader(m, r, t, a.batch, true)?, epoch + 1)?);
             }
         }
-        let (p, d) = (median(&mut pipe), median(&mut plain));
-        let pk = (!pipe_packed.is_empty()).then(|| median(&mut pipe_packed));
-        eprintln!("threads {t}: pipeline {p:.0} img/s, plain decode {d:.0} img/s, ratio {:.2}", p / d);
-        if let Some(pk) = pk {
-            eprintln!("threads {t}: pipeline on packed files {pk:.0} img/s, ratio to plain decode {:.2}", pk / d);
+        let row = Row {
+            threads: t,
+            pipeline: median(&mut pipe),
+            first_epoch: median(&mut first),
+            no_index: median(&mut no_index),
+            plain: median(&mut plain),
+            packed: (!pipe_packed.is_empty()).then(|| median(&mut pipe_packed)),
+            index_share: index_bytes as f64 / bytes as f64,
+        };
+        eprintln!(
+            "threads {t}: pipeline {:.0} img/s (first epoch {:.0}, without the index {:.0}), plain decode {:.0} img/s, ratio {:.2}",
+            row.pipeline, row.first_epoch, row.no_index, row.plain, row.pipeline / row.plain
+        );
+        if let Some(pk) = row.packed {
+            eprintln!(
+                "threads {t}: pipeline on packed files {pk:.0} img/s, ratio to plain decode {:.2}",
+                pk / row.plain
+            );
         }
-        rows.push((t, p, d, pk));
+        rows.push(row);
     }
     report(&a, &rows);
     Ok(())
@@ -116,17 +151,20 @@ fn packed_copy(root: &Path) -> anyhow::Result<(Manifest, PathBuf)> {
 }
 
 fn report(a: &Args, rows: &[Row]) {
-    let scaling = match (rows.iter().find(|r| r.0 == 1), rows.iter().find(|r| r.0 == 2)) {
-        (Some(one), Some(two)) => Some(two.1 / one.1),
+    let scaling = match (rows.iter().find(|r| r.threads == 1), rows.iter().find(|r| r.threads == 2)) {
+        (Some(one), Some(two)) => Some(two.pipeline / one.pipeline),
         _ => None,
     };
     if a.json {
         let rows: Vec<_> = rows
             .iter()
-            .map(|&(t, p, d, pk)| {
-                json!({"threads": t, "pipeline_img_s": p, "plain_decode_img_s": d, "ratio": p / d,
-                                     "pipeline_img_s_per_thread": p / t as f64,
-                                     "packed_pipeline_img_s": pk, "packed_ratio": pk.map(|pk| pk / d)})
+            .map(|r| {
+                json!({"threads": r.threads, "pipeline_img_s": r.pipeline, "plain_decode_img_s": r.plain,
+                       "ratio": r.pipeline / r.plain, "pipeline_img_s_per_thread": r.pipeline / r.threads as f64,
+                       "first_epoch_img_s": r.first_epoch, "no_index_img_s": r.no_index,
+                       "no_index_ratio": r.no_index / r.plain,
+                       "first_epoch_cost": r.no_index / r.first_epoch, "index_share": r.index_share,
+                       "packed_pipeline_img_s": r.packed, "packed_ratio": r.packed.map(|pk| pk / r.plain)})
             })
             .collect();
         println!("{}", json!({"runs": a.runs, "rows": rows, "scaling_2_vs_1": scaling}));
@@ -134,18 +172,42 @@ fn report(a: &Args, rows: &[Row]) {
     }
     println!("standard pipeline = decode + random_resized_crop 224 + flip, u8 HWC; medians of {} runs", a.runs);
     println!(
-        "{:>7} {:>14} {:>12} {:>14} {:>12} {:>8}",
-        "threads", "pipeline img/s", "per thread", "decode img/s", "per thread", "ratio"
+        "{:>7} {:>14} {:>11} {:>13} {:>8} {:>14} {:>11} {:>8} {:>11} {:>7}",
+        "threads",
+        "pipeline img/s",
+        "per thread",
+        "decode img/s",
+        "ratio",
+        "no index img/s",
+        "ratio",
+        "1st epoch",
+        "1st cost",
+        "index"
     );
-    for &(t, p, d, _) in rows {
-        println!("{t:>7} {p:>14.0} {:>12.0} {d:>14.0} {:>12.0} {:>8.2}", p / t as f64, d / t as f64, p / d);
+    for r in rows {
+        println!(
+            "{:>7} {:>14.0} {:>11.0} {:>13.0} {:>8.2} {:>14.0} {:>11.2} {:>8.0} {:>10.2}x {:>6.1}%",
+            r.threads,
+            r.pipeline,
+            r.pipeline / r.threads as f64,
+            r.plain,
+            r.pipeline / r.plain,
+            r.no_index,
+            r.no_index / r.plain,
+            r.first_epoch,
+            r.no_index / r.first_epoch,
+            100.0 * r.index_share
+        );
     }
-    if rows.iter().any(|r| r.3.is_some()) {
+    println!(
+        "(1st cost: the indexing epoch's time over an epoch without the index; index: its bytes over the dataset's)"
+    );
+    if rows.iter().any(|r| r.packed.is_some()) {
         println!("on the packed copy (sluice pack), against plain decode of the original files:");
         println!("{:>7} {:>14} {:>12} {:>8}", "threads", "pipeline img/s", "per thread", "ratio");
-        for &(t, _, d, pk) in rows {
-            if let Some(pk) = pk {
-                println!("{t:>7} {pk:>14.0} {:>12.0} {:>8.2}", pk / t as f64, pk / d);
+        for r in rows {
+            if let Some(pk) = r.packed {
+                println!("{:>7} {pk:>14.0} {:>12.0} {:>8.2}", r.threads, pk / r.threads as f64, pk / r.plain);
             }
         }
     }
@@ -200,11 +262,16 @@ fn plain_decode(files: &[PathBuf], threads: usize) -> anyhow::Result<f64> {
     Ok(files.len() as f64 / start.elapsed().as_secs_f64())
 }
 
-/// One epoch of the standard training pipeline through the loader.
-fn pipeline(manifest: &Manifest, root: &Path, threads: usize, batch: usize, epoch: u64) -> anyhow::Result<f64> {
+/// The standard training pipeline over `manifest`, with or without the entropy index.
+fn loader(manifest: &Manifest, root: &Path, threads: usize, batch: usize, index: bool) -> anyhow::Result<Loader> {
     let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 224, batch);
     spec.threads = threads.into();
-    let loader = Loader::with_manifest(spec, manifest.clone(), Shard::default())?;
+    spec.decode.entropy_index = index;
+    Ok(Loader::with_manifest(spec, manifest.clone(), Shard::default())?)
+}
+
+/// Images/s of one epoch of `loader`.
+fn epoch_rate(loader: &Loader, epoch: u64) -> anyhow::Result<f64> {
     loader.set_epoch(epoch);
     let start = Instant::now();
     let mut n = 0;

@@ -8,6 +8,7 @@
 mod demo;
 mod duration_flags;
 mod gen;
+mod index;
 mod model;
 mod moved;
 mod pack;
@@ -35,6 +36,9 @@ enum Command {
     /// Copy a dataset with every JPEG rewritten losslessly with restart markers, so random
     /// crops decode only what they cover.
     Pack(pack::Args),
+    /// Write the entropy index of every JPEG of a dataset into a folder (the pipeline's
+    /// `decode.index_dir`), so the first epoch's crops decode only what they cover too.
+    Index(index::Args),
     /// Run a pipeline spec (TOML or JSON) for some epochs and report throughput.
     Run(run::Args),
     /// Run a spec at several thread or worker counts: throughput, CPU per image, per-op
@@ -108,6 +112,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::GenImages(a) => gen::main(a),
         Command::Pack(a) => pack::main(a),
+        Command::Index(a) => index::main(a),
         Command::Run(a) => run::main(a),
         Command::Profile(a) => profile::main(a),
         Command::Demo(a) => demo::main(a),

@@ -236,6 +236,20 @@ pub fn print_report(s: &StatsSnapshot) {
             );
         }
     }
+    if let Some(i) = &s.entropy_index {
+        let files = i.indexed + i.unservable + i.over_budget;
+        let share = if files > 0 { 100.0 * i.indexed as f64 / files as f64 } else { 0.0 };
+        println!(
+            "entropy index: {share:.0}% of the files seen can be cut ({} indexed, {:.2} MB; {} decode whole: \
+             {} progressive or not baseline, {} over the memory budget), {} crops cut",
+            i.indexed,
+            i.bytes as f64 / 1e6,
+            i.unservable + i.over_budget,
+            i.unservable,
+            i.over_budget,
+            i.cut
+        );
+    }
     let busy: f64 = s.op_seconds.iter().map(|(_, t)| t).sum();
     println!("worker time per op:{:>25} {:>6}  {:>11}  {:>6} {:>7}", "total", "share", "mean/sample", "p50", "p99");
     for ((name, t), p) in s.op_seconds.iter().zip(&s.op_percentiles) {

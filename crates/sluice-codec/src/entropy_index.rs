@@ -14,6 +14,8 @@
 //! Only 8-bit, Huffman-coded, sequential files with one interleaved scan and no restart
 //! markers are indexed; the others decode the ordinary way ([`Frame::parse`] says which).
 
+use xxhash_rust::xxh3::xxh3_64;
+
 use crate::huffman::{category, extend, extra_bits, BitPos, BitReader, BitWriter, Decoder, Encoder, HuffSpec};
 use crate::window::{push_sof_with_size, Grid, McuWindow};
 
@@ -152,6 +154,11 @@ impl Frame {
             }
             i += 2 + len;
         }
+    }
+
+    /// Where the entropy-coded data starts in the file.
+    pub(crate) fn data_offset(&self) -> usize {
+        self.data
     }
 
     /// The MCU grid with cuts starting every `spacing` MCUs.
@@ -365,6 +372,101 @@ impl EntropyIndex {
     }
 }
 
+/// The first bytes of a stored index, then its format's version.
+const MAGIC: &[u8; 4] = b"SLIX";
+const VERSION: u8 = 1;
+
+fn push_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn read_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7F) << shift;
+        if byte < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+fn zigzag(v: i32) -> u64 {
+    u64::from(((v << 1) ^ (v >> 31)) as u32)
+}
+
+fn unzigzag(v: u64) -> Option<i32> {
+    let v = u32::try_from(v).ok()?;
+    Some((v >> 1) as i32 ^ -((v & 1) as i32))
+}
+
+impl EntropyIndex {
+    /// The index as stored on disk: a header, the points as varint deltas, and a checksum
+    /// of all that (xxh3-64), so a damaged file is refused, never used.
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + self.points.len() * 6);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        for v in [self.spacing, self.mcus.0, self.mcus.1] {
+            push_varint(&mut out, u64::from(v));
+        }
+        let mut prev = Point::default();
+        for p in &self.points {
+            // The byte follows from the bit but for the stuffed bytes before it: store those.
+            push_varint(&mut out, u64::from(p.bit - prev.bit));
+            push_varint(&mut out, u64::from((p.byte - p.bit / 8) - (prev.byte - prev.bit / 8)));
+            for (d, q) in p.dc.iter().zip(prev.dc) {
+                push_varint(&mut out, zigzag(i32::from(*d) - i32::from(q)));
+            }
+            prev = *p;
+        }
+        let sum = xxh3_64(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Reads back what [`Self::to_bytes`] wrote, for a file with `frame`'s headers; `None`
+    /// for anything else: another format or version, a checksum that does not match, an
+    /// index for another image, points out of order or beyond `data_len` bytes of data.
+    pub(crate) fn from_bytes(b: &[u8], frame: &Frame, data_len: usize) -> Option<Self> {
+        let (body, sum) = b.split_at_checked(b.len().checked_sub(8)?)?;
+        if xxh3_64(body).to_le_bytes() != sum || body.get(..4)? != MAGIC || *body.get(4)? != VERSION {
+            return None;
+        }
+        let mut at = 5;
+        let mut next = || read_varint(body, &mut at).and_then(|v| u32::try_from(v).ok());
+        let (spacing, cols, rows) = (next()?, next()?, next()?);
+        if spacing == 0 || (cols, rows) != frame.grid_mcus.mcus {
+            return None;
+        }
+        let n = cols.div_ceil(spacing) as usize * rows as usize + 1;
+        let mut points = Vec::with_capacity(n);
+        let mut p = Point::default();
+        for _ in 0..n {
+            let (bits, stuffed) = (next()?, next()?);
+            let stuffed = (p.byte - p.bit / 8).checked_add(stuffed)?;
+            p.bit = p.bit.checked_add(bits)?;
+            p.byte = (p.bit / 8).checked_add(stuffed)?;
+            for d in &mut p.dc {
+                let delta = unzigzag(u64::from(next()?))?;
+                *d = i16::try_from(i32::from(*d).checked_add(delta)?).ok()?;
+            }
+            // A bit lies in its byte or after it (stuffing only adds bytes).
+            if u64::from(p.byte) > data_len as u64 || u64::from(p.bit) / 8 > u64::from(p.byte) {
+                return None;
+            }
+            points.push(p);
+        }
+        (at == body.len()).then_some(Self { spacing, mcus: (cols, rows), points })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,6 +543,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_stored_index_reads_back_and_a_damaged_one_is_refused() {
+        let file = jpeg(203, 157, Subsampling::S420);
+        let frame = Frame::parse(&file, LIMIT).unwrap();
+        let data_len = file.len() - frame.data;
+        let index = EntropyIndex::build(&file, &frame, 2).unwrap();
+        let stored = index.to_bytes();
+        assert_eq!(EntropyIndex::from_bytes(&stored, &frame, data_len).as_ref(), Some(&index));
+        // Small: a few bytes a point (this smooth test image is tiny: on photos of ~100 KB
+        // the index is ~1 % of the file, BENCHMARKS.md).
+        let per_point = stored.len() as f64 / index.points.len() as f64;
+        assert!(per_point < 10.0, "{per_point} bytes a point");
+        // Every flipped byte and every truncation is caught (the checksum, then the bounds).
+        for k in 0..stored.len() {
+            let mut bad = stored.clone();
+            bad[k] ^= 0x41;
+            assert!(EntropyIndex::from_bytes(&bad, &frame, data_len).is_none(), "byte {k} flipped");
+            assert!(EntropyIndex::from_bytes(&stored[..k], &frame, data_len).is_none(), "cut at {k}");
+        }
+        // Another image's index, even with a valid checksum, does not fit.
+        let other = jpeg(64, 48, Subsampling::S420);
+        let other_frame = Frame::parse(&other, LIMIT).unwrap();
+        assert!(EntropyIndex::from_bytes(&stored, &other_frame, other.len()).is_none());
     }
 
     #[test]

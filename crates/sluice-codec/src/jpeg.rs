@@ -284,13 +284,9 @@ impl JpegDecoder {
 
     /// Where [`Self::decode_region`] keeps and finds the entropy indexes of files without
     /// restart markers; `None` decodes them the ordinary way.
-    pub fn set_index(&mut self, index: Option<Arc<IndexStore>>) {
-        let same = match (&self.index, &index) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (a, b) => a.is_none() && b.is_none(),
-        };
-        if !same {
-            self.index = index;
+    pub fn set_index(&mut self, index: Option<&Arc<IndexStore>>) {
+        if !IndexStore::same(self.index.as_ref(), index) {
+            self.index = index.cloned();
         }
     }
 

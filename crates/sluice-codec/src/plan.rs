@@ -19,6 +19,7 @@
 //! the same geometry and random draws as [`Plan::run`] but not bit-identical pixels: `run`
 //! fuses the decode into the crop (DCT scaling), the split path cannot.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_core::{BoxTargets, DType, Image, Layout, Limits, Mask, OpSpec, PaddingMode, Pixels, SampleRng, Size};
@@ -28,6 +29,7 @@ use crate::masks::{move_mask, MaskMove};
 
 use crate::crop::{center_crop_window, random_resized_crop_params, CropRect};
 use crate::error::CodecError;
+use crate::index_store::IndexStore;
 use crate::jpeg::JpegDecoder;
 use crate::ops;
 use crate::png::decode_png;
@@ -221,6 +223,18 @@ pub struct Plan {
     out_w: u32,
     out_h: u32,
     format: OutputFormat,
+    index: IndexHandle,
+}
+
+/// The entropy index store a plan's fused crops use (see [`Plan::with_index`]); plans are
+/// equal when they share the same store.
+#[derive(Debug, Clone, Default)]
+struct IndexHandle(Option<Arc<IndexStore>>);
+
+impl PartialEq for IndexHandle {
+    fn eq(&self, other: &Self) -> bool {
+        IndexStore::same(self.0.as_ref(), other.0.as_ref())
+    }
 }
 
 /// Where a run starts from.
@@ -234,6 +248,14 @@ impl Plan {
     /// Compiles an op list that passed `PipelineSpec::validate`. An unvalidated list does not
     /// panic: decode is implied first, and a list that does not end in a fixed size makes
     /// every run fail with [`CodecError::Shape`].
+    /// Fused crops of baseline JPEGs keep their entropy indexes in `store` (made the first
+    /// time a file is cropped) and decode only the crop's MCUs from then on; `None` (the
+    /// default) decodes them the ordinary way. The pixels are the same either way.
+    pub fn with_index(mut self, store: Option<Arc<IndexStore>>) -> Plan {
+        self.index = IndexHandle(store);
+        self
+    }
+
     pub fn compile(ops: &[OpSpec], limits: Limits) -> Plan {
         let ops = match ops.first() {
             Some(OpSpec::Decode) => &ops[1..],
@@ -302,7 +324,7 @@ impl Plan {
         let prefix = Self::compile_steps(&ops[..split], true, false, false);
         let suffix = Self::compile_steps(&ops[split..], false, true, direct);
         // `split` counts from the caller's list, which starts with `decode`.
-        Plan { full, prefix, suffix, split: split + 1, limits, out_w, out_h, format }
+        Plan { full, prefix, suffix, split: split + 1, limits, out_w, out_h, format, index: IndexHandle::default() }
     }
 
     fn compile_steps(ops: &[OpSpec], decode: bool, write: bool, direct: bool) -> Steps {
@@ -779,6 +801,7 @@ impl Plan {
         // Decode the window into `a`, then resample it into `b` (or `out`).
         let Scratch { jpeg, a, b, resizer, .. } = scratch;
         let dec = jpeg_in(jpeg, self.limits.max_pixels)?;
+        dec.set_index(self.index.0.as_ref());
         let hdr = dec.header(bytes)?;
         let (fw, fh) = (hdr.width, hdr.height);
         if let Some(m) = records.mask.as_deref() {

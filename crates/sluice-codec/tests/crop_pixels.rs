@@ -119,7 +119,7 @@ fn every_crop_path_gives_the_pixels_of_the_whole_image_cropped() {
     let store = Arc::new(IndexStore::new(2, 64 << 20));
     let mut plain = JpegDecoder::new(LIMIT).unwrap();
     let mut indexed = JpegDecoder::new(LIMIT).unwrap();
-    indexed.set_index(Some(store.clone()));
+    indexed.set_index(Some(&store));
     let mut failures = Vec::new();
     for case in cases() {
         let mut whole = Vec::new();

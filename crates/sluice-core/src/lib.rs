@@ -22,8 +22,8 @@ pub use placement::{Owners, Rendezvous};
 pub use record::{Annotation, BatchBoxes, BoxTargets, Mask, MaskSource, Segmentation};
 pub use rng::SampleRng;
 pub use spec::{
-    Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec,
-    DiskPolicyKind, ErrorPolicy, Geometry, ImportanceSpec, Interpolation, Limits, LocalitySpec, MixedSource, OpSpec,
-    PaddingMode, PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec, StorageSpec, Threads,
-    IOU_CROP_MAX_ROUNDS,
+    Assignment, AutoAugmentPolicy, BatchSpec, ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DecodeSpec,
+    DiskCacheSpec, DiskPolicyKind, ErrorPolicy, Geometry, ImportanceSpec, Interpolation, Limits, LocalitySpec,
+    MixedSource, OpSpec, PaddingMode, PeerToken, PipelineSpec, SamplingSpec, ShuffleSpec, Size, SourceSpec,
+    StorageSpec, Threads, IOU_CROP_MAX_ROUNDS,
 };

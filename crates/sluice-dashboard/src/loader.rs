@@ -172,6 +172,7 @@ mod tests {
             skipped: Vec::new(),
             importance_reports: Default::default(),
             cache: None,
+            entropy_index: None,
             autoscale: None,
             prefetch: None,
             read_ahead: None,

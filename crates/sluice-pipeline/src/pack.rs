@@ -4,12 +4,16 @@
 //! above and beside it. Pixels do not change; other files are copied as they are, and so is
 //! a JPEG that cannot be rewritten (corrupt, 12-bit, lossless...): it is listed in the
 //! summary, and the loader's `on_error` policy decides about it later, as it would have.
+//!
+//! [`index_dataset`] gets most of that without a copy: it writes the entropy index of
+//! every JPEG into a folder the loader reads them from (`decode.index_dir`), so the first
+//! epoch is as fast as the next ones.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
-use sluice_codec::add_restart_markers;
+use sluice_codec::{add_restart_markers, IndexStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
@@ -155,5 +159,73 @@ pub fn pack_dataset(
         not_packed,
         bytes_in: bytes_in.into_inner(),
         bytes_out: bytes_out.into_inner(),
+    })
+}
+
+/// What [`index_dataset`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IndexSummary {
+    /// JPEGs indexed now, and ones whose index was already in the folder.
+    pub indexed: usize,
+    pub already: usize,
+    /// JPEGs the index cannot serve (progressive, arithmetic-coded, damaged...): they
+    /// decode the ordinary way.
+    pub unservable: Vec<PathBuf>,
+    /// Bytes of the JPEGs, and of their indexes in the folder.
+    pub bytes_in: u64,
+    pub index_bytes: u64,
+}
+
+/// Writes the entropy index of every JPEG under `src` into `out` (created), a point every
+/// `spacing` MCUs, on `threads` threads (0: one per core). `progress(done, total)` is
+/// called after each file.
+pub fn index_dataset(
+    src: &Path,
+    out: &Path,
+    spacing: u32,
+    threads: usize,
+    max_pixels: u64,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<IndexSummary, PackError> {
+    let src = src.canonicalize().map_err(|_| PackError::NotFound(src.to_path_buf()))?;
+    std::fs::create_dir_all(out).map_err(io("create", out))?;
+    let jpegs: Vec<PathBuf> = files(&src)?.into_iter().filter(|p| is_jpeg(p)).collect();
+    let store = IndexStore::new(spacing, 0).with_dir(Some(out.to_path_buf()));
+    let threads = match threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (bytes_in, index_bytes, indexed) = (AtomicU64::new(0), AtomicU64::new(0), AtomicUsize::new(0));
+    let unservable = Mutex::new(Vec::new());
+    let work = || -> Result<(), PackError> {
+        while let Some(rel) = jpegs.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let from = src.join(rel);
+            let data = std::fs::read(&from).map_err(io("read", &from))?;
+            if store.index_to_dir(&data, max_pixels).map_err(io("write an index into", out))? {
+                indexed.fetch_add(1, Ordering::Relaxed);
+                let stored = IndexStore::path_in(out, IndexStore::fingerprint(&data));
+                index_bytes.fetch_add(std::fs::metadata(&stored).map_or(0, |m| m.len()), Ordering::Relaxed);
+            } else {
+                unservable.lock().push(from);
+            }
+            bytes_in.fetch_add(data.len() as u64, Ordering::Relaxed);
+            progress(done.fetch_add(1, Ordering::Relaxed) + 1, jpegs.len());
+        }
+        Ok(())
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(work)).collect();
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    })?;
+    let already = store.stats().loaded as usize;
+    let mut unservable = unservable.into_inner();
+    unservable.sort();
+    Ok(IndexSummary {
+        indexed: indexed.into_inner() - already,
+        already,
+        unservable,
+        bytes_in: bytes_in.into_inner(),
+        index_bytes: index_bytes.into_inner(),
     })
 }

@@ -161,6 +161,7 @@ impl Stats {
             skipped: self.skipped.clone(),
             importance_reports: self.importance_reports,
             cache: None,
+            entropy_index: None,
             autoscale: None,
             prefetch: None,
             read_ahead: None,
@@ -197,6 +198,12 @@ pub struct StatsSnapshot {
     /// decision, when the pipeline has a cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<crate::cache::CacheStats>,
+    /// Files indexed for crops (and the bytes their indexes hold), files the index cannot
+    /// serve (progressive, arithmetic-coded, damaged: decoded whole), files left out once
+    /// its memory was full, and decodes cut down to their window; with
+    /// `decode.entropy_index` on (the default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub entropy_index: Option<sluice_codec::IndexStats>,
     /// Threads now, decisions counted up and down, and the latest decisions with their
     /// inputs, when the loader autoscales (`threads = "auto"`).
     #[serde(skip_serializing_if = "Option::is_none")]

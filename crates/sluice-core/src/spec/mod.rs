@@ -15,6 +15,7 @@ use crate::image::{DType, Layout};
 use ops::{default_flip_p, default_ratio, default_scale};
 
 mod cache;
+mod decode;
 mod locality;
 mod mix;
 mod ops;
@@ -24,6 +25,7 @@ pub use cache::{
     ByteBudget, CacheLevel, CachePolicyKind, CacheSpec, DiskCacheSpec, DiskPolicyKind, ImportanceSpec, SamplingSpec,
     MIN_DISK_CACHE_BYTES,
 };
+pub use decode::{DecodeSpec, MAX_INDEX_SPACING};
 pub use locality::{Assignment, LocalitySpec, PeerToken, MAX_LEARNERS, MAX_PEER_TIMEOUT_MS};
 pub use mix::{MixedSource, MAX_MIXED_SOURCES};
 pub use ops::{
@@ -99,6 +101,9 @@ pub struct PipelineSpec {
     pub on_error: ErrorPolicy,
     #[serde(default)]
     pub limits: Limits,
+    /// How JPEGs are decoded: the entropy index (on by default).
+    #[serde(default)]
+    pub decode: DecodeSpec,
     /// A cache of preprocessed samples (none by default): where, how big, which policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheSpec>,
@@ -497,6 +502,7 @@ impl PipelineSpec {
             seed: 0,
             on_error: ErrorPolicy::Fail,
             limits: Limits::default(),
+            decode: DecodeSpec::default(),
             cache: None,
             sampling: SamplingSpec::Uniform,
             importance: ImportanceSpec::default(),
@@ -548,6 +554,9 @@ impl PipelineSpec {
                     disk.dir = dir.join(&disk.dir);
                 }
             }
+            if let Some(index_dir) = spec.decode.index_dir.as_mut().filter(|d| d.is_relative()) {
+                *index_dir = dir.join(&*index_dir);
+            }
         }
         Ok(spec)
     }
@@ -583,8 +592,16 @@ impl PipelineSpec {
     }
 
     /// Checks everything serde cannot: ranges, op order, a fixed output size.
+    /// The folder the entropy indexes are kept in, if any: `decode.index_dir`, else the
+    /// disk cache tier's folder.
+    pub fn index_dir(&self) -> Option<PathBuf> {
+        let disk = self.cache.as_ref().and_then(|c| c.disk.as_ref()).map(|d| d.dir.join("entropy-index"));
+        self.decode.index_dir.clone().or(disk)
+    }
+
     pub fn validate(&self) -> Result<(), SpecError> {
         check_count("batch.size", self.batch.size as u64, 1, MAX_BATCH_SIZE as u64)?;
+        self.decode.validate()?;
         if !self.prefetch_is_auto() {
             check_count("prefetch", self.prefetch as u64, 1, MAX_PREFETCH as u64)?;
         }

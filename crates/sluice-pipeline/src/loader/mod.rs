@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use sluice_autoscale::AutoscaleConfig;
-use sluice_codec::Plan;
+use sluice_codec::{IndexStore, Plan};
 use sluice_core::{ByteBudget, CacheLevel, DType, Layout, Manifest, PipelineSpec, SamplingSpec, Tensor};
 
 use crate::cache::{share_key, shared_in_process, total_ram_bytes, Cache, DiskTier};
@@ -84,6 +84,9 @@ struct Data {
     manifest: Manifest,
     storage: Arc<dyn Storage>,
     plan: Plan,
+    /// The entropy indexes of the dataset's JPEGs, made as they are first cropped
+    /// (`decode.entropy_index`), which the plan's fused crops cut with.
+    index: Option<Arc<IndexStore>>,
     shard: Shard,
     sample_shape: [usize; 3],
     dtype: DType,
@@ -213,7 +216,11 @@ impl Loader {
         if shard.world_size == 0 || shard.rank >= shard.world_size {
             return Err(PipelineError::BadRank { rank: shard.rank, world_size: shard.world_size });
         }
-        let plan = Plan::compile(&spec.ops, spec.limits);
+        let index = spec.decode.entropy_index.then(|| {
+            let store = IndexStore::new(spec.decode.index_spacing, spec.decode.index_budget_bytes());
+            Arc::new(store.with_dir(spec.index_dir()))
+        });
+        let plan = Plan::compile(&spec.ops, spec.limits).with_index(index.clone());
         // The one gate for the batch buffer arithmetic (`batch_bytes`, `Slab`): a full batch
         // must be countable and within the spec's bound, so the products below cannot wrap.
         let batch_bytes = plan.output_bytes().checked_mul(spec.batch.size);
@@ -281,6 +288,7 @@ impl Loader {
                 split,
                 steps,
                 plan,
+                index,
                 remote_samples: any_remote(&manifest),
                 manifest,
                 shard,
@@ -474,6 +482,7 @@ impl Loader {
     pub fn stats(&self) -> StatsSnapshot {
         let mut s = self.engine.stats();
         s.cache = self.shared.priority.cache.as_deref().map(Cache::stats);
+        s.entropy_index = self.shared.data.index.as_deref().map(IndexStore::stats);
         s.read_ahead = self.shared.data.storage.read_ahead_stats().filter(|r| *r != ReadAheadStats::default());
         s
     }
