@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 seconds="${FUZZ_SECONDS:-60}"
 targets=("${1:-spec}")
-[ $# -eq 0 ] && targets=(spec image stream_entry stream_state peer_frames shard_frames loader_state remote_state parquet records batch)
+[ $# -eq 0 ] && targets=(spec image stream_entry stream_state peer_frames shard_frames loader_state remote_state parquet records batch entropy_index)
 export RUSTC_BOOTSTRAP=1
 if [ $# -ge 2 ]; then
     exec cargo fuzz run "$1" "$2"

@@ -341,20 +341,27 @@ class Pipeline:
         return self._op("decode")
 
     def entropy_index(
-        self, enabled: bool = True, budget_mb: Optional[int] = None, spacing: Optional[int] = None
+        self,
+        enabled: bool = True,
+        budget_mb: Optional[int] = None,
+        spacing: Optional[int] = None,
+        dir: Optional[PathLike] = None,
     ) -> "Pipeline":
         """Turns the entropy index on (the default) or off. With it, the first crop of each
         baseline JPEG records where its bitstream stands every ``spacing`` MCUs (default
         2), and later crops of that file decode only the crop's MCUs, with the same pixels.
         The indexes take at most ``budget_mb`` MiB of memory (default 256); files met once
-        it is full decode the ordinary way. ``stats()["entropy_index"]`` counts them
-        (docs/entropy-index.md)."""
+        it is full decode the ordinary way. ``stats()["entropy_index"]`` counts them.
+        With ``dir``, the indexes are also kept in that folder, shared by every process
+        that names it (``sluice index DATA DIR`` makes them ahead; docs/entropy-index.md)."""
         decode: Dict[str, Any] = dict(self._spec.get("decode", {}))
         decode["entropy_index"] = enabled
         if budget_mb is not None:
             decode["index_budget_mb"] = budget_mb
         if spacing is not None:
             decode["index_spacing"] = spacing
+        if dir is not None:
+            decode["index_dir"] = _path(dir)
         return self._with(decode=decode)
 
     def resize(self, size: int, interpolation: str = "bilinear", antialias: bool = True) -> "Pipeline":
