@@ -238,11 +238,14 @@ class SluiceUp:
     """``sluice service up`` with ``workers`` workers (``threads`` decode threads each) on free
     loopback ports, allowed to read under ``root``: ``with SluiceUp(...) as up`` returns once
     the dispatcher listens and every worker has registered, and stops the whole service
-    (SIGTERM, then SIGKILL) on the way out, exceptions and Ctrl-C included."""
+    (SIGTERM, then SIGKILL) on the way out, exceptions and Ctrl-C included. ``extra``: more
+    flags for ``sluice service up`` (e.g. ``--config FILE``)."""
 
-    def __init__(self, exe: Path, root: Path, log: Path, workers: int = WORKERS, threads: int = 1) -> None:
+    def __init__(
+        self, exe: Path, root: Path, log: Path, workers: int = WORKERS, threads: int = 1, extra: Tuple[str, ...] = ()
+    ) -> None:
         self.exe, self.root, self.log_path = exe, root, log
-        self.workers, self.threads = workers, threads
+        self.workers, self.threads, self.extra = workers, threads, list(extra)
         # The dispatcher's gRPC port, then its metrics port and each worker's (PORT+1+i).
         first = free_ports(workers + 2)
         self.addr = f"127.0.0.1:{first}"
@@ -254,7 +257,7 @@ class SluiceUp:
         cmd = [
             str(self.exe), "service", "up", "--listen", self.addr, "--workers", str(self.workers),
             "--threads", str(self.threads), "--allow-root", str(self.root.resolve()),
-            "--metrics-port", str(self.metrics_port),
+            "--metrics-port", str(self.metrics_port), *self.extra,
         ]  # fmt: skip
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)

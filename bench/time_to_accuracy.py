@@ -32,7 +32,10 @@ Adam (lr 2e-3) and with SGD + momentum (lr 0.05, momentum 0.9, what ImageNet CNN
 trained with). ``--sweep FIELD=V1,V2,...`` adds one importance variant per value of a
 ``[sampling]`` field (``importance[coverage_epochs=2]``, ...). ``--modes local remote`` also
 runs every variant through the service (``sluice service up``: a dispatcher and 2 workers,
-each worker's cache half the local budget) with a ``RemoteLoader``. ``--plot-sweep PREFIX``
+each worker's cache half the local budget) with a ``RemoteLoader``; ``--tasks-in-flight N ...``
+(the loader's, default 4) and ``--cache-assignment aware blind`` (the dispatcher's, default
+aware) run it once per value, interleaved, labelled ``remote[tasks_in_flight=1]`` etc. where
+not the default. ``--plot-sweep PREFIX``
 writes PREFIX.svg/.png: final test accuracy against training time per variant, one panel
 per dataset and optimizer, each point the median over seeds with the seeds' range shaded.
 
@@ -77,6 +80,29 @@ def optimizer_for(torch: Any, name: str, params: Any) -> Any:
     return torch.optim.Adam(params, lr=2e-3)
 
 
+#: A remote run with these (the loader's and the dispatcher's defaults) is plain ``remote``.
+DEFAULT_TASKS_IN_FLIGHT = 4
+DEFAULT_CACHE_ASSIGNMENT = "aware"
+CACHE_ASSIGNMENTS = ["aware", "blind"]
+
+
+def mode_runs(a: argparse.Namespace) -> List[Tuple[str, int, str]]:
+    """Every (label, tasks in flight, cache assignment) to run, in order: ``local``, then
+    each remote combination, labelled ``remote[tasks_in_flight=1,...]`` where not the default."""
+    out: List[Tuple[str, int, str]] = []
+    for mode in a.modes:
+        if mode == "local":
+            out.append(("local", DEFAULT_TASKS_IN_FLIGHT, DEFAULT_CACHE_ASSIGNMENT))
+            continue
+        for tif in a.tasks_in_flight:
+            for assignment in a.cache_assignment:
+                parts = ([f"tasks_in_flight={tif}"] if tif != DEFAULT_TASKS_IN_FLIGHT else []) + (
+                    [f"cache_assignment={assignment}"] if assignment != DEFAULT_CACHE_ASSIGNMENT else []
+                )
+                out.append((mode + (f"[{','.join(parts)}]" if parts else ""), tif, assignment))
+    return out
+
+
 def base_variant(variant: str) -> str:
     """``importance[coverage_epochs=2]`` -> ``importance``."""
     return variant.split("[", 1)[0]
@@ -103,7 +129,8 @@ def train_epochs(
     """Trains as ``accuracy_digits.train`` does, scoring the test split after every epoch
     with the clock stopped. One record per epoch: ``t`` (training seconds since the start),
     ``accuracy``, ``hit_rate`` (None without a cache), ``loss`` (the epoch's mean training
-    loss, unweighted) and ``scores`` (key -> mean loss)."""
+    loss, unweighted), ``scores`` (key -> mean loss) and ``batch_weights`` (each batch's mean
+    weight, in the order the trainer took them; empty without weights)."""
     import sluice
 
     torch.manual_seed(seed)
@@ -117,6 +144,7 @@ def train_epochs(
         before = cache_counts()
         sums: Dict[Any, float] = {}
         counts: Dict[Any, int] = {}
+        batch_weights: List[float] = []
         t0 = time.perf_counter()
         for b in loader:
             x, y = b["image"], b["label"]
@@ -126,6 +154,8 @@ def train_epochs(
                     rec.losses(losses)
                 w = b.get("weight")
                 loss = (losses * w).mean() if (weighted and w is not None) else losses.mean()
+                if w is not None:
+                    batch_weights.append(float(w.mean()))
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
@@ -141,7 +171,10 @@ def train_epochs(
         accuracy = acc.evaluate(torch, sluice, model, test_root)
         scores = {str(k): sums[k] / counts[k] for k in sums}
         loss = sum(sums.values()) / max(sum(counts.values()), 1)
-        out.append({"t": clock, "accuracy": accuracy, "hit_rate": hit_rate, "loss": loss, "scores": scores})
+        out.append(
+            {"t": clock, "accuracy": accuracy, "hit_rate": hit_rate, "loss": loss, "scores": scores,
+             "batch_weights": [round(w, 4) for w in batch_weights]}
+        )  # fmt: skip
     return out
 
 
@@ -174,6 +207,7 @@ def run(a: argparse.Namespace) -> Dict[str, Any]:
         f"storage {acc.STORAGE or 'local'}; variants {variants}; optimizers {a.optimizers}; modes {a.modes}",
         file=sys.stderr,
     )
+    modes = mode_runs(a)
     runs: List[Dict[str, Any]] = []
     out = {
         "dataset": a.dataset,
@@ -183,20 +217,21 @@ def run(a: argparse.Namespace) -> Dict[str, Any]:
         "seeds": a.seeds,
         "variants": variants,
         "optimizers": a.optimizers,
-        "modes": a.modes,
+        "modes": [m[0] for m in modes],
         "storage": dict(acc.STORAGE),
         "runs": runs,
     }
     for seed in a.seeds:
         # Everything interleaved within a seed: each seed's variants see the same load.
         for optimizer in a.optimizers:
-            for mode in a.modes:
+            for mode, tasks_in_flight, assignment in modes:
                 for v in variants:
                     caches = 1 if mode == "local" else acc.WORKERS
                     spec = acc.variant_spec(data / "train", seed, base_variant(v), sizes["train"], caches=caches)
                     if "sampling" in spec:
                         spec["sampling"].update(sweep_overrides(v))
-                    epochs = train_run(torch, sluice, spec, data, v, optimizer, mode, seed, a.epochs)
+                    remote = (tasks_in_flight, assignment)
+                    epochs = train_run(torch, sluice, spec, data, v, optimizer, mode, seed, a.epochs, remote)
                     rhos = [spearman(epochs[i - 1]["scores"], epochs[i]["scores"]) for i in range(1, len(epochs))]
                     for e in epochs:
                         e["scored"] = len(e.pop("scores"))
@@ -218,18 +253,25 @@ def run(a: argparse.Namespace) -> Dict[str, Any]:
 
 def train_run(
     torch: Any, sluice: Any, spec: Dict[str, Any], data: Path, variant: str, optimizer: str, mode: str, seed: int,
-    epochs: int,
+    epochs: int, remote_settings: Tuple[int, str] = (DEFAULT_TASKS_IN_FLIGHT, DEFAULT_CACHE_ASSIGNMENT),
 ) -> List[Dict[str, Any]]:  # fmt: skip
     """One training run through a local ``Loader`` or, in ``remote`` mode, a fresh
-    ``sluice service up`` (a dispatcher and 2 workers) and a ``RemoteLoader``."""
+    ``sluice service up`` (a dispatcher and 2 workers) and a ``RemoteLoader``
+    (``remote_settings``: its tasks in flight and the dispatcher's cache assignment)."""
     if mode == "local":
         loader = sluice.Loader(spec, output="torch")
         return train_epochs(
             torch, loader, variant, optimizer, seed, epochs, data / "test", lambda: acc.local_cache_counts(loader)
         )
-    name = f"{base_variant(variant)}-{optimizer}-{seed}"
-    with acc.SluiceUp(acc.sluice_binary(), data, data / f"sluice-up-{name}.log") as up:
-        remote = sluice.RemoteLoader(spec, dispatcher=up.addr, job=f"tta-{name}", output="torch")
+    tasks_in_flight, assignment = remote_settings
+    name = f"{base_variant(variant)}-{optimizer}-{seed}-{tasks_in_flight}-{assignment}"
+    config = data / f"sluice-up-{assignment}.toml"
+    config.write_text(f'[dispatcher]\ncache_assignment = "{assignment}"\n')
+    extra = ("--config", str(config))
+    with acc.SluiceUp(acc.sluice_binary(), data, data / f"sluice-up-{name}.log", extra=extra) as up:
+        remote = sluice.RemoteLoader(
+            spec, dispatcher=up.addr, job=f"tta-{name}", output="torch", tasks_in_flight=tasks_in_flight
+        )
         fingerprint = remote.fingerprint
         try:
             return train_epochs(
@@ -483,6 +525,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
     ap.add_argument("--optimizers", nargs="+", default=OPTIMIZERS, choices=OPTIMIZERS)
     ap.add_argument("--modes", nargs="+", default=["local"], choices=acc.MODES)
+    ap.add_argument(
+        "--tasks-in-flight",
+        type=int,
+        nargs="+",
+        default=[DEFAULT_TASKS_IN_FLIGHT],
+        help="remote mode: the RemoteLoader's tasks_in_flight, one remote run per value",
+    )
+    ap.add_argument(
+        "--cache-assignment",
+        nargs="+",
+        default=[DEFAULT_CACHE_ASSIGNMENT],
+        choices=CACHE_ASSIGNMENTS,
+        help="remote mode: the dispatcher's cache assignment, one remote run per value",
+    )
     ap.add_argument(
         "--sweep",
         type=parse_sweep,

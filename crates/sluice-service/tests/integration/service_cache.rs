@@ -267,3 +267,80 @@ fn importance_sampled_jobs_with_other_seeds_do_not_share_the_workers_cache() {
     let (b, _b) = one_epoch(&addr, "b", &other, n);
     assert!(b.misses == n && b.hits < n, "the second importance job keeps a cache of its own: {b:?} after {a:?}");
 }
+
+/// The standard deviation of each epoch's batches' mean weights, from epoch [`WARM`] on
+/// (the first drawn with a hot set), over the full batches.
+fn batch_weight_spread(epochs: &[Vec<sluice_core::Batch>], batch: usize) -> f64 {
+    let mut sds = Vec::new();
+    for batches in &epochs[WARM..] {
+        let means: Vec<f64> = batches
+            .iter()
+            .filter(|b| b.keys.len() == batch)
+            .map(|b| b.weights.as_ref().unwrap().iter().map(|&w| f64::from(w)).sum::<f64>() / batch as f64)
+            .collect();
+        let mean = means.iter().sum::<f64>() / means.len() as f64;
+        sds.push((means.iter().map(|m| (m - mean).powi(2)).sum::<f64>() / means.len() as f64).sqrt());
+    }
+    sds.iter().sum::<f64>() / sds.len() as f64
+}
+
+#[test]
+fn aware_assignment_mixes_the_cold_draws_into_every_batch_as_the_local_loader_does() {
+    let _watchdog = watchdog("aware_assignment_mixes_the_cold_draws_into_every_batch", 300);
+    // The coverage sweep (its defaults) over 512 images, half of them cached: about a
+    // quarter of each epoch's draws are cold, with weights near 2 against ~0.7 for hot ones.
+    // Regrouped in blocks, batches through the service held none of them or only them, so
+    // their mean weights (SGD's step sizes) spread nearly twice as far as the local
+    // loader's (0.23 against 0.125); mixed in evenly, 0.045.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    let data = sluice_synth::DatasetOptions { images: 512, classes: 4, texture: 8, ..Default::default() };
+    let total = sluice_synth::write_dataset(&root, &data, &|_| {}).unwrap().bytes;
+    let batch = 16;
+    let spec_with = |budget: u64| {
+        let mut s = cached_spec(&root, budget);
+        s.sampling = SamplingSpec::Importance { floor: 0.05, coverage_epochs: 2, miss_discount: 0.1, max_draws: 4.0 };
+        s.batch.size = batch;
+        s
+    };
+    let epochs = 4;
+    let local = Loader::new(spec_with(total / 2), Shard::default()).unwrap();
+    let local_epochs: Vec<Vec<sluice_core::Batch>> = (0..epochs)
+        .map(|_| {
+            local
+                .iter()
+                .map(|b| {
+                    let b = b.unwrap();
+                    let values: Vec<f64> = b.keys.iter().map(|&k| loss(k)).collect();
+                    local.report(&b.keys, &values).unwrap();
+                    b
+                })
+                .collect()
+        })
+        .collect();
+
+    let addr = free_addr();
+    let _d = dispatcher(&addr, &dir.path().join("journal"), &root, &["--cache-assignment", "aware"]);
+    let _w: Vec<Server> = (0..2).map(|_| worker(&addr, &root, &[])).collect();
+    let remote = RemoteLoader::connect(&spec_with(total / 4), options(&addr, "mixed")).unwrap();
+    let remote_epochs = within(200, "epochs through the service", move || {
+        let mut remote = remote;
+        (0..epochs)
+            .map(|_| {
+                remote.start_epoch();
+                let mut got = Vec::new();
+                while let Some(b) = remote.next_batch(&mut || false) {
+                    let b = b.unwrap();
+                    let values: Vec<f64> = b.keys.iter().map(|&k| loss(k)).collect();
+                    remote.report(&b.keys, &values, ReportKind::Loss).unwrap();
+                    got.push(b);
+                }
+                got
+            })
+            .collect::<Vec<_>>()
+    });
+    let (local_sd, remote_sd) = (batch_weight_spread(&local_epochs, batch), batch_weight_spread(&remote_epochs, batch));
+    eprintln!("batches' mean weight, sd within an epoch: local {local_sd:.3}, through the service {remote_sd:.3}");
+    assert!(local_sd > 0.0, "importance epochs weigh their draws");
+    assert!(remote_sd <= 1.5 * local_sd, "through the service {remote_sd:.3}, locally {local_sd:.3}");
+}

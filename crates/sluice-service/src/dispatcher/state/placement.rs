@@ -11,9 +11,10 @@
 //! With cache-aware assignment the epoch's draw is then regrouped: each owner's hot
 //! samples (in drawn order) are cut into task-sized runs, and the runs of the owners
 //! interleaved, so each task is one owner's and goes to it. Draws of samples outside the
-//! hot set, which no worker caches, fill the batches the owners' last runs leave short. The
-//! multiset of draws and each draw's weight are unchanged; only which samples share a batch
-//! is.
+//! hot set, which no worker caches, fill the batches the owners' last runs leave short, and
+//! the rest of them are mixed evenly into the owners' runs, so every batch holds about the
+//! epoch's share of them, as the local loader's batches do. The multiset of draws and each
+//! draw's weight are unchanged; only which samples share a batch is.
 
 use sluice_core::placement::NOBODY;
 use sluice_core::{Owners, Rendezvous};
@@ -111,13 +112,18 @@ pub fn routes(owners: &[u32], hot: &[bool]) -> Owners {
 
 /// Regroups `order[..used]` (and its weights) by where its draws go (`routes`, see
 /// [`routes`]) so that each run of `chunk` draws (a task) belongs to one owner where it
-/// can, and each `batch` where that can't be: every owner's draws in drawn order, cut into
-/// runs of `chunk`, the owners' runs interleaved; then what is left of each owner in whole
-/// batches; then the tails shorter than a batch, longest first, each filled up to a whole
-/// batch with draws any worker may take while there are some, so that as few draws as can
-/// be share a batch with another owner's. The other draws any worker may take ride in the
-/// owners' runs, in drawn order. Draws past `used` (left out by `drop_last`) stay where
-/// they are, so the epoch's multiset is unchanged.
+/// can, and each `batch` where that can't be: every owner's hot draws in drawn order, with
+/// a share of the draws any worker may take (the cold ones) mixed in evenly, cut into runs
+/// of `chunk`, the owners' runs interleaved; then what is left of each owner in whole
+/// batches; then the rest, shorter than a batch each, longest first (so that as few draws
+/// as can be share a batch with another owner's). Draws past `used` (left out by
+/// `drop_last`) stay where they are, so the epoch's multiset is unchanged.
+///
+/// Each owner takes first the cold draws that fill its last batch, then whole batches of
+/// them while its share of the cold draws is below its share of the hot ones, so every
+/// batch holds about the epoch's share of cold draws, as a batch of the local loader does.
+/// The cold draws are the least likely samples, with the largest weights: batches of them
+/// alone (or none) would make the size of SGD's steps swing from batch to batch.
 pub fn regroup(
     order: &mut [u32],
     weights: Option<&mut [f32]>,
@@ -130,37 +136,36 @@ pub fn regroup(
     let batch = batch.max(1);
     let chunk = chunk.max(1);
     let members = routes.as_slice().iter().copied().filter(|&r| r != NOBODY).max().map_or(0, |m| m as usize + 1);
-    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); members];
+    let mut hot: Vec<Vec<usize>> = vec![Vec::new(); members];
     let mut anyone: Vec<usize> = Vec::new();
     for (slot, &p) in order[..used].iter().enumerate() {
         match routes.owner(p) {
-            Some(r) => groups[r].push(slot),
+            Some(r) => hot[r].push(slot),
             None => anyone.push(slot),
         }
     }
-    // Of the draws any worker may take (the least likely samples, with the largest
-    // weights), as many as the owners' tails need to make whole batches (the longest tails
-    // first) are kept back to fill them. The rest join the owners' runs in drawn order, a
-    // whole batch's worth to each owner in turn (so the tails stay as they are), and so
-    // stay spread over the epoch as they were drawn; what is left of them goes last.
-    let tail = |g: &Vec<usize>| g.len() % batch;
-    let mut by_tail: Vec<usize> = (0..members).filter(|&j| tail(&groups[j]) > 0).collect();
-    by_tail.sort_by_key(|&j| std::cmp::Reverse(tail(&groups[j])));
-    let mut filled = vec![false; members];
-    let mut left = anyone.len();
-    for &j in &by_tail {
-        let need = batch - tail(&groups[j]);
-        if need <= left {
-            left -= need;
-            filled[j] = true;
+    let hot_draws: usize = hot.iter().map(Vec::len).sum();
+    if hot_draws == 0 {
+        // No owner has a draw: nothing to group by.
+        return;
+    }
+    let cold = cold_shares(&hot, anyone.len(), batch);
+    // Each owner's draws: its hot ones in drawn order, its cold ones spaced evenly among
+    // them (the k-th where k·cold/len passes a whole number), also in drawn order.
+    let mut groups: Vec<Vec<usize>> = Vec::with_capacity(members);
+    let mut next_cold = anyone.iter().copied();
+    for (h, &c) in hot.iter().zip(&cold) {
+        let len = h.len() + c;
+        let mut hot_left = h.iter().copied();
+        let mut placed = 0;
+        let mut g = Vec::with_capacity(len);
+        for i in 0..len {
+            let take_cold = (i + 1) * c / len > placed;
+            let next = if take_cold { next_cold.next() } else { hot_left.next() };
+            placed += usize::from(take_cold);
+            g.extend(next);
         }
-    }
-    let spread = if members == 0 { 0 } else { left / batch * batch };
-    for (k, block) in anyone[..spread].chunks(batch).enumerate() {
-        groups[k % members].extend_from_slice(block);
-    }
-    for g in &mut groups {
-        g.sort_unstable();
+        groups.push(g);
     }
     let mut layout: Vec<usize> = Vec::with_capacity(used);
     let mut next = vec![0usize; members];
@@ -182,24 +187,12 @@ pub fn regroup(
         layout.extend_from_slice(&g[*at..*at + whole]);
         *at += whole;
     }
-    // The tails, longest first (adding whole batches above left their lengths as they were).
-    let mut fill = &anyone[left..];
-    let mut unfilled: Vec<&[usize]> = Vec::new();
-    for &j in &by_tail {
-        let t = &groups[j][next[j]..];
-        if filled[j] {
-            let need = batch - t.len();
-            layout.extend_from_slice(t);
-            layout.extend_from_slice(&fill[..need]);
-            fill = &fill[need..];
-        } else {
-            unfilled.push(t);
-        }
+    // What is left of each owner, longest first.
+    let mut rest: Vec<&[usize]> = groups.iter().zip(&next).map(|(g, &at)| &g[at..]).filter(|r| !r.is_empty()).collect();
+    rest.sort_by_key(|r| std::cmp::Reverse(r.len()));
+    for r in rest {
+        layout.extend_from_slice(r);
     }
-    for t in unfilled {
-        layout.extend_from_slice(t);
-    }
-    layout.extend_from_slice(&anyone[spread..left]);
     let original: Vec<u32> = order[..used].to_vec();
     for (slot, &from) in layout.iter().enumerate() {
         order[slot] = original[from];
@@ -212,6 +205,43 @@ pub fn regroup(
             }
         }
     }
+}
+
+/// How many of the `cold` draws (which any worker may take) each owner takes, given its hot
+/// draws `hot`: first what fills its last batch (the longest tails first, while there are
+/// enough), then whole batches, each to the owner furthest below its share (`cold` in
+/// proportion to its hot draws), and what is left (less than a batch) to the one furthest
+/// below then. The counts add up to `cold`.
+fn cold_shares(hot: &[Vec<usize>], cold: usize, batch: usize) -> Vec<usize> {
+    let members = hot.len();
+    let hot_draws: usize = hot.iter().map(Vec::len).sum();
+    let mut out = vec![0usize; members];
+    if members == 0 || hot_draws == 0 {
+        return out;
+    }
+    let tail = |j: usize| hot[j].len() % batch;
+    let mut by_tail: Vec<usize> = (0..members).filter(|&j| tail(j) > 0).collect();
+    by_tail.sort_by_key(|&j| std::cmp::Reverse(tail(j)));
+    let mut left = cold;
+    for &j in &by_tail {
+        let need = batch - tail(j);
+        if need <= left {
+            left -= need;
+            out[j] = need;
+        }
+    }
+    // Below its share by this much (the lowest index first on a tie).
+    let neediest = |out: &[usize]| {
+        let below = |j: usize| (cold as f64 * hot[j].len() as f64 / hot_draws as f64) - out[j] as f64;
+        (0..members).max_by(|&a, &b| below(a).total_cmp(&below(b)).then(b.cmp(&a))).unwrap_or(0)
+    };
+    while left > 0 {
+        let take = if left >= batch { batch } else { left };
+        let j = neediest(&out);
+        out[j] += take;
+        left -= take;
+    }
+    out
 }
 
 /// The owner of each batch of `order` (`batch` draws each): the one most of its draws go
@@ -382,6 +412,39 @@ mod tests {
         let bo = batch_owners(&order, &route, 4, 2);
         for (i, b) in order.chunks(4).enumerate() {
             assert!(b.iter().all(|&p| route.owner(p).is_none_or(|o| o as u32 == bo[i])), "batch {i} {b:?}");
+        }
+    }
+
+    #[test]
+    fn every_batch_holds_about_the_epochs_share_of_cold_draws_as_a_local_batch_does() {
+        // An epoch as the coverage sweep draws one on digits with half the dataset cached:
+        // 1,257 draws in batches of 64 (the last of 41), tasks of 4 batches, 2 owners, about
+        // a quarter of the draws cold (outside the hot set: weights near 2, against ~0.7 for
+        // hot ones). Dealt in blocks of a batch, some batches had no cold draw, others 40%,
+        // and the last ones were all cold: SGD's steps swung ~3x in size from batch to batch.
+        let n = 1257usize;
+        let hash = |i: usize, seed: u64| xxh3_64_with_seed(&(i as u64).to_le_bytes(), seed);
+        let placed: Vec<u32> = (0..n).map(|p| (hash(p, 1) % 2) as u32).collect();
+        let hot: Vec<bool> = (0..n).map(|p| hash(p, 2) % 2 == 0).collect();
+        let (hot_at, cold_at): (Vec<usize>, Vec<usize>) = (0..n).partition(|&p| hot[p]);
+        let route = routes(&placed, &hot);
+        let mut order: Vec<u32> = (0..n)
+            .map(|i| {
+                let r = hash(i, 3);
+                let pool = if r % 100 < 26 { &cold_at } else { &hot_at };
+                pool[(r / 100) as usize % pool.len()] as u32
+            })
+            .collect();
+        let mut weights: Vec<f32> = order.iter().map(|&p| if hot[p as usize] { 0.7 } else { 1.9 }).collect();
+        let share = order.iter().filter(|&&p| !hot[p as usize]).count() as f64 / n as f64;
+        regroup(&mut order, Some(&mut weights), &route, n, 64, 256);
+        let bo = batch_owners(&order, &route, 64, 2);
+        for (i, (b, w)) in order.chunks(64).zip(weights.chunks(64)).enumerate() {
+            let cold = b.iter().filter(|&&p| !hot[p as usize]).count() as f64 / b.len() as f64;
+            assert!((cold - share).abs() <= 0.08, "batch {i}: {cold:.2} of its draws cold, the epoch {share:.2}");
+            assert!(b.iter().all(|&p| route.owner(p).is_none_or(|o| o as u32 == bo[i])), "batch {i} mixes owners");
+            let mean = w.iter().sum::<f32>() / w.len() as f32;
+            assert!((0.9..1.2).contains(&mean), "batch {i}: mean weight {mean:.2}");
         }
     }
 
