@@ -210,6 +210,8 @@ pub struct EntropyIndex {
     pub(crate) spacing: u32,
     pub(crate) mcus: (u32, u32),
     pub(crate) points: Vec<Point>,
+    /// Components of the scan (the DC predictors a point holds).
+    pub(crate) components: u8,
 }
 
 /// Decodes one MCU, keeping only the DC predictors; with `out`, writes it back, the first
@@ -293,7 +295,7 @@ impl EntropyIndex {
             }
         }
         points.push(Point::new(r.pos(), dc)?);
-        Some(Self { spacing, mcus: (cols, rows), points })
+        Some(Self { spacing, mcus: (cols, rows), points, components: frame.components.len() as u8 })
     }
 
     /// Bytes this index holds in memory.
@@ -413,7 +415,7 @@ impl EntropyIndex {
         let mut out = Vec::with_capacity(24 + self.points.len() * 6);
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
-        for v in [self.spacing, self.mcus.0, self.mcus.1] {
+        for v in [self.spacing, self.mcus.0, self.mcus.1, u32::from(self.components)] {
             push_varint(&mut out, u64::from(v));
         }
         let mut prev = Point::default();
@@ -421,7 +423,7 @@ impl EntropyIndex {
             // The byte follows from the bit but for the stuffed bytes before it: store those.
             push_varint(&mut out, u64::from(p.bit - prev.bit));
             push_varint(&mut out, u64::from((p.byte - p.bit / 8) - (prev.byte - prev.bit / 8)));
-            for (d, q) in p.dc.iter().zip(prev.dc) {
+            for (d, q) in p.dc.iter().zip(prev.dc).take(usize::from(self.components)) {
                 push_varint(&mut out, zigzag(i32::from(*d) - i32::from(q)));
             }
             prev = *p;
@@ -441,8 +443,8 @@ impl EntropyIndex {
         }
         let mut at = 5;
         let mut next = || read_varint(body, &mut at).and_then(|v| u32::try_from(v).ok());
-        let (spacing, cols, rows) = (next()?, next()?, next()?);
-        if spacing == 0 || (cols, rows) != frame.grid_mcus.mcus {
+        let (spacing, cols, rows, components) = (next()?, next()?, next()?, next()?);
+        if spacing == 0 || (cols, rows) != frame.grid_mcus.mcus || components as usize != frame.components.len() {
             return None;
         }
         let n = cols.div_ceil(spacing) as usize * rows as usize + 1;
@@ -453,7 +455,7 @@ impl EntropyIndex {
             let stuffed = (p.byte - p.bit / 8).checked_add(stuffed)?;
             p.bit = p.bit.checked_add(bits)?;
             p.byte = (p.bit / 8).checked_add(stuffed)?;
-            for d in &mut p.dc {
+            for d in p.dc.iter_mut().take(components as usize) {
                 let delta = unzigzag(u64::from(next()?))?;
                 *d = i16::try_from(i32::from(*d).checked_add(delta)?).ok()?;
             }
@@ -463,7 +465,7 @@ impl EntropyIndex {
             }
             points.push(p);
         }
-        (at == body.len()).then_some(Self { spacing, mcus: (cols, rows), points })
+        (at == body.len()).then_some(Self { spacing, mcus: (cols, rows), points, components: components as u8 })
     }
 }
 
@@ -556,7 +558,7 @@ mod tests {
         // Small: a few bytes a point (this smooth test image is tiny: on photos of ~100 KB
         // the index is ~1 % of the file, BENCHMARKS.md).
         let per_point = stored.len() as f64 / index.points.len() as f64;
-        assert!(per_point < 10.0, "{per_point} bytes a point");
+        assert!(per_point < 9.0, "{per_point} bytes a point");
         // Every flipped byte and every truncation is caught (the checksum, then the bounds).
         for k in 0..stored.len() {
             let mut bad = stored.clone();

@@ -113,7 +113,8 @@ impl Decoder {
     /// a code the table does not hold.
     #[inline]
     pub(crate) fn decode(&self, r: &mut BitReader<'_>) -> Option<(u8, u32, u32)> {
-        r.fill();
+        // A code (≤ 16 bits) and its extra bits (≤ 15) without another fill.
+        r.ensure(32);
         let look = r.peek(16);
         let e = self.fast[(look >> (16 - LOOKUP)) as usize];
         if e != 0 {
@@ -185,6 +186,12 @@ pub(crate) struct BitPos {
     pub byte: u64,
 }
 
+/// Whether any byte of `x` is 0xFF.
+#[inline]
+fn has_ff(x: u64) -> bool {
+    (!x).wrapping_sub(0x0101_0101_0101_0101) & x & 0x8080_8080_8080_8080 != 0
+}
+
 /// Reads the entropy-coded data of a scan (`data` starts at its first byte and may run to
 /// the end of the file): a stuffed `FF 00` is one `FF` data byte; at a marker the data
 /// ends, and like libjpeg it reads on as zero bits, which [`Self::overran`] reports.
@@ -195,16 +202,15 @@ pub(crate) struct BitReader<'a> {
     next: usize,
     acc: u64,
     bits: u32,
-    /// Data bytes loaded so far (stuffing removed), and the offsets of the last eight.
+    /// Data bytes loaded so far (stuffing removed), counted from the data's start.
     loaded: u64,
-    ring: [u64; 8],
     /// Data bytes there were before the marker, once it is reached.
     ended_at: Option<u64>,
 }
 
 impl<'a> BitReader<'a> {
     pub(crate) fn new(data: &'a [u8]) -> Self {
-        Self { data, next: 0, acc: 0, bits: 0, loaded: 0, ring: [0; 8], ended_at: None }
+        Self { data, next: 0, acc: 0, bits: 0, loaded: 0, ended_at: None }
     }
 
     /// A reader standing at `pos` (found by an earlier reader of the same data).
@@ -219,20 +225,35 @@ impl<'a> BitReader<'a> {
         Some(r)
     }
 
-    /// Loads bytes until at least 57 bits are buffered.
+    /// Loads bytes until at least 57 bits are buffered: eight at a time where none of
+    /// them is 0xFF (almost everywhere), else one by one.
     #[inline]
     pub(crate) fn fill(&mut self) {
+        if self.bits > 56 {
+            return;
+        }
+        if self.ended_at.is_none() {
+            if let Some(chunk) = self.data.get(self.next..self.next + 8) {
+                let x = u64::from_be_bytes(chunk.try_into().unwrap_or_default());
+                if !has_ff(x) {
+                    let k = (64 - self.bits) / 8;
+                    self.acc = if k == 8 { x } else { self.acc << (8 * k) | x >> (64 - 8 * k) };
+                    self.bits += 8 * k;
+                    self.next += k as usize;
+                    self.loaded += u64::from(k);
+                    return;
+                }
+            }
+        }
         while self.bits <= 56 {
             let byte = match self.ended_at {
                 Some(_) => 0,
                 None => match self.data.get(self.next) {
                     Some(&0xFF) if self.data.get(self.next + 1) == Some(&0) => {
-                        self.ring[(self.loaded % 8) as usize] = self.next as u64;
                         self.next += 2;
                         0xFF
                     }
                     Some(&b) if b != 0xFF => {
-                        self.ring[(self.loaded % 8) as usize] = self.next as u64;
                         self.next += 1;
                         b
                     }
@@ -249,7 +270,15 @@ impl<'a> BitReader<'a> {
         }
     }
 
-    /// The next `n` (≤ 32) bits, not consumed; call [`Self::fill`] first.
+    /// Makes sure at least `n` (≤ 57) bits are buffered.
+    #[inline]
+    pub(crate) fn ensure(&mut self, n: u32) {
+        if self.bits < n {
+            self.fill();
+        }
+    }
+
+    /// The next `n` (≤ 32) bits, not consumed; [`Self::ensure`] them first.
     #[inline]
     pub(crate) fn peek(&self, n: u32) -> u32 {
         ((self.acc >> (self.bits - n)) & ((1u64 << n) - 1)) as u32
@@ -266,7 +295,7 @@ impl<'a> BitReader<'a> {
         if n == 0 {
             return 0;
         }
-        self.fill();
+        self.ensure(n);
         let v = self.peek(n);
         self.consume(n);
         v
@@ -276,14 +305,17 @@ impl<'a> BitReader<'a> {
     pub(crate) fn pos(&self) -> BitPos {
         let bit = self.loaded * 8 - u64::from(self.bits);
         let index = bit / 8;
-        // A byte not loaded yet, or past the data's end (zero fill), starts at `next`; at
-        // most eight are buffered, so the ring holds every other one.
-        let byte = if index >= self.loaded || self.ended_at.is_some_and(|end| index >= end) {
-            self.next as u64
-        } else {
-            self.ring[(index % 8) as usize]
-        };
-        BitPos { bit, byte }
+        // The byte is `next`, or among the last (at most eight) data bytes loaded: walk
+        // back over them, a stuffed `FF 00` being one.
+        let real = self.ended_at.unwrap_or(self.loaded);
+        let mut p = self.next;
+        for _ in index..real {
+            p -= 1;
+            if p >= 1 && self.data[p] == 0 && self.data[p - 1] == 0xFF {
+                p -= 1;
+            }
+        }
+        BitPos { bit, byte: p as u64 }
     }
 
     /// Whether more bits were consumed than the data holds.
@@ -310,13 +342,23 @@ impl<'a> BitWriter<'a> {
     pub(crate) fn put(&mut self, v: u32, n: u32) {
         self.acc = self.acc << n | u64::from(v) & ((1u64 << n) - 1);
         self.bits += n;
-        while self.bits >= 8 {
-            self.bits -= 8;
-            let byte = (self.acc >> self.bits) as u8;
-            self.out.push(byte);
-            if byte == 0xFF {
-                self.out.push(0);
+        if self.bits >= 32 {
+            self.bits -= 32;
+            let word = (self.acc >> self.bits) as u32;
+            if has_ff(u64::from(word)) {
+                for byte in word.to_be_bytes() {
+                    self.push(byte);
+                }
+            } else {
+                self.out.extend_from_slice(&word.to_be_bytes());
             }
+        }
+    }
+
+    fn push(&mut self, byte: u8) {
+        self.out.push(byte);
+        if byte == 0xFF {
+            self.out.push(0);
         }
     }
 
@@ -331,11 +373,15 @@ impl<'a> BitWriter<'a> {
         }
     }
 
-    /// Pads the last byte with 1 bits, as the standard asks before a marker.
+    /// Writes out what is buffered, the last byte padded with 1 bits, as the standard asks
+    /// before a marker.
     pub(crate) fn finish(&mut self) {
         let pad = (8 - self.bits % 8) % 8;
-        if pad > 0 {
-            self.put((1 << pad) - 1, pad);
+        self.acc = self.acc << pad | ((1u64 << pad) - 1);
+        self.bits += pad;
+        while self.bits >= 8 {
+            self.bits -= 8;
+            self.push((self.acc >> self.bits) as u8);
         }
     }
 
