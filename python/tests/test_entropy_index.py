@@ -107,6 +107,10 @@ def test_sluice_index_makes_the_indexes_ahead(dataset: Path, tmp_path: Path) -> 
     assert "indexed 0 JPEGs (48 already indexed)" in again.stdout, again.stdout
     run = _result(_start(dataset, index_dir, 5))
     assert run["loaded"] == 48 and run["indexed"] == 48, run
-    bad = subprocess.run([str(sluice_binary()), "index", str(tmp_path / "missing"), str(index_dir)],
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [str(sluice_binary()), "index", str(tmp_path / "missing"), str(index_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode != 0 and "missing" in bad.stderr

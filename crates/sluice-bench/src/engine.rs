@@ -42,6 +42,9 @@ pub struct Args {
     /// DATA-packed if that does not exist yet).
     #[arg(long)]
     pub packed: bool,
+    /// MCUs between entropy index points (`decode.index_spacing`).
+    #[arg(long, default_value_t = sluice_core::DecodeSpec::default().index_spacing)]
+    pub index_spacing: u32,
     /// Print results as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -101,13 +104,13 @@ pub fn main(a: Args) -> anyhow::Result<()> {
             let epoch = 2 * run as u64;
             plain.push(plain_decode(&files, t)?);
             // A new loader each run: its first epoch indexes every file, the next is cut.
-            let indexed = loader(&manifest, &root, t, a.batch, true)?;
+            let indexed = loader(&manifest, &root, t, a.batch, Some(a.index_spacing))?;
             first.push(epoch_rate(&indexed, epoch)?);
             pipe.push(epoch_rate(&indexed, epoch + 1)?);
             index_bytes = indexed.stats().entropy_index.map_or(0, |s| s.bytes);
-            no_index.push(epoch_rate(&loader(&manifest, &root, t, a.batch, false)?, epoch + 1)?);
+            no_index.push(epoch_rate(&loader(&manifest, &root, t, a.batch, None)?, epoch + 1)?);
             if let Some((m, r)) = &packed {
-                pipe_packed.push(epoch_rate(&loader(m, r, t, a.batch, true)?, epoch + 1)?);
+                pipe_packed.push(epoch_rate(&loader(m, r, t, a.batch, Some(a.index_spacing))?, epoch + 1)?);
             }
         }
         let row = Row {
@@ -167,10 +170,16 @@ fn report(a: &Args, rows: &[Row]) {
                        "packed_pipeline_img_s": r.packed, "packed_ratio": r.packed.map(|pk| pk / r.plain)})
             })
             .collect();
-        println!("{}", json!({"runs": a.runs, "rows": rows, "scaling_2_vs_1": scaling}));
+        println!(
+            "{}",
+            json!({"runs": a.runs, "index_spacing": a.index_spacing, "rows": rows, "scaling_2_vs_1": scaling})
+        );
         return;
     }
-    println!("standard pipeline = decode + random_resized_crop 224 + flip, u8 HWC; medians of {} runs", a.runs);
+    println!(
+        "standard pipeline = decode + random_resized_crop 224 + flip, u8 HWC; entropy index every {} MCUs; medians of {} runs",
+        a.index_spacing, a.runs
+    );
     println!(
         "{:>7} {:>14} {:>11} {:>13} {:>8} {:>14} {:>11} {:>8} {:>11} {:>7}",
         "threads",
@@ -262,11 +271,19 @@ fn plain_decode(files: &[PathBuf], threads: usize) -> anyhow::Result<f64> {
     Ok(files.len() as f64 / start.elapsed().as_secs_f64())
 }
 
-/// The standard training pipeline over `manifest`, with or without the entropy index.
-fn loader(manifest: &Manifest, root: &Path, threads: usize, batch: usize, index: bool) -> anyhow::Result<Loader> {
+/// The standard training pipeline over `manifest`, with the entropy index at `spacing` or
+/// without it.
+fn loader(
+    manifest: &Manifest,
+    root: &Path,
+    threads: usize,
+    batch: usize,
+    spacing: Option<u32>,
+) -> anyhow::Result<Loader> {
     let mut spec = PipelineSpec::train_default(SourceSpec::ImageFolder { root: root.to_path_buf() }, 224, batch);
     spec.threads = threads.into();
-    spec.decode.entropy_index = index;
+    spec.decode.entropy_index = spacing.is_some();
+    spec.decode.index_spacing = spacing.unwrap_or(spec.decode.index_spacing);
     Ok(Loader::with_manifest(spec, manifest.clone(), Shard::default())?)
 }
 
