@@ -583,7 +583,7 @@ class Loader(_Traced):
         over the last few seconds) and ``source``: ``"reported"``
         (:meth:`report_accelerator_busy`) or ``"step_timing"`` (compute between ``next()``
         calls over compute + wait).
-        With the entropy index on (the default), ``entropy_index``: ``indexed`` (files),
+        With the entropy index on (``Pipeline.entropy_index()``), ``entropy_index``: ``indexed`` (files),
         ``bytes`` (their indexes in memory), ``unservable`` (files decoded whole:
         progressive, arithmetic-coded, damaged), ``over_budget``, ``cut`` (crops cut with an
         index), ``loaded`` and ``rejected`` (indexes read from the index folder, and ones

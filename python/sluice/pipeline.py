@@ -347,7 +347,8 @@ class Pipeline:
         spacing: Optional[int] = None,
         dir: Optional[PathLike] = None,
     ) -> "Pipeline":
-        """Turns the entropy index on (the default) or off. With it, the first crop of each
+        """Turns the entropy index on or off (off by default: see docs/entropy-index.md for
+        what it costs and gains today). With it, the first crop of each
         baseline JPEG records where its bitstream stands every ``spacing`` MCUs (default
         2), and later crops of that file decode only the crop's MCUs, with the same pixels.
         The indexes take at most ``budget_mb`` MiB of memory (default 256); files met once

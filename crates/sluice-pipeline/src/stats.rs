@@ -201,7 +201,7 @@ pub struct StatsSnapshot {
     /// Files indexed for crops (and the bytes their indexes hold), files the index cannot
     /// serve (progressive, arithmetic-coded, damaged: decoded whole), files left out once
     /// its memory was full, and decodes cut down to their window; with
-    /// `decode.entropy_index` on (the default).
+    /// `decode.entropy_index` on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub entropy_index: Option<sluice_codec::IndexStats>,
     /// Threads now, decisions counted up and down, and the latest decisions with their

@@ -15,7 +15,9 @@ pub const MAX_INDEX_SPACING: u32 = 64;
 #[serde(deny_unknown_fields)]
 pub struct DecodeSpec {
     /// Index each baseline JPEG the first time a crop of it is decoded, and cut later crops
-    /// down to their own MCUs (on by default; the pixels are the same either way).
+    /// down to their own MCUs (the pixels are the same either way). Off by default: on 2
+    /// cores the indexing epoch costs ~2x an ordinary one and later epochs gain under 5%
+    /// so far (BENCHMARKS.md, "Entropy index").
     #[serde(default = "default_entropy_index")]
     pub entropy_index: bool,
     /// Memory the indexes may take, in MiB; files met once it is full decode the ordinary
@@ -35,7 +37,7 @@ pub struct DecodeSpec {
 }
 
 fn default_entropy_index() -> bool {
-    true
+    false
 }
 
 fn default_index_budget_mb() -> u64 {

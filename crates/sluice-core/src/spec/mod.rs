@@ -101,7 +101,7 @@ pub struct PipelineSpec {
     pub on_error: ErrorPolicy,
     #[serde(default)]
     pub limits: Limits,
-    /// How JPEGs are decoded: the entropy index (on by default).
+    /// How JPEGs are decoded: the entropy index (off by default).
     #[serde(default)]
     pub decode: DecodeSpec,
     /// A cache of preprocessed samples (none by default): where, how big, which policy.
